@@ -1,0 +1,34 @@
+#include "core/buffer.h"
+
+#include "core/error.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace oases {
+
+void Buffer::Free::operator()(void* p) const { std::free(p); }
+
+Buffer::Buffer(std::size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  const std::size_t rounded = (bytes + Arena::kAlignment - 1) / Arena::kAlignment * Arena::kAlignment;
+  void* p = std::aligned_alloc(Arena::kAlignment, rounded);
+  OASES_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
+  std::memset(p, 0, rounded);
+  data_.reset(p);
+}
+
+void* Arena::allocate_bytes(std::size_t bytes) {
+  const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded == 0) return nullptr;
+  if (blocks_.empty() || offset_in_last_ + rounded > blocks_.back().bytes()) {
+    blocks_.emplace_back(std::max(rounded, block_bytes_));
+    offset_in_last_ = 0;
+  }
+  void* p = static_cast<char*>(blocks_.back().data()) + offset_in_last_;
+  offset_in_last_ += rounded;
+  in_use_ += rounded;
+  return p;
+}
+
+}  // namespace oases

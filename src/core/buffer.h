@@ -1,0 +1,51 @@
+// Buffer: an owning, 64-byte aligned, zero-initialised block of host memory (move-only).
+// Arena: hands out aligned slices of Buffers it owns. Everything a training step touches is
+// allocated from arenas at start-up, so the steady state allocates nothing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace oases {
+
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(std::size_t bytes);
+  Buffer(Buffer&&) noexcept = default;
+  Buffer& operator=(Buffer&&) noexcept = default;
+
+  void* data() const { return data_.get(); }
+  std::size_t bytes() const { return bytes_; }
+
+  template <class T> T* as() const { return static_cast<T*>(data()); }
+
+ private:
+  struct Free { void operator()(void* p) const; };
+  std::unique_ptr<void, Free> data_;
+  std::size_t bytes_ = 0;
+};
+
+class Arena {
+ public:
+  static constexpr std::size_t kAlignment = 64;
+  explicit Arena(std::size_t block_bytes = std::size_t{64} << 20) : block_bytes_(block_bytes) {}
+
+  // Zero-initialised storage for n elements of T, valid as long as the arena lives.
+  template <class T> T* allocate(std::size_t n) {
+    return static_cast<T*>(allocate_bytes(n * sizeof(T)));
+  }
+  void* allocate_bytes(std::size_t bytes);
+
+  std::size_t bytes_in_use() const { return in_use_; }
+
+ private:
+  std::size_t block_bytes_;
+  std::vector<Buffer> blocks_;
+  std::size_t offset_in_last_ = 0;
+  std::size_t in_use_ = 0;
+};
+
+}  // namespace oases

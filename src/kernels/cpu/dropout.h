@@ -1,0 +1,55 @@
+// Dropout with masks that are a pure function of global indices, and the residual epilogue
+// that follows every tensor-parallel reduction.
+//
+// The keep decision for element (sample b, position t, feature f) at a site is
+//   Philox(key = (seed, site stream), counter = (global_feature, t, global_sample, step))
+// with the site stream derived from (layer, site). Shards pass their offsets into the global
+// batch and feature dimensions, so any layout (and any recomputation) draws the same mask.
+// The backward pass regenerates the mask; nothing is stored.
+#pragma once
+
+#include <cstdint>
+
+namespace oases::kernels::cpu {
+
+struct DropoutSite {
+  std::uint64_t seed = 0;
+  std::uint32_t step = 0;   // optimizer step (a new mask every step)
+  std::uint32_t layer = 0;  // transformer layer; the embedding uses its own site id
+  std::uint32_t site = 0;   // which dropout within the layer
+};
+
+struct DropoutSlice {
+  std::int64_t sample_offset = 0;   // global index of local sample 0
+  std::int64_t feature_offset = 0;  // global index of local feature 0
+};
+
+// True when the element survives dropout with probability p of being dropped.
+bool dropout_keep(const DropoutSite& site, double p, std::int64_t global_sample,
+                  std::int64_t position, std::int64_t global_feature);
+
+// y[b, t, f] = keep ? x / (1 - p) : 0 over a [B, seq, F] tensor. p = 0 copies; y may alias x.
+// Backward is the same call applied to the output gradient.
+template <class T>
+void dropout_apply(const T* x, T* y, std::int64_t B, std::int64_t seq, std::int64_t F, double p,
+                   const DropoutSite& site, DropoutSlice slice = {});
+
+// out = residual + dropout(x + bias)  over [B, seq, F]; bias [F] may be null. out may alias
+// residual or x.
+template <class T>
+void bias_dropout_add_forward(const T* x, const T* bias, const T* residual, T* out,
+                              std::int64_t B, std::int64_t seq, std::int64_t F, double p,
+                              const DropoutSite& site, DropoutSlice slice = {});
+
+// Given dout: dx = dropout(dout) (overwritten, may alias dout), dbias += sum over rows of dx
+// (when non-null). The residual's gradient is dout itself.
+template <class T>
+void bias_dropout_add_backward(const T* dout, T* dx, T* dbias, std::int64_t B, std::int64_t seq,
+                               std::int64_t F, double p, const DropoutSite& site,
+                               DropoutSlice slice = {});
+
+// out[i] = a[i] + b[i]  (out may alias a or b)
+template <class T>
+void add(const T* a, const T* b, T* out, std::int64_t n);
+
+}  // namespace oases::kernels::cpu

@@ -1,0 +1,20 @@
+// LayerNorm over the last dimension, as torch.nn.LayerNorm (biased variance, eps inside sqrt).
+#pragma once
+
+#include <cstdint>
+
+namespace oases::kernels::cpu {
+
+// y[i, :] = (x[i, :] - mean_i) * rstd_i * gamma + beta, for rows i in [0, n) of width C.
+// Saves mean[n] and rstd[n] = 1 / sqrt(var_i + eps) for the backward pass.
+template <class T>
+void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd,
+                       std::int64_t n, std::int64_t C, double eps);
+
+// dx[n, C] overwritten; dgamma[C] and dbeta[C] accumulated. Deterministic for a fixed
+// thread count (per-thread partial sums reduced in thread order).
+template <class T>
+void layernorm_backward(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd,
+                        T* dx, T* dgamma, T* dbeta, std::int64_t n, std::int64_t C);
+
+}  // namespace oases::kernels::cpu
