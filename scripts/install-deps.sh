@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages oases needs, only those missing. Usage:
+#   scripts/install-deps.sh          build + demo dependencies
+#   scripts/install-deps.sh --test   also what the test suite needs (PyTorch for parity tests)
+set -euo pipefail
+
+packages=(git cmake ninja-build g++ pkg-config libopenblas-openmp-dev libtomlplusplus-dev
+          nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
+          fortunes)
+if [[ "${1:-}" == "--test" ]]; then
+  packages+=(python3 python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

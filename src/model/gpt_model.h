@@ -1,0 +1,50 @@
+// GptModel: one model instance on one rank. Owns the flat parameter and gradient arrays, the
+// activation arena, and the Program: the ordered segments with their collectives.
+#pragma once
+
+#include "core/buffer.h"
+#include "model/gpt_config.h"
+#include "model/param_layout.h"
+#include "ops/gpt_segments.h"
+#include "schedule/schedule.h"
+
+#include <memory>
+#include <vector>
+
+namespace oases::model {
+
+class GptModel {
+ public:
+  // Activations are sized for `micro_batch` sequences of config.seq_len tokens.
+  GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint64_t seed);
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
+
+  const GptConfig& config() const { return state_.config; }
+  std::int64_t micro_batch() const { return state_.micro_batch; }
+  const ParamLayout& layout() const { return layout_; }
+  float* params() { return params_.as<float>(); }
+  const float* params() const { return params_.as<float>(); }
+  float* grads() { return grads_.as<float>(); }
+  std::int64_t param_count() const { return layout_.total_numel(); }  // incl. alignment padding
+
+  void zero_grads();
+  void initialize(std::uint64_t seed);  // layout-invariant Philox initialisation
+
+  std::vector<std::unique_ptr<ops::Segment>>& segments() { return segments_; }
+  schedule::ProgramShape program_shape() const;
+  ops::LossAccumulator& loss() { return loss_; }
+
+  std::size_t activation_bytes() const { return arena_.bytes_in_use(); }
+
+ private:
+  ParamLayout layout_;
+  Buffer params_;
+  Buffer grads_;
+  Arena arena_;
+  ops::GptState state_;
+  ops::LossAccumulator loss_;
+  std::vector<std::unique_ptr<ops::Segment>> segments_;
+};
+
+}  // namespace oases::model

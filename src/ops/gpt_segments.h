@@ -1,0 +1,67 @@
+// The segments of a GPT-2 model. Segment boundaries sit at the tensor-parallel collectives
+// (DESIGN.md, "a model is a Program of segments and collectives"):
+//
+//   EmbeddingSegment      tokens -> E = wte[tokens] + wpe                       | AR(E)
+//   AttentionSegment(l)   r_l = h_{l-1} + drop(Q_{l-1} + b)   (r_0 = drop(E))
+//                         -> LN1 -> QKV -> causal attention -> out-proj P_l     | AR(P_l)
+//   MlpSegment(l)         h_l = r_l + drop(P_l + b_proj) -> LN2 -> FC1 -> GeLU
+//                         -> FC2 Q_l                                           | AR(Q_l)
+//   HeadSegment           r_L = h_{L-1} + drop(Q_{L-1} + b) -> LN_f -> logits -> loss
+//
+// Backward collectives (between stage 0 and stage 1) reduce the gradient of LN1's and LN2's
+// outputs: AttentionSegment and MlpSegment have two backward stages. Each segment's epilogue
+// (the bias + dropout + residual add that follows the previous collective) is the first thing
+// it computes, so the residual values r_l, h_l it saves are exactly the fine-grained
+// recomputation checkpoints.
+//
+// Shapes: n = micro_batch * seq tokens, C = hidden, F = ffn_hidden, V = vocab.
+#pragma once
+
+#include "core/buffer.h"
+#include "model/gpt_config.h"
+#include "model/param_layout.h"
+#include "ops/segment.h"
+
+#include <memory>
+#include <vector>
+
+namespace oases::ops {
+
+// Buffers and parameters every GPT segment of one model instance shares.
+struct GptState {
+  model::GptConfig config;
+  std::int64_t micro_batch = 0;
+  const model::ParamLayout* layout = nullptr;
+  float* params = nullptr;  // flat, laid out by *layout
+  float* grads = nullptr;   // flat, same layout; accumulated by backward
+  std::uint64_t seed = 0;
+
+  // Boundary buffers between segments, [n, C].
+  float* partial = nullptr;    // output of the last forward segment, before its epilogue
+  float* d_partial = nullptr;  // gradient with respect to `partial`
+  float* d_residual = nullptr; // gradient flowing along the residual stream
+
+  std::int64_t tokens() const { return micro_batch * config.seq_len; }
+  float* param(const std::string& name) const { return layout->view(params, name).data<float>(); }
+  float* grad(const std::string& name) const { return layout->view(grads, name).data<float>(); }
+};
+
+// Result of the head segment for the current step.
+struct LossAccumulator {
+  double sum = 0;           // sum of per-token losses seen since reset
+  std::int64_t count = 0;   // tokens seen since reset
+  void reset() { sum = 0; count = 0; }
+};
+
+// Builds the segments of a GPT model, allocating all activation memory from `arena`.
+// The returned segments reference `state` and `loss`, which must outlive them.
+std::vector<std::unique_ptr<Segment>> build_gpt_segments(GptState& state, LossAccumulator& loss,
+                                                         Arena& arena);
+
+// Dropout site numbering within a layer (part of the mask key; fixed forever so that
+// checkpoints and tests stay reproducible).
+inline constexpr std::uint32_t kDropoutSiteEmbedding = 0;
+inline constexpr std::uint32_t kDropoutSiteAttention = 1;
+inline constexpr std::uint32_t kDropoutSiteMlp = 2;
+
+}  // namespace oases::ops

@@ -1,0 +1,156 @@
+#include "train/checkpoint.h"
+
+#include "core/error.h"
+#include "train/atomic_file.h"
+#include "train/safetensors.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <regex>
+#include <vector>
+
+namespace oases::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kMarkerFile = "COMPLETE";
+
+// Complete checkpoints in dir, sorted by step.
+std::vector<std::pair<std::int64_t, fs::path>> complete_checkpoints(const std::string& dir) {
+  std::vector<std::pair<std::int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return found;
+  static const std::regex pattern("step_([0-9]+)");
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && std::regex_match(name, m, pattern) &&
+        fs::exists(entry.path() / kMarkerFile))
+      found.emplace_back(std::stoll(m[1].str()), entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::string metadata_value(const SafetensorsFile& file, const std::string& key) {
+  auto it = file.metadata().find(key);
+  OASES_CHECK(it != file.metadata().end(),
+              "checkpoint file '{}' has no metadata entry '{}'; it was not written by oases "
+              "train (or by an incompatible version)",
+              file.path(), key);
+  return it->second;
+}
+
+std::int64_t metadata_int(const SafetensorsFile& file, const std::string& key) {
+  const std::string text = metadata_value(file, key);
+  try {
+    return std::stoll(text);
+  } catch (const std::exception&) {
+    OASES_FAIL("checkpoint file '{}': metadata '{}' = \"{}\" is not an integer", file.path(), key,
+               text);
+  }
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, const RunConfig& config,
+                            const model::ParamLayout& layout, const float* params,
+                            const float* exp_avg, const float* exp_avg_sq,
+                            const TrainingState& state, std::int64_t keep) {
+  const fs::path target = fs::path(dir) / ("step_" + std::to_string(state.step));
+  std::error_code ec;
+  fs::create_directories(target, ec);
+  OASES_CHECK(!ec, "checkpoint.dir: cannot create '{}': {}", target.string(), ec.message());
+  fs::remove(target / kMarkerFile, ec);  // re-saving a step: incomplete until the end
+
+  const std::string config_toml = to_toml(config);
+  SafetensorsWriter model_file;
+  model_file.set_metadata("format", "pt");
+  model_file.set_metadata("oases_config", config_toml);
+  SafetensorsWriter optimizer_file;
+  optimizer_file.set_metadata("format_version", std::to_string(kCheckpointFormatVersion));
+  optimizer_file.set_metadata("step", std::to_string(state.step));
+  optimizer_file.set_metadata("data_position", std::to_string(state.data_position));
+  optimizer_file.set_metadata("seed", std::to_string(state.seed));
+  optimizer_file.set_metadata("oases_config", config_toml);
+  for (const auto& p : layout.params()) {
+    model_file.add(p.name, DType::f32, p.shape.to_vector(), params + p.offset);
+    optimizer_file.add("exp_avg." + p.name, DType::f32, p.shape.to_vector(), exp_avg + p.offset);
+    optimizer_file.add("exp_avg_sq." + p.name, DType::f32, p.shape.to_vector(),
+                       exp_avg_sq + p.offset);
+  }
+  model_file.write((target / kModelFile).string());
+  optimizer_file.write((target / kOptimizerFile).string());
+  write_file_atomically((target / kMarkerFile).string(),
+                        "step " + std::to_string(state.step) + "\n");
+
+  if (keep > 0) {
+    auto all = complete_checkpoints(dir);
+    for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i)
+      fs::remove_all(all[i].second, ec);
+  }
+  return target.string();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  auto all = complete_checkpoints(dir);
+  if (all.empty()) return std::nullopt;
+  return all.back().second.string();
+}
+
+void load_model_weights(const std::string& path, const model::ParamLayout& layout,
+                        float* params) {
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  for (const auto& p : layout.params()) file.read_f32(p.name, p.shape.to_vector(), params + p.offset);
+}
+
+TrainingState load_optimizer_state(const std::string& checkpoint_dir,
+                                   const model::ParamLayout& layout, float* exp_avg,
+                                   float* exp_avg_sq) {
+  const SafetensorsFile file =
+      SafetensorsFile::open((fs::path(checkpoint_dir) / kOptimizerFile).string());
+  const std::int64_t version = metadata_int(file, "format_version");
+  OASES_CHECK(version == kCheckpointFormatVersion,
+              "checkpoint '{}' has format version {}; this build reads version {}",
+              checkpoint_dir, version, kCheckpointFormatVersion);
+  for (const auto& p : layout.params()) {
+    file.read_f32("exp_avg." + p.name, p.shape.to_vector(), exp_avg + p.offset);
+    file.read_f32("exp_avg_sq." + p.name, p.shape.to_vector(), exp_avg_sq + p.offset);
+  }
+  TrainingState state;
+  state.step = metadata_int(file, "step");
+  state.data_position = metadata_int(file, "data_position");
+  state.seed = static_cast<std::uint64_t>(metadata_int(file, "seed"));
+  return state;
+}
+
+std::string resolve_model_file(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return path;
+  OASES_CHECK(fs::is_directory(path, ec),
+              "checkpoint '{}' does not exist; pass a step_N checkpoint directory, a run's "
+              "checkpoint.dir or a model.safetensors file",
+              path);
+  if (fs::exists(fs::path(path) / kModelFile)) {
+    OASES_CHECK(fs::exists(fs::path(path) / kMarkerFile),
+                "checkpoint '{}' is incomplete (no {} marker): it was interrupted while being "
+                "written; use an earlier step",
+                path, kMarkerFile);
+    return (fs::path(path) / kModelFile).string();
+  }
+  auto latest = latest_checkpoint(path);
+  OASES_CHECK(latest.has_value(), "'{}' holds no complete checkpoint (step_N/{} with {})", path,
+              kModelFile, kMarkerFile);
+  return (fs::path(*latest) / kModelFile).string();
+}
+
+RunConfig config_from_checkpoint(const std::string& path) {
+  const std::string model_file = resolve_model_file(path);
+  const SafetensorsFile file = SafetensorsFile::open(model_file);
+  return parse_run_config(metadata_value(file, "oases_config"), model_file + " (oases_config)");
+}
+
+}  // namespace oases::train

@@ -1,0 +1,330 @@
+#include "train/config.h"
+
+#include "core/error.h"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+namespace oases::train {
+namespace {
+
+std::string type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a floating-point number";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date/time";
+  }
+}
+
+std::string describe(const toml::node& node) {
+  std::ostringstream out;
+  if (auto s = node.as_string()) out << '"' << s->get() << '"';
+  else if (node.is_table()) out << "{...}";
+  else node.visit([&](auto&& v) { out << v; });
+  return out.str();
+}
+
+// One field binding: how to read a key of a section into the RunConfig.
+using Reader = std::function<void(const toml::node&, const std::string& key, RunConfig&)>;
+
+template <class T>
+Reader bind(T RunConfig::*section, std::int64_t T::*field) {
+  return [=](const toml::node& node, const std::string& key, RunConfig& cfg) {
+    auto v = node.value_exact<std::int64_t>();
+    OASES_CHECK(v.has_value(), "config key {} = {} is {}; expected an integer", key,
+                describe(node), type_name(node));
+    (cfg.*section).*field = *v;
+  };
+}
+template <class T>
+Reader bind(T RunConfig::*section, double T::*field) {
+  return [=](const toml::node& node, const std::string& key, RunConfig& cfg) {
+    OASES_CHECK(node.is_number(), "config key {} = {} is {}; expected a number", key,
+                describe(node), type_name(node));
+    (cfg.*section).*field = *node.value<double>();
+  };
+}
+template <class T>
+Reader bind(T RunConfig::*section, bool T::*field) {
+  return [=](const toml::node& node, const std::string& key, RunConfig& cfg) {
+    auto v = node.value_exact<bool>();
+    OASES_CHECK(v.has_value(), "config key {} = {} is {}; expected true or false", key,
+                describe(node), type_name(node));
+    (cfg.*section).*field = *v;
+  };
+}
+template <class T>
+Reader bind(T RunConfig::*section, std::string T::*field) {
+  return [=](const toml::node& node, const std::string& key, RunConfig& cfg) {
+    auto v = node.value_exact<std::string>();
+    OASES_CHECK(v.has_value(), "config key {} = {} is {}; expected a string", key,
+                describe(node), type_name(node));
+    (cfg.*section).*field = *v;
+  };
+}
+
+using SectionFields = std::map<std::string, Reader>;
+
+const std::map<std::string, SectionFields>& schema() {
+  using M = model::GptConfig;
+  static const std::map<std::string, SectionFields> table = {
+      {"model",
+       {{"arch", bind(&RunConfig::model, &M::arch)},
+        {"layers", bind(&RunConfig::model, &M::layers)},
+        {"hidden", bind(&RunConfig::model, &M::hidden)},
+        {"heads", bind(&RunConfig::model, &M::heads)},
+        {"ffn_hidden", bind(&RunConfig::model, &M::ffn_hidden)},
+        {"vocab_size", bind(&RunConfig::model, &M::vocab_size)},
+        {"seq_len", bind(&RunConfig::model, &M::seq_len)},
+        {"dropout", bind(&RunConfig::model, &M::dropout)},
+        {"tie_embeddings", bind(&RunConfig::model, &M::tie_embeddings)},
+        {"layernorm_eps", bind(&RunConfig::model, &M::layernorm_eps)}}},
+      {"parallel",
+       {{"tp", bind(&RunConfig::parallel, &ParallelConfig::tp)},
+        {"dp", bind(&RunConfig::parallel, &ParallelConfig::dp)},
+        {"pp", bind(&RunConfig::parallel, &ParallelConfig::pp)},
+        {"schedule", bind(&RunConfig::parallel, &ParallelConfig::schedule)},
+        {"recompute", bind(&RunConfig::parallel, &ParallelConfig::recompute)},
+        {"sub_batches", bind(&RunConfig::parallel, &ParallelConfig::sub_batches)},
+        {"plan", bind(&RunConfig::parallel, &ParallelConfig::plan)},
+        {"memory_limit", bind(&RunConfig::parallel, &ParallelConfig::memory_limit)}}},
+      {"train",
+       {{"micro_batch", bind(&RunConfig::train, &OptimConfig::micro_batch)},
+        {"global_batch", bind(&RunConfig::train, &OptimConfig::global_batch)},
+        {"steps", bind(&RunConfig::train, &OptimConfig::steps)},
+        {"lr", bind(&RunConfig::train, &OptimConfig::lr)},
+        {"min_lr", bind(&RunConfig::train, &OptimConfig::min_lr)},
+        {"warmup_steps", bind(&RunConfig::train, &OptimConfig::warmup_steps)},
+        {"lr_decay_steps", bind(&RunConfig::train, &OptimConfig::lr_decay_steps)},
+        {"weight_decay", bind(&RunConfig::train, &OptimConfig::weight_decay)},
+        {"beta1", bind(&RunConfig::train, &OptimConfig::beta1)},
+        {"beta2", bind(&RunConfig::train, &OptimConfig::beta2)},
+        {"eps", bind(&RunConfig::train, &OptimConfig::eps)},
+        {"grad_clip", bind(&RunConfig::train, &OptimConfig::grad_clip)},
+        {"optimizer", bind(&RunConfig::train, &OptimConfig::optimizer)},
+        {"precision", bind(&RunConfig::train, &OptimConfig::precision)},
+        {"seed", bind(&RunConfig::train, &OptimConfig::seed)},
+        {"eval_every", bind(&RunConfig::train, &OptimConfig::eval_every)},
+        {"eval_steps", bind(&RunConfig::train, &OptimConfig::eval_steps)},
+        {"threads", bind(&RunConfig::train, &OptimConfig::threads)}}},
+      {"data",
+       {{"path", bind(&RunConfig::data, &DataConfig::path)},
+        {"tokenizer", bind(&RunConfig::data, &DataConfig::tokenizer)},
+        {"shuffle", bind(&RunConfig::data, &DataConfig::shuffle)}}},
+      {"checkpoint",
+       {{"dir", bind(&RunConfig::checkpoint, &CheckpointConfig::dir)},
+        {"every", bind(&RunConfig::checkpoint, &CheckpointConfig::every)},
+        {"keep", bind(&RunConfig::checkpoint, &CheckpointConfig::keep)},
+        {"resume", bind(&RunConfig::checkpoint, &CheckpointConfig::resume)}}},
+      {"log",
+       {{"every", bind(&RunConfig::log, &LogConfig::every)},
+        {"metrics", bind(&RunConfig::log, &LogConfig::metrics)},
+        {"trace", bind(&RunConfig::log, &LogConfig::trace)},
+        {"trace_steps", bind(&RunConfig::log, &LogConfig::trace_steps)},
+        {"peak_tflops", bind(&RunConfig::log, &LogConfig::peak_tflops)}}},
+  };
+  return table;
+}
+
+std::string keys_of(const SectionFields& fields) {
+  std::vector<std::string> names;
+  for (const auto& [name, reader] : fields) names.push_back(name);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+std::string section_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, fields] : schema()) names.push_back("[" + name + "]");
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+const SectionFields& section_fields(const std::string& section, const std::string& where) {
+  auto it = schema().find(section);
+  OASES_CHECK(it != schema().end(), "{}: unknown config section [{}]; valid sections: {}", where,
+              section, section_names());
+  return it->second;
+}
+
+const Reader& field_reader(const std::string& section, const std::string& key,
+                           const std::string& where) {
+  const SectionFields& fields = section_fields(section, where);
+  auto it = fields.find(key);
+  OASES_CHECK(it != fields.end(), "{}: unknown config key {}.{}; valid keys in [{}]: {}", where,
+              section, key, section, keys_of(fields));
+  return it->second;
+}
+
+void apply_override(toml::table& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  OASES_CHECK(eq != std::string::npos && eq > 0,
+              "--set {}: expected section.key=value (for example --set train.lr=3e-4)",
+              assignment);
+  const std::string path = assignment.substr(0, eq);
+  const std::string value = assignment.substr(eq + 1);
+  const auto dot = path.find('.');
+  OASES_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < path.size(),
+              "--set {}: the key must be section.key (for example train.lr)", assignment);
+  const std::string section = path.substr(0, dot), key = path.substr(dot + 1);
+  field_reader(section, key, "--set");  // validates the name before the value
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", value}};  // a bare word: a string
+  }
+  if (!root.contains(section)) root.insert(section, toml::table{});
+  toml::table* target = root[section].as_table();
+  OASES_CHECK(target != nullptr, "config: [{}] must be a table", section);
+  target->insert_or_assign(key, *parsed["v"].node());
+}
+
+}  // namespace
+
+RunConfig parse_run_config(const std::string& toml_text, const std::string& source,
+                           const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source);
+  } catch (const toml::parse_error& e) {
+    OASES_FAIL("config {} is not valid TOML: {} (line {}, column {})", source, e.description(),
+               e.source().begin.line, e.source().begin.column);
+  }
+  for (const auto& assignment : overrides) apply_override(root, assignment);
+
+  RunConfig config;
+  for (const auto& [section_key, section_node] : root) {
+    const std::string section(section_key.str());
+    const SectionFields& fields = section_fields(section, source);
+    const toml::table* table = section_node.as_table();
+    OASES_CHECK(table != nullptr, "{}: {} must be a table [{}], found {}", source, section,
+                section, type_name(section_node));
+    (void)fields;
+    for (const auto& [key_node, value] : *table) {
+      const std::string key(key_node.str());
+      field_reader(section, key, source)(value, section + "." + key, config);
+    }
+  }
+  config.validate();
+  return config;
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  OASES_CHECK(in.good(), "cannot read config file '{}': no such file or not readable", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_run_config(text.str(), path, overrides);
+}
+
+void RunConfig::validate() const {
+  model.validate();
+  const auto& p = parallel;
+  OASES_CHECK(p.tp >= 1 && p.dp >= 1 && p.pp >= 1,
+              "parallel.tp, dp, pp must be at least 1 (found tp={}, dp={}, pp={})", p.tp, p.dp,
+              p.pp);
+  OASES_CHECK(p.tp == 1 && p.dp == 1 && p.pp == 1,
+              "parallel.tp={} dp={} pp={}: this build runs single-process only "
+              "(tp = dp = pp = 1); distributed training is not available yet",
+              p.tp, p.dp, p.pp);
+  OASES_CHECK(p.schedule == "megatron" || p.schedule == "oases",
+              "parallel.schedule = \"{}\" is not known; valid: \"megatron\", \"oases\"",
+              p.schedule);
+  OASES_CHECK(p.recompute == "none",
+              "parallel.recompute = \"{}\" is not available yet; valid: \"none\"", p.recompute);
+  OASES_CHECK(p.sub_batches >= 1, "parallel.sub_batches = {} must be at least 1", p.sub_batches);
+  OASES_CHECK(p.plan == "uniform", "parallel.plan = \"{}\" is not available yet; valid: \"uniform\"",
+              p.plan);
+  OASES_CHECK(p.memory_limit >= 0, "parallel.memory_limit = {} must be >= 0 bytes", p.memory_limit);
+
+  const auto& t = train;
+  OASES_CHECK(t.micro_batch >= 1, "train.micro_batch = {} must be at least 1", t.micro_batch);
+  OASES_CHECK(t.global_batch >= 1, "train.global_batch = {} must be at least 1", t.global_batch);
+  OASES_CHECK(t.global_batch % (t.micro_batch * p.dp) == 0,
+              "train.global_batch = {} must be a multiple of train.micro_batch x parallel.dp = "
+              "{} x {} = {} (global batch = micro_batch x accumulation steps x dp); try "
+              "global_batch = {}",
+              t.global_batch, t.micro_batch, p.dp, t.micro_batch * p.dp,
+              std::max<std::int64_t>(1, t.global_batch / (t.micro_batch * p.dp)) * t.micro_batch * p.dp);
+  OASES_CHECK(t.steps >= 0, "train.steps = {} must be >= 0", t.steps);
+  OASES_CHECK(t.lr > 0, "train.lr = {} must be positive", t.lr);
+  OASES_CHECK(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr = {} must be in [0, train.lr = {}]",
+              t.min_lr, t.lr);
+  OASES_CHECK(t.warmup_steps >= 0, "train.warmup_steps = {} must be >= 0", t.warmup_steps);
+  OASES_CHECK(t.lr_decay_steps >= 0, "train.lr_decay_steps = {} must be >= 0", t.lr_decay_steps);
+  OASES_CHECK(t.weight_decay >= 0, "train.weight_decay = {} must be >= 0", t.weight_decay);
+  OASES_CHECK(t.beta1 >= 0 && t.beta1 < 1, "train.beta1 = {} must be in [0, 1)", t.beta1);
+  OASES_CHECK(t.beta2 >= 0 && t.beta2 < 1, "train.beta2 = {} must be in [0, 1)", t.beta2);
+  OASES_CHECK(t.eps > 0, "train.eps = {} must be positive", t.eps);
+  OASES_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 disables clipping)",
+              t.grad_clip);
+  OASES_CHECK(t.optimizer == "adamw", "train.optimizer = \"{}\" is not known; valid: \"adamw\"",
+              t.optimizer);
+  OASES_CHECK(t.precision == "fp32",
+              "train.precision = \"{}\" is not available on the CPU engine; valid: \"fp32\"",
+              t.precision);
+  OASES_CHECK(t.seed >= 0, "train.seed = {} must be >= 0", t.seed);
+  OASES_CHECK(t.eval_every >= 0, "train.eval_every = {} must be >= 0 (0: never)", t.eval_every);
+  OASES_CHECK(t.eval_steps >= 1, "train.eval_steps = {} must be at least 1", t.eval_steps);
+  OASES_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0: all cores)", t.threads);
+
+  OASES_CHECK(data.tokenizer == "byte", "data.tokenizer = \"{}\" is not known; valid: \"byte\"",
+              data.tokenizer);
+  OASES_CHECK(checkpoint.every >= 0, "checkpoint.every = {} must be >= 0", checkpoint.every);
+  OASES_CHECK(checkpoint.keep >= 0, "checkpoint.keep = {} must be >= 0 (0 keeps all)",
+              checkpoint.keep);
+  OASES_CHECK(!checkpoint.resume || !checkpoint.dir.empty(),
+              "checkpoint.resume = true needs checkpoint.dir to name the run's checkpoint folder");
+  OASES_CHECK(log.every >= 1, "log.every = {} must be at least 1", log.every);
+  OASES_CHECK(log.trace_steps >= 1, "log.trace_steps = {} must be at least 1", log.trace_steps);
+  OASES_CHECK(log.peak_tflops >= 0, "log.peak_tflops = {} must be >= 0 (0: measure)",
+              log.peak_tflops);
+}
+
+std::string to_toml(const RunConfig& c) {
+  toml::table root;
+  root.insert("model", toml::table{{"arch", c.model.arch}, {"layers", c.model.layers},
+                                   {"hidden", c.model.hidden}, {"heads", c.model.heads},
+                                   {"ffn_hidden", c.model.ffn_hidden},
+                                   {"vocab_size", c.model.vocab_size},
+                                   {"seq_len", c.model.seq_len}, {"dropout", c.model.dropout},
+                                   {"tie_embeddings", c.model.tie_embeddings},
+                                   {"layernorm_eps", c.model.layernorm_eps}});
+  root.insert("parallel", toml::table{{"tp", c.parallel.tp}, {"dp", c.parallel.dp},
+                                      {"pp", c.parallel.pp}, {"schedule", c.parallel.schedule},
+                                      {"recompute", c.parallel.recompute},
+                                      {"sub_batches", c.parallel.sub_batches},
+                                      {"plan", c.parallel.plan},
+                                      {"memory_limit", c.parallel.memory_limit}});
+  const auto& t = c.train;
+  root.insert("train", toml::table{{"micro_batch", t.micro_batch}, {"global_batch", t.global_batch},
+                                   {"steps", t.steps}, {"lr", t.lr}, {"min_lr", t.min_lr},
+                                   {"warmup_steps", t.warmup_steps},
+                                   {"lr_decay_steps", t.lr_decay_steps},
+                                   {"weight_decay", t.weight_decay}, {"beta1", t.beta1},
+                                   {"beta2", t.beta2}, {"eps", t.eps}, {"grad_clip", t.grad_clip},
+                                   {"optimizer", t.optimizer}, {"precision", t.precision},
+                                   {"seed", t.seed}, {"eval_every", t.eval_every},
+                                   {"eval_steps", t.eval_steps}, {"threads", t.threads}});
+  root.insert("data", toml::table{{"path", c.data.path}, {"tokenizer", c.data.tokenizer},
+                                  {"shuffle", c.data.shuffle}});
+  root.insert("checkpoint", toml::table{{"dir", c.checkpoint.dir}, {"every", c.checkpoint.every},
+                                        {"keep", c.checkpoint.keep},
+                                        {"resume", c.checkpoint.resume}});
+  root.insert("log", toml::table{{"every", c.log.every}, {"metrics", c.log.metrics},
+                                 {"trace", c.log.trace}, {"trace_steps", c.log.trace_steps},
+                                 {"peak_tflops", c.log.peak_tflops}});
+  std::ostringstream out;
+  out << root;
+  return out.str();
+}
+
+}  // namespace oases::train

@@ -1,0 +1,87 @@
+// The run configuration: one TOML file with sections [model], [parallel], [train], [data],
+// [checkpoint], [log] (DESIGN.md section 1), overridable by `--set section.key=value`.
+// Unknown sections or keys, wrong types and out-of-range values are errors that name the key,
+// the value found and what is valid.
+#pragma once
+
+#include "model/gpt_config.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace oases::train {
+
+struct ParallelConfig {
+  std::int64_t tp = 1, dp = 1, pp = 1;
+  std::string schedule = "megatron";
+  std::string recompute = "none";
+  std::int64_t sub_batches = 2;
+  std::string plan = "uniform";
+  std::int64_t memory_limit = 0;  // bytes per device; 0: no limit
+};
+
+struct OptimConfig {
+  std::int64_t micro_batch = 4;
+  std::int64_t global_batch = 4;  // sequences per optimizer step
+  std::int64_t steps = 100;
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  std::int64_t warmup_steps = 0;
+  std::int64_t lr_decay_steps = 0;  // 0: decay over `steps`
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double grad_clip = 1.0;  // 0: no clipping
+  std::string optimizer = "adamw";
+  std::string precision = "fp32";
+  std::int64_t seed = 1234;
+  std::int64_t eval_every = 0;  // 0: never
+  std::int64_t eval_steps = 4;  // validation batches (of global_batch sequences) per evaluation
+  std::int64_t threads = 0;     // OpenMP threads for kernels; 0: all cores
+
+  std::int64_t accumulation_steps(std::int64_t dp) const { return global_batch / (micro_batch * dp); }
+};
+
+struct DataConfig {
+  std::string path;  // shard prefix: reads <path>_train.bin and <path>_val.bin
+  std::string tokenizer = "byte";
+  bool shuffle = false;
+};
+
+struct CheckpointConfig {
+  std::string dir;         // empty: no checkpoints
+  std::int64_t every = 0;  // steps between checkpoints; 0: only at the end
+  std::int64_t keep = 2;   // newest checkpoints kept; 0 keeps all
+  bool resume = false;     // continue from the newest complete checkpoint in dir
+};
+
+struct LogConfig {
+  std::int64_t every = 1;  // progress line every N steps
+  std::string metrics;     // JSONL path; empty: none
+  std::string trace;       // Chrome trace path; empty: none
+  std::int64_t trace_steps = 1;
+  double peak_tflops = 0;  // device peak for MFU; 0: measured at start-up with sgemm
+};
+
+struct RunConfig {
+  model::GptConfig model;
+  ParallelConfig parallel;
+  OptimConfig train;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+
+  // Cross-field checks (heads divide hidden, batch arithmetic, ...).
+  void validate() const;
+};
+
+// Parses TOML text (`source` names it in messages) and applies `overrides` ("section.key=value",
+// value in TOML syntax; a bare word is taken as a string).
+RunConfig parse_run_config(const std::string& toml_text, const std::string& source,
+                           const std::vector<std::string>& overrides = {});
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The configuration as TOML (stored with checkpoints, printed by `oases train --print-config`).
+std::string to_toml(const RunConfig& config);
+
+}  // namespace oases::train
