@@ -1,0 +1,124 @@
+#include "train/atomic_file.h"
+
+#include "core/error.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+namespace oases::train {
+namespace {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+std::string parent_directory(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+
+// Best effort by design: the rename has already happened, so the new file is in place; some
+// file systems (and containers' overlay mounts) refuse fsync on a directory, and reporting
+// that as a failure would wrongly tell the user the write did not happen.
+void fsync_directory_of(const std::string& path) {
+  const int dir_fd = ::open(parent_directory(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return;
+  (void)::fsync(dir_fd);
+  ::close(dir_fd);
+}
+
+void fsync_fd(int fd, const std::string& path) {
+  while (::fsync(fd) != 0) {
+    if (errno == EINTR) continue;
+    OASES_FAIL("cannot flush '{}' to disk: {}", path, errno_text(errno));
+  }
+}
+
+void rename_over(const std::string& tmp_path, const std::string& final_path) {
+  if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    OASES_FAIL("cannot rename '{}' to '{}': {} (the previous '{}' is unchanged)", tmp_path,
+               final_path, errno_text(err), final_path);
+  }
+  fsync_directory_of(final_path);
+}
+
+}  // namespace
+
+AtomicFileWriter::AtomicFileWriter(std::string path)
+    : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
+  OASES_CHECK(!path_.empty(), "cannot write a file with an empty path");
+  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    const int err = errno;
+    OASES_FAIL(
+        "cannot create '{}' (the temporary file for '{}'): {}; check that directory '{}' "
+        "exists and is writable",
+        tmp_path_, path_, errno_text(err), parent_directory(path_));
+  }
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (committed_) return;
+  if (fd_ >= 0) ::close(fd_);
+  ::unlink(tmp_path_.c_str());
+}
+
+void AtomicFileWriter::write(const void* data, std::size_t size) {
+  OASES_ASSERT(!committed_ && fd_ >= 0, "write to '{}' after commit", path_);
+  const char* bytes = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd_, bytes, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      OASES_FAIL("cannot write '{}' after {} bytes: {} (the previous '{}' is unchanged)", tmp_path_,
+                 bytes_written_, errno_text(err), path_);
+    }
+    bytes += n;
+    size -= static_cast<std::size_t>(n);
+    bytes_written_ += static_cast<std::size_t>(n);
+  }
+}
+
+void AtomicFileWriter::commit() {
+  OASES_ASSERT(!committed_ && fd_ >= 0, "'{}' committed twice", path_);
+  fsync_fd(fd_, tmp_path_);
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) {
+    const int err = errno;
+    OASES_FAIL("cannot close '{}': {} (the previous '{}' is unchanged)", tmp_path_, errno_text(err),
+               path_);
+  }
+  rename_over(tmp_path_, path_);
+  committed_ = true;
+}
+
+void fsync_and_rename(const std::string& tmp_path, const std::string& final_path) {
+  const int fd = ::open(tmp_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    OASES_FAIL("cannot open '{}' to publish it as '{}': {}", tmp_path, final_path, errno_text(err));
+  }
+  try {
+    fsync_fd(fd, tmp_path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  rename_over(tmp_path, final_path);
+}
+
+void write_file_atomically(const std::string& path, std::string_view contents) {
+  AtomicFileWriter writer(path);
+  writer.write(contents);
+  writer.commit();
+}
+
+}  // namespace oases::train

@@ -1,0 +1,445 @@
+#include "train/token_data.h"
+
+#include "core/error.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace oases::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    static int counter = 0;
+    path_ = fs::temp_directory_path() / ("oases_token_data_test_" + std::to_string(::getpid()) +
+                                         "_" + std::to_string(counter++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good());
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Runs `fn`, expects a UserError whose message contains every string in `parts`.
+void expect_user_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no UserError thrown; expected one mentioning " << parts.front();
+  } catch (const UserError& e) {
+    const std::string message = e.what();
+    for (const std::string& part : parts)
+      EXPECT_NE(message.find(part), std::string::npos)
+          << "message lacks '" << part << "': " << message;
+  }
+}
+
+std::string text_of_length(std::size_t n, unsigned salt) {
+  std::string text(n, '\0');
+  for (std::size_t i = 0; i < n; ++i) text[i] = static_cast<char>((i * 131 + salt) % 256);
+  return text;
+}
+
+std::vector<std::int32_t> as_tokens(const std::string& text) {
+  std::vector<std::int32_t> tokens;
+  for (char c : text) tokens.push_back(static_cast<unsigned char>(c));
+  return tokens;
+}
+
+TokenShard counting_shard(std::int64_t count) {
+  TokenShard shard;
+  shard.path = "memory";
+  shard.tokenizer = "test";
+  shard.vocab_size = count;
+  shard.token_width = 4;
+  for (std::int64_t i = 0; i < count; ++i) shard.tokens.push_back(static_cast<std::int32_t>(i));
+  return shard;
+}
+
+// ---------------------------------------------------------------------------------------
+// Tokenizers
+
+TEST(ByteTokenizer, EncodesBytesAndDecodesBack) {
+  const auto tokenizer = make_tokenizer("byte");
+  EXPECT_EQ(tokenizer->name(), "byte");
+  EXPECT_EQ(tokenizer->vocab_size(), 256);
+  const std::string text = std::string("hi \xff\x80\x01", 6) + std::string(1, '\0') + "!";
+  const std::vector<std::int32_t> tokens = tokenizer->encode(text);
+  EXPECT_EQ(tokens, (std::vector<std::int32_t>{'h', 'i', ' ', 255, 128, 1, 0, '!'}));
+  EXPECT_EQ(tokenizer->decode(tokens), text);
+  const std::vector<std::int32_t> bad = {65, 256};
+  expect_user_error([&] { tokenizer->decode(bad); }, {"token 256", "position 1", "[0, 256)"});
+}
+
+TEST(ByteTokenizer, UnknownNameListsValidNames) {
+  expect_user_error([] { make_tokenizer("gpt2-bpe"); }, {"gpt2-bpe", "byte"});
+}
+
+TEST(TokenShard, WidthIsTheSmallestThatHoldsTheVocabulary) {
+  EXPECT_EQ(token_width_for_vocab(256), 2u);
+  EXPECT_EQ(token_width_for_vocab(65536), 2u);
+  EXPECT_EQ(token_width_for_vocab(65537), 4u);
+  EXPECT_EQ(token_width_for_vocab(50257), 2u);
+  EXPECT_THROW(token_width_for_vocab(0), UserError);
+}
+
+TEST(TokenShard, FourByteShardRoundTrips) {
+  TempDir dir;
+  const std::vector<std::int32_t> tokens = {0, 70000, 99999, 5};
+  write_token_shard(dir.file("wide.bin"), "bpe-test", 100000, tokens);
+  const TokenShard shard = load_token_shard(dir.file("wide.bin"));
+  EXPECT_EQ(shard.token_width, 4u);
+  EXPECT_EQ(shard.vocab_size, 100000);
+  EXPECT_EQ(shard.tokenizer, "bpe-test");
+  EXPECT_EQ(shard.tokens, tokens);
+  EXPECT_EQ(fs::file_size(dir.file("wide.bin")), kTokenShardHeaderBytes + 4 * 4);
+}
+
+// ---------------------------------------------------------------------------------------
+// prepare_data
+
+TEST(PrepareData, SplitsTheConcatenatedInputsWithTheLastFractionForValidation) {
+  TempDir dir;
+  const std::string a = text_of_length(600, 7), b = text_of_length(400, 91);
+  write_bytes(dir.file("a.txt"), a);
+  write_bytes(dir.file("b.txt"), b);
+  const std::string prefix = dir.file("out/corpus");  // parent directory does not exist yet
+  const PrepareDataSummary summary =
+      prepare_data({dir.file("a.txt"), dir.file("b.txt")}, prefix, 0.123, "byte");
+
+  EXPECT_EQ(summary.tokenizer, "byte");
+  EXPECT_EQ(summary.vocab_size, 256);
+  EXPECT_EQ(summary.input_bytes, 1000);
+  EXPECT_EQ(summary.total_tokens, 1000);
+  EXPECT_EQ(summary.val_tokens, 123);
+  EXPECT_EQ(summary.train_tokens, 877);
+  EXPECT_EQ(summary.train_path, prefix + "_train.bin");
+  EXPECT_EQ(summary.val_path, prefix + "_val.bin");
+
+  const std::vector<std::int32_t> all = as_tokens(a + b);
+  const TokenShard train = load_token_shard(summary.train_path);
+  const TokenShard val = load_token_shard(summary.val_path);
+  EXPECT_EQ(train.tokens, std::vector<std::int32_t>(all.begin(), all.begin() + 877));
+  EXPECT_EQ(val.tokens, std::vector<std::int32_t>(all.begin() + 877, all.end()));
+  EXPECT_EQ(train.tokenizer, "byte");
+  EXPECT_EQ(train.vocab_size, 256);
+  EXPECT_EQ(train.token_width, 2u);
+  EXPECT_EQ(fs::file_size(summary.train_path), kTokenShardHeaderBytes + 2 * 877);
+
+  // Nothing is left under a temporary name.
+  for (const auto& entry : fs::directory_iterator(dir.path() / "out"))
+    EXPECT_NE(entry.path().extension(), ".tmp") << entry.path();
+}
+
+TEST(PrepareData, ValidationSizeIsTheRoundedFraction) {
+  TempDir dir;
+  write_bytes(dir.file("in.txt"), text_of_length(1000, 3));
+  for (const auto& [fraction, expected_val] : std::vector<std::pair<double, std::int64_t>>{
+           {0.1, 100}, {0.29, 290}, {0.0015, 2}, {0.5, 500}, {0.999, 999}}) {
+    const PrepareDataSummary s =
+        prepare_data({dir.file("in.txt")}, dir.file("c"), fraction, "byte");
+    EXPECT_EQ(s.val_tokens, expected_val) << fraction;
+    EXPECT_EQ(load_token_shard(s.val_path).size(), expected_val) << fraction;
+    EXPECT_EQ(load_token_shard(s.train_path).size(), 1000 - expected_val) << fraction;
+  }
+}
+
+TEST(PrepareData, ZeroFractionKeepsEverythingForTraining) {
+  TempDir dir;
+  const std::string text = "hello, world";
+  write_bytes(dir.file("in.txt"), text);
+  const PrepareDataSummary s = prepare_data({dir.file("in.txt")}, dir.file("c"), 0.0, "byte");
+  EXPECT_EQ(s.train_tokens, 12);
+  EXPECT_EQ(s.val_tokens, 0);
+  EXPECT_EQ(load_token_shard(s.train_path).tokens, as_tokens(text));
+  EXPECT_TRUE(load_token_shard(s.val_path).tokens.empty());
+}
+
+TEST(PrepareData, RejectsBadSettingsNamingThem) {
+  TempDir dir;
+  write_bytes(dir.file("in.txt"), text_of_length(100, 1));
+  write_bytes(dir.file("empty.txt"), "");
+  const std::string in = dir.file("in.txt"), prefix = dir.file("c");
+  expect_user_error([&] { prepare_data({in}, prefix, 1.0, "byte"); },
+                    {"--val-fraction", "1", "[0, 1)"});
+  expect_user_error([&] { prepare_data({in}, prefix, -0.1, "byte"); }, {"--val-fraction", "-0.1"});
+  expect_user_error([&] { prepare_data({in}, prefix, std::nan(""), "byte"); }, {"--val-fraction"});
+  expect_user_error([&] { prepare_data({in}, prefix, 0.001, "byte"); },
+                    {"--val-fraction", "0.001", "100 tokens", "0 validation"});
+  expect_user_error(
+      [&] {
+        prepare_data({in, dir.file("missing.txt")}, prefix, 0.1, "byte");
+      },
+      {"missing.txt", "does not exist"});
+  expect_user_error([&] { prepare_data({dir.file("empty.txt")}, prefix, 0.1, "byte"); },
+                    {"empty.txt", "empty"});
+  expect_user_error([&] { prepare_data({dir.path().string()}, prefix, 0.1, "byte"); },
+                    {"not a regular file"});
+  expect_user_error([&] { prepare_data({}, prefix, 0.1, "byte"); }, {"--input"});
+  expect_user_error([&] { prepare_data({in}, prefix, 0.1, "sentencepiece"); },
+                    {"sentencepiece", "byte"});
+  EXPECT_FALSE(fs::exists(prefix + "_train.bin"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Shard validation
+
+class CorruptShard : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = dir_.file("shard.bin");
+    std::vector<std::int32_t> tokens(100);
+    for (int i = 0; i < 100; ++i) tokens[static_cast<std::size_t>(i)] = (i * 37) % 256;
+    write_token_shard(path_, "byte", 256, tokens);
+    bytes_ = read_bytes(path_);
+    ASSERT_EQ(bytes_.size(), kTokenShardHeaderBytes + 200);
+  }
+  void write(const std::string& bytes) { write_bytes(path_, bytes); }
+  void put_u32(std::size_t offset, std::uint32_t value) {
+    for (int i = 0; i < 4; ++i)
+      bytes_[offset + static_cast<std::size_t>(i)] = static_cast<char>(value >> (8 * i));
+  }
+
+  TempDir dir_;
+  std::string path_;
+  std::string bytes_;
+};
+
+TEST_F(CorruptShard, ValidFileLoads) {
+  const TokenShard shard = load_token_shard(path_);
+  EXPECT_EQ(shard.size(), 100);
+  EXPECT_EQ(shard.tokens[3], 111);
+}
+
+TEST_F(CorruptShard, ForeignFile) {
+  write(std::string("PK\x03\x04 this is a zip file, not tokens", 36));
+  expect_user_error([&] { load_token_shard(path_); },
+                    {path_, "not an oases token shard", "50 4b 03 04", "OASESTOK"});
+  write("OAS");
+  expect_user_error([&] { load_token_shard(path_); }, {path_, "OASESTOK"});
+}
+
+TEST_F(CorruptShard, ShorterThanTheHeader) {
+  write(bytes_.substr(0, 20));
+  expect_user_error([&] { load_token_shard(path_); },
+                    {path_, "truncated", "20 bytes", "44-byte header"});
+}
+
+TEST_F(CorruptShard, UnknownVersion) {
+  put_u32(8, 2);
+  write(bytes_);
+  expect_user_error([&] { load_token_shard(path_); },
+                    {path_, "version 2", "version 1", "prepare-data"});
+}
+
+TEST_F(CorruptShard, BadWidth) {
+  put_u32(12, 3);
+  write(bytes_);
+  expect_user_error([&] { load_token_shard(path_); }, {path_, "width of 3 bytes", "2 and 4"});
+}
+
+TEST_F(CorruptShard, VocabularyTooLargeForWidth) {
+  put_u32(16, 70000);
+  write(bytes_);
+  expect_user_error([&] { load_token_shard(path_); }, {path_, "70000", "2-byte"});
+}
+
+TEST_F(CorruptShard, Truncated) {
+  write(bytes_.substr(0, bytes_.size() - 3));
+  expect_user_error([&] { load_token_shard(path_); },
+                    {path_, "truncated", "header says 100 tokens (200 bytes)", "holds 197 bytes",
+                     "oases prepare-data"});
+}
+
+TEST_F(CorruptShard, TrailingBytes) {
+  write(bytes_ + "xy");
+  expect_user_error([&] { load_token_shard(path_); }, {path_, "2 unexpected bytes", "100 tokens"});
+}
+
+TEST_F(CorruptShard, TokenOutsideVocabulary) {
+  bytes_[kTokenShardHeaderBytes + 2 * 5] = 0x2c;  // 300 = 0x012c, little-endian
+  bytes_[kTokenShardHeaderBytes + 2 * 5 + 1] = 0x01;
+  write(bytes_);
+  expect_user_error([&] { load_token_shard(path_); }, {path_, "token 300", "position 5", "256"});
+}
+
+TEST_F(CorruptShard, MalformedTokenizerName) {
+  bytes_[28 + 6] = 'x';  // a character after the NUL padding began
+  write(bytes_);
+  expect_user_error([&] { load_token_shard(path_); }, {path_, "tokenizer name"});
+}
+
+TEST_F(CorruptShard, MissingFile) {
+  expect_user_error([&] { load_token_shard(dir_.file("nope_train.bin")); },
+                    {"nope_train.bin", "does not exist", "prepare-data"});
+}
+
+// ---------------------------------------------------------------------------------------
+// DataLoader
+
+std::vector<std::int32_t> fill_rows(const DataLoader& loader, std::int64_t step, std::int64_t first,
+                                    std::int64_t count, std::vector<std::int32_t>* targets) {
+  std::vector<std::int32_t> inputs(static_cast<std::size_t>(count * loader.seq_len()), -1);
+  targets->assign(inputs.size(), -1);
+  loader.fill(step, first, count, inputs.data(), targets->data());
+  return inputs;
+}
+
+TEST(DataLoader, UnshuffledWindowsFollowTheReferenceFormulaAndWrap) {
+  const std::int64_t n = 103, seq_len = 8, batch = 4;
+  const TokenShard shard = counting_shard(n);
+  const DataLoader loader(shard, seq_len, batch, /*shuffle=*/false, /*seed=*/1);
+  bool saw_wrap = false;
+  for (std::int64_t step : {0, 1, 2, 3, 7, 50, 1000000000}) {
+    std::vector<std::int32_t> targets;
+    const std::vector<std::int32_t> inputs = fill_rows(loader, step, 0, batch, &targets);
+    for (std::int64_t j = 0; j < batch; ++j) {
+      const std::int64_t start = ((step * batch + j) * seq_len) % n;
+      EXPECT_EQ(loader.window_start(step, j), start);
+      saw_wrap |= start + seq_len + 1 > n;
+      for (std::int64_t t = 0; t < seq_len; ++t) {
+        const auto at = static_cast<std::size_t>(j * seq_len + t);
+        ASSERT_EQ(inputs[at], (start + t) % n) << "step " << step << " sample " << j << " t " << t;
+        ASSERT_EQ(targets[at], (start + t + 1) % n) << "step " << step << " sample " << j;
+      }
+    }
+  }
+  EXPECT_TRUE(saw_wrap);
+}
+
+TEST(DataLoader, WrapsWithTargetOnlyCrossingTheEnd) {
+  // Window 2 of seq_len 4 over 12 tokens starts at 8: inputs 8..11, targets 9..11 then 0.
+  const TokenShard shard = counting_shard(12);
+  const DataLoader loader(shard, 4, 3, false, 0);
+  std::vector<std::int32_t> targets;
+  const std::vector<std::int32_t> inputs = fill_rows(loader, 0, 2, 1, &targets);
+  EXPECT_EQ(inputs, (std::vector<std::int32_t>{8, 9, 10, 11}));
+  EXPECT_EQ(targets, (std::vector<std::int32_t>{9, 10, 11, 0}));
+}
+
+TEST(DataLoader, SubrangeFillEqualsRowsOfTheFullBatch) {
+  const TokenShard shard = counting_shard(211);
+  for (bool shuffle : {false, true}) {
+    const DataLoader loader(shard, 10, 6, shuffle, 42);
+    for (std::int64_t step : {0, 3, 17}) {
+      std::vector<std::int32_t> full_targets;
+      const std::vector<std::int32_t> full = fill_rows(loader, step, 0, 6, &full_targets);
+      for (const auto& [first, count] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+               {0, 1}, {2, 3}, {5, 1}, {3, 3}, {0, 6}}) {
+        std::vector<std::int32_t> part_targets;
+        const std::vector<std::int32_t> part = fill_rows(loader, step, first, count, &part_targets);
+        const auto begin = static_cast<std::ptrdiff_t>(first * 10);
+        const auto end = static_cast<std::ptrdiff_t>((first + count) * 10);
+        EXPECT_EQ(part, std::vector<std::int32_t>(full.begin() + begin, full.begin() + end));
+        EXPECT_EQ(part_targets, std::vector<std::int32_t>(full_targets.begin() + begin,
+                                                          full_targets.begin() + end));
+      }
+    }
+  }
+}
+
+// Window indices (start / seq_len) of global samples [0, count) in order.
+std::vector<std::int64_t> window_sequence(const DataLoader& loader, std::int64_t count) {
+  std::vector<std::int64_t> windows;
+  for (std::int64_t k = 0; k < count; ++k) {
+    const std::int64_t start =
+        loader.window_start(k / loader.global_batch(), k % loader.global_batch());
+    EXPECT_EQ(start % loader.seq_len(), 0);
+    windows.push_back(start / loader.seq_len());
+  }
+  return windows;
+}
+
+TEST(DataLoader, ShuffleVisitsEveryWindowOncePerEpoch) {
+  const std::int64_t seq_len = 8, windows = 50;
+  const TokenShard shard = counting_shard(seq_len * windows + 3);
+  const DataLoader loader(shard, seq_len, /*global_batch=*/7, true, 1234);
+  ASSERT_EQ(loader.windows_per_epoch(), windows);
+  const std::vector<std::int64_t> sequence = window_sequence(loader, 3 * windows);
+  std::vector<std::vector<std::int64_t>> epochs(3);
+  for (std::int64_t e = 0; e < 3; ++e) {
+    std::vector<std::int64_t> epoch(sequence.begin() + e * windows,
+                                    sequence.begin() + (e + 1) * windows);
+    epochs[static_cast<std::size_t>(e)] = epoch;
+    std::sort(epoch.begin(), epoch.end());
+    for (std::int64_t w = 0; w < windows; ++w)
+      ASSERT_EQ(epoch[static_cast<std::size_t>(w)], w) << "epoch " << e;
+  }
+  EXPECT_NE(epochs[0], epochs[1]);  // each epoch has its own order
+  std::vector<std::int64_t> identity(static_cast<std::size_t>(windows));
+  for (std::int64_t w = 0; w < windows; ++w) identity[static_cast<std::size_t>(w)] = w;
+  EXPECT_NE(epochs[0], identity);
+
+  // The fill agrees with window_start.
+  std::vector<std::int32_t> targets;
+  const std::vector<std::int32_t> inputs = fill_rows(loader, 2, 3, 1, &targets);
+  EXPECT_EQ(inputs[0], loader.window_start(2, 3));
+  EXPECT_EQ(targets[0], loader.window_start(2, 3) + 1);
+}
+
+TEST(DataLoader, ShuffleIsAPermutationForEveryWindowCount) {
+  for (std::int64_t windows = 1; windows <= 70; ++windows) {
+    const TokenShard shard = counting_shard(windows * 3 + (windows == 1 ? 1 : 0));
+    const DataLoader loader(shard, 3, 1, true, 99);
+    ASSERT_EQ(loader.windows_per_epoch(), windows);
+    std::vector<std::int64_t> sequence = window_sequence(loader, windows);
+    std::sort(sequence.begin(), sequence.end());
+    for (std::int64_t w = 0; w < windows; ++w)
+      ASSERT_EQ(sequence[static_cast<std::size_t>(w)], w) << "windows " << windows;
+  }
+}
+
+TEST(DataLoader, ShuffleIsDeterministicPerSeedAndResumable) {
+  const TokenShard shard = counting_shard(8 * 64);
+  const DataLoader a(shard, 8, 4, true, 7);
+  const DataLoader b(shard, 8, 4, true, 7);
+  const DataLoader other(shard, 8, 4, true, 8);
+  EXPECT_EQ(window_sequence(a, 200), window_sequence(b, 200));
+  EXPECT_NE(window_sequence(a, 64), window_sequence(other, 64));
+  // A loader created at step 30 (a resumed run) reads what the original read at step 30.
+  std::vector<std::int32_t> ta, tb;
+  EXPECT_EQ(fill_rows(a, 30, 0, 4, &ta), fill_rows(b, 30, 0, 4, &tb));
+  EXPECT_EQ(ta, tb);
+}
+
+TEST(DataLoader, RejectsAShardShorterThanOneWindow) {
+  TokenShard shard = counting_shard(64);
+  shard.path = "data/tiny_train.bin";
+  expect_user_error([&] { DataLoader(shard, 64, 1, false, 0); },
+                    {"data/tiny_train.bin", "64 tokens", "65", "seq_len = 64"});
+  EXPECT_NO_THROW(DataLoader(shard, 63, 1, false, 0));
+  expect_user_error([&] { DataLoader(shard, 0, 1, false, 0); }, {"seq_len"});
+  expect_user_error([&] { DataLoader(shard, 8, 0, false, 0); }, {"global_batch"});
+}
+
+}  // namespace
+}  // namespace oases::train
