@@ -1,6 +1,7 @@
 // The `oases` command: verbs in the style of git. Every verb has --help.
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/cpu/blas_runtime.h"
 #include "train/config.h"
 #include "train/generate.h"
 #include "train/token_data.h"
@@ -99,6 +100,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  oases::kernels::cpu::reexec_with_better_openblas_core(argv);
   try {
     return run(argc, argv);
   } catch (const oases::UserError& e) {

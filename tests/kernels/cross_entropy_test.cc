@@ -1,0 +1,208 @@
+#include "kernels/cpu/cross_entropy.h"
+
+#include "kernels/finite_difference.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace oases::kernels::cpu {
+namespace {
+
+using oases::testing::expect_gradient_matches;
+using oases::testing::random_vector;
+
+struct Problem {
+  std::int64_t n, V, ld;
+  std::vector<double> logits;  // [n, ld]; padding columns hold `padding_value`
+  std::vector<std::int32_t> targets;
+};
+
+// Real logits in [lo, hi); padding columns get a value that would dominate the softmax (or
+// poison it, if NaN) were it ever read.
+Problem make_problem(std::int64_t n, std::int64_t V, std::int64_t ld, std::uint64_t seed,
+                     double lo = -3.0, double hi = 3.0, double padding_value = 50.0) {
+  Problem p{n, V, ld, random_vector(static_cast<std::size_t>(n * ld), seed, lo, hi), {}};
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t j = V; j < ld; ++j) p.logits[static_cast<std::size_t>(i * ld + j)] = padding_value;
+  }
+  const std::vector<double> t = random_vector(static_cast<std::size_t>(n), seed + 1, 0.0, 1.0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    p.targets.push_back(static_cast<std::int32_t>(
+        std::min<double>(static_cast<double>(V - 1), std::floor(t[static_cast<std::size_t>(i)] * static_cast<double>(V)))));
+  }
+  return p;
+}
+
+// The definition, in double: log(sum_j exp(x_j - max)) + max - x_target.
+std::vector<double> naive_losses(const Problem& p) {
+  std::vector<double> losses;
+  for (std::int64_t i = 0; i < p.n; ++i) {
+    const double* x = &p.logits[static_cast<std::size_t>(i * p.ld)];
+    const double m = *std::max_element(x, x + p.V);
+    double sum = 0;
+    for (std::int64_t j = 0; j < p.V; ++j) sum += std::exp(x[j] - m);
+    losses.push_back(std::log(sum) + m - x[p.targets[static_cast<std::size_t>(i)]]);
+  }
+  return losses;
+}
+
+std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+
+struct Case {
+  std::int64_t n, V, ld;
+};
+const Case kCases[] = {{1, 1, 1}, {3, 2, 5}, {5, 7, 7}, {4, 100, 128}, {6, 1000, 1003}};
+
+TEST(CrossEntropyForward, MatchesNaiveReferenceInDoubleAndIgnoresPadding) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(::testing::Message() << "n=" << c.n << " V=" << c.V << " ld=" << c.ld);
+    // NaN padding: any read of it would make a loss NaN.
+    const Problem p = make_problem(c.n, c.V, c.ld, 7, -3.0, 3.0,
+                                   std::numeric_limits<double>::quiet_NaN());
+    const std::vector<double> expected = naive_losses(p);
+    std::vector<double> losses(static_cast<std::size_t>(c.n), -1.0);
+    cross_entropy_forward(p.logits.data(), p.targets.data(), losses.data(), c.n, c.V, c.ld);
+    for (std::int64_t i = 0; i < c.n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      ASSERT_NEAR(losses[k], expected[k], 1e-12 * std::max(1.0, std::abs(expected[k]))) << i;
+    }
+  }
+}
+
+TEST(CrossEntropyForward, FloatMatchesDoubleReferenceAtFullVocabulary) {
+  // GPT-2's vocabulary padded to 50304 columns (50257 real). A loss of ~11 from a sum of
+  // 50k terms: summed in double, the float result is within a few ulps of the loss (the
+  // vectorised exp adds ~1e-7 relative per term); 2e-6 relative leaves margin.
+  const Problem p = make_problem(8, 50257, 50304, 3, -4.0, 4.0);
+  const std::vector<double> expected = naive_losses(p);
+  const std::vector<float> logits = to_float(p.logits);
+  std::vector<float> losses(8);
+  cross_entropy_forward(logits.data(), p.targets.data(), losses.data(), p.n, p.V, p.ld);
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    ASSERT_NEAR(losses[i], expected[i], 2e-6 * std::abs(expected[i])) << i;
+  }
+  // The fused pass gives the same losses.
+  std::vector<float> fused = logits, fused_losses(8);
+  cross_entropy_forward_backward(fused.data(), p.targets.data(), fused_losses.data(), p.n, p.V,
+                                 p.ld, 1.0f);
+  for (std::size_t i = 0; i < losses.size(); ++i) ASSERT_EQ(fused_losses[i], losses[i]) << i;
+}
+
+TEST(CrossEntropyForward, LeavesLogitsUnchanged) {
+  const Problem p = make_problem(4, 100, 128, 9);
+  const std::vector<float> logits = to_float(p.logits);
+  std::vector<float> copy = logits, losses(4);
+  cross_entropy_forward(copy.data(), p.targets.data(), losses.data(), p.n, p.V, p.ld);
+  ASSERT_EQ(std::memcmp(copy.data(), logits.data(), logits.size() * sizeof(float)), 0);
+}
+
+TEST(CrossEntropyForwardBackward, GradientMatchesFiniteDifferences) {
+  for (const Case& c : kCases) {
+    for (double grad_scale : {1.0, 0.37, -2.5}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << c.n << " V=" << c.V << " ld=" << c.ld
+                                        << " grad_scale=" << grad_scale);
+      if (c.V > 100) continue;  // keeps the O((n ld)^2) check small; covered below in float
+      Problem p = make_problem(c.n, c.V, c.ld, 17);
+      std::vector<double> grad = p.logits, losses(static_cast<std::size_t>(c.n));
+      cross_entropy_forward_backward(grad.data(), p.targets.data(), losses.data(), c.n, c.V,
+                                     c.ld, grad_scale);
+      const std::vector<double> expected = naive_losses(p);
+      for (std::int64_t i = 0; i < c.n; ++i) {
+        const auto k = static_cast<std::size_t>(i);
+        ASSERT_NEAR(losses[k], expected[k], 1e-12 * std::max(1.0, expected[k])) << i;
+      }
+      for (std::int64_t i = 0; i < c.n; ++i) {
+        for (std::int64_t j = c.V; j < c.ld; ++j) {
+          ASSERT_EQ(grad[static_cast<std::size_t>(i * c.ld + j)], 0.0) << "padding " << i << "," << j;
+        }
+      }
+      // Central differences over every column, padding included (whose numeric derivative
+      // is exactly 0 because the loss never reads it).
+      std::vector<double> scratch(static_cast<std::size_t>(c.n));
+      expect_gradient_matches("dlogits", p.logits, grad, [&] {
+        cross_entropy_forward(p.logits.data(), p.targets.data(), scratch.data(), c.n, c.V, c.ld);
+        double total = 0;
+        for (double l : scratch) total += l;
+        return grad_scale * total;
+      });
+    }
+  }
+}
+
+TEST(CrossEntropyForwardBackward, FloatGradientMatchesDoubleSoftmax) {
+  const Problem p = make_problem(6, 1000, 1003, 23);
+  const float grad_scale = 1.0f / 6;
+  std::vector<float> grad = to_float(p.logits), losses(6);
+  cross_entropy_forward_backward(grad.data(), p.targets.data(), losses.data(), p.n, p.V, p.ld,
+                                 grad_scale);
+  for (std::int64_t i = 0; i < p.n; ++i) {
+    const double* x = &p.logits[static_cast<std::size_t>(i * p.ld)];
+    const double m = *std::max_element(x, x + p.V);
+    double sum = 0;
+    for (std::int64_t j = 0; j < p.V; ++j) sum += std::exp(x[j] - m);
+    for (std::int64_t j = 0; j < p.ld; ++j) {
+      double expected = j < p.V ? std::exp(x[j] - m) / sum : 0.0;
+      if (j == p.targets[static_cast<std::size_t>(i)]) expected -= 1.0;
+      expected *= grad_scale;
+      // Probabilities are ~1e-3 here: 1e-6 relative plus a float ulp of the -1 at the
+      // target.
+      ASSERT_NEAR(grad[static_cast<std::size_t>(i * p.ld + j)], expected,
+                  1e-6 * std::abs(expected) + 1e-8)
+          << i << "," << j;
+    }
+  }
+}
+
+TEST(CrossEntropyForwardBackward, LargeLogitsGiveFiniteLossAndGradient) {
+  // Logits around 1000 (exp(1000) overflows even double) and one dominant row at 1e4.
+  Problem p = make_problem(3, 300, 320, 29, 995.0, 1005.0);
+  p.logits[2 * 320 + 5] = 1e4;
+  p.targets[2] = 5;
+  const std::vector<double> expected = naive_losses(p);
+  std::vector<float> grad = to_float(p.logits), losses(3);
+  cross_entropy_forward_backward(grad.data(), p.targets.data(), losses.data(), p.n, p.V, p.ld,
+                                 1.0f);
+  for (std::size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(std::isfinite(losses[i])) << i;
+    // Float keeps ~1000 to 6e-5 absolute, and the loss inherits that rounding of the inputs.
+    ASSERT_NEAR(losses[i], expected[i], 2e-4) << i;
+    double row_sum = 0;
+    for (std::int64_t j = 0; j < p.V; ++j) {
+      const float g = grad[i * 320 + static_cast<std::size_t>(j)];
+      ASSERT_TRUE(std::isfinite(g));
+      row_sum += g;
+    }
+    EXPECT_NEAR(row_sum, 0.0, 1e-5) << i;  // softmax - onehot sums to 0
+  }
+  EXPECT_EQ(losses[2], 0.0f);  // the dominant logit is the target: probability exactly 1
+}
+
+TEST(CrossEntropy, IsBitwiseDeterministicAndIndependentOfThreadCount) {
+  const Problem p = make_problem(37, 5003, 5008, 31);
+  const std::vector<float> logits = to_float(p.logits);
+  auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    std::vector<float> grad = logits, losses(37), forward_losses(37);
+    cross_entropy_forward(logits.data(), p.targets.data(), forward_losses.data(), p.n, p.V, p.ld);
+    cross_entropy_forward_backward(grad.data(), p.targets.data(), losses.data(), p.n, p.V, p.ld,
+                                   0.5f);
+    omp_set_num_threads(saved);
+    grad.insert(grad.end(), losses.begin(), losses.end());
+    grad.insert(grad.end(), forward_losses.begin(), forward_losses.end());
+    return grad;
+  };
+  const std::vector<float> first = run(2), second = run(2), single = run(1);
+  ASSERT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
+  ASSERT_EQ(std::memcmp(first.data(), single.data(), first.size() * sizeof(float)), 0);
+}
+
+}  // namespace
+}  // namespace oases::kernels::cpu

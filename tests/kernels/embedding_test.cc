@@ -1,0 +1,80 @@
+#include "kernels/cpu/embedding.h"
+
+#include "kernels/finite_difference.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace oases::kernels::cpu {
+namespace {
+
+using oases::testing::expect_gradient_matches;
+using oases::testing::random_vector;
+
+TEST(Embedding, ForwardAddsTokenAndPositionRows) {
+  const std::int64_t B = 2, seq = 3, C = 5, vocab = 7, max_seq = 4;
+  const std::vector<std::int32_t> tokens = {6, 0, 3, 3, 6, 1};
+  const auto wte = random_vector(vocab * C, 1), wpe = random_vector(max_seq * C, 2);
+  std::vector<double> out(B * seq * C);
+  embedding_forward(tokens.data(), wte.data(), wpe.data(), out.data(), B, seq, C);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < seq; ++t)
+      for (std::int64_t c = 0; c < C; ++c) {
+        const std::int64_t tok = tokens[b * seq + t];
+        EXPECT_EQ(out[(b * seq + t) * C + c], wte[tok * C + c] + wpe[t * C + c]);
+      }
+
+  std::vector<float> wte_f(wte.begin(), wte.end()), wpe_f(wpe.begin(), wpe.end());
+  std::vector<float> out_f(B * seq * C);
+  embedding_forward(tokens.data(), wte_f.data(), wpe_f.data(), out_f.data(), B, seq, C);
+  for (std::size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out_f[i], out[i], 1e-6);
+}
+
+// Tokens repeat (within and across samples) so the scatter-add is exercised; wpe has more rows
+// than seq, and the gradient of the unused rows stays what it was. Both gradients accumulate.
+TEST(Embedding, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  const std::int64_t B = 2, seq = 3, C = 5, vocab = 7, max_seq = 4;
+  const std::vector<std::int32_t> tokens = {6, 0, 6, 3, 6, 1};
+  auto wte = random_vector(vocab * C, 3), wpe = random_vector(max_seq * C, 4);
+  const auto dout = random_vector(B * seq * C, 5);
+  const auto dwte0 = random_vector(vocab * C, 6), dwpe0 = random_vector(max_seq * C, 7);
+  auto dwte = dwte0, dwpe = dwpe0;
+  embedding_backward(dout.data(), tokens.data(), dwte.data(), dwpe.data(), B, seq, C);
+  std::vector<double> out(B * seq * C);
+  auto loss = [&] {
+    embedding_forward(tokens.data(), wte.data(), wpe.data(), out.data(), B, seq, C);
+    return oases::testing::dot(out, dout);
+  };
+  for (std::size_t i = 0; i < dwte.size(); ++i) dwte[i] -= dwte0[i];
+  for (std::size_t i = 0; i < dwpe.size(); ++i) dwpe[i] -= dwpe0[i];
+  expect_gradient_matches("dwte", wte, dwte, loss);
+  expect_gradient_matches("dwpe", wpe, dwpe, loss);
+}
+
+// Column ownership makes the result independent of the thread count, not only deterministic.
+TEST(Embedding, BackwardIsBitwiseIndependentOfThreadCount) {
+  const std::int64_t B = 4, seq = 32, C = 200, vocab = 11;
+  std::vector<std::int32_t> tokens(B * seq);
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<std::int32_t>((i * 7) % vocab);
+  const auto dout_d = random_vector(B * seq * C, 8);
+  const std::vector<float> dout(dout_d.begin(), dout_d.end());
+  auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    std::vector<float> dwte(vocab * C, 0.5f), dwpe(seq * C, -0.25f);
+    embedding_backward(dout.data(), tokens.data(), dwte.data(), dwpe.data(), B, seq, C);
+    omp_set_num_threads(saved);
+    dwte.insert(dwte.end(), dwpe.begin(), dwpe.end());
+    return dwte;
+  };
+  const auto one = run(1);
+  EXPECT_EQ(one, run(3));
+  EXPECT_EQ(one, run(3));
+}
+
+}  // namespace
+}  // namespace oases::kernels::cpu

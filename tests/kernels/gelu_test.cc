@@ -1,0 +1,82 @@
+#include "kernels/cpu/gelu.h"
+
+#include "kernels/finite_difference.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <vector>
+
+namespace oases::kernels::cpu {
+namespace {
+
+using oases::testing::expect_gradient_matches;
+using oases::testing::random_vector;
+
+double gelu_reference(double x) {
+  const double k = std::sqrt(2.0 / std::numbers::pi);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+TEST(Gelu, ForwardMatchesClosedFormula) {
+  const std::int64_t n = 101;
+  auto x = random_vector(n, 1, -6.0, 6.0);
+  x[0] = 0.0;
+  x[1] = 20.0;
+  x[2] = -20.0;
+  std::vector<double> y(n);
+  gelu_forward(x.data(), y.data(), n);
+  for (std::int64_t i = 0; i < n; ++i)
+    EXPECT_NEAR(y[i], gelu_reference(x[i]), 1e-15 * (1 + std::abs(x[i]))) << "x=" << x[i];
+  EXPECT_EQ(y[0], 0.0);
+  EXPECT_EQ(y[1], 20.0);
+  EXPECT_EQ(y[2], 0.0);
+
+  const std::vector<float> xf(x.begin(), x.end());
+  std::vector<float> yf(n);
+  gelu_forward(xf.data(), yf.data(), n);
+  for (std::int64_t i = 0; i < n; ++i)
+    EXPECT_NEAR(yf[i], gelu_reference(xf[i]), 1e-6 * (1 + std::abs(x[i]))) << "x=" << x[i];
+}
+
+TEST(Gelu, ForwardInPlace) {
+  const auto x = random_vector(7, 2, -3.0, 3.0);
+  std::vector<double> expected(7), in_place = x;
+  gelu_forward(x.data(), expected.data(), 7);
+  gelu_forward(in_place.data(), in_place.data(), 7);
+  EXPECT_EQ(in_place, expected);
+}
+
+TEST(Gelu, BackwardMatchesFiniteDifferences) {
+  const std::int64_t n = 37;
+  auto x = random_vector(n, 3, -4.0, 4.0);
+  const auto dy = random_vector(n, 4);
+  std::vector<double> dx(n, 1e30), y(n);
+  gelu_backward(x.data(), dy.data(), dx.data(), n);
+  auto loss = [&] {
+    gelu_forward(x.data(), y.data(), n);
+    return oases::testing::dot(y, dy);
+  };
+  expect_gradient_matches("dx", x, dx, loss);
+
+  // dx may alias dy.
+  auto in_place = dy;
+  gelu_backward(x.data(), in_place.data(), in_place.data(), n);
+  EXPECT_EQ(in_place, dx);
+}
+
+TEST(Gelu, FloatBackwardTracksDouble) {
+  const std::int64_t n = 50;
+  const auto x = random_vector(n, 5, -5.0, 5.0), dy = random_vector(n, 6);
+  std::vector<double> dx(n);
+  gelu_backward(x.data(), dy.data(), dx.data(), n);
+  const std::vector<float> xf(x.begin(), x.end()), dyf(dy.begin(), dy.end());
+  std::vector<float> dxf(n);
+  gelu_backward(xf.data(), dyf.data(), dxf.data(), n);
+  for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(dxf[i], dx[i], 1e-6) << "x=" << x[i];
+}
+
+}  // namespace
+}  // namespace oases::kernels::cpu

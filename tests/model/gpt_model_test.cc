@@ -1,0 +1,115 @@
+#include "model/gpt_model.h"
+#include "model/param_layout.h"
+#include "schedule/schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace oases::model {
+namespace {
+
+GptConfig small() {
+  GptConfig c;
+  c.layers = 2;
+  c.hidden = 32;
+  c.heads = 4;
+  c.ffn_hidden = 64;
+  c.vocab_size = 101;
+  c.seq_len = 12;
+  return c;
+}
+
+TEST(ParamLayout, FollowsHuggingFaceGpt2NamesAndShapes) {
+  const ParamLayout layout = gpt_param_layout(small());
+  EXPECT_EQ(layout.find("wte.weight").shape, Shape({101, 32}));
+  EXPECT_EQ(layout.find("wpe.weight").shape, Shape({12, 32}));
+  EXPECT_EQ(layout.find("h.1.attn.c_attn.weight").shape, Shape({32, 96}));
+  EXPECT_EQ(layout.find("h.1.attn.c_attn.bias").shape, Shape({96}));
+  EXPECT_EQ(layout.find("h.0.attn.c_proj.weight").shape, Shape({32, 32}));
+  EXPECT_EQ(layout.find("h.0.mlp.c_fc.weight").shape, Shape({32, 64}));
+  EXPECT_EQ(layout.find("h.0.mlp.c_proj.weight").shape, Shape({64, 32}));
+  EXPECT_EQ(layout.find("ln_f.bias").shape, Shape({32}));
+  EXPECT_EQ(layout.params().size(), 2u + 2u * 12u + 2u);
+  std::int64_t total = 0;
+  for (const auto& p : layout.params()) {
+    EXPECT_EQ(p.weight_decay, p.shape.ndim() >= 2) << p.name;
+    EXPECT_EQ(p.offset % 16, 0) << p.name;
+    total += p.numel();
+  }
+  EXPECT_EQ(total, small().parameter_count());
+}
+
+TEST(Initialization, IsAPureFunctionOfSeedNameAndIndex) {
+  const GptConfig c = small();
+  const ParamLayout layout = gpt_param_layout(c);
+  std::vector<float> a(static_cast<std::size_t>(layout.total_numel())), b(a.size()), d(a.size());
+  initialize_parameters(layout, c, 5, a.data());
+  initialize_parameters(layout, c, 5, b.data());
+  initialize_parameters(layout, c, 6, d.data());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, d);
+  // A deeper model draws the same values for the parameters both models have (same name).
+  GptConfig deeper = c;
+  deeper.layers = 3;
+  const ParamLayout deep_layout = gpt_param_layout(deeper);
+  std::vector<float> e(static_cast<std::size_t>(deep_layout.total_numel()));
+  initialize_parameters(deep_layout, deeper, 5, e.data());
+  const auto& w = layout.find("h.1.attn.c_attn.weight");
+  const auto& w_deep = deep_layout.find("h.1.attn.c_attn.weight");
+  for (std::int64_t i = 0; i < w.numel(); ++i) ASSERT_EQ(a[w.offset + i], e[w_deep.offset + i]);
+}
+
+TEST(Initialization, FollowsGpt2Statistics) {
+  GptConfig c = small();
+  c.hidden = 256;
+  c.heads = 4;
+  c.ffn_hidden = 1024;
+  const ParamLayout layout = gpt_param_layout(c);
+  std::vector<float> p(static_cast<std::size_t>(layout.total_numel()));
+  initialize_parameters(layout, c, 1, p.data());
+  auto stddev = [&](const std::string& name) {
+    const auto& s = layout.find(name);
+    double sum = 0, sq = 0;
+    for (std::int64_t i = 0; i < s.numel(); ++i) {
+      sum += p[s.offset + i];
+      sq += p[s.offset + i] * p[s.offset + i];
+    }
+    const double n = static_cast<double>(s.numel());
+    return std::sqrt(sq / n - (sum / n) * (sum / n));
+  };
+  EXPECT_NEAR(stddev("h.0.mlp.c_fc.weight"), 0.02, 0.001);
+  EXPECT_NEAR(stddev("h.0.mlp.c_proj.weight"), 0.02 / std::sqrt(4.0), 0.001);
+  EXPECT_EQ(p[layout.find("h.1.ln_2.weight").offset], 1.0f);
+  EXPECT_EQ(p[layout.find("h.1.attn.c_attn.bias").offset], 0.0f);
+}
+
+TEST(GptModel, ProgramHasACollectiveAtEveryTensorParallelBoundary) {
+  GptModel model(small(), 2, 1);
+  const schedule::ProgramShape shape = model.program_shape();
+  ASSERT_EQ(shape.segments.size(), 1u + 2u * 2u + 1u);
+  EXPECT_TRUE(shape.segments[0].has_forward_collective);   // vocab-parallel embedding
+  for (std::size_t s = 1; s <= 4; ++s) {
+    EXPECT_TRUE(shape.segments[s].has_forward_collective);  // row-parallel outputs
+    EXPECT_TRUE(shape.segments[s].has_backward_collective); // column-parallel input grads
+    EXPECT_EQ(shape.segments[s].backward_stages, 2);
+  }
+  EXPECT_EQ(model.segments()[1]->name(), "attention.0");
+  EXPECT_EQ(model.segments()[4]->name(), "mlp.1");
+  EXPECT_NO_THROW(schedule::verify_schedule(shape, 3, schedule::megatron_schedule(shape, 3, true)));
+}
+
+TEST(GptConfig, ValidationNamesTheKey) {
+  GptConfig c = small();
+  c.heads = 5;
+  try {
+    c.validate();
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.heads = 5 must divide model.hidden = 32"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace oases::model

@@ -1,0 +1,60 @@
+#include "train/config.h"
+
+#include "core/error.h"
+
+#include <gtest/gtest.h>
+
+namespace oases::train {
+namespace {
+
+std::string error_of(const std::string& toml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_run_config(toml, "test.toml", overrides);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RunConfig, ParsesSectionsAndOverrides) {
+  const RunConfig c = parse_run_config("[model]\nlayers = 3\n[train]\nlr = 1e-3\n", "t",
+                                       {"train.lr=5e-4", "data.path=data/x", "model.dropout=0.2",
+                                        "checkpoint.resume=true", "checkpoint.dir=\"runs/a\""});
+  EXPECT_EQ(c.model.layers, 3);
+  EXPECT_DOUBLE_EQ(c.train.lr, 5e-4);
+  EXPECT_EQ(c.data.path, "data/x");
+  EXPECT_DOUBLE_EQ(c.model.dropout, 0.2);
+  EXPECT_TRUE(c.checkpoint.resume);
+  EXPECT_EQ(c.checkpoint.dir, "runs/a");
+}
+
+TEST(RunConfig, IntegersAreAcceptedWhereNumbersAreExpected) {
+  EXPECT_DOUBLE_EQ(parse_run_config("[train]\nlr = 1\nmin_lr = 0\n", "t").train.lr, 1.0);
+}
+
+TEST(RunConfig, RoundTripsThroughToml) {
+  const RunConfig a = parse_run_config("[model]\nlayers = 7\nhidden = 96\nheads = 3\n[log]\nmetrics = \"m.jsonl\"\n", "t");
+  const RunConfig b = parse_run_config(to_toml(a), "round trip");
+  EXPECT_EQ(to_toml(a), to_toml(b));
+  EXPECT_EQ(b.model.layers, 7);
+  EXPECT_EQ(b.log.metrics, "m.jsonl");
+}
+
+TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
+  EXPECT_NE(error_of("[model]\nlayerz = 3\n").find("unknown config key model.layerz; valid keys in [model]: "), std::string::npos);
+  EXPECT_NE(error_of("[modle]\n").find("unknown config section [modle]"), std::string::npos);
+  EXPECT_NE(error_of("[model]\nlayers = 2.5\n").find("model.layers = 2.5 is a floating-point number; expected an integer"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nlr = \"x\"\n").find("train.lr = \"x\" is a string; expected a number"), std::string::npos);
+  EXPECT_NE(error_of("[model]\nhidden = 100\nheads = 3\n").find("model.heads = 3 must divide model.hidden = 100"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nmicro_batch = 4\nglobal_batch = 10\n").find("train.global_batch = 10 must be a multiple"), std::string::npos);
+  EXPECT_NE(error_of("[model]\ndropout = 1.0\n").find("model.dropout = 1 must be in [0, 1)"), std::string::npos);
+  EXPECT_NE(error_of("", {"train.lr"}).find("expected section.key=value"), std::string::npos);
+  EXPECT_NE(error_of("", {"lr=3"}).find("section.key"), std::string::npos);
+  EXPECT_NE(error_of("[model\n").find("not valid TOML"), std::string::npos);
+  EXPECT_NE(error_of("[parallel]\ntp = 2\n").find("parallel.tp=2"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nprecision = \"bf16\"\n").find("train.precision = \"bf16\""), std::string::npos);
+  EXPECT_NE(error_of("[checkpoint]\nresume = true\n").find("checkpoint.dir"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace oases::train
