@@ -6,9 +6,18 @@
 // with the site stream derived from (layer, site). Shards pass their offsets into the global
 // batch and feature dimensions, so any layout (and any recomputation) draws the same mask.
 // The backward pass regenerates the mask; nothing is stored.
+//
+// Exactly (the CUDA twin must draw the same bits):
+//   key     = philox_key(seed, ((uint64(layer) << 32) | site) + 1)
+//   counter = {uint32(global_feature), uint32(t), uint32(global_sample), step}
+//   keep    = double(uniform_open0(philox4x32(counter, key)[0])) > p
+//             (uniform_open0 is k / 2^24 with integer k in [1, 2^24], so this is k > p * 2^24)
+// Kept values are multiplied by scale = T(1 / (1 - p)) (as PyTorch does), dropped ones are 0.
+// p must be in [0, 1) (OASES_ASSERT). p = 0 draws no random numbers at all.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace oases::kernels::cpu {
 
@@ -36,16 +45,19 @@ void dropout_apply(const T* x, T* y, std::int64_t B, std::int64_t seq, std::int6
 
 // out = residual + dropout(x + bias)  over [B, seq, F]; bias [F] may be null. out may alias
 // residual or x.
+// (bias and dbias are std::type_identity_t<T>* so that a bare nullptr can be passed: T is
+// deduced from the other arguments.)
 template <class T>
-void bias_dropout_add_forward(const T* x, const T* bias, const T* residual, T* out,
-                              std::int64_t B, std::int64_t seq, std::int64_t F, double p,
+void bias_dropout_add_forward(const T* x, const std::type_identity_t<T>* bias, const T* residual,
+                              T* out, std::int64_t B, std::int64_t seq, std::int64_t F, double p,
                               const DropoutSite& site, DropoutSlice slice = {});
 
 // Given dout: dx = dropout(dout) (overwritten, may alias dout), dbias += sum over rows of dx
-// (when non-null). The residual's gradient is dout itself.
+// (when non-null; formed in double in row order, whatever the thread count). The residual's
+// gradient is dout itself.
 template <class T>
-void bias_dropout_add_backward(const T* dout, T* dx, T* dbias, std::int64_t B, std::int64_t seq,
-                               std::int64_t F, double p, const DropoutSite& site,
+void bias_dropout_add_backward(const T* dout, T* dx, std::type_identity_t<T>* dbias, std::int64_t B,
+                               std::int64_t seq, std::int64_t F, double p, const DropoutSite& site,
                                DropoutSlice slice = {});
 
 // out[i] = a[i] + b[i]  (out may alias a or b)

@@ -1,0 +1,130 @@
+#include "kernels/cpu/gemm.h"
+
+#include "core/error.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+namespace oases::kernels::cpu {
+namespace {
+
+// Below this many elements the cost of waking the OpenMP team exceeds the work.
+constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 14;
+
+bool fits_blasint(std::int64_t v) {
+  return v <= static_cast<std::int64_t>(std::numeric_limits<blasint>::max());
+}
+
+// out[c] += sum_r a[r, c] for a row-major [rows, cols] matrix. Each thread owns whole column
+// tiles and walks the rows in order, so every sum is formed in the same order whatever the
+// thread count; the partial sums are kept in double so a long batch does not lose precision.
+template <class T>
+void accumulate_column_sums(const T* a, std::int64_t rows, std::int64_t cols, T* out) {
+  constexpr std::int64_t kTile = 16;
+  const std::int64_t tiles = (cols + kTile - 1) / kTile;
+#pragma omp parallel for schedule(static) if (rows * cols >= kMinParallelWork)
+  for (std::int64_t tile = 0; tile < tiles; ++tile) {
+    const std::int64_t c0 = tile * kTile;
+    const std::int64_t width = std::min(kTile, cols - c0);
+    double acc[kTile] = {};
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* row = a + r * cols + c0;
+      for (std::int64_t j = 0; j < width; ++j) acc[j] += static_cast<double>(row[j]);
+    }
+    for (std::int64_t j = 0; j < width; ++j) out[c0 + j] += static_cast<T>(acc[j]);
+  }
+}
+
+}  // namespace
+
+template <class T>
+void gemm(Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
+          const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C,
+          std::int64_t ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
+  OASES_ASSERT(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M={} N={} K={}", M, N, K);
+  // Row strides of the matrices as stored: A is [M, K] or, transposed, [K, M].
+  const std::int64_t a_cols = trans_a == Trans::no ? K : M;
+  const std::int64_t b_cols = trans_b == Trans::no ? N : K;
+  OASES_ASSERT(lda >= std::max<std::int64_t>(1, a_cols), "gemm: lda={} < {}", lda, a_cols);
+  OASES_ASSERT(ldb >= std::max<std::int64_t>(1, b_cols), "gemm: ldb={} < {}", ldb, b_cols);
+  OASES_ASSERT(ldc >= std::max<std::int64_t>(1, N), "gemm: ldc={} < {}", ldc, N);
+  OASES_ASSERT(fits_blasint(M) && fits_blasint(N) && fits_blasint(K) && fits_blasint(lda) &&
+                   fits_blasint(ldb) && fits_blasint(ldc),
+               "gemm: sizes exceed the BLAS integer range (M={} N={} K={})", M, N, K);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    // BLAS semantics: with an empty product C = beta * C, and beta = 0 means C is not read
+    // (so NaN garbage in C does not survive). Done here rather than trusting every BLAS.
+    for (std::int64_t i = 0; i < M; ++i) {
+      T* row = C + i * ldc;
+      for (std::int64_t j = 0; j < N; ++j) row[j] = beta == T(0) ? T(0) : beta * row[j];
+    }
+    return;
+  }
+  const auto ta = trans_a == Trans::no ? CblasNoTrans : CblasTrans;
+  const auto tb = trans_b == Trans::no ? CblasNoTrans : CblasTrans;
+  const auto m = static_cast<blasint>(M), n = static_cast<blasint>(N), k = static_cast<blasint>(K);
+  const auto la = static_cast<blasint>(lda), lb = static_cast<blasint>(ldb),
+             lc = static_cast<blasint>(ldc);
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, A, la, B, lb, beta, C, lc);
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, A, la, B, lb, beta, C, lc);
+  }
+}
+
+template <class T>
+void linear_forward(const T* x, const T* w, const std::type_identity_t<T>* b, T* y, std::int64_t n,
+                    std::int64_t in, std::int64_t out) {
+  OASES_ASSERT(n >= 0 && in >= 0 && out >= 0, "linear_forward: negative size n={} in={} out={}", n,
+               in, out);
+  if (b == nullptr) {
+    gemm<T>(Trans::no, Trans::no, n, out, in, T(1), x, in, w, out, T(0), y, out);
+    return;
+  }
+  // As torch.addmm(b, x, w) (what GPT-2's Conv1D calls): broadcast the bias into y, then let
+  // the GEMM add the product onto it.
+#pragma omp parallel for schedule(static) if (n * out >= kMinParallelWork)
+  for (std::int64_t i = 0; i < n; ++i) {
+    T* row = y + i * out;
+    for (std::int64_t j = 0; j < out; ++j) row[j] = b[j];
+  }
+  gemm<T>(Trans::no, Trans::no, n, out, in, T(1), x, in, w, out, T(1), y, out);
+}
+
+template <class T>
+void linear_backward(const T* dy, const T* x, const T* w, std::type_identity_t<T>* dx, T* dw,
+                     std::type_identity_t<T>* db, std::int64_t n, std::int64_t in,
+                     std::int64_t out) {
+  OASES_ASSERT(n >= 0 && in >= 0 && out >= 0, "linear_backward: negative size n={} in={} out={}", n,
+               in, out);
+  OASES_ASSERT(dw != nullptr, "linear_backward: dw is required");
+  // dx[n, in] = dy[n, out] @ w[in, out]^T
+  if (dx != nullptr)
+    gemm<T>(Trans::no, Trans::yes, n, in, out, T(1), dy, out, w, out, T(0), dx, in);
+  // dw[in, out] += x[n, in]^T @ dy[n, out]
+  gemm<T>(Trans::yes, Trans::no, in, out, n, T(1), x, in, dy, out, T(1), dw, out);
+  if (db != nullptr) accumulate_column_sums(dy, n, out, db);
+}
+
+template void gemm<float>(Trans, Trans, std::int64_t, std::int64_t, std::int64_t, float,
+                          const float*, std::int64_t, const float*, std::int64_t, float, float*,
+                          std::int64_t);
+template void gemm<double>(Trans, Trans, std::int64_t, std::int64_t, std::int64_t, double,
+                           const double*, std::int64_t, const double*, std::int64_t, double,
+                           double*, std::int64_t);
+template void linear_forward<float>(const float*, const float*, const float*, float*, std::int64_t,
+                                    std::int64_t, std::int64_t);
+template void linear_forward<double>(const double*, const double*, const double*, double*,
+                                     std::int64_t, std::int64_t, std::int64_t);
+template void linear_backward<float>(const float*, const float*, const float*, float*, float*,
+                                     float*, std::int64_t, std::int64_t, std::int64_t);
+template void linear_backward<double>(const double*, const double*, const double*, double*, double*,
+                                      double*, std::int64_t, std::int64_t, std::int64_t);
+
+}  // namespace oases::kernels::cpu
