@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Training-step benchmark: the engine against the same GPT in PyTorch on this machine,
+# measured side by side (alternating runs, ROUNDS rounds) in one invocation.
+#   bash bench/run_step_bench.sh [ROUNDS=2] [STEPS=3]
+# Prints each run's JSON and a summary: the PyTorch/engine step-time ratio (> 1: the engine is
+# faster), the engine's model FLOP/s as a fraction of the peak sgemm FLOP/s measured in the
+# same process, and both peak resident memories.
+#
+# PyTorch runs twice per round: with OpenBLAS left to its own processor detection (what a
+# PyTorch user gets from Debian's packages) and with OPENBLAS_CORETYPE set to the kernels the
+# engine selected, so the main ratio compares like with like.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-2}
+steps=${2:-3}
+
+cmake --preset release >/dev/null
+cmake --build --preset release --target gpt_step >/dev/null
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+torch_args=(--layers 6 --hidden 512 --heads 8 --seq-len 256 --vocab-size 50304 --micro-batch 8
+            --steps "$steps" --warmup 1)
+for r in $(seq 1 "$rounds"); do
+  build/release/bench/gpt_step --config configs/bench.toml --steps "$steps" --warmup 1 | tee "$out/engine.$r.json"
+  core=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["openblas_core"])' "$out/engine.$r.json")
+  OPENBLAS_CORETYPE=$core /usr/bin/python3 bench/torch_gpt_step.py "${torch_args[@]}" | tee "$out/torch_same.$r.json"
+  /usr/bin/python3 bench/torch_gpt_step.py "${torch_args[@]}" | tee "$out/torch_default.$r.json"
+done
+
+/usr/bin/python3 - "$out" "$rounds" <<'PY'
+import json, sys, statistics
+out, rounds = sys.argv[1], int(sys.argv[2])
+load = lambda kind: [json.load(open(f"{out}/{kind}.{r}.json")) for r in range(1, rounds + 1)]
+engine, same, default = load("engine"), load("torch_same"), load("torch_default")
+med = lambda runs, key: statistics.median(r[key] for r in runs)
+e, ts, td = (med(x, "step_seconds_median") for x in (engine, same, default))
+print()
+print(f"engine step (median of rounds)          {e:8.3f} s   [OpenBLAS {engine[0]['openblas_core']}, {engine[0]['threads']} threads]")
+print(f"PyTorch step, same OpenBLAS kernels     {ts:8.3f} s   ratio PyTorch/engine = {ts / e:.2f}x")
+print(f"PyTorch step, default OpenBLAS          {td:8.3f} s   ratio PyTorch/engine = {td / e:.2f}x")
+print(f"engine model FLOP/s                     {med(engine, 'model_flops_per_s') / 1e9:8.1f} GFLOP/s")
+print(f"peak sgemm FLOP/s (same process)        {med(engine, 'peak_sgemm_flops_per_s') / 1e9:8.1f} GFLOP/s")
+print(f"engine MFU vs measured sgemm peak       {med(engine, 'mfu_vs_sgemm_peak') * 100:8.1f} %")
+er, tr = med(engine, "peak_rss_bytes"), med(same, "peak_rss_bytes")
+print(f"peak RSS engine / PyTorch               {er / 2**20:8.0f} MiB / {tr / 2**20:.0f} MiB = {er / tr:.2f}")
+PY
