@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 
 namespace oases::train {
@@ -14,7 +15,7 @@ namespace {
 TEST(Training, LowersValidationLossOnDemoCorpus) {
   const std::string corpus = "/usr/share/games/fortunes/fortunes";
   ASSERT_TRUE(std::filesystem::exists(corpus)) << "install Debian's fortunes package";
-  const auto dir = std::filesystem::current_path() / "training_test";
+  const auto dir = std::filesystem::current_path() / "training_test_data";
   std::filesystem::create_directories(dir);
   prepare_data({corpus, "/usr/share/games/fortunes/computers"}, (dir / "data").string(), 0.05, "byte");
 
@@ -42,6 +43,7 @@ peak_tflops = 1.0
   options.progress = false;
   const TrainSummary summary = run_training(config, options);
   ASSERT_TRUE(summary.initial_val_loss && summary.final_val_loss);
+  std::printf("validation loss %.4f -> %.4f\n", *summary.initial_val_loss, *summary.final_val_loss);
   EXPECT_GT(*summary.initial_val_loss, 5.0);
   // Unigram byte statistics alone reach about 3.3 nats; the model must learn more than that.
   EXPECT_LT(*summary.final_val_loss, 3.0) << "from " << *summary.initial_val_loss;
