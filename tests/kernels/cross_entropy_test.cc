@@ -1,5 +1,7 @@
 #include "kernels/cpu/cross_entropy.h"
 
+#include "core/error.h"
+
 #include "kernels/finite_difference.h"
 
 #include <gtest/gtest.h>
@@ -30,12 +32,14 @@ Problem make_problem(std::int64_t n, std::int64_t V, std::int64_t ld, std::uint6
                      double lo = -3.0, double hi = 3.0, double padding_value = 50.0) {
   Problem p{n, V, ld, random_vector(static_cast<std::size_t>(n * ld), seed, lo, hi), {}};
   for (std::int64_t i = 0; i < n; ++i) {
-    for (std::int64_t j = V; j < ld; ++j) p.logits[static_cast<std::size_t>(i * ld + j)] = padding_value;
+    for (std::int64_t j = V; j < ld; ++j)
+      p.logits[static_cast<std::size_t>(i * ld + j)] = padding_value;
   }
   const std::vector<double> t = random_vector(static_cast<std::size_t>(n), seed + 1, 0.0, 1.0);
   for (std::int64_t i = 0; i < n; ++i) {
     p.targets.push_back(static_cast<std::int32_t>(
-        std::min<double>(static_cast<double>(V - 1), std::floor(t[static_cast<std::size_t>(i)] * static_cast<double>(V)))));
+        std::min<double>(static_cast<double>(V - 1),
+                         std::floor(t[static_cast<std::size_t>(i)] * static_cast<double>(V)))));
   }
   return p;
 }
@@ -64,8 +68,8 @@ TEST(CrossEntropyForward, MatchesNaiveReferenceInDoubleAndIgnoresPadding) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(::testing::Message() << "n=" << c.n << " V=" << c.V << " ld=" << c.ld);
     // NaN padding: any read of it would make a loss NaN.
-    const Problem p = make_problem(c.n, c.V, c.ld, 7, -3.0, 3.0,
-                                   std::numeric_limits<double>::quiet_NaN());
+    const Problem p =
+        make_problem(c.n, c.V, c.ld, 7, -3.0, 3.0, std::numeric_limits<double>::quiet_NaN());
     const std::vector<double> expected = naive_losses(p);
     std::vector<double> losses(static_cast<std::size_t>(c.n), -1.0);
     cross_entropy_forward(p.logits.data(), p.targets.data(), losses.data(), c.n, c.V, c.ld);
@@ -103,7 +107,22 @@ TEST(CrossEntropyForward, LeavesLogitsUnchanged) {
   ASSERT_EQ(std::memcmp(copy.data(), logits.data(), logits.size() * sizeof(float)), 0);
 }
 
+// Finite differences call the kernel thousands of times on tiny shapes. One thread keeps
+// that fast on a busy machine (idle OpenMP threads spin at every region's barrier); thread
+// independence is tested separately.
+class SingleThreaded {
+ public:
+  SingleThreaded() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~SingleThreaded() { omp_set_num_threads(saved_); }
+  SingleThreaded(const SingleThreaded&) = delete;
+  SingleThreaded& operator=(const SingleThreaded&) = delete;
+
+ private:
+  int saved_;
+};
+
 TEST(CrossEntropyForwardBackward, GradientMatchesFiniteDifferences) {
+  const SingleThreaded single_threaded;
   for (const Case& c : kCases) {
     for (double grad_scale : {1.0, 0.37, -2.5}) {
       SCOPED_TRACE(::testing::Message() << "n=" << c.n << " V=" << c.V << " ld=" << c.ld
@@ -111,8 +130,8 @@ TEST(CrossEntropyForwardBackward, GradientMatchesFiniteDifferences) {
       if (c.V > 100) continue;  // keeps the O((n ld)^2) check small; covered below in float
       Problem p = make_problem(c.n, c.V, c.ld, 17);
       std::vector<double> grad = p.logits, losses(static_cast<std::size_t>(c.n));
-      cross_entropy_forward_backward(grad.data(), p.targets.data(), losses.data(), c.n, c.V,
-                                     c.ld, grad_scale);
+      cross_entropy_forward_backward(grad.data(), p.targets.data(), losses.data(), c.n, c.V, c.ld,
+                                     grad_scale);
       const std::vector<double> expected = naive_losses(p);
       for (std::int64_t i = 0; i < c.n; ++i) {
         const auto k = static_cast<std::size_t>(i);
@@ -120,7 +139,8 @@ TEST(CrossEntropyForwardBackward, GradientMatchesFiniteDifferences) {
       }
       for (std::int64_t i = 0; i < c.n; ++i) {
         for (std::int64_t j = c.V; j < c.ld; ++j) {
-          ASSERT_EQ(grad[static_cast<std::size_t>(i * c.ld + j)], 0.0) << "padding " << i << "," << j;
+          ASSERT_EQ(grad[static_cast<std::size_t>(i * c.ld + j)], 0.0)
+              << "padding " << i << "," << j;
         }
       }
       // Central differences over every column, padding included (whose numeric derivative
@@ -202,6 +222,19 @@ TEST(CrossEntropy, IsBitwiseDeterministicAndIndependentOfThreadCount) {
   const std::vector<float> first = run(2), second = run(2), single = run(1);
   ASSERT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
   ASSERT_EQ(std::memcmp(first.data(), single.data(), first.size() * sizeof(float)), 0);
+}
+
+TEST(CrossEntropy, TargetOutsideVocabularyIsAnInternalError) {
+  // The data loader validates tokens; one out of range reaching the kernel is an engine bug.
+  std::vector<float> logits(2 * 4, 0.0f), losses(2);
+  const std::vector<std::int32_t> too_big{1, 4}, negative{-1, 0};
+  EXPECT_THROW(cross_entropy_forward(logits.data(), too_big.data(), losses.data(), 2, 4, 4),
+               InternalError);
+  EXPECT_THROW(
+      cross_entropy_forward_backward(logits.data(), negative.data(), losses.data(), 2, 4, 4, 1.0f),
+      InternalError);
+  EXPECT_THROW(cross_entropy_forward(logits.data(), too_big.data(), losses.data(), 2, 4, 3),
+               InternalError);  // ld < V
 }
 
 }  // namespace

@@ -1,0 +1,114 @@
+#include "kernels/cpu/cross_entropy.h"
+
+#include "core/error.h"
+#include "kernels/cpu/fast_exp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace oases::kernels::cpu {
+namespace {
+
+using std::int64_t;
+
+// Checked before any parallel region, where an exception could not propagate. Targets come
+// from the data loader, which validates them against the vocabulary; one out of range here
+// is an engine bug.
+void check_arguments(const std::int32_t* targets, int64_t n, int64_t V, int64_t ld) {
+  OASES_ASSERT(n >= 0 && V > 0 && ld >= V, "cross-entropy shapes: n={} V={} ld={}", n, V, ld);
+  for (int64_t i = 0; i < n; ++i) {
+    OASES_ASSERT(targets[i] >= 0 && targets[i] < V,
+                 "cross-entropy target {} of row {} is outside the vocabulary [0, {})", targets[i],
+                 i, V);
+  }
+}
+
+template <class T>
+OASES_VECTOR_CLONES T row_max(const T* x, int64_t V) {
+  T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < V; ++j) m = m > x[j] ? m : x[j];
+  return m;
+}
+
+// sum_j exp(x[j] - m) over a row, in double; with kStore each term is also written to
+// terms[j] (which may be x itself).
+//
+// A float running sum over ~50k terms of size <= 1 would lose most of the small terms'
+// bits, but a double accumulator inside the vector loop keeps GCC from vectorising it at
+// the baseline ISA (mixed float/double lanes). So the row is summed in chunks: each chunk
+// in float across the vector lanes (a handful of terms per lane, error ~1e-7 relative),
+// the chunk totals in double.
+template <bool kStore, class T>
+OASES_VECTOR_CLONES double sum_exp(const T* x, T* terms, int64_t V, T m) {
+  constexpr int64_t kChunk = 128;
+  double sum = 0;
+  for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
+    const int64_t j1 = std::min(V, j0 + kChunk);
+    T partial = 0;
+#pragma omp simd reduction(+ : partial)
+    for (int64_t j = j0; j < j1; ++j) {
+      const T e = exp_approx(x[j] - m);
+      if constexpr (kStore) terms[j] = e;
+      partial += e;
+    }
+    sum += static_cast<double>(partial);
+  }
+  return sum;
+}
+
+template <class T>
+OASES_VECTOR_CLONES void scale_row(T* x, int64_t V, T factor) {
+#pragma omp simd
+  for (int64_t j = 0; j < V; ++j) x[j] *= factor;
+}
+
+}  // namespace
+
+template <class T>
+void cross_entropy_forward(const T* logits, const std::int32_t* targets, T* losses, int64_t n,
+                           int64_t V, int64_t ld) {
+  check_arguments(targets, n, V, ld);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const T* x = logits + i * ld;
+    const T m = row_max(x, V);
+    const double sum = sum_exp<false>(x, static_cast<T*>(nullptr), V, m);
+    losses[i] =
+        static_cast<T>(std::log(sum) + static_cast<double>(m) - static_cast<double>(x[targets[i]]));
+  }
+}
+
+template <class T>
+void cross_entropy_forward_backward(T* logits, const std::int32_t* targets, T* losses, int64_t n,
+                                    int64_t V, int64_t ld, T grad_scale) {
+  check_arguments(targets, n, V, ld);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    T* x = logits + i * ld;
+    const int64_t target = targets[i];
+    const T m = row_max(x, V);
+    const double target_logit = static_cast<double>(x[target]);
+    // The exponentials go into the row itself: the second pass then rescales them instead
+    // of evaluating exp again, and the row (200 KB at V = 50k floats) is still in cache.
+    const double sum = sum_exp<true>(x, x, V, m);
+    losses[i] = static_cast<T>(std::log(sum) + static_cast<double>(m) - target_logit);
+    const T factor = static_cast<T>(static_cast<double>(grad_scale) / sum);
+    scale_row(x, V, factor);
+    x[target] -= grad_scale;
+    std::fill(x + V, x + ld, T(0));
+  }
+}
+
+template void cross_entropy_forward<float>(const float*, const std::int32_t*, float*, int64_t,
+                                           int64_t, int64_t);
+template void cross_entropy_forward<double>(const double*, const std::int32_t*, double*, int64_t,
+                                            int64_t, int64_t);
+template void cross_entropy_forward_backward<float>(float*, const std::int32_t*, float*, int64_t,
+                                                    int64_t, int64_t, float);
+template void cross_entropy_forward_backward<double>(double*, const std::int32_t*, double*, int64_t,
+                                                     int64_t, int64_t, double);
+
+}  // namespace oases::kernels::cpu
