@@ -3,13 +3,35 @@
 #include "core/error.h"
 #include "core/timer.h"
 
+#include <fmt/format.h>
+
 namespace oases::runtime {
 
+namespace {
+std::string trace_name(const schedule::Instruction& ins, const std::string& segment) {
+  using schedule::Op;
+  switch (ins.op) {
+    case Op::forward: return fmt::format("F {} mb{} sb{}", segment, ins.micro_batch, ins.sub_batch);
+    case Op::backward:
+      return fmt::format("B{} {} mb{} sb{}", ins.stage, segment, ins.micro_batch, ins.sub_batch);
+    case Op::start:
+    case Op::wait:
+      return fmt::format("AR {} {} mb{} sb{}",
+                         ins.direction == schedule::Direction::forward ? "fwd" : "bwd", segment,
+                         ins.micro_batch, ins.sub_batch);
+    case Op::reduce_grads: return "ReduceGrads";
+    case Op::optimizer_step: return "OptimizerStep";
+  }
+  return "?";
+}
+}  // namespace
+
 ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
-                             const StepHooks& hooks) {
+                             const StepHooks& hooks, TraceRecorder* trace) {
   using schedule::Op;
   ExecutionStats stats;
   for (const schedule::Instruction& ins : schedule) {
+    const double start_us = trace ? trace->now_us() : 0;
     const auto key = std::tuple{ins.segment, ins.micro_batch, ins.sub_batch,
                                 static_cast<int>(ins.direction)};
     switch (ins.op) {
@@ -24,7 +46,7 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         const Tensor buffer = ins.direction == schedule::Direction::forward
                                   ? segment.forward_collective_buffer()
                                   : segment.backward_collective_buffer();
-        in_flight_[key] = tp_.all_reduce_async(buffer, comm::ReduceOp::sum);
+        in_flight_[key] = {tp_.all_reduce_async(buffer, comm::ReduceOp::sum), start_us};
         break;
       }
       case Op::wait: {
@@ -32,8 +54,11 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         OASES_ASSERT(it != in_flight_.end(), "wait on a collective never started: {}",
                      schedule::to_string(ins));
         const Stopwatch waited;
-        it->second->wait();
+        it->second.work->wait();
         stats.exposed_comm_seconds += waited.seconds();
+        if (trace)
+          trace->add(trace_name(ins, segments_[static_cast<std::size_t>(ins.segment)]->name()),
+                     TraceRecorder::Lane::communication, it->second.issued_us, trace->now_us());
         in_flight_.erase(it);
         break;
       }
@@ -43,6 +68,15 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
       case Op::optimizer_step:
         if (hooks.optimizer_step) hooks.optimizer_step();
         break;
+    }
+    if (trace && ins.op != Op::start && ins.op != Op::wait) {
+      const std::string segment =
+          ins.segment >= 0 ? segments_[static_cast<std::size_t>(ins.segment)]->name() : "";
+      trace->add(trace_name(ins, segment),
+                 ins.op == Op::optimizer_step || ins.op == Op::reduce_grads
+                     ? TraceRecorder::Lane::optimizer
+                     : TraceRecorder::Lane::compute,
+                 start_us, trace->now_us());
     }
   }
   OASES_ASSERT(in_flight_.empty(), "schedule ended with collectives in flight");

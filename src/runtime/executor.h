@@ -5,6 +5,7 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "runtime/trace.h"
 #include "ops/segment.h"
 #include "schedule/schedule.h"
 
@@ -30,13 +31,18 @@ class Executor {
   Executor(std::vector<std::unique_ptr<ops::Segment>>& segments, comm::Communicator& tp)
       : segments_(segments), tp_(tp) {}
 
+  // Runs every instruction in order; with a recorder, each one is also traced.
   ExecutionStats run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
-                     const StepHooks& hooks);
+                     const StepHooks& hooks, TraceRecorder* trace = nullptr);
 
  private:
   std::vector<std::unique_ptr<ops::Segment>>& segments_;
   comm::Communicator& tp_;
-  std::map<std::tuple<int, int, int, int>, std::unique_ptr<comm::Work>> in_flight_;
+  struct InFlight {
+    std::unique_ptr<comm::Work> work;
+    double issued_us = 0;
+  };
+  std::map<std::tuple<int, int, int, int>, InFlight> in_flight_;
 };
 
 }  // namespace oases::runtime

@@ -235,8 +235,9 @@ void RunConfig::validate() const {
               "parallel.tp={} dp={} pp={}: this build runs single-process only "
               "(tp = dp = pp = 1); distributed training is not available yet",
               p.tp, p.dp, p.pp);
-  OASES_CHECK(p.schedule == "megatron" || p.schedule == "oases",
-              "parallel.schedule = \"{}\" is not known; valid: \"megatron\", \"oases\"",
+  OASES_CHECK(p.schedule == "megatron",
+              "parallel.schedule = \"{}\" is not available in this build; valid: \"megatron\" "
+              "(the overlapped \"oases\" schedule arrives with tensor parallelism)",
               p.schedule);
   OASES_CHECK(p.recompute == "none",
               "parallel.recompute = \"{}\" is not available yet; valid: \"none\"", p.recompute);

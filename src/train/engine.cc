@@ -32,7 +32,8 @@ double TrainingEngine::learning_rate(std::int64_t step) const {
 
 double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs,
                                    const std::int32_t* targets, std::int64_t sequences,
-                                   ops::HeadMode mode, StepResult* result) {
+                                   ops::HeadMode mode, const runtime::StepHooks& hooks,
+                                   StepResult* result) {
   const std::int64_t mb = model_.micro_batch(), seq = config_.model.seq_len;
   OASES_ASSERT(sequences > 0 && sequences % mb == 0, "{} sequences is not a multiple of the "
                "micro-batch {}", sequences, mb);
@@ -52,8 +53,7 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
       schedule::megatron_schedule(shape_, micro_batches, training);
   model_.loss().reset();
   if (training) model_.zero_grads();
-  runtime::StepHooks hooks;  // reduce_grads: a group of one; the update is applied by the caller
-  const runtime::ExecutionStats stats = executor_.run(schedule, ctx, hooks);
+  const runtime::ExecutionStats stats = executor_.run(schedule, ctx, hooks, trace_);
   if (result) result->exposed_comm_seconds = stats.exposed_comm_seconds;
   const auto& loss = model_.loss();
   OASES_ASSERT(loss.count == sequences * seq, "loss counted {} tokens, expected {}", loss.count,
@@ -63,12 +63,12 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
 
 double TrainingEngine::compute_gradients(std::int64_t step, const std::int32_t* inputs,
                                          const std::int32_t* targets, std::int64_t sequences) {
-  return run_batches(step, inputs, targets, sequences, ops::HeadMode::train, nullptr);
+  return run_batches(step, inputs, targets, sequences, ops::HeadMode::train, {}, nullptr);
 }
 
 double TrainingEngine::evaluate(const std::int32_t* inputs, const std::int32_t* targets,
                                 std::int64_t sequences) {
-  return run_batches(0, inputs, targets, sequences, ops::HeadMode::eval, nullptr);
+  return run_batches(0, inputs, targets, sequences, ops::HeadMode::eval, {}, nullptr);
 }
 
 void TrainingEngine::logits(const std::int32_t* inputs, float* out) {
@@ -77,17 +77,21 @@ void TrainingEngine::logits(const std::int32_t* inputs, float* out) {
   ctx.dropout_enabled = false;
   ctx.logits_out = out;
   ctx.micro_batches.push_back({inputs, nullptr, 0});
-  runtime::StepHooks hooks;
-  executor_.run(schedule::megatron_schedule(shape_, 1, false), ctx, hooks);
+  executor_.run(schedule::megatron_schedule(shape_, 1, false), ctx, {}, nullptr);
 }
 
 StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inputs,
                                       const std::int32_t* targets) {
   StepResult result;
+  runtime::StepHooks hooks;
+  // Data-parallel reduction: a group of one rank has nothing to reduce.
+  hooks.reduce_grads = [] {};
+  hooks.optimizer_step = [&] {
+    result.grad_norm = clip_gradients();
+    apply_adamw(step, learning_rate(step));
+  };
   result.loss = run_batches(step, inputs, targets, config_.train.global_batch,
-                            ops::HeadMode::train, &result);
-  result.grad_norm = clip_gradients();
-  apply_adamw(step, learning_rate(step));
+                            ops::HeadMode::train, hooks, &result);
   return result;
 }
 
@@ -112,6 +116,16 @@ void TrainingEngine::apply_adamw(std::int64_t step, double lr) {
     k::adamw_update(params + p.offset, grads + p.offset, exp_avg() + p.offset,
                     exp_avg_sq() + p.offset, p.numel(), hp);
   }
+}
+
+}  // namespace oases::train
+
+namespace oases::train {
+
+std::size_t TrainingEngine::memory_bytes() const {
+  // Parameters, gradients and the two AdamW moments, all fp32, plus the activation arena.
+  return 4 * static_cast<std::size_t>(model_.param_count()) * sizeof(float) +
+         model_.activation_bytes();
 }
 
 }  // namespace oases::train

@@ -53,9 +53,17 @@ class TrainingEngine {
   // Logits [micro_batch, seq, vocab] of one micro-batch, without dropout.
   void logits(const std::int32_t* inputs, float* out);
 
+  // Record every instruction of the following steps into `trace` (null: stop recording).
+  void set_trace(runtime::TraceRecorder* trace) { trace_ = trace; }
+
+  // Bytes this rank holds for the run: parameters, gradients, AdamW moments, activations.
+  std::size_t memory_bytes() const;
+
  private:
+  // Runs the schedule over `sequences` rows; `hooks` handles ReduceGrads and OptimizerStep.
   double run_batches(std::int64_t step, const std::int32_t* inputs, const std::int32_t* targets,
-                     std::int64_t sequences, ops::HeadMode mode, StepResult* result);
+                     std::int64_t sequences, ops::HeadMode mode, const runtime::StepHooks& hooks,
+                     StepResult* result);
   double clip_gradients();  // returns the norm before clipping
   void apply_adamw(std::int64_t step, double lr);
 
@@ -66,6 +74,7 @@ class TrainingEngine {
   comm::SelfCommunicator tp_;
   runtime::Executor executor_;
   schedule::ProgramShape shape_;
+  runtime::TraceRecorder* trace_ = nullptr;
 };
 
 }  // namespace oases::train

@@ -5,6 +5,7 @@
 #include "core/timer.h"
 #include "kernels/cpu/peak_flops.h"
 #include "train/checkpoint.h"
+#include "runtime/trace.h"
 #include "train/engine.h"
 #include "train/token_data.h"
 
@@ -94,6 +95,14 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& options) 
   }
 
   TrainingEngine engine(config);
+  if (config.parallel.memory_limit > 0) {
+    const auto needed = static_cast<std::int64_t>(engine.memory_bytes());
+    OASES_CHECK(needed <= config.parallel.memory_limit,
+                "parallel.memory_limit = {} bytes is too small: this model needs {} bytes "
+                "(parameters, gradients, AdamW moments and activations for micro_batch = {}); "
+                "raise the limit or lower train.micro_batch or the model size",
+                config.parallel.memory_limit, needed, t.micro_batch);
+  }
   TrainSummary summary;
   std::int64_t start_step = 0;
   if (config.checkpoint.resume) {
@@ -139,6 +148,12 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& options) 
   if (val_loader && start_step == 0) {
     summary.initial_val_loss = validation_loss(engine, *val_loader, t.eval_steps);
     if (options.progress) log_info("step {:>5} | val_loss {:.4f}", 0, *summary.initial_val_loss);
+  }
+
+  std::optional<runtime::TraceRecorder> trace;
+  if (!config.log.trace.empty()) {
+    trace.emplace();
+    engine.set_trace(&*trace);
   }
 
   const std::int64_t tokens_per_step = t.global_batch * seq;
@@ -190,6 +205,12 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& options) 
       log_info("{}", line);
     }
     summary.steps.push_back(record);
+    if (trace && (step + 1 - start_step == config.log.trace_steps || last)) {
+      engine.set_trace(nullptr);
+      trace->write(config.log.trace, 0);
+      if (options.progress) log_info("wrote trace of {} step(s) to {}", step + 1 - start_step, config.log.trace);
+      trace.reset();
+    }
 
     const bool checkpoint_now =
         !config.checkpoint.dir.empty() &&

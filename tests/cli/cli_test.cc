@@ -235,6 +235,33 @@ TEST_F(Cli, GenerateSamplesFromCheckpoint) {
                {"does not exist"});
 }
 
+TEST_F(Cli, WritesChromeTraceOfEveryInstruction) {
+  const fs::path trace = dir_ / "trace.json";
+  const Result r = run(train("--set train.steps=2 log.trace_steps=1 log.trace=\\\"" + trace.string() + "\\\""));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto json = nlohmann::json::parse(read_file(trace));
+  int forwards = 0, backwards = 0, collectives = 0, optimizer = 0;
+  for (const auto& e : json["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const std::string name = e["name"];
+    forwards += name.rfind("F ", 0) == 0;
+    backwards += name.rfind("B", 0) == 0;
+    collectives += name.rfind("AR ", 0) == 0;
+    optimizer += name == "OptimizerStep";
+    EXPECT_GE(e["dur"].get<double>(), 0.0);
+  }
+  // One step: 2 micro-batches x (embedding + 2 x (attention, mlp) + head) segments.
+  EXPECT_EQ(forwards, 2 * 6);
+  EXPECT_EQ(backwards, 2 * (1 + 4 * 2 + 1));
+  EXPECT_EQ(collectives, 2 * (5 + 4));
+  EXPECT_EQ(optimizer, 1);
+}
+
+TEST_F(Cli, MemoryLimitIsEnforced) {
+  expect_error(run(train("--set parallel.memory_limit=1000000")),
+               {"parallel.memory_limit = 1000000", "needs"});
+}
+
 TEST_F(Cli, PrepareDataRejectsBadFraction) {
   expect_error(run("prepare-data --input " + std::string(kCorpus) + " --output " +
                    (dir_ / "x").string() + " --val-fraction 1.5"),

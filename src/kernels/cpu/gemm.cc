@@ -1,6 +1,7 @@
 #include "kernels/cpu/gemm.h"
 
 #include "core/error.h"
+#include "kernels/cpu/column_sums.h"
 
 #include <cblas.h>
 
@@ -17,26 +18,6 @@ constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 14;
 
 bool fits_blasint(std::int64_t v) {
   return v <= static_cast<std::int64_t>(std::numeric_limits<blasint>::max());
-}
-
-// out[c] += sum_r a[r, c] for a row-major [rows, cols] matrix. Each thread owns whole column
-// tiles and walks the rows in order, so every sum is formed in the same order whatever the
-// thread count; the partial sums are kept in double so a long batch does not lose precision.
-template <class T>
-void accumulate_column_sums(const T* a, std::int64_t rows, std::int64_t cols, T* out) {
-  constexpr std::int64_t kTile = 16;
-  const std::int64_t tiles = (cols + kTile - 1) / kTile;
-#pragma omp parallel for schedule(static) if (rows * cols >= kMinParallelWork)
-  for (std::int64_t tile = 0; tile < tiles; ++tile) {
-    const std::int64_t c0 = tile * kTile;
-    const std::int64_t width = std::min(kTile, cols - c0);
-    double acc[kTile] = {};
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* row = a + r * cols + c0;
-      for (std::int64_t j = 0; j < width; ++j) acc[j] += static_cast<double>(row[j]);
-    }
-    for (std::int64_t j = 0; j < width; ++j) out[c0 + j] += static_cast<T>(acc[j]);
-  }
 }
 
 }  // namespace
