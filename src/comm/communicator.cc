@@ -1,16 +1,66 @@
 #include "comm/communicator.h"
 
+#include "core/error.h"
+
+#include <cstring>
+
 namespace oases::comm {
 namespace {
+
 class CompletedWork final : public Work {
  public:
   void wait() override {}
   bool test() override { return true; }
 };
+
+std::unique_ptr<Work> done() { return std::make_unique<CompletedWork>(); }
+
+void copy(Tensor from, Tensor to, const char* op) {
+  OASES_ASSERT(from.dtype() == to.dtype() && from.numel() == to.numel(),
+               "{} on a group of one: input {} {} and output {} {} differ", op,
+               dtype_name(from.dtype()), from.shape().str(), dtype_name(to.dtype()),
+               to.shape().str());
+  if (from.raw() != to.raw() && from.nbytes() > 0) std::memmove(to.raw(), from.raw(), from.nbytes());
+}
+
 }  // namespace
 
-std::unique_ptr<Work> SelfCommunicator::all_reduce_async(Tensor /*buffer*/, ReduceOp /*op*/) {
-  return std::make_unique<CompletedWork>();
+std::unique_ptr<Work> SelfCommunicator::all_reduce_async(Tensor, ReduceOp) { return done(); }
+std::unique_ptr<Work> SelfCommunicator::all_gather_async(Tensor input, Tensor output) {
+  copy(input, output, "all_gather");
+  return done();
 }
+std::unique_ptr<Work> SelfCommunicator::reduce_scatter_async(Tensor input, Tensor output, ReduceOp) {
+  copy(input, output, "reduce_scatter");
+  return done();
+}
+std::unique_ptr<Work> SelfCommunicator::broadcast_async(Tensor, int root) {
+  OASES_ASSERT(root == 0, "broadcast from rank {} in a group of one", root);
+  return done();
+}
+std::unique_ptr<Work> SelfCommunicator::send_async(Tensor, int peer, int) {
+  OASES_ASSERT(false, "send to rank {} in a group of one", peer);
+  return done();
+}
+std::unique_ptr<Work> SelfCommunicator::recv_async(Tensor, int peer, int) {
+  OASES_ASSERT(false, "recv from rank {} in a group of one", peer);
+  return done();
+}
+std::unique_ptr<Work> SelfCommunicator::all_to_all_async(Tensor input, Tensor output) {
+  copy(input, output, "all_to_all");
+  return done();
+}
+std::unique_ptr<Work> SelfCommunicator::all_to_allv_async(Tensor input,
+                                                          std::vector<std::int64_t> send_counts,
+                                                          Tensor output,
+                                                          std::vector<std::int64_t> recv_counts) {
+  OASES_ASSERT(send_counts.size() == 1 && recv_counts.size() == 1 &&
+                   send_counts[0] == recv_counts[0],
+               "all_to_allv on a group of one needs one matching count");
+  copy(Tensor(input.raw(), input.dtype(), {send_counts[0]}),
+       Tensor(output.raw(), output.dtype(), {recv_counts[0]}), "all_to_allv");
+  return done();
+}
+std::unique_ptr<Work> SelfCommunicator::barrier_async() { return done(); }
 
 }  // namespace oases::comm

@@ -1,28 +1,34 @@
 // Communicator: collectives over a fixed group of ranks. Every operation has an async form
-// returning a Work handle; operations on one communicator complete in issue order, which lets
-// every rank of a group agree on matching without any handshake.
+// returning a Work handle; operations on one communicator complete in issue order (one FIFO
+// per communicator, drained by its own progress thread on CPU), which lets every rank of a
+// group agree on matching without any handshake.
 //
 // The contract makes no host-side assumption about where the data lives or when it is
-// touched: the buffer passed to an async operation belongs to the communicator until wait()
-// returns (on CUDA it will be ordered on a stream).
+// touched: a buffer passed to an async operation belongs to the communicator until wait()
+// returns (on CUDA the operation will be ordered on a stream instead of a thread).
 //
-// This file has the interface and the single-rank communicator, whose collectives are the
-// identity; the MPI backend adds real groups.
+// Buffers are contiguous Tensors of f32, f64, i32 or i64; element counts may be 0. Every rank
+// of the group must issue the same operations in the same order with matching sizes.
+//
+// This file has the interface and the single-rank communicator, whose collectives are copies
+// or no-ops; comm/mpi_communicator.h has the MPI backend.
 #pragma once
 
 #include "core/tensor.h"
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace oases::comm {
 
-enum class ReduceOp { sum, max };
+enum class ReduceOp { sum, max, min };
 
 class Work {
  public:
   virtual ~Work() = default;
-  virtual void wait() = 0;   // blocks until the operation has completed
+  virtual void wait() = 0;   // blocks until the operation has completed (or aborts on timeout)
   virtual bool test() = 0;   // true once the operation has completed
 };
 
@@ -33,9 +39,39 @@ class Communicator {
   virtual int size() const = 0;
   virtual std::string name() const = 0;  // e.g. "tp", used in error messages
 
-  // In-place reduction of `buffer` across the group.
+  // In place: buffer := op over ranks of buffer.
   virtual std::unique_ptr<Work> all_reduce_async(Tensor buffer, ReduceOp op) = 0;
+  // output [size * n] := concatenation over ranks (in rank order) of input [n].
+  virtual std::unique_ptr<Work> all_gather_async(Tensor input, Tensor output) = 0;
+  // output [n] := op over ranks of input[rank * n, (rank + 1) * n) (input holds size * n).
+  virtual std::unique_ptr<Work> reduce_scatter_async(Tensor input, Tensor output, ReduceOp op) = 0;
+  // buffer := root's buffer.
+  virtual std::unique_ptr<Work> broadcast_async(Tensor buffer, int root) = 0;
+  // Point to point; a send matches the recv of the same tag from the same peer, in order.
+  virtual std::unique_ptr<Work> send_async(Tensor buffer, int peer, int tag) = 0;
+  virtual std::unique_ptr<Work> recv_async(Tensor buffer, int peer, int tag) = 0;
+  // input [size * n] -> output [size * n]: chunk j of input goes to rank j, and chunk i of
+  // output comes from rank i.
+  virtual std::unique_ptr<Work> all_to_all_async(Tensor input, Tensor output) = 0;
+  // Variable chunks: send_counts[j] elements (consecutive, from the start of input) go to
+  // rank j; recv_counts[i] elements arrive from rank i, laid out consecutively in output.
+  virtual std::unique_ptr<Work> all_to_allv_async(Tensor input,
+                                                  std::vector<std::int64_t> send_counts,
+                                                  Tensor output,
+                                                  std::vector<std::int64_t> recv_counts) = 0;
+  virtual std::unique_ptr<Work> barrier_async() = 0;
+
+  // Blocking forms.
   void all_reduce(Tensor buffer, ReduceOp op = ReduceOp::sum) { all_reduce_async(buffer, op)->wait(); }
+  void all_gather(Tensor input, Tensor output) { all_gather_async(input, output)->wait(); }
+  void reduce_scatter(Tensor input, Tensor output, ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_async(input, output, op)->wait();
+  }
+  void broadcast(Tensor buffer, int root) { broadcast_async(buffer, root)->wait(); }
+  void send(Tensor buffer, int peer, int tag = 0) { send_async(buffer, peer, tag)->wait(); }
+  void recv(Tensor buffer, int peer, int tag = 0) { recv_async(buffer, peer, tag)->wait(); }
+  void all_to_all(Tensor input, Tensor output) { all_to_all_async(input, output)->wait(); }
+  void barrier() { barrier_async()->wait(); }
 };
 
 // A group of one rank: every collective is complete the moment it is issued.
@@ -46,6 +82,16 @@ class SelfCommunicator final : public Communicator {
   int size() const override { return 1; }
   std::string name() const override { return name_; }
   std::unique_ptr<Work> all_reduce_async(Tensor buffer, ReduceOp op) override;
+  std::unique_ptr<Work> all_gather_async(Tensor input, Tensor output) override;
+  std::unique_ptr<Work> reduce_scatter_async(Tensor input, Tensor output, ReduceOp op) override;
+  std::unique_ptr<Work> broadcast_async(Tensor buffer, int root) override;
+  std::unique_ptr<Work> send_async(Tensor buffer, int peer, int tag) override;
+  std::unique_ptr<Work> recv_async(Tensor buffer, int peer, int tag) override;
+  std::unique_ptr<Work> all_to_all_async(Tensor input, Tensor output) override;
+  std::unique_ptr<Work> all_to_allv_async(Tensor input, std::vector<std::int64_t> send_counts,
+                                          Tensor output,
+                                          std::vector<std::int64_t> recv_counts) override;
+  std::unique_ptr<Work> barrier_async() override;
 
  private:
   std::string name_;

@@ -24,6 +24,15 @@ void GptConfig::validate() const {
   OASES_CHECK(layernorm_eps > 0, "model.layernorm_eps = {} must be positive", layernorm_eps);
 }
 
+void GptConfig::validate_tensor_parallel(std::int64_t tp) const {
+  OASES_CHECK(heads % tp == 0,
+              "parallel.tp = {} must divide model.heads = {} (each rank computes whole heads)", tp,
+              heads);
+  OASES_CHECK(ffn_hidden % tp == 0,
+              "parallel.tp = {} must divide model.ffn_hidden = {} (column-parallel MLP)", tp,
+              ffn_hidden);
+}
+
 std::int64_t GptConfig::parameter_count() const {
   const std::int64_t C = hidden, F = ffn_hidden;
   const std::int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C +

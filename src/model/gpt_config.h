@@ -20,6 +20,13 @@ struct GptConfig {
 
   std::int64_t head_dim() const { return hidden / heads; }
 
+  // Vocabulary rounded up to a multiple of the tensor-parallel degree, so wte splits into
+  // equal row blocks. The padding rows are zero and never enter the loss.
+  std::int64_t padded_vocab(std::int64_t tp) const { return (vocab_size + tp - 1) / tp * tp; }
+
+  // Throws UserError when `tp` ranks cannot split the model (heads and ffn_hidden).
+  void validate_tensor_parallel(std::int64_t tp) const;
+
   // Throws UserError naming the offending `model.*` key, its value and what is valid.
   void validate() const;
 

@@ -4,12 +4,15 @@
 
 namespace oases::model {
 
-GptModel::GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint64_t seed)
-    : layout_((config.validate(), gpt_param_layout(config))),
+GptModel::GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint64_t seed,
+                   comm::Communicator& tp)
+    : layout_((config.validate(), config.validate_tensor_parallel(tp.size()),
+               gpt_param_layout(config, tp.rank(), tp.size()))),
       params_(static_cast<std::size_t>(layout_.total_numel()) * sizeof(float)),
       grads_(static_cast<std::size_t>(layout_.total_numel()) * sizeof(float)) {
   state_.config = config;
   state_.micro_batch = micro_batch;
+  state_.tp = &tp;
   state_.layout = &layout_;
   state_.params = params_.as<float>();
   state_.grads = grads_.as<float>();

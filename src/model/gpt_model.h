@@ -2,6 +2,7 @@
 // activation arena, and the Program: the ordered segments with their collectives.
 #pragma once
 
+#include "comm/communicator.h"
 #include "core/buffer.h"
 #include "model/gpt_config.h"
 #include "model/param_layout.h"
@@ -15,8 +16,11 @@ namespace oases::model {
 
 class GptModel {
  public:
-  // Activations are sized for `micro_batch` sequences of config.seq_len tokens.
-  GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint64_t seed);
+  // Activations are sized for `micro_batch` sequences of config.seq_len tokens. `tp` is the
+  // tensor-parallel group this rank belongs to (a group of one: the whole model here); it must
+  // outlive the model.
+  GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint64_t seed,
+           comm::Communicator& tp);
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 

@@ -22,9 +22,21 @@ enum class ParamInit {
   ones,
 };
 
+// How a parameter is split across the ranks of a tensor-parallel group (Megatron-LM's scheme).
+enum class Sharding {
+  replicated,   // every rank holds the whole tensor (LayerNorms, wpe, row-parallel biases)
+  rows,         // dim 0 split in equal contiguous blocks (row-parallel weights; wte by vocab,
+                // padded to a multiple of the group size with zero rows)
+  columns,      // last dim split in equal contiguous blocks (column-parallel weight / bias)
+  qkv_columns,  // last dim is [q | k | v]; each of the three is split by heads, and a rank
+                // holds [q_r | k_r | v_r] (so its heads are complete)
+};
+
 struct ParamSpec {
   std::string name;      // e.g. "h.3.attn.c_attn.weight"
-  Shape shape;
+  Shape shape;           // this rank's shard
+  Shape full_shape;      // the whole tensor, as stored in checkpoints
+  Sharding sharding;
   std::int64_t offset;   // element offset into the flat array
   ParamInit init;
   bool weight_decay;     // true for matrices (>= 2 dims), false for biases and norm weights
@@ -33,7 +45,20 @@ struct ParamSpec {
 
 class ParamLayout {
  public:
-  void add(std::string name, Shape shape, ParamInit init);
+  ParamLayout(int tp_rank = 0, int tp_size = 1) : tp_rank_(tp_rank), tp_size_(tp_size) {}
+
+  // Adds a parameter whose whole shape is `full_shape`; its shard shape follows `sharding`.
+  // For Sharding::rows, `padded_rows` (>= full rows, a multiple of the group size) is the
+  // padded extent of dim 0; 0 means no padding.
+  void add(std::string name, Shape full_shape, ParamInit init,
+           Sharding sharding = Sharding::replicated, std::int64_t padded_rows = 0);
+
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
+
+  // Flat index into the whole tensor of element `local_index` of this rank's shard, or -1
+  // for a padding element that the whole tensor does not have.
+  std::int64_t global_index(const ParamSpec& spec, std::int64_t local_index) const;
 
   const std::vector<ParamSpec>& params() const { return params_; }
   std::int64_t total_numel() const { return total_; }
@@ -43,14 +68,18 @@ class ParamLayout {
   Tensor view(float* flat, const std::string& name) const;
 
  private:
+  int tp_rank_;
+  int tp_size_;
   std::vector<ParamSpec> params_;
   std::int64_t total_ = 0;
 };
 
-ParamLayout gpt_param_layout(const GptConfig& config);
+// The parameters of a GPT held by rank `tp_rank` of a tensor-parallel group of `tp_size`.
+ParamLayout gpt_param_layout(const GptConfig& config, int tp_rank = 0, int tp_size = 1);
 
-// Fills `flat` with the initial parameters. Element i of parameter p is drawn from Philox keyed
-// by (seed, name of p) at counter i, so the value is independent of any sharding of p.
+// Fills `flat` with the initial parameters. Element i of the whole parameter p is drawn from
+// Philox keyed by (seed, name of p) at counter i; a shard draws only its own elements, so the
+// values do not depend on the tensor-parallel layout. Padding elements are zero.
 void initialize_parameters(const ParamLayout& layout, const GptConfig& config,
                            std::uint64_t seed, float* flat);
 

@@ -17,20 +17,27 @@
 // Shapes: n = micro_batch * seq tokens, C = hidden, F = ffn_hidden, V = vocab.
 #pragma once
 
+#include "comm/communicator.h"
 #include "core/buffer.h"
 #include "model/gpt_config.h"
 #include "model/param_layout.h"
 #include "ops/segment.h"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
 namespace oases::ops {
 
 // Buffers and parameters every GPT segment of one model instance shares.
+//
+// Under tensor parallelism (tp->size() = T > 1) this rank holds heads/T attention heads,
+// ffn_hidden/T MLP columns and padded_vocab/T rows of wte (see model::Sharding); activations
+// between segments ([n, C]) are whole on every rank of the group.
 struct GptState {
   model::GptConfig config;
   std::int64_t micro_batch = 0;
+  comm::Communicator* tp = nullptr;  // the tensor-parallel group (a group of one: no TP)
   const model::ParamLayout* layout = nullptr;
   float* params = nullptr;  // flat, laid out by *layout
   float* grads = nullptr;   // flat, same layout; accumulated by backward
@@ -42,6 +49,17 @@ struct GptState {
   float* d_residual = nullptr; // gradient flowing along the residual stream
 
   std::int64_t tokens() const { return micro_batch * config.seq_len; }
+  int tp_rank() const { return tp->rank(); }
+  int tp_size() const { return tp->size(); }
+  std::int64_t local_heads() const { return config.heads / tp_size(); }
+  std::int64_t local_attention_width() const { return local_heads() * config.head_dim(); }
+  std::int64_t local_ffn() const { return config.ffn_hidden / tp_size(); }
+  std::int64_t local_vocab_rows() const { return config.padded_vocab(tp_size()) / tp_size(); }
+  std::int64_t vocab_begin() const { return tp_rank() * local_vocab_rows(); }
+  // Rows of this rank's wte slice that are real tokens (the last ranks may hold padding).
+  std::int64_t local_vocab_valid() const {
+    return std::clamp<std::int64_t>(config.vocab_size - vocab_begin(), 0, local_vocab_rows());
+  }
   float* param(const std::string& name) const { return layout->view(params, name).data<float>(); }
   float* grad(const std::string& name) const { return layout->view(grads, name).data<float>(); }
 };

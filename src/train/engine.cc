@@ -10,14 +10,20 @@
 namespace oases::train {
 namespace k = oases::kernels::cpu;
 
-TrainingEngine::TrainingEngine(const RunConfig& config)
+TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
     : config_(config),
-      model_(config.model, config.train.micro_batch, static_cast<std::uint64_t>(config.train.seed)),
+      tp_(groups.tp ? groups.tp : &self_tp_),
+      dp_(groups.dp ? groups.dp : &self_dp_),
+      model_(config.model, config.train.micro_batch, static_cast<std::uint64_t>(config.train.seed),
+             *tp_),
       exp_avg_(static_cast<std::size_t>(model_.param_count()) * sizeof(float)),
       exp_avg_sq_(static_cast<std::size_t>(model_.param_count()) * sizeof(float)),
-      tp_("tp"),
-      executor_(model_.segments(), tp_),
-      shape_(model_.program_shape()) {}
+      executor_(model_.segments(), *tp_),
+      shape_(model_.program_shape()) {
+  OASES_CHECK(config.train.global_batch % (config.train.micro_batch * dp_->size()) == 0,
+              "train.global_batch = {} must be a multiple of train.micro_batch x dp = {} x {}",
+              config.train.global_batch, config.train.micro_batch, dp_->size());
+}
 
 double TrainingEngine::learning_rate(std::int64_t step) const {
   const auto& t = config_.train;
@@ -32,6 +38,7 @@ double TrainingEngine::learning_rate(std::int64_t step) const {
 
 double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs,
                                    const std::int32_t* targets, std::int64_t sequences,
+                                   std::int64_t first_sample, float loss_scale,
                                    ops::HeadMode mode, const runtime::StepHooks& hooks,
                                    StepResult* result) {
   const std::int64_t mb = model_.micro_batch(), seq = config_.model.seq_len;
@@ -42,11 +49,12 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
   ctx.step = step;
   ctx.head_mode = mode;
   ctx.dropout_enabled = training;
-  ctx.loss_gradient_scale = 1.0f / static_cast<float>(sequences * seq);
+  ctx.loss_gradient_scale = loss_scale;
   const int micro_batches = static_cast<int>(sequences / mb);
   for (int i = 0; i < micro_batches; ++i) {
     const std::int64_t row = i * mb;
-    ctx.micro_batches.push_back({inputs + row * seq, targets + row * seq, row});
+    ctx.micro_batches.push_back(
+        {inputs + row * seq, targets ? targets + row * seq : nullptr, first_sample + row});
   }
   // Reused across steps: the schedule depends only on the program and the micro-batch count.
   const schedule::Schedule schedule =
@@ -58,17 +66,31 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
   const auto& loss = model_.loss();
   OASES_ASSERT(loss.count == sequences * seq, "loss counted {} tokens, expected {}", loss.count,
                sequences * seq);
-  return loss.sum / static_cast<double>(loss.count);
+  return loss.sum;
 }
+
+namespace {
+// Sum of a double over a group (loss sums are reduced in double to keep their digits).
+double sum_over(comm::Communicator& group, double value) {
+  group.all_reduce(Tensor::of(&value, {1}), comm::ReduceOp::sum);
+  return value;
+}
+}  // namespace
 
 double TrainingEngine::compute_gradients(std::int64_t step, const std::int32_t* inputs,
                                          const std::int32_t* targets, std::int64_t sequences) {
-  return run_batches(step, inputs, targets, sequences, ops::HeadMode::train, {}, nullptr);
+  const std::int64_t tokens = sequences * config_.model.seq_len;
+  return run_batches(step, inputs, targets, sequences, 0, 1.0f / static_cast<float>(tokens),
+                     ops::HeadMode::train, {}, nullptr) /
+         static_cast<double>(tokens);
 }
 
 double TrainingEngine::evaluate(const std::int32_t* inputs, const std::int32_t* targets,
                                 std::int64_t sequences) {
-  return run_batches(0, inputs, targets, sequences, ops::HeadMode::eval, {}, nullptr);
+  const double local = run_batches(0, inputs, targets, sequences, dp_->rank() * sequences, 1.0f,
+                                   ops::HeadMode::eval, {}, nullptr);
+  return sum_over(*dp_, local) /
+         static_cast<double>(sequences * dp_->size() * config_.model.seq_len);
 }
 
 void TrainingEngine::logits(const std::int32_t* inputs, float* out) {
@@ -84,22 +106,33 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
                                       const std::int32_t* targets) {
   StepResult result;
   runtime::StepHooks hooks;
-  // Data-parallel reduction: a group of one rank has nothing to reduce.
-  hooks.reduce_grads = [] {};
+  // Gradients are scaled by 1 / (tokens of the global batch), so the sum over data-parallel
+  // replicas is the gradient of the global mean loss.
+  hooks.reduce_grads = [&] {
+    if (dp_->size() > 1) dp_->all_reduce(Tensor::of(model_.grads(), {model_.param_count()}));
+  };
   hooks.optimizer_step = [&] {
     result.grad_norm = clip_gradients();
     apply_adamw(step, learning_rate(step));
   };
-  result.loss = run_batches(step, inputs, targets, config_.train.global_batch,
-                            ops::HeadMode::train, hooks, &result);
+  const std::int64_t global_tokens = config_.train.global_batch * config_.model.seq_len;
+  const double local = run_batches(step, inputs, targets, local_batch(), first_local_sample(),
+                                   1.0f / static_cast<float>(global_tokens), ops::HeadMode::train,
+                                   hooks, &result);
+  result.loss = sum_over(*dp_, local) / static_cast<double>(global_tokens);
   return result;
 }
 
 double TrainingEngine::clip_gradients() {
   const float* grads = model_.grads();
-  double sum_sq = 0;
-  for (const auto& p : model_.layout().params()) sum_sq += k::sum_of_squares(grads + p.offset, p.numel());
-  const double norm = std::sqrt(sum_sq);
+  // Shards are summed over the tensor-parallel group; replicated parameters have the same
+  // gradient on every rank of it and count once.
+  double sharded = 0, replicated = 0;
+  for (const auto& p : model_.layout().params()) {
+    const double sq = k::sum_of_squares(grads + p.offset, p.numel());
+    (p.sharding == model::Sharding::replicated ? replicated : sharded) += sq;
+  }
+  const double norm = std::sqrt(sum_over(*tp_, sharded) + replicated);
   if (config_.train.grad_clip > 0) {
     const auto factor = static_cast<float>(k::clip_coefficient(norm, config_.train.grad_clip));
     k::scale_in_place(model_.grads(), model_.param_count(), factor);

@@ -22,9 +22,24 @@ struct StepResult {
   double exposed_comm_seconds = 0;
 };
 
+// The process groups this rank trains in. Null members mean a group of one.
+struct ParallelGroups {
+  comm::Communicator* tp = nullptr;  // tensor-parallel group: shards of one model replica
+  comm::Communicator* dp = nullptr;  // data-parallel group: replicas that average gradients
+};
+
 class TrainingEngine {
  public:
-  explicit TrainingEngine(const RunConfig& config);
+  // Every rank of the groups constructs the engine with the same config; the groups must
+  // outlive it.
+  explicit TrainingEngine(const RunConfig& config, ParallelGroups groups = {});
+
+  comm::Communicator& tp() { return *tp_; }
+  comm::Communicator& dp() { return *dp_; }
+  // Sequences of each global batch this data-parallel rank processes, and the global index of
+  // its first one.
+  std::int64_t local_batch() const { return config_.train.global_batch / dp_->size(); }
+  std::int64_t first_local_sample() const { return dp_->rank() * local_batch(); }
 
   model::GptModel& model() { return model_; }
   const RunConfig& config() const { return config_; }
@@ -35,18 +50,21 @@ class TrainingEngine {
   // warmup_steps, then cosine decay to min_lr over the remaining lr_decay_steps (or steps).
   double learning_rate(std::int64_t step) const;
 
-  // Forward and backward over a global batch of `global_batch` sequences ([global_batch, seq]
-  // inputs and targets), accumulating gradients over micro-batches, then gradient clipping and
-  // one AdamW update with the step's learning rate. Dropout masks are keyed by `step`.
+  // One optimizer step. `inputs`/`targets` are this data-parallel rank's local_batch()
+  // sequences ([local_batch, seq]) of the global batch. Forward and backward accumulate
+  // gradients over micro-batches, the data-parallel group sums them, then gradient clipping
+  // and one AdamW update with the step's learning rate. Dropout masks are keyed by `step` and
+  // global sample indices. The loss returned is the mean over the whole global batch.
   StepResult train_step(std::int64_t step, const std::int32_t* inputs,
                         const std::int32_t* targets);
 
-  // Gradients of the mean loss over `sequences` rows (a multiple of micro_batch) into grads()
-  // without an optimizer update. Returns the mean loss.
+  // Gradients of the mean loss over `sequences` local rows (a multiple of micro_batch) into
+  // grads(), without reductions or an optimizer update. Single-replica use (tests, parity).
   double compute_gradients(std::int64_t step, const std::int32_t* inputs,
                            const std::int32_t* targets, std::int64_t sequences);
 
-  // Mean loss over `sequences` rows without dropout or gradients.
+  // Mean loss over `sequences` local rows per data-parallel rank (the mean over all ranks'
+  // rows), without dropout or gradients.
   double evaluate(const std::int32_t* inputs, const std::int32_t* targets,
                   std::int64_t sequences);
 
@@ -60,18 +78,22 @@ class TrainingEngine {
   std::size_t memory_bytes() const;
 
  private:
-  // Runs the schedule over `sequences` rows; `hooks` handles ReduceGrads and OptimizerStep.
+  // Runs the schedule over `sequences` local rows (global sample index of row 0:
+  // first_sample); `hooks` handles ReduceGrads and OptimizerStep. Returns this rank's loss sum.
   double run_batches(std::int64_t step, const std::int32_t* inputs, const std::int32_t* targets,
-                     std::int64_t sequences, ops::HeadMode mode, const runtime::StepHooks& hooks,
-                     StepResult* result);
-  double clip_gradients();  // returns the norm before clipping
+                     std::int64_t sequences, std::int64_t first_sample, float loss_scale,
+                     ops::HeadMode mode, const runtime::StepHooks& hooks, StepResult* result);
+  double clip_gradients();  // returns the global norm before clipping
   void apply_adamw(std::int64_t step, double lr);
 
   RunConfig config_;
+  comm::SelfCommunicator self_tp_{"tp"};
+  comm::SelfCommunicator self_dp_{"dp"};
+  comm::Communicator* tp_;
+  comm::Communicator* dp_;
   model::GptModel model_;
   Buffer exp_avg_;
   Buffer exp_avg_sq_;
-  comm::SelfCommunicator tp_;
   runtime::Executor executor_;
   schedule::ProgramShape shape_;
   runtime::TraceRecorder* trace_ = nullptr;

@@ -252,8 +252,8 @@ TEST_F(Cli, WritesChromeTraceOfEveryInstruction) {
   }
   // One step: 2 micro-batches x (embedding + 2 x (attention, mlp) + head) segments.
   EXPECT_EQ(forwards, 2 * 6);
-  EXPECT_EQ(backwards, 2 * (1 + 4 * 2 + 1));
-  EXPECT_EQ(collectives, 2 * (5 + 4));
+  EXPECT_EQ(backwards, 2 * (1 + 4 * 2 + 2));
+  EXPECT_EQ(collectives, 2 * (5 + 4 + 1));
   EXPECT_EQ(optimizer, 1);
 }
 

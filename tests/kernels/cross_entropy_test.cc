@@ -239,3 +239,56 @@ TEST(CrossEntropy, TargetOutsideVocabularyIsAnInternalError) {
 
 }  // namespace
 }  // namespace oases::kernels::cpu
+
+namespace oases::kernels::cpu {
+namespace {
+
+// The vocab-parallel steps over a vocabulary split in three uneven shards (the reductions
+// done by hand) give the losses and gradients of the fused kernel on the whole row.
+TEST(CrossEntropyShards, ReductionsOverShardsEqualTheFusedKernel) {
+  const std::int64_t n = 5, V = 37;
+  const std::vector<std::int64_t> bounds = {0, 13, 25, 37};
+  auto logits = oases::testing::random_vector(static_cast<std::size_t>(n * V), 71, -4.0, 4.0);
+  std::vector<std::int32_t> targets = {0, 12, 13, 36, 25};
+  std::vector<double> fused = logits, fused_losses(n);
+  cross_entropy_forward_backward(fused.data(), targets.data(), fused_losses.data(), n, V, V, 0.25);
+
+  std::vector<double> row_max(n, -1e300), sum_exp(n, 0), target_logit(n, 0);
+  std::vector<std::vector<double>> shards;
+  for (std::size_t s = 0; s + 1 < bounds.size(); ++s) {
+    const std::int64_t begin = bounds[s], width = bounds[s + 1] - begin, ld = width + 3;
+    std::vector<double> shard(static_cast<std::size_t>(n * ld), 99.0);  // padding columns
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < width; ++j) shard[i * ld + j] = logits[i * V + begin + j];
+    std::vector<double> local_max(n);
+    cross_entropy_shard_max(shard.data(), n, width, ld, local_max.data());
+    for (std::int64_t i = 0; i < n; ++i) row_max[i] = std::max(row_max[i], local_max[i]);
+    shards.push_back(std::move(shard));
+  }
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    const std::int64_t begin = bounds[s], width = bounds[s + 1] - begin;
+    std::vector<double> local_sum(n), local_target(n);
+    cross_entropy_shard_sums(shards[s].data(), targets.data(), begin, row_max.data(), n, width,
+                             width + 3, local_sum.data(), local_target.data());
+    for (std::int64_t i = 0; i < n; ++i) {
+      sum_exp[i] += local_sum[i];
+      target_logit[i] += local_target[i];
+    }
+  }
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    const std::int64_t begin = bounds[s], width = bounds[s + 1] - begin, ld = width + 3;
+    std::vector<double> losses(n);
+    cross_entropy_shard_finish(shards[s].data(), targets.data(), begin, row_max.data(),
+                               sum_exp.data(), target_logit.data(), n, width, ld, 0.25,
+                               losses.data(), true);
+    for (std::int64_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(losses[i], fused_losses[i], 1e-12 * std::abs(fused_losses[i]));
+      for (std::int64_t j = 0; j < width; ++j)
+        EXPECT_NEAR(shards[s][i * ld + j], fused[i * V + begin + j], 1e-14) << i << "," << j;
+      for (std::int64_t j = width; j < ld; ++j) EXPECT_EQ(shards[s][i * ld + j], 0.0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace oases::kernels::cpu

@@ -78,3 +78,35 @@ TEST(Embedding, BackwardIsBitwiseIndependentOfThreadCount) {
 
 }  // namespace
 }  // namespace oases::kernels::cpu
+
+namespace oases::kernels::cpu {
+namespace {
+
+// Vocab-parallel lookup: summing the partial outputs of shards (positions added by one shard)
+// gives the full lookup, and each shard's gradient is its rows of the full gradient.
+TEST(EmbeddingShards, PartialLookupsSumToTheFullEmbedding) {
+  const std::int64_t B = 2, seq = 3, C = 4, vocab = 10;
+  const std::vector<std::int32_t> tokens = {0, 9, 4, 5, 4, 3};
+  const auto wte = oases::testing::random_vector(static_cast<std::size_t>(vocab * C), 5);
+  const auto wpe = oases::testing::random_vector(static_cast<std::size_t>(seq * C), 6);
+  std::vector<double> full(static_cast<std::size_t>(B * seq * C)), sum(full.size(), 0.0);
+  embedding_forward(tokens.data(), wte.data(), wpe.data(), full.data(), B, seq, C);
+  const auto dout = oases::testing::random_vector(full.size(), 7);
+  std::vector<double> dwte(wte.size(), 0.0), dwpe(wpe.size(), 0.0);
+  embedding_backward(dout.data(), tokens.data(), dwte.data(), dwpe.data(), B, seq, C);
+  for (std::int64_t begin : {0, 5}) {
+    const VocabRange range{begin, begin + 5};
+    std::vector<double> part(full.size());
+    embedding_forward(tokens.data(), wte.data() + begin * C, begin == 0 ? wpe.data() : nullptr,
+                      part.data(), B, seq, C, range);
+    for (std::size_t i = 0; i < part.size(); ++i) sum[i] += part[i];
+    std::vector<double> shard_grad(static_cast<std::size_t>(5 * C), 0.0);
+    embedding_backward(dout.data(), tokens.data(), shard_grad.data(), static_cast<double*>(nullptr),
+                       B, seq, C, range);
+    for (std::int64_t i = 0; i < 5 * C; ++i) EXPECT_EQ(shard_grad[i], dwte[begin * C + i]);
+  }
+  for (std::size_t i = 0; i < full.size(); ++i) EXPECT_DOUBLE_EQ(sum[i], full[i]);
+}
+
+}  // namespace
+}  // namespace oases::kernels::cpu

@@ -1,3 +1,4 @@
+#include "comm/communicator.h"
 #include "model/gpt_model.h"
 #include "model/param_layout.h"
 #include "schedule/schedule.h"
@@ -86,9 +87,12 @@ TEST(Initialization, FollowsGpt2Statistics) {
 }
 
 TEST(GptModel, ProgramHasACollectiveAtEveryTensorParallelBoundary) {
-  GptModel model(small(), 2, 1);
+  comm::SelfCommunicator tp;
+  GptModel model(small(), 2, 1, tp);
   const schedule::ProgramShape shape = model.program_shape();
   ASSERT_EQ(shape.segments.size(), 1u + 2u * 2u + 1u);
+  EXPECT_TRUE(shape.segments[5].has_backward_collective);  // vocab-parallel LM head input grad
+  EXPECT_EQ(shape.segments[5].backward_stages, 2);
   EXPECT_TRUE(shape.segments[0].has_forward_collective);   // vocab-parallel embedding
   for (std::size_t s = 1; s <= 4; ++s) {
     EXPECT_TRUE(shape.segments[s].has_forward_collective);  // row-parallel outputs
@@ -98,6 +102,60 @@ TEST(GptModel, ProgramHasACollectiveAtEveryTensorParallelBoundary) {
   EXPECT_EQ(model.segments()[1]->name(), "attention.0");
   EXPECT_EQ(model.segments()[4]->name(), "mlp.1");
   EXPECT_NO_THROW(schedule::verify_schedule(shape, 3, schedule::megatron_schedule(shape, 3, true)));
+}
+
+// Every tensor-parallel degree draws, shard by shard, exactly the single-process parameters:
+// gathering the shards of T ranks through global_index rebuilds the whole tensors.
+TEST(Initialization, ShardsOfEveryDegreeAssembleTheSingleProcessParameters) {
+  GptConfig c = small();  // vocab 101: padded for every degree > 1
+  const ParamLayout whole = gpt_param_layout(c);
+  std::vector<float> reference(static_cast<std::size_t>(whole.total_numel()));
+  initialize_parameters(whole, c, 9, reference.data());
+  for (int T : {2, 4}) {
+    std::vector<float> assembled(reference.size(), -1.0f);
+    for (int r = 0; r < T; ++r) {
+      const ParamLayout shard = gpt_param_layout(c, r, T);
+      std::vector<float> local(static_cast<std::size_t>(shard.total_numel()));
+      initialize_parameters(shard, c, 9, local.data());
+      for (const auto& p : shard.params()) {
+        const auto& full = whole.find(p.name);
+        EXPECT_EQ(p.full_shape, full.shape) << p.name;
+        for (std::int64_t i = 0; i < p.numel(); ++i) {
+          const std::int64_t g = shard.global_index(p, i);
+          if (g < 0) {
+            EXPECT_EQ(local[p.offset + i], 0.0f) << p.name << " padding";
+            continue;
+          }
+          ASSERT_LT(g, full.numel()) << p.name;
+          if (p.sharding == Sharding::replicated && r > 0) {
+            EXPECT_EQ(local[p.offset + i], assembled[full.offset + g]);
+          }
+          assembled[full.offset + g] = local[p.offset + i];
+        }
+      }
+    }
+    for (const auto& p : whole.params())
+      for (std::int64_t i = 0; i < p.numel(); ++i)
+        ASSERT_EQ(assembled[p.offset + i], reference[p.offset + i]) << "T=" << T << " " << p.name << "[" << i << "]";
+  }
+}
+
+TEST(ParamLayout, ShardShapesFollowMegatron) {
+  const ParamLayout l = gpt_param_layout(small(), 1, 4);
+  EXPECT_EQ(l.find("wte.weight").shape, Shape({26, 32}));   // 101 padded to 104, / 4
+  EXPECT_EQ(l.find("h.0.attn.c_attn.weight").shape, Shape({32, 24}));
+  EXPECT_EQ(l.find("h.0.attn.c_attn.bias").shape, Shape({24}));
+  EXPECT_EQ(l.find("h.0.attn.c_proj.weight").shape, Shape({8, 32}));
+  EXPECT_EQ(l.find("h.0.attn.c_proj.bias").shape, Shape({32}));
+  EXPECT_EQ(l.find("h.0.mlp.c_fc.weight").shape, Shape({32, 16}));
+  EXPECT_EQ(l.find("h.0.mlp.c_proj.weight").shape, Shape({16, 32}));
+  EXPECT_EQ(l.find("h.0.ln_1.weight").shape, Shape({32}));
+  // Rank 1 of 4 holds q columns 8..15, k columns 40..47, v columns 72..79.
+  const auto& qkv = l.find("h.0.attn.c_attn.weight");
+  EXPECT_EQ(l.global_index(qkv, 0), 8);
+  EXPECT_EQ(l.global_index(qkv, 8), 40);
+  EXPECT_EQ(l.global_index(qkv, 16), 72);
+  EXPECT_EQ(l.global_index(qkv, 24), 96 + 8);
 }
 
 TEST(GptConfig, ValidationNamesTheKey) {

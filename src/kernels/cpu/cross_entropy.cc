@@ -102,6 +102,48 @@ void cross_entropy_forward_backward(T* logits, const std::int32_t* targets, T* l
   }
 }
 
+template <class T>
+void cross_entropy_shard_max(const T* logits, int64_t n, int64_t V, int64_t ld, T* row_max_out) {
+  OASES_ASSERT(n >= 0 && V > 0 && ld >= V, "cross-entropy shard shapes: n={} V={} ld={}", n, V, ld);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) row_max_out[i] = row_max(logits + i * ld, V);
+}
+
+template <class T>
+void cross_entropy_shard_sums(const T* logits, const std::int32_t* targets, int64_t vocab_begin,
+                              const T* row_max_in, int64_t n, int64_t V, int64_t ld, T* sum_exp_out,
+                              T* target_logit) {
+  OASES_ASSERT(n >= 0 && V > 0 && ld >= V, "cross-entropy shard shapes: n={} V={} ld={}", n, V, ld);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const T* x = logits + i * ld;
+    sum_exp_out[i] = static_cast<T>(sum_exp<false>(x, static_cast<T*>(nullptr), V, row_max_in[i]));
+    const int64_t local = static_cast<int64_t>(targets[i]) - vocab_begin;
+    target_logit[i] = local >= 0 && local < V ? x[local] : T(0);
+  }
+}
+
+template <class T>
+void cross_entropy_shard_finish(T* logits, const std::int32_t* targets, int64_t vocab_begin,
+                                const T* row_max_in, const T* sum_exp_in, const T* target_logit,
+                                int64_t n, int64_t V, int64_t ld, T grad_scale, T* losses,
+                                bool gradient) {
+  OASES_ASSERT(n >= 0 && V > 0 && ld >= V, "cross-entropy shard shapes: n={} V={} ld={}", n, V, ld);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const double sum = static_cast<double>(sum_exp_in[i]);
+    losses[i] = static_cast<T>(std::log(sum) + static_cast<double>(row_max_in[i]) -
+                               static_cast<double>(target_logit[i]));
+    if (!gradient) continue;
+    T* x = logits + i * ld;
+    sum_exp<true>(x, x, V, row_max_in[i]);
+    scale_row(x, V, static_cast<T>(static_cast<double>(grad_scale) / sum));
+    const int64_t local = static_cast<int64_t>(targets[i]) - vocab_begin;
+    if (local >= 0 && local < V) x[local] -= grad_scale;
+    std::fill(x + V, x + ld, T(0));
+  }
+}
+
 template void cross_entropy_forward<float>(const float*, const std::int32_t*, float*, int64_t,
                                            int64_t, int64_t);
 template void cross_entropy_forward<double>(const double*, const std::int32_t*, double*, int64_t,
@@ -111,4 +153,17 @@ template void cross_entropy_forward_backward<float>(float*, const std::int32_t*,
 template void cross_entropy_forward_backward<double>(double*, const std::int32_t*, double*, int64_t,
                                                      int64_t, int64_t, double);
 
+}  // namespace oases::kernels::cpu
+
+namespace oases::kernels::cpu {
+#define OASES_INSTANTIATE_SHARD(T)                                                              \
+  template void cross_entropy_shard_max<T>(const T*, int64_t, int64_t, int64_t, T*);           \
+  template void cross_entropy_shard_sums<T>(const T*, const std::int32_t*, int64_t, const T*,   \
+                                            int64_t, int64_t, int64_t, T*, T*);                 \
+  template void cross_entropy_shard_finish<T>(T*, const std::int32_t*, int64_t, const T*,       \
+                                              const T*, const T*, int64_t, int64_t, int64_t, T, \
+                                              T*, bool);
+OASES_INSTANTIATE_SHARD(float)
+OASES_INSTANTIATE_SHARD(double)
+#undef OASES_INSTANTIATE_SHARD
 }  // namespace oases::kernels::cpu

@@ -21,4 +21,27 @@ void cross_entropy_forward_backward(T* logits, const std::int32_t* targets, T* l
                                     std::int64_t n, std::int64_t V, std::int64_t ld,
                                     T grad_scale);
 
+// Vocab-parallel cross-entropy, in three steps separated by reductions over the group of ranks
+// that each hold a slice of the vocabulary. This rank holds columns [vocab_begin, vocab_begin +
+// V) of every row (stride ld); a target outside that range belongs to another rank.
+//   1. cross_entropy_shard_max:  row_max[i] = max over local columns      -> all-reduce max
+//   2. cross_entropy_shard_sums: sum_exp[i] = sum_j exp(logit - row_max[i]), target_logit[i] =
+//      the target's logit if this rank holds it, else 0                     -> all-reduce sum
+//   3. cross_entropy_shard_finish: losses[i] = log(sum_exp) + row_max - target_logit and, when
+//      `gradient`, logits := grad_scale * (softmax - onehot) over local columns (padding 0).
+template <class T>
+void cross_entropy_shard_max(const T* logits, std::int64_t n, std::int64_t V, std::int64_t ld,
+                             T* row_max);
+
+template <class T>
+void cross_entropy_shard_sums(const T* logits, const std::int32_t* targets,
+                              std::int64_t vocab_begin, const T* row_max, std::int64_t n,
+                              std::int64_t V, std::int64_t ld, T* sum_exp, T* target_logit);
+
+template <class T>
+void cross_entropy_shard_finish(T* logits, const std::int32_t* targets, std::int64_t vocab_begin,
+                                const T* row_max, const T* sum_exp, const T* target_logit,
+                                std::int64_t n, std::int64_t V, std::int64_t ld, T grad_scale,
+                                T* losses, bool gradient);
+
 }  // namespace oases::kernels::cpu

@@ -16,23 +16,31 @@ constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 14;
 
 template <class T>
 void embedding_forward(const std::int32_t* tokens, const T* wte, const T* wpe, T* out,
-                       std::int64_t B, std::int64_t seq, std::int64_t C) {
+                       std::int64_t B, std::int64_t seq, std::int64_t C, VocabRange range) {
   OASES_ASSERT(B >= 0 && seq >= 0 && C >= 0, "embedding_forward: negative size B={} seq={} C={}", B,
                seq, C);
   const std::int64_t rows = B * seq;
 #pragma omp parallel for schedule(static) if (rows * C >= kMinParallelWork)
   for (std::int64_t row = 0; row < rows; ++row) {
     const std::int64_t t = row % seq;
-    const T* token_row = wte + static_cast<std::int64_t>(tokens[row]) * C;
-    const T* position_row = wpe + t * C;
+    const std::int64_t token = tokens[row];
     T* dst = out + row * C;
-    for (std::int64_t c = 0; c < C; ++c) dst[c] = token_row[c] + position_row[c];
+    if (token >= range.begin && token < range.end) {
+      const T* token_row = wte + (token - range.begin) * C;
+      for (std::int64_t c = 0; c < C; ++c) dst[c] = token_row[c];
+    } else {
+      for (std::int64_t c = 0; c < C; ++c) dst[c] = T(0);
+    }
+    if (wpe != nullptr) {
+      const T* position_row = wpe + t * C;
+      for (std::int64_t c = 0; c < C; ++c) dst[c] += position_row[c];
+    }
   }
 }
 
 template <class T>
 void embedding_backward(const T* dout, const std::int32_t* tokens, T* dwte, T* dwpe, std::int64_t B,
-                        std::int64_t seq, std::int64_t C) {
+                        std::int64_t seq, std::int64_t C, VocabRange range) {
   OASES_ASSERT(B >= 0 && seq >= 0 && C >= 0, "embedding_backward: negative size B={} seq={} C={}",
                B, seq, C);
   const std::int64_t rows = B * seq;
@@ -48,21 +56,26 @@ void embedding_backward(const T* dout, const std::int32_t* tokens, T* dwte, T* d
     for (std::int64_t row = 0; row < rows; ++row) {
       const std::int64_t t = row % seq;
       const T* src = dout + row * C;
-      T* token_grad = dwte + static_cast<std::int64_t>(tokens[row]) * C;
-      T* position_grad = dwpe + t * C;
-      for (std::int64_t c = c0; c < c1; ++c) token_grad[c] += src[c];
-      for (std::int64_t c = c0; c < c1; ++c) position_grad[c] += src[c];
+      const std::int64_t token = tokens[row];
+      if (token >= range.begin && token < range.end) {
+        T* token_grad = dwte + (token - range.begin) * C;
+        for (std::int64_t c = c0; c < c1; ++c) token_grad[c] += src[c];
+      }
+      if (dwpe != nullptr) {
+        T* position_grad = dwpe + t * C;
+        for (std::int64_t c = c0; c < c1; ++c) position_grad[c] += src[c];
+      }
     }
   }
 }
 
 template void embedding_forward<float>(const std::int32_t*, const float*, const float*, float*,
-                                       std::int64_t, std::int64_t, std::int64_t);
+                                       std::int64_t, std::int64_t, std::int64_t, VocabRange);
 template void embedding_forward<double>(const std::int32_t*, const double*, const double*, double*,
-                                        std::int64_t, std::int64_t, std::int64_t);
+                                        std::int64_t, std::int64_t, std::int64_t, VocabRange);
 template void embedding_backward<float>(const float*, const std::int32_t*, float*, float*,
-                                        std::int64_t, std::int64_t, std::int64_t);
+                                        std::int64_t, std::int64_t, std::int64_t, VocabRange);
 template void embedding_backward<double>(const double*, const std::int32_t*, double*, double*,
-                                         std::int64_t, std::int64_t, std::int64_t);
+                                         std::int64_t, std::int64_t, std::int64_t, VocabRange);
 
 }  // namespace oases::kernels::cpu

@@ -2,21 +2,32 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace oases::kernels::cpu {
 
-// out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]
-// tokens [B, T] with values in [0, vocab); wte [vocab, C]; wpe [>= T, C]; out [B, T, C].
-// Token ids are not range-checked here (vocab is not passed): the caller guarantees them.
+// The rows of the vocabulary this rank holds (vocab-parallel embedding): wte row i is token
+// begin + i. The default holds every token.
+struct VocabRange {
+  std::int64_t begin = 0;
+  std::int64_t end = std::numeric_limits<std::int64_t>::max();
+};
+
+// out[b, t, :] = wte[tokens[b, t] - range.begin, :] + wpe[t, :]
+// tokens [B, T] with values in [0, vocab); wte [range rows, C]; wpe [>= T, C] or null (no
+// positions: another rank adds them); out [B, T, C]. A token outside the range contributes a
+// zero row (its owner contributes it, and the partial sums are reduced). Token ids are not
+// range-checked here (vocab is not passed): the caller guarantees them.
 template <class T>
 void embedding_forward(const std::int32_t* tokens, const T* wte, const T* wpe, T* out,
-                       std::int64_t B, std::int64_t seq, std::int64_t C);
+                       std::int64_t B, std::int64_t seq, std::int64_t C, VocabRange range = {});
 
-// dwte[tokens[b, t], :] += dout[b, t, :];  dwpe[t, :] += sum_b dout[b, t, :]  (accumulated).
+// dwte[tokens[b, t] - range.begin, :] += dout[b, t, :] for tokens in range;
+// dwpe[t, :] += sum_b dout[b, t, :] unless dwpe is null (accumulated).
 // Deterministic: each thread owns a slice of the C columns, so no two threads add to one element
 // and every element's additions happen in (b, t) order, whatever the thread count.
 template <class T>
 void embedding_backward(const T* dout, const std::int32_t* tokens, T* dwte, T* dwpe,
-                        std::int64_t B, std::int64_t seq, std::int64_t C);
+                        std::int64_t B, std::int64_t seq, std::int64_t C, VocabRange range = {});
 
 }  // namespace oases::kernels::cpu
