@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(git cmake ninja-build g++ pkg-config libopenblas-openmp-dev libtomlplusplus-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-          fortunes)
+          libopenmpi-dev openmpi-bin fortunes)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(python3 python3-torch python3-numpy)
 fi

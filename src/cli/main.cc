@@ -1,4 +1,7 @@
 // The `oases` command: verbs in the style of git. Every verb has --help.
+#include "comm/job.h"
+#include "comm/mesh.h"
+#include "comm/mpi_runtime.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cpu/blas_runtime.h"
@@ -11,12 +14,29 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 namespace {
 
 constexpr const char* kVersion = "0.1.0";
+
+// Prints a fatal error (prefixed with the rank in a multi-process job) and returns the exit
+// code: 2 for bad input, 3 for an engine bug, 1 otherwise.
+int report_error(const std::exception& e, const std::string& rank_prefix) {
+  if (dynamic_cast<const oases::UserError*>(&e)) {
+    oases::log_error("{}{}", rank_prefix, e.what());
+    return 2;
+  }
+  if (dynamic_cast<const oases::InternalError*>(&e)) {
+    oases::log_error("{}{}\nthis is a bug in oases; please report it with the command line",
+                     rank_prefix, e.what());
+    return 3;
+  }
+  oases::log_error("{}{}", rank_prefix, e.what());
+  return 1;
+}
 
 int run(int argc, char** argv) {
   CLI::App app{"oases: train transformer language models with overlapped tensor parallelism",
@@ -81,7 +101,33 @@ int run(int argc, char** argv) {
     oases::train::TrainOptions options;
     options.init_from = init_from;
     options.progress = !quiet;
-    const auto summary = oases::train::run_training(config, options);
+    oases::train::TrainSummary summary;
+    if (oases::comm::launched_by_mpi()) {
+      // Under mpirun/srun: one rank per process, laid out by [parallel]. Each rank reports its
+      // own fatal error and then ends the job, since the other ranks would wait for it forever.
+      oases::comm::MpiRuntime runtime;
+      try {
+        oases::comm::MpiCommunicatorOptions comm_options;
+        comm_options.timeout_seconds = config.parallel.comm_timeout_s;
+        auto mesh = oases::comm::Mesh::create(runtime, static_cast<int>(config.parallel.tp),
+                                              static_cast<int>(config.parallel.dp),
+                                              static_cast<int>(config.parallel.pp), comm_options);
+        summary = oases::train::run_training(config, options, mesh);
+      } catch (const std::exception& e) {
+        const int code =
+            report_error(e, fmt::format("rank {} of {}: ", runtime.world_rank(), runtime.world_size()));
+        if (runtime.world_size() > 1) oases::comm::abort_job(code);
+        return code;
+      }
+    } else {
+      OASES_CHECK(config.parallel.tp * config.parallel.dp * config.parallel.pp == 1,
+                  "parallel.tp = {}, dp = {}, pp = {} needs {} processes: launch with `mpirun -np "
+                  "{} oases train ...`",
+                  config.parallel.tp, config.parallel.dp, config.parallel.pp,
+                  config.parallel.tp * config.parallel.dp * config.parallel.pp,
+                  config.parallel.tp * config.parallel.dp * config.parallel.pp);
+      summary = oases::train::run_training(config, options);
+    }
     if (!quiet && summary.initial_val_loss && summary.final_val_loss)
       oases::log_info("validation loss {:.4f} -> {:.4f}", *summary.initial_val_loss,
                       *summary.final_val_loss);
@@ -103,14 +149,12 @@ int main(int argc, char** argv) {
   oases::kernels::cpu::reexec_with_better_openblas_core(argv);
   try {
     return run(argc, argv);
-  } catch (const oases::UserError& e) {
-    oases::log_error("{}", e.what());
-    return 2;
-  } catch (const oases::InternalError& e) {
-    oases::log_error("{}\nthis is a bug in oases; please report it with the command line", e.what());
-    return 3;
   } catch (const std::exception& e) {
-    oases::log_error("{}", e.what());
-    return 1;
+    // Errors before the mesh exists (a bad config) happen on every rank alike; the rank still
+    // prefixes them so a job's output says who failed.
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    return report_error(e, oases::comm::launched_by_mpi() && rank
+                               ? fmt::format("rank {}: ", rank)
+                               : std::string());
   }
 }

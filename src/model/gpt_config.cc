@@ -2,6 +2,10 @@
 
 #include "core/error.h"
 
+#include <fmt/format.h>
+
+#include <vector>
+
 namespace oases::model {
 
 void GptConfig::validate() const {
@@ -25,12 +29,19 @@ void GptConfig::validate() const {
 }
 
 void GptConfig::validate_tensor_parallel(std::int64_t tp) const {
+  OASES_CHECK(tp >= 1, "parallel.tp = {} must be at least 1", tp);
+  if (heads % tp == 0 && ffn_hidden % tp == 0) return;
+  // Valid degrees divide both the head count and the MLP width.
+  std::vector<std::int64_t> valid;
+  for (std::int64_t d = 1; d <= heads; ++d)
+    if (heads % d == 0 && ffn_hidden % d == 0) valid.push_back(d);
   OASES_CHECK(heads % tp == 0,
-              "parallel.tp = {} must divide model.heads = {} (each rank computes whole heads)", tp,
-              heads);
-  OASES_CHECK(ffn_hidden % tp == 0,
-              "parallel.tp = {} must divide model.ffn_hidden = {} (column-parallel MLP)", tp,
-              ffn_hidden);
+              "parallel.tp = {} must divide model.heads = {} (each rank computes whole heads); "
+              "valid tp for this model: {}",
+              tp, heads, fmt::join(valid, ", "));
+  OASES_FAIL("parallel.tp = {} must divide model.ffn_hidden = {} (column-parallel MLP); valid tp "
+             "for this model: {}",
+             tp, ffn_hidden, fmt::join(valid, ", "));
 }
 
 std::int64_t GptConfig::parameter_count() const {

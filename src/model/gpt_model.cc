@@ -19,6 +19,15 @@ GptModel::GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint6
   state_.seed = seed;
   segments_ = ops::build_gpt_segments(state_, loss_, arena_);
   initialize(seed);
+  // Bucket 0: embeddings; 1 + l: layer l; layers + 1: ln_f.
+  buckets_.emplace_back(0, layout_.find("h.0.ln_1.weight").offset);
+  for (std::int64_t l = 0; l < config.layers; ++l) {
+    const std::int64_t end = l + 1 < config.layers
+                                 ? layout_.find("h." + std::to_string(l + 1) + ".ln_1.weight").offset
+                                 : layout_.find("ln_f.weight").offset;
+    buckets_.emplace_back(buckets_.back().second, end);
+  }
+  buckets_.emplace_back(buckets_.back().second, layout_.total_numel());
 }
 
 void GptModel::zero_grads() {
@@ -31,10 +40,20 @@ void GptModel::initialize(std::uint64_t seed) {
 
 schedule::ProgramShape GptModel::program_shape() const {
   schedule::ProgramShape shape;
-  for (const auto& segment : segments_) {
+  // Segments are embedding, (attention, mlp) per layer, head. A layer's gradients are final
+  // after its attention segment's backward (the epilogues of later segments update its
+  // output-projection biases earlier in the backward pass); the embeddings' after the
+  // embedding segment (wte also gets the head's gradient, formed before); ln_f's after the head.
+  const int num_segments = static_cast<int>(segments_.size());
+  for (int i = 0; i < num_segments; ++i) {
+    const auto& segment = segments_[static_cast<std::size_t>(i)];
+    int bucket = -1;
+    if (i == 0) bucket = 0;
+    else if (i == num_segments - 1) bucket = static_cast<int>(buckets_.size()) - 1;
+    else if (i % 2 == 1) bucket = 1 + (i - 1) / 2;
     shape.segments.push_back({!segment->forward_collective_buffer().empty(),
                               !segment->backward_collective_buffer().empty(),
-                              segment->backward_stages()});
+                              segment->backward_stages(), bucket});
   }
   return shape;
 }

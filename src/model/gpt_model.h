@@ -37,6 +37,11 @@ class GptModel {
 
   std::vector<std::unique_ptr<ops::Segment>>& segments() { return segments_; }
   schedule::ProgramShape program_shape() const;
+
+  // Contiguous ranges [begin, end) of the flat gradient array that partition it: the
+  // embeddings (wte, wpe), each layer's parameters, and the final LayerNorm. Each becomes final
+  // at a known point of the backward pass (ProgramShape's ready_bucket).
+  const std::vector<std::pair<std::int64_t, std::int64_t>>& grad_buckets() const { return buckets_; }
   ops::LossAccumulator& loss() { return loss_; }
 
   std::size_t activation_bytes() const { return arena_.bytes_in_use(); }
@@ -49,6 +54,7 @@ class GptModel {
   ops::GptState state_;
   ops::LossAccumulator loss_;
   std::vector<std::unique_ptr<ops::Segment>> segments_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> buckets_;
 };
 
 }  // namespace oases::model

@@ -162,6 +162,11 @@ class AttentionSegment final : public Segment {
       k::linear_backward(d_qkv, ln_out_, s_.param(p + "attn.c_attn.weight"), d_ln_out(),
                          s_.grad(p + "attn.c_attn.weight"), s_.grad(p + "attn.c_attn.bias"), n,
                          C, 3 * A);
+      // The key bias adds the same q.b_k to every score of a row, which softmax ignores: its
+      // gradient is exactly zero. The sum computed above is rounding noise, different under
+      // every layout, that AdamW would turn into lr-sized steps; the exact value is kept.
+      float* key_bias_grad = s_.grad(p + "attn.c_attn.bias") + A;
+      std::fill(key_bias_grad, key_bias_grad + A, 0.0f);
       return;
     }
     // stage 1: LN1 backward onto the residual gradient, then the epilogue that produced r_l.

@@ -19,7 +19,7 @@ std::string trace_name(const schedule::Instruction& ins, const std::string& segm
       return fmt::format("AR {} {} mb{} sb{}",
                          ins.direction == schedule::Direction::forward ? "fwd" : "bwd", segment,
                          ins.micro_batch, ins.sub_batch);
-    case Op::reduce_grads: return "ReduceGrads";
+    case Op::reduce_grads: return fmt::format("ReduceGrads bucket{}", ins.segment);
     case Op::optimizer_step: return "OptimizerStep";
   }
   return "?";
@@ -63,15 +63,16 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         break;
       }
       case Op::reduce_grads:
-        if (hooks.reduce_grads) hooks.reduce_grads();
+        if (hooks.reduce_grads) hooks.reduce_grads(ins.segment);
         break;
       case Op::optimizer_step:
         if (hooks.optimizer_step) hooks.optimizer_step();
         break;
     }
     if (trace && ins.op != Op::start && ins.op != Op::wait) {
-      const std::string segment =
-          ins.segment >= 0 ? segments_[static_cast<std::size_t>(ins.segment)]->name() : "";
+      const std::string segment = ins.op == Op::forward || ins.op == Op::backward
+                                      ? segments_[static_cast<std::size_t>(ins.segment)]->name()
+                                      : "";
       trace->add(trace_name(ins, segment),
                  ins.op == Op::optimizer_step || ins.op == Op::reduce_grads
                      ? TraceRecorder::Lane::optimizer

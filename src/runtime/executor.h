@@ -18,7 +18,7 @@
 namespace oases::runtime {
 
 struct StepHooks {
-  std::function<void()> reduce_grads;    // ReduceGrads instruction
+  std::function<void(int bucket)> reduce_grads;  // ReduceGrads(bucket) instruction
   std::function<void()> optimizer_step;  // OptimizerStep instruction
 };
 

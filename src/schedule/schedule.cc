@@ -30,12 +30,11 @@ Schedule megatron_schedule(const ProgramShape& program, int micro_batches, bool 
           out.push_back({Op::wait, s, 0, Direction::backward, mb, 0});
         }
       }
+      if (mb == micro_batches - 1 && shape.ready_bucket >= 0)
+        out.push_back({Op::reduce_grads, shape.ready_bucket});
     }
   }
-  if (training) {
-    out.push_back({Op::reduce_grads});
-    out.push_back({Op::optimizer_step});
-  }
+  if (training) out.push_back({Op::optimizer_step});
   return out;
 }
 
@@ -115,7 +114,7 @@ std::string to_string(const Instruction& ins) {
     case Op::backward: return fmt::format("Backward(seg={}, stage={}, mb={}, sb={})", ins.segment, ins.stage, ins.micro_batch, ins.sub_batch);
     case Op::start: return fmt::format("Start({}, seg={}, mb={}, sb={})", dir, ins.segment, ins.micro_batch, ins.sub_batch);
     case Op::wait: return fmt::format("Wait({}, seg={}, mb={}, sb={})", dir, ins.segment, ins.micro_batch, ins.sub_batch);
-    case Op::reduce_grads: return "ReduceGrads";
+    case Op::reduce_grads: return fmt::format("ReduceGrads(bucket={})", ins.segment);
     case Op::optimizer_step: return "OptimizerStep";
   }
   return "?";

@@ -14,7 +14,8 @@ enum class Op : std::uint8_t {
   backward,        // Backward(segment, stage, mb, sb)
   start,           // Start(collective of segment in direction, mb, sb): issue asynchronously
   wait,            // Wait(...): later instructions may use the reduced buffer
-  reduce_grads,    // ReduceGrads: data-parallel gradient reduction (a group of one: no-op)
+  reduce_grads,    // ReduceGrads(bucket): start the data-parallel reduction of a bucket of
+                   // gradients that are final (`segment` holds the bucket id)
   optimizer_step,  // OptimizerStep
 };
 
@@ -36,6 +37,10 @@ struct SegmentShape {
   bool has_forward_collective = false;
   bool has_backward_collective = false;
   int backward_stages = 1;
+  // Gradient bucket whose gradients are all final once this segment's last backward stage has
+  // run on the last micro-batch (-1: none). Lets the data-parallel reduction of later layers
+  // overlap the backward pass of earlier ones.
+  int ready_bucket = -1;
 };
 
 struct ProgramShape {
@@ -46,7 +51,9 @@ using Schedule = std::vector<Instruction>;
 
 // Megatron-LM's schedule without pipelining: each micro-batch runs its whole forward pass,
 // then its whole backward pass, with every collective waited on right after it is issued.
-// Gradients sum over micro-batches; one data-parallel reduction and optimizer step end it.
+// Gradients sum over micro-batches; on the last micro-batch each gradient bucket's
+// data-parallel reduction starts as soon as its gradients are final, and the optimizer step
+// (which waits for them) ends the schedule.
 // training=false gives the forward passes only (evaluation).
 Schedule megatron_schedule(const ProgramShape& program, int micro_batches, bool training);
 

@@ -54,13 +54,56 @@ std::int64_t metadata_int(const SafetensorsFile& file, const std::string& key) {
   }
 }
 
+// The whole tensor of `spec` assembled from the shards of the tensor-parallel group.
+std::vector<float> whole_tensor(const model::ParamLayout& layout, const model::ParamSpec& spec,
+                                const float* local, comm::Communicator& tp) {
+  std::vector<float> whole(static_cast<std::size_t>(spec.full_shape.numel()), 0.0f);
+  if (spec.sharding == model::Sharding::replicated) {
+    std::copy(local, local + spec.numel(), whole.begin());
+    return whole;
+  }
+  for (std::int64_t i = 0; i < spec.numel(); ++i) {
+    const std::int64_t g = layout.global_index(spec, i);
+    if (g >= 0) whole[static_cast<std::size_t>(g)] = local[i];
+  }
+  // Shards are disjoint, so a sum over the group places every element exactly.
+  tp.all_reduce(Tensor::of(whole.data(), {static_cast<std::int64_t>(whole.size())}));
+  return whole;
+}
+
+// Reads tensor `name` (whole shape spec.full_shape) and keeps this rank's shard of it.
+void read_shard(const SafetensorsFile& file, const std::string& name,
+                const model::ParamLayout& layout, const model::ParamSpec& spec, float* local) {
+  if (spec.sharding == model::Sharding::replicated) {
+    file.read_f32(name, spec.full_shape.to_vector(), local);
+    return;
+  }
+  std::vector<float> whole(static_cast<std::size_t>(spec.full_shape.numel()));
+  file.read_f32(name, spec.full_shape.to_vector(), whole.data());
+  for (std::int64_t i = 0; i < spec.numel(); ++i) {
+    const std::int64_t g = layout.global_index(spec, i);
+    local[i] = g >= 0 ? whole[static_cast<std::size_t>(g)] : 0.0f;
+  }
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                             const model::ParamLayout& layout, const float* params,
                             const float* exp_avg, const float* exp_avg_sq,
-                            const TrainingState& state, std::int64_t keep) {
+                            const TrainingState& state, std::int64_t keep,
+                            comm::Communicator& tp, bool write_files) {
   const fs::path target = fs::path(dir) / ("step_" + std::to_string(state.step));
+  // Whole tensors, kept alive until the files are written (the writer references them).
+  std::vector<std::vector<float>> tensors;
+  tensors.reserve(3 * layout.params().size());
+  for (const auto& p : layout.params()) {
+    tensors.push_back(whole_tensor(layout, p, params + p.offset, tp));
+    tensors.push_back(whole_tensor(layout, p, exp_avg + p.offset, tp));
+    tensors.push_back(whole_tensor(layout, p, exp_avg_sq + p.offset, tp));
+  }
+  if (!write_files) return target.string();
+
   std::error_code ec;
   fs::create_directories(target, ec);
   OASES_CHECK(!ec, "checkpoint.dir: cannot create '{}': {}", target.string(), ec.message());
@@ -76,11 +119,12 @@ std::string save_checkpoint(const std::string& dir, const RunConfig& config,
   optimizer_file.set_metadata("data_position", std::to_string(state.data_position));
   optimizer_file.set_metadata("seed", std::to_string(state.seed));
   optimizer_file.set_metadata("oases_config", config_toml);
-  for (const auto& p : layout.params()) {
-    model_file.add(p.name, DType::f32, p.shape.to_vector(), params + p.offset);
-    optimizer_file.add("exp_avg." + p.name, DType::f32, p.shape.to_vector(), exp_avg + p.offset);
-    optimizer_file.add("exp_avg_sq." + p.name, DType::f32, p.shape.to_vector(),
-                       exp_avg_sq + p.offset);
+  for (std::size_t i = 0; i < layout.params().size(); ++i) {
+    const auto& p = layout.params()[i];
+    const auto shape = p.full_shape.to_vector();
+    model_file.add(p.name, DType::f32, shape, tensors[3 * i].data());
+    optimizer_file.add("exp_avg." + p.name, DType::f32, shape, tensors[3 * i + 1].data());
+    optimizer_file.add("exp_avg_sq." + p.name, DType::f32, shape, tensors[3 * i + 2].data());
   }
   model_file.write((target / kModelFile).string());
   optimizer_file.write((target / kOptimizerFile).string());
@@ -104,7 +148,7 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 void load_model_weights(const std::string& path, const model::ParamLayout& layout,
                         float* params) {
   const SafetensorsFile file = SafetensorsFile::open(path);
-  for (const auto& p : layout.params()) file.read_f32(p.name, p.shape.to_vector(), params + p.offset);
+  for (const auto& p : layout.params()) read_shard(file, p.name, layout, p, params + p.offset);
 }
 
 TrainingState load_optimizer_state(const std::string& checkpoint_dir,
@@ -117,8 +161,8 @@ TrainingState load_optimizer_state(const std::string& checkpoint_dir,
               "checkpoint '{}' has format version {}; this build reads version {}",
               checkpoint_dir, version, kCheckpointFormatVersion);
   for (const auto& p : layout.params()) {
-    file.read_f32("exp_avg." + p.name, p.shape.to_vector(), exp_avg + p.offset);
-    file.read_f32("exp_avg_sq." + p.name, p.shape.to_vector(), exp_avg_sq + p.offset);
+    read_shard(file, "exp_avg." + p.name, layout, p, exp_avg + p.offset);
+    read_shard(file, "exp_avg_sq." + p.name, layout, p, exp_avg_sq + p.offset);
   }
   TrainingState state;
   state.step = metadata_int(file, "step");

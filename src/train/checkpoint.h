@@ -10,6 +10,7 @@
 // so a crash leaves earlier checkpoints intact and never a half-written file under its name.
 #pragma once
 
+#include "comm/communicator.h"
 #include "model/param_layout.h"
 #include "train/config.h"
 
@@ -28,16 +29,20 @@ struct TrainingState {
 };
 
 // Writes step_<state.step> under dir and removes the oldest complete checkpoints beyond `keep`
-// (0 keeps all). Returns the checkpoint directory.
+// (0 keeps all). Returns the checkpoint directory. The files hold whole tensors whatever the
+// layout: every rank of the tensor-parallel group `tp` must call this (the shards are
+// assembled over it); only the rank with `write_files` writes.
 std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                             const model::ParamLayout& layout, const float* params,
                             const float* exp_avg, const float* exp_avg_sq,
-                            const TrainingState& state, std::int64_t keep);
+                            const TrainingState& state, std::int64_t keep,
+                            comm::Communicator& tp, bool write_files);
 
 // The newest complete checkpoint in dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
-// Reads parameters by name with shape checks (UserError naming the file, tensor and shapes).
+// Reads parameters by name with shape checks (UserError naming the file, tensor and shapes);
+// each rank takes its own shard of the whole tensors in the file.
 void load_model_weights(const std::string& safetensors_path, const model::ParamLayout& layout,
                         float* params);
 

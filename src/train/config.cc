@@ -96,7 +96,8 @@ const std::map<std::string, SectionFields>& schema() {
         {"recompute", bind(&RunConfig::parallel, &ParallelConfig::recompute)},
         {"sub_batches", bind(&RunConfig::parallel, &ParallelConfig::sub_batches)},
         {"plan", bind(&RunConfig::parallel, &ParallelConfig::plan)},
-        {"memory_limit", bind(&RunConfig::parallel, &ParallelConfig::memory_limit)}}},
+        {"memory_limit", bind(&RunConfig::parallel, &ParallelConfig::memory_limit)},
+        {"comm_timeout_s", bind(&RunConfig::parallel, &ParallelConfig::comm_timeout_s)}}},
       {"train",
        {{"micro_batch", bind(&RunConfig::train, &OptimConfig::micro_batch)},
         {"global_batch", bind(&RunConfig::train, &OptimConfig::global_batch)},
@@ -231,10 +232,9 @@ void RunConfig::validate() const {
   OASES_CHECK(p.tp >= 1 && p.dp >= 1 && p.pp >= 1,
               "parallel.tp, dp, pp must be at least 1 (found tp={}, dp={}, pp={})", p.tp, p.dp,
               p.pp);
-  OASES_CHECK(p.tp == 1 && p.dp == 1 && p.pp == 1,
-              "parallel.tp={} dp={} pp={}: this build runs single-process only "
-              "(tp = dp = pp = 1); distributed training is not available yet",
-              p.tp, p.dp, p.pp);
+  OASES_CHECK(p.pp == 1,
+              "parallel.pp = {}: pipeline parallelism is not available yet; valid: 1", p.pp);
+  model.validate_tensor_parallel(p.tp);
   OASES_CHECK(p.schedule == "megatron",
               "parallel.schedule = \"{}\" is not available in this build; valid: \"megatron\" "
               "(the overlapped \"oases\" schedule arrives with tensor parallelism)",
@@ -245,16 +245,24 @@ void RunConfig::validate() const {
   OASES_CHECK(p.plan == "uniform", "parallel.plan = \"{}\" is not available yet; valid: \"uniform\"",
               p.plan);
   OASES_CHECK(p.memory_limit >= 0, "parallel.memory_limit = {} must be >= 0 bytes", p.memory_limit);
+  OASES_CHECK(p.comm_timeout_s >= 0, "parallel.comm_timeout_s = {} must be >= 0 seconds (0: no timeout)",
+              p.comm_timeout_s);
 
   const auto& t = train;
   OASES_CHECK(t.micro_batch >= 1, "train.micro_batch = {} must be at least 1", t.micro_batch);
   OASES_CHECK(t.global_batch >= 1, "train.global_batch = {} must be at least 1", t.global_batch);
-  OASES_CHECK(t.global_batch % (t.micro_batch * p.dp) == 0,
-              "train.global_batch = {} must be a multiple of train.micro_batch x parallel.dp = "
-              "{} x {} = {} (global batch = micro_batch x accumulation steps x dp); try "
-              "global_batch = {}",
-              t.global_batch, t.micro_batch, p.dp, t.micro_batch * p.dp,
-              std::max<std::int64_t>(1, t.global_batch / (t.micro_batch * p.dp)) * t.micro_batch * p.dp);
+  if (t.global_batch % (t.micro_batch * p.dp) != 0) {
+    std::vector<std::int64_t> valid_dp;
+    for (std::int64_t d = 1; t.global_batch % t.micro_batch == 0 && d <= t.global_batch / t.micro_batch; ++d)
+      if ((t.global_batch / t.micro_batch) % d == 0) valid_dp.push_back(d);
+    OASES_FAIL("train.global_batch = {} must be a multiple of train.micro_batch x parallel.dp = "
+               "{} x {} = {} (global batch = micro_batch x accumulation steps x dp); try "
+               "global_batch = {}{}",
+               t.global_batch, t.micro_batch, p.dp, t.micro_batch * p.dp,
+               std::max<std::int64_t>(1, t.global_batch / (t.micro_batch * p.dp)) * t.micro_batch * p.dp,
+               valid_dp.empty() ? std::string()
+                                : fmt::format(", or dp in {{{}}}", fmt::join(valid_dp, ", ")));
+  }
   OASES_CHECK(t.steps >= 0, "train.steps = {} must be >= 0", t.steps);
   OASES_CHECK(t.lr > 0, "train.lr = {} must be positive", t.lr);
   OASES_CHECK(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr = {} must be in [0, train.lr = {}]",
@@ -304,7 +312,8 @@ std::string to_toml(const RunConfig& c) {
                                       {"recompute", c.parallel.recompute},
                                       {"sub_batches", c.parallel.sub_batches},
                                       {"plan", c.parallel.plan},
-                                      {"memory_limit", c.parallel.memory_limit}});
+                                      {"memory_limit", c.parallel.memory_limit},
+                                      {"comm_timeout_s", c.parallel.comm_timeout_s}});
   const auto& t = c.train;
   root.insert("train", toml::table{{"micro_batch", t.micro_batch}, {"global_batch", t.global_batch},
                                    {"steps", t.steps}, {"lr", t.lr}, {"min_lr", t.min_lr},

@@ -19,6 +19,7 @@ struct ParallelConfig {
   std::int64_t sub_batches = 2;
   std::string plan = "uniform";
   std::int64_t memory_limit = 0;  // bytes per device; 0: no limit
+  double comm_timeout_s = 300;    // a collective not done after this aborts the job; 0: never
 };
 
 struct OptimConfig {

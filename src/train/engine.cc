@@ -1,6 +1,7 @@
 #include "train/engine.h"
 
 #include "core/error.h"
+#include "core/timer.h"
 #include "kernels/cpu/optimizer.h"
 
 #include <cmath>
@@ -62,7 +63,7 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
   model_.loss().reset();
   if (training) model_.zero_grads();
   const runtime::ExecutionStats stats = executor_.run(schedule, ctx, hooks, trace_);
-  if (result) result->exposed_comm_seconds = stats.exposed_comm_seconds;
+  if (result) result->exposed_comm_seconds += stats.exposed_comm_seconds;
   const auto& loss = model_.loss();
   OASES_ASSERT(loss.count == sequences * seq, "loss counted {} tokens, expected {}", loss.count,
                sequences * seq);
@@ -108,10 +109,17 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   runtime::StepHooks hooks;
   // Gradients are scaled by 1 / (tokens of the global batch), so the sum over data-parallel
   // replicas is the gradient of the global mean loss.
-  hooks.reduce_grads = [&] {
-    if (dp_->size() > 1) dp_->all_reduce(Tensor::of(model_.grads(), {model_.param_count()}));
+  std::vector<std::unique_ptr<comm::Work>> reductions;
+  hooks.reduce_grads = [&](int bucket) {
+    if (dp_->size() == 1) return;
+    const auto [begin, end] = model_.grad_buckets()[static_cast<std::size_t>(bucket)];
+    reductions.push_back(dp_->all_reduce_async(Tensor::of(model_.grads() + begin, {end - begin}),
+                                               comm::ReduceOp::sum));
   };
   hooks.optimizer_step = [&] {
+    const Stopwatch waited;
+    for (auto& work : reductions) work->wait();
+    result.exposed_comm_seconds += waited.seconds();
     result.grad_norm = clip_gradients();
     apply_adamw(step, learning_rate(step));
   };
@@ -119,6 +127,8 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   const double local = run_batches(step, inputs, targets, local_batch(), first_local_sample(),
                                    1.0f / static_cast<float>(global_tokens), ops::HeadMode::train,
                                    hooks, &result);
+  OASES_ASSERT(reductions.size() == (dp_->size() > 1 ? model_.grad_buckets().size() : 0),
+               "{} gradient buckets reduced of {}", reductions.size(), model_.grad_buckets().size());
   result.loss = sum_over(*dp_, local) / static_cast<double>(global_tokens);
   return result;
 }

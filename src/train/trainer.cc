@@ -45,16 +45,16 @@ struct Batch {
   std::vector<std::int32_t> inputs, targets;
 };
 
-// Validation loss over eval_steps batches of the validation shard.
+// Validation loss over eval_steps global batches of the validation shard; each data-parallel
+// rank evaluates its share of every batch.
 double validation_loss(TrainingEngine& engine, const DataLoader& loader, std::int64_t batches) {
-  const auto& t = engine.config().train;
   Batch b;
-  const std::int64_t rows = t.global_batch, seq = engine.config().model.seq_len;
+  const std::int64_t rows = engine.local_batch(), seq = engine.config().model.seq_len;
   b.inputs.resize(static_cast<std::size_t>(rows * seq));
   b.targets.resize(b.inputs.size());
   double total = 0;
   for (std::int64_t i = 0; i < batches; ++i) {
-    loader.fill(i, 0, rows, b.inputs.data(), b.targets.data());
+    loader.fill(i, engine.first_local_sample(), rows, b.inputs.data(), b.targets.data());
     total += engine.evaluate(b.inputs.data(), b.targets.data(), rows);
   }
   return total / static_cast<double>(batches);
@@ -79,7 +79,21 @@ TokenShard load_shard_for(const RunConfig& config, const std::string& split) {
 }  // namespace
 
 TrainSummary run_training(const RunConfig& config, const TrainOptions& options) {
+  comm::Mesh mesh = comm::Mesh::single_process();
+  return run_training(config, options, mesh);
+}
+
+TrainSummary run_training(const RunConfig& config, const TrainOptions& run_options,
+                          comm::Mesh& mesh) {
   config.validate();
+  OASES_CHECK(mesh.tp_size() == config.parallel.tp && mesh.dp_size() == config.parallel.dp &&
+                  mesh.pp_size() == config.parallel.pp,
+              "the process mesh (tp={}, dp={}, pp={}) does not match parallel.tp={}, dp={}, pp={}",
+              mesh.tp_size(), mesh.dp_size(), mesh.pp_size(), config.parallel.tp,
+              config.parallel.dp, config.parallel.pp);
+  const bool leader = mesh.world_rank() == 0;
+  TrainOptions options = run_options;
+  options.progress = options.progress && leader;
   if (config.train.threads > 0) omp_set_num_threads(static_cast<int>(config.train.threads));
   const auto& t = config.train;
   const std::int64_t seq = config.model.seq_len;
@@ -94,7 +108,7 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& options) 
     val_loader.emplace(*val_shard, seq, t.global_batch, false, static_cast<std::uint64_t>(t.seed));
   }
 
-  TrainingEngine engine(config);
+  TrainingEngine engine(config, ParallelGroups{&mesh.tp_group(), &mesh.dp_group()});
   if (config.parallel.memory_limit > 0) {
     const auto needed = static_cast<std::int64_t>(engine.memory_bytes());
     OASES_CHECK(needed <= config.parallel.memory_limit,
@@ -116,23 +130,27 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& options) 
                   "resume with the same seed",
                   *latest, state.seed, t.seed);
       start_step = state.data_position;
-      log_info("resumed from {} (step {})", *latest, start_step);
+      if (options.progress) log_info("resumed from {} (step {})", *latest, start_step);
     } else {
-      log_info("checkpoint.resume: no complete checkpoint in '{}', starting from step 0",
-               config.checkpoint.dir);
+      if (options.progress)
+        log_info("checkpoint.resume: no complete checkpoint in '{}', starting from step 0",
+                 config.checkpoint.dir);
     }
   }
   if (start_step == 0 && !options.init_from.empty()) {
     load_model_weights(options.init_from, engine.model().layout(), engine.model().params());
-    log_info("initialised weights from {}", options.init_from);
+    if (options.progress) log_info("initialised weights from {}", options.init_from);
   }
   summary.start_step = start_step;
 
   const double flops_per_token = config.model.training_flops_per_token();
-  const double peak_flops = config.log.peak_tflops > 0 ? config.log.peak_tflops * 1e12
-                                                        : kernels::cpu::measure_sgemm_flops(1024, 0.3);
+  // MFU divides by the peak of every device of the run (one device per rank).
+  const double peak_flops = static_cast<double>(mesh.world_size()) *
+                            (config.log.peak_tflops > 0 ? config.log.peak_tflops * 1e12
+                             : leader ? kernels::cpu::measure_sgemm_flops(1024, 0.3)
+                                      : 1.0);
   std::ofstream metrics;
-  if (!config.log.metrics.empty()) {
+  if (leader && !config.log.metrics.empty()) {
     const auto parent = std::filesystem::path(config.log.metrics).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
     metrics.open(config.log.metrics, start_step > 0 ? std::ios::app : std::ios::trunc);
@@ -144,6 +162,9 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& options) 
              config.model.vocab_size, static_cast<double>(config.model.parameter_count()) / 1e6);
     log_info("data: {} training tokens, global batch {} x {} tokens, {} steps, {} threads",
              train_shard.size(), t.global_batch, seq, t.steps, omp_get_max_threads());
+    if (mesh.world_size() > 1)
+      log_info("parallel: {} ranks = tp {} x dp {} x pp {}", mesh.world_size(), mesh.tp_size(),
+               mesh.dp_size(), mesh.pp_size());
   }
   if (val_loader && start_step == 0) {
     summary.initial_val_loss = validation_loss(engine, *val_loader, t.eval_steps);
@@ -151,7 +172,7 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& options) 
   }
 
   std::optional<runtime::TraceRecorder> trace;
-  if (!config.log.trace.empty()) {
+  if (leader && !config.log.trace.empty()) {
     trace.emplace();
     engine.set_trace(&*trace);
   }
@@ -163,7 +184,8 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& options) 
   const Stopwatch run_clock;
   for (std::int64_t step = start_step; step < t.steps; ++step) {
     const Stopwatch step_clock;
-    train_loader.fill(step, 0, t.global_batch, batch.inputs.data(), batch.targets.data());
+    train_loader.fill(step, engine.first_local_sample(), engine.local_batch(), batch.inputs.data(),
+                      batch.targets.data());
     const StepResult r = engine.train_step(step, batch.inputs.data(), batch.targets.data());
     OASES_CHECK(std::isfinite(r.loss),
                 "training diverged: loss is {} at step {}; lower train.lr (now {}) or enable "
@@ -219,7 +241,9 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& options) 
       const TrainingState state{step + 1, step + 1, static_cast<std::uint64_t>(t.seed)};
       summary.last_checkpoint = save_checkpoint(
           config.checkpoint.dir, config, engine.model().layout(), engine.model().params(),
-          engine.exp_avg(), engine.exp_avg_sq(), state, config.checkpoint.keep);
+          engine.exp_avg(), engine.exp_avg_sq(), state, config.checkpoint.keep, mesh.tp_group(),
+          leader);
+      mesh.world().barrier();  // the checkpoint exists for every rank once this returns
       if (options.progress) log_info("saved checkpoint {}", summary.last_checkpoint);
     }
   }

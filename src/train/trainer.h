@@ -1,7 +1,8 @@
 // The training run behind `oases train`: data, the step loop, evaluation, progress output,
-// metrics (JSON Lines) and checkpoints. Single-process for now.
+// metrics (JSON Lines) and checkpoints, on one process or on a mesh of MPI ranks.
 #pragma once
 
+#include "comm/mesh.h"
 #include "train/config.h"
 
 #include <cstdint>
@@ -33,6 +34,12 @@ struct TrainSummary {
   std::string last_checkpoint;        // empty when none was written
 };
 
+// Trains on the ranks of `mesh` (every rank calls this with the same config). Rank 0 of the
+// world prints progress, writes metrics, traces and checkpoint files; the returned summary is
+// the same on every rank.
+TrainSummary run_training(const RunConfig& config, const TrainOptions& options, comm::Mesh& mesh);
+
+// Single process.
 TrainSummary run_training(const RunConfig& config, const TrainOptions& options);
 
 }  // namespace oases::train

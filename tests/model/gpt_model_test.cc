@@ -99,6 +99,17 @@ TEST(GptModel, ProgramHasACollectiveAtEveryTensorParallelBoundary) {
     EXPECT_TRUE(shape.segments[s].has_backward_collective); // column-parallel input grads
     EXPECT_EQ(shape.segments[s].backward_stages, 2);
   }
+  // Gradient buckets partition the flat array; each is made ready by exactly one segment.
+  const auto& buckets = model.grad_buckets();
+  ASSERT_EQ(buckets.size(), 1u + 2u + 1u);
+  EXPECT_EQ(buckets.front().first, 0);
+  EXPECT_EQ(buckets.back().second, model.param_count());
+  for (std::size_t b = 1; b < buckets.size(); ++b) EXPECT_EQ(buckets[b].first, buckets[b - 1].second);
+  EXPECT_EQ(buckets[1].first, model.layout().find("h.0.ln_1.weight").offset);
+  std::vector<int> ready;
+  for (const auto& seg : shape.segments)
+    if (seg.ready_bucket >= 0) ready.push_back(seg.ready_bucket);
+  EXPECT_EQ(ready, (std::vector<int>{0, 1, 2, 3}));
   EXPECT_EQ(model.segments()[1]->name(), "attention.0");
   EXPECT_EQ(model.segments()[4]->name(), "mlp.1");
   EXPECT_NO_THROW(schedule::verify_schedule(shape, 3, schedule::megatron_schedule(shape, 3, true)));

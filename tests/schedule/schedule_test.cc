@@ -7,9 +7,10 @@
 namespace oases::schedule {
 namespace {
 
-// The shape of a 1-layer GPT: embedding, attention, mlp, head.
+// The shape of a 1-layer GPT: embedding, attention, mlp, head, with gradient buckets
+// (embeddings 0, layer 1, final norm 2) that become final after embedding, attention, head.
 ProgramShape one_layer_gpt() {
-  return {{{true, false, 1}, {true, true, 2}, {true, true, 2}, {false, false, 1}}};
+  return {{{true, false, 1, 0}, {true, true, 2, 1}, {true, true, 2, -1}, {false, false, 1, 2}}};
 }
 
 TEST(MegatronSchedule, PrintsTheExpectedInstructionList) {
@@ -26,6 +27,7 @@ TEST(MegatronSchedule, PrintsTheExpectedInstructionList) {
             "Wait(fwd, seg=2, mb=0, sb=0)\n"
             "Forward(seg=3, mb=0, sb=0)\n"
             "Backward(seg=3, stage=0, mb=0, sb=0)\n"
+            "ReduceGrads(bucket=2)\n"
             "Backward(seg=2, stage=0, mb=0, sb=0)\n"
             "Start(bwd, seg=2, mb=0, sb=0)\n"
             "Wait(bwd, seg=2, mb=0, sb=0)\n"
@@ -34,8 +36,9 @@ TEST(MegatronSchedule, PrintsTheExpectedInstructionList) {
             "Start(bwd, seg=1, mb=0, sb=0)\n"
             "Wait(bwd, seg=1, mb=0, sb=0)\n"
             "Backward(seg=1, stage=1, mb=0, sb=0)\n"
+            "ReduceGrads(bucket=1)\n"
             "Backward(seg=0, stage=0, mb=0, sb=0)\n"
-            "ReduceGrads\n"
+            "ReduceGrads(bucket=0)\n"
             "OptimizerStep\n");
 }
 
@@ -45,6 +48,16 @@ TEST(MegatronSchedule, VerifiesForEveryMicroBatchCountAndForwardOnly) {
     const Schedule eval = megatron_schedule(one_layer_gpt(), mb, false);
     EXPECT_NO_THROW(verify_schedule(one_layer_gpt(), mb, eval));
     for (const Instruction& ins : eval) EXPECT_NE(ins.op, Op::backward);
+    // Buckets are reduced once, after the last micro-batch's backward pass has made them final.
+    const Schedule train = megatron_schedule(one_layer_gpt(), mb, true);
+    int reductions = 0;
+    for (std::size_t i = 0; i < train.size(); ++i) {
+      if (train[i].op != Op::reduce_grads) continue;
+      ++reductions;
+      EXPECT_EQ(train[i - 1].op, Op::backward);
+      EXPECT_EQ(train[i - 1].micro_batch, mb - 1);
+    }
+    EXPECT_EQ(reductions, 3);
   }
 }
 
@@ -61,7 +74,7 @@ TEST(VerifySchedule, RejectsBrokenSchedules) {
   EXPECT_THROW(verify_schedule(shape, 1, backward_first), InternalError);
 
   Schedule stage_before_collective = s;
-  std::swap(stage_before_collective[13], stage_before_collective[14]);  // stage 1 before Wait
+  std::swap(stage_before_collective[14], stage_before_collective[15]);  // stage 1 before Wait
   EXPECT_THROW(verify_schedule(shape, 1, stage_before_collective), InternalError);
 
   Schedule double_start = s;

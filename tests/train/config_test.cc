@@ -51,7 +51,8 @@ TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
   EXPECT_NE(error_of("", {"train.lr"}).find("expected section.key=value"), std::string::npos);
   EXPECT_NE(error_of("", {"lr=3"}).find("section.key"), std::string::npos);
   EXPECT_NE(error_of("[model\n").find("not valid TOML"), std::string::npos);
-  EXPECT_NE(error_of("[parallel]\ntp = 2\n").find("parallel.tp=2"), std::string::npos);
+  EXPECT_NE(error_of("[parallel]\ntp = 3\n").find("parallel.tp = 3 must divide model.heads = 4"), std::string::npos);
+  EXPECT_NE(error_of("[parallel]\npp = 2\n").find("parallel.pp = 2"), std::string::npos);
   EXPECT_NE(error_of("[train]\nprecision = \"bf16\"\n").find("train.precision = \"bf16\""), std::string::npos);
   EXPECT_NE(error_of("[checkpoint]\nresume = true\n").find("checkpoint.dir"), std::string::npos);
 }

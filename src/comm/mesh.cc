@@ -1,0 +1,97 @@
+#include "comm/mesh.h"
+
+#include "comm/mpi_communicator.h"
+#include "core/error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <vector>
+
+namespace oases::comm {
+namespace {
+
+// A few layouts with `world_size` ranks, closest to the requested one first.
+std::string valid_layouts(int world_size, int tp, int pp) {
+  std::vector<std::array<int, 3>> layouts;
+  auto add = [&](int t, int d, int p) {
+    const std::array<int, 3> layout{t, d, p};
+    if (std::find(layouts.begin(), layouts.end(), layout) == layouts.end())
+      layouts.push_back(layout);
+  };
+  if (world_size % (tp * pp) == 0) add(tp, world_size / (tp * pp), pp);
+  if (world_size % tp == 0) add(tp, world_size / tp, 1);
+  add(world_size, 1, 1);
+  add(1, world_size, 1);
+  std::string text;
+  for (const auto& [t, d, p] : layouts) {
+    if (!text.empty()) text += "; ";
+    text += fmt::format("tp={} dp={} pp={}", t, d, p);
+  }
+  return text;
+}
+
+void check_layout(int world_size, int tp, int dp, int pp) {
+  OASES_CHECK(tp >= 1 && dp >= 1 && pp >= 1,
+              "parallel.tp = {}, parallel.dp = {}, parallel.pp = {}: each degree must be >= 1", tp,
+              dp, pp);
+  OASES_CHECK(static_cast<long long>(tp) * dp * pp == world_size,
+              "parallel.tp * parallel.dp * parallel.pp = {} * {} * {} = {} must equal the number "
+              "of processes, {}; launch {} processes (mpirun -np {}) or choose degrees whose "
+              "product is {}, e.g. {}",
+              tp, dp, pp, static_cast<long long>(tp) * dp * pp, world_size,
+              static_cast<long long>(tp) * dp * pp, static_cast<long long>(tp) * dp * pp,
+              world_size, valid_layouts(world_size, tp, pp));
+}
+
+// The group of `world`'s ranks that share `color`, ordered by `key`, as an MpiCommunicator.
+std::unique_ptr<Communicator> split(int color, int key, const char* name,
+                                    const MpiCommunicatorOptions& options) {
+  MPI_Comm part = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, color, key, &part);
+  auto group = std::make_unique<MpiCommunicator>(part, name, options);  // duplicates `part`
+  MPI_Comm_free(&part);
+  return group;
+}
+
+}  // namespace
+
+Mesh::Mesh(int tp, int dp, int pp, int world_rank)
+    : tp_(tp),
+      dp_(dp),
+      pp_(pp),
+      tp_rank_(world_rank % tp),
+      dp_rank_(world_rank / tp % dp),
+      pp_rank_(world_rank / (tp * dp)) {}
+
+Mesh::Mesh(Mesh&&) noexcept = default;
+Mesh& Mesh::operator=(Mesh&&) noexcept = default;
+Mesh::~Mesh() = default;
+
+Mesh Mesh::create(const MpiRuntime& runtime, int tp, int dp, int pp,
+                  MpiCommunicatorOptions options) {
+  check_layout(runtime.world_size(), tp, dp, pp);
+  Mesh mesh(tp, dp, pp, runtime.world_rank());
+  OASES_ASSERT(mesh.world_rank() == runtime.world_rank(), "mesh coordinates of world rank {}",
+               runtime.world_rank());
+  // Every rank makes the same calls in the same order: each constructor is collective.
+  mesh.world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", options);
+  mesh.tp_group_ = split(mesh.dp_rank_ + dp * mesh.pp_rank_, mesh.tp_rank_, "tp", options);
+  mesh.dp_group_ = split(mesh.tp_rank_ + tp * mesh.pp_rank_, mesh.dp_rank_, "dp", options);
+  mesh.pp_group_ = split(mesh.tp_rank_ + tp * mesh.dp_rank_, mesh.pp_rank_, "pp", options);
+  return mesh;
+}
+
+Mesh Mesh::single_process(int tp, int dp, int pp) {
+  check_layout(1, tp, dp, pp);
+  Mesh mesh(1, 1, 1, 0);
+  mesh.world_ = std::make_unique<SelfCommunicator>("world");
+  mesh.tp_group_ = std::make_unique<SelfCommunicator>("tp");
+  mesh.dp_group_ = std::make_unique<SelfCommunicator>("dp");
+  mesh.pp_group_ = std::make_unique<SelfCommunicator>("pp");
+  return mesh;
+}
+
+}  // namespace oases::comm

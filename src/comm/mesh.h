@@ -1,0 +1,67 @@
+// Mesh: this process's place in the grid of ranks and the groups it belongs to.
+//
+// The world's ranks form a [pp, dp, tp] grid with TP fastest, so that a TP group is a run of
+// neighbouring ranks (on one node when a launcher fills nodes in rank order):
+//   world rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+// Each rank is in one group of each kind: the tp ranks that share (dp_rank, pp_rank), the dp
+// ranks that share (tp_rank, pp_rank) and the pp ranks that share (tp_rank, dp_rank). Within
+// a group, ranks are ordered by the coordinate the group spans, so tp_group().rank() ==
+// tp_rank() and so on.
+//
+// Invariant: tp * dp * pp == world size, each degree >= 1 (checked, UserError otherwise).
+// A Mesh owns its communicators; with MPI it must be destroyed before the MpiRuntime.
+//
+// The rest of the engine always talks to a Mesh: a process started without a launcher uses
+// Mesh::single_process(), whose groups are SelfCommunicators.
+#pragma once
+
+#include "comm/communicator.h"
+#include "comm/mpi_runtime.h"
+
+#include <memory>
+
+namespace oases::comm {
+
+class Mesh {
+ public:
+  // Collective over the world: every rank calls it with the same degrees. Groups are
+  // MpiCommunicators named "world", "tp", "dp" and "pp", each with `options`.
+  static Mesh create(const MpiRuntime& runtime, int tp, int dp, int pp,
+                     MpiCommunicatorOptions options = {});
+  // One process without MPI. The degrees are the requested ones, so that a config asking for
+  // more than one rank gets the same error as under a launcher of the wrong size.
+  static Mesh single_process(int tp = 1, int dp = 1, int pp = 1);
+
+  Mesh(Mesh&&) noexcept;
+  Mesh& operator=(Mesh&&) noexcept;
+  ~Mesh();
+
+  int tp_size() const { return tp_; }
+  int dp_size() const { return dp_; }
+  int pp_size() const { return pp_; }
+  int world_size() const { return tp_ * dp_ * pp_; }
+
+  int tp_rank() const { return tp_rank_; }
+  int dp_rank() const { return dp_rank_; }
+  int pp_rank() const { return pp_rank_; }
+  int world_rank() const { return world_rank_of(tp_rank_, dp_rank_, pp_rank_); }
+
+  // The world rank at the given coordinates of this mesh.
+  int world_rank_of(int tp_rank, int dp_rank, int pp_rank) const {
+    return tp_rank + tp_ * (dp_rank + dp_ * pp_rank);
+  }
+
+  Communicator& world() { return *world_; }
+  Communicator& tp_group() { return *tp_group_; }
+  Communicator& dp_group() { return *dp_group_; }
+  Communicator& pp_group() { return *pp_group_; }
+
+ private:
+  Mesh(int tp, int dp, int pp, int world_rank);
+
+  int tp_ = 1, dp_ = 1, pp_ = 1;
+  int tp_rank_ = 0, dp_rank_ = 0, pp_rank_ = 0;
+  std::unique_ptr<Communicator> world_, tp_group_, dp_group_, pp_group_;
+};
+
+}  // namespace oases::comm

@@ -1,0 +1,646 @@
+#include "comm/mpi_communicator.h"
+
+#include "core/error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+namespace oases::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How the progress thread waits between MPI_Test calls. For kSpinWindow after progress (an
+// operation started, a step completed) it tests back to back, yielding the core between
+// tests: small collectives complete within tens of microseconds, and a single sleep costs
+// about that much (timer granularity, more on virtual machines), which measured 300 us per
+// 4-byte all_reduce against 10 us with the window. Past the window it sleeps, doubling from
+// kFirstPause to kLongestPause, so a long collective costs one test every 100 us rather than
+// a core the compute thread needs.
+constexpr std::chrono::microseconds kSpinWindow{50};
+constexpr std::chrono::microseconds kFirstPause{2};
+constexpr std::chrono::microseconds kLongestPause{100};
+
+enum class OpKind {
+  all_reduce,
+  all_gather,
+  reduce_scatter,
+  broadcast,
+  send,
+  recv,
+  all_to_all,
+  all_to_allv,
+  barrier
+};
+
+const char* kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::all_reduce: return "all_reduce";
+    case OpKind::all_gather: return "all_gather";
+    case OpKind::reduce_scatter: return "reduce_scatter";
+    case OpKind::broadcast: return "broadcast";
+    case OpKind::send: return "send";
+    case OpKind::recv: return "recv";
+    case OpKind::all_to_all: return "all_to_all";
+    case OpKind::all_to_allv: return "all_to_allv";
+    case OpKind::barrier: return "barrier";
+  }
+  return "?";
+}
+
+bool is_point_to_point(OpKind kind) { return kind == OpKind::send || kind == OpKind::recv; }
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return MPI_SUM;
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+  }
+  return MPI_OP_NULL;
+}
+
+char* byte_ptr(const Tensor& t) { return static_cast<char*>(t.raw()); }
+
+bool overlap(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const char* a0 = byte_ptr(a);
+  const char* b0 = byte_ptr(b);
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// One issued operation, shared by the queue, the progress thread and its Work handle. The
+// progress thread alone touches everything but `done` once the operation is queued.
+struct Operation {
+  OpKind kind = OpKind::barrier;
+  Tensor input;  // the buffer of single-buffer operations
+  Tensor output;
+  ReduceOp reduce = ReduceOp::sum;
+  int peer = 0;  // root of broadcast, peer of send and recv
+  int tag = 0;
+  bool in_place = false;      // all_gather whose input is this rank's block of output
+  std::int64_t reported = 0;  // element count named in the timeout message
+
+  // Chunking: `elements` (the whole buffer, or one rank block) in pieces of `chunk`.
+  std::int64_t elements = 0;
+  std::int64_t chunk = 0;
+  std::int64_t num_chunks = 1;
+  std::int64_t next_chunk = 0;
+
+  std::vector<int> alltoallv_args;  // send counts, send offsets, recv counts, recv offsets
+
+  // State of the step in flight (one chunk of a collective, or every chunk of a send/recv).
+  std::vector<MPI_Request> requests;
+  std::vector<MPI_Datatype> step_types;  // freed once the step completes
+  Clock::time_point started;
+  bool late_reported = false;
+  bool finished = false;
+
+  std::atomic<bool> done{false};  // published in issue order
+};
+
+class MpiWork final : public Work {
+ public:
+  explicit MpiWork(std::shared_ptr<Operation> op) : op_(std::move(op)) {}
+  void wait() override { op_->done.wait(false, std::memory_order_acquire); }
+  bool test() override { return op_->done.load(std::memory_order_acquire); }
+
+ private:
+  std::shared_ptr<Operation> op_;
+};
+
+void plan_chunks(Operation& op, std::int64_t elements, std::int64_t max_per_call) {
+  op.elements = elements;
+  op.chunk = std::min(elements, max_per_call);
+  // A zero-sized operation still makes one (empty) MPI call, so that every rank takes part
+  // and a missing peer is caught by the timeout just like for a large one.
+  op.num_chunks = elements == 0 ? 1 : (elements + op.chunk - 1) / op.chunk;
+}
+
+// A block of `count` elements of `base` whose extent is `stride` elements: the view of chunk
+// c of every rank block at once, for all_gather and all_to_all on split blocks.
+MPI_Datatype strided_block_type(MPI_Datatype base, int count, std::int64_t stride,
+                                std::size_t element_size) {
+  MPI_Datatype contiguous, strided;
+  MPI_Type_contiguous(count, base, &contiguous);
+  MPI_Type_create_resized(
+      contiguous, 0, static_cast<MPI_Aint>(stride) * static_cast<MPI_Aint>(element_size), &strided);
+  MPI_Type_commit(&strided);
+  MPI_Type_free(&contiguous);
+  return strided;
+}
+
+}  // namespace
+
+class MpiCommunicator::Engine {
+ public:
+  Engine(MPI_Comm parent, std::string group_name, MpiCommunicatorOptions options)
+      : name_(std::move(group_name)), options_(std::move(options)) {
+    int thread_level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&thread_level);
+    OASES_ASSERT(thread_level == MPI_THREAD_MULTIPLE,
+                 "MPI communicator '{}' needs MPI initialised with MPI_THREAD_MULTIPLE (create "
+                 "an MpiRuntime first)",
+                 name_);
+    OASES_ASSERT(options_.max_elements_per_call >= 1 &&
+                     options_.max_elements_per_call <= std::int64_t{INT_MAX},
+                 "max_elements_per_call = {} must lie in [1, {}]", options_.max_elements_per_call,
+                 INT_MAX);
+    OASES_ASSERT(options_.timeout_seconds >= 0, "timeout_seconds = {} must be >= 0",
+                 options_.timeout_seconds);
+    MPI_Comm_dup(parent, &comm_);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+    int* tag_ub = nullptr;
+    int has_tag_ub = 0;
+    MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &has_tag_ub);
+    max_tag_ = has_tag_ub ? *tag_ub : 32767;  // 32767: the least MPI guarantees
+    thread_ = std::thread([this] { progress_loop(); });
+  }
+
+  ~Engine() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+    MPI_Comm_free(&comm_);
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  int max_tag() const { return max_tag_; }
+  std::int64_t max_per_call() const { return options_.max_elements_per_call; }
+
+  std::unique_ptr<Work> submit(std::shared_ptr<Operation> op) {
+    auto work = std::make_unique<MpiWork>(op);
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(op));
+    }
+    wake_.notify_one();
+    return work;
+  }
+
+ private:
+  void progress_loop();
+  void start_step(Operation& op);
+  void report_late(const Operation& op) const;
+  std::string describe(const Operation& op) const;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  int world_rank_ = 0;
+  int max_tag_ = 32767;
+  std::string name_;
+  MpiCommunicatorOptions options_;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Operation>> queue_;  // issued, not yet started
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts once everything above is ready
+};
+
+void MpiCommunicator::Engine::progress_loop() {
+  std::deque<std::shared_ptr<Operation>> in_flight;  // started, in issue order
+  const Operation* blocking = nullptr;  // the collective in flight: nothing starts before it ends
+  std::vector<std::shared_ptr<Operation>> admitted;
+  auto pause = kFirstPause;
+  auto last_progress = Clock::now();
+  const bool has_timeout = options_.timeout_seconds > 0;
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.timeout_seconds));
+
+#ifdef __linux__
+  // Sleeps of a few microseconds would otherwise last the default 50 us timer slack.
+  prctl(PR_SET_TIMERSLACK, 1UL);
+#endif
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      if (in_flight.empty()) wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (in_flight.empty() && queue_.empty()) return;  // stopping, and everything is done
+      while (blocking == nullptr && !queue_.empty()) {
+        admitted.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+        if (!is_point_to_point(admitted.back()->kind)) blocking = admitted.back().get();
+      }
+    }
+    // MPI calls happen outside the lock, so issuing never waits on MPI.
+    const bool started = !admitted.empty();
+    for (auto& op : admitted) {
+      op->started = Clock::now();
+      start_step(*op);
+      in_flight.push_back(std::move(op));
+    }
+    admitted.clear();
+
+    bool progressed = false;
+    for (auto& op : in_flight) {
+      if (op->finished) continue;
+      int complete = 0;
+      MPI_Testall(static_cast<int>(op->requests.size()), op->requests.data(), &complete,
+                  MPI_STATUSES_IGNORE);
+      if (!complete) continue;
+      progressed = true;
+      for (MPI_Datatype& type : op->step_types) MPI_Type_free(&type);
+      op->step_types.clear();
+      if (op->next_chunk < op->num_chunks) {
+        start_step(*op);
+      } else {
+        op->finished = true;
+        if (op.get() == blocking) blocking = nullptr;
+      }
+    }
+
+    if (has_timeout) {
+      const auto now = Clock::now();
+      for (auto& op : in_flight) {
+        if (!op->finished && !op->late_reported && now - op->started > timeout) {
+          op->late_reported = true;  // once per operation: a returning handler lets it wait on
+          report_late(*op);
+        }
+      }
+    }
+
+    while (!in_flight.empty() && in_flight.front()->finished) {
+      Operation& op = *in_flight.front();
+      op.done.store(true, std::memory_order_release);
+      op.done.notify_all();
+      in_flight.pop_front();
+    }
+
+    if (started || progressed) {
+      last_progress = Clock::now();
+      pause = kFirstPause;
+    } else if (!in_flight.empty()) {
+      if (Clock::now() - last_progress < kSpinWindow) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, kLongestPause);
+      }
+    }
+  }
+}
+
+// Starts the next chunk of a collective, or every chunk of a send or recv (MPI keeps messages
+// between two ranks with one tag in order, so the chunks match up).
+void MpiCommunicator::Engine::start_step(Operation& op) {
+  const MPI_Datatype type = mpi_type(op.input.dtype());
+  const std::size_t element_size = dtype_size(op.input.dtype());
+  auto chunk_at = [&](std::int64_t c) {
+    const std::int64_t offset = c * op.chunk;
+    const int count = static_cast<int>(std::min(op.chunk, op.elements - offset));
+    return std::pair{offset, count};
+  };
+  auto at = [&](const Tensor& t, std::int64_t element_offset) {
+    return byte_ptr(t) + element_offset * static_cast<std::int64_t>(element_size);
+  };
+  const bool whole = op.num_chunks == 1;
+
+  op.requests.clear();
+  switch (op.kind) {
+    case OpKind::all_reduce: {
+      auto [offset, count] = chunk_at(op.next_chunk++);
+      op.requests.emplace_back();
+      MPI_Iallreduce(MPI_IN_PLACE, at(op.input, offset), count, type, mpi_op(op.reduce), comm_,
+                     &op.requests.back());
+      break;
+    }
+    case OpKind::broadcast: {
+      auto [offset, count] = chunk_at(op.next_chunk++);
+      op.requests.emplace_back();
+      MPI_Ibcast(at(op.input, offset), count, type, op.peer, comm_, &op.requests.back());
+      break;
+    }
+    case OpKind::send:
+    case OpKind::recv: {
+      op.requests.resize(static_cast<std::size_t>(op.num_chunks));
+      for (std::int64_t c = 0; c < op.num_chunks; ++c) {
+        auto [offset, count] = chunk_at(c);
+        MPI_Request* request = &op.requests[static_cast<std::size_t>(c)];
+        if (op.kind == OpKind::send) {
+          MPI_Isend(at(op.input, offset), count, type, op.peer, op.tag, comm_, request);
+        } else {
+          MPI_Irecv(at(op.input, offset), count, type, op.peer, op.tag, comm_, request);
+        }
+      }
+      op.next_chunk = op.num_chunks;
+      break;
+    }
+    case OpKind::all_gather: {
+      auto [offset, count] = chunk_at(op.next_chunk++);
+      const void* send = op.in_place ? MPI_IN_PLACE : at(op.input, offset);
+      op.requests.emplace_back();
+      if (whole) {
+        MPI_Iallgather(send, count, type, op.output.raw(), count, type, comm_, &op.requests.back());
+      } else {
+        // Chunk c of every rank's block lands at block * rank + offset of the output.
+        MPI_Datatype strided = strided_block_type(type, count, op.elements, element_size);
+        op.step_types.push_back(strided);
+        MPI_Iallgather(send, count, type, at(op.output, offset), 1, strided, comm_,
+                       &op.requests.back());
+      }
+      break;
+    }
+    case OpKind::all_to_all: {
+      auto [offset, count] = chunk_at(op.next_chunk++);
+      op.requests.emplace_back();
+      if (whole) {
+        MPI_Ialltoall(op.input.raw(), count, type, op.output.raw(), count, type, comm_,
+                      &op.requests.back());
+      } else {
+        MPI_Datatype strided = strided_block_type(type, count, op.elements, element_size);
+        op.step_types.push_back(strided);
+        MPI_Ialltoall(at(op.input, offset), 1, strided, at(op.output, offset), 1, strided, comm_,
+                      &op.requests.back());
+      }
+      break;
+    }
+    case OpKind::reduce_scatter: {
+      auto [offset, count] = chunk_at(op.next_chunk++);
+      if (whole) {
+        op.requests.emplace_back();
+        MPI_Ireduce_scatter_block(op.input.raw(), op.output.raw(), count, type, mpi_op(op.reduce),
+                                  comm_, &op.requests.back());
+      } else {
+        // A strided derived type would need the reduction to run on derived types; one
+        // reduction per destination block keeps every MPI call on a basic type instead.
+        op.requests.resize(static_cast<std::size_t>(size_));
+        for (int root = 0; root < size_; ++root) {
+          void* receive = root == rank_ ? at(op.output, offset) : nullptr;
+          MPI_Ireduce(at(op.input, op.elements * root + offset), receive, count, type,
+                      mpi_op(op.reduce), root, comm_, &op.requests[static_cast<std::size_t>(root)]);
+        }
+      }
+      break;
+    }
+    case OpKind::all_to_allv: {
+      const auto n = static_cast<std::size_t>(size_);
+      const int* args = op.alltoallv_args.data();
+      op.requests.emplace_back();
+      MPI_Ialltoallv(op.input.raw(), args, args + n, type, op.output.raw(), args + 2 * n,
+                     args + 3 * n, type, comm_, &op.requests.back());
+      op.next_chunk = op.num_chunks;
+      break;
+    }
+    case OpKind::barrier: {
+      op.requests.emplace_back();
+      MPI_Ibarrier(comm_, &op.requests.back());
+      op.next_chunk = op.num_chunks;
+      break;
+    }
+  }
+}
+
+std::string MpiCommunicator::Engine::describe(const Operation& op) const {
+  const auto dtype = dtype_name(op.input.dtype());
+  switch (op.kind) {
+    case OpKind::barrier: return "barrier";
+    case OpKind::send:
+      return fmt::format("send of {} {} to rank {} (tag {})", op.reported, dtype, op.peer, op.tag);
+    case OpKind::recv:
+      return fmt::format("recv of {} {} from rank {} (tag {})", op.reported, dtype, op.peer,
+                         op.tag);
+    case OpKind::broadcast:
+      return fmt::format("broadcast of {} {} from rank {}", op.reported, dtype, op.peer);
+    default: return fmt::format("{} of {} {}", kind_name(op.kind), op.reported, dtype);
+  }
+}
+
+void MpiCommunicator::Engine::report_late(const Operation& op) const {
+  const std::string message = fmt::format(
+      "oases: {} on group '{}' (size {}) has not completed after {:g} s on rank {} (world rank "
+      "{}); a peer is missing or stuck",
+      describe(op), name_, size_, options_.timeout_seconds, rank_, world_rank_);
+  if (options_.on_timeout) {
+    options_.on_timeout(message);
+    return;
+  }
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+namespace {
+
+void check_buffer(const Tensor& t, const char* op, const char* which, const std::string& group) {
+  OASES_ASSERT(mpi_type(t.dtype()) != MPI_DATATYPE_NULL,
+               "{} on group '{}': {} holds {}; the MPI backend moves f32, f64, i32 and i64", op,
+               group, which, dtype_name(t.dtype()));
+  OASES_ASSERT(t.numel() == 0 || t.raw() != nullptr, "{} on group '{}': {} {} has no data", op,
+               group, which, t.shape().str());
+}
+
+void check_same_dtype(const Tensor& input, const Tensor& output, const char* op,
+                      const std::string& group) {
+  OASES_ASSERT(input.dtype() == output.dtype(), "{} on group '{}': input is {}, output is {}", op,
+               group, dtype_name(input.dtype()), dtype_name(output.dtype()));
+}
+
+void check_disjoint(const Tensor& input, const Tensor& output, const char* op,
+                    const std::string& group) {
+  OASES_ASSERT(!overlap(input, output),
+               "{} on group '{}': input and output overlap; they must be separate buffers", op,
+               group);
+}
+
+std::shared_ptr<Operation> new_operation(OpKind kind, Tensor input, Tensor output) {
+  auto op = std::make_shared<Operation>();
+  op->kind = kind;
+  op->input = input;
+  op->output = output;
+  op->requests.reserve(1);
+  return op;
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string group_name,
+                                 MpiCommunicatorOptions options)
+    : engine_(std::make_unique<Engine>(comm, std::move(group_name), std::move(options))) {}
+
+MpiCommunicator::~MpiCommunicator() = default;
+
+int MpiCommunicator::rank() const { return engine_->rank(); }
+int MpiCommunicator::size() const { return engine_->size(); }
+std::string MpiCommunicator::name() const { return engine_->name(); }
+
+std::unique_ptr<Work> MpiCommunicator::all_reduce_async(Tensor buffer, ReduceOp op) {
+  check_buffer(buffer, "all_reduce", "buffer", name());
+  auto operation = new_operation(OpKind::all_reduce, buffer, buffer);
+  operation->reduce = op;
+  operation->reported = buffer.numel();
+  plan_chunks(*operation, buffer.numel(), engine_->max_per_call());
+  return engine_->submit(std::move(operation));
+}
+
+std::unique_ptr<Work> MpiCommunicator::all_gather_async(Tensor input, Tensor output) {
+  check_buffer(input, "all_gather", "input", name());
+  check_buffer(output, "all_gather", "output", name());
+  check_same_dtype(input, output, "all_gather", name());
+  const std::int64_t n = input.numel();
+  OASES_ASSERT(output.numel() == n * size(),
+               "all_gather on group '{}' (size {}): output {} must hold size * {} elements", name(),
+               size(), output.shape().str(), n);
+  const auto element_size = static_cast<std::int64_t>(dtype_size(input.dtype()));
+  const bool in_place = n > 0 && input.raw() == byte_ptr(output) + n * rank() * element_size;
+  if (!in_place) check_disjoint(input, output, "all_gather", name());
+  auto operation = new_operation(OpKind::all_gather, input, output);
+  operation->in_place = in_place;
+  operation->reported = n;
+  plan_chunks(*operation, n, engine_->max_per_call());
+  return engine_->submit(std::move(operation));
+}
+
+std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(Tensor input, Tensor output,
+                                                            ReduceOp op) {
+  check_buffer(input, "reduce_scatter", "input", name());
+  check_buffer(output, "reduce_scatter", "output", name());
+  check_same_dtype(input, output, "reduce_scatter", name());
+  const std::int64_t n = output.numel();
+  OASES_ASSERT(input.numel() == n * size(),
+               "reduce_scatter on group '{}' (size {}): input {} must hold size * {} elements",
+               name(), size(), input.shape().str(), n);
+  check_disjoint(input, output, "reduce_scatter", name());
+  auto operation = new_operation(OpKind::reduce_scatter, input, output);
+  operation->reduce = op;
+  operation->reported = input.numel();
+  plan_chunks(*operation, n, engine_->max_per_call());
+  return engine_->submit(std::move(operation));
+}
+
+std::unique_ptr<Work> MpiCommunicator::broadcast_async(Tensor buffer, int root) {
+  check_buffer(buffer, "broadcast", "buffer", name());
+  OASES_ASSERT(root >= 0 && root < size(), "broadcast on group '{}' (size {}) from rank {}", name(),
+               size(), root);
+  auto operation = new_operation(OpKind::broadcast, buffer, buffer);
+  operation->peer = root;
+  operation->reported = buffer.numel();
+  plan_chunks(*operation, buffer.numel(), engine_->max_per_call());
+  return engine_->submit(std::move(operation));
+}
+
+std::unique_ptr<Work> MpiCommunicator::send_async(Tensor buffer, int peer, int tag) {
+  check_buffer(buffer, "send", "buffer", name());
+  OASES_ASSERT(peer >= 0 && peer < size(), "send on group '{}' (size {}) to rank {}", name(),
+               size(), peer);
+  OASES_ASSERT(tag >= 0 && tag <= engine_->max_tag(), "send on group '{}': tag {} outside [0, {}]",
+               name(), tag, engine_->max_tag());
+  auto operation = new_operation(OpKind::send, buffer, buffer);
+  operation->peer = peer;
+  operation->tag = tag;
+  operation->reported = buffer.numel();
+  plan_chunks(*operation, buffer.numel(), engine_->max_per_call());
+  return engine_->submit(std::move(operation));
+}
+
+std::unique_ptr<Work> MpiCommunicator::recv_async(Tensor buffer, int peer, int tag) {
+  check_buffer(buffer, "recv", "buffer", name());
+  OASES_ASSERT(peer >= 0 && peer < size(), "recv on group '{}' (size {}) from rank {}", name(),
+               size(), peer);
+  OASES_ASSERT(tag >= 0 && tag <= engine_->max_tag(), "recv on group '{}': tag {} outside [0, {}]",
+               name(), tag, engine_->max_tag());
+  auto operation = new_operation(OpKind::recv, buffer, buffer);
+  operation->peer = peer;
+  operation->tag = tag;
+  operation->reported = buffer.numel();
+  plan_chunks(*operation, buffer.numel(), engine_->max_per_call());
+  return engine_->submit(std::move(operation));
+}
+
+std::unique_ptr<Work> MpiCommunicator::all_to_all_async(Tensor input, Tensor output) {
+  check_buffer(input, "all_to_all", "input", name());
+  check_buffer(output, "all_to_all", "output", name());
+  check_same_dtype(input, output, "all_to_all", name());
+  OASES_ASSERT(input.numel() == output.numel() && input.numel() % size() == 0,
+               "all_to_all on group '{}' (size {}): input {} and output {} must hold the same "
+               "multiple of the group size",
+               name(), size(), input.shape().str(), output.shape().str());
+  check_disjoint(input, output, "all_to_all", name());
+  auto operation = new_operation(OpKind::all_to_all, input, output);
+  operation->reported = input.numel();
+  plan_chunks(*operation, input.numel() / size(), engine_->max_per_call());
+  return engine_->submit(std::move(operation));
+}
+
+std::unique_ptr<Work> MpiCommunicator::all_to_allv_async(Tensor input,
+                                                         std::vector<std::int64_t> send_counts,
+                                                         Tensor output,
+                                                         std::vector<std::int64_t> recv_counts) {
+  check_buffer(input, "all_to_allv", "input", name());
+  check_buffer(output, "all_to_allv", "output", name());
+  check_same_dtype(input, output, "all_to_allv", name());
+  const auto n = static_cast<std::size_t>(size());
+  OASES_ASSERT(send_counts.size() == n && recv_counts.size() == n,
+               "all_to_allv on group '{}' (size {}): {} send counts and {} recv counts", name(),
+               size(), send_counts.size(), recv_counts.size());
+  check_disjoint(input, output, "all_to_allv", name());
+
+  // Layout: [send counts | send offsets | recv counts | recv offsets], each of group size.
+  std::vector<int> args(4 * n);
+  std::int64_t total_sent = 0, total_received = 0;
+  auto fill = [&](const std::vector<std::int64_t>& counts, std::size_t base, std::int64_t& total,
+                  const char* direction) {
+    for (std::size_t j = 0; j < n; ++j) {
+      OASES_ASSERT(counts[j] >= 0, "all_to_allv on group '{}': {} count {} for rank {}", name(),
+                   direction, counts[j], j);
+      OASES_CHECK(counts[j] <= INT_MAX && total <= INT_MAX,
+                  "all_to_allv on group '{}': {} count {} at offset {} (rank {}) exceeds the MPI "
+                  "limit of {} elements per count or offset; split the exchange",
+                  name(), direction, counts[j], total, j, INT_MAX);
+      args[base + j] = static_cast<int>(counts[j]);
+      args[base + n + j] = static_cast<int>(total);
+      total += counts[j];
+    }
+  };
+  fill(send_counts, 0, total_sent, "send");
+  fill(recv_counts, 2 * n, total_received, "recv");
+  OASES_ASSERT(total_sent <= input.numel() && total_received <= output.numel(),
+               "all_to_allv on group '{}': sends {} elements from input {} and receives {} into "
+               "output {}",
+               name(), total_sent, input.shape().str(), total_received, output.shape().str());
+
+  auto operation = new_operation(OpKind::all_to_allv, input, output);
+  operation->alltoallv_args = std::move(args);
+  operation->reported = total_sent;
+  plan_chunks(*operation, 0, engine_->max_per_call());
+  return engine_->submit(std::move(operation));
+}
+
+std::unique_ptr<Work> MpiCommunicator::barrier_async() {
+  auto operation = new_operation(OpKind::barrier, Tensor(), Tensor());
+  plan_chunks(*operation, 0, engine_->max_per_call());
+  return engine_->submit(std::move(operation));
+}
+
+}  // namespace oases::comm

@@ -1,0 +1,71 @@
+// MPI start-up and shut-down, and the settings shared by every MPI communicator.
+//
+// A process that runs under a launcher (mpirun, srun) creates exactly one MpiRuntime before
+// any MPI communicator and destroys it after the last one (in practice: declare it first in
+// main, and the Mesh after it). A process started on its own need not touch MPI at all:
+// launched_by_mpi() tells the two cases apart, and Mesh::single_process() serves the second.
+//
+// This header does not include <mpi.h>, so code that only passes the runtime along (the CLI,
+// the Mesh factory) stays free of MPI types.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+
+namespace oases::comm {
+
+// True when the environment shows that an MPI launcher started this process: OpenMPI's
+// mpirun (OMPI_COMM_WORLD_SIZE), MPICH/Hydra and srun's PMI-1/PMI-2 plugins (PMI_SIZE,
+// PMI_RANK), PMIx launchers including srun --mpi=pmix (PMIX_RANK), MVAPICH
+// (MV2_COMM_WORLD_SIZE). SLURM_* variables alone do not count: they are also set in a batch
+// script that runs the binary without a launcher.
+bool launched_by_mpi();
+
+// Initialises MPI for this process with MPI_THREAD_MULTIPLE (every communicator has its own
+// progress thread calling MPI) and finalises it on destruction.
+//
+// Before initialising it sets OpenMPI's mpi_yield_when_idle (OMPI_MCA_mpi_yield_when_idle=1)
+// unless the environment already sets it: OpenMPI's blocking calls otherwise busy-poll and
+// take the core the compute thread needs (DESIGN.md, "A measured pitfall on CPU").
+//
+// Throws UserError if the MPI library cannot provide MPI_THREAD_MULTIPLE (naming the level it
+// provided) and InternalError if MPI was already initialised or finalised in this process
+// (MPI allows one initialisation per process).
+class MpiRuntime {
+ public:
+  MpiRuntime();
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+
+ private:
+  int world_rank_ = 0;
+  int world_size_ = 1;
+};
+
+// Settings of an MPI communicator (kept here, free of MPI types, so that Mesh can take them).
+struct MpiCommunicatorOptions {
+  // An operation that has not completed this many seconds after it started (reached the head
+  // of its communicator's queue) is reported to on_timeout. 0 waits forever.
+  double timeout_seconds = 300;
+
+  // Called once per late operation, on the communicator's progress thread, with a message
+  // naming the operation, element count, dtype, group, rank and world rank. Empty (the
+  // default): print the message to stderr and MPI_Abort the whole job. A handler that returns
+  // lets the operation keep waiting; it must be thread-safe and must not throw (tests use one
+  // to observe timeouts without killing the process).
+  std::function<void(const std::string& message)> on_timeout;
+
+  // Largest element count handed to one MPI call; larger operations are split into chunks of
+  // at most this many elements (per rank block for all_gather, reduce_scatter and
+  // all_to_all). MPI-3 counts are int, so the default is the int limit; tests lower it to
+  // exercise the chunked paths on small buffers. Must be >= 1.
+  std::int64_t max_elements_per_call = std::numeric_limits<int>::max();
+};
+
+}  // namespace oases::comm

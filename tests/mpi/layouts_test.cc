@@ -1,0 +1,218 @@
+// Layout invariance, end to end: `mpirun -np N oases train` under every (tp, dp) layout gives
+// the losses and parameters of the single-process run, and a checkpoint written under one
+// layout resumes under another with the same next losses.
+//
+// Tolerance: relative 1e-5 per tensor (||a - b|| / ||b||) and per loss. The runs start from
+// random weights with nonzero biases and LayerNorm parameters (as the PyTorch parity test
+// does): from GPT-2's zero biases, a bias after three steps is nothing but three AdamW updates,
+// and AdamW normalises away the size of gradients that nearly cancel (the query bias's), so
+// their last bits, which differ with the summation order of each layout, would be compared
+// at full scale.
+#include "core/philox.h"
+#include "model/param_layout.h"
+#include "train/config.h"
+#include "train/safetensors.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+#include <sys/wait.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int exit_code;
+  std::string output;
+};
+
+Result run(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  std::string output;
+  std::array<char, 4096> chunk{};
+  while (pipe && std::fgets(chunk.data(), chunk.size(), pipe)) output += chunk.data();
+  const int status = pipe ? pclose(pipe) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+std::string mpirun(int ranks) {
+  return "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np " +
+         std::to_string(ranks) + " ";
+}
+
+std::vector<double> losses(const fs::path& metrics) {
+  std::vector<double> out;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return out;
+}
+
+class Layouts : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::current_path() / "layouts_runs";
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const Result r = run(std::string(OASES_BINARY) + " prepare-data --input /usr/share/games/fortunes/fortunes --output " +
+                         (dir_ / "data").string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ofstream(dir_ / "tiny.toml") << R"(
+[model]
+layers = 2
+hidden = 64
+heads = 4
+ffn_hidden = 128
+vocab_size = 257    # not a multiple of 2 or 4: the vocab-parallel padding is exercised
+seq_len = 24
+dropout = 0.1
+[train]
+micro_batch = 2
+global_batch = 8
+steps = 3
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 1
+threads = 1
+[data]
+path = ")" + (dir_ / "data").string() + R"("
+[log]
+peak_tflops = 1.0
+)";
+    write_random_init(dir_ / "init.safetensors");
+  }
+
+  // Every tensor random: weights and biases N(0, 0.02), LayerNorm weights 1 + N(0, 0.1).
+  static void write_random_init(const fs::path& path) {
+    const auto config = oases::train::load_run_config((dir_ / "tiny.toml").string());
+    const auto layout = oases::model::gpt_param_layout(config.model);
+    std::vector<float> values(static_cast<std::size_t>(layout.total_numel()));
+    oases::train::SafetensorsWriter writer;
+    for (const auto& p : layout.params()) {
+      const auto key = oases::philox_key(77, oases::fnv1a64(p.name));
+      const bool norm = p.name.find("ln_") != std::string::npos && p.name.find(".weight") != std::string::npos;
+      for (std::int64_t i = 0; i < p.numel(); ++i) {
+        const double z = oases::normal_from_block(oases::philox4x32({static_cast<std::uint32_t>(i), 0, 0, 0}, key));
+        values[static_cast<std::size_t>(p.offset + i)] = static_cast<float>(norm ? 1.0 + 0.1 * z : 0.02 * z);
+      }
+      writer.add(p.name, oases::DType::f32, p.full_shape.to_vector(), values.data() + p.offset);
+    }
+    writer.write(path.string());
+  }
+
+  // Trains under (tp, dp) for `steps` steps; returns the run's folder.
+  static fs::path train(int tp, int dp, const std::string& name, const std::string& extra = "") {
+    const fs::path out = dir_ / name;
+    const std::string command =
+        (tp * dp > 1 ? mpirun(tp * dp) : std::string()) + OASES_BINARY + " train --quiet --config " +
+        (dir_ / "tiny.toml").string() + " --init-from " + (dir_ / "init.safetensors").string() +
+        " --set parallel.tp=" + std::to_string(tp) + " parallel.dp=" + std::to_string(dp) +
+        " log.metrics=\\\"" + (out / "metrics.jsonl").string() + "\\\" checkpoint.dir=\\\"" +
+        (out / "ckpt").string() + "\\\" " + extra;
+    const Result r = run(command);
+    EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.output;
+    return out;
+  }
+
+  static void expect_same_parameters(const fs::path& a_file, const fs::path& b_file,
+                                     const std::string& what) {
+    const auto a = oases::train::SafetensorsFile::open(a_file.string());
+    const auto b = oases::train::SafetensorsFile::open(b_file.string());
+    ASSERT_EQ(a.names(), b.names()) << what;
+    for (const auto& name : a.names()) {
+      const auto& info = b.info(name);
+      std::vector<float> x(static_cast<std::size_t>(info.numel())), y(x.size());
+      a.read_f32(name, info.shape, x.data());
+      b.read_f32(name, info.shape, y.data());
+      double diff = 0, norm = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        diff += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
+        norm += double(y[i]) * y[i];
+      }
+      EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm) + 1e-12) << what << " " << name;
+    }
+  }
+
+  static inline fs::path dir_;
+};
+
+void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
+                        const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << what << " step " << i + 1;
+}
+
+TEST_F(Layouts, EveryLayoutMatchesTheSingleProcessRun) {
+  const fs::path reference = train(1, 1, "tp1_dp1");
+  const auto reference_losses = losses(reference / "metrics.jsonl");
+  ASSERT_EQ(reference_losses.size(), 3u);
+  for (const auto& [tp, dp] : std::vector<std::pair<int, int>>{{2, 1}, {4, 1}, {1, 2}, {2, 2}, {1, 4}}) {
+    const std::string name = "tp" + std::to_string(tp) + "_dp" + std::to_string(dp);
+    const fs::path run_dir = train(tp, dp, name);
+    expect_same_losses(losses(run_dir / "metrics.jsonl"), reference_losses, name);
+    expect_same_parameters(run_dir / "ckpt/step_3/model.safetensors",
+                           reference / "ckpt/step_3/model.safetensors", name);
+    expect_same_parameters(run_dir / "ckpt/step_3/optimizer.safetensors",
+                           reference / "ckpt/step_3/optimizer.safetensors", name + " optimizer");
+  }
+}
+
+TEST_F(Layouts, CheckpointFromTensorParallelRunResumesUnderOtherLayouts) {
+  const fs::path source = train(2, 1, "resume_source", "train.steps=6 checkpoint.every=3 checkpoint.keep=0");
+  const auto source_losses = losses(source / "metrics.jsonl");
+  ASSERT_EQ(source_losses.size(), 6u);
+  for (int tp : {1, 4}) {
+    const std::string name = "resume_tp" + std::to_string(tp);
+    fs::create_directories(dir_ / name / "ckpt");
+    fs::copy(source / "ckpt/step_3", dir_ / name / "ckpt/step_3", fs::copy_options::recursive);
+    train(tp, 1, name, "train.steps=6 checkpoint.resume=true");
+    const auto resumed = losses(dir_ / name / "metrics.jsonl");
+    expect_same_losses(resumed, {source_losses.begin() + 3, source_losses.end()}, name);
+  }
+}
+
+TEST_F(Layouts, EveryRankReportsItsErrorAndTheJobStops) {
+  // Three processes cannot form tp = 2.
+  Result r = run(mpirun(3) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
+                 " --set parallel.tp=2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("rank 0 of 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("must equal the number of processes, 3"), std::string::npos) << r.output;
+  // tp must divide the heads: each rank reports it with its rank.
+  r = run(mpirun(2) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
+          " --set parallel.tp=2 model.heads=3 model.hidden=63");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("parallel.tp = 2 must divide model.heads = 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("valid tp for this model: 1 ("), std::string::npos) << r.output;
+  // ffn_hidden must split too; the valid degrees are listed.
+  r = run(mpirun(4) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
+          " --set parallel.tp=4 model.ffn_hidden=130");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("rank 0: parallel.tp = 4 must divide model.ffn_hidden = 130"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("valid tp for this model: 1, 2"), std::string::npos) << r.output;
+  // The global batch must split over data-parallel ranks and micro-batches.
+  r = run(mpirun(3) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
+          " --set parallel.dp=3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("train.global_batch = 8 must be a multiple of train.micro_batch x parallel.dp = 2 x 3 = 6"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dp in {1, 2, 4}"), std::string::npos) << r.output;
+}
+
+TEST_F(Layouts, ParallelConfigWithoutMpirunSaysHowToLaunch) {
+  const Result r = run(std::string(OASES_BINARY) + " train --config " + (dir_ / "tiny.toml").string() +
+                       " --set parallel.tp=2");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("mpirun -np 2"), std::string::npos) << r.output;
+}
+
+}  // namespace
