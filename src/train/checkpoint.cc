@@ -60,6 +60,16 @@ std::vector<float> whole_tensor(const model::ParamLayout& layout, const model::P
   std::vector<float> whole(static_cast<std::size_t>(spec.full_shape.numel()), 0.0f);
   if (spec.sharding == model::Sharding::replicated) {
     std::copy(local, local + spec.numel(), whole.begin());
+    if (tp.size() > 1) {
+      // Every rank of the group updates its copy from the same gradient; checking it here,
+      // where the copies are read anyway, catches any divergence before it is saved.
+      std::vector<float> low = whole, high = whole;
+      tp.all_reduce(Tensor::of(low.data(), {spec.numel()}), comm::ReduceOp::min);
+      tp.all_reduce(Tensor::of(high.data(), {spec.numel()}), comm::ReduceOp::max);
+      OASES_ASSERT(low == whole && high == whole,
+                   "replicated parameter '{}' differs across the tensor-parallel group",
+                   spec.name);
+    }
     return whole;
   }
   for (std::int64_t i = 0; i < spec.numel(); ++i) {
