@@ -15,6 +15,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,13 +107,16 @@ int run(int argc, char** argv) {
       // Under mpirun/srun: one rank per process, laid out by [parallel]. Each rank reports its
       // own fatal error and then ends the job, since the other ranks would wait for it forever.
       oases::comm::MpiRuntime runtime;
+      // Outside the try: a failing rank must abort while its communicators still exist, not
+      // wait in their destructors for collectives its peers will never finish.
+      std::optional<oases::comm::Mesh> mesh;
       try {
         oases::comm::MpiCommunicatorOptions comm_options;
         comm_options.timeout_seconds = config.parallel.comm_timeout_s;
-        auto mesh = oases::comm::Mesh::create(runtime, static_cast<int>(config.parallel.tp),
-                                              static_cast<int>(config.parallel.dp),
-                                              static_cast<int>(config.parallel.pp), comm_options);
-        summary = oases::train::run_training(config, options, mesh);
+        mesh.emplace(oases::comm::Mesh::create(runtime, static_cast<int>(config.parallel.tp),
+                                               static_cast<int>(config.parallel.dp),
+                                               static_cast<int>(config.parallel.pp), comm_options));
+        summary = oases::train::run_training(config, options, *mesh);
       } catch (const std::exception& e) {
         const int code =
             report_error(e, fmt::format("rank {} of {}: ", runtime.world_rank(), runtime.world_size()));

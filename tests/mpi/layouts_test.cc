@@ -58,8 +58,11 @@ std::vector<double> losses(const fs::path& metrics) {
 
 class Layouts : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = fs::current_path() / "layouts_runs";
+  // Each test gets its own folder: ctest runs the tests of this file as separate, possibly
+  // concurrent processes.
+  void SetUp() override {
+    dir_ = fs::current_path() / "layouts_runs" /
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     const Result r = run(std::string(OASES_BINARY) + " prepare-data --input /usr/share/games/fortunes/fortunes --output " +
@@ -141,7 +144,7 @@ peak_tflops = 1.0
     }
   }
 
-  static inline fs::path dir_;
+  static inline fs::path dir_;  // the current test's folder
 };
 
 void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
