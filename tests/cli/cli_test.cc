@@ -1,6 +1,8 @@
 // End-to-end tests of the `oases` binary as a user runs it: bad input gives a clear error and
 // a non-zero exit without touching what exists; runs are deterministic and resume exactly;
 // training on real text lowers the validation loss.
+#include "support/command.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -17,20 +19,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
+using Result = oases::testing::CommandResult;
 
 Result run(const std::string& args) {
-  const std::string command = std::string(OASES_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string output;
-  std::array<char, 4096> chunk{};
-  while (std::fgets(chunk.data(), chunk.size(), pipe)) output += chunk.data();
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  return oases::testing::run_command(std::string(OASES_BINARY) + " " + args);
 }
 
 std::string read_file(const fs::path& path) {

@@ -9,6 +9,7 @@
 // their last bits, which differ with the summation order of each layout, would be compared
 // at full scale.
 #include "core/philox.h"
+#include "support/command.h"
 #include "model/param_layout.h"
 #include "train/config.h"
 #include "train/safetensors.h"
@@ -29,19 +30,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;
-};
-
-Result run(const std::string& command) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  std::string output;
-  std::array<char, 4096> chunk{};
-  while (pipe && std::fgets(chunk.data(), chunk.size(), pipe)) output += chunk.data();
-  const int status = pipe ? pclose(pipe) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
+using Result = oases::testing::CommandResult;
+using oases::testing::run_command;
 
 std::string mpirun(int ranks) {
   return "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np " +
@@ -65,7 +55,7 @@ class Layouts : public ::testing::Test {
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    const Result r = run(std::string(OASES_BINARY) + " prepare-data --input /usr/share/games/fortunes/fortunes --output " +
+    const Result r = run_command(std::string(OASES_BINARY) + " prepare-data --input /usr/share/games/fortunes/fortunes --output " +
                          (dir_ / "data").string());
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::ofstream(dir_ / "tiny.toml") << R"(
@@ -120,7 +110,7 @@ peak_tflops = 1.0
         " --set parallel.tp=" + std::to_string(tp) + " parallel.dp=" + std::to_string(dp) +
         " log.metrics=\\\"" + (out / "metrics.jsonl").string() + "\\\" checkpoint.dir=\\\"" +
         (out / "ckpt").string() + "\\\" " + extra;
-    const Result r = run(command);
+    const Result r = run_command(command);
     EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.output;
     return out;
   }
@@ -185,26 +175,26 @@ TEST_F(Layouts, CheckpointFromTensorParallelRunResumesUnderOtherLayouts) {
 
 TEST_F(Layouts, EveryRankReportsItsErrorAndTheJobStops) {
   // Three processes cannot form tp = 2.
-  Result r = run(mpirun(3) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
+  Result r = run_command(mpirun(3) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
                  " --set parallel.tp=2");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("rank 0 of 3"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("must equal the number of processes, 3"), std::string::npos) << r.output;
   // tp must divide the heads: each rank reports it with its rank.
-  r = run(mpirun(2) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
+  r = run_command(mpirun(2) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
           " --set parallel.tp=2 model.heads=3 model.hidden=63");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("parallel.tp = 2 must divide model.heads = 3"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("valid tp for this model: 1 ("), std::string::npos) << r.output;
   // ffn_hidden must split too; the valid degrees are listed.
-  r = run(mpirun(4) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
+  r = run_command(mpirun(4) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
           " --set parallel.tp=4 model.ffn_hidden=130");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("rank 0: parallel.tp = 4 must divide model.ffn_hidden = 130"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("valid tp for this model: 1, 2"), std::string::npos) << r.output;
   // The global batch must split over data-parallel ranks and micro-batches.
-  r = run(mpirun(3) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
+  r = run_command(mpirun(3) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
           " --set parallel.dp=3");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("train.global_batch = 8 must be a multiple of train.micro_batch x parallel.dp = 2 x 3 = 6"), std::string::npos) << r.output;
@@ -212,7 +202,7 @@ TEST_F(Layouts, EveryRankReportsItsErrorAndTheJobStops) {
 }
 
 TEST_F(Layouts, ParallelConfigWithoutMpirunSaysHowToLaunch) {
-  const Result r = run(std::string(OASES_BINARY) + " train --config " + (dir_ / "tiny.toml").string() +
+  const Result r = run_command(std::string(OASES_BINARY) + " train --config " + (dir_ / "tiny.toml").string() +
                        " --set parallel.tp=2");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("mpirun -np 2"), std::string::npos) << r.output;

@@ -3,6 +3,8 @@
 #include "core/error.h"
 #include "train/atomic_file.h"
 
+#include "support/files.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,49 +22,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
+// A fresh directory per test, removed afterwards.
+class TempDir : public oases::testing::TempDir {
  public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() / ("oases_safetensors_test_" + std::to_string(::getpid()) +
-                                         "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+  TempDir() : oases::testing::TempDir("oases_safetensors_test") {}
 };
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good());
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-void expect_user_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no UserError thrown; expected one mentioning " << parts.front();
-  } catch (const UserError& e) {
-    const std::string message = e.what();
-    for (const std::string& part : parts)
-      EXPECT_NE(message.find(part), std::string::npos)
-          << "message lacks '" << part << "': " << message;
-  }
-}
+using oases::testing::expect_user_error;
+using oases::testing::read_bytes;
+using oases::testing::write_bytes;
 
 // The on-disk bytes as Python's safetensors builds them: length, JSON padded with spaces to
 // 8-byte alignment, data.
