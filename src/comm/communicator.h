@@ -16,8 +16,10 @@
 
 #include "core/tensor.h"
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,11 +27,21 @@ namespace oases::comm {
 
 enum class ReduceOp { sum, max, min };
 
+// When an operation was running on the wire: from the moment the communicator began it
+// (after the operations issued before it, where they serialise) to its completion.
+struct WorkTiming {
+  std::chrono::steady_clock::time_point began;
+  std::chrono::steady_clock::time_point finished;
+};
+
 class Work {
  public:
   virtual ~Work() = default;
   virtual void wait() = 0;   // blocks until the operation has completed (or aborts on timeout)
   virtual bool test() = 0;   // true once the operation has completed
+  // Valid once wait() has returned; nullopt where the backend does not measure it (a group of
+  // one completes everything at issue).
+  virtual std::optional<WorkTiming> timing() const { return std::nullopt; }
 };
 
 class Communicator {

@@ -115,7 +115,8 @@ struct Operation {
   // State of the step in flight (one chunk of a collective, or every chunk of a send/recv).
   std::vector<MPI_Request> requests;
   std::vector<MPI_Datatype> step_types;  // freed once the step completes
-  Clock::time_point started;
+  Clock::time_point started;   // admitted by the progress thread
+  Clock::time_point finished_at;
   bool late_reported = false;
   bool finished = false;
 
@@ -127,6 +128,10 @@ class MpiWork final : public Work {
   explicit MpiWork(std::shared_ptr<Operation> op) : op_(std::move(op)) {}
   void wait() override { op_->done.wait(false, std::memory_order_acquire); }
   bool test() override { return op_->done.load(std::memory_order_acquire); }
+  // `started` and `finished_at` are written before `done` is published (release/acquire).
+  std::optional<WorkTiming> timing() const override {
+    return WorkTiming{op_->started, op_->finished_at};
+  }
 
  private:
   std::shared_ptr<Operation> op_;
@@ -277,6 +282,7 @@ void MpiCommunicator::Engine::progress_loop() {
         start_step(*op);
       } else {
         op->finished = true;
+        op->finished_at = Clock::now();
         if (op.get() == blocking) blocking = nullptr;
       }
     }

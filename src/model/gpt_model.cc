@@ -1,17 +1,24 @@
 #include "model/gpt_model.h"
 
+#include "core/error.h"
+
 #include <cstring>
 
 namespace oases::model {
 
 GptModel::GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint64_t seed,
-                   comm::Communicator& tp)
+                   comm::Communicator& tp, int sub_batches)
     : layout_((config.validate(), config.validate_tensor_parallel(tp.size()),
                gpt_param_layout(config, tp.rank(), tp.size()))),
       params_(static_cast<std::size_t>(layout_.total_numel()) * sizeof(float)),
       grads_(static_cast<std::size_t>(layout_.total_numel()) * sizeof(float)) {
+  OASES_CHECK(sub_batches >= 1 && micro_batch % sub_batches == 0,
+              "parallel.sub_batches = {} must divide train.micro_batch = {}", sub_batches,
+              micro_batch);
   state_.config = config;
-  state_.micro_batch = micro_batch;
+  state_.rows = micro_batch / sub_batches;
+  state_.sub_batches = sub_batches;
+  state_.store = &store_;
   state_.tp = &tp;
   state_.layout = &layout_;
   state_.params = params_.as<float>();
@@ -28,6 +35,19 @@ GptModel::GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint6
     buckets_.emplace_back(buckets_.back().second, end);
   }
   buckets_.emplace_back(buckets_.back().second, layout_.total_numel());
+
+  // Segments are embedding, (attention, mlp) per layer, head. A layer's gradients are final
+  // after its attention segment's backward (the epilogues of later segments update its
+  // output-projection biases earlier in the backward pass); the embeddings' after the
+  // embedding segment (wte also gets the head's gradient, formed before); ln_f's after the head.
+  const int num_segments = static_cast<int>(segments_.size());
+  for (int i = 0; i < num_segments; ++i) {
+    ops::SegmentShape shape = segments_[static_cast<std::size_t>(i)]->shape();
+    if (i == 0) shape.ready_bucket = 0;
+    else if (i == num_segments - 1) shape.ready_bucket = static_cast<int>(buckets_.size()) - 1;
+    else if (i % 2 == 1) shape.ready_bucket = 1 + (i - 1) / 2;
+    program_.segments.push_back(std::move(shape));
+  }
 }
 
 void GptModel::zero_grads() {
@@ -36,26 +56,6 @@ void GptModel::zero_grads() {
 
 void GptModel::initialize(std::uint64_t seed) {
   initialize_parameters(layout_, state_.config, seed, params_.as<float>());
-}
-
-schedule::ProgramShape GptModel::program_shape() const {
-  schedule::ProgramShape shape;
-  // Segments are embedding, (attention, mlp) per layer, head. A layer's gradients are final
-  // after its attention segment's backward (the epilogues of later segments update its
-  // output-projection biases earlier in the backward pass); the embeddings' after the
-  // embedding segment (wte also gets the head's gradient, formed before); ln_f's after the head.
-  const int num_segments = static_cast<int>(segments_.size());
-  for (int i = 0; i < num_segments; ++i) {
-    const auto& segment = segments_[static_cast<std::size_t>(i)];
-    int bucket = -1;
-    if (i == 0) bucket = 0;
-    else if (i == num_segments - 1) bucket = static_cast<int>(buckets_.size()) - 1;
-    else if (i % 2 == 1) bucket = 1 + (i - 1) / 2;
-    shape.segments.push_back({!segment->forward_collective_buffer().empty(),
-                              !segment->backward_collective_buffer().empty(),
-                              segment->backward_stages(), bucket});
-  }
-  return shape;
 }
 
 }  // namespace oases::model

@@ -1,5 +1,6 @@
 // GptModel: one model instance on one rank. Owns the flat parameter and gradient arrays, the
-// activation arena, and the Program: the ordered segments with their collectives.
+// activation memory (boundary buffers in an arena, kept activations in an ActivationStore),
+// and the Program: the ordered segments with their collectives.
 #pragma once
 
 #include "comm/communicator.h"
@@ -7,7 +8,8 @@
 #include "model/gpt_config.h"
 #include "model/param_layout.h"
 #include "ops/gpt_segments.h"
-#include "schedule/schedule.h"
+#include "ops/activation_store.h"
+#include "ops/program.h"
 
 #include <memory>
 #include <vector>
@@ -16,16 +18,18 @@ namespace oases::model {
 
 class GptModel {
  public:
-  // Activations are sized for `micro_batch` sequences of config.seq_len tokens. `tp` is the
-  // tensor-parallel group this rank belongs to (a group of one: the whole model here); it must
-  // outlive the model.
+  // Activations are sized for micro-batches of `micro_batch` sequences of config.seq_len
+  // tokens, processed as `sub_batches` equal parts (which must divide micro_batch). `tp` is
+  // the tensor-parallel group this rank belongs to (a group of one: the whole model here); it
+  // must outlive the model.
   GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint64_t seed,
-           comm::Communicator& tp);
+           comm::Communicator& tp, int sub_batches = 1);
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
   const GptConfig& config() const { return state_.config; }
-  std::int64_t micro_batch() const { return state_.micro_batch; }
+  std::int64_t micro_batch() const { return state_.rows * state_.sub_batches; }
+  int sub_batches() const { return state_.sub_batches; }
   const ParamLayout& layout() const { return layout_; }
   float* params() { return params_.as<float>(); }
   const float* params() const { return params_.as<float>(); }
@@ -36,24 +40,29 @@ class GptModel {
   void initialize(std::uint64_t seed);  // layout-invariant Philox initialisation
 
   std::vector<std::unique_ptr<ops::Segment>>& segments() { return segments_; }
-  schedule::ProgramShape program_shape() const;
+  const ops::Program& program() const { return program_; }
 
   // Contiguous ranges [begin, end) of the flat gradient array that partition it: the
   // embeddings (wte, wpe), each layer's parameters, and the final LayerNorm. Each becomes final
-  // at a known point of the backward pass (ProgramShape's ready_bucket).
+  // at a known point of the backward pass (SegmentShape::ready_bucket).
   const std::vector<std::pair<std::int64_t, std::int64_t>>& grad_buckets() const { return buckets_; }
   ops::LossAccumulator& loss() { return loss_; }
 
-  std::size_t activation_bytes() const { return arena_.bytes_in_use(); }
+  // Boundary buffers and scratch, allocated once.
+  std::size_t static_activation_bytes() const { return arena_.bytes_in_use(); }
+  ops::ActivationStore& activations() { return store_; }
+  const ops::ActivationStore& activations() const { return store_; }
 
  private:
   ParamLayout layout_;
   Buffer params_;
   Buffer grads_;
   Arena arena_;
+  ops::ActivationStore store_;
   ops::GptState state_;
   ops::LossAccumulator loss_;
   std::vector<std::unique_ptr<ops::Segment>> segments_;
+  ops::Program program_;
   std::vector<std::pair<std::int64_t, std::int64_t>> buckets_;
 };
 

@@ -21,6 +21,7 @@
 #include "core/buffer.h"
 #include "model/gpt_config.h"
 #include "model/param_layout.h"
+#include "ops/activation_store.h"
 #include "ops/segment.h"
 
 #include <algorithm>
@@ -36,19 +37,28 @@ namespace oases::ops {
 // between segments ([n, C]) are whole on every rank of the group.
 struct GptState {
   model::GptConfig config;
-  std::int64_t micro_batch = 0;
+  std::int64_t rows = 0;         // sequences per segment instance (micro_batch / sub_batches)
+  int sub_batches = 1;
   comm::Communicator* tp = nullptr;  // the tensor-parallel group (a group of one: no TP)
   const model::ParamLayout* layout = nullptr;
   float* params = nullptr;  // flat, laid out by *layout
   float* grads = nullptr;   // flat, same layout; accumulated by backward
   std::uint64_t seed = 0;
+  ActivationStore* store = nullptr;
 
-  // Boundary buffers between segments, [n, C].
-  float* partial = nullptr;    // output of the last forward segment, before its epilogue
-  float* d_partial = nullptr;  // gradient with respect to `partial`
-  float* d_residual = nullptr; // gradient flowing along the residual stream
+  // Boundary buffers between segments, one [n, C] each per sub-batch.
+  struct Ports {
+    float* partial = nullptr;     // output of the last forward segment, before its epilogue
+    float* d_partial = nullptr;   // gradient with respect to `partial`
+    float* d_residual = nullptr;  // gradient flowing along the residual stream
+    float* d_ln = nullptr;        // partial gradient of a LayerNorm output (backward collective)
+  };
+  std::vector<Ports> ports;
+  // Backward scratch shared by every segment and sub-batch (one action runs at a time).
+  float* scratch_narrow = nullptr;  // [n, C]
+  float* scratch_wide = nullptr;    // [n, max(3 * local attention width, local ffn)]
 
-  std::int64_t tokens() const { return micro_batch * config.seq_len; }
+  std::int64_t tokens() const { return rows * config.seq_len; }
   int tp_rank() const { return tp->rank(); }
   int tp_size() const { return tp->size(); }
   std::int64_t local_heads() const { return config.heads / tp_size(); }
@@ -71,8 +81,9 @@ struct LossAccumulator {
   void reset() { sum = 0; count = 0; }
 };
 
-// Builds the segments of a GPT model, allocating all activation memory from `arena`.
-// The returned segments reference `state` and `loss`, which must outlive them.
+// Builds the segments of a GPT model: boundary buffers and scratch come from `arena`, kept
+// activations from *state.store. The returned segments reference `state` and `loss`, which
+// must outlive them.
 std::vector<std::unique_ptr<Segment>> build_gpt_segments(GptState& state, LossAccumulator& loss,
                                                          Arena& arena);
 

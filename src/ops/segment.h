@@ -1,17 +1,26 @@
-// Segment: a differentiable piece of a model between two collectives. The schedule drives a
-// segment through its actions; the segment owns the activations it saves between them.
+// Segment: a differentiable piece of a model between two collectives (see ops/program.h).
+// The schedule drives each instance (micro-batch mb, sub-batch sb) of a segment through its
+// actions; the activations kept between actions live in the ActivationStore under the
+// segment's id, so the schedule decides what is kept, freed and recomputed:
 //
-//   forward(ctx, mb)          compute this segment for micro-batch mb, saving what backward needs
-//   backward(ctx, mb, stage)  stage 0 runs from the segment's output gradient back to the
-//                             backward collective (if any); stage 1 continues after it
+//   forward(ctx, mb, sb)           epilogue, body, output: every set of the segment is live
+//                                  afterwards and the output partial sums are in the
+//                                  sub-batch's forward collective buffer
+//   recompute(ctx, mb, sb, sets)   regenerate `sets` (and the output with kOutput) from what is
+//                                  live; never issues a collective
+//   backward(ctx, mb, sb, stage)   stage 0 runs from the segment's output gradient back to the
+//                                  backward collective (if any); stage 1 continues after it.
+//                                  Needs every set live.
+//   release(mb, sb, sets)          frees sets
 //
-// A segment may name one buffer reduced by a collective after forward() (e.g. the row-parallel
-// partial sums) and one reduced between its backward stages (e.g. the input gradient of a
-// column-parallel projection). With tensor parallelism off they are reduced over a group of
-// one, which leaves them unchanged.
+// A segment instance works on `rows` sequences: sub-batch sb of micro-batch mb is rows
+// [sb * rows, (sb + 1) * rows) of that micro-batch. Collective buffers are one per sub-batch,
+// so the collective of one sub-batch can be in flight while another computes.
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/activation_store.h"
+#include "ops/program.h"
 
 #include <cstdint>
 #include <string>
@@ -43,14 +52,35 @@ struct StepContext {
 
 class Segment {
  public:
+  Segment(int id, ActivationStore& store) : id_(id), store_(store) {}
   virtual ~Segment() = default;
   virtual const std::string& name() const = 0;
-  virtual void forward(const StepContext& ctx, int micro_batch) = 0;
-  virtual int backward_stages() const = 0;  // 1 or 2
-  virtual void backward(const StepContext& ctx, int micro_batch, int stage) = 0;
-  // Buffers reduced across the tensor-parallel group; an empty Tensor means no collective.
-  virtual Tensor forward_collective_buffer() { return {}; }
-  virtual Tensor backward_collective_buffer() { return {}; }
+  virtual SegmentShape shape() const = 0;
+
+  virtual void forward(const StepContext& ctx, int mb, int sb) = 0;
+  // Default: a segment without recomputable sets has nothing to regenerate.
+  virtual void recompute(const StepContext& ctx, int mb, int sb, TensorSets sets);
+  virtual void backward(const StepContext& ctx, int mb, int sb, int stage) = 0;
+  void release(int mb, int sb, TensorSets sets);
+
+  // Buffers reduced across the tensor-parallel group for sub-batch sb; an empty Tensor means
+  // no collective.
+  virtual Tensor forward_collective_buffer(int /*sb*/) { return {}; }
+  virtual Tensor backward_collective_buffer(int /*sb*/) { return {}; }
+
+  // Seconds this segment spent blocked in collectives it issues itself (the vocab-parallel
+  // loss reductions), accumulated since the last call; the executor counts them as exposed.
+  virtual double take_blocking_comm_seconds() { return 0; }
+
+  int id() const { return id_; }
+
+ protected:
+  ActivationKey key(int mb, int sb, TensorSet set) const { return {id_, mb, sb, set}; }
+  ActivationStore& store() const { return store_; }
+
+ private:
+  int id_;
+  ActivationStore& store_;
 };
 
 }  // namespace oases::ops

@@ -5,60 +5,111 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace oases::runtime {
 
+ExecutionStats& ExecutionStats::operator+=(const ExecutionStats& other) {
+  compute_seconds += other.compute_seconds;
+  exposed_comm_seconds += other.exposed_comm_seconds;
+  comm_seconds += other.comm_seconds;
+  collectives += other.collectives;
+  peak_activation_bytes = std::max(peak_activation_bytes, other.peak_activation_bytes);
+  return *this;
+}
+
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Trace names carry the segment, micro-batch and sub-batch; tests count collectives by them.
 std::string trace_name(const schedule::Instruction& ins, const std::string& segment) {
   using schedule::Op;
   switch (ins.op) {
     case Op::forward: return fmt::format("F {} mb{} sb{}", segment, ins.micro_batch, ins.sub_batch);
+    case Op::recompute:
+      return fmt::format("R {} mb{} sb{} [{}]", segment, ins.micro_batch, ins.sub_batch,
+                         ops::tensor_sets_name(ins.sets));
     case Op::backward:
       return fmt::format("B{} {} mb{} sb{}", ins.stage, segment, ins.micro_batch, ins.sub_batch);
     case Op::start:
     case Op::wait:
-      return fmt::format("AR {} {} mb{} sb{}",
-                         ins.direction == schedule::Direction::forward ? "fwd" : "bwd", segment,
-                         ins.micro_batch, ins.sub_batch);
+      return fmt::format("AR {}{} {} mb{} sb{}",
+                         ins.direction == schedule::Direction::forward ? "fwd" : "bwd",
+                         ins.replay ? " replay" : "", segment, ins.micro_batch, ins.sub_batch);
+    case Op::free:
+      return fmt::format("Free {} mb{} sb{} [{}]", segment, ins.micro_batch, ins.sub_batch,
+                         ops::tensor_sets_name(ins.sets));
     case Op::reduce_grads: return fmt::format("ReduceGrads bucket{}", ins.segment);
     case Op::optimizer_step: return "OptimizerStep";
   }
   return "?";
 }
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Total length of the union of the intervals.
+double union_seconds(std::vector<std::pair<Clock::time_point, Clock::time_point>> intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  double total = 0;
+  Clock::time_point covered{};
+  for (const auto& [begin, end] : intervals) {
+    const Clock::time_point from = std::max(begin, covered);
+    if (end > from) total += seconds(end - from);
+    covered = std::max(covered, end);
+  }
+  return total;
+}
+
 }  // namespace
 
 ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
                              const StepHooks& hooks, TraceRecorder* trace) {
   using schedule::Op;
   ExecutionStats stats;
+  store_.reset_peak();
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> wire;
+  const auto trace_us = [&](Clock::time_point t) { return trace->us_at(t); };
   for (const schedule::Instruction& ins : schedule) {
-    const double start_us = trace ? trace->now_us() : 0;
+    const Clock::time_point began = Clock::now();
     const auto key = std::tuple{ins.segment, ins.micro_batch, ins.sub_batch,
-                                static_cast<int>(ins.direction)};
+                                static_cast<int>(ins.direction), ins.replay};
+    ops::Segment* segment = ins.op == Op::reduce_grads || ins.op == Op::optimizer_step
+                                ? nullptr
+                                : segments_[static_cast<std::size_t>(ins.segment)].get();
+    double blocked = 0;  // collectives a segment ran itself
     switch (ins.op) {
-      case Op::forward:
-        segments_[static_cast<std::size_t>(ins.segment)]->forward(ctx, ins.micro_batch);
+      case Op::forward: segment->forward(ctx, ins.micro_batch, ins.sub_batch); break;
+      case Op::recompute:
+        segment->recompute(ctx, ins.micro_batch, ins.sub_batch, ins.sets);
         break;
       case Op::backward:
-        segments_[static_cast<std::size_t>(ins.segment)]->backward(ctx, ins.micro_batch, ins.stage);
+        segment->backward(ctx, ins.micro_batch, ins.sub_batch, ins.stage);
         break;
+      case Op::free: segment->release(ins.micro_batch, ins.sub_batch, ins.sets); break;
       case Op::start: {
-        ops::Segment& segment = *segments_[static_cast<std::size_t>(ins.segment)];
         const Tensor buffer = ins.direction == schedule::Direction::forward
-                                  ? segment.forward_collective_buffer()
-                                  : segment.backward_collective_buffer();
-        in_flight_[key] = {tp_.all_reduce_async(buffer, comm::ReduceOp::sum), start_us};
+                                  ? segment->forward_collective_buffer(ins.sub_batch)
+                                  : segment->backward_collective_buffer(ins.sub_batch);
+        in_flight_[key] = {tp_.all_reduce_async(buffer, comm::ReduceOp::sum), began,
+                           trace ? trace_name(ins, segment->name()) : std::string()};
+        ++stats.collectives;
         break;
       }
       case Op::wait: {
         auto it = in_flight_.find(key);
         OASES_ASSERT(it != in_flight_.end(), "wait on a collective never started: {}",
                      schedule::to_string(ins));
-        const Stopwatch waited;
         it->second.work->wait();
-        stats.exposed_comm_seconds += waited.seconds();
+        const Clock::time_point done = Clock::now();
+        stats.exposed_comm_seconds += seconds(done - began);
+        // Where the backend does not time its operations, the issue-to-wait span stands in.
+        const comm::WorkTiming timing =
+            it->second.work->timing().value_or(comm::WorkTiming{it->second.issued, done});
+        if (tp_.size() > 1) wire.emplace_back(timing.began, timing.finished);
         if (trace)
-          trace->add(trace_name(ins, segments_[static_cast<std::size_t>(ins.segment)]->name()),
-                     TraceRecorder::Lane::communication, it->second.issued_us, trace->now_us());
+          trace->add(it->second.name, TraceRecorder::Lane::communication,
+                     trace_us(timing.began), trace_us(timing.finished));
         in_flight_.erase(it);
         break;
       }
@@ -69,18 +120,24 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         if (hooks.optimizer_step) hooks.optimizer_step();
         break;
     }
+    if (segment) blocked = segment->take_blocking_comm_seconds();
+    const Clock::time_point ended = Clock::now();
+    if (ins.op == Op::forward || ins.op == Op::recompute || ins.op == Op::backward) {
+      stats.compute_seconds += seconds(ended - began) - blocked;
+      stats.exposed_comm_seconds += blocked;
+      stats.comm_seconds += blocked;
+    }
     if (trace && ins.op != Op::start && ins.op != Op::wait) {
-      const std::string segment = ins.op == Op::forward || ins.op == Op::backward
-                                      ? segments_[static_cast<std::size_t>(ins.segment)]->name()
-                                      : "";
-      trace->add(trace_name(ins, segment),
+      trace->add(trace_name(ins, segment ? segment->name() : ""),
                  ins.op == Op::optimizer_step || ins.op == Op::reduce_grads
                      ? TraceRecorder::Lane::optimizer
                      : TraceRecorder::Lane::compute,
-                 start_us, trace->now_us());
+                 trace_us(began), trace_us(ended));
     }
   }
   OASES_ASSERT(in_flight_.empty(), "schedule ended with collectives in flight");
+  stats.comm_seconds += union_seconds(std::move(wire));
+  stats.peak_activation_bytes = static_bytes_ + store_.peak_bytes();
   return stats;
 }
 

@@ -1,14 +1,21 @@
 // Executor: interprets a Schedule on this rank. Compute instructions run on the calling thread
-// (kernels parallelise internally); collectives are issued asynchronously on the tensor-
-// parallel communicator and waited on where the schedule says. Time spent blocked in Wait is
-// the exposed communication of the step.
+// (the compute lane; kernels parallelise internally); collectives are issued asynchronously on
+// the tensor-parallel communicator (the communication lane) and waited on where the schedule
+// says. Free instructions release tensor sets from the activation store, so the peak of live
+// activations is a property of the schedule.
+//
+// Per run it reports the compute lane's busy time, the time it stood idle waiting on
+// collectives (exposed communication), how long collectives were on the wire, and the peak
+// activation memory; with a TraceRecorder every instruction becomes a trace event.
 #pragma once
 
 #include "comm/communicator.h"
-#include "runtime/trace.h"
+#include "ops/activation_store.h"
 #include "ops/segment.h"
+#include "runtime/trace.h"
 #include "schedule/schedule.h"
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -23,26 +30,39 @@ struct StepHooks {
 };
 
 struct ExecutionStats {
-  double exposed_comm_seconds = 0;  // time the compute lane waited on collectives
+  double compute_seconds = 0;        // Forward, Recompute and Backward instructions
+  double exposed_comm_seconds = 0;   // compute lane blocked on collectives
+  double comm_seconds = 0;           // collectives in flight on the wire (union of intervals)
+  int collectives = 0;               // collectives issued by the schedule
+  std::size_t peak_activation_bytes = 0;  // boundary buffers + peak of the activation store
+
+  ExecutionStats& operator+=(const ExecutionStats& other);
 };
 
 class Executor {
  public:
-  Executor(std::vector<std::unique_ptr<ops::Segment>>& segments, comm::Communicator& tp)
-      : segments_(segments), tp_(tp) {}
+  // `static_activation_bytes`: activation memory allocated once (boundary buffers, scratch),
+  // added to the store's peak.
+  Executor(std::vector<std::unique_ptr<ops::Segment>>& segments, comm::Communicator& tp,
+           ops::ActivationStore& store, std::size_t static_activation_bytes)
+      : segments_(segments), tp_(tp), store_(store), static_bytes_(static_activation_bytes) {}
 
   // Runs every instruction in order; with a recorder, each one is also traced.
   ExecutionStats run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
                      const StepHooks& hooks, TraceRecorder* trace = nullptr);
 
  private:
-  std::vector<std::unique_ptr<ops::Segment>>& segments_;
-  comm::Communicator& tp_;
   struct InFlight {
     std::unique_ptr<comm::Work> work;
-    double issued_us = 0;
+    std::chrono::steady_clock::time_point issued;
+    std::string name;
   };
-  std::map<std::tuple<int, int, int, int>, InFlight> in_flight_;
+
+  std::vector<std::unique_ptr<ops::Segment>>& segments_;
+  comm::Communicator& tp_;
+  ops::ActivationStore& store_;
+  std::size_t static_bytes_;
+  std::map<std::tuple<int, int, int, int, bool>, InFlight> in_flight_;
 };
 
 }  // namespace oases::runtime

@@ -1,7 +1,7 @@
 // TraceRecorder: what each lane of this rank did, as Chrome trace events ("X" complete events,
 // microseconds). Open the written file in Perfetto or chrome://tracing. Lanes: the compute
-// lane runs segments; the communication lane shows each collective from issue to completion
-// as observed by the Wait that consumed it.
+// lane runs segments; the communication lane shows each collective from the moment the
+// communicator began it to its completion.
 #pragma once
 
 #include <chrono>
@@ -22,10 +22,13 @@ class TraceRecorder {
   };
 
   TraceRecorder() : origin_(std::chrono::steady_clock::now()) {}
+  // Recorders of several processes on one host share the monotonic clock: given one origin,
+  // their events line up.
+  explicit TraceRecorder(std::chrono::steady_clock::time_point origin) : origin_(origin) {}
 
-  double now_us() const {
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin_)
-        .count();
+  double now_us() const { return us_at(std::chrono::steady_clock::now()); }
+  double us_at(std::chrono::steady_clock::time_point t) const {
+    return std::chrono::duration<double, std::micro>(t - origin_).count();
   }
   void add(std::string name, Lane lane, double start_us, double end_us) {
     events_.push_back({std::move(name), lane, start_us, end_us - start_us});
@@ -34,8 +37,13 @@ class TraceRecorder {
 
   // Chrome trace JSON; `rank` becomes the process id so traces of several ranks can be merged.
   std::string to_json(int rank) const;
+  // The JSON array of this recorder's events (lane names included) under process id `rank`.
+  std::string events_json(int rank) const;
   // Writes to_json(rank) to path atomically (temporary name, then rename).
   void write(const std::string& path, int rank) const;
+
+  // One Chrome trace from the events_json() arrays of several ranks, written atomically.
+  static void write_merged(const std::string& path, const std::vector<std::string>& event_arrays);
 
  private:
   std::chrono::steady_clock::time_point origin_;

@@ -226,6 +226,50 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   return parse_run_config(text.str(), path, overrides);
 }
 
+schedule::ScheduleSpec schedule_spec(const RunConfig& config) {
+  const ParallelConfig& p = config.parallel;
+  schedule::ScheduleSpec spec;
+  spec.kind = p.schedule == "auto"
+                  ? (p.tp > 1 ? schedule::ScheduleKind::oases : schedule::ScheduleKind::megatron)
+                  : schedule::parse_schedule_kind(p.schedule, "parallel.schedule");
+  if (p.recompute == "auto") {
+    switch (spec.kind) {
+      case schedule::ScheduleKind::megatron: spec.recompute = schedule::Recompute::none; break;
+      case schedule::ScheduleKind::cross_pass: spec.recompute = schedule::Recompute::full; break;
+      case schedule::ScheduleKind::fine_grained:
+      case schedule::ScheduleKind::oases:
+        spec.recompute = schedule::Recompute::fine_grained;
+        break;
+    }
+  } else {
+    spec.recompute = schedule::parse_recompute(p.recompute, "parallel.recompute");
+  }
+  const bool overlapped = spec.kind == schedule::ScheduleKind::cross_pass ||
+                          spec.kind == schedule::ScheduleKind::oases;
+  const std::int64_t micro = config.train.micro_batch;
+  OASES_CHECK(p.sub_batches >= 0, "parallel.sub_batches = {} must be >= 1 (or 0: automatic)",
+              p.sub_batches);
+  if (p.sub_batches == 0) {
+    spec.sub_batches = overlapped && micro % 2 == 0 ? 2 : 1;
+  } else {
+    if (micro % p.sub_batches != 0) {
+      std::string valid;
+      for (std::int64_t d = 1; d <= micro; ++d)
+        if (micro % d == 0) valid += fmt::format("{}{}", valid.empty() ? "" : ", ", d);
+      OASES_FAIL("parallel.sub_batches = {} must divide train.micro_batch = {} (sub-batches "
+                 "split each micro-batch along the batch dimension); valid: {}",
+                 p.sub_batches, micro, valid);
+    }
+    spec.sub_batches = static_cast<int>(p.sub_batches);
+  }
+  const std::int64_t dp_micro = micro * p.dp;
+  spec.micro_batches = dp_micro > 0 && config.train.global_batch % dp_micro == 0
+                           ? static_cast<int>(config.train.global_batch / dp_micro)
+                           : 1;
+  schedule::check_spec(spec);
+  return spec;
+}
+
 void RunConfig::validate() const {
   model.validate();
   const auto& p = parallel;
@@ -235,13 +279,6 @@ void RunConfig::validate() const {
   OASES_CHECK(p.pp == 1,
               "parallel.pp = {}: pipeline parallelism is not available yet; valid: 1", p.pp);
   model.validate_tensor_parallel(p.tp);
-  OASES_CHECK(p.schedule == "megatron",
-              "parallel.schedule = \"{}\" is not available in this build; valid: \"megatron\" "
-              "(the overlapped \"oases\" schedule arrives with tensor parallelism)",
-              p.schedule);
-  OASES_CHECK(p.recompute == "none",
-              "parallel.recompute = \"{}\" is not available yet; valid: \"none\"", p.recompute);
-  OASES_CHECK(p.sub_batches >= 1, "parallel.sub_batches = {} must be at least 1", p.sub_batches);
   OASES_CHECK(p.plan == "uniform", "parallel.plan = \"{}\" is not available yet; valid: \"uniform\"",
               p.plan);
   OASES_CHECK(p.memory_limit >= 0, "parallel.memory_limit = {} must be >= 0 bytes", p.memory_limit);
@@ -296,6 +333,7 @@ void RunConfig::validate() const {
   OASES_CHECK(log.trace_steps >= 1, "log.trace_steps = {} must be at least 1", log.trace_steps);
   OASES_CHECK(log.peak_tflops >= 0, "log.peak_tflops = {} must be >= 0 (0: measure)",
               log.peak_tflops);
+  schedule_spec(*this);
 }
 
 std::string to_toml(const RunConfig& c) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "model/gpt_config.h"
+#include "schedule/schedule.h"
 
 #include <cstdint>
 #include <string>
@@ -14,9 +15,14 @@ namespace oases::train {
 
 struct ParallelConfig {
   std::int64_t tp = 1, dp = 1, pp = 1;
-  std::string schedule = "megatron";
-  std::string recompute = "none";
-  std::int64_t sub_batches = 2;
+  // "auto": "oases" when tp > 1, else "megatron". See schedule/schedule.h for all of them.
+  std::string schedule = "auto";
+  // "auto": the schedule's own policy (megatron: none, fine-grained and oases: fine-grained,
+  // cross-pass: full).
+  std::string recompute = "auto";
+  // Parts each micro-batch is split into by the overlapped schedules; 0: 2 where it divides
+  // the micro-batch (else 1) for cross-pass and oases, 1 for the others.
+  std::int64_t sub_batches = 0;
   std::string plan = "uniform";
   std::int64_t memory_limit = 0;  // bytes per device; 0: no limit
   double comm_timeout_s = 300;    // a collective not done after this aborts the job; 0: never
@@ -75,6 +81,11 @@ struct RunConfig {
   // Cross-field checks (heads divide hidden, batch arithmetic, ...).
   void validate() const;
 };
+
+// The schedule the run uses, with "auto" settings resolved (UserError for a combination that
+// cannot run, naming the settings and the valid values). micro_batches is the number of
+// micro-batches per optimizer step on one data-parallel rank.
+schedule::ScheduleSpec schedule_spec(const RunConfig& config);
 
 // Parses TOML text (`source` names it in messages) and applies `overrides` ("section.key=value",
 // value in TOML syntax; a bare word is taken as a string).

@@ -16,11 +16,11 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       tp_(groups.tp ? groups.tp : &self_tp_),
       dp_(groups.dp ? groups.dp : &self_dp_),
       model_(config.model, config.train.micro_batch, static_cast<std::uint64_t>(config.train.seed),
-             *tp_),
+             *tp_, train::schedule_spec(config).sub_batches),
       exp_avg_(static_cast<std::size_t>(model_.param_count()) * sizeof(float)),
       exp_avg_sq_(static_cast<std::size_t>(model_.param_count()) * sizeof(float)),
-      executor_(model_.segments(), *tp_),
-      shape_(model_.program_shape()) {
+      spec_(train::schedule_spec(config)),
+      executor_(model_.segments(), *tp_, model_.activations(), model_.static_activation_bytes()) {
   OASES_CHECK(config.train.global_batch % (config.train.micro_batch * dp_->size()) == 0,
               "train.global_batch = {} must be a multiple of train.micro_batch x dp = {} x {}",
               config.train.global_batch, config.train.micro_batch, dp_->size());
@@ -37,12 +37,25 @@ double TrainingEngine::learning_rate(std::int64_t step) const {
   return t.min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (t.lr - t.min_lr);
 }
 
+const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, bool training) {
+  const auto key = std::pair{sequences, training};
+  auto it = schedules_.find(key);
+  if (it != schedules_.end()) return it->second;
+  schedule::ScheduleSpec spec = spec_;
+  spec.micro_batches = static_cast<int>(sequences / model_.micro_batch());
+  spec.training = training;
+  schedule::Schedule schedule = schedule::generate(model_.program(), spec);
+  schedule::verify_schedule(model_.program(), spec, schedule);
+  return schedules_.emplace(key, std::move(schedule)).first->second;
+}
+
 double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs,
                                    const std::int32_t* targets, std::int64_t sequences,
                                    std::int64_t first_sample, float loss_scale,
                                    ops::HeadMode mode, const runtime::StepHooks& hooks,
                                    StepResult* result) {
   const std::int64_t mb = model_.micro_batch(), seq = config_.model.seq_len;
+  OASES_ASSERT(first_sample >= 0, "negative sample index");
   OASES_ASSERT(sequences > 0 && sequences % mb == 0, "{} sequences is not a multiple of the "
                "micro-batch {}", sequences, mb);
   const bool training = mode == ops::HeadMode::train;
@@ -51,19 +64,20 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
   ctx.head_mode = mode;
   ctx.dropout_enabled = training;
   ctx.loss_gradient_scale = loss_scale;
-  const int micro_batches = static_cast<int>(sequences / mb);
-  for (int i = 0; i < micro_batches; ++i) {
-    const std::int64_t row = i * mb;
+  for (std::int64_t row = 0; row < sequences; row += mb) {
     ctx.micro_batches.push_back(
         {inputs + row * seq, targets ? targets + row * seq : nullptr, first_sample + row});
   }
-  // Reused across steps: the schedule depends only on the program and the micro-batch count.
-  const schedule::Schedule schedule =
-      schedule::megatron_schedule(shape_, micro_batches, training);
+  const schedule::Schedule& schedule = schedule_for(sequences, training);
   model_.loss().reset();
   if (training) model_.zero_grads();
   const runtime::ExecutionStats stats = executor_.run(schedule, ctx, hooks, trace_);
-  if (result) result->exposed_comm_seconds += stats.exposed_comm_seconds;
+  if (result) {
+    result->compute_seconds += stats.compute_seconds;
+    result->exposed_comm_seconds += stats.exposed_comm_seconds;
+    result->comm_seconds += stats.comm_seconds;
+    result->peak_activation_bytes = std::max(result->peak_activation_bytes, stats.peak_activation_bytes);
+  }
   const auto& loss = model_.loss();
   OASES_ASSERT(loss.count == sequences * seq, "loss counted {} tokens, expected {}", loss.count,
                sequences * seq);
@@ -100,7 +114,7 @@ void TrainingEngine::logits(const std::int32_t* inputs, float* out) {
   ctx.dropout_enabled = false;
   ctx.logits_out = out;
   ctx.micro_batches.push_back({inputs, nullptr, 0});
-  executor_.run(schedule::megatron_schedule(shape_, 1, false), ctx, {}, nullptr);
+  executor_.run(schedule_for(model_.micro_batch(), false), ctx, {}, nullptr);
 }
 
 StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inputs,
@@ -165,10 +179,14 @@ void TrainingEngine::apply_adamw(std::int64_t step, double lr) {
 
 namespace oases::train {
 
-std::size_t TrainingEngine::memory_bytes() const {
-  // Parameters, gradients and the two AdamW moments, all fp32, plus the activation arena.
-  return 4 * static_cast<std::size_t>(model_.param_count()) * sizeof(float) +
-         model_.activation_bytes();
+std::size_t TrainingEngine::activation_bytes() {
+  return model_.static_activation_bytes() +
+         schedule::peak_activation_bytes(model_.program(), schedule_for(local_batch(), true));
+}
+
+std::size_t TrainingEngine::memory_bytes() {
+  // Parameters, gradients and the two AdamW moments, all fp32, plus activations.
+  return 4 * static_cast<std::size_t>(model_.param_count()) * sizeof(float) + activation_bytes();
 }
 
 }  // namespace oases::train

@@ -11,6 +11,7 @@
 #include "train/config.h"
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -19,7 +20,10 @@ namespace oases::train {
 struct StepResult {
   double loss = 0;           // mean per-token loss of the global batch
   double grad_norm = 0;      // global L2 norm of the gradient before clipping
-  double exposed_comm_seconds = 0;
+  double compute_seconds = 0;       // compute lane busy with segments
+  double exposed_comm_seconds = 0;  // compute lane waiting on collectives (TP and DP)
+  double comm_seconds = 0;          // tensor-parallel collectives in flight
+  std::size_t peak_activation_bytes = 0;
 };
 
 // The process groups this rank trains in. Null members mean a group of one.
@@ -43,6 +47,11 @@ class TrainingEngine {
 
   model::GptModel& model() { return model_; }
   const RunConfig& config() const { return config_; }
+  // The schedule of training steps (auto settings resolved).
+  const schedule::ScheduleSpec& schedule_spec() const { return spec_; }
+  // The instruction list run for `sequences` local rows (training or forward only); verified
+  // when first generated.
+  const schedule::Schedule& schedule_for(std::int64_t sequences, bool training);
   float* exp_avg() { return exp_avg_.as<float>(); }
   float* exp_avg_sq() { return exp_avg_sq_.as<float>(); }
 
@@ -74,8 +83,12 @@ class TrainingEngine {
   // Record every instruction of the following steps into `trace` (null: stop recording).
   void set_trace(runtime::TraceRecorder* trace) { trace_ = trace; }
 
-  // Bytes this rank holds for the run: parameters, gradients, AdamW moments, activations.
-  std::size_t memory_bytes() const;
+  // Bytes this rank holds for the run: parameters, gradients, AdamW moments, and the peak of
+  // activations under the training schedule.
+  std::size_t memory_bytes();
+  // Peak activation bytes of a training step: boundary buffers plus the schedule's peak of
+  // kept tensors (predicted from the program; the executor measures the same).
+  std::size_t activation_bytes();
 
  private:
   // Runs the schedule over `sequences` local rows (global sample index of row 0:
@@ -94,8 +107,9 @@ class TrainingEngine {
   model::GptModel model_;
   Buffer exp_avg_;
   Buffer exp_avg_sq_;
+  schedule::ScheduleSpec spec_;
   runtime::Executor executor_;
-  schedule::ProgramShape shape_;
+  std::map<std::pair<std::int64_t, bool>, schedule::Schedule> schedules_;
   runtime::TraceRecorder* trace_ = nullptr;
 };
 

@@ -14,7 +14,9 @@
 #include <omp.h>
 #include <sys/resource.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -74,6 +76,30 @@ TokenShard load_shard_for(const RunConfig& config, const std::string& split) {
               "data shard '{}' was made with tokenizer \"{}\" but data.tokenizer = \"{}\"",
               shard.path, shard.tokenizer, config.data.tokenizer);
   return shard;
+}
+
+// Gathers every rank's trace events on rank 0, which writes one file with a process per rank.
+void write_trace(const runtime::TraceRecorder& trace, comm::Mesh& mesh, const std::string& path) {
+  comm::Communicator& world = mesh.world();
+  const std::string mine = trace.events_json(world.rank());
+  if (world.rank() != 0) {
+    // Bytes travel as int32 words (the communicators move numbers, not chars).
+    std::int64_t length = static_cast<std::int64_t>(mine.size());
+    std::vector<std::int32_t> words(static_cast<std::size_t>((length + 3) / 4), 0);
+    std::memcpy(words.data(), mine.data(), mine.size());
+    world.send(Tensor::of(&length, {1}), 0, 1);
+    world.send(Tensor::of(words.data(), {static_cast<std::int64_t>(words.size())}), 0, 2);
+    return;
+  }
+  std::vector<std::string> arrays{mine};
+  for (int rank = 1; rank < world.size(); ++rank) {
+    std::int64_t length = 0;
+    world.recv(Tensor::of(&length, {1}), rank, 1);
+    std::vector<std::int32_t> words(static_cast<std::size_t>((length + 3) / 4), 0);
+    world.recv(Tensor::of(words.data(), {static_cast<std::int64_t>(words.size())}), rank, 2);
+    arrays.emplace_back(reinterpret_cast<const char*>(words.data()), static_cast<std::size_t>(length));
+  }
+  runtime::TraceRecorder::write_merged(path, arrays);
 }
 
 }  // namespace
@@ -165,6 +191,12 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& run_optio
     if (mesh.world_size() > 1)
       log_info("parallel: {} ranks = tp {} x dp {} x pp {}", mesh.world_size(), mesh.tp_size(),
                mesh.dp_size(), mesh.pp_size());
+    const schedule::ScheduleSpec& spec = engine.schedule_spec();
+    log_info("schedule: {}, recompute {}, {} sub-batch(es) of {} sequences, {} micro-batch(es) "
+             "per step; activations {:.1f} MiB",
+             schedule::name(spec.kind), schedule::name(spec.recompute), spec.sub_batches,
+             t.micro_batch / spec.sub_batches, spec.micro_batches,
+             static_cast<double>(engine.activation_bytes()) / (1 << 20));
   }
   if (val_loader && start_step == 0) {
     summary.initial_val_loss = validation_loss(engine, *val_loader, t.eval_steps);
@@ -172,8 +204,11 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& run_optio
   }
 
   std::optional<runtime::TraceRecorder> trace;
-  if (leader && !config.log.trace.empty()) {
-    trace.emplace();
+  if (!config.log.trace.empty()) {
+    // Every rank records; rank 0's clock origin is everyone's, so the lanes line up.
+    std::int64_t origin_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+    mesh.world().broadcast(Tensor::of(&origin_ns, {1}), 0);
+    trace.emplace(std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(origin_ns)));
     engine.set_trace(&*trace);
   }
 
@@ -209,7 +244,10 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& run_optio
                              {"tokens_per_s", tokens_per_s},
                              {"model_tflops", achieved / 1e12},
                              {"mfu", achieved / peak_flops},
+                             {"compute_s", r.compute_seconds},
                              {"exposed_comm_s", r.exposed_comm_seconds},
+                             {"comm_s", r.comm_seconds},
+                             {"peak_activation_bytes", r.peak_activation_bytes},
                              {"peak_mem_bytes", peak_resident_bytes()}};
       if (record.val_loss) line["val_loss"] = *record.val_loss;
       metrics << line.dump() << '\n';
@@ -229,7 +267,7 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& run_optio
     summary.steps.push_back(record);
     if (trace && (step + 1 - start_step == config.log.trace_steps || last)) {
       engine.set_trace(nullptr);
-      trace->write(config.log.trace, 0);
+      write_trace(*trace, mesh, config.log.trace);
       if (options.progress) log_info("wrote trace of {} step(s) to {}", step + 1 - start_step, config.log.trace);
       trace.reset();
     }

@@ -89,7 +89,7 @@ TEST(Initialization, FollowsGpt2Statistics) {
 TEST(GptModel, ProgramHasACollectiveAtEveryTensorParallelBoundary) {
   comm::SelfCommunicator tp;
   GptModel model(small(), 2, 1, tp);
-  const schedule::ProgramShape shape = model.program_shape();
+  const ops::Program& shape = model.program();
   ASSERT_EQ(shape.segments.size(), 1u + 2u * 2u + 1u);
   EXPECT_TRUE(shape.segments[5].has_backward_collective);  // vocab-parallel LM head input grad
   EXPECT_EQ(shape.segments[5].backward_stages, 2);
@@ -112,7 +112,20 @@ TEST(GptModel, ProgramHasACollectiveAtEveryTensorParallelBoundary) {
   EXPECT_EQ(ready, (std::vector<int>{0, 1, 2, 3}));
   EXPECT_EQ(model.segments()[1]->name(), "attention.0");
   EXPECT_EQ(model.segments()[4]->name(), "mlp.1");
-  EXPECT_NO_THROW(schedule::verify_schedule(shape, 3, schedule::megatron_schedule(shape, 3, true)));
+  // Sets each segment keeps: the layer halves their checkpoint (r_l, h_l) and internals,
+  // attention its core, the head its internals, the embedding nothing.
+  EXPECT_EQ(shape.segments[0].sets, 0);
+  EXPECT_EQ(shape.segments[1].sets, ops::kCheckpoint | ops::kInternals | ops::kCore);
+  EXPECT_EQ(shape.segments[2].sets, ops::kCheckpoint | ops::kInternals);
+  EXPECT_EQ(shape.segments[5].sets, ops::kInternals);
+  EXPECT_EQ(shape.segments[3].layer, 1);
+  EXPECT_EQ(shape.segments[4].layer, 1);
+  // r_l is [micro_batch * seq, hidden] floats.
+  EXPECT_EQ(shape.segments[1].checkpoint_bytes,
+            static_cast<std::size_t>(2 * small().seq_len * small().hidden) * sizeof(float));
+  schedule::ScheduleSpec spec;
+  spec.micro_batches = 3;
+  EXPECT_NO_THROW(schedule::verify_schedule(shape, spec, schedule::generate(shape, spec)));
 }
 
 // Every tensor-parallel degree draws, shard by shard, exactly the single-process parameters:

@@ -1,20 +1,101 @@
+// Schedule generators and the verifier, on GPT-shaped programs.
 #include "schedule/schedule.h"
 
 #include "core/error.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+
 namespace oases::schedule {
 namespace {
 
-// The shape of a 1-layer GPT: embedding, attention, mlp, head, with gradient buckets
-// (embeddings 0, layer 1, final norm 2) that become final after embedding, attention, head.
-ProgramShape one_layer_gpt() {
-  return {{{true, false, 1, 0}, {true, true, 2, 1}, {true, true, 2, -1}, {false, false, 1, 2}}};
+using ops::kCheckpoint;
+using ops::kCore;
+using ops::kInternals;
+
+// The program of a GPT with `layers` layers on one rank of a tensor-parallel group of `tp`:
+// embedding, (attention, mlp) per layer, head, with the set sizes of n tokens of width C.
+ops::Program gpt_program(int layers, int tp = 1) {
+  const std::size_t n = 512, C = 64, f = sizeof(float);
+  ops::Program program;
+  ops::SegmentShape embedding{"embedding", true, false, 1};
+  embedding.ready_bucket = 0;
+  program.segments.push_back(embedding);
+  for (int l = 0; l < layers; ++l) {
+    ops::SegmentShape attention{"attention." + std::to_string(l), true, true, 2};
+    attention.sets = kCheckpoint | kInternals | kCore;
+    attention.checkpoint_bytes = n * C * f;
+    attention.internals_bytes = (n * C + 2 * n + 3 * n * C / tp) * f;
+    attention.core_bytes = (n * C / tp + 4 * n / tp) * f;
+    attention.layer = l;
+    attention.recomputable = true;
+    attention.ready_bucket = 1 + l;
+    ops::SegmentShape mlp{"mlp." + std::to_string(l), true, true, 2};
+    mlp.sets = kCheckpoint | kInternals;
+    mlp.checkpoint_bytes = n * C * f;
+    mlp.internals_bytes = (n * C + 2 * n + 8 * n * C / tp) * f;
+    mlp.layer = l;
+    mlp.recomputable = true;
+    program.segments.push_back(attention);
+    program.segments.push_back(mlp);
+  }
+  ops::SegmentShape head{"head", false, true, 2};
+  head.sets = kInternals;
+  head.internals_bytes = (2 * n * C + 2 * n) * f;
+  head.ready_bucket = layers + 1;
+  program.segments.push_back(head);
+  return program;
 }
 
-TEST(MegatronSchedule, PrintsTheExpectedInstructionList) {
-  const Schedule s = megatron_schedule(one_layer_gpt(), 1, true);
+ScheduleSpec spec_of(ScheduleKind kind, Recompute recompute, int micro_batches = 1,
+                     int sub_batches = 1, bool training = true) {
+  return {kind, recompute, micro_batches, sub_batches, training};
+}
+
+// Every (schedule, recompute) pair that can run, with the sub-batch counts it takes.
+std::vector<std::pair<ScheduleKind, Recompute>> valid_pairs() {
+  return {{ScheduleKind::megatron, Recompute::none},       {ScheduleKind::megatron, Recompute::full},
+          {ScheduleKind::megatron, Recompute::selective},  {ScheduleKind::fine_grained, Recompute::fine_grained},
+          {ScheduleKind::cross_pass, Recompute::full},     {ScheduleKind::cross_pass, Recompute::none},
+          {ScheduleKind::cross_pass, Recompute::selective}, {ScheduleKind::oases, Recompute::fine_grained}};
+}
+bool overlapped(ScheduleKind kind) {
+  return kind == ScheduleKind::cross_pass || kind == ScheduleKind::oases;
+}
+
+TEST(Generators, EveryScheduleVerifiesForEveryDegreeSubBatchCountAndDepth) {
+  for (const auto& [kind, recompute] : valid_pairs()) {
+    for (int tp : {1, 2, 4}) {
+      for (int sub_batches : {1, 2, 4}) {
+        if (!overlapped(kind) && sub_batches > 1) continue;
+        for (int layers : {1, 2, 5}) {
+          for (int micro_batches : {1, 3}) {
+            for (bool training : {true, false}) {
+              const ScheduleSpec spec = spec_of(kind, recompute, micro_batches, sub_batches, training);
+              const std::string what = std::string(name(kind)) + "/" + std::string(name(recompute)) +
+                                       " tp=" + std::to_string(tp) + " sb=" + std::to_string(sub_batches) +
+                                       " layers=" + std::to_string(layers) +
+                                       " mb=" + std::to_string(micro_batches) + (training ? "" : " eval");
+              // Every rank of the group generates its own schedule from its own program.
+              std::vector<Schedule> group;
+              for (int rank = 0; rank < tp; ++rank) {
+                const ops::Program program = gpt_program(layers, tp);
+                group.push_back(generate(program, spec));
+                EXPECT_NO_THROW(verify_schedule(program, spec, group.back())) << what;
+              }
+              EXPECT_NO_THROW(verify_collective_order(group)) << what;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Generators, MegatronPrintsTheExpectedInstructionList) {
+  const Schedule s = generate(gpt_program(1), spec_of(ScheduleKind::megatron, Recompute::none));
   EXPECT_EQ(to_string(s),
             "Forward(seg=0, mb=0, sb=0)\n"
             "Start(fwd, seg=0, mb=0, sb=0)\n"
@@ -27,59 +108,274 @@ TEST(MegatronSchedule, PrintsTheExpectedInstructionList) {
             "Wait(fwd, seg=2, mb=0, sb=0)\n"
             "Forward(seg=3, mb=0, sb=0)\n"
             "Backward(seg=3, stage=0, mb=0, sb=0)\n"
+            "Start(bwd, seg=3, mb=0, sb=0)\n"
+            "Wait(bwd, seg=3, mb=0, sb=0)\n"
+            "Backward(seg=3, stage=1, mb=0, sb=0)\n"
             "ReduceGrads(bucket=2)\n"
+            "Free(seg=3, internals, mb=0, sb=0)\n"
             "Backward(seg=2, stage=0, mb=0, sb=0)\n"
             "Start(bwd, seg=2, mb=0, sb=0)\n"
             "Wait(bwd, seg=2, mb=0, sb=0)\n"
             "Backward(seg=2, stage=1, mb=0, sb=0)\n"
+            "Free(seg=2, checkpoint|internals, mb=0, sb=0)\n"
             "Backward(seg=1, stage=0, mb=0, sb=0)\n"
             "Start(bwd, seg=1, mb=0, sb=0)\n"
             "Wait(bwd, seg=1, mb=0, sb=0)\n"
             "Backward(seg=1, stage=1, mb=0, sb=0)\n"
             "ReduceGrads(bucket=1)\n"
+            "Free(seg=1, checkpoint|internals|core, mb=0, sb=0)\n"
             "Backward(seg=0, stage=0, mb=0, sb=0)\n"
             "ReduceGrads(bucket=0)\n"
             "OptimizerStep\n");
 }
 
-TEST(MegatronSchedule, VerifiesForEveryMicroBatchCountAndForwardOnly) {
-  for (int mb = 1; mb <= 4; ++mb) {
-    EXPECT_NO_THROW(verify_schedule(one_layer_gpt(), mb, megatron_schedule(one_layer_gpt(), mb, true)));
-    const Schedule eval = megatron_schedule(one_layer_gpt(), mb, false);
-    EXPECT_NO_THROW(verify_schedule(one_layer_gpt(), mb, eval));
-    for (const Instruction& ins : eval) EXPECT_NE(ins.op, Op::backward);
-    // Buckets are reduced once, after the last micro-batch's backward pass has made them final.
-    const Schedule train = megatron_schedule(one_layer_gpt(), mb, true);
-    int reductions = 0;
-    for (std::size_t i = 0; i < train.size(); ++i) {
-      if (train[i].op != Op::reduce_grads) continue;
-      ++reductions;
-      EXPECT_EQ(train[i - 1].op, Op::backward);
-      EXPECT_EQ(train[i - 1].micro_batch, mb - 1);
+// The backward pass of one layer under full recomputation replays the layer's forward,
+// collectives included; fine-grained recomputation regenerates each segment alone.
+TEST(Generators, RecomputationPoliciesRegenerateWhatTheyDropped) {
+  const ops::Program program = gpt_program(1);
+  const std::string full = to_string(generate(program, spec_of(ScheduleKind::megatron, Recompute::full)));
+  EXPECT_NE(full.find("Free(seg=1, internals|core, mb=0, sb=0)\n"
+                      "Start(fwd, seg=1, mb=0, sb=0)\n"), std::string::npos) << full;
+  EXPECT_NE(full.find("Forward(seg=3, mb=0, sb=0)\n"
+                      "Free(seg=2, checkpoint, mb=0, sb=0)\n"), std::string::npos) << full;
+  EXPECT_NE(full.find("Recompute(seg=1, internals|core|output, mb=0, sb=0)\n"
+                      "Start(fwd, seg=1, mb=0, sb=0, replay)\n"
+                      "Wait(fwd, seg=1, mb=0, sb=0, replay)\n"
+                      "Recompute(seg=2, checkpoint|internals|output, mb=0, sb=0)\n"
+                      "Start(fwd, seg=2, mb=0, sb=0, replay)\n"
+                      "Wait(fwd, seg=2, mb=0, sb=0, replay)\n"
+                      "Backward(seg=2, stage=0, mb=0, sb=0)\n"), std::string::npos) << full;
+
+  const std::string fine = to_string(generate(program, spec_of(ScheduleKind::fine_grained, Recompute::fine_grained)));
+  EXPECT_EQ(fine.find("replay"), std::string::npos);
+  EXPECT_NE(fine.find("Backward(seg=2, stage=1, mb=0, sb=0)\n"
+                      "Free(seg=2, checkpoint|internals, mb=0, sb=0)\n"
+                      "Recompute(seg=1, internals|core, mb=0, sb=0)\n"
+                      "Backward(seg=1, stage=0, mb=0, sb=0)\n"), std::string::npos) << fine;
+
+  const std::string selective = to_string(generate(program, spec_of(ScheduleKind::megatron, Recompute::selective)));
+  EXPECT_NE(selective.find("Free(seg=1, core, mb=0, sb=0)\n"), std::string::npos) << selective;
+  EXPECT_NE(selective.find("Recompute(seg=1, core, mb=0, sb=0)\n"
+                           "Backward(seg=1, stage=0, mb=0, sb=0)\n"), std::string::npos) << selective;
+}
+
+// Counts of collectives per direction, as the table in schedule.h states.
+TEST(Generators, CollectivesPerLayerMatchEachPolicy) {
+  const int layers = 5, micro_batches = 2, sub_batches = 2;
+  for (const auto& [kind, recompute] : valid_pairs()) {
+    const int sb = overlapped(kind) ? sub_batches : 1;
+    const Schedule s = generate(gpt_program(layers), spec_of(kind, recompute, micro_batches, sb));
+    int forward = 0, replayed = 0, backward = 0;
+    for (const Instruction& ins : s) {
+      if (ins.op != Op::start) continue;
+      if (ins.direction == Direction::backward) ++backward;
+      else if (ins.replay) ++replayed;
+      else ++forward;
     }
-    EXPECT_EQ(reductions, 3);
+    const int instances = micro_batches * sb;
+    EXPECT_EQ(forward, instances * (2 * layers + 1)) << name(kind);
+    EXPECT_EQ(backward, instances * (2 * layers + 1)) << name(kind);
+    EXPECT_EQ(replayed, recompute == Recompute::full ? instances * 2 * layers : 0)
+        << name(kind) << "/" << name(recompute);
   }
 }
 
-TEST(VerifySchedule, RejectsBrokenSchedules) {
-  const ProgramShape shape = one_layer_gpt();
-  Schedule s = megatron_schedule(shape, 1, true);
+// In the overlapped schedules every collective of a sub-batch is in flight while another
+// sub-batch computes; in megatron nothing computes between a Start and its Wait.
+TEST(Generators, OverlappedSchedulesComputeAnotherSubBatchDuringEveryCollective) {
+  for (const auto& [kind, recompute] : valid_pairs()) {
+    const int sb = overlapped(kind) ? 2 : 1;
+    const Schedule s = generate(gpt_program(2), spec_of(kind, recompute, 2, sb));
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (s[i].op != Op::start) continue;
+      bool other_computes = false;
+      std::size_t j = i + 1;
+      for (; j < s.size(); ++j) {
+        const Instruction& x = s[j];
+        if (x.op == Op::wait && x.segment == s[i].segment && x.direction == s[i].direction &&
+            x.micro_batch == s[i].micro_batch && x.sub_batch == s[i].sub_batch && x.replay == s[i].replay)
+          break;
+        if ((x.op == Op::forward || x.op == Op::recompute || x.op == Op::backward) &&
+            x.sub_batch != s[i].sub_batch)
+          other_computes = true;
+      }
+      ASSERT_LT(j, s.size());
+      if (overlapped(kind)) EXPECT_TRUE(other_computes) << name(kind) << " at " << to_string(s[i]);
+      else EXPECT_EQ(j, i + 1) << name(kind) << " at " << to_string(s[i]);
+    }
+  }
+}
 
-  Schedule missing_wait = s;
-  missing_wait.erase(missing_wait.begin() + 2);  // Wait(fwd, seg=0)
-  EXPECT_THROW(verify_schedule(shape, 1, missing_wait), InternalError);
+TEST(Generators, OasesForwardRunsSubBatchesOffsetByOneSegment) {
+  const Schedule s = generate(gpt_program(1), spec_of(ScheduleKind::oases, Recompute::fine_grained, 1, 2));
+  const std::string text = to_string(s);
+  EXPECT_EQ(text.rfind("Forward(seg=0, mb=0, sb=0)\n"
+                       "Start(fwd, seg=0, mb=0, sb=0)\n"
+                       "Forward(seg=0, mb=0, sb=1)\n"
+                       "Start(fwd, seg=0, mb=0, sb=1)\n"
+                       "Wait(fwd, seg=0, mb=0, sb=0)\n"
+                       "Forward(seg=1, mb=0, sb=0)\n",
+                       0),
+            0u)
+      << text;
+  // In backward the recomputation of sub-batch 1 runs while sub-batch 0's collective flies.
+  EXPECT_NE(text.find("Start(bwd, seg=2, mb=0, sb=0)\n"
+                      "Wait(bwd, seg=3, mb=0, sb=1)\n"
+                      "Backward(seg=3, stage=1, mb=0, sb=1)\n"
+                      "ReduceGrads(bucket=2)\n"
+                      "Free(seg=3, internals, mb=0, sb=1)\n"
+                      "Recompute(seg=2, internals, mb=0, sb=1)\n"),
+            std::string::npos)
+      << text;
+}
 
-  Schedule backward_first = s;
-  std::swap(backward_first[9], backward_first[10]);  // Backward(head) before Forward(head)
-  EXPECT_THROW(verify_schedule(shape, 1, backward_first), InternalError);
+TEST(Generators, IncompatibleCombinationsAreRejectedWithTheValidValues) {
+  const ops::Program program = gpt_program(1);
+  try {
+    generate(program, spec_of(ScheduleKind::oases, Recompute::full, 1, 2));
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.recompute = \"full\" does not go with parallel.schedule = \"oases\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("\"cross-pass\""), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(generate(program, spec_of(ScheduleKind::megatron, Recompute::none, 1, 2)), UserError);
+  EXPECT_THROW(generate(program, spec_of(ScheduleKind::fine_grained, Recompute::none)), UserError);
+  try {
+    parse_schedule_kind("zero-bubble", "parallel.schedule");
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("valid: \"megatron\", \"fine-grained\", \"cross-pass\", \"oases\""), std::string::npos) << e.what();
+  }
+}
 
-  Schedule stage_before_collective = s;
-  std::swap(stage_before_collective[14], stage_before_collective[15]);  // stage 1 before Wait
-  EXPECT_THROW(verify_schedule(shape, 1, stage_before_collective), InternalError);
+// Predicted peaks: fine-grained checkpoints cost one residual per segment, so oases stays
+// near megatron with full recomputation and far below keeping everything.
+TEST(Generators, OasesPeakActivationsStayNearFullRecomputation) {
+  for (int layers : {1, 2, 5}) {
+    const ops::Program program = gpt_program(layers, 2);
+    const auto peak = [&](ScheduleKind kind, Recompute recompute, int sb) {
+      return peak_activation_bytes(program, generate(program, spec_of(kind, recompute, 2, sb)));
+    };
+    const double none = static_cast<double>(peak(ScheduleKind::megatron, Recompute::none, 1));
+    const double full = static_cast<double>(peak(ScheduleKind::megatron, Recompute::full, 1));
+    // The micro-batch split in two: half-sized sets, two instances in flight.
+    ops::Program halves = program;
+    for (auto& shape : halves.segments) {
+      shape.checkpoint_bytes /= 2;
+      shape.internals_bytes /= 2;
+      shape.core_bytes /= 2;
+    }
+    const double oases = static_cast<double>(peak_activation_bytes(
+        halves, generate(halves, spec_of(ScheduleKind::oases, Recompute::fine_grained, 2, 2))));
+    EXPECT_LE(oases, 1.5 * full) << layers << " layers";
+    EXPECT_LT(oases, none) << layers << " layers";
+    EXPECT_LT(full, none);
+  }
+}
 
-  Schedule double_start = s;
-  double_start.insert(double_start.begin() + 1, s[1]);
-  EXPECT_THROW(verify_schedule(shape, 1, double_start), InternalError);
+// One hand-broken schedule per rule.
+class Broken : public ::testing::Test {
+ protected:
+  static std::size_t find(const Schedule& s, const std::string& text) {
+    for (std::size_t i = 0; i < s.size(); ++i)
+      if (to_string(s[i]) == text) return i;
+    ADD_FAILURE() << "no " << text;
+    return 0;
+  }
+  static void expect_rejected(const ops::Program& program, const ScheduleSpec& spec,
+                              const Schedule& s, const std::string& reason) {
+    try {
+      verify_schedule(program, spec, s);
+      ADD_FAILURE() << "accepted a schedule that should fail with: " << reason;
+    } catch (const InternalError& e) {
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    }
+  }
+  ops::Program program = gpt_program(2);
+};
+
+TEST_F(Broken, ForwardBeforeItsInputCollectiveCompleted) {
+  const ScheduleSpec spec = spec_of(ScheduleKind::megatron, Recompute::none);
+  Schedule s = generate(program, spec);
+  const std::size_t wait = find(s, "Wait(fwd, seg=0, mb=0, sb=0)");
+  std::swap(s[wait], s[wait + 1]);  // Forward(seg=1) reads the embedding before the reduction
+  expect_rejected(program, spec, s, "reads a forward collective that was not waited on");
+}
+
+TEST_F(Broken, BackwardStageBeforeItsCollectiveOrBeforeTheNextSegment) {
+  const ScheduleSpec spec = spec_of(ScheduleKind::oases, Recompute::fine_grained, 1, 2);
+  Schedule s = generate(program, spec);
+  Schedule early_stage = s;
+  const std::size_t wait = find(early_stage, "Wait(bwd, seg=4, mb=0, sb=1)");
+  early_stage.erase(early_stage.begin() + static_cast<std::ptrdiff_t>(wait));
+  early_stage.insert(early_stage.end() - 1, s[wait]);
+  expect_rejected(program, spec, early_stage, "stage 1 before its backward collective completed");
+
+  Schedule out_of_order = s;
+  const std::size_t b3 = find(out_of_order, "Backward(seg=3, stage=0, mb=0, sb=0)");
+  const std::size_t b4 = find(out_of_order, "Backward(seg=4, stage=1, mb=0, sb=0)");
+  std::swap(out_of_order[b3], out_of_order[b4]);
+  expect_rejected(program, spec, out_of_order, "");
+}
+
+TEST_F(Broken, ReadAfterFree) {
+  // Fine-grained without the recomputation: the backward reads freed internals.
+  const ScheduleSpec spec = spec_of(ScheduleKind::fine_grained, Recompute::fine_grained);
+  Schedule s = generate(program, spec);
+  s.erase(s.begin() + static_cast<std::ptrdiff_t>(find(s, "Recompute(seg=3, internals|core, mb=0, sb=0)")));
+  expect_rejected(program, spec, s, "reads internals of segment attention.1 after it was freed");
+
+  // Full recomputation freeing h_l before the next segment's epilogue read it.
+  const ScheduleSpec full = spec_of(ScheduleKind::megatron, Recompute::full);
+  Schedule t = generate(program, full);
+  const std::size_t free_h = find(t, "Free(seg=2, checkpoint, mb=0, sb=0)");
+  const Instruction moved = t[free_h];
+  t.erase(t.begin() + static_cast<std::ptrdiff_t>(free_h));
+  t.insert(t.begin() + static_cast<std::ptrdiff_t>(find(t, "Forward(seg=3, mb=0, sb=0)")), moved);
+  expect_rejected(program, full, t, "reads checkpoint of segment mlp.0 after it was freed");
+}
+
+TEST_F(Broken, CollectivesInADifferentOrderOnOneRankOfTheGroup) {
+  const ScheduleSpec spec = spec_of(ScheduleKind::oases, Recompute::fine_grained, 1, 2);
+  const Schedule rank0 = generate(program, spec);
+  // Rank 1 runs its sub-batches in the other order: valid alone, deadlocks with rank 0.
+  Schedule rank1 = rank0;
+  for (Instruction& ins : rank1)
+    if (ins.op != Op::reduce_grads && ins.op != Op::optimizer_step) ins.sub_batch = 1 - ins.sub_batch;
+  EXPECT_NO_THROW(verify_schedule(program, spec, rank1));
+  try {
+    verify_collective_order({rank0, rank0, rank1});
+    FAIL();
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("collective 0 of rank 2 is Start(fwd, seg=0, mb=0, sb=1)"), std::string::npos) << e.what();
+  }
+  Schedule missing = rank0;
+  missing.erase(missing.begin() + static_cast<std::ptrdiff_t>(find(missing, "Start(bwd, seg=5, mb=0, sb=1)")));
+  EXPECT_THROW(verify_collective_order({rank0, missing}), InternalError);
+}
+
+TEST_F(Broken, CollectiveMisuseLeaksAndEarlyReductions) {
+  const ScheduleSpec spec = spec_of(ScheduleKind::megatron, Recompute::none);
+  const Schedule s = generate(program, spec);
+  Schedule no_wait = s;
+  no_wait.erase(no_wait.begin() + static_cast<std::ptrdiff_t>(find(no_wait, "Wait(bwd, seg=5, mb=0, sb=0)")));
+  expect_rejected(program, spec, no_wait, "");
+
+  Schedule twice = s;
+  const std::size_t start = find(twice, "Start(fwd, seg=1, mb=0, sb=0)");
+  twice.insert(twice.begin() + static_cast<std::ptrdiff_t>(start) + 2, s[start]);
+  expect_rejected(program, spec, twice, "");
+
+  Schedule leak = s;
+  leak.erase(leak.begin() + static_cast<std::ptrdiff_t>(find(leak, "Free(seg=3, checkpoint|internals|core, mb=0, sb=0)")));
+  expect_rejected(program, spec, leak, "checkpoint is still live");
+
+  Schedule early = s;
+  const std::size_t reduce = find(early, "ReduceGrads(bucket=1)");
+  const Instruction moved = early[reduce];
+  early.erase(early.begin() + static_cast<std::ptrdiff_t>(reduce));
+  early.insert(early.begin() + static_cast<std::ptrdiff_t>(find(early, "Backward(seg=3, stage=1, mb=0, sb=0)")), moved);
+  expect_rejected(program, spec, early, "bucket 1 is not final");
 }
 
 }  // namespace

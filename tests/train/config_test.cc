@@ -40,6 +40,42 @@ TEST(RunConfig, RoundTripsThroughToml) {
   EXPECT_EQ(b.log.metrics, "m.jsonl");
 }
 
+TEST(RunConfig, ScheduleSettingsResolveAndIncompatibleOnesAreRejected) {
+  // auto: oases with two sub-batches under tensor parallelism, megatron otherwise.
+  RunConfig c = parse_run_config("[parallel]\ntp = 2\n[train]\nmicro_batch = 4\nglobal_batch = 8\n", "t");
+  schedule::ScheduleSpec spec = schedule_spec(c);
+  EXPECT_EQ(spec.kind, schedule::ScheduleKind::oases);
+  EXPECT_EQ(spec.recompute, schedule::Recompute::fine_grained);
+  EXPECT_EQ(spec.sub_batches, 2);
+  EXPECT_EQ(spec.micro_batches, 2);
+  c = parse_run_config("[train]\nmicro_batch = 3\nglobal_batch = 3\n", "t", {"parallel.schedule=\"cross-pass\""});
+  spec = schedule_spec(c);
+  EXPECT_EQ(spec.recompute, schedule::Recompute::full);
+  EXPECT_EQ(spec.sub_batches, 1);  // an odd micro-batch does not split in two
+  spec = schedule_spec(parse_run_config("", "t"));
+  EXPECT_EQ(spec.kind, schedule::ScheduleKind::megatron);
+  EXPECT_EQ(spec.recompute, schedule::Recompute::none);
+
+  EXPECT_NE(error_of("[train]\nmicro_batch = 4\n", {"parallel.sub_batches=3", "parallel.schedule=\"oases\""})
+                .find("parallel.sub_batches = 3 must divide train.micro_batch = 4 (sub-batches split "
+                      "each micro-batch along the batch dimension); valid: 1, 2, 4"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"parallel.schedule=\"oases\"", "parallel.recompute=\"full\""})
+                .find("parallel.recompute = \"full\" does not go with parallel.schedule = \"oases\""),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"parallel.schedule=\"megatron\"", "parallel.sub_batches=2"})
+                .find("parallel.sub_batches = 2 needs an overlapped schedule"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"parallel.schedule=\"1f1b\""})
+                .find("parallel.schedule = \"1f1b\" is not a known value; valid: \"megatron\", "
+                      "\"fine-grained\", \"cross-pass\", \"oases\""),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"parallel.recompute=\"some\""})
+                .find("parallel.recompute = \"some\" is not a known value; valid: \"none\", \"full\", "
+                      "\"selective\", \"fine-grained\""),
+            std::string::npos);
+}
+
 TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
   EXPECT_NE(error_of("[model]\nlayerz = 3\n").find("unknown config key model.layerz; valid keys in [model]: "), std::string::npos);
   EXPECT_NE(error_of("[modle]\n").find("unknown config section [modle]"), std::string::npos);

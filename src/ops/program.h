@@ -1,0 +1,70 @@
+// Program: what a schedule generator knows about a model. A model is an ordered chain of
+// segments; each segment may be followed by a forward collective (reducing its output) and may
+// have a backward collective between its two backward stages. The activations a segment keeps
+// for its backward pass come in named sets, which a schedule keeps, frees and recomputes:
+//
+//   checkpoint  the residual-stream value the segment computes first from its input (its
+//               epilogue: bias + dropout + residual add after the previous collective). The
+//               next segment's epilogue reads it as its residual. Recomputing it needs the
+//               previous segment's reduced output, so it replays a collective.
+//   internals   what the segment's body computes from its checkpoint up to (not including) its
+//               final row-parallel GEMM: LayerNorm outputs and statistics, QKV, FC1 and GeLU.
+//               Recomputing it from a live checkpoint needs no collective.
+//   core        core attention's output and row log-sum-exps; recomputed from `internals`
+//               (selective recomputation).
+//
+// A Recompute action may also regenerate the segment's `output` (the partial sums its forward
+// collective reduces) so that a whole-layer recomputation can replay the collectives.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace oases::ops {
+
+enum TensorSet : std::uint8_t {
+  kCheckpoint = 1,
+  kInternals = 2,
+  kCore = 4,
+  kOutput = 8,  // only in a Recompute's mask: also write the partial sums of the output
+};
+using TensorSets = std::uint8_t;
+
+std::string tensor_sets_name(TensorSets sets);  // "checkpoint|internals", "-" for none
+
+struct SegmentShape {
+  std::string name;
+  bool has_forward_collective = false;
+  bool has_backward_collective = false;
+  int backward_stages = 1;
+  // The tensor sets this segment keeps between its Forward and its Backward, and their sizes.
+  TensorSets sets = 0;
+  std::size_t checkpoint_bytes = 0, internals_bytes = 0, core_bytes = 0;
+  // Transformer layer the segment belongs to (-1: embedding, head). Whole-layer recomputation
+  // (Megatron's "full") replays every segment of a layer from the layer's first checkpoint.
+  int layer = -1;
+  // Whether schedules may drop this segment's sets after Forward and recompute them.
+  bool recomputable = false;
+  // Gradient bucket whose gradients are all final once this segment's last backward stage has
+  // run on every micro-batch and sub-batch (-1: none). Lets the data-parallel reduction of later
+  // layers overlap the backward pass of earlier ones.
+  int ready_bucket = -1;
+};
+
+struct Program {
+  std::vector<SegmentShape> segments;
+};
+
+inline std::size_t bytes_of(const SegmentShape& shape, TensorSet set) {
+  switch (set) {
+    case kCheckpoint: return shape.checkpoint_bytes;
+    case kInternals: return shape.internals_bytes;
+    case kCore: return shape.core_bytes;
+    case kOutput: return 0;
+  }
+  return 0;
+}
+
+}  // namespace oases::ops
