@@ -10,6 +10,7 @@
 // at full scale.
 #include "core/philox.h"
 #include "support/command.h"
+#include "support/runs.h"
 #include "model/param_layout.h"
 #include "train/config.h"
 #include "train/safetensors.h"
@@ -33,17 +34,10 @@ namespace {
 using Result = oases::testing::CommandResult;
 using oases::testing::run_command;
 
-std::string mpirun(int ranks) {
-  return "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np " +
-         std::to_string(ranks) + " ";
-}
+std::string mpirun(int ranks) { return oases::testing::mpirun_prefix(ranks); }
 
 std::vector<double> losses(const fs::path& metrics) {
-  std::vector<double> out;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return out;
+  return oases::testing::metric_values(metrics, "loss");
 }
 
 class Layouts : public ::testing::Test {
@@ -83,22 +77,8 @@ peak_tflops = 1.0
     write_random_init(dir_ / "init.safetensors");
   }
 
-  // Every tensor random: weights and biases N(0, 0.02), LayerNorm weights 1 + N(0, 0.1).
   static void write_random_init(const fs::path& path) {
-    const auto config = oases::train::load_run_config((dir_ / "tiny.toml").string());
-    const auto layout = oases::model::gpt_param_layout(config.model);
-    std::vector<float> values(static_cast<std::size_t>(layout.total_numel()));
-    oases::train::SafetensorsWriter writer;
-    for (const auto& p : layout.params()) {
-      const auto key = oases::philox_key(77, oases::fnv1a64(p.name));
-      const bool norm = p.name.find("ln_") != std::string::npos && p.name.find(".weight") != std::string::npos;
-      for (std::int64_t i = 0; i < p.numel(); ++i) {
-        const double z = oases::normal_from_block(oases::philox4x32({static_cast<std::uint32_t>(i), 0, 0, 0}, key));
-        values[static_cast<std::size_t>(p.offset + i)] = static_cast<float>(norm ? 1.0 + 0.1 * z : 0.02 * z);
-      }
-      writer.add(p.name, oases::DType::f32, p.full_shape.to_vector(), values.data() + p.offset);
-    }
-    writer.write(path.string());
+    oases::testing::write_random_init(dir_ / "tiny.toml", path, 77);
   }
 
   // Trains under (tp, dp) for `steps` steps; returns the run's folder.
@@ -117,32 +97,13 @@ peak_tflops = 1.0
 
   static void expect_same_parameters(const fs::path& a_file, const fs::path& b_file,
                                      const std::string& what) {
-    const auto a = oases::train::SafetensorsFile::open(a_file.string());
-    const auto b = oases::train::SafetensorsFile::open(b_file.string());
-    ASSERT_EQ(a.names(), b.names()) << what;
-    for (const auto& name : a.names()) {
-      const auto& info = b.info(name);
-      std::vector<float> x(static_cast<std::size_t>(info.numel())), y(x.size());
-      a.read_f32(name, info.shape, x.data());
-      b.read_f32(name, info.shape, y.data());
-      double diff = 0, norm = 0;
-      for (std::size_t i = 0; i < x.size(); ++i) {
-        diff += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
-        norm += double(y[i]) * y[i];
-      }
-      EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm) + 1e-12) << what << " " << name;
-    }
+    oases::testing::expect_same_tensors(a_file, b_file, what);
   }
 
   static inline fs::path dir_;  // the current test's folder
 };
 
-void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
-                        const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << what << " step " << i + 1;
-}
+using oases::testing::expect_same_losses;
 
 TEST_F(Layouts, EveryLayoutMatchesTheSingleProcessRun) {
   const fs::path reference = train(1, 1, "tp1_dp1");

@@ -11,6 +11,7 @@
 #include "core/philox.h"
 #include "model/param_layout.h"
 #include "support/command.h"
+#include "support/runs.h"
 #include "train/config.h"
 #include "train/safetensors.h"
 
@@ -40,62 +41,23 @@ constexpr int kLayers = 2;
 constexpr int kMicroBatches = 2;  // global_batch 8 / micro_batch 4
 constexpr int kSteps = 2;
 
-std::string mpirun(int ranks) {
-  return "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np " +
-         std::to_string(ranks) + " ";
-}
+std::string mpirun(int ranks) { return oases::testing::mpirun_prefix(ranks); }
 
 // A TOML string value on a shell command line: parallel.schedule=\"oases\".
 std::string quoted(const std::string& value) { return "\\\"" + value + "\\\""; }
 
 struct Metrics {
   std::vector<double> losses;
-  std::vector<std::int64_t> peak_activation_bytes;
+  std::vector<double> peak_activation_bytes;
 };
 
 Metrics read_metrics(const fs::path& file) {
-  Metrics out;
-  std::ifstream in(file);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    out.losses.push_back(j.at("loss").get<double>());
-    out.peak_activation_bytes.push_back(j.at("peak_activation_bytes").get<std::int64_t>());
-  }
-  return out;
+  return {oases::testing::metric_values(file, "loss"),
+          oases::testing::metric_values(file, "peak_activation_bytes")};
 }
 
-void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
-                        const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << what << " step " << i + 1;
-}
-
-// Per tensor: ||a - b|| <= 1e-5 ||b||, over the same set of tensor names.
-void expect_same_tensors(const fs::path& a_file, const fs::path& b_file, const std::string& what) {
-  ASSERT_TRUE(fs::exists(a_file)) << what << ": " << a_file;
-  ASSERT_TRUE(fs::exists(b_file)) << what << ": " << b_file;
-  const auto a = oases::train::SafetensorsFile::open(a_file.string());
-  const auto b = oases::train::SafetensorsFile::open(b_file.string());
-  ASSERT_EQ(a.names(), b.names()) << what;
-  for (const auto& name : a.names()) {
-    const auto& info = b.info(name);
-    ASSERT_EQ(a.info(name).shape, info.shape) << what << " " << name;
-    std::vector<float> x(static_cast<std::size_t>(info.numel())), y(x.size());
-    a.read_f32(name, info.shape, x.data());
-    b.read_f32(name, info.shape, y.data());
-    double diff = 0, norm = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      const double d = double(x[i]) - double(y[i]);
-      diff += d * d;
-      norm += double(y[i]) * double(y[i]);
-    }
-    EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm) + 1e-12)
-        << what << " " << name << ": relative difference "
-        << (norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff));
-  }
-}
+using oases::testing::expect_same_losses;
+using oases::testing::expect_same_tensors;
 
 // One schedule setting, as `--set` overrides.
 struct Combination {
@@ -172,25 +134,8 @@ peak_tflops = 1.0
     write_random_init(dir_ / "init.safetensors");
   }
 
-  // Every tensor random: weights and biases N(0, 0.02), LayerNorm weights 1 + N(0, 0.1).
   void write_random_init(const fs::path& path) const {
-    const auto config = oases::train::load_run_config((dir_ / "tiny.toml").string());
-    const auto layout = oases::model::gpt_param_layout(config.model);
-    std::vector<float> values(static_cast<std::size_t>(layout.total_numel()));
-    oases::train::SafetensorsWriter writer;
-    for (const auto& p : layout.params()) {
-      const auto key = oases::philox_key(2024, oases::fnv1a64(p.name));
-      const bool norm = p.name.find("ln_") != std::string::npos &&
-                        p.name.find(".weight") != std::string::npos;
-      for (std::int64_t i = 0; i < p.numel(); ++i) {
-        const double z = oases::normal_from_block(
-            oases::philox4x32({static_cast<std::uint32_t>(i), 0, 0, 0}, key));
-        values[static_cast<std::size_t>(p.offset + i)] =
-            static_cast<float>(norm ? 1.0 + 0.1 * z : 0.02 * z);
-      }
-      writer.add(p.name, oases::DType::f32, p.full_shape.to_vector(), values.data() + p.offset);
-    }
-    writer.write(path.string());
+    oases::testing::write_random_init(dir_ / "tiny.toml", path, 2024);
   }
 
   // Trains under tensor-parallel degree tp with the given overrides; returns the run's folder,
@@ -217,7 +162,7 @@ peak_tflops = 1.0
     const Metrics want = read_metrics(*reference / "metrics.jsonl");
     ASSERT_EQ(want.losses.size(), static_cast<std::size_t>(kSteps));
     const fs::path final_step = fs::path("ckpt") / ("step_" + std::to_string(kSteps));
-    std::map<std::string, std::int64_t> peak;
+    std::map<std::string, double> peak;
     for (const Combination& c : every_combination()) {
       const std::string what = "tp" + std::to_string(tp) + " " + c.label;
       const auto run = train(tp, "tp" + std::to_string(tp) + "_" + c.label, c.settings);

@@ -1,0 +1,94 @@
+// Helpers for tests that run `oases train` under mpirun and compare runs: the launcher prefix,
+// a random initial checkpoint, losses from a metrics file, and per-tensor comparison of two
+// safetensors files.
+#pragma once
+
+#include "core/philox.h"
+#include "model/param_layout.h"
+#include "train/config.h"
+#include "train/safetensors.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace oases::testing {
+
+// `mpirun ... -np ranks ` over shared memory, as the tests' machine allows (root, more ranks
+// than cores).
+inline std::string mpirun_prefix(int ranks) {
+  return "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np " +
+         std::to_string(ranks) + " ";
+}
+
+// A safetensors file for the model of the config at `config_path`, every tensor random:
+// weights and biases N(0, 0.02), LayerNorm weights 1 + N(0, 0.1). Runs started from it have no
+// parameter that is a pure sum of AdamW updates (as zero biases would be), whose last bits
+// follow the summation order of each layout and schedule.
+inline void write_random_init(const std::filesystem::path& config_path,
+                              const std::filesystem::path& out, std::uint64_t seed) {
+  const auto config = train::load_run_config(config_path.string());
+  const auto layout = model::gpt_param_layout(config.model);
+  std::vector<float> values(static_cast<std::size_t>(layout.total_numel()));
+  train::SafetensorsWriter writer;
+  for (const auto& p : layout.params()) {
+    const auto key = philox_key(seed, fnv1a64(p.name));
+    const bool norm = p.name.find("ln_") != std::string::npos &&
+                      p.name.find(".weight") != std::string::npos;
+    for (std::int64_t i = 0; i < p.numel(); ++i) {
+      const double z = normal_from_block(philox4x32({static_cast<std::uint32_t>(i), 0, 0, 0}, key));
+      values[static_cast<std::size_t>(p.offset + i)] = static_cast<float>(norm ? 1.0 + 0.1 * z : 0.02 * z);
+    }
+    writer.add(p.name, DType::f32, p.full_shape.to_vector(), values.data() + p.offset);
+  }
+  writer.write(out.string());
+}
+
+// One value per line of a metrics JSONL file.
+inline std::vector<double> metric_values(const std::filesystem::path& metrics, const std::string& key) {
+  std::vector<double> out;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line).at(key).get<double>());
+  return out;
+}
+
+inline void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
+                               const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << what << " step " << i + 1;
+}
+
+// Per tensor: ||a - b|| <= 1e-5 ||b||, over the same set of tensor names and shapes.
+inline void expect_same_tensors(const std::filesystem::path& a_file,
+                                const std::filesystem::path& b_file, const std::string& what) {
+  ASSERT_TRUE(std::filesystem::exists(a_file)) << what << ": " << a_file;
+  ASSERT_TRUE(std::filesystem::exists(b_file)) << what << ": " << b_file;
+  const auto a = train::SafetensorsFile::open(a_file.string());
+  const auto b = train::SafetensorsFile::open(b_file.string());
+  ASSERT_EQ(a.names(), b.names()) << what;
+  for (const auto& name : a.names()) {
+    const auto& info = b.info(name);
+    ASSERT_EQ(a.info(name).shape, info.shape) << what << " " << name;
+    std::vector<float> x(static_cast<std::size_t>(info.numel())), y(x.size());
+    a.read_f32(name, info.shape, x.data());
+    b.read_f32(name, info.shape, y.data());
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double d = double(x[i]) - double(y[i]);
+      diff += d * d;
+      norm += double(y[i]) * double(y[i]);
+    }
+    EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm) + 1e-12)
+        << what << " " << name << ": relative difference "
+        << (norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff));
+  }
+}
+
+}  // namespace oases::testing
