@@ -4,9 +4,12 @@
 #include "train/atomic_file.h"
 #include "train/safetensors.h"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <regex>
+#include <sstream>
 #include <vector>
 
 namespace oases::train {
@@ -204,7 +207,19 @@ std::string resolve_model_file(const std::string& path) {
 RunConfig config_from_checkpoint(const std::string& path) {
   const std::string model_file = resolve_model_file(path);
   const SafetensorsFile file = SafetensorsFile::open(model_file);
-  return parse_run_config(metadata_value(file, "oases_config"), model_file + " (oases_config)");
+  // The model is what a reader of the checkpoint needs; how the run was parallelised and
+  // scheduled is not, and settings of older releases may no longer combine.
+  toml::table stored;
+  try {
+    stored = toml::parse(metadata_value(file, "oases_config"));
+  } catch (const toml::parse_error& e) {
+    OASES_FAIL("{}: the stored run configuration is not valid TOML: {}", model_file,
+               std::string(e.description()));
+  }
+  stored.erase("parallel");
+  std::ostringstream text;
+  text << stored;
+  return parse_run_config(text.str(), model_file + " (oases_config)");
 }
 
 }  // namespace oases::train

@@ -51,7 +51,8 @@ TrainingState load_optimizer_state(const std::string& checkpoint_dir,
                                    const model::ParamLayout& layout, float* exp_avg,
                                    float* exp_avg_sq);
 
-// The run configuration stored in a checkpoint's model.safetensors (for `oases generate`).
+// The run configuration stored in a checkpoint's model.safetensors (for `oases generate`),
+// with the [parallel] section at its defaults: one process, whatever trained it.
 RunConfig config_from_checkpoint(const std::string& checkpoint_dir);
 
 // Accepts a checkpoint directory (step_N), a run's checkpoint.dir (its newest checkpoint is

@@ -20,7 +20,6 @@ std::string generate_text(const GenerateOptions& o) {
   RunConfig config = config_from_checkpoint(o.checkpoint);
   config.train.micro_batch = 1;
   config.train.global_batch = 1;
-  config.parallel = ParallelConfig{};  // one process, whatever layout trained the checkpoint
   config.checkpoint = {};
   const auto tokenizer = make_tokenizer(config.data.tokenizer);
   TrainingEngine engine(config);
