@@ -1,7 +1,6 @@
 #include "ops/gpt_segments.h"
 
 #include "core/error.h"
-#include "core/timer.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/dropout.h"
@@ -11,6 +10,7 @@
 #include "kernels/cpu/layernorm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -479,13 +479,15 @@ class HeadSegment final : public Segment {
     return Tensor::of(s_.ports[static_cast<std::size_t>(sb)].d_ln,
                       {s_.tokens(), s_.config.hidden});
   }
-  double take_blocking_comm_seconds() override { return std::exchange(blocking_comm_s_, 0.0); }
+  std::vector<BlockingCollective> take_blocking_collectives() override {
+    return std::exchange(blocking_, {});
+  }
 
  private:
-  void reduce_blocking(Tensor buffer, comm::ReduceOp op) {
-    const Stopwatch waited;
+  void reduce_blocking(const char* what, Tensor buffer, comm::ReduceOp op) {
+    const auto began = std::chrono::steady_clock::now();
     s_.tp->all_reduce(buffer, op);
-    blocking_comm_s_ += waited.seconds();
+    blocking_.push_back({what, began, std::chrono::steady_clock::now()});
   }
 
   void vocab_parallel_cross_entropy(float* logits, const std::int32_t* targets,
@@ -499,14 +501,14 @@ class HeadSegment final : public Segment {
     } else {
       std::fill(row_max_, row_max_ + rows, -std::numeric_limits<float>::infinity());
     }
-    reduce_blocking(Tensor::of(row_max_, {rows}), comm::ReduceOp::max);
+    reduce_blocking("loss-max", Tensor::of(row_max_, {rows}), comm::ReduceOp::max);
     if (valid > 0) {
       k::cross_entropy_shard_sums(logits, targets, begin, row_max_, rows, valid, V, sum_exp,
                                   target_logit);
     } else {
       std::fill(row_sums_, row_sums_ + 2 * rows, 0.0f);
     }
-    reduce_blocking(Tensor::of(row_sums_, {2 * rows}), comm::ReduceOp::sum);
+    reduce_blocking("loss-sums", Tensor::of(row_sums_, {2 * rows}), comm::ReduceOp::sum);
     if (valid > 0) {
       k::cross_entropy_shard_finish(logits, targets, begin, row_max_, sum_exp, target_logit, rows,
                                     valid, V, grad_scale, row_losses_, gradient);
@@ -527,7 +529,7 @@ class HeadSegment final : public Segment {
   float* row_losses_ = nullptr;
   float* row_max_ = nullptr;   // [chunk]
   float* row_sums_ = nullptr;  // [2, chunk]: sums of exponentials, target logits
-  double blocking_comm_s_ = 0;
+  std::vector<BlockingCollective> blocking_;
 };
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "ops/activation_store.h"
 #include "ops/program.h"
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -68,9 +69,13 @@ class Segment {
   virtual Tensor forward_collective_buffer(int /*sb*/) { return {}; }
   virtual Tensor backward_collective_buffer(int /*sb*/) { return {}; }
 
-  // Seconds this segment spent blocked in collectives it issues itself (the vocab-parallel
-  // loss reductions), accumulated since the last call; the executor counts them as exposed.
-  virtual double take_blocking_comm_seconds() { return 0; }
+  // Collectives the segment ran itself, blocking, since the last call (the vocab-parallel
+  // loss reductions): the executor counts them as exposed communication and traces them.
+  struct BlockingCollective {
+    std::string name;  // what was reduced, e.g. "loss-max"
+    std::chrono::steady_clock::time_point began, finished;
+  };
+  virtual std::vector<BlockingCollective> take_blocking_collectives() { return {}; }
 
   int id() const { return id_; }
 

@@ -77,7 +77,7 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
     ops::Segment* segment = ins.op == Op::reduce_grads || ins.op == Op::optimizer_step
                                 ? nullptr
                                 : segments_[static_cast<std::size_t>(ins.segment)].get();
-    double blocked = 0;  // collectives a segment ran itself
+    double blocked = 0;  // seconds in collectives the segment ran itself
     switch (ins.op) {
       case Op::forward: segment->forward(ctx, ins.micro_batch, ins.sub_batch); break;
       case Op::recompute:
@@ -120,12 +120,20 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         if (hooks.optimizer_step) hooks.optimizer_step();
         break;
     }
-    if (segment) blocked = segment->take_blocking_comm_seconds();
+    if (segment) {
+      for (const auto& c : segment->take_blocking_collectives()) {
+        blocked += seconds(c.finished - c.began);
+        if (tp_.size() > 1) wire.emplace_back(c.began, c.finished);
+        if (trace)
+          trace->add(fmt::format("AR {} {} mb{} sb{}", c.name, segment->name(), ins.micro_batch,
+                                 ins.sub_batch),
+                     TraceRecorder::Lane::communication, trace_us(c.began), trace_us(c.finished));
+      }
+    }
     const Clock::time_point ended = Clock::now();
     if (ins.op == Op::forward || ins.op == Op::recompute || ins.op == Op::backward) {
       stats.compute_seconds += seconds(ended - began) - blocked;
       stats.exposed_comm_seconds += blocked;
-      stats.comm_seconds += blocked;
     }
     if (trace && ins.op != Op::start && ins.op != Op::wait) {
       trace->add(trace_name(ins, segment ? segment->name() : ""),

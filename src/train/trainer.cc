@@ -261,6 +261,8 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& run_optio
           "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {} tok/s | mfu {:.0f}% | ETA {}",
           step + 1, t.steps, record.loss, record.lr, record.grad_norm, format_rate(tokens_per_s),
           100.0 * achieved / peak_flops, format_duration(eta));
+      if (mesh.world_size() > 1)
+        line += fmt::format(" | waited on comm {:.0f}%", 100.0 * r.exposed_comm_seconds / record.step_time_s);
       if (record.val_loss) line += fmt::format(" | val_loss {:.4f}", *record.val_loss);
       log_info("{}", line);
     }

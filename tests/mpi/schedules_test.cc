@@ -231,7 +231,7 @@ std::string suffix(int mb, int sb) {
 
 // The communication-lane events each instance must show exactly once: the forward collectives
 // of the embedding and of every attention and MLP segment, the backward collectives of every
-// attention and MLP segment and of the head; with `replay`, whole-layer recomputation's
+// attention and MLP segment and of the head, the head's two loss reductions; with `replay`, whole-layer recomputation's
 // replayed forward collectives of every attention and MLP segment as well.
 std::map<std::string, int> expected_collectives(int sub_batches, bool replay) {
   std::map<std::string, int> out;
@@ -240,6 +240,9 @@ std::map<std::string, int> expected_collectives(int sub_batches, bool replay) {
       const std::string at = suffix(mb, sb);
       out["AR fwd embedding" + at] = 1;
       out["AR bwd head" + at] = 1;
+      // The vocab-parallel loss reduces row maxima, then sums, once per row chunk (one here).
+      out["AR loss-max head" + at] = 1;
+      out["AR loss-sums head" + at] = 1;
       for (int l = 0; l < kLayers; ++l) {
         for (const std::string segment : {"attention.", "mlp."}) {
           const std::string seg = segment + std::to_string(l);
