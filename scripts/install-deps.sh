@@ -4,7 +4,7 @@
 #   scripts/install-deps.sh --test   also what the test suite needs (PyTorch for parity tests)
 set -euo pipefail
 
-packages=(git cmake ninja-build g++ pkg-config libopenblas-openmp-dev libtomlplusplus-dev
+packages=(git cmake ninja-build g++ pkg-config libopenblas-openmp-dev libtomlplusplus-dev coinor-libcbc-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenmpi-dev openmpi-bin fortunes)
 if [[ "${1:-}" == "--test" ]]; then

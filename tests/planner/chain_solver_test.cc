@@ -1,0 +1,112 @@
+// The three chain solvers agree on the optimum: the CBC integer program and the dynamic program
+// on random chains up to 24 layers (with memory limits that bind), and both with brute force
+// on chains small enough to enumerate.
+#include "planner/chain_solver.h"
+
+#include "core/philox.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace oases::planner {
+namespace {
+
+// Uniform in [0, 1) from Philox keyed by (seed, counter).
+class Draws {
+ public:
+  explicit Draws(std::uint64_t seed) : key_(philox_key(seed, fnv1a64("chain"))) {}
+  double next() {
+    const auto block = philox4x32({counter_++, 0, 0, 0}, key_);
+    return static_cast<double>(block[0]) / 4294967296.0;
+  }
+
+ private:
+  PhiloxKey key_;
+  std::uint32_t counter_ = 0;
+};
+
+// Layers whose cost falls and memory rises with the candidate index (as a lower tensor-parallel
+// degree trades communication for memory), boundaries that cost more between different
+// candidates, and a memory limit somewhere between the least and the most any plan needs.
+ChainProblem random_chain(int layers, int candidates, std::uint64_t seed, double tightness) {
+  Draws draw(seed);
+  ChainProblem p;
+  p.layers = layers;
+  p.candidates = candidates;
+  p.fixed_memory = static_cast<std::int64_t>(draw.next() * 100);
+  std::int64_t most = p.fixed_memory;
+  for (int l = 0; l < layers; ++l) {
+    std::vector<double> cost;
+    std::vector<std::int64_t> memory;
+    for (int k = 0; k < candidates; ++k) {
+      cost.push_back((candidates - k) * (1.0 + draw.next()) + draw.next());
+      memory.push_back(static_cast<std::int64_t>((k + 1) * (10 + 20 * draw.next())));
+    }
+    most += *std::max_element(memory.begin(), memory.end());
+    p.layer_cost.push_back(cost);
+    p.layer_memory.push_back(memory);
+    if (l + 1 < layers) {
+      std::vector<std::vector<double>> boundary(static_cast<std::size_t>(candidates),
+                                                std::vector<double>(static_cast<std::size_t>(candidates)));
+      for (int j = 0; j < candidates; ++j)
+        for (int k = 0; k < candidates; ++k) boundary[j][k] = j == k ? 0.1 * draw.next() : 0.5 + draw.next();
+      p.boundary_cost.push_back(boundary);
+    }
+  }
+  const std::int64_t least = minimum_memory(p);
+  p.memory_limit = least + static_cast<std::int64_t>(tightness * static_cast<double>(most - least));
+  return p;
+}
+
+void expect_same_optimum(const ChainPlan& a, const ChainPlan& b, const ChainProblem& p,
+                         const std::string& what) {
+  ASSERT_EQ(a.feasible, b.feasible) << what;
+  if (!a.feasible) return;
+  EXPECT_NEAR(a.cost, b.cost, 1e-9 * std::max(1.0, std::abs(b.cost))) << what;
+  EXPECT_LE(a.memory, p.memory_limit) << what;
+  EXPECT_LE(b.memory, p.memory_limit) << what;
+  EXPECT_DOUBLE_EQ(a.cost, plan_cost(p, a.choice)) << what;
+}
+
+TEST(ChainSolvers, AgreeWithBruteForceOnSmallChains) {
+  int binding = 0;
+  for (std::uint64_t seed = 0; seed < 60; ++seed) {
+    const int layers = 1 + static_cast<int>(seed % 6), candidates = 2 + static_cast<int>(seed % 3);
+    const double tightness = (seed % 5) / 4.0;  // 0 (only the least-memory plans fit) .. 1 (no limit)
+    const ChainProblem p = random_chain(layers, candidates, seed, tightness);
+    const std::string what = "seed " + std::to_string(seed);
+    const ChainPlan brute = solve_brute_force(p);
+    expect_same_optimum(solve_dynamic_program(p), brute, p, what + " dp");
+    expect_same_optimum(solve_ilp(p), brute, p, what + " ilp");
+    // Does the limit change the answer? Count those instances: they must occur.
+    ChainProblem unlimited = p;
+    unlimited.memory_limit = std::numeric_limits<std::int64_t>::max();
+    if (solve_brute_force(unlimited).cost < brute.cost - 1e-12) ++binding;
+  }
+  EXPECT_GE(binding, 10);
+}
+
+TEST(ChainSolvers, IntegerProgramAndDynamicProgramAgreeOnLongerChains) {
+  for (std::uint64_t seed = 100; seed < 130; ++seed) {
+    const int layers = 8 + static_cast<int>(seed % 17), candidates = 3 + static_cast<int>(seed % 4);
+    const ChainProblem p = random_chain(layers, candidates, seed, 0.1 + 0.3 * static_cast<double>(seed % 3));
+    expect_same_optimum(solve_dynamic_program(p), solve_ilp(p), p, "seed " + std::to_string(seed));
+  }
+}
+
+TEST(ChainSolvers, ALimitBelowTheLeastMemoryIsInfeasibleForAll) {
+  ChainProblem p = random_chain(4, 3, 7, 0.5);
+  p.memory_limit = minimum_memory(p) - 1;
+  EXPECT_FALSE(solve_dynamic_program(p).feasible);
+  EXPECT_FALSE(solve_ilp(p).feasible);
+  EXPECT_FALSE(solve_brute_force(p).feasible);
+  p.memory_limit = minimum_memory(p);  // exactly the least: the least-memory plans only
+  const ChainPlan plan = solve_dynamic_program(p);
+  ASSERT_TRUE(plan.feasible);
+  EXPECT_EQ(plan.memory, minimum_memory(p));
+  expect_same_optimum(solve_ilp(p), plan, p, "at the least memory");
+}
+
+}  // namespace
+}  // namespace oases::planner
