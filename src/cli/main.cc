@@ -7,6 +7,7 @@
 #include "kernels/cpu/blas_runtime.h"
 #include "train/config.h"
 #include "train/generate.h"
+#include "train/profiler.h"
 #include "train/token_data.h"
 #include "train/trainer.h"
 
@@ -91,7 +92,53 @@ int run(int argc, char** argv) {
   generate->add_option("--seed", gen.seed, "Seed of the sampling draws")
       ->capture_default_str();
 
+  // profile
+  std::string profile_config, profile_output;
+  std::vector<std::string> profile_overrides;
+  oases::train::ProfileOptions profile_options;
+  auto* profile = app.add_subcommand(
+      "profile", "Measure every segment and collective at each tensor-parallel degree (JSON for "
+                 "the planner); run under mpirun with parallel.tp ranks");
+  profile->add_option("--config", profile_config, "Run configuration (TOML)")->required();
+  profile->add_option("--set", profile_overrides, "Override config keys, as for train");
+  profile->add_option("--output", profile_output, "Where to write the profile (JSON)")->required();
+  profile->add_option("--steps", profile_options.steps, "Timed steps per degree")
+      ->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
+
+  if (*profile) {
+    const auto config = oases::train::load_run_config(profile_config, profile_overrides);
+    if (oases::comm::launched_by_mpi()) {
+      oases::comm::MpiRuntime runtime;
+      try {
+        oases::comm::MpiCommunicatorOptions comm_options;
+        comm_options.timeout_seconds = config.parallel.comm_timeout_s;
+        profile_options.progress = runtime.world_rank() == 0;
+        const auto result = oases::train::run_profile(config, profile_options, [&](int tp, int dp) {
+          return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
+        });
+        if (runtime.world_rank() == 0) {
+          oases::planner::write_profile(result, profile_output);
+          oases::log_info("wrote {}", profile_output);
+        }
+      } catch (const std::exception& e) {
+        const int code =
+            report_error(e, fmt::format("rank {} of {}: ", runtime.world_rank(), runtime.world_size()));
+        if (runtime.world_size() > 1) oases::comm::abort_job(code);
+        return code;
+      }
+    } else {
+      OASES_CHECK(config.parallel.tp == 1,
+                  "parallel.tp = {} needs {} processes: launch with `mpirun -np {} oases profile ...`",
+                  config.parallel.tp, config.parallel.tp, config.parallel.tp);
+      const auto result = oases::train::run_profile(
+          config, profile_options, [](int tp, int dp) { return oases::comm::Mesh::single_process(tp, dp); });
+      oases::planner::write_profile(result, profile_output);
+      oases::log_info("wrote {}", profile_output);
+    }
+    return 0;
+  }
 
   if (*train) {
     const auto config = oases::train::load_run_config(config_path, overrides);

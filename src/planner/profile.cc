@@ -1,0 +1,143 @@
+#include "planner/profile.h"
+
+#include "core/error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace oases::planner {
+
+using nlohmann::json;
+
+const DegreeProfile* Profile::at_degree(int degree) const {
+  for (const DegreeProfile& d : degrees)
+    if (d.degree == degree) return &d;
+  return nullptr;
+}
+
+namespace {
+
+json model_json(const model::GptConfig& m) {
+  return {{"layers", m.layers},         {"hidden", m.hidden},   {"heads", m.heads},
+          {"ffn_hidden", m.ffn_hidden}, {"vocab_size", m.vocab_size}, {"seq_len", m.seq_len}};
+}
+
+}  // namespace
+
+std::string to_json(const Profile& p) {
+  json degrees = json::array();
+  for (const DegreeProfile& d : p.degrees) {
+    json segments = json::object();
+    for (const auto& [kind, t] : d.segments)
+      segments[kind] = {{"forward_s", t.forward_s}, {"recompute_s", t.recompute_s},
+                        {"backward0_s", t.backward0_s}, {"backward1_s", t.backward1_s}};
+    degrees.push_back({{"degree", d.degree},
+                       {"rows", d.rows},
+                       {"segments", segments},
+                       {"collectives", d.collectives},
+                       {"optimizer_s", d.optimizer_s},
+                       {"parameter_bytes_per_layer", d.parameter_bytes_per_layer},
+                       {"activation_bytes", d.activation_bytes}});
+  }
+  return json{{"format", "oases-profile"}, {"version", Profile::kVersion},
+              {"model", model_json(p.model)}, {"tp", p.tp},
+              {"micro_batch", p.micro_batch}, {"sub_batches", p.sub_batches},
+              {"degrees", degrees}}
+      .dump(2);
+}
+
+Profile profile_from_json(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    OASES_FAIL("{} is not a profile: not valid JSON ({})", source, e.what());
+  }
+  OASES_CHECK(j.is_object() && j.value("format", "") == "oases-profile",
+              "{} is not a profile written by `oases profile` (no \"format\": \"oases-profile\")",
+              source);
+  const int version = j.value("version", 0);
+  OASES_CHECK(version == Profile::kVersion,
+              "{} is a profile of format version {}; this build reads version {}: re-run `oases "
+              "profile`",
+              source, version, Profile::kVersion);
+  try {
+    Profile p;
+    const json& m = j.at("model");
+    p.model.layers = m.at("layers");
+    p.model.hidden = m.at("hidden");
+    p.model.heads = m.at("heads");
+    p.model.ffn_hidden = m.at("ffn_hidden");
+    p.model.vocab_size = m.at("vocab_size");
+    p.model.seq_len = m.at("seq_len");
+    p.tp = j.at("tp");
+    p.micro_batch = j.at("micro_batch");
+    p.sub_batches = j.at("sub_batches");
+    for (const json& d : j.at("degrees")) {
+      DegreeProfile degree;
+      degree.degree = d.at("degree");
+      degree.rows = d.at("rows");
+      for (const auto& [kind, t] : d.at("segments").items())
+        degree.segments[kind] = {t.at("forward_s"), t.at("recompute_s"), t.at("backward0_s"),
+                                 t.at("backward1_s")};
+      degree.collectives = d.at("collectives").get<std::map<std::string, double>>();
+      degree.optimizer_s = d.at("optimizer_s");
+      degree.parameter_bytes_per_layer = d.at("parameter_bytes_per_layer");
+      degree.activation_bytes =
+          d.at("activation_bytes").get<std::map<std::string, std::map<std::string, std::int64_t>>>();
+      p.degrees.push_back(std::move(degree));
+    }
+    return p;
+  } catch (const json::exception& e) {
+    OASES_FAIL("{}: malformed profile ({})", source, e.what());
+  }
+}
+
+void write_profile(const Profile& profile, const std::string& path) {
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    OASES_CHECK(out.good(), "cannot write the profile '{}'", path);
+    out << to_json(profile) << '\n';
+    OASES_CHECK(out.good(), "writing the profile '{}' failed", path);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+Profile read_profile(const std::string& path) {
+  std::ifstream in(path);
+  OASES_CHECK(in.good(), "cannot read the profile '{}': no such file or not readable", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return profile_from_json(text.str(), path);
+}
+
+void check_profile_matches(const Profile& p, const model::GptConfig& m, std::int64_t micro_batch,
+                           int sub_batches, const std::vector<int>& degrees,
+                           const std::string& source) {
+  const json measured = model_json(p.model), wanted = model_json(m);
+  for (const auto& [key, value] : wanted.items())
+    OASES_CHECK(measured.at(key) == value,
+                "{} was measured for another model: model.{} = {} there, {} in this config; "
+                "re-run `oases profile` with this config",
+                source, key, measured.at(key).dump(), value.dump());
+  OASES_CHECK(p.micro_batch == micro_batch && p.sub_batches == sub_batches,
+              "{} was measured at train.micro_batch = {} in {} sub-batch(es); this config runs {} "
+              "in {}: re-run `oases profile` with this config",
+              source, p.micro_batch, p.sub_batches, micro_batch, sub_batches);
+  for (int degree : degrees) {
+    if (p.at_degree(degree)) continue;
+    std::string have;
+    for (const DegreeProfile& d : p.degrees) have += (have.empty() ? "" : ", ") + std::to_string(d.degree);
+    OASES_FAIL("{} has no measurements at tensor-parallel degree {} (it has {}); re-run `oases "
+               "profile` under mpirun with parallel.tp = {}",
+               source, degree, have.empty() ? "none" : have, degrees.back());
+  }
+}
+
+}  // namespace oases::planner

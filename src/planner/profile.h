@@ -1,0 +1,74 @@
+// Profile: measured costs of one model's segments and collectives at each candidate
+// tensor-parallel degree, the planner's input. Written by `oases profile` as JSON:
+//
+//   {"format": "oases-profile", "version": 1,
+//    "model": {"layers": 4, "hidden": 1024, "heads": 16, "ffn_hidden": 4096,
+//              "vocab_size": 256, "seq_len": 256},
+//    "tp": 2, "micro_batch": 4, "sub_batches": 2,
+//    "degrees": [
+//      {"degree": 1, "rows": 1,
+//       "segments": {"attention": {"forward_s": .., "recompute_s": .., "backward0_s": ..,
+//                                  "backward1_s": ..}, "mlp": {..}, "embedding": {..},
+//                    "head": {..}},
+//       "collectives": {"attention.fwd_s": .., "attention.bwd_s": .., "mlp.fwd_s": ..,
+//                       "mlp.bwd_s": .., "embedding.fwd_s": .., "head.bwd_s": .., ...},
+//       "optimizer_s": .., "parameter_bytes_per_layer": .., "activation_bytes": {"attention": {"checkpoint": ..,
+//                       "internals": .., "core": ..}, ...}},
+//      ...]}
+//
+// Times are medians over repeated steps, in seconds, per sub-batch instance of a segment (one
+// layer's segment, on `rows` sequences: a degree-k replica's share of a sub-batch, i.e.
+// micro_batch / sub_batches * k / tp). Collectives are timed alone (blocking), so they are
+// the wire time the cost model overlaps with compute. Transformer layers are alike, so each
+// segment kind is measured once per degree (the median over layers).
+#pragma once
+
+#include "model/gpt_config.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace oases::planner {
+
+struct SegmentTimes {
+  double forward_s = 0, recompute_s = 0, backward0_s = 0, backward1_s = 0;
+  bool operator==(const SegmentTimes&) const = default;
+};
+
+struct DegreeProfile {
+  int degree = 1;
+  std::int64_t rows = 0;
+  std::map<std::string, SegmentTimes> segments;   // by kind: embedding, attention, mlp, head
+  std::map<std::string, double> collectives;      // "<kind>.fwd_s", "<kind>.bwd_s", ...
+  double optimizer_s = 0;                          // gradient clipping + AdamW, whole model
+  std::int64_t parameter_bytes_per_layer = 0;     // one transformer layer's shard
+  std::map<std::string, std::map<std::string, std::int64_t>> activation_bytes;  // kind -> set
+  bool operator==(const DegreeProfile&) const = default;
+};
+
+struct Profile {
+  static constexpr int kVersion = 1;
+  model::GptConfig model;
+  int tp = 1;
+  std::int64_t micro_batch = 1;
+  int sub_batches = 1;
+  std::vector<DegreeProfile> degrees;  // ascending
+
+  const DegreeProfile* at_degree(int degree) const;
+};
+
+std::string to_json(const Profile& profile);
+// UserError naming `source` when the text is not a profile of this format and version.
+Profile profile_from_json(const std::string& text, const std::string& source);
+void write_profile(const Profile& profile, const std::string& path);  // atomic
+Profile read_profile(const std::string& path);
+
+// UserError when the profile was measured for another model or batch split, or lacks one of
+// `degrees`, saying what differs and how to re-measure.
+void check_profile_matches(const Profile& profile, const model::GptConfig& model,
+                           std::int64_t micro_batch, int sub_batches,
+                           const std::vector<int>& degrees, const std::string& source);
+
+}  // namespace oases::planner

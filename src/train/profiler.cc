@@ -1,0 +1,138 @@
+#include "train/profiler.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/philox.h"
+#include "runtime/trace.h"
+#include "train/engine.h"
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+namespace oases::train {
+namespace {
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// "attention.3" -> "attention"
+std::string kind_of(const std::string& segment) { return segment.substr(0, segment.find('.')); }
+
+// Trace names are "<action> <segment> mb<m> sb<s>..." on the compute lane and
+// "AR <what> <segment> mb<m> sb<s>" on the communication lane (runtime/executor.cc).
+void add_events(const runtime::TraceRecorder& trace,
+                std::map<std::string, std::map<std::string, std::vector<double>>>& compute,
+                std::map<std::string, std::vector<double>>& collectives,
+                std::vector<double>& optimizer) {
+  for (const auto& e : trace.events()) {
+    std::vector<std::string> words;
+    for (std::size_t pos = 0; pos <= e.name.size();) {
+      const std::size_t end = std::min(e.name.find(' ', pos), e.name.size());
+      words.push_back(e.name.substr(pos, end - pos));
+      pos = end + 1;
+    }
+    const double seconds = e.duration_us * 1e-6;
+    if (e.lane == runtime::TraceRecorder::Lane::optimizer) {
+      if (words[0] == "OptimizerStep") optimizer.push_back(seconds);
+      continue;
+    }
+    if (words.size() < 2) continue;
+    if (e.lane == runtime::TraceRecorder::Lane::communication) {
+      if (words.size() >= 3 && words[0] == "AR") collectives[kind_of(words[2]) + "." + words[1] + "_s"].push_back(seconds);
+      continue;
+    }
+    const std::string& action = words[0];
+    const std::string key = action == "F" ? "forward_s" : action == "R" ? "recompute_s"
+                            : action == "B0" ? "backward0_s" : action == "B1" ? "backward1_s" : "";
+    if (!key.empty()) compute[kind_of(words[1])][key].push_back(seconds);
+  }
+}
+
+}  // namespace
+
+planner::Profile run_profile(const RunConfig& config, const ProfileOptions& options,
+                             const std::function<comm::Mesh(int tp, int dp)>& make_mesh) {
+  const schedule::ScheduleSpec spec = schedule_spec(config);
+  const auto T = static_cast<int>(config.parallel.tp);
+  OASES_CHECK(config.parallel.dp == 1 && config.parallel.pp == 1,
+              "oases profile measures one tensor-parallel group: set parallel.dp = 1 and "
+              "parallel.pp = 1 (found dp = {}, pp = {})",
+              config.parallel.dp, config.parallel.pp);
+  OASES_CHECK((T & (T - 1)) == 0, "parallel.tp = {}: the planner's degrees are powers of two", T);
+  OASES_CHECK(options.steps >= 1 && options.warmup_steps >= 0, "--steps must be at least 1");
+  planner::Profile profile;
+  profile.model = config.model;
+  profile.tp = T;
+  profile.micro_batch = config.train.micro_batch;
+  profile.sub_batches = spec.sub_batches;
+  const std::int64_t sub_batch_rows = config.train.micro_batch / spec.sub_batches;
+  for (int k = 1; k <= T; k *= 2) {
+    // A degree-k replica handles k / T of each sub-batch.
+    OASES_CHECK(sub_batch_rows * k % T == 0,
+                "a sub-batch of {} sequences does not split over {} replicas of degree {}: make "
+                "train.micro_batch / parallel.sub_batches a multiple of parallel.tp = {}",
+                sub_batch_rows, T / k, k, T);
+    config.model.validate_tensor_parallel(k);
+    comm::Mesh mesh = make_mesh(k, T / k);
+    RunConfig c = config;
+    c.parallel = ParallelConfig{};
+    c.parallel.tp = k;
+    c.parallel.schedule = "fine-grained";
+    c.train.micro_batch = c.train.global_batch = sub_batch_rows * k / T;
+    c.checkpoint = {};
+    c.log = {};
+    TrainingEngine engine(c, ParallelGroups{&mesh.tp_group(), nullptr});
+    const std::int64_t tokens = c.train.micro_batch * c.model.seq_len;
+    std::vector<std::int32_t> inputs(static_cast<std::size_t>(tokens)), targets(inputs.size());
+    const PhiloxKey key = philox_key(static_cast<std::uint64_t>(c.train.seed), fnv1a64("profile"));
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const auto block = philox4x32({static_cast<std::uint32_t>(i), 0, 0, 0}, key);
+      inputs[i] = static_cast<std::int32_t>(block[0] % static_cast<std::uint32_t>(c.model.vocab_size));
+      targets[i] = static_cast<std::int32_t>(block[1] % static_cast<std::uint32_t>(c.model.vocab_size));
+    }
+    for (int s = 0; s < options.warmup_steps; ++s) engine.train_step(s, inputs.data(), targets.data());
+    std::map<std::string, std::map<std::string, std::vector<double>>> compute;
+    std::map<std::string, std::vector<double>> collectives;
+    std::vector<double> optimizer;
+    for (int s = 0; s < options.steps; ++s) {
+      runtime::TraceRecorder trace;
+      engine.set_trace(&trace);
+      engine.train_step(options.warmup_steps + s, inputs.data(), targets.data());
+      engine.set_trace(nullptr);
+      add_events(trace, compute, collectives, optimizer);
+    }
+    planner::DegreeProfile degree;
+    degree.degree = k;
+    degree.rows = c.train.micro_batch;
+    for (auto& [kind, by_action] : compute) {
+      planner::SegmentTimes& t = degree.segments[kind];
+      t.forward_s = median(by_action["forward_s"]);
+      t.recompute_s = median(by_action["recompute_s"]);
+      t.backward0_s = median(by_action["backward0_s"]);
+      t.backward1_s = median(by_action["backward1_s"]);
+    }
+    for (auto& [name, values] : collectives) degree.collectives[name] = median(values);
+    degree.optimizer_s = median(optimizer);
+    for (const auto& p : engine.model().layout().params())
+      if (p.name.rfind("h.0.", 0) == 0) degree.parameter_bytes_per_layer += p.numel() * 4;
+    for (const ops::SegmentShape& shape : engine.model().program().segments) {
+      auto& sets = degree.activation_bytes[kind_of(shape.name)];
+      sets["checkpoint"] = static_cast<std::int64_t>(shape.checkpoint_bytes);
+      sets["internals"] = static_cast<std::int64_t>(shape.internals_bytes);
+      sets["core"] = static_cast<std::int64_t>(shape.core_bytes);
+    }
+    if (options.progress)
+      log_info("degree {}: {} sequences per replica; attention forward {:.1f} ms, mlp forward {:.1f} ms",
+               k, degree.rows, 1e3 * degree.segments["attention"].forward_s,
+               1e3 * degree.segments["mlp"].forward_s);
+    profile.degrees.push_back(std::move(degree));
+  }
+  return profile;
+}
+
+}  // namespace oases::train

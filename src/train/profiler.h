@@ -1,0 +1,27 @@
+// The profiler behind `oases profile`: measures a model's segments and collectives at every
+// candidate tensor-parallel degree on the devices it runs on (planner/profile.h).
+#pragma once
+
+#include "comm/mesh.h"
+#include "planner/profile.h"
+#include "train/config.h"
+
+#include <functional>
+
+namespace oases::train {
+
+struct ProfileOptions {
+  int warmup_steps = 1;
+  int steps = 3;  // timed steps per degree; times are medians over them (and over layers)
+  bool progress = true;
+};
+
+// Collective over every rank of the run (config.parallel.tp ranks; dp = pp = 1). For each
+// power-of-two degree k dividing tp, the ranks form tp / k groups of k (make_mesh(k, tp / k))
+// and each trains its share of a sub-batch with blocking collectives and fine-grained
+// recomputation, so that every segment action and every collective is timed on its own.
+// Every rank returns the profile of its group; rank 0's is the one to write.
+planner::Profile run_profile(const RunConfig& config, const ProfileOptions& options,
+                             const std::function<comm::Mesh(int tp, int dp)>& make_mesh);
+
+}  // namespace oases::train

@@ -1,0 +1,68 @@
+// `oases profile` end to end: under mpirun with tp = 2 it measures degrees 1 and 2 and writes a
+// profile that reads back and matches its config.
+#include "planner/profile.h"
+#include "support/command.h"
+#include "train/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+TEST(ProfileVerb, MeasuresEveryDegreeUnderMpirun) {
+  const fs::path dir = fs::current_path() / "profile_runs";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "tiny.toml") << R"(
+[model]
+layers = 2
+hidden = 64
+heads = 4
+ffn_hidden = 128
+vocab_size = 257
+seq_len = 32
+[train]
+micro_batch = 4
+global_batch = 4
+threads = 1
+[parallel]
+tp = 2
+)";
+  const std::string out = (dir / "profile.json").string();
+  const auto r = oases::testing::run_command(
+      "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 2 " +
+      std::string(OASES_BINARY) + " profile --config " + (dir / "tiny.toml").string() +
+      " --steps 2 --output " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto profile = oases::planner::read_profile(out);
+  const auto config = oases::train::load_run_config((dir / "tiny.toml").string());
+  EXPECT_NO_THROW(oases::planner::check_profile_matches(profile, config.model, 4, 2, {1, 2}, out));
+  ASSERT_EQ(profile.degrees.size(), 2u);
+  for (const auto& d : profile.degrees) {
+    EXPECT_EQ(d.rows, d.degree);  // a sub-batch of 2 sequences over 2 / degree replicas
+    for (const char* kind : {"embedding", "attention", "mlp", "head"}) {
+      ASSERT_TRUE(d.segments.contains(kind)) << kind;
+      EXPECT_GT(d.segments.at(kind).forward_s, 0) << kind;
+    }
+    EXPECT_GT(d.segments.at("attention").recompute_s, 0);
+    EXPECT_GT(d.segments.at("mlp").backward0_s, 0);
+    EXPECT_GT(d.collectives.at("attention.fwd_s"), 0);
+    EXPECT_GT(d.collectives.at("mlp.bwd_s"), 0);
+    EXPECT_GT(d.optimizer_s, 0);
+  }
+  // Half the weights per rank at degree 2 (heads and FFN columns split; LayerNorms whole).
+  EXPECT_LT(profile.degrees[1].parameter_bytes_per_layer, profile.degrees[0].parameter_bytes_per_layer);
+  EXPECT_TRUE(profile.degrees[1].collectives.contains("head.loss-max_s"));
+
+  // Without the launcher, a tp = 2 profile says how to launch it.
+  const auto alone = oases::testing::run_command(std::string(OASES_BINARY) + " profile --config " +
+                                                 (dir / "tiny.toml").string() + " --output " + out);
+  EXPECT_EQ(alone.exit_code, 2);
+  EXPECT_NE(alone.output.find("mpirun -np 2 oases profile"), std::string::npos) << alone.output;
+}
+
+}  // namespace

@@ -1,0 +1,96 @@
+#include "planner/profile.h"
+
+#include "core/error.h"
+#include "support/files.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+namespace oases::planner {
+namespace {
+
+Profile sample() {
+  Profile p;
+  p.model.layers = 4;
+  p.model.hidden = 128;
+  p.model.heads = 4;
+  p.model.ffn_hidden = 512;
+  p.model.vocab_size = 257;
+  p.model.seq_len = 64;
+  p.tp = 2;
+  p.micro_batch = 8;
+  p.sub_batches = 2;
+  for (int k : {1, 2}) {
+    DegreeProfile d;
+    d.degree = k;
+    d.rows = 2 * k;
+    d.segments["attention"] = {0.001 * k, 0.0009, 0.002, 0.0003};
+    d.segments["mlp"] = {0.0015, 0.0012, 0.003, 0.0004};
+    d.collectives["attention.fwd_s"] = 1e-4 * k;
+    d.collectives["head.loss-max_s"] = 2e-6;
+    d.optimizer_s = 0.01;
+    d.parameter_bytes_per_layer = 800000 / k;
+    d.activation_bytes["attention"] = {{"checkpoint", 65536}, {"internals", 100000}, {"core", 0}};
+    p.degrees.push_back(d);
+  }
+  return p;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Profile, RoundTripsThroughJson) {
+  testing::TempDir dir("profile");
+  const Profile p = sample();
+  const std::string path = (dir.path() / "p.json").string();
+  write_profile(p, path);
+  const Profile q = read_profile(path);
+  EXPECT_EQ(q.tp, p.tp);
+  EXPECT_EQ(q.micro_batch, p.micro_batch);
+  EXPECT_EQ(q.sub_batches, p.sub_batches);
+  EXPECT_EQ(q.model.hidden, p.model.hidden);
+  ASSERT_EQ(q.degrees.size(), p.degrees.size());
+  for (std::size_t i = 0; i < p.degrees.size(); ++i) EXPECT_EQ(q.degrees[i], p.degrees[i]);
+  EXPECT_EQ(to_json(q), to_json(p));
+}
+
+TEST(Profile, AProfileOfAnotherModelOrMissingADegreeIsRejected) {
+  const Profile p = sample();
+  model::GptConfig m = p.model;
+  EXPECT_NO_THROW(check_profile_matches(p, m, 8, 2, {1, 2}, "p.json"));
+  m.hidden = 256;
+  EXPECT_NE(error_of([&] { check_profile_matches(p, m, 8, 2, {1, 2}, "p.json"); })
+                .find("p.json was measured for another model: model.hidden = 128 there, 256 in this config"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { check_profile_matches(p, p.model, 8, 2, {1, 2, 4}, "p.json"); })
+                .find("p.json has no measurements at tensor-parallel degree 4 (it has 1, 2)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { check_profile_matches(p, p.model, 4, 2, {1, 2}, "p.json"); })
+                .find("measured at train.micro_batch = 8 in 2 sub-batch(es)"),
+            std::string::npos);
+}
+
+TEST(Profile, OtherFilesAreRejectedWithTheReason) {
+  EXPECT_NE(error_of([] { profile_from_json("{", "x.json"); }).find("x.json is not a profile: not valid JSON"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { profile_from_json("{\"a\": 1}", "x.json"); }).find("not a profile written by `oases profile`"),
+            std::string::npos);
+  std::string text = to_json(sample());
+  const auto at = text.find("\"version\": 1");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 12, "\"version\": 9");
+  EXPECT_NE(error_of([&] { profile_from_json(text, "x.json"); }).find("format version 9; this build reads version 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { read_profile("/nonexistent/p.json"); }).find("cannot read the profile"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace oases::planner
