@@ -39,8 +39,11 @@ std::string to_json(const Profile& p) {
                        {"segments", segments},
                        {"collectives", d.collectives},
                        {"optimizer_s", d.optimizer_s},
+                       {"parameter_bytes", d.parameter_bytes},
+                       {"replica_reduce_per_layer_s", d.replica_reduce_per_layer_s},
                        {"parameter_bytes_per_layer", d.parameter_bytes_per_layer},
-                       {"activation_bytes", d.activation_bytes}});
+                       {"activation_bytes", d.activation_bytes},
+                       {"static_activation_bytes", d.static_activation_bytes}});
   }
   return json{{"format", "oases-profile"}, {"version", Profile::kVersion},
               {"model", model_json(p.model)}, {"tp", p.tp},
@@ -85,9 +88,12 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
                                  t.at("backward1_s")};
       degree.collectives = d.at("collectives").get<std::map<std::string, double>>();
       degree.optimizer_s = d.at("optimizer_s");
+      degree.parameter_bytes = d.at("parameter_bytes");
+      degree.replica_reduce_per_layer_s = d.at("replica_reduce_per_layer_s");
       degree.parameter_bytes_per_layer = d.at("parameter_bytes_per_layer");
       degree.activation_bytes =
           d.at("activation_bytes").get<std::map<std::string, std::map<std::string, std::int64_t>>>();
+      degree.static_activation_bytes = d.at("static_activation_bytes");
       p.degrees.push_back(std::move(degree));
     }
     return p;

@@ -12,8 +12,10 @@
 //                    "head": {..}},
 //       "collectives": {"attention.fwd_s": .., "attention.bwd_s": .., "mlp.fwd_s": ..,
 //                       "mlp.bwd_s": .., "embedding.fwd_s": .., "head.bwd_s": .., ...},
-//       "optimizer_s": .., "parameter_bytes_per_layer": .., "activation_bytes": {"attention": {"checkpoint": ..,
+//       "optimizer_s": .., "parameter_bytes": .., "parameter_bytes_per_layer": ..,
+//       "replica_reduce_per_layer_s": .., "activation_bytes": {"attention": {"checkpoint": ..,
 //                       "internals": .., "core": ..}, ...}},
+//       "static_activation_bytes": ..},
 //      ...]}
 //
 // Times are medians over repeated steps, in seconds, per sub-batch instance of a segment (one
@@ -43,8 +45,13 @@ struct DegreeProfile {
   std::map<std::string, SegmentTimes> segments;   // by kind: embedding, attention, mlp, head
   std::map<std::string, double> collectives;      // "<kind>.fwd_s", "<kind>.bwd_s", ...
   double optimizer_s = 0;                          // gradient clipping + AdamW, whole model
+  std::int64_t parameter_bytes = 0;               // this rank's shard of the whole model
   std::int64_t parameter_bytes_per_layer = 0;     // one transformer layer's shard
+  // Seconds to sum one transformer layer's gradients over the tp / degree replicas (0 for one).
+  double replica_reduce_per_layer_s = 0;
   std::map<std::string, std::map<std::string, std::int64_t>> activation_bytes;  // kind -> set
+  // Boundary buffers and scratch of one sub-batch of `rows` sequences, allocated once.
+  std::int64_t static_activation_bytes = 0;
   bool operator==(const DegreeProfile&) const = default;
 };
 

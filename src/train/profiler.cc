@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/philox.h"
+#include "core/timer.h"
 #include "runtime/trace.h"
 #include "train/engine.h"
 
@@ -120,6 +121,21 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     degree.optimizer_s = median(optimizer);
     for (const auto& p : engine.model().layout().params())
       if (p.name.rfind("h.0.", 0) == 0) degree.parameter_bytes_per_layer += p.numel() * 4;
+    degree.parameter_bytes = engine.model().param_count() * 4;
+    degree.static_activation_bytes = static_cast<std::int64_t>(engine.model().static_activation_bytes());
+    // Replicas of a layer sum its gradients: time that over the replica group.
+    comm::Communicator& replicas = mesh.dp_group();
+    if (replicas.size() > 1) {
+      std::vector<float> grads(static_cast<std::size_t>(degree.parameter_bytes_per_layer / 4), 1.0f);
+      std::vector<double> times;
+      for (int s = 0; s < options.steps + 1; ++s) {
+        replicas.barrier();
+        const Stopwatch clock;
+        replicas.all_reduce(Tensor::of(grads.data(), {static_cast<std::int64_t>(grads.size())}));
+        if (s > 0) times.push_back(clock.seconds());  // the first warms the connections up
+      }
+      degree.replica_reduce_per_layer_s = median(times);
+    }
     for (const ops::SegmentShape& shape : engine.model().program().segments) {
       auto& sets = degree.activation_bytes[kind_of(shape.name)];
       sets["checkpoint"] = static_cast<std::int64_t>(shape.checkpoint_bytes);

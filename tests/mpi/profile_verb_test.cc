@@ -57,6 +57,10 @@ tp = 2
   // Half the weights per rank at degree 2 (heads and FFN columns split; LayerNorms whole).
   EXPECT_LT(profile.degrees[1].parameter_bytes_per_layer, profile.degrees[0].parameter_bytes_per_layer);
   EXPECT_TRUE(profile.degrees[1].collectives.contains("head.loss-max_s"));
+  // Two replicas of degree 1 sum their gradients; one replica of degree 2 has nobody to sum with.
+  EXPECT_GT(profile.degrees[0].replica_reduce_per_layer_s, 0);
+  EXPECT_EQ(profile.degrees[1].replica_reduce_per_layer_s, 0);
+  EXPECT_GT(profile.degrees[0].parameter_bytes, profile.degrees[1].parameter_bytes);
 
   // Without the launcher, a tp = 2 profile says how to launch it.
   const auto alone = oases::testing::run_command(std::string(OASES_BINARY) + " profile --config " +

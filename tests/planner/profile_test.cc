@@ -31,7 +31,10 @@ Profile sample() {
     d.collectives["head.loss-max_s"] = 2e-6;
     d.optimizer_s = 0.01;
     d.parameter_bytes_per_layer = 800000 / k;
+    d.parameter_bytes = 5000000 / k;
+    d.replica_reduce_per_layer_s = k == 1 ? 0.003 : 0.0;
     d.activation_bytes["attention"] = {{"checkpoint", 65536}, {"internals", 100000}, {"core", 0}};
+    d.static_activation_bytes = 300000;
     p.degrees.push_back(d);
   }
   return p;
