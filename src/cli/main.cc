@@ -8,6 +8,7 @@
 #include "train/config.h"
 #include "train/generate.h"
 #include "train/profiler.h"
+#include "planner/planner.h"
 #include "train/token_data.h"
 #include "train/trainer.h"
 
@@ -105,7 +106,52 @@ int run(int argc, char** argv) {
   profile->add_option("--steps", profile_options.steps, "Timed steps per degree")
       ->capture_default_str();
 
+  // plan
+  std::string plan_config, plan_profile, plan_output;
+  std::vector<std::string> plan_overrides;
+  auto* plan = app.add_subcommand(
+      "plan", "Choose each layer's tensor-parallel degree from a profile (oases profile)");
+  plan->add_option("--config", plan_config, "Run configuration (TOML)")->required();
+  plan->add_option("--set", plan_overrides, "Override config keys, as for train");
+  plan->add_option("--profile", plan_profile, "Profile written by oases profile")->required();
+  plan->add_option("--output", plan_output, "Where to write the chosen plan (JSON)");
+
   CLI11_PARSE(app, argc, argv);
+
+  if (*plan) {
+    const auto config = oases::train::load_run_config(plan_config, plan_overrides);
+    const auto measured = oases::planner::read_profile(plan_profile);
+    const auto spec = oases::train::schedule_spec(config);
+    std::vector<int> degrees;
+    for (int k = 1; k <= config.parallel.tp; k *= 2) degrees.push_back(k);
+    oases::planner::check_profile_matches(measured, config.model, config.train.micro_batch,
+                                          spec.sub_batches, degrees, plan_profile);
+    const auto report = oases::planner::make_plan(measured, spec, config.train.micro_batch,
+                                                  config.parallel.memory_limit);
+    fmt::print("schedule {}, recompute {}, {} sub-batch(es); memory limit {}\n",
+               oases::schedule::name(spec.kind), oases::schedule::name(spec.recompute),
+               spec.sub_batches,
+               config.parallel.memory_limit > 0 ? fmt::format("{} MiB", config.parallel.memory_limit >> 20)
+                                                : std::string("none"));
+    fmt::print("{:<22}{:>14}{:>16}{:>8}\n", "plan", "step (pred.)", "memory (pred.)", "fits");
+    for (const auto& u : report.uniform)
+      fmt::print("{:<22}{:>12.3f} s{:>12.1f} MiB{:>8}\n", fmt::format("uniform degree {}", u.degree),
+                 u.prediction.step_seconds,
+                 static_cast<double>(u.prediction.memory_bytes()) / (1 << 20), u.fits ? "yes" : "no");
+    fmt::print("{:<22}{:>12.3f} s{:>12.1f} MiB{:>8}\n", "chosen",
+               report.chosen.predicted_step_seconds,
+               static_cast<double>(report.chosen.predicted_memory_bytes) / (1 << 20), "yes");
+    std::string per_layer;
+    for (int k : report.chosen.degrees) per_layer += (per_layer.empty() ? "" : " ") + std::to_string(k);
+    fmt::print("degrees per layer: {}\nsolved by the dynamic program in {:.3f} s and by CBC in {:.3f} s "
+               "(same optimum)\n",
+               per_layer, report.dp_seconds, report.ilp_seconds);
+    if (!plan_output.empty()) {
+      oases::planner::write_plan(report.chosen, static_cast<int>(config.parallel.tp), plan_output);
+      fmt::print("wrote {}\n", plan_output);
+    }
+    return 0;
+  }
 
   if (*profile) {
     const auto config = oases::train::load_run_config(profile_config, profile_overrides);

@@ -27,6 +27,10 @@ std::int64_t scaled(std::int64_t bytes, double factor) {
 }  // namespace
 
 ops::Program program_at(const Profile& profile, int degree, double rows) {
+  return program_at(profile, degree, rows, static_cast<int>(profile.model.layers));
+}
+
+ops::Program program_at(const Profile& profile, int degree, double rows, int layers) {
   const DegreeProfile& d = degree_of(profile, degree);
   const double factor = rows / static_cast<double>(d.rows);
   const auto bytes = [&](const std::string& kind, const std::string& set) -> std::size_t {
@@ -39,7 +43,6 @@ ops::Program program_at(const Profile& profile, int degree, double rows) {
   ops::SegmentShape embedding{"embedding", true, false, 1};
   embedding.ready_bucket = 0;
   program.segments.push_back(embedding);
-  const auto layers = static_cast<int>(profile.model.layers);
   for (int l = 0; l < layers; ++l) {
     for (const std::string kind : {"attention", "mlp"}) {
       ops::SegmentShape s{kind + "." + std::to_string(l), true, true, 2};
@@ -102,10 +105,16 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows, const o
 
 Prediction predict_uniform(const Profile& profile, int degree, const schedule::ScheduleSpec& spec,
                            std::int64_t micro_batch, double overlap_slowdown) {
+  return predict_uniform(profile, degree, spec, micro_batch, static_cast<int>(profile.model.layers),
+                         overlap_slowdown);
+}
+
+Prediction predict_uniform(const Profile& profile, int degree, const schedule::ScheduleSpec& spec,
+                           std::int64_t micro_batch, int layers, double overlap_slowdown) {
   const DegreeProfile& d = degree_of(profile, degree);
   // Rows of one segment instance on one replica.
   const double rows = static_cast<double>(micro_batch) * degree / profile.tp / spec.sub_batches;
-  const ops::Program program = program_at(profile, degree, rows);
+  const ops::Program program = program_at(profile, degree, rows, layers);
   const schedule::Schedule schedule = schedule::generate(program, spec);
   const sim::SimResult sim = sim::simulate(schedule, costs_at(profile, degree, rows, program, overlap_slowdown));
   Prediction p;
@@ -117,7 +126,8 @@ Prediction predict_uniform(const Profile& profile, int degree, const schedule::S
   const std::int64_t port = 4 * static_cast<std::int64_t>(program.segments[1].checkpoint_bytes);
   p.activation_bytes = scaled(d.static_activation_bytes, factor) + (spec.sub_batches - 1) * port +
                        static_cast<std::int64_t>(schedule::peak_activation_bytes(program, schedule));
-  p.state_bytes = 4 * d.parameter_bytes;
+  p.state_bytes = 4 * (d.parameter_bytes -
+                      (profile.model.layers - layers) * d.parameter_bytes_per_layer);
   return p;
 }
 

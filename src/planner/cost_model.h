@@ -27,6 +27,7 @@ struct Prediction {
 // The GPT program of a degree-`degree` replica whose segment instances process `rows`
 // sequences, with set sizes scaled from the profile.
 ops::Program program_at(const Profile& profile, int degree, double rows);
+ops::Program program_at(const Profile& profile, int degree, double rows, int layers);
 
 // Instruction costs of that program for the simulator.
 sim::CostModel costs_at(const Profile& profile, int degree, double rows, const ops::Program& program,
@@ -36,5 +37,9 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows, const o
 // schedule each replica runs; micro_batch: sequences per micro-batch of the whole group).
 Prediction predict_uniform(const Profile& profile, int degree, const schedule::ScheduleSpec& spec,
                            std::int64_t micro_batch, double overlap_slowdown = 0);
+// The same model with `layers` transformer layers (the planner takes differences to price one
+// layer).
+Prediction predict_uniform(const Profile& profile, int degree, const schedule::ScheduleSpec& spec,
+                           std::int64_t micro_batch, int layers, double overlap_slowdown);
 
 }  // namespace oases::planner

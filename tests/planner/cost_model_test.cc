@@ -1,5 +1,6 @@
 // The cost model on a synthetic profile whose predictions follow by hand.
 #include "planner/cost_model.h"
+#include "planner/planner.h"
 
 #include "core/error.h"
 
@@ -69,6 +70,45 @@ TEST(CostModel, OverlapHidesWhatBlockingSchedulesPay) {
 TEST(CostModel, ADegreeMissingFromTheProfileIsAnError) {
   EXPECT_THROW(predict_uniform(synthetic(0.0), 4, spec(schedule::ScheduleKind::megatron, schedule::Recompute::none, 1), 4),
                UserError);
+}
+
+}  // namespace
+}  // namespace oases::planner
+
+namespace oases::planner {
+namespace {
+
+// With communication at degree 2 and none at degree 1, degree 1 is faster but holds twice the
+// weights: a limit between the two makes the planner mix degrees, a lower one is an error that
+// says by how much.
+TEST(Planner, MixesDegreesWhenMemoryBindsAndSaysWhenNothingFits) {
+  Profile p = synthetic(0.5);
+  p.model.layers = 4;
+  for (auto& d : p.degrees) {
+    d.parameter_bytes = (8 << 20) / d.degree;
+    d.parameter_bytes_per_layer = (2 << 20) / d.degree;
+  }
+  const auto oases = spec(schedule::ScheduleKind::oases, schedule::Recompute::fine_grained, 2);
+  const PlanReport free = make_plan(p, oases, 4, 0);
+  ASSERT_EQ(free.uniform.size(), 2u);
+  EXPECT_EQ(free.chosen.degrees, (std::vector<int>{1, 1, 1, 1}));
+  const std::int64_t between =
+      (free.uniform[0].prediction.memory_bytes() + free.uniform[1].prediction.memory_bytes()) / 2;
+  const PlanReport bound = make_plan(p, oases, 4, between);
+  EXPECT_FALSE(bound.uniform[0].fits);
+  EXPECT_TRUE(bound.uniform[1].fits);
+  int ones = 0, twos = 0;
+  for (int k : bound.chosen.degrees) (k == 1 ? ones : twos)++;
+  EXPECT_GT(ones, 0);
+  EXPECT_GT(twos, 0);
+  EXPECT_LE(bound.chosen.predicted_memory_bytes, between);
+  try {
+    make_plan(p, oases, 4, 1 << 20);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.memory_limit = 1048576 bytes is too small for any plan"),
+              std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,49 @@
+// The planner: from a Profile, the tensor-parallel degree of every transformer layer that
+// minimises the predicted step time within the memory limit (DESIGN.md, planner).
+//
+// Layers are alike, so one layer at degree k costs what the cost model predicts for the model
+// with L layers minus the model with L - 1 (time and memory; overlap included, as the
+// simulator runs the whole schedule). A boundary between layers of different degrees pays a
+// reshard that cannot overlap: estimated as two collectives of one activation (an all-gather
+// along the batch in forward, one in backward) at the group's measured collective speed. The
+// embedding and the head stay at the full degree. The chain is solved by the dynamic program
+// and by CBC, which must agree.
+#pragma once
+
+#include "planner/chain_solver.h"
+#include "planner/cost_model.h"
+#include "planner/profile.h"
+#include "schedule/schedule.h"
+
+#include <string>
+#include <vector>
+
+namespace oases::planner {
+
+struct UniformOption {
+  int degree = 0;
+  Prediction prediction;
+  bool fits = true;  // within the memory limit
+};
+
+struct Plan {
+  std::vector<int> degrees;  // per transformer layer
+  double predicted_step_seconds = 0;
+  std::int64_t predicted_memory_bytes = 0;
+};
+
+struct PlanReport {
+  std::vector<UniformOption> uniform;  // every degree of the profile, ascending
+  Plan chosen;
+  double ilp_seconds = 0, dp_seconds = 0;  // solve times
+};
+
+// memory_limit: bytes per rank; 0 means none. UserError when no plan fits, saying by how much.
+PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
+                     std::int64_t micro_batch, std::int64_t memory_limit);
+
+// {"format": "oases-plan", "version": 1, "tp": T, "degrees": [...], "predicted_step_s": ..,
+//  "predicted_memory_bytes": ..}
+void write_plan(const Plan& plan, int tp, const std::string& path);
+
+}  // namespace oases::planner
