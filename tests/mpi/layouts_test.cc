@@ -139,20 +139,23 @@ TEST_F(Layouts, EveryRankReportsItsErrorAndTheJobStops) {
   Result r = run_command(mpirun(3) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
                  " --set parallel.tp=2");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("rank 0 of 3"), std::string::npos) << r.output;
+  // Whichever rank fails first aborts the job: the others may not get to print.
+  EXPECT_NE(r.output.find(" of 3: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("must equal the number of processes, 3"), std::string::npos) << r.output;
-  // tp must divide the heads: each rank reports it with its rank.
+  // tp must divide the heads: a rank reports it with its rank.
   r = run_command(mpirun(2) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
           " --set parallel.tp=2 model.heads=3 model.hidden=63");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("parallel.tp = 2 must divide model.heads = 3"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("error: rank "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("valid tp for this model: 1 ("), std::string::npos) << r.output;
   // ffn_hidden must split too; the valid degrees are listed.
   r = run_command(mpirun(4) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
           " --set parallel.tp=4 model.ffn_hidden=130");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("rank 0: parallel.tp = 4 must divide model.ffn_hidden = 130"), std::string::npos) << r.output;
+  // The first rank to fail aborts the job, so which other ranks print before it ends varies.
+  EXPECT_NE(r.output.find(": parallel.tp = 4 must divide model.ffn_hidden = 130"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("error: rank "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("valid tp for this model: 1, 2"), std::string::npos) << r.output;
   // The global batch must split over data-parallel ranks and micro-batches.
   r = run_command(mpirun(3) + OASES_BINARY + " train --config " + (dir_ / "tiny.toml").string() +
