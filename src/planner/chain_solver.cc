@@ -129,6 +129,22 @@ ChainPlan solve_dynamic_program(const ChainProblem& p) {
   return make_plan(p, std::move(choice));
 }
 
+namespace {
+// Every layer has the same costs and memory, and every boundary charges the same price for any
+// change of candidate and nothing for none.
+bool interchangeable_layers(const ChainProblem& p) {
+  for (int l = 1; l < p.layers; ++l)
+    if (p.layer_cost[l] != p.layer_cost[0] || p.layer_memory[l] != p.layer_memory[0]) return false;
+  if (p.layers < 2) return true;
+  const double change = p.candidates > 1 ? p.boundary_cost[0][0][1] : 0.0;
+  for (const auto& boundary : p.boundary_cost)
+    for (int j = 0; j < p.candidates; ++j)
+      for (int k = 0; k < p.candidates; ++k)
+        if (boundary[j][k] != (j == k ? 0.0 : change)) return false;
+  return true;
+}
+}  // namespace
+
 ChainPlan solve_ilp(const ChainProblem& p) {
   p.validate();
   const std::unique_ptr<Cbc_Model, void (*)(Cbc_Model*)> model(Cbc_newModel(), Cbc_deleteModel);
@@ -173,6 +189,19 @@ ChainPlan solve_ilp(const ChainProblem& p) {
       for (int j = 0; j < K; ++j) cols.push_back(y(l, j, k)), coefs.push_back(1.0);
       cols.push_back(x(l + 1, k)), coefs.push_back(-1.0);
       add_row("in", 'E', 0.0);
+    }
+  }
+  if (interchangeable_layers(p)) {
+    // Alike layers with one reshard price: reordering a plan's degrees never adds cost and
+    // sorting them needs the fewest changes, so some optimal plan has non-decreasing candidate
+    // indices. Requiring that removes the permutations of each plan, which the search would
+    // otherwise have to rule out one by one.
+    for (int l = 0; l + 1 < p.layers; ++l) {
+      for (int k = 0; k < K; ++k) {
+        cols.push_back(x(l, k)), coefs.push_back(static_cast<double>(k));
+        cols.push_back(x(l + 1, k)), coefs.push_back(-static_cast<double>(k));
+      }
+      add_row("order", 'L', 0.0);
     }
   }
   if (p.memory_limit < std::numeric_limits<std::int64_t>::max()) {

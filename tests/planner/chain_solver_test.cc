@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace oases::planner {
@@ -92,6 +93,29 @@ TEST(ChainSolvers, IntegerProgramAndDynamicProgramAgreeOnLongerChains) {
     const int layers = 8 + static_cast<int>(seed % 17), candidates = 3 + static_cast<int>(seed % 4);
     const ChainProblem p = random_chain(layers, candidates, seed, 0.1 + 0.3 * static_cast<double>(seed % 3));
     expect_same_optimum(solve_dynamic_program(p), solve_ilp(p), p, "seed " + std::to_string(seed));
+  }
+}
+
+// Alike layers with one reshard price: the integer program orders the degrees (a symmetry cut);
+// the optimum must not change.
+TEST(ChainSolvers, AlikeLayersKeepTheirOptimumUnderTheOrderingCut) {
+  for (std::uint64_t seed = 200; seed < 240; ++seed) {
+    ChainProblem p = random_chain(1 + static_cast<int>(seed % 7), 2 + static_cast<int>(seed % 3), seed,
+                                  (seed % 5) / 4.0);
+    for (int l = 1; l < p.layers; ++l) {
+      p.layer_cost[l] = p.layer_cost[0];
+      p.layer_memory[l] = p.layer_memory[0];
+    }
+    const std::int64_t least = minimum_memory(p);
+    p.memory_limit = std::max(p.memory_limit, least);
+    for (auto& boundary : p.boundary_cost)
+      for (int j = 0; j < p.candidates; ++j)
+        for (int k = 0; k < p.candidates; ++k) boundary[j][k] = j == k ? 0.0 : 0.7;
+    const ChainPlan brute = solve_brute_force(p);
+    const ChainPlan ilp = solve_ilp(p);
+    expect_same_optimum(ilp, brute, p, "seed " + std::to_string(seed) + " ilp");
+    expect_same_optimum(solve_dynamic_program(p), brute, p, "seed " + std::to_string(seed) + " dp");
+    for (std::size_t l = 1; l < ilp.choice.size(); ++l) EXPECT_LE(ilp.choice[l - 1], ilp.choice[l]);
   }
 }
 
