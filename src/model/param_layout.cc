@@ -8,9 +8,12 @@
 namespace oases::model {
 
 void ParamLayout::add(std::string name, Shape full_shape, ParamInit init, Sharding sharding,
-                      std::int64_t padded_rows) {
+                      std::int64_t padded_rows, int degree) {
   std::vector<std::int64_t> dims = full_shape.to_vector();
-  const std::int64_t parts = tp_size_;
+  if (degree == 0) degree = tp_size_;
+  OASES_ASSERT(degree >= 1 && tp_size_ % degree == 0, "{}: degree {} does not divide the group of {}",
+               name, degree, tp_size_);
+  const std::int64_t parts = sharding == Sharding::replicated ? 1 : degree;
   switch (sharding) {
     case Sharding::replicated:
       break;
@@ -32,6 +35,8 @@ void ParamLayout::add(std::string name, Shape full_shape, ParamInit init, Shardi
   const Shape shape(dims);
   const bool decay = full_shape.ndim() >= 2;
   ParamSpec spec{std::move(name), shape, full_shape, sharding, total_, init, decay};
+  spec.parts = static_cast<int>(parts);
+  spec.part = tp_rank_ % spec.parts;
   // Keep every parameter 16-element aligned so vector loops over one view start aligned.
   total_ += (spec.numel() + 15) / 16 * 16;
   params_.push_back(std::move(spec));
@@ -45,15 +50,15 @@ std::int64_t ParamLayout::global_index(const ParamSpec& spec, std::int64_t local
     case Sharding::replicated:
       return local;
     case Sharding::rows: {
-      const std::int64_t global_row = tp_rank_ * spec.shape[0] + row;
+      const std::int64_t global_row = spec.part * spec.shape[0] + row;
       return global_row < spec.full_shape[0] ? global_row * full_cols + col : -1;
     }
     case Sharding::columns:
-      return row * full_cols + tp_rank_ * cols + col;
+      return row * full_cols + spec.part * cols + col;
     case Sharding::qkv_columns: {
       const std::int64_t part_width = cols / 3;  // this rank's share of q, k or v
       const std::int64_t part = col / part_width, within = col % part_width;
-      return row * full_cols + part * (full_cols / 3) + tp_rank_ * part_width + within;
+      return row * full_cols + part * (full_cols / 3) + spec.part * part_width + within;
     }
   }
   return -1;
@@ -71,25 +76,29 @@ Tensor ParamLayout::view(float* flat, const std::string& name) const {
   return Tensor::of(flat + p.offset, p.shape);
 }
 
-ParamLayout gpt_param_layout(const GptConfig& c, int tp_rank, int tp_size) {
+ParamLayout gpt_param_layout(const GptConfig& c, int tp_rank, int tp_size,
+                             const std::vector<int>& layer_degrees) {
   const std::int64_t C = c.hidden, F = c.ffn_hidden;
+  OASES_ASSERT(layer_degrees.empty() || static_cast<std::int64_t>(layer_degrees.size()) == c.layers,
+               "{} layer degrees for {} layers", layer_degrees.size(), c.layers);
   ParamLayout layout(tp_rank, tp_size);
   layout.add("wte.weight", {c.vocab_size, C}, ParamInit::normal, Sharding::rows,
              c.padded_vocab(tp_size));
   layout.add("wpe.weight", {c.seq_len, C}, ParamInit::normal);
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
+    const int k = layer_degrees.empty() ? tp_size : layer_degrees[static_cast<std::size_t>(l)];
     layout.add(p + "ln_1.weight", {C}, ParamInit::ones);
     layout.add(p + "ln_1.bias", {C}, ParamInit::zeros);
-    layout.add(p + "attn.c_attn.weight", {C, 3 * C}, ParamInit::normal, Sharding::qkv_columns);
-    layout.add(p + "attn.c_attn.bias", {3 * C}, ParamInit::zeros, Sharding::qkv_columns);
-    layout.add(p + "attn.c_proj.weight", {C, C}, ParamInit::normal_residual, Sharding::rows);
+    layout.add(p + "attn.c_attn.weight", {C, 3 * C}, ParamInit::normal, Sharding::qkv_columns, 0, k);
+    layout.add(p + "attn.c_attn.bias", {3 * C}, ParamInit::zeros, Sharding::qkv_columns, 0, k);
+    layout.add(p + "attn.c_proj.weight", {C, C}, ParamInit::normal_residual, Sharding::rows, 0, k);
     layout.add(p + "attn.c_proj.bias", {C}, ParamInit::zeros);
     layout.add(p + "ln_2.weight", {C}, ParamInit::ones);
     layout.add(p + "ln_2.bias", {C}, ParamInit::zeros);
-    layout.add(p + "mlp.c_fc.weight", {C, F}, ParamInit::normal, Sharding::columns);
-    layout.add(p + "mlp.c_fc.bias", {F}, ParamInit::zeros, Sharding::columns);
-    layout.add(p + "mlp.c_proj.weight", {F, C}, ParamInit::normal_residual, Sharding::rows);
+    layout.add(p + "mlp.c_fc.weight", {C, F}, ParamInit::normal, Sharding::columns, 0, k);
+    layout.add(p + "mlp.c_fc.bias", {F}, ParamInit::zeros, Sharding::columns, 0, k);
+    layout.add(p + "mlp.c_proj.weight", {F, C}, ParamInit::normal_residual, Sharding::rows, 0, k);
     layout.add(p + "mlp.c_proj.bias", {C}, ParamInit::zeros);
   }
   layout.add("ln_f.weight", {C}, ParamInit::ones);

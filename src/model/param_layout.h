@@ -40,6 +40,11 @@ struct ParamSpec {
   std::int64_t offset;   // element offset into the flat array
   ParamInit init;
   bool weight_decay;     // true for matrices (>= 2 dims), false for biases and norm weights
+  // The parameter is split into `parts` shards and this rank holds shard `part` (1 and 0 when
+  // replicated). A layer run at degree k < the group size T has k parts: ranks r with the same
+  // r % k hold the same shard (T / k replicas).
+  int parts = 1;
+  int part = 0;
   std::int64_t numel() const { return shape.numel(); }
 };
 
@@ -47,11 +52,12 @@ class ParamLayout {
  public:
   ParamLayout(int tp_rank = 0, int tp_size = 1) : tp_rank_(tp_rank), tp_size_(tp_size) {}
 
-  // Adds a parameter whose whole shape is `full_shape`; its shard shape follows `sharding`.
-  // For Sharding::rows, `padded_rows` (>= full rows, a multiple of the group size) is the
-  // padded extent of dim 0; 0 means no padding.
+  // Adds a parameter whose whole shape is `full_shape`; its shard shape follows `sharding`,
+  // split `degree` ways (0: the group size; it must divide the group size). For
+  // Sharding::rows, `padded_rows` (>= full rows, a multiple of the degree) is the padded
+  // extent of dim 0; 0 means no padding.
   void add(std::string name, Shape full_shape, ParamInit init,
-           Sharding sharding = Sharding::replicated, std::int64_t padded_rows = 0);
+           Sharding sharding = Sharding::replicated, std::int64_t padded_rows = 0, int degree = 0);
 
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
@@ -75,7 +81,10 @@ class ParamLayout {
 };
 
 // The parameters of a GPT held by rank `tp_rank` of a tensor-parallel group of `tp_size`.
-ParamLayout gpt_param_layout(const GptConfig& config, int tp_rank = 0, int tp_size = 1);
+// `layer_degrees` (one per layer, each dividing tp_size; empty: all tp_size) splits layer l's
+// parameters over layer_degrees[l] ranks; the embeddings and ln_f stay at tp_size.
+ParamLayout gpt_param_layout(const GptConfig& config, int tp_rank = 0, int tp_size = 1,
+                             const std::vector<int>& layer_degrees = {});
 
 // Fills `flat` with the initial parameters. Element i of the whole parameter p is drawn from
 // Philox keyed by (seed, name of p) at counter i; a shard draws only its own elements, so the

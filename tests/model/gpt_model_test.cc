@@ -130,6 +130,59 @@ TEST(GptModel, ProgramHasACollectiveAtEveryTensorParallelBoundary) {
 
 // Every tensor-parallel degree draws, shard by shard, exactly the single-process parameters:
 // gathering the shards of T ranks through global_index rebuilds the whole tensors.
+// A plan may run layers at different degrees (the planner's per-layer choice): each layer's
+// shards, one per rank group position r % k, still assemble the single-process parameters,
+// and the replicas of a shard hold identical values.
+TEST(Initialization, MixedLayerDegreesAssembleTheSingleProcessParameters) {
+  GptConfig c = small();
+  c.layers = 3;
+  const ParamLayout whole = gpt_param_layout(c);
+  std::vector<float> reference(static_cast<std::size_t>(whole.total_numel()));
+  initialize_parameters(whole, c, 5, reference.data());
+  for (const auto& [T, degrees] : std::vector<std::pair<int, std::vector<int>>>{
+           {2, {1, 2, 1}}, {4, {4, 2, 1}}, {4, {1, 1, 4}}}) {
+    std::vector<float> assembled(reference.size(), -1.0f);
+    std::vector<int> holders(reference.size(), 0);
+    for (int r = 0; r < T; ++r) {
+      const ParamLayout shard = gpt_param_layout(c, r, T, degrees);
+      std::vector<float> local(static_cast<std::size_t>(shard.total_numel()));
+      initialize_parameters(shard, c, 5, local.data());
+      for (const auto& p : shard.params()) {
+        const auto& full = whole.find(p.name);
+        if (p.name.rfind("h.", 0) == 0 && p.sharding != Sharding::replicated) {
+          const int layer = std::stoi(p.name.substr(2));
+          EXPECT_EQ(p.parts, degrees[static_cast<std::size_t>(layer)]) << p.name;
+          EXPECT_EQ(p.part, r % p.parts) << p.name;
+        }
+        for (std::int64_t i = 0; i < p.numel(); ++i) {
+          const std::int64_t g = shard.global_index(p, i);
+          if (g < 0) continue;
+          const auto at = static_cast<std::size_t>(full.offset + g);
+          if (holders[at] > 0) {
+            EXPECT_EQ(local[p.offset + i], assembled[at]) << p.name;
+          }
+          assembled[at] = local[p.offset + i];
+          ++holders[at];
+        }
+      }
+    }
+    for (const auto& p : whole.params()) {
+      const int expected_holders = [&] {
+        if (p.name.rfind("h.", 0) != 0) return p.name == "wte.weight" ? 1 : T;
+        const int k = degrees[static_cast<std::size_t>(std::stoi(p.name.substr(2)))];
+        const bool sharded = p.name.find("c_attn") != std::string::npos ||
+                             p.name.find("c_fc") != std::string::npos ||
+                             p.name.find("proj.weight") != std::string::npos;
+        return sharded ? T / k : T;
+      }();
+      for (std::int64_t i = 0; i < p.numel(); ++i) {
+        ASSERT_EQ(assembled[p.offset + i], reference[p.offset + i]) << "T=" << T << " " << p.name;
+        ASSERT_EQ(holders[p.offset + i], expected_holders) << "T=" << T << " " << p.name;
+      }
+    }
+  }
+}
+
 TEST(Initialization, ShardsOfEveryDegreeAssembleTheSingleProcessParameters) {
   GptConfig c = small();  // vocab 101: padded for every degree > 1
   const ParamLayout whole = gpt_param_layout(c);
