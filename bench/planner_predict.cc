@@ -2,6 +2,7 @@
 // (`oases profile`) and the run config it was measured for; one CSV line per (degree,
 // schedule). Used by bench/run_planner_fidelity.sh.
 //   build/release/bench/planner_predict PROFILE.json CONFIG.toml [OVERLAP_SLOWDOWN]
+// (without OVERLAP_SLOWDOWN: the slowdown the profile measured)
 #include "planner/cost_model.h"
 #include "train/config.h"
 
@@ -17,7 +18,7 @@ int main(int argc, char** argv) {
   }
   const auto profile = oases::planner::read_profile(argv[1]);
   const auto config = oases::train::load_run_config(argv[2]);
-  const double slowdown = argc > 3 ? std::atof(argv[3]) : 0.0;
+  const double slowdown = argc > 3 ? std::atof(argv[3]) : -1.0;  // -1: the profile's measurement
   using oases::schedule::Recompute;
   using oases::schedule::ScheduleKind;
   const std::pair<std::string, oases::schedule::ScheduleSpec> schedules[] = {

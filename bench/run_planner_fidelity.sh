@@ -5,12 +5,13 @@
 # tp=1 x dp=2) under every schedule, and the same ten runs are measured. Prints predicted next
 # to measured and their Spearman rank correlation.
 #   bash bench/run_planner_fidelity.sh    (as root)
-# Environment: RATE_MBIT [800], STEPS [4], SLOWDOWN (compute slowdown under overlap) [0]
+# Environment: RATE_MBIT [800], STEPS [4], SLOWDOWN (compute slowdown under overlap) [-1: as
+# the profile measured it]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${RATE_MBIT:-800}
 steps=${STEPS:-4}
-slowdown=${SLOWDOWN:-0}
+slowdown=${SLOWDOWN:--1}
 config=configs/overlap.toml
 [[ $(id -u) -eq 0 ]] || { echo "needs root (ip netns, tc)" >&2; exit 2; }
 cmake --preset release >/dev/null

@@ -116,7 +116,8 @@ Prediction predict_uniform(const Profile& profile, int degree, const schedule::S
   const double rows = static_cast<double>(micro_batch) * degree / profile.tp / spec.sub_batches;
   const ops::Program program = program_at(profile, degree, rows, layers);
   const schedule::Schedule schedule = schedule::generate(program, spec);
-  const sim::SimResult sim = sim::simulate(schedule, costs_at(profile, degree, rows, program, overlap_slowdown));
+  const double slowdown = overlap_slowdown >= 0 ? overlap_slowdown : d.overlap_slowdown;
+  const sim::SimResult sim = sim::simulate(schedule, costs_at(profile, degree, rows, program, slowdown));
   Prediction p;
   p.step_seconds = sim.step_seconds;
   p.compute_seconds = sim.compute_seconds;

@@ -35,8 +35,9 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows, const o
 
 // Every layer at `degree` under `spec` (kind, recompute, sub_batches, micro_batches: the
 // schedule each replica runs; micro_batch: sequences per micro-batch of the whole group).
+// overlap_slowdown < 0 takes the profile's measured value.
 Prediction predict_uniform(const Profile& profile, int degree, const schedule::ScheduleSpec& spec,
-                           std::int64_t micro_batch, double overlap_slowdown = 0);
+                           std::int64_t micro_batch, double overlap_slowdown = -1);
 // The same model with `layers` transformer layers (the planner takes differences to price one
 // layer).
 Prediction predict_uniform(const Profile& profile, int degree, const schedule::ScheduleSpec& spec,

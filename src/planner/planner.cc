@@ -32,8 +32,8 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
   std::vector<std::int64_t> layer_memory;
   Prediction top_full;
   for (const DegreeProfile& d : profile.degrees) {
-    const Prediction full = predict_uniform(profile, d.degree, spec, micro_batch, L, 0.0);
-    const Prediction less = predict_uniform(profile, d.degree, spec, micro_batch, L - 1, 0.0);
+    const Prediction full = predict_uniform(profile, d.degree, spec, micro_batch, L, -1.0);
+    const Prediction less = predict_uniform(profile, d.degree, spec, micro_batch, L - 1, -1.0);
     report.uniform.push_back({d.degree, full, memory_limit == 0 || full.memory_bytes() <= memory_limit});
     layer_time.push_back(std::max(0.0, full.step_seconds - less.step_seconds));
     layer_memory.push_back(units_up(static_cast<double>(full.memory_bytes() - less.memory_bytes())));

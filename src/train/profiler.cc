@@ -4,6 +4,7 @@
 #include "core/log.h"
 #include "core/philox.h"
 #include "core/timer.h"
+#include "kernels/cpu/gemm.h"
 #include "runtime/trace.h"
 #include "train/engine.h"
 
@@ -52,6 +53,43 @@ void add_events(const runtime::TraceRecorder& trace,
                             : action == "B0" ? "backward0_s" : action == "B1" ? "backward1_s" : "";
     if (!key.empty()) compute[kind_of(words[1])][key].push_back(seconds);
   }
+}
+
+// How much slower a GEMM of the MLP's shape runs while an all-reduce of one activation is in
+// flight on `group` than alone (every rank of the group calls it). The GEMM loop runs until
+// the all-reduce completes, so the comparison covers the whole transfer.
+double measure_overlap_slowdown(comm::Communicator& group, const RunConfig& c) {
+  if (group.size() == 1) return 0;
+  namespace k = kernels::cpu;
+  const std::int64_t n = c.train.micro_batch * c.model.seq_len, C = c.model.hidden,
+                     F = c.model.ffn_hidden / group.size();
+  std::vector<float> x(static_cast<std::size_t>(n * C), 0.5f), w(static_cast<std::size_t>(C * F), 0.01f),
+      y(static_cast<std::size_t>(n * F));
+  std::vector<float> activation(static_cast<std::size_t>(n * C), 1.0f);
+  const auto one_gemm = [&] {
+    k::gemm(k::Trans::no, k::Trans::no, n, F, C, 1.0f, x.data(), C, w.data(), F, 0.0f, y.data(), F);
+  };
+  one_gemm();
+  std::vector<double> alone, overlapped;
+  for (int round = 0; round < 3; ++round) {
+    group.barrier();
+    for (int i = 0; i < 3; ++i) {
+      const Stopwatch clock;
+      one_gemm();
+      alone.push_back(clock.seconds());
+    }
+    group.barrier();
+    auto work = group.all_reduce_async(Tensor::of(activation.data(), {n * C}), comm::ReduceOp::sum);
+    int gemms = 0;
+    const Stopwatch clock;
+    do {
+      one_gemm();
+      ++gemms;
+    } while (!work->test());
+    overlapped.push_back(clock.seconds() / gemms);
+    work->wait();
+  }
+  return std::max(0.0, median(overlapped) / median(alone) - 1.0);
 }
 
 }  // namespace
@@ -123,6 +161,7 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
       if (p.name.rfind("h.0.", 0) == 0) degree.parameter_bytes_per_layer += p.numel() * 4;
     degree.parameter_bytes = engine.model().param_count() * 4;
     degree.static_activation_bytes = static_cast<std::int64_t>(engine.model().static_activation_bytes());
+    degree.overlap_slowdown = measure_overlap_slowdown(mesh.tp_group(), c);
     // Replicas of a layer sum its gradients: time that over the replica group.
     comm::Communicator& replicas = mesh.dp_group();
     if (replicas.size() > 1) {
