@@ -1,5 +1,6 @@
 #include "planner/planner.h"
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/timer.h"
 
@@ -7,7 +8,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 namespace oases::planner {
 namespace {
@@ -15,7 +15,8 @@ namespace {
 constexpr std::int64_t kMemoryUnit = std::int64_t{1} << 20;  // MiB: the chain's memory unit
 
 std::int64_t units_up(double bytes) {
-  return static_cast<std::int64_t>(std::ceil(std::max(0.0, bytes) / static_cast<double>(kMemoryUnit)));
+  return static_cast<std::int64_t>(
+      std::ceil(std::max(0.0, bytes) / static_cast<double>(kMemoryUnit)));
 }
 
 }  // namespace
@@ -34,9 +35,11 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
   for (const DegreeProfile& d : profile.degrees) {
     const Prediction full = predict_uniform(profile, d.degree, spec, micro_batch, L, -1.0);
     const Prediction less = predict_uniform(profile, d.degree, spec, micro_batch, L - 1, -1.0);
-    report.uniform.push_back({d.degree, full, memory_limit == 0 || full.memory_bytes() <= memory_limit});
+    report.uniform.push_back(
+        {d.degree, full, memory_limit == 0 || full.memory_bytes() <= memory_limit});
     layer_time.push_back(std::max(0.0, full.step_seconds - less.step_seconds));
-    layer_memory.push_back(units_up(static_cast<double>(full.memory_bytes() - less.memory_bytes())));
+    layer_memory.push_back(
+        units_up(static_cast<double>(full.memory_bytes() - less.memory_bytes())));
     top_full = full;  // degrees ascend: the last is the full degree, where embedding and head stay
   }
   const double fixed_time = top_full.step_seconds - L * layer_time.back();
@@ -47,13 +50,15 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
   const double rows = static_cast<double>(micro_batch) / spec.sub_batches;
   const auto ar = top.collectives.find("attention.fwd_s");
   const double reshard = 2.0 * (ar == top.collectives.end() ? 0.0 : ar->second) *
-                         (rows / static_cast<double>(top.rows)) * spec.micro_batches * spec.sub_batches;
+                         (rows / static_cast<double>(top.rows)) * spec.micro_batches *
+                         spec.sub_batches;
   for (int l = 0; l < L; ++l) {
     chain.layer_cost.push_back(layer_time);
     chain.layer_memory.push_back(layer_memory);
     if (l + 1 < L) {
-      std::vector<std::vector<double>> boundary(static_cast<std::size_t>(chain.candidates),
-                                                std::vector<double>(static_cast<std::size_t>(chain.candidates), reshard));
+      std::vector<std::vector<double>> boundary(
+          static_cast<std::size_t>(chain.candidates),
+          std::vector<double>(static_cast<std::size_t>(chain.candidates), reshard));
       for (int k = 0; k < chain.candidates; ++k) boundary[k][k] = 0;
       chain.boundary_cost.push_back(boundary);
     }
@@ -68,14 +73,16 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
   report.ilp_seconds = ilp_clock.seconds();
   if (!dp.feasible) {
     const std::int64_t least = minimum_memory(chain) * kMemoryUnit;
-    OASES_FAIL("parallel.memory_limit = {} bytes is too small for any plan: the least a plan needs "
-               "is about {} bytes ({} MiB more than the limit); raise the limit, lower "
-               "train.micro_batch, or use more ranks",
-               memory_limit, least, (least - memory_limit + kMemoryUnit - 1) / kMemoryUnit);
+    OASES_FAIL(
+        "parallel.memory_limit = {} bytes is too small for any plan: the least a plan needs "
+        "is about {} bytes ({} MiB more than the limit); raise the limit, lower "
+        "train.micro_batch, or use more ranks",
+        memory_limit, least, (least - memory_limit + kMemoryUnit - 1) / kMemoryUnit);
   }
   OASES_ASSERT(ilp.feasible && std::abs(ilp.cost - dp.cost) <= 1e-9 * std::max(1.0, dp.cost),
                "the integer program ({}) and the dynamic program ({}) disagree", ilp.cost, dp.cost);
-  for (int k : dp.choice) report.chosen.degrees.push_back(profile.degrees[static_cast<std::size_t>(k)].degree);
+  for (int k : dp.choice)
+    report.chosen.degrees.push_back(profile.degrees[static_cast<std::size_t>(k)].degree);
   report.chosen.predicted_step_seconds = fixed_time + dp.cost;
   report.chosen.predicted_memory_bytes = dp.memory * kMemoryUnit;
   return report;
@@ -90,14 +97,7 @@ void write_plan(const Plan& plan, int tp, const std::string& path) {
                          {"predicted_memory_bytes", plan.predicted_memory_bytes}};
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    OASES_CHECK(out.good(), "cannot write the plan '{}'", path);
-    out << j.dump(2) << '\n';
-    OASES_CHECK(out.good(), "writing the plan '{}' failed", path);
-  }
-  std::filesystem::rename(tmp, path);
+  write_file_atomically(path, j.dump(2) + "\n");
 }
 
 }  // namespace oases::planner

@@ -1,5 +1,6 @@
 #include "planner/profile.h"
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 #include <nlohmann/json.hpp>
@@ -21,7 +22,7 @@ const DegreeProfile* Profile::at_degree(int degree) const {
 namespace {
 
 json model_json(const model::GptConfig& m) {
-  return {{"layers", m.layers},         {"hidden", m.hidden},   {"heads", m.heads},
+  return {{"layers", m.layers},         {"hidden", m.hidden},         {"heads", m.heads},
           {"ffn_hidden", m.ffn_hidden}, {"vocab_size", m.vocab_size}, {"seq_len", m.seq_len}};
 }
 
@@ -32,8 +33,10 @@ std::string to_json(const Profile& p) {
   for (const DegreeProfile& d : p.degrees) {
     json segments = json::object();
     for (const auto& [kind, t] : d.segments)
-      segments[kind] = {{"forward_s", t.forward_s}, {"recompute_s", t.recompute_s},
-                        {"backward0_s", t.backward0_s}, {"backward1_s", t.backward1_s}};
+      segments[kind] = {{"forward_s", t.forward_s},
+                        {"recompute_s", t.recompute_s},
+                        {"backward0_s", t.backward0_s},
+                        {"backward1_s", t.backward1_s}};
     degrees.push_back({{"degree", d.degree},
                        {"rows", d.rows},
                        {"segments", segments},
@@ -46,9 +49,12 @@ std::string to_json(const Profile& p) {
                        {"activation_bytes", d.activation_bytes},
                        {"static_activation_bytes", d.static_activation_bytes}});
   }
-  return json{{"format", "oases-profile"}, {"version", Profile::kVersion},
-              {"model", model_json(p.model)}, {"tp", p.tp},
-              {"micro_batch", p.micro_batch}, {"sub_batches", p.sub_batches},
+  return json{{"format", "oases-profile"},
+              {"version", Profile::kVersion},
+              {"model", model_json(p.model)},
+              {"tp", p.tp},
+              {"micro_batch", p.micro_batch},
+              {"sub_batches", p.sub_batches},
               {"degrees", degrees}}
       .dump(2);
 }
@@ -94,7 +100,8 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
       degree.overlap_slowdown = d.at("overlap_slowdown");
       degree.parameter_bytes_per_layer = d.at("parameter_bytes_per_layer");
       degree.activation_bytes =
-          d.at("activation_bytes").get<std::map<std::string, std::map<std::string, std::int64_t>>>();
+          d.at("activation_bytes")
+              .get<std::map<std::string, std::map<std::string, std::int64_t>>>();
       degree.static_activation_bytes = d.at("static_activation_bytes");
       p.degrees.push_back(std::move(degree));
     }
@@ -107,14 +114,7 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
 void write_profile(const Profile& profile, const std::string& path) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    OASES_CHECK(out.good(), "cannot write the profile '{}'", path);
-    out << to_json(profile) << '\n';
-    OASES_CHECK(out.good(), "writing the profile '{}' failed", path);
-  }
-  std::filesystem::rename(tmp, path);
+  write_file_atomically(path, to_json(profile) + "\n");
 }
 
 Profile read_profile(const std::string& path) {
@@ -141,10 +141,12 @@ void check_profile_matches(const Profile& p, const model::GptConfig& m, std::int
   for (int degree : degrees) {
     if (p.at_degree(degree)) continue;
     std::string have;
-    for (const DegreeProfile& d : p.degrees) have += (have.empty() ? "" : ", ") + std::to_string(d.degree);
-    OASES_FAIL("{} has no measurements at tensor-parallel degree {} (it has {}); re-run `oases "
-               "profile` under mpirun with parallel.tp = {}",
-               source, degree, have.empty() ? "none" : have, degrees.back());
+    for (const DegreeProfile& d : p.degrees)
+      have += (have.empty() ? "" : ", ") + std::to_string(d.degree);
+    OASES_FAIL(
+        "{} has no measurements at tensor-parallel degree {} (it has {}); re-run `oases "
+        "profile` under mpirun with parallel.tp = {}",
+        source, degree, have.empty() ? "none" : have, degrees.back());
   }
 }
 

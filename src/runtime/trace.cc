@@ -1,12 +1,12 @@
 #include "runtime/trace.h"
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 namespace oases::runtime {
 
@@ -29,14 +29,7 @@ nlohmann::json event_array(const std::vector<TraceRecorder::Event>& recorded, in
 void write_text(const std::string& path, const std::string& text) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    OASES_CHECK(out.good(), "log.trace: cannot write '{}'", path);
-    out << text;
-    OASES_CHECK(out.good(), "log.trace: writing '{}' failed", path);
-  }
-  std::filesystem::rename(tmp, path);
+  write_file_atomically(path, text);
 }
 }  // namespace
 

@@ -1,7 +1,7 @@
 #include "train/checkpoint.h"
 
 #include "core/error.h"
-#include "train/atomic_file.h"
+#include "core/atomic_file.h"
 #include "train/safetensors.h"
 
 #include <toml++/toml.h>

@@ -1,7 +1,7 @@
 #include "train/safetensors.h"
 
 #include "core/error.h"
-#include "train/atomic_file.h"
+#include "core/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #include "core/philox.h"
-#include "train/atomic_file.h"
+#include "core/atomic_file.h"
 
 #include <fmt/format.h>
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-namespace oases::train {
+namespace oases {
 
 // Streams bytes into `<path>.tmp`; commit() publishes them under `<path>`. Destroying the
 // writer without a successful commit() removes the `.tmp` and leaves `<path>` as it was.
@@ -50,4 +50,4 @@ void fsync_and_rename(const std::string& tmp_path, const std::string& final_path
 // Whole-file convenience over AtomicFileWriter (small files: state, markers).
 void write_file_atomically(const std::string& path, std::string_view contents);
 
-}  // namespace oases::train
+}  // namespace oases

@@ -1,4 +1,4 @@
-#include "train/atomic_file.h"
+#include "core/atomic_file.h"
 
 #include "core/error.h"
 
@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <utility>
 
-namespace oases::train {
+namespace oases {
 namespace {
 
 std::string errno_text(int err) { return std::strerror(err); }
@@ -121,4 +121,4 @@ void write_file_atomically(const std::string& path, std::string_view contents) {
   writer.commit();
 }
 
-}  // namespace oases::train
+}  // namespace oases
