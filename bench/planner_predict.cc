@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
     for (auto [name, spec] : schedules) {
       // Each replica runs its share of the global batch in micro-batches of its share.
       spec.micro_batches = static_cast<int>(config.train.global_batch / config.train.micro_batch);
-      const auto p = oases::planner::predict_uniform(profile, d.degree, spec, config.train.micro_batch, slowdown);
+      const auto p = oases::planner::predict_uniform(profile, d.degree, spec,
+                                                     config.train.micro_batch, slowdown);
       fmt::print("{},{},{:.4f},{:.4f},{}\n", d.degree, name, p.step_seconds, p.exposed_comm_seconds,
                  p.memory_bytes());
     }

@@ -46,7 +46,8 @@ ChainProblem transformer_chain(int layers, std::uint64_t seed, bool alike) {
     p.layer_cost.push_back(cost);
     p.layer_memory.push_back(memory);
     if (l + 1 < layers) {
-      std::vector<std::vector<double>> boundary(degrees.size(), std::vector<double>(degrees.size()));
+      std::vector<std::vector<double>> boundary(degrees.size(),
+                                                std::vector<double>(degrees.size()));
       for (std::size_t j = 0; j < degrees.size(); ++j)
         for (std::size_t k = 0; k < degrees.size(); ++k)
           boundary[j][k] = j == k ? 0.0 : alike ? 3.0 : 3.0 * noise();
@@ -77,16 +78,17 @@ int main() {
   fmt::print("{:>7} {:>8} {:>11} {:>11} {:>14} {:>14} {:>22}\n", "layers", "layers", "ILP (CBC)",
              "DP", "optimum", "same optimum", "optimum without limit");
   for (bool alike : {true, false})
-  for (int layers : {24, 48, 96}) {
-    const ChainProblem p = transformer_chain(layers, 7, alike);
-    oases::planner::ChainPlan ilp, dp;
-    const double ilp_s = median_seconds([&] { ilp = oases::planner::solve_ilp(p); }, 5);
-    const double dp_s = median_seconds([&] { dp = oases::planner::solve_dynamic_program(p); }, 5);
-    const bool same = ilp.feasible && dp.feasible && std::abs(ilp.cost - dp.cost) <= 1e-9 * dp.cost;
-    ChainProblem unlimited = p;
-    unlimited.memory_limit = std::numeric_limits<std::int64_t>::max();
-    fmt::print("{:>7} {:>8} {:>10.3f}s {:>10.3f}s {:>14.4f} {:>14} {:>22.4f}\n", layers,
-               alike ? "alike" : "differ", ilp_s, dp_s,
-               dp.cost, same ? "yes" : "NO", oases::planner::solve_dynamic_program(unlimited).cost);
-  }
+    for (int layers : {24, 48, 96}) {
+      const ChainProblem p = transformer_chain(layers, 7, alike);
+      oases::planner::ChainPlan ilp, dp;
+      const double ilp_s = median_seconds([&] { ilp = oases::planner::solve_ilp(p); }, 5);
+      const double dp_s = median_seconds([&] { dp = oases::planner::solve_dynamic_program(p); }, 5);
+      const bool same =
+          ilp.feasible && dp.feasible && std::abs(ilp.cost - dp.cost) <= 1e-9 * dp.cost;
+      ChainProblem unlimited = p;
+      unlimited.memory_limit = std::numeric_limits<std::int64_t>::max();
+      fmt::print("{:>7} {:>8} {:>10.3f}s {:>10.3f}s {:>14.4f} {:>14} {:>22.4f}\n", layers,
+                 alike ? "alike" : "differ", ilp_s, dp_s, dp.cost, same ? "yes" : "NO",
+                 oases::planner::solve_dynamic_program(unlimited).cost);
+    }
 }

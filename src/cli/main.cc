@@ -5,18 +5,19 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cpu/blas_runtime.h"
+#include "planner/planner.h"
 #include "train/config.h"
 #include "train/generate.h"
 #include "train/profiler.h"
-#include "planner/planner.h"
 #include "train/token_data.h"
 #include "train/trainer.h"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +40,29 @@ int report_error(const std::exception& e, const std::string& rank_prefix) {
   }
   oases::log_error("{}{}", rank_prefix, e.what());
   return 1;
+}
+
+// Runs `body` on this rank of a job launched by mpirun/srun. A rank whose body fails prints its
+// error prefixed by its rank and ends the whole job, since its peers would wait for it forever.
+// `mesh` outlives the try: a failing rank must abort while its communicators still exist, not
+// wait in their destructors for collectives its peers will never finish.
+using RankBody =
+    std::function<void(oases::comm::MpiRuntime&, const oases::comm::MpiCommunicatorOptions&,
+                       std::optional<oases::comm::Mesh>& mesh)>;
+int run_on_every_rank(double comm_timeout_s, const RankBody& body) {
+  oases::comm::MpiRuntime runtime;
+  std::optional<oases::comm::Mesh> mesh;
+  try {
+    oases::comm::MpiCommunicatorOptions comm_options;
+    comm_options.timeout_seconds = comm_timeout_s;
+    body(runtime, comm_options, mesh);
+  } catch (const std::exception& e) {
+    const int code =
+        report_error(e, fmt::format("rank {} of {}: ", runtime.world_rank(), runtime.world_size()));
+    if (runtime.world_size() > 1) oases::comm::abort_job(code);
+    return code;
+  }
+  return 0;
 }
 
 int run(int argc, char** argv) {
@@ -70,18 +94,19 @@ int run(int argc, char** argv) {
       "prepare-data", "Tokenize text files into <output>_train.bin and <output>_val.bin shards");
   prepare->add_option("--input", inputs, "Text files, read in order")->required();
   prepare->add_option("--output", output_prefix, "Shard prefix, e.g. data/corpus")->required();
-  prepare->add_option("--val-fraction", val_fraction,
-                      "Fraction of tokens (the last ones) kept for validation")
+  prepare
+      ->add_option("--val-fraction", val_fraction,
+                   "Fraction of tokens (the last ones) kept for validation")
       ->capture_default_str();
-  prepare->add_option("--tokenizer", tokenizer, "Tokenizer: byte")
-      ->capture_default_str();
+  prepare->add_option("--tokenizer", tokenizer, "Tokenizer: byte")->capture_default_str();
 
   // generate
   oases::train::GenerateOptions gen;
   auto* generate = app.add_subcommand("generate", "Sample text from a checkpoint");
-  generate->add_option("--checkpoint", gen.checkpoint,
-                       "A step_N checkpoint directory, a run's checkpoint.dir (newest is used) "
-                       "or a model.safetensors written by oases")
+  generate
+      ->add_option("--checkpoint", gen.checkpoint,
+                   "A step_N checkpoint directory, a run's checkpoint.dir (newest is used) "
+                   "or a model.safetensors written by oases")
       ->required();
   generate->add_option("--prompt", gen.prompt, "Text to continue")->required();
   generate->add_option("--max-new-tokens", gen.max_new_tokens, "Tokens to generate")
@@ -90,16 +115,16 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   generate->add_option("--top-k", gen.top_k, "Sample among the k likeliest tokens (0: all)")
       ->capture_default_str();
-  generate->add_option("--seed", gen.seed, "Seed of the sampling draws")
-      ->capture_default_str();
+  generate->add_option("--seed", gen.seed, "Seed of the sampling draws")->capture_default_str();
 
   // profile
   std::string profile_config, profile_output;
   std::vector<std::string> profile_overrides;
   oases::train::ProfileOptions profile_options;
   auto* profile = app.add_subcommand(
-      "profile", "Measure every segment and collective at each tensor-parallel degree (JSON for "
-                 "the planner); run under mpirun with parallel.tp ranks");
+      "profile",
+      "Measure every segment and collective at each tensor-parallel degree (JSON for "
+      "the planner); run under mpirun with parallel.tp ranks");
   profile->add_option("--config", profile_config, "Run configuration (TOML)")->required();
   profile->add_option("--set", profile_overrides, "Override config keys, as for train");
   profile->add_option("--output", profile_output, "Where to write the profile (JSON)")->required();
@@ -128,24 +153,27 @@ int run(int argc, char** argv) {
                                           spec.sub_batches, degrees, plan_profile);
     const auto report = oases::planner::make_plan(measured, spec, config.train.micro_batch,
                                                   config.parallel.memory_limit);
-    fmt::print("schedule {}, recompute {}, {} sub-batch(es); memory limit {}\n",
-               oases::schedule::name(spec.kind), oases::schedule::name(spec.recompute),
-               spec.sub_batches,
-               config.parallel.memory_limit > 0 ? fmt::format("{} MiB", config.parallel.memory_limit >> 20)
-                                                : std::string("none"));
+    fmt::print(
+        "schedule {}, recompute {}, {} sub-batch(es); memory limit {}\n",
+        oases::schedule::name(spec.kind), oases::schedule::name(spec.recompute), spec.sub_batches,
+        config.parallel.memory_limit > 0 ? fmt::format("{} MiB", config.parallel.memory_limit >> 20)
+                                         : std::string("none"));
     fmt::print("{:<22}{:>14}{:>16}{:>8}\n", "plan", "step (pred.)", "memory (pred.)", "fits");
     for (const auto& u : report.uniform)
-      fmt::print("{:<22}{:>12.3f} s{:>12.1f} MiB{:>8}\n", fmt::format("uniform degree {}", u.degree),
-                 u.prediction.step_seconds,
-                 static_cast<double>(u.prediction.memory_bytes()) / (1 << 20), u.fits ? "yes" : "no");
+      fmt::print("{:<22}{:>12.3f} s{:>12.1f} MiB{:>8}\n",
+                 fmt::format("uniform degree {}", u.degree), u.prediction.step_seconds,
+                 static_cast<double>(u.prediction.memory_bytes()) / (1 << 20),
+                 u.fits ? "yes" : "no");
     fmt::print("{:<22}{:>12.3f} s{:>12.1f} MiB{:>8}\n", "chosen",
                report.chosen.predicted_step_seconds,
                static_cast<double>(report.chosen.predicted_memory_bytes) / (1 << 20), "yes");
     std::string per_layer;
-    for (int k : report.chosen.degrees) per_layer += (per_layer.empty() ? "" : " ") + std::to_string(k);
-    fmt::print("degrees per layer: {}\nsolved by the dynamic program in {:.3f} s and by CBC in {:.3f} s "
-               "(same optimum)\n",
-               per_layer, report.dp_seconds, report.ilp_seconds);
+    for (int k : report.chosen.degrees)
+      per_layer += (per_layer.empty() ? "" : " ") + std::to_string(k);
+    fmt::print(
+        "degrees per layer: {}\nsolved by the dynamic program in {:.3f} s and by CBC in {:.3f} s "
+        "(same optimum)\n",
+        per_layer, report.dp_seconds, report.ilp_seconds);
     if (!plan_output.empty()) {
       oases::planner::write_plan(report.chosen, static_cast<int>(config.parallel.tp), plan_output);
       fmt::print("wrote {}\n", plan_output);
@@ -156,30 +184,26 @@ int run(int argc, char** argv) {
   if (*profile) {
     const auto config = oases::train::load_run_config(profile_config, profile_overrides);
     if (oases::comm::launched_by_mpi()) {
-      oases::comm::MpiRuntime runtime;
-      try {
-        oases::comm::MpiCommunicatorOptions comm_options;
-        comm_options.timeout_seconds = config.parallel.comm_timeout_s;
-        profile_options.progress = runtime.world_rank() == 0;
-        const auto result = oases::train::run_profile(config, profile_options, [&](int tp, int dp) {
-          return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
-        });
-        if (runtime.world_rank() == 0) {
-          oases::planner::write_profile(result, profile_output);
-          oases::log_info("wrote {}", profile_output);
-        }
-      } catch (const std::exception& e) {
-        const int code =
-            report_error(e, fmt::format("rank {} of {}: ", runtime.world_rank(), runtime.world_size()));
-        if (runtime.world_size() > 1) oases::comm::abort_job(code);
-        return code;
-      }
+      return run_on_every_rank(
+          config.parallel.comm_timeout_s, [&](auto& runtime, const auto& comm_options, auto&) {
+            profile_options.progress = runtime.world_rank() == 0;
+            const auto result =
+                oases::train::run_profile(config, profile_options, [&](int tp, int dp) {
+                  return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
+                });
+            if (runtime.world_rank() == 0) {
+              oases::planner::write_profile(result, profile_output);
+              oases::log_info("wrote {}", profile_output);
+            }
+          });
     } else {
-      OASES_CHECK(config.parallel.tp == 1,
-                  "parallel.tp = {} needs {} processes: launch with `mpirun -np {} oases profile ...`",
-                  config.parallel.tp, config.parallel.tp, config.parallel.tp);
-      const auto result = oases::train::run_profile(
-          config, profile_options, [](int tp, int dp) { return oases::comm::Mesh::single_process(tp, dp); });
+      OASES_CHECK(
+          config.parallel.tp == 1,
+          "parallel.tp = {} needs {} processes: launch with `mpirun -np {} oases profile ...`",
+          config.parallel.tp, config.parallel.tp, config.parallel.tp);
+      const auto result = oases::train::run_profile(config, profile_options, [](int tp, int dp) {
+        return oases::comm::Mesh::single_process(tp, dp);
+      });
       oases::planner::write_profile(result, profile_output);
       oases::log_info("wrote {}", profile_output);
     }
@@ -197,25 +221,15 @@ int run(int argc, char** argv) {
     options.progress = !quiet;
     oases::train::TrainSummary summary;
     if (oases::comm::launched_by_mpi()) {
-      // Under mpirun/srun: one rank per process, laid out by [parallel]. Each rank reports its
-      // own fatal error and then ends the job, since the other ranks would wait for it forever.
-      oases::comm::MpiRuntime runtime;
-      // Outside the try: a failing rank must abort while its communicators still exist, not
-      // wait in their destructors for collectives its peers will never finish.
-      std::optional<oases::comm::Mesh> mesh;
-      try {
-        oases::comm::MpiCommunicatorOptions comm_options;
-        comm_options.timeout_seconds = config.parallel.comm_timeout_s;
-        mesh.emplace(oases::comm::Mesh::create(runtime, static_cast<int>(config.parallel.tp),
-                                               static_cast<int>(config.parallel.dp),
-                                               static_cast<int>(config.parallel.pp), comm_options));
-        summary = oases::train::run_training(config, options, *mesh);
-      } catch (const std::exception& e) {
-        const int code =
-            report_error(e, fmt::format("rank {} of {}: ", runtime.world_rank(), runtime.world_size()));
-        if (runtime.world_size() > 1) oases::comm::abort_job(code);
-        return code;
-      }
+      // One rank per process, laid out by [parallel].
+      const int code = run_on_every_rank(
+          config.parallel.comm_timeout_s, [&](auto& runtime, const auto& comm_options, auto& mesh) {
+            mesh.emplace(oases::comm::Mesh::create(
+                runtime, static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.dp),
+                static_cast<int>(config.parallel.pp), comm_options));
+            summary = oases::train::run_training(config, options, *mesh);
+          });
+      if (code != 0) return code;
     } else {
       OASES_CHECK(config.parallel.tp * config.parallel.dp * config.parallel.pp == 1,
                   "parallel.tp = {}, dp = {}, pp = {} needs {} processes: launch with `mpirun -np "
@@ -230,10 +244,11 @@ int run(int argc, char** argv) {
                       *summary.final_val_loss);
   } else if (*prepare) {
     const auto s = oases::train::prepare_data(inputs, output_prefix, val_fraction, tokenizer);
-    fmt::print("prepared {} tokens ({} tokenizer, vocab {}) from {} bytes: {} train tokens -> "
-               "{}, {} validation tokens -> {}\n",
-               s.total_tokens, s.tokenizer, s.vocab_size, s.input_bytes, s.train_tokens,
-               s.train_path, s.val_tokens, s.val_path);
+    fmt::print(
+        "prepared {} tokens ({} tokenizer, vocab {}) from {} bytes: {} train tokens -> "
+        "{}, {} validation tokens -> {}\n",
+        s.total_tokens, s.tokenizer, s.vocab_size, s.input_bytes, s.train_tokens, s.train_path,
+        s.val_tokens, s.val_path);
   } else if (*generate) {
     fmt::print("{}\n", oases::train::generate_text(gen));
   }
@@ -250,8 +265,7 @@ int main(int argc, char** argv) {
     // Errors before the mesh exists (a bad config) happen on every rank alike; the rank still
     // prefixes them so a job's output says who failed.
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-    return report_error(e, oases::comm::launched_by_mpi() && rank
-                               ? fmt::format("rank {}: ", rank)
-                               : std::string());
+    return report_error(
+        e, oases::comm::launched_by_mpi() && rank ? fmt::format("rank {}: ", rank) : std::string());
   }
 }

@@ -80,7 +80,8 @@ ChainPlan solve_dynamic_program(const ChainProblem& p) {
   };
   const std::int64_t budget = p.memory_limit - p.fixed_memory;
   std::vector<std::vector<std::vector<Entry>>> fronts(
-      static_cast<std::size_t>(p.layers), std::vector<std::vector<Entry>>(static_cast<std::size_t>(p.candidates)));
+      static_cast<std::size_t>(p.layers),
+      std::vector<std::vector<Entry>>(static_cast<std::size_t>(p.candidates)));
   const auto prune = [&](std::vector<Entry>& entries) {
     std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
       return a.memory != b.memory ? a.memory < b.memory : a.cost < b.cost;
@@ -101,8 +102,8 @@ ChainPlan solve_dynamic_program(const ChainProblem& p) {
         for (int i = 0; i < static_cast<int>(previous.size()); ++i) {
           const std::int64_t memory = previous[i].memory + p.layer_memory[l][k];
           if (memory > budget) continue;
-          entries.push_back({memory, previous[i].cost + p.boundary_cost[l - 1][j][k] + p.layer_cost[l][k],
-                             j, i});
+          entries.push_back(
+              {memory, previous[i].cost + p.boundary_cost[l - 1][j][k] + p.layer_cost[l][k], j, i});
         }
       }
       prune(entries);
@@ -166,8 +167,10 @@ ChainPlan solve_ilp(const ChainProblem& p) {
   for (int l = 0; l + 1 < p.layers; ++l)
     for (int j = 0; j < K; ++j)
       for (int k = 0; k < K; ++k)
-        Cbc_addCol(m, ("y_" + std::to_string(l) + "_" + std::to_string(j) + "_" + std::to_string(k)).c_str(),
-                   0.0, 1.0, p.boundary_cost[l][j][k], 0, 0, nullptr, nullptr);
+        Cbc_addCol(
+            m,
+            ("y_" + std::to_string(l) + "_" + std::to_string(j) + "_" + std::to_string(k)).c_str(),
+            0.0, 1.0, p.boundary_cost[l][j][k], 0, 0, nullptr, nullptr);
   std::vector<int> cols;
   std::vector<double> coefs;
   const auto add_row = [&](const char* name, char sense, double rhs) {

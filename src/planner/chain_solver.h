@@ -20,9 +20,9 @@ namespace oases::planner {
 
 struct ChainProblem {
   int layers = 0;
-  int candidates = 0;                                  // K
-  std::vector<std::vector<double>> layer_cost;         // [layers][K], >= 0
-  std::vector<std::vector<std::int64_t>> layer_memory; // [layers][K] units, >= 0
+  int candidates = 0;                                           // K
+  std::vector<std::vector<double>> layer_cost;                  // [layers][K], >= 0
+  std::vector<std::vector<std::int64_t>> layer_memory;          // [layers][K] units, >= 0
   std::vector<std::vector<std::vector<double>>> boundary_cost;  // [layers - 1][K][K], >= 0
   std::int64_t fixed_memory = 0;
   std::int64_t memory_limit = std::numeric_limits<std::int64_t>::max();
@@ -45,7 +45,7 @@ std::int64_t plan_memory(const ChainProblem& problem, const std::vector<int>& ch
 std::int64_t minimum_memory(const ChainProblem& problem);
 
 ChainPlan solve_dynamic_program(const ChainProblem& problem);
-ChainPlan solve_ilp(const ChainProblem& problem);  // CBC, optimality gap 0
+ChainPlan solve_ilp(const ChainProblem& problem);          // CBC, optimality gap 0
 ChainPlan solve_brute_force(const ChainProblem& problem);  // K^layers plans; tests only
 
 }  // namespace oases::planner

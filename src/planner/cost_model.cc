@@ -64,8 +64,8 @@ ops::Program program_at(const Profile& profile, int degree, double rows, int lay
   return program;
 }
 
-sim::CostModel costs_at(const Profile& profile, int degree, double rows, const ops::Program& program,
-                        double overlap_slowdown) {
+sim::CostModel costs_at(const Profile& profile, int degree, double rows,
+                        const ops::Program& program, double overlap_slowdown) {
   const DegreeProfile& d = degree_of(profile, degree);
   const double factor = rows / static_cast<double>(d.rows);
   sim::CostModel costs;
@@ -74,13 +74,16 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows, const o
     if (it == d.segments.end()) return 0.0;
     const SegmentTimes& t = it->second;
     switch (ins.op) {
-      case schedule::Op::forward: return t.forward_s * factor;
+      case schedule::Op::forward:
+        return t.forward_s * factor;
       case schedule::Op::recompute:
         // Whole-layer recomputation also reruns the output GEMM and, for the MLP half, the
         // epilogue: a forward pass; the others regenerate what fine-grained recomputation does.
         return (ins.sets & ops::kOutput ? t.forward_s : t.recompute_s) * factor;
-      case schedule::Op::backward: return (ins.stage == 0 ? t.backward0_s : t.backward1_s) * factor;
-      default: return 0.0;
+      case schedule::Op::backward:
+        return (ins.stage == 0 ? t.backward0_s : t.backward1_s) * factor;
+      default:
+        return 0.0;
     }
   };
   costs.collective = [&program, d, factor](const schedule::Instruction& ins) {
@@ -90,10 +93,12 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows, const o
     return it == d.collectives.end() ? 0.0 : it->second * factor;
   };
   const auto layers = static_cast<int>(profile.model.layers);
-  const double per_byte = d.parameter_bytes_per_layer > 0
-                              ? d.replica_reduce_per_layer_s / static_cast<double>(d.parameter_bytes_per_layer)
-                              : 0.0;
-  const double rest_bytes = static_cast<double>(d.parameter_bytes - layers * d.parameter_bytes_per_layer);
+  const double per_byte =
+      d.parameter_bytes_per_layer > 0
+          ? d.replica_reduce_per_layer_s / static_cast<double>(d.parameter_bytes_per_layer)
+          : 0.0;
+  const double rest_bytes =
+      static_cast<double>(d.parameter_bytes - layers * d.parameter_bytes_per_layer);
   costs.reduce_grads = [d, layers, per_byte, rest_bytes](int bucket) {
     if (bucket >= 1 && bucket <= layers) return d.replica_reduce_per_layer_s;
     return bucket == 0 ? per_byte * rest_bytes : 0.0;  // embeddings; ln_f is negligible
@@ -117,7 +122,8 @@ Prediction predict_uniform(const Profile& profile, int degree, const schedule::S
   const ops::Program program = program_at(profile, degree, rows, layers);
   const schedule::Schedule schedule = schedule::generate(program, spec);
   const double slowdown = overlap_slowdown >= 0 ? overlap_slowdown : d.overlap_slowdown;
-  const sim::SimResult sim = sim::simulate(schedule, costs_at(profile, degree, rows, program, slowdown));
+  const sim::SimResult sim =
+      sim::simulate(schedule, costs_at(profile, degree, rows, program, slowdown));
   Prediction p;
   p.step_seconds = sim.step_seconds;
   p.compute_seconds = sim.compute_seconds;
@@ -125,10 +131,11 @@ Prediction predict_uniform(const Profile& profile, int degree, const schedule::S
   // Boundary buffers: the profiled set for `rows`, plus one port set per extra sub-batch.
   const double factor = rows / static_cast<double>(d.rows);
   const std::int64_t port = 4 * static_cast<std::int64_t>(program.segments[1].checkpoint_bytes);
-  p.activation_bytes = scaled(d.static_activation_bytes, factor) + (spec.sub_batches - 1) * port +
-                       static_cast<std::int64_t>(schedule::peak_activation_bytes(program, schedule));
-  p.state_bytes = 4 * (d.parameter_bytes -
-                      (profile.model.layers - layers) * d.parameter_bytes_per_layer);
+  p.activation_bytes =
+      scaled(d.static_activation_bytes, factor) + (spec.sub_batches - 1) * port +
+      static_cast<std::int64_t>(schedule::peak_activation_bytes(program, schedule));
+  p.state_bytes =
+      4 * (d.parameter_bytes - (profile.model.layers - layers) * d.parameter_bytes_per_layer);
   return p;
 }
 

@@ -30,8 +30,8 @@ ops::Program program_at(const Profile& profile, int degree, double rows);
 ops::Program program_at(const Profile& profile, int degree, double rows, int layers);
 
 // Instruction costs of that program for the simulator.
-sim::CostModel costs_at(const Profile& profile, int degree, double rows, const ops::Program& program,
-                        double overlap_slowdown = 0);
+sim::CostModel costs_at(const Profile& profile, int degree, double rows,
+                        const ops::Program& program, double overlap_slowdown = 0);
 
 // Every layer at `degree` under `spec` (kind, recompute, sub_batches, micro_batches: the
 // schedule each replica runs; micro_batch: sequences per micro-batch of the whole group).

@@ -13,7 +13,8 @@
 //       "collectives": {"attention.fwd_s": .., "attention.bwd_s": .., "mlp.fwd_s": ..,
 //                       "mlp.bwd_s": .., "embedding.fwd_s": .., "head.bwd_s": .., ...},
 //       "optimizer_s": .., "parameter_bytes": .., "parameter_bytes_per_layer": ..,
-//       "replica_reduce_per_layer_s": .., "overlap_slowdown": .., "activation_bytes": {"attention": {"checkpoint": ..,
+//       "replica_reduce_per_layer_s": .., "overlap_slowdown": .., "activation_bytes": {"attention":
+//       {"checkpoint": ..,
 //                       "internals": .., "core": ..}, ...}},
 //       "static_activation_bytes": ..},
 //      ...]}
@@ -42,11 +43,11 @@ struct SegmentTimes {
 struct DegreeProfile {
   int degree = 1;
   std::int64_t rows = 0;
-  std::map<std::string, SegmentTimes> segments;   // by kind: embedding, attention, mlp, head
-  std::map<std::string, double> collectives;      // "<kind>.fwd_s", "<kind>.bwd_s", ...
-  double optimizer_s = 0;                          // gradient clipping + AdamW, whole model
-  std::int64_t parameter_bytes = 0;               // this rank's shard of the whole model
-  std::int64_t parameter_bytes_per_layer = 0;     // one transformer layer's shard
+  std::map<std::string, SegmentTimes> segments;  // by kind: embedding, attention, mlp, head
+  std::map<std::string, double> collectives;     // "<kind>.fwd_s", "<kind>.bwd_s", ...
+  double optimizer_s = 0;                        // gradient clipping + AdamW, whole model
+  std::int64_t parameter_bytes = 0;              // this rank's shard of the whole model
+  std::int64_t parameter_bytes_per_layer = 0;    // one transformer layer's shard
   // Seconds to sum one transformer layer's gradients over the tp / degree replicas (0 for one).
   double replica_reduce_per_layer_s = 0;
   // How much slower compute runs while a collective of this group is in flight (0.1: 10%);

@@ -12,9 +12,9 @@ SimResult simulate(const schedule::Schedule& schedule, const CostModel& costs) {
   using schedule::Op;
   OASES_ASSERT(costs.compute && costs.collective, "cost model without compute or collective costs");
   SimResult result;
-  double now = 0;          // compute lane clock
-  double wire_free = 0;    // tensor-parallel lane free from
-  double dp_free = 0;      // data-parallel lane free from
+  double now = 0;                                               // compute lane clock
+  double wire_free = 0;                                         // tensor-parallel lane free from
+  double dp_free = 0;                                           // data-parallel lane free from
   std::map<std::tuple<int, int, int, int, bool>, double> ends;  // collective -> end time
   for (const schedule::Instruction& ins : schedule) {
     const auto key = std::tuple{ins.segment, ins.micro_batch, ins.sub_batch,
@@ -58,7 +58,8 @@ SimResult simulate(const schedule::Schedule& schedule, const CostModel& costs) {
         }
         now += costs.optimizer_step;
         break;
-      case Op::free: break;
+      case Op::free:
+        break;
     }
   }
   result.step_seconds = now;

@@ -23,7 +23,9 @@ double median(std::vector<double> values) {
 }
 
 // "attention.3" -> "attention"
-std::string kind_of(const std::string& segment) { return segment.substr(0, segment.find('.')); }
+std::string kind_of(const std::string& segment) {
+  return segment.substr(0, segment.find('.'));
+}
 
 // Trace names are "<action> <segment> mb<m> sb<s>..." on the compute lane and
 // "AR <what> <segment> mb<m> sb<s>" on the communication lane (runtime/executor.cc).
@@ -45,12 +47,16 @@ void add_events(const runtime::TraceRecorder& trace,
     }
     if (words.size() < 2) continue;
     if (e.lane == runtime::TraceRecorder::Lane::communication) {
-      if (words.size() >= 3 && words[0] == "AR") collectives[kind_of(words[2]) + "." + words[1] + "_s"].push_back(seconds);
+      if (words.size() >= 3 && words[0] == "AR")
+        collectives[kind_of(words[2]) + "." + words[1] + "_s"].push_back(seconds);
       continue;
     }
     const std::string& action = words[0];
-    const std::string key = action == "F" ? "forward_s" : action == "R" ? "recompute_s"
-                            : action == "B0" ? "backward0_s" : action == "B1" ? "backward1_s" : "";
+    const std::string key = action == "F"    ? "forward_s"
+                            : action == "R"  ? "recompute_s"
+                            : action == "B0" ? "backward0_s"
+                            : action == "B1" ? "backward1_s"
+                                             : "";
     if (!key.empty()) compute[kind_of(words[1])][key].push_back(seconds);
   }
 }
@@ -63,8 +69,8 @@ double measure_overlap_slowdown(comm::Communicator& group, const RunConfig& c) {
   namespace k = kernels::cpu;
   const std::int64_t n = c.train.micro_batch * c.model.seq_len, C = c.model.hidden,
                      F = c.model.ffn_hidden / group.size();
-  std::vector<float> x(static_cast<std::size_t>(n * C), 0.5f), w(static_cast<std::size_t>(C * F), 0.01f),
-      y(static_cast<std::size_t>(n * F));
+  std::vector<float> x(static_cast<std::size_t>(n * C), 0.5f),
+      w(static_cast<std::size_t>(C * F), 0.01f), y(static_cast<std::size_t>(n * F));
   std::vector<float> activation(static_cast<std::size_t>(n * C), 1.0f);
   const auto one_gemm = [&] {
     k::gemm(k::Trans::no, k::Trans::no, n, F, C, 1.0f, x.data(), C, w.data(), F, 0.0f, y.data(), F);
@@ -103,7 +109,8 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
               "parallel.pp = 1 (found dp = {}, pp = {})",
               config.parallel.dp, config.parallel.pp);
   OASES_CHECK((T & (T - 1)) == 0, "parallel.tp = {}: the planner's degrees are powers of two", T);
-  OASES_CHECK(options.steps >= 1 && options.warmup_steps >= 0, "--steps must be at least 1");
+  OASES_CHECK(options.steps >= 1, "--steps = {} must be at least 1", options.steps);
+  OASES_CHECK(options.warmup_steps >= 0, "warm-up steps = {} must be >= 0", options.warmup_steps);
   planner::Profile profile;
   profile.model = config.model;
   profile.tp = T;
@@ -131,10 +138,13 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     const PhiloxKey key = philox_key(static_cast<std::uint64_t>(c.train.seed), fnv1a64("profile"));
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const auto block = philox4x32({static_cast<std::uint32_t>(i), 0, 0, 0}, key);
-      inputs[i] = static_cast<std::int32_t>(block[0] % static_cast<std::uint32_t>(c.model.vocab_size));
-      targets[i] = static_cast<std::int32_t>(block[1] % static_cast<std::uint32_t>(c.model.vocab_size));
+      inputs[i] =
+          static_cast<std::int32_t>(block[0] % static_cast<std::uint32_t>(c.model.vocab_size));
+      targets[i] =
+          static_cast<std::int32_t>(block[1] % static_cast<std::uint32_t>(c.model.vocab_size));
     }
-    for (int s = 0; s < options.warmup_steps; ++s) engine.train_step(s, inputs.data(), targets.data());
+    for (int s = 0; s < options.warmup_steps; ++s)
+      engine.train_step(s, inputs.data(), targets.data());
     std::map<std::string, std::map<std::string, std::vector<double>>> compute;
     std::map<std::string, std::vector<double>> collectives;
     std::vector<double> optimizer;
@@ -160,12 +170,14 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     for (const auto& p : engine.model().layout().params())
       if (p.name.rfind("h.0.", 0) == 0) degree.parameter_bytes_per_layer += p.numel() * 4;
     degree.parameter_bytes = engine.model().param_count() * 4;
-    degree.static_activation_bytes = static_cast<std::int64_t>(engine.model().static_activation_bytes());
+    degree.static_activation_bytes =
+        static_cast<std::int64_t>(engine.model().static_activation_bytes());
     degree.overlap_slowdown = measure_overlap_slowdown(mesh.tp_group(), c);
     // Replicas of a layer sum its gradients: time that over the replica group.
     comm::Communicator& replicas = mesh.dp_group();
     if (replicas.size() > 1) {
-      std::vector<float> grads(static_cast<std::size_t>(degree.parameter_bytes_per_layer / 4), 1.0f);
+      std::vector<float> grads(static_cast<std::size_t>(degree.parameter_bytes_per_layer / 4),
+                               1.0f);
       std::vector<double> times;
       for (int s = 0; s < options.steps + 1; ++s) {
         replicas.barrier();
@@ -182,9 +194,10 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
       sets["core"] = static_cast<std::int64_t>(shape.core_bytes);
     }
     if (options.progress)
-      log_info("degree {}: {} sequences per replica; attention forward {:.1f} ms, mlp forward {:.1f} ms",
-               k, degree.rows, 1e3 * degree.segments["attention"].forward_s,
-               1e3 * degree.segments["mlp"].forward_s);
+      log_info(
+          "degree {}: {} sequences per replica; attention forward {:.1f} ms, mlp forward {:.1f} ms",
+          k, degree.rows, 1e3 * degree.segments["attention"].forward_s,
+          1e3 * degree.segments["mlp"].forward_s);
     profile.degrees.push_back(std::move(degree));
   }
   return profile;

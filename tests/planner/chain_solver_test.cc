@@ -48,10 +48,12 @@ ChainProblem random_chain(int layers, int candidates, std::uint64_t seed, double
     p.layer_cost.push_back(cost);
     p.layer_memory.push_back(memory);
     if (l + 1 < layers) {
-      std::vector<std::vector<double>> boundary(static_cast<std::size_t>(candidates),
-                                                std::vector<double>(static_cast<std::size_t>(candidates)));
+      std::vector<std::vector<double>> boundary(
+          static_cast<std::size_t>(candidates),
+          std::vector<double>(static_cast<std::size_t>(candidates)));
       for (int j = 0; j < candidates; ++j)
-        for (int k = 0; k < candidates; ++k) boundary[j][k] = j == k ? 0.1 * draw.next() : 0.5 + draw.next();
+        for (int k = 0; k < candidates; ++k)
+          boundary[j][k] = j == k ? 0.1 * draw.next() : 0.5 + draw.next();
       p.boundary_cost.push_back(boundary);
     }
   }
@@ -74,7 +76,8 @@ TEST(ChainSolvers, AgreeWithBruteForceOnSmallChains) {
   int binding = 0;
   for (std::uint64_t seed = 0; seed < 60; ++seed) {
     const int layers = 1 + static_cast<int>(seed % 6), candidates = 2 + static_cast<int>(seed % 3);
-    const double tightness = (seed % 5) / 4.0;  // 0 (only the least-memory plans fit) .. 1 (no limit)
+    const double tightness =
+        (seed % 5) / 4.0;  // 0 (only the least-memory plans fit) .. 1 (no limit)
     const ChainProblem p = random_chain(layers, candidates, seed, tightness);
     const std::string what = "seed " + std::to_string(seed);
     const ChainPlan brute = solve_brute_force(p);
@@ -91,7 +94,8 @@ TEST(ChainSolvers, AgreeWithBruteForceOnSmallChains) {
 TEST(ChainSolvers, IntegerProgramAndDynamicProgramAgreeOnLongerChains) {
   for (std::uint64_t seed = 100; seed < 130; ++seed) {
     const int layers = 8 + static_cast<int>(seed % 17), candidates = 3 + static_cast<int>(seed % 4);
-    const ChainProblem p = random_chain(layers, candidates, seed, 0.1 + 0.3 * static_cast<double>(seed % 3));
+    const ChainProblem p =
+        random_chain(layers, candidates, seed, 0.1 + 0.3 * static_cast<double>(seed % 3));
     expect_same_optimum(solve_dynamic_program(p), solve_ilp(p), p, "seed " + std::to_string(seed));
   }
 }
@@ -100,8 +104,8 @@ TEST(ChainSolvers, IntegerProgramAndDynamicProgramAgreeOnLongerChains) {
 // the optimum must not change.
 TEST(ChainSolvers, AlikeLayersKeepTheirOptimumUnderTheOrderingCut) {
   for (std::uint64_t seed = 200; seed < 240; ++seed) {
-    ChainProblem p = random_chain(1 + static_cast<int>(seed % 7), 2 + static_cast<int>(seed % 3), seed,
-                                  (seed % 5) / 4.0);
+    ChainProblem p = random_chain(1 + static_cast<int>(seed % 7), 2 + static_cast<int>(seed % 3),
+                                  seed, (seed % 5) / 4.0);
     for (int l = 1; l < p.layers; ++l) {
       p.layer_cost[l] = p.layer_cost[0];
       p.layer_memory[l] = p.layer_memory[0];

@@ -30,7 +30,8 @@ Profile synthetic(double collective_ms) {
     d.optimizer_s = 0.01;
     d.parameter_bytes = 1000 * (3 - k);
     d.parameter_bytes_per_layer = 400 * (3 - k);
-    d.activation_bytes["attention"] = {{"checkpoint", 64 * k}, {"internals", 256 * k}, {"core", 64 * k}};
+    d.activation_bytes["attention"] = {
+        {"checkpoint", 64 * k}, {"internals", 256 * k}, {"core", 64 * k}};
     d.activation_bytes["mlp"] = {{"checkpoint", 64 * k}, {"internals", 512 * k}, {"core", 0}};
     d.activation_bytes["head"] = {{"internals", 128 * k}};
     d.static_activation_bytes = 1024 * k;
@@ -47,12 +48,14 @@ TEST(CostModel, WithoutCommunicationTheStepIsItsComputeAndOptimizer) {
   const Profile p = synthetic(0.0);
   // Degree 2, megatron without recomputation, one instance of 2 rows (the micro-batch of 4 over
   // one replica of degree 2... k / tp = 1, so 4 rows): every action scales to 4 ms.
-  const Prediction none = predict_uniform(p, 2, spec(schedule::ScheduleKind::megatron, schedule::Recompute::none, 1), 4);
+  const Prediction none = predict_uniform(
+      p, 2, spec(schedule::ScheduleKind::megatron, schedule::Recompute::none, 1), 4);
   // Forward: 6 segments; backward: embedding 1 stage, 5 segments x 2 stages.
   EXPECT_NEAR(none.step_seconds, (6 + 1 + 10) * 4e-3 + 0.01, 1e-12);
   EXPECT_NEAR(none.exposed_comm_seconds, 0.0, 1e-12);
   // Fine-grained recomputation adds one action per layer segment (4).
-  const Prediction fine = predict_uniform(p, 2, spec(schedule::ScheduleKind::fine_grained, schedule::Recompute::fine_grained, 1), 4);
+  const Prediction fine = predict_uniform(
+      p, 2, spec(schedule::ScheduleKind::fine_grained, schedule::Recompute::fine_grained, 1), 4);
   EXPECT_NEAR(fine.step_seconds - none.step_seconds, 4 * 4e-3, 1e-12);
   EXPECT_EQ(none.state_bytes, 4 * 1000);
   EXPECT_LT(fine.activation_bytes, none.activation_bytes);
@@ -60,16 +63,20 @@ TEST(CostModel, WithoutCommunicationTheStepIsItsComputeAndOptimizer) {
 
 TEST(CostModel, OverlapHidesWhatBlockingSchedulesPay) {
   const Profile p = synthetic(0.5);  // each collective half a segment action
-  const Prediction fine = predict_uniform(p, 2, spec(schedule::ScheduleKind::fine_grained, schedule::Recompute::fine_grained, 1), 4);
-  const Prediction oases = predict_uniform(p, 2, spec(schedule::ScheduleKind::oases, schedule::Recompute::fine_grained, 2), 4);
+  const Prediction fine = predict_uniform(
+      p, 2, spec(schedule::ScheduleKind::fine_grained, schedule::Recompute::fine_grained, 1), 4);
+  const Prediction oases = predict_uniform(
+      p, 2, spec(schedule::ScheduleKind::oases, schedule::Recompute::fine_grained, 2), 4);
   EXPECT_GT(fine.exposed_comm_seconds, 0.0);
   EXPECT_NEAR(oases.exposed_comm_seconds, 0.0, 1e-12);
   EXPECT_LT(oases.step_seconds, fine.step_seconds);
 }
 
 TEST(CostModel, ADegreeMissingFromTheProfileIsAnError) {
-  EXPECT_THROW(predict_uniform(synthetic(0.0), 4, spec(schedule::ScheduleKind::megatron, schedule::Recompute::none, 1), 4),
-               UserError);
+  EXPECT_THROW(
+      predict_uniform(synthetic(0.0), 4,
+                      spec(schedule::ScheduleKind::megatron, schedule::Recompute::none, 1), 4),
+      UserError);
 }
 
 }  // namespace
@@ -106,8 +113,10 @@ TEST(Planner, MixesDegreesWhenMemoryBindsAndSaysWhenNothingFits) {
     make_plan(p, oases, 4, 1 << 20);
     FAIL();
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.memory_limit = 1048576 bytes is too small for any plan"),
-              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(
+                  "parallel.memory_limit = 1048576 bytes is too small for any plan"),
+              std::string::npos)
+        << e.what();
   }
 }
 

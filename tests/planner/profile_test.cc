@@ -70,27 +70,38 @@ TEST(Profile, AProfileOfAnotherModelOrMissingADegreeIsRejected) {
   model::GptConfig m = p.model;
   EXPECT_NO_THROW(check_profile_matches(p, m, 8, 2, {1, 2}, "p.json"));
   m.hidden = 256;
-  EXPECT_NE(error_of([&] { check_profile_matches(p, m, 8, 2, {1, 2}, "p.json"); })
-                .find("p.json was measured for another model: model.hidden = 128 there, 256 in this config"),
+  EXPECT_NE(error_of([&] {
+              check_profile_matches(p, m, 8, 2, {1, 2}, "p.json");
+            })
+                .find("p.json was measured for another model: model.hidden = 128 there, 256 in "
+                      "this config"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { check_profile_matches(p, p.model, 8, 2, {1, 2, 4}, "p.json"); })
-                .find("p.json has no measurements at tensor-parallel degree 4 (it has 1, 2)"),
+  EXPECT_NE(error_of([&] {
+              check_profile_matches(p, p.model, 8, 2, {1, 2, 4}, "p.json");
+            }).find("p.json has no measurements at tensor-parallel degree 4 (it has 1, 2)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { check_profile_matches(p, p.model, 4, 2, {1, 2}, "p.json"); })
-                .find("measured at train.micro_batch = 8 in 2 sub-batch(es)"),
+  EXPECT_NE(error_of([&] {
+              check_profile_matches(p, p.model, 4, 2, {1, 2}, "p.json");
+            }).find("measured at train.micro_batch = 8 in 2 sub-batch(es)"),
             std::string::npos);
 }
 
 TEST(Profile, OtherFilesAreRejectedWithTheReason) {
-  EXPECT_NE(error_of([] { profile_from_json("{", "x.json"); }).find("x.json is not a profile: not valid JSON"),
+  EXPECT_NE(error_of([] {
+              profile_from_json("{", "x.json");
+            }).find("x.json is not a profile: not valid JSON"),
             std::string::npos);
-  EXPECT_NE(error_of([] { profile_from_json("{\"a\": 1}", "x.json"); }).find("not a profile written by `oases profile`"),
+  EXPECT_NE(error_of([] {
+              profile_from_json("{\"a\": 1}", "x.json");
+            }).find("not a profile written by `oases profile`"),
             std::string::npos);
   std::string text = to_json(sample());
   const auto at = text.find("\"version\": 1");
   ASSERT_NE(at, std::string::npos);
   text.replace(at, 12, "\"version\": 9");
-  EXPECT_NE(error_of([&] { profile_from_json(text, "x.json"); }).find("format version 9; this build reads version 1"),
+  EXPECT_NE(error_of([&] {
+              profile_from_json(text, "x.json");
+            }).find("format version 9; this build reads version 1"),
             std::string::npos);
   EXPECT_NE(error_of([] { read_profile("/nonexistent/p.json"); }).find("cannot read the profile"),
             std::string::npos);
