@@ -81,6 +81,19 @@ Mesh Mesh::create(const MpiRuntime& runtime, int tp, int dp, int pp,
   mesh.tp_group_ = split(mesh.dp_rank_ + dp * mesh.pp_rank_, mesh.tp_rank_, "tp", options);
   mesh.dp_group_ = split(mesh.tp_rank_ + tp * mesh.pp_rank_, mesh.dp_rank_, "dp", options);
   mesh.pp_group_ = split(mesh.tp_rank_ + tp * mesh.dp_rank_, mesh.pp_rank_, "pp", options);
+  mesh.self_ = std::make_unique<SelfCommunicator>("tp-self");
+  // Colours must be distinct across (dp, pp) and the sub-group within the TP group.
+  const int outer = mesh.dp_rank_ + dp * mesh.pp_rank_;
+  for (int span = 2; span <= tp; ++span) {
+    if (tp % span != 0) continue;
+    for (int stride = 1; stride < span; ++stride) {
+      if (span % stride != 0 || (span == tp && stride == 1)) continue;
+      const int within = mesh.tp_rank_ / span * stride + mesh.tp_rank_ % stride;
+      mesh.tp_subgroups_[{span, stride}] =
+          split(outer * tp + within, mesh.tp_rank_,
+                fmt::format("tp[{}/{}]", span, stride).c_str(), options);
+    }
+  }
   return mesh;
 }
 
@@ -91,7 +104,17 @@ Mesh Mesh::single_process(int tp, int dp, int pp) {
   mesh.tp_group_ = std::make_unique<SelfCommunicator>("tp");
   mesh.dp_group_ = std::make_unique<SelfCommunicator>("dp");
   mesh.pp_group_ = std::make_unique<SelfCommunicator>("pp");
+  mesh.self_ = std::make_unique<SelfCommunicator>("tp-self");
   return mesh;
+}
+
+Communicator& Mesh::tp_subgroup(int span, int stride) {
+  OASES_ASSERT(span >= 1 && stride >= 1 && tp_ % span == 0 && span % stride == 0,
+               "no tensor-parallel sub-group of span {} and stride {} in a group of {}", span,
+               stride, tp_);
+  if (span == stride) return *self_;
+  if (span == tp_ && stride == 1) return *tp_group_;
+  return *tp_subgroups_.at({span, stride});
 }
 
 }  // namespace oases::comm

@@ -11,6 +11,16 @@
 // Invariant: tp * dp * pp == world size, each degree >= 1 (checked, UserError otherwise).
 // A Mesh owns its communicators; with MPI it must be destroyed before the MpiRuntime.
 //
+// Per-layer tensor-parallel degrees (a layer at degree k < tp runs as tp/k replicas) use
+// sub-groups of the tensor-parallel group: tp_subgroup(span, stride) is the group of ranks
+// whose tp rank r has the same r / span and the same r % stride, ordered by r (size
+// span / stride; span divides tp, stride divides span):
+//   (k, 1)      the k ranks that together hold one copy of a layer at degree k
+//   (tp, k)     the tp / k replicas of one shard of a layer at degree k
+//   (b, a)      a < b: within one group of b, the ranks that hold the same shard at degree a;
+//               gathering over it turns the rows of a layer at degree a into those at degree b
+// Mesh::create makes every such group once (collectively), so any plan can use them.
+//
 // The rest of the engine always talks to a Mesh: a process started without a launcher uses
 // Mesh::single_process(), whose groups are SelfCommunicators.
 #pragma once
@@ -18,7 +28,9 @@
 #include "comm/communicator.h"
 #include "comm/mpi_runtime.h"
 
+#include <map>
 #include <memory>
+#include <utility>
 
 namespace oases::comm {
 
@@ -55,6 +67,8 @@ class Mesh {
   Communicator& tp_group() { return *tp_group_; }
   Communicator& dp_group() { return *dp_group_; }
   Communicator& pp_group() { return *pp_group_; }
+  // See above; InternalError when span or stride does not divide as required.
+  Communicator& tp_subgroup(int span, int stride);
 
  private:
   Mesh(int tp, int dp, int pp, int world_rank);
@@ -62,6 +76,8 @@ class Mesh {
   int tp_ = 1, dp_ = 1, pp_ = 1;
   int tp_rank_ = 0, dp_rank_ = 0, pp_rank_ = 0;
   std::unique_ptr<Communicator> world_, tp_group_, dp_group_, pp_group_;
+  std::unique_ptr<Communicator> self_;  // groups of one (span == stride)
+  std::map<std::pair<int, int>, std::unique_ptr<Communicator>> tp_subgroups_;  // (span, stride)
 };
 
 }  // namespace oases::comm

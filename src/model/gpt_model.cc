@@ -5,11 +5,29 @@
 #include <cstring>
 
 namespace oases::model {
+namespace {
+
+// Checked before the parameter layout is built from them (which only asserts).
+int check_degrees(const GptConfig& config, int tp, const std::vector<int>& degrees) {
+  if (degrees.empty()) return 0;
+  OASES_CHECK(static_cast<std::int64_t>(degrees.size()) == config.layers,
+              "parallel.plan gives {} layer degrees; the model has model.layers = {}",
+              degrees.size(), config.layers);
+  for (std::size_t l = 0; l < degrees.size(); ++l)
+    OASES_CHECK(degrees[l] >= 1 && tp % degrees[l] == 0,
+                "parallel.plan gives layer {} degree {}; valid degrees divide parallel.tp = {}", l,
+                degrees[l], tp);
+  return 0;
+}
+
+}  // namespace
 
 GptModel::GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint64_t seed,
-                   comm::Communicator& tp, int sub_batches)
+                   comm::Communicator& tp, int sub_batches, std::vector<int> layer_degrees,
+                   ops::TpSubgroups tp_subgroup)
     : layout_((config.validate(), config.validate_tensor_parallel(tp.size()),
-               gpt_param_layout(config, tp.rank(), tp.size()))),
+               check_degrees(config, tp.size(), layer_degrees),
+               gpt_param_layout(config, tp.rank(), tp.size(), layer_degrees))),
       params_(static_cast<std::size_t>(layout_.total_numel()) * sizeof(float)),
       grads_(static_cast<std::size_t>(layout_.total_numel()) * sizeof(float)) {
   OASES_CHECK(sub_batches >= 1 && micro_batch % sub_batches == 0,
@@ -20,6 +38,8 @@ GptModel::GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint6
   state_.sub_batches = sub_batches;
   state_.store = &store_;
   state_.tp = &tp;
+  state_.layer_degrees = std::move(layer_degrees);
+  state_.tp_subgroup = std::move(tp_subgroup);
   state_.layout = &layout_;
   state_.params = params_.as<float>();
   state_.grads = grads_.as<float>();
@@ -36,16 +56,18 @@ GptModel::GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint6
   }
   buckets_.emplace_back(buckets_.back().second, layout_.total_numel());
 
-  // Segments are embedding, (attention, mlp) per layer, head. A layer's gradients are final
-  // after its attention segment's backward (the epilogues of later segments update its
-  // output-projection biases earlier in the backward pass); the embeddings' after the
-  // embedding segment (wte also gets the head's gradient, formed before); ln_f's after the head.
+  // Segments are embedding, (reshard), attention, mlp per layer, (reshard), head. A layer's
+  // gradients are final after its attention segment's backward (the epilogues of later
+  // segments update its output-projection biases earlier in the backward pass); the
+  // embeddings' after the embedding segment (wte also gets the head's gradient, formed before);
+  // ln_f's after the head.
   const int num_segments = static_cast<int>(segments_.size());
   for (int i = 0; i < num_segments; ++i) {
     ops::SegmentShape shape = segments_[static_cast<std::size_t>(i)]->shape();
     if (i == 0) shape.ready_bucket = 0;
     else if (i == num_segments - 1) shape.ready_bucket = static_cast<int>(buckets_.size()) - 1;
-    else if (i % 2 == 1) shape.ready_bucket = 1 + (i - 1) / 2;
+    else if (shape.layer >= 0 && program_.segments.back().layer != shape.layer)
+      shape.ready_bucket = 1 + shape.layer;
     program_.segments.push_back(std::move(shape));
   }
 }

@@ -21,15 +21,20 @@ class GptModel {
   // Activations are sized for micro-batches of `micro_batch` sequences of config.seq_len
   // tokens, processed as `sub_batches` equal parts (which must divide micro_batch). `tp` is
   // the tensor-parallel group this rank belongs to (a group of one: the whole model here); it
-  // must outlive the model.
+  // must outlive the model. `layer_degrees` (one per layer; empty: all tp.size()) runs layer l
+  // at that tensor-parallel degree (ops::Placement); degrees below tp.size() take their groups
+  // from `tp_subgroup`.
   GptModel(const GptConfig& config, std::int64_t micro_batch, std::uint64_t seed,
-           comm::Communicator& tp, int sub_batches = 1);
+           comm::Communicator& tp, int sub_batches = 1, std::vector<int> layer_degrees = {},
+           ops::TpSubgroups tp_subgroup = {});
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
   const GptConfig& config() const { return state_.config; }
   std::int64_t micro_batch() const { return state_.rows * state_.sub_batches; }
   int sub_batches() const { return state_.sub_batches; }
+  // Tensor-parallel degree of layer l (the embedding and head: the group size).
+  int layer_degree(std::int64_t layer) const { return state_.degree_of(layer); }
   const ParamLayout& layout() const { return layout_; }
   float* params() { return params_.as<float>(); }
   const float* params() const { return params_.as<float>(); }
@@ -43,7 +48,7 @@ class GptModel {
   const ops::Program& program() const { return program_; }
 
   // Contiguous ranges [begin, end) of the flat gradient array that partition it: the
-  // embeddings (wte, wpe), each layer's parameters, and the final LayerNorm. Each becomes final
+  // embeddings (wte, wpe), each layer's parameters (bucket 1 + l), and the final LayerNorm. Each becomes final
   // at a known point of the backward pass (SegmentShape::ready_bucket).
   const std::vector<std::pair<std::int64_t, std::int64_t>>& grad_buckets() const { return buckets_; }
   ops::LossAccumulator& loss() { return loss_; }

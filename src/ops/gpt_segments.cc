@@ -48,46 +48,78 @@ SubBatch sub_batch(const GptState& s, const StepContext& ctx, int mb, int sb) {
           data.global_sample_offset + sb * s.rows, first_token};
 }
 
-k::DropoutSlice slice_of(const GptState& s, const StepContext& ctx, int mb, int sb) {
-  return {sub_batch(s, ctx, mb, sb).first_sample, 0};
+// The dropout slice of the rows starting at `first_row` of sub-batch sb of micro-batch mb.
+k::DropoutSlice slice_of(const GptState& s, const StepContext& ctx, int mb, int sb,
+                         std::int64_t first_row) {
+  return {sub_batch(s, ctx, mb, sb).first_sample + first_row, 0};
 }
 
 // The bias + dropout + residual add that follows a reduced partial sum:
 //   out = residual + dropout(partial + bias)     (no residual: out = dropout(partial + bias))
 // and its backward: d_partial = dropout(d_out), d_bias += sum(d_partial); the residual's
-// gradient is d_out itself, which stays in d_residual.
+// gradient is d_out itself, which stays in d_residual. It runs on `rows` sequences starting at
+// row `first_row` of the sub-batch (the dropout mask is keyed by their global sample index).
 struct Epilogue {
-  int residual_segment = -1;        // whose checkpoint is the residual (-1: none, after the embedding)
-  std::string bias_name;            // empty: no bias (the embedding)
+  int residual_segment = -1;  // whose checkpoint is the residual (-1: none, after the embedding)
+  std::string bias_name;      // empty: no bias (the embedding)
   std::int64_t dropout_layer = 0;
   std::uint32_t dropout_site_id = 0;
+  // The input is a reshard's output, already the residual-stream value: the epilogue is a copy
+  // (the reshard segment ran the real one on the previous layer's rows).
+  bool copies_reshard = false;
 
-  void forward(const GptState& s, const StepContext& ctx, int mb, int sb, float* out) const {
+  // `partial` and `residual` point at the first of the rows; `residual` is ignored without a
+  // residual segment.
+  void forward(const GptState& s, const StepContext& ctx, int mb, int sb, std::int64_t rows,
+               std::int64_t first_row, const float* partial, const float* residual,
+               float* out) const {
     const auto& c = s.config;
-    const GptState::Ports& port = s.ports[static_cast<std::size_t>(sb)];
+    const std::int64_t tokens = rows * c.seq_len;
+    if (copies_reshard) {
+      std::copy(partial, partial + tokens * c.hidden, out);
+      return;
+    }
     const float* bias = bias_name.empty() ? nullptr : s.param(bias_name);
     const k::DropoutSite site = dropout_site(s, ctx, dropout_layer, dropout_site_id);
     if (residual_segment < 0) {
       OASES_ASSERT(bias == nullptr, "embedding epilogue has no bias");
-      k::dropout_apply(port.partial, out, s.rows, c.seq_len, c.hidden, dropout_p(s, ctx), site,
-                       slice_of(s, ctx, mb, sb));
+      k::dropout_apply(partial, out, rows, c.seq_len, c.hidden, dropout_p(s, ctx), site,
+                       slice_of(s, ctx, mb, sb, first_row));
       return;
     }
-    const float* residual = s.store->get({residual_segment, mb, sb, kCheckpoint});
-    k::bias_dropout_add_forward(port.partial, bias, residual, out, s.rows, c.seq_len, c.hidden,
-                                dropout_p(s, ctx), site, slice_of(s, ctx, mb, sb));
+    k::bias_dropout_add_forward(partial, bias, residual, out, rows, c.seq_len, c.hidden,
+                                dropout_p(s, ctx), site, slice_of(s, ctx, mb, sb, first_row));
+  }
+  // The usual case: the rows of `at`, reading the port and the residual segment's checkpoint.
+  void forward(const GptState& s, const StepContext& ctx, int mb, int sb, const Placement& at,
+               float* out) const {
+    const GptState::Ports& port = s.ports[static_cast<std::size_t>(sb)];
+    const float* residual =
+        residual_segment < 0 ? nullptr : s.store->get({residual_segment, mb, sb, kCheckpoint});
+    forward(s, ctx, mb, sb, at.rows, at.first_row, copies_reshard ? port.reshard : port.partial,
+            residual, out);
   }
 
-  void backward(const GptState& s, const StepContext& ctx, int mb, int sb) const {
+  void backward(const GptState& s, const StepContext& ctx, int mb, int sb,
+                const Placement& at) const {
+    if (copies_reshard) return;  // d(input) is d_residual itself, which the reshard reads
     const auto& c = s.config;
     const GptState::Ports& port = s.ports[static_cast<std::size_t>(sb)];
     float* dbias = bias_name.empty() ? nullptr : s.grad(bias_name);
-    k::bias_dropout_add_backward(port.d_residual, port.d_partial, dbias, s.rows, c.seq_len,
+    k::bias_dropout_add_backward(port.d_residual, port.d_partial, dbias, at.rows, c.seq_len,
                                  c.hidden, dropout_p(s, ctx),
                                  dropout_site(s, ctx, dropout_layer, dropout_site_id),
-                                 slice_of(s, ctx, mb, sb));
+                                 slice_of(s, ctx, mb, sb, at.first_row));
   }
 };
+
+// The epilogue that turns the output of the segment before `next_layer`'s first segment (layer
+// `next_layer` - 1's MLP, or the embedding) into r_{next_layer}.
+Epilogue epilogue_into(const GptState& s, std::int64_t next_layer, int previous_segment) {
+  if (next_layer == 0) return {-1, "", s.config.layers, kDropoutSiteEmbedding, false};
+  return {previous_segment, layer_prefix(next_layer - 1) + "mlp.c_proj.bias", next_layer - 1,
+          kDropoutSiteMlp, false};
+}
 
 // A tensor set laid out as consecutive pieces of one block, so that one acquisition keeps
 // all of it.
@@ -116,6 +148,8 @@ class EmbeddingSegment final : public Segment {
     SegmentShape shape;
     shape.name = name_;
     shape.has_forward_collective = true;
+    shape.collective_ranks = s_.tp_size();
+    shape.degree = s_.tp_size();
     return shape;
   }
 
@@ -134,8 +168,9 @@ class EmbeddingSegment final : public Segment {
                           s_.grad("wte.weight"), s_.grad("wpe.weight"), s_.rows, c.seq_len,
                           c.hidden, vocab_range());
   }
-  Tensor forward_collective_buffer(int sb) override {
-    return Tensor::of(port(sb).partial, {s_.tokens(), s_.config.hidden});
+  CollectiveCall forward_collective(int sb) override {
+    return {CollectiveKind::all_reduce, s_.tp,
+            Tensor::of(port(sb).partial, {s_.tokens(), s_.config.hidden}), {}};
   }
 
  private:
@@ -151,8 +186,13 @@ class EmbeddingSegment final : public Segment {
 // The transformer half-layers: epilogue -> LayerNorm -> ... -> row-parallel GEMM.
 class LayerSegment : public Segment {
  public:
-  LayerSegment(int id, GptState& s, std::int64_t layer, std::string name)
-      : Segment(id, *s.store), s_(s), layer_(layer), name_(std::move(name)) {}
+  LayerSegment(int id, GptState& s, std::int64_t layer, std::string name, Epilogue epilogue)
+      : Segment(id, *s.store),
+        s_(s),
+        layer_(layer),
+        name_(std::move(name)),
+        at_(s.placement(layer)),
+        epilogue_(std::move(epilogue)) {}
   const std::string& name() const override { return name_; }
 
   void forward(const StepContext& ctx, int mb, int sb) override {
@@ -161,14 +201,33 @@ class LayerSegment : public Segment {
   void recompute(const StepContext& ctx, int mb, int sb, TensorSets sets) override {
     run(ctx, mb, sb, sets);
   }
-  Tensor forward_collective_buffer(int sb) override {
-    return Tensor::of(port(sb).partial, {s_.tokens(), s_.config.hidden});
+  CollectiveCall forward_collective(int sb) override {
+    return {CollectiveKind::all_reduce, at_.group,
+            Tensor::of(port(sb).partial, {tokens(), s_.config.hidden}), {}};
   }
-  Tensor backward_collective_buffer(int sb) override {
-    return Tensor::of(port(sb).d_ln, {s_.tokens(), s_.config.hidden});
+  CollectiveCall backward_collective(int sb) override {
+    return {CollectiveKind::all_reduce, at_.group,
+            Tensor::of(port(sb).d_ln, {tokens(), s_.config.hidden}), {}};
   }
 
  protected:
+  // Every layer segment shares this part of its shape.
+  SegmentShape layer_shape() const {
+    SegmentShape shape;
+    shape.name = name_;
+    shape.has_forward_collective = shape.has_backward_collective = true;
+    shape.backward_stages = 2;
+    shape.collective_ranks = at_.degree;
+    shape.degree = at_.degree;
+    shape.layer = static_cast<int>(layer_);
+    shape.recomputable = true;
+    return shape;
+  }
+  std::int64_t tokens() const { return at_.rows * s_.config.seq_len; }
+  std::int64_t local_heads() const { return s_.config.heads / at_.degree; }
+  std::int64_t local_attention_width() const { return local_heads() * s_.config.head_dim(); }
+  std::int64_t local_ffn() const { return s_.config.ffn_hidden / at_.degree; }
+
   // Computes the parts of the forward pass named by `parts`; kCheckpoint, kInternals and kCore
   // sets are acquired here, and anything they read must be live.
   virtual void run(const StepContext& ctx, int mb, int sb, TensorSets parts) = 0;
@@ -182,45 +241,35 @@ class LayerSegment : public Segment {
   GptState& s_;
   std::int64_t layer_;
   std::string name_;
+  Placement at_;
   Epilogue epilogue_;
 };
 
 class AttentionSegment final : public LayerSegment {
  public:
-  AttentionSegment(int id, GptState& s, std::int64_t layer)
-      : LayerSegment(id, s, layer, "attention." + std::to_string(layer)) {
-    const std::int64_t n = s.tokens(), C = s.config.hidden, A = s.local_attention_width();
+  AttentionSegment(int id, GptState& s, std::int64_t layer, Epilogue epilogue)
+      : LayerSegment(id, s, layer, "attention." + std::to_string(layer), std::move(epilogue)) {
+    const std::int64_t n = tokens(), C = s.config.hidden, A = local_attention_width();
     checkpoint_.add(n * C);
     ln_out_ = internals_.add(n * C);
     ln_mean_ = internals_.add(n);
     ln_rstd_ = internals_.add(n);
     qkv_ = internals_.add(n * 3 * A);
     attn_out_ = core_.add(n * A);
-    lse_ = core_.add(n * s.local_heads());
-    if (layer == 0) {
-      epilogue_ = {-1, "", s.config.layers, kDropoutSiteEmbedding};
-    } else {
-      epilogue_ = {id - 1, layer_prefix(layer - 1) + "mlp.c_proj.bias", layer - 1,
-                   kDropoutSiteMlp};
-    }
+    lse_ = core_.add(n * local_heads());
   }
   SegmentShape shape() const override {
-    SegmentShape shape;
-    shape.name = name_;
-    shape.has_forward_collective = shape.has_backward_collective = true;
-    shape.backward_stages = 2;
+    SegmentShape shape = layer_shape();
     shape.sets = kCheckpoint | kInternals | kCore;
     shape.checkpoint_bytes = checkpoint_.bytes();
     shape.internals_bytes = internals_.bytes();
     shape.core_bytes = core_.bytes();
-    shape.layer = static_cast<int>(layer_);
-    shape.recomputable = true;
     return shape;
   }
 
   void backward(const StepContext& ctx, int mb, int sb, int stage) override {
     const auto& c = s_.config;
-    const std::int64_t n = s_.tokens(), C = c.hidden, A = s_.local_attention_width();
+    const std::int64_t n = tokens(), C = c.hidden, A = local_attention_width();
     const std::string p = layer_prefix(layer_);
     const View v = view(mb, sb);
     if (stage == 0) {
@@ -229,8 +278,8 @@ class AttentionSegment final : public LayerSegment {
       k::linear_backward(port(sb).d_partial, v.attn_out, s_.param(p + "attn.c_proj.weight"),
                          d_attn, s_.grad(p + "attn.c_proj.weight"), nullptr, n, A, C);
       float* d_qkv = s_.scratch_wide;
-      k::attention_backward(d_attn, v.qkv, v.attn_out, v.lse, d_qkv, s_.rows, c.seq_len,
-                            s_.local_heads(), c.head_dim());
+      k::attention_backward(d_attn, v.qkv, v.attn_out, v.lse, d_qkv, at_.rows, c.seq_len,
+                            local_heads(), c.head_dim());
       // This rank's heads contribute a partial gradient of LN1's output; the group sums it.
       k::linear_backward(d_qkv, v.ln_out, s_.param(p + "attn.c_attn.weight"), port(sb).d_ln,
                          s_.grad(p + "attn.c_attn.weight"), s_.grad(p + "attn.c_attn.bias"), n,
@@ -248,7 +297,7 @@ class AttentionSegment final : public LayerSegment {
                           v.ln_rstd, d_ln_in, s_.grad(p + "ln_1.weight"),
                           s_.grad(p + "ln_1.bias"), n, C);
     k::add(port(sb).d_residual, d_ln_in, port(sb).d_residual, n * C);
-    epilogue_.backward(s_, ctx, mb, sb);
+    epilogue_.backward(s_, ctx, mb, sb, at_);
   }
 
  private:
@@ -266,12 +315,12 @@ class AttentionSegment final : public LayerSegment {
 
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) override {
     const auto& c = s_.config;
-    const std::int64_t n = s_.tokens(), C = c.hidden, A = s_.local_attention_width();
+    const std::int64_t n = tokens(), C = c.hidden, A = local_attention_width();
     const std::string p = layer_prefix(layer_);
     const View v = make_view(acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_),
                              acquire_or_get(mb, sb, kInternals, parts, internals_),
                              acquire_or_get(mb, sb, kCore, parts, core_));
-    if (parts & kCheckpoint) epilogue_.forward(s_, ctx, mb, sb, v.residual);
+    if (parts & kCheckpoint) epilogue_.forward(s_, ctx, mb, sb, at_, v.residual);
     if (parts & kInternals) {
       k::layernorm_forward(v.residual, s_.param(p + "ln_1.weight"), s_.param(p + "ln_1.bias"),
                            v.ln_out, v.ln_mean, v.ln_rstd, n, C, c.layernorm_eps);
@@ -280,7 +329,7 @@ class AttentionSegment final : public LayerSegment {
                         s_.param(p + "attn.c_attn.bias"), v.qkv, n, C, 3 * A);
     }
     if (parts & kCore)
-      k::attention_forward(v.qkv, v.attn_out, v.lse, s_.rows, c.seq_len, s_.local_heads(),
+      k::attention_forward(v.qkv, v.attn_out, v.lse, at_.rows, c.seq_len, local_heads(),
                            c.head_dim());
     // Row-parallel projection: partial sums; the bias is added after the reduction.
     if (parts & kOutput)
@@ -296,32 +345,28 @@ class AttentionSegment final : public LayerSegment {
 class MlpSegment final : public LayerSegment {
  public:
   MlpSegment(int id, GptState& s, std::int64_t layer)
-      : LayerSegment(id, s, layer, "mlp." + std::to_string(layer)) {
-    const std::int64_t n = s.tokens(), C = s.config.hidden, F = s.local_ffn();
+      : LayerSegment(id, s, layer, "mlp." + std::to_string(layer),
+                     {id - 1, layer_prefix(layer) + "attn.c_proj.bias", layer,
+                      kDropoutSiteAttention, false}) {
+    const std::int64_t n = tokens(), C = s.config.hidden, F = local_ffn();
     checkpoint_.add(n * C);
     ln_out_ = internals_.add(n * C);
     ln_mean_ = internals_.add(n);
     ln_rstd_ = internals_.add(n);
     fc_pre_ = internals_.add(n * F);
     fc_act_ = internals_.add(n * F);
-    epilogue_ = {id - 1, layer_prefix(layer) + "attn.c_proj.bias", layer, kDropoutSiteAttention};
   }
   SegmentShape shape() const override {
-    SegmentShape shape;
-    shape.name = name_;
-    shape.has_forward_collective = shape.has_backward_collective = true;
-    shape.backward_stages = 2;
+    SegmentShape shape = layer_shape();
     shape.sets = kCheckpoint | kInternals;
     shape.checkpoint_bytes = checkpoint_.bytes();
     shape.internals_bytes = internals_.bytes();
-    shape.layer = static_cast<int>(layer_);
-    shape.recomputable = true;
     return shape;
   }
 
   void backward(const StepContext& ctx, int mb, int sb, int stage) override {
     const auto& c = s_.config;
-    const std::int64_t n = s_.tokens(), C = c.hidden, F = s_.local_ffn();
+    const std::int64_t n = tokens(), C = c.hidden, F = local_ffn();
     const std::string p = layer_prefix(layer_);
     const View v = make_view(store().get(key(mb, sb, kCheckpoint)),
                              store().get(key(mb, sb, kInternals)));
@@ -339,7 +384,7 @@ class MlpSegment final : public LayerSegment {
                           v.ln_rstd, d_ln_in, s_.grad(p + "ln_2.weight"),
                           s_.grad(p + "ln_2.bias"), n, C);
     k::add(port(sb).d_residual, d_ln_in, port(sb).d_residual, n * C);
-    epilogue_.backward(s_, ctx, mb, sb);
+    epilogue_.backward(s_, ctx, mb, sb, at_);
   }
 
  private:
@@ -353,11 +398,11 @@ class MlpSegment final : public LayerSegment {
 
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) override {
     const auto& c = s_.config;
-    const std::int64_t n = s_.tokens(), C = c.hidden, F = s_.local_ffn();
+    const std::int64_t n = tokens(), C = c.hidden, F = local_ffn();
     const std::string p = layer_prefix(layer_);
     const View v = make_view(acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_),
                              acquire_or_get(mb, sb, kInternals, parts, internals_));
-    if (parts & kCheckpoint) epilogue_.forward(s_, ctx, mb, sb, v.residual);
+    if (parts & kCheckpoint) epilogue_.forward(s_, ctx, mb, sb, at_, v.residual);
     if (parts & kInternals) {
       k::layernorm_forward(v.residual, s_.param(p + "ln_2.weight"), s_.param(p + "ln_2.bias"),
                            v.ln_out, v.ln_mean, v.ln_rstd, n, C, c.layernorm_eps);
@@ -387,10 +432,13 @@ class HeadSegment final : public Segment {
  public:
   static constexpr std::int64_t kRowsPerChunk = 256;
 
-  HeadSegment(int id, GptState& s, Arena& arena, LossAccumulator& loss)
-      : Segment(id, *s.store), s_(s), loss_(loss) {
+  HeadSegment(int id, GptState& s, Arena& arena, LossAccumulator& loss, Epilogue epilogue)
+      : Segment(id, *s.store),
+        s_(s),
+        loss_(loss),
+        at_(s.placement(s.config.layers)),
+        epilogue_(std::move(epilogue)) {
     const std::int64_t n = s.tokens(), C = s.config.hidden, V = s.local_vocab_rows();
-    const std::int64_t L = s.config.layers;
     residual_ = internals_.add(n * C);
     ln_out_ = internals_.add(n * C);
     ln_mean_ = internals_.add(n);
@@ -400,7 +448,6 @@ class HeadSegment final : public Segment {
     row_losses_ = arena.allocate<float>(static_cast<std::size_t>(chunk));
     row_max_ = arena.allocate<float>(static_cast<std::size_t>(chunk));
     row_sums_ = arena.allocate<float>(static_cast<std::size_t>(2 * chunk));
-    epilogue_ = {id - 1, layer_prefix(L - 1) + "mlp.c_proj.bias", L - 1, kDropoutSiteMlp};
   }
   const std::string& name() const override { return name_; }
   SegmentShape shape() const override {
@@ -408,6 +455,8 @@ class HeadSegment final : public Segment {
     shape.name = name_;
     shape.has_backward_collective = true;
     shape.backward_stages = 2;
+    shape.collective_ranks = s_.tp_size();
+    shape.degree = s_.tp_size();
     shape.sets = kInternals;
     shape.internals_bytes = internals_.bytes();
     return shape;
@@ -421,7 +470,7 @@ class HeadSegment final : public Segment {
     float* internals = store().acquire(key(mb, sb, kInternals), internals_.floats());
     float* residual = internals + residual_;
     float* ln_out = internals + ln_out_;
-    epilogue_.forward(s_, ctx, mb, sb, residual);
+    epilogue_.forward(s_, ctx, mb, sb, at_, residual);
     k::layernorm_forward(residual, s_.param("ln_f.weight"), s_.param("ln_f.bias"), ln_out,
                          internals + ln_mean_, internals + ln_rstd_, n, C, c.layernorm_eps);
     const float* wte = s_.param("wte.weight");
@@ -473,11 +522,13 @@ class HeadSegment final : public Segment {
     k::layernorm_backward(port.d_ln, internals + residual_, s_.param("ln_f.weight"),
                           internals + ln_mean_, internals + ln_rstd_, port.d_residual,
                           s_.grad("ln_f.weight"), s_.grad("ln_f.bias"), n, C);
-    epilogue_.backward(s_, ctx, mb, sb);
+    epilogue_.backward(s_, ctx, mb, sb, at_);
   }
-  Tensor backward_collective_buffer(int sb) override {
-    return Tensor::of(s_.ports[static_cast<std::size_t>(sb)].d_ln,
-                      {s_.tokens(), s_.config.hidden});
+  CollectiveCall backward_collective(int sb) override {
+    return {CollectiveKind::all_reduce, s_.tp,
+            Tensor::of(s_.ports[static_cast<std::size_t>(sb)].d_ln,
+                       {s_.tokens(), s_.config.hidden}),
+            {}};
   }
   std::vector<BlockingCollective> take_blocking_collectives() override {
     return std::exchange(blocking_, {});
@@ -522,6 +573,7 @@ class HeadSegment final : public Segment {
   GptState& s_;
   LossAccumulator& loss_;
   std::string name_ = "head";
+  Placement at_;
   Epilogue epilogue_;
   SetLayout internals_;
   std::size_t residual_ = 0, ln_out_ = 0, ln_mean_ = 0, ln_rstd_ = 0;  // r_L, LN_f
@@ -532,7 +584,123 @@ class HeadSegment final : public Segment {
   std::vector<BlockingCollective> blocking_;
 };
 
+// Moves r_l between the rows of layer l - 1's placement (`from`) and layer l's (`to`) and runs
+// the epilogue that forms r_l, on the rows of `from` (see gpt_segments.h). When the degree
+// rises, the groups of `from` inside one group of `to` gather their rows (forward collective);
+// when it falls, this rank keeps its group's rows of `from`, and in backward the groups of
+// `to` inside one group of `from` gather the gradient (backward collective).
+class ReshardSegment final : public Segment {
+ public:
+  ReshardSegment(int id, GptState& s, std::int64_t to_layer, Epilogue epilogue)
+      : Segment(id, *s.store),
+        s_(s),
+        from_(s.placement(to_layer - 1)),
+        to_(s.placement(to_layer)),
+        rises_(from_.degree < to_.degree),
+        gather_group_(rises_ ? &s.tp_subgroup(to_.degree, from_.degree)
+                             : &s.tp_subgroup(from_.degree, to_.degree)),
+        name_("reshard." + std::to_string(to_layer)),
+        epilogue_(std::move(epilogue)) {
+    OASES_ASSERT(from_.degree != to_.degree, "{}: no degree change", name_);
+  }
+  const std::string& name() const override { return name_; }
+  SegmentShape shape() const override {
+    SegmentShape shape;
+    shape.name = name_;
+    shape.has_forward_collective = rises_;
+    shape.has_backward_collective = !rises_;
+    shape.backward_stages = rises_ ? 1 : 2;
+    shape.forward_kind = shape.backward_kind = CollectiveKind::all_gather;
+    shape.collective_ranks = gather_group_->size();
+    shape.degree = from_.degree;
+    return shape;
+  }
+
+  void forward(const StepContext& ctx, int mb, int sb) override {
+    const GptState::Ports& port = ports(sb);
+    const float* residual =
+        epilogue_.residual_segment < 0
+            ? nullptr
+            : store().get({epilogue_.residual_segment, mb, sb, kCheckpoint});
+    if (rises_) {
+      epilogue_.forward(s_, ctx, mb, sb, from_.rows, from_.first_row, port.partial, residual,
+                        port.reshard + own_block_offset());
+      return;
+    }
+    // This group's rows are a block of the previous group's: only they are computed.
+    const std::int64_t skip = (to_.first_row - from_.first_row) * row_floats();
+    epilogue_.forward(s_, ctx, mb, sb, to_.rows, to_.first_row, port.partial + skip,
+                      residual ? residual + skip : nullptr, port.reshard);
+  }
+  void backward(const StepContext& ctx, int mb, int sb, int stage) override {
+    const GptState::Ports& port = ports(sb);
+    if (rises_) {
+      // d_residual holds the gradient of every row of the larger group; keep this group's.
+      const float* own = port.d_residual + own_block_offset();
+      std::copy(own, own + from_.rows * row_floats(), port.d_residual);
+      epilogue_.backward(s_, ctx, mb, sb, from_);
+      return;
+    }
+    if (stage == 0) {
+      std::copy(port.d_residual, port.d_residual + to_.rows * row_floats(),
+                port.reshard + own_block_offset());
+      return;
+    }
+    std::copy(port.reshard, port.reshard + from_.rows * row_floats(), port.d_residual);
+    epilogue_.backward(s_, ctx, mb, sb, from_);
+  }
+  CollectiveCall forward_collective(int sb) override { return gather(sb); }
+  CollectiveCall backward_collective(int sb) override { return gather(sb); }
+
+ private:
+  const GptState::Ports& ports(int sb) const { return s_.ports[static_cast<std::size_t>(sb)]; }
+  std::int64_t row_floats() const { return s_.config.seq_len * s_.config.hidden; }
+  const Placement& small() const { return rises_ ? from_ : to_; }
+  const Placement& large() const { return rises_ ? to_ : from_; }
+  // Offset of this rank's block (the smaller group's rows) within the larger group's rows.
+  std::int64_t own_block_offset() const {
+    return (small().first_row - large().first_row) * row_floats();
+  }
+  CollectiveCall gather(int sb) const {
+    float* rows = ports(sb).reshard;
+    return {CollectiveKind::all_gather, gather_group_,
+            Tensor::of(rows, {large().rows * row_floats()}),
+            Tensor::of(rows + own_block_offset(), {small().rows * row_floats()})};
+  }
+
+  GptState& s_;
+  Placement from_, to_;
+  bool rises_;
+  comm::Communicator* gather_group_;
+  std::string name_;
+  Epilogue epilogue_;
+};
+
 }  // namespace
+
+int GptState::degree_of(std::int64_t layer) const {
+  if (layer < 0 || layer >= config.layers || layer_degrees.empty()) return tp_size();
+  return layer_degrees[static_cast<std::size_t>(layer)];
+}
+
+Placement GptState::placement(std::int64_t layer) const {
+  Placement at;
+  at.degree = degree_of(layer);
+  at.shard = tp_rank() % at.degree;
+  at.rows = rows * at.degree / tp_size();
+  at.first_row = tp_rank() / at.degree * at.rows;
+  at.group = at.degree == tp_size() ? tp : &tp_subgroup(at.degree, 1);
+  return at;
+}
+
+Segment::CollectiveCall Segment::forward_collective(int) {
+  OASES_ASSERT(false, "segment {} has no forward collective", name());
+  __builtin_unreachable();
+}
+Segment::CollectiveCall Segment::backward_collective(int) {
+  OASES_ASSERT(false, "segment {} has no backward collective", name());
+  __builtin_unreachable();
+}
 
 void Segment::recompute(const StepContext&, int, int, TensorSets sets) {
   OASES_ASSERT(sets == 0, "segment {} has nothing to recompute ({} asked)", name(),
@@ -551,6 +719,25 @@ std::vector<std::unique_ptr<Segment>> build_gpt_segments(GptState& s, LossAccumu
                    s.store,
                "incomplete GptState");
   s.config.validate_tensor_parallel(s.tp_size());
+  const std::int64_t L = s.config.layers;
+  const int T = s.tp_size();
+  OASES_ASSERT(s.layer_degrees.empty() || static_cast<std::int64_t>(s.layer_degrees.size()) == L,
+               "{} layer degrees for {} layers", s.layer_degrees.size(), L);
+  bool reshards = false;
+  for (std::int64_t l = 0; l < L; ++l) {
+    const int k = s.degree_of(l);
+    OASES_ASSERT(k >= 1 && T % k == 0, "layer {} degree {} does not divide {}", l, k, T);
+    OASES_CHECK(s.rows % (T / k) == 0,
+                "parallel.plan gives layer {} degree {}: its {} replicas split every sub-batch "
+                "of {} sequences (train.micro_batch / parallel.sub_batches), which they cannot "
+                "divide; use a micro-batch whose sub-batches are a multiple of {}",
+                l, k, T / k, s.rows, T / k);
+    if (k < T) s.config.validate_tensor_parallel(k);
+    reshards = reshards || k != s.degree_of(l - 1);
+  }
+  reshards = reshards || s.degree_of(L - 1) != T;
+  OASES_ASSERT(!reshards || s.tp_subgroup, "per-layer degrees need the tensor-parallel sub-groups");
+
   const std::int64_t n = s.tokens(), C = s.config.hidden;
   const auto nC = static_cast<std::size_t>(n * C);
   s.ports.resize(static_cast<std::size_t>(s.sub_batches));
@@ -559,19 +746,39 @@ std::vector<std::unique_ptr<Segment>> build_gpt_segments(GptState& s, LossAccumu
     port.d_partial = arena.allocate<float>(nC);
     port.d_residual = arena.allocate<float>(nC);
     port.d_ln = arena.allocate<float>(nC);
+    if (reshards) port.reshard = arena.allocate<float>(nC);
   }
   s.scratch_narrow = arena.allocate<float>(nC);
-  s.scratch_wide = arena.allocate<float>(
-      static_cast<std::size_t>(n * std::max(3 * s.local_attention_width(), s.local_ffn())));
+  std::int64_t wide = 0;
+  for (std::int64_t l = 0; l < L; ++l) {
+    const int k = s.degree_of(l);
+    const std::int64_t tokens = s.tokens() * k / T;
+    wide = std::max(wide, tokens * std::max(3 * s.config.heads / k * s.config.head_dim(),
+                                            s.config.ffn_hidden / k));
+  }
+  s.scratch_wide = arena.allocate<float>(static_cast<std::size_t>(wide));
 
   std::vector<std::unique_ptr<Segment>> segments;
   const auto next_id = [&] { return static_cast<int>(segments.size()); };
+  // The epilogue that forms r_l (l = L: the head's input) goes to a reshard segment where the
+  // degree changes, and the segment of layer l copies the reshard's output.
+  const auto epilogue_for = [&](std::int64_t l) -> Epilogue {
+    const Epilogue real = epilogue_into(s, l, next_id() - 1);
+    if (s.degree_of(l - 1) == s.degree_of(l)) return real;
+    segments.push_back(std::make_unique<ReshardSegment>(next_id(), s, l, real));
+    Epilogue copy;
+    copy.copies_reshard = true;
+    return copy;
+  };
   segments.push_back(std::make_unique<EmbeddingSegment>(next_id(), s));
-  for (std::int64_t l = 0; l < s.config.layers; ++l) {
-    segments.push_back(std::make_unique<AttentionSegment>(next_id(), s, l));
+  for (std::int64_t l = 0; l < L; ++l) {
+    Epilogue epilogue = epilogue_for(l);
+    segments.push_back(std::make_unique<AttentionSegment>(next_id(), s, l, std::move(epilogue)));
     segments.push_back(std::make_unique<MlpSegment>(next_id(), s, l));
   }
-  segments.push_back(std::make_unique<HeadSegment>(next_id(), s, arena, loss));
+  Epilogue head_epilogue = epilogue_for(L);
+  segments.push_back(
+      std::make_unique<HeadSegment>(next_id(), s, arena, loss, std::move(head_epilogue)));
   return segments;
 }
 

@@ -13,6 +13,11 @@
 //   core        core attention's output and row log-sum-exps; recomputed from `internals`
 //               (selective recomputation).
 //
+// Where consecutive layers run at different tensor-parallel degrees a reshard segment sits
+// between them: it finishes the first layer's output (the epilogue) on that layer's rows and
+// moves the result to the next layer's rows (an all-gather along the batch when the degree
+// rises; a slice when it falls, whose backward gathers the gradient).
+//
 // A Recompute action may also regenerate the segment's `output` (the partial sums its forward
 // collective reduces) so that a whole-layer recomputation can replay the collectives.
 #pragma once
@@ -32,6 +37,12 @@ enum TensorSet : std::uint8_t {
 };
 using TensorSets = std::uint8_t;
 
+// What a segment's collective does with its buffer.
+enum class CollectiveKind : std::uint8_t {
+  all_reduce,  // sums the partial results of the ranks that share the segment's parameters
+  all_gather,  // concatenates row blocks: a reshard between layers of different degrees
+};
+
 std::string tensor_sets_name(TensorSets sets);  // "checkpoint|internals", "-" for none
 
 struct SegmentShape {
@@ -39,6 +50,14 @@ struct SegmentShape {
   bool has_forward_collective = false;
   bool has_backward_collective = false;
   int backward_stages = 1;
+  CollectiveKind forward_kind = CollectiveKind::all_reduce;
+  CollectiveKind backward_kind = CollectiveKind::all_reduce;
+  // Ranks taking part in the segment's collectives (1: a group of one, nothing on the wire).
+  int collective_ranks = 1;
+  // Tensor-parallel degree the segment runs at: its parameters are split this many ways and
+  // it processes degree / T of every sub-batch's rows (T: the group size). A reshard segment
+  // runs at the degree of the layer before it.
+  int degree = 1;
   // The tensor sets this segment keeps between its Forward and its Backward, and their sizes.
   TensorSets sets = 0;
   std::size_t checkpoint_bytes = 0, internals_bytes = 0, core_bytes = 0;

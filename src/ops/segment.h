@@ -18,6 +18,7 @@
 // so the collective of one sub-batch can be in flight while another computes.
 #pragma once
 
+#include "comm/communicator.h"
 #include "core/tensor.h"
 #include "ops/activation_store.h"
 #include "ops/program.h"
@@ -64,10 +65,16 @@ class Segment {
   virtual void backward(const StepContext& ctx, int mb, int sb, int stage) = 0;
   void release(int mb, int sb, TensorSets sets);
 
-  // Buffers reduced across the tensor-parallel group for sub-batch sb; an empty Tensor means
-  // no collective.
-  virtual Tensor forward_collective_buffer(int /*sb*/) { return {}; }
-  virtual Tensor backward_collective_buffer(int /*sb*/) { return {}; }
+  // A collective of sub-batch sb: what it does, over which group, on which buffer.
+  struct CollectiveCall {
+    CollectiveKind kind = CollectiveKind::all_reduce;
+    comm::Communicator* group = nullptr;
+    Tensor buffer;  // all_reduce: summed in place; all_gather: the whole gathered output
+    Tensor block;   // all_gather: this rank's block of `buffer`, already in place
+  };
+  // The collectives named by shape().has_forward_collective / has_backward_collective.
+  virtual CollectiveCall forward_collective(int sb);
+  virtual CollectiveCall backward_collective(int sb);
 
   // Collectives the segment ran itself, blocking, since the last call (the vocab-parallel
   // loss reductions): the executor counts them as exposed communication and traces them.

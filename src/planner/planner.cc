@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 namespace oases::planner {
 namespace {
@@ -98,6 +100,40 @@ void write_plan(const Plan& plan, int tp, const std::string& path) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   write_file_atomically(path, j.dump(2) + "\n");
+}
+
+Plan read_plan(const std::string& path, int tp, std::int64_t layers) {
+  std::ifstream in(path);
+  OASES_CHECK(in.good(), "parallel.plan = \"{}\": no such file or not readable (valid: "
+              "\"uniform\", \"auto\", degrees per layer like \"1,2,2,1\", or a file written by "
+              "`oases plan`)", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    OASES_FAIL("plan file '{}' is not JSON: {}", path, e.what());
+  }
+  OASES_CHECK(j.is_object() && j.value("format", "") == "oases-plan",
+              "'{}' is not a plan file (written by `oases plan`)", path);
+  OASES_CHECK(j.value("version", 0) == 1, "plan file '{}' has version {}; this build reads 1",
+              path, j.value("version", 0));
+  const int file_tp = j.value("tp", 0);
+  OASES_CHECK(file_tp == tp, "plan file '{}' was made for parallel.tp = {}; this run has {}",
+              path, file_tp, tp);
+  Plan plan;
+  try {
+    plan.degrees = j.at("degrees").get<std::vector<int>>();
+    plan.predicted_step_seconds = j.value("predicted_step_s", 0.0);
+    plan.predicted_memory_bytes = j.value("predicted_memory_bytes", std::int64_t{0});
+  } catch (const nlohmann::json::exception& e) {
+    OASES_FAIL("plan file '{}': {}", path, e.what());
+  }
+  OASES_CHECK(static_cast<std::int64_t>(plan.degrees.size()) == layers,
+              "plan file '{}' has {} layer degrees; the model has model.layers = {}", path,
+              plan.degrees.size(), layers);
+  return plan;
 }
 
 }  // namespace oases::planner

@@ -45,5 +45,8 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
 // {"format": "oases-plan", "version": 1, "tp": T, "degrees": [...], "predicted_step_s": ..,
 //  "predicted_memory_bytes": ..}
 void write_plan(const Plan& plan, int tp, const std::string& path);
+// Reads a file written by write_plan for a tensor-parallel group of `tp` ranks and `layers`
+// layers. UserError naming the file when it is not such a plan.
+Plan read_plan(const std::string& path, int tp, std::int64_t layers);
 
 }  // namespace oases::planner

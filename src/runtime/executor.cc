@@ -23,7 +23,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Trace names carry the segment, micro-batch and sub-batch; tests count collectives by them.
-std::string trace_name(const schedule::Instruction& ins, const std::string& segment) {
+std::string trace_name(const schedule::Instruction& ins, const std::string& segment,
+                       ops::CollectiveKind kind = ops::CollectiveKind::all_reduce) {
   using schedule::Op;
   switch (ins.op) {
     case Op::forward: return fmt::format("F {} mb{} sb{}", segment, ins.micro_batch, ins.sub_batch);
@@ -34,7 +35,8 @@ std::string trace_name(const schedule::Instruction& ins, const std::string& segm
       return fmt::format("B{} {} mb{} sb{}", ins.stage, segment, ins.micro_batch, ins.sub_batch);
     case Op::start:
     case Op::wait:
-      return fmt::format("AR {}{} {} mb{} sb{}",
+      return fmt::format("{} {}{} {} mb{} sb{}",
+                         kind == ops::CollectiveKind::all_reduce ? "AR" : "AG",
                          ins.direction == schedule::Direction::forward ? "fwd" : "bwd",
                          ins.replay ? " replay" : "", segment, ins.micro_batch, ins.sub_batch);
     case Op::free:
@@ -88,11 +90,18 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         break;
       case Op::free: segment->release(ins.micro_batch, ins.sub_batch, ins.sets); break;
       case Op::start: {
-        const Tensor buffer = ins.direction == schedule::Direction::forward
-                                  ? segment->forward_collective_buffer(ins.sub_batch)
-                                  : segment->backward_collective_buffer(ins.sub_batch);
-        in_flight_[key] = {tp_.all_reduce_async(buffer, comm::ReduceOp::sum), began,
-                           trace ? trace_name(ins, segment->name()) : std::string()};
+        const ops::Segment::CollectiveCall call =
+            ins.direction == schedule::Direction::forward
+                ? segment->forward_collective(ins.sub_batch)
+                : segment->backward_collective(ins.sub_batch);
+        OASES_ASSERT(call.group != nullptr, "{}: collective without a group", segment->name());
+        std::unique_ptr<comm::Work> work =
+            call.kind == ops::CollectiveKind::all_reduce
+                ? call.group->all_reduce_async(call.buffer, comm::ReduceOp::sum)
+                : call.group->all_gather_async(call.block, call.buffer);
+        in_flight_[key] = {std::move(work), began,
+                           trace ? trace_name(ins, segment->name(), call.kind) : std::string(),
+                           call.group->size() > 1};
         ++stats.collectives;
         break;
       }
@@ -106,7 +115,7 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         // Where the backend does not time its operations, the issue-to-wait span stands in.
         const comm::WorkTiming timing =
             it->second.work->timing().value_or(comm::WorkTiming{it->second.issued, done});
-        if (tp_.size() > 1) wire.emplace_back(timing.began, timing.finished);
+        if (it->second.on_wire) wire.emplace_back(timing.began, timing.finished);
         if (trace)
           trace->add(it->second.name, TraceRecorder::Lane::communication,
                      trace_us(timing.began), trace_us(timing.finished));

@@ -1,7 +1,7 @@
 // Executor: interprets a Schedule on this rank. Compute instructions run on the calling thread
 // (the compute lane; kernels parallelise internally); collectives are issued asynchronously on
-// the tensor-parallel communicator (the communication lane) and waited on where the schedule
-// says. Free instructions release tensor sets from the activation store, so the peak of live
+// the group each segment names (the communication lane): all-reduces of partial sums and
+// all-gathers of reshards, waited on where the schedule says. Free instructions release tensor sets from the activation store, so the peak of live
 // activations is a property of the schedule.
 //
 // Per run it reports the compute lane's busy time, the time it stood idle waiting on
@@ -56,6 +56,7 @@ class Executor {
     std::unique_ptr<comm::Work> work;
     std::chrono::steady_clock::time_point issued;
     std::string name;
+    bool on_wire = false;  // a group of more than one rank
   };
 
   std::vector<std::unique_ptr<ops::Segment>>& segments_;

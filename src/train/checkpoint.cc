@@ -61,7 +61,7 @@ std::int64_t metadata_int(const SafetensorsFile& file, const std::string& key) {
 std::vector<float> whole_tensor(const model::ParamLayout& layout, const model::ParamSpec& spec,
                                 const float* local, comm::Communicator& tp) {
   std::vector<float> whole(static_cast<std::size_t>(spec.full_shape.numel()), 0.0f);
-  if (spec.sharding == model::Sharding::replicated) {
+  if (spec.parts == 1) {  // replicated, or a layer at degree 1: one whole copy on every rank
     std::copy(local, local + spec.numel(), whole.begin());
     if (tp.size() > 1) {
       // Every rank of the group updates its copy from the same gradient; checking it here,
@@ -75,11 +75,14 @@ std::vector<float> whole_tensor(const model::ParamLayout& layout, const model::P
     }
     return whole;
   }
-  for (std::int64_t i = 0; i < spec.numel(); ++i) {
-    const std::int64_t g = layout.global_index(spec, i);
-    if (g >= 0) whole[static_cast<std::size_t>(g)] = local[i];
+  // Ranks below `parts` hold one copy of each shard (the others hold replicas of them).
+  if (tp.rank() < spec.parts) {
+    for (std::int64_t i = 0; i < spec.numel(); ++i) {
+      const std::int64_t g = layout.global_index(spec, i);
+      if (g >= 0) whole[static_cast<std::size_t>(g)] = local[i];
+    }
   }
-  // Shards are disjoint, so a sum over the group places every element exactly.
+  // Those shards are disjoint, so a sum over the group places every element exactly.
   tp.all_reduce(Tensor::of(whole.data(), {static_cast<std::int64_t>(whole.size())}));
   return whole;
 }

@@ -1,10 +1,13 @@
 #include "train/config.h"
 
 #include "core/error.h"
+#include "planner/planner.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <toml++/toml.h>
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -188,6 +191,39 @@ void apply_override(toml::table& root, const std::string& assignment) {
   target->insert_or_assign(key, *parsed["v"].node());
 }
 
+
+// "1,1,2,2": digits, commas and spaces only.
+bool looks_like_degree_list(const std::string& text) {
+  return !text.empty() && text.find_first_not_of("0123456789, ") == std::string::npos;
+}
+
+std::vector<int> parse_degree_list(const std::string& text, std::int64_t layers, std::int64_t tp) {
+  std::vector<int> degrees;
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    const auto first = item.find_first_not_of(' ');
+    const auto last = item.find_last_not_of(' ');
+    OASES_CHECK(first != std::string::npos,
+                "parallel.plan = \"{}\": an empty entry; write one degree per layer, e.g. \"{}\"",
+                text, fmt::format("{}", fmt::join(std::vector<std::int64_t>(
+                                                      static_cast<std::size_t>(layers), tp),
+                                                  ",")));
+    const std::string digits = item.substr(first, last - first + 1);
+    OASES_CHECK(digits.find(' ') == std::string::npos && digits.size() <= 6,
+                "parallel.plan = \"{}\": \"{}\" is not a degree", text, digits);
+    degrees.push_back(std::stoi(digits));
+  }
+  OASES_CHECK(static_cast<std::int64_t>(degrees.size()) == layers,
+              "parallel.plan = \"{}\" gives {} layer degrees; the model has model.layers = {}",
+              text, degrees.size(), layers);
+  for (std::size_t l = 0; l < degrees.size(); ++l)
+    OASES_CHECK(degrees[l] >= 1 && tp % degrees[l] == 0,
+                "parallel.plan = \"{}\": layer {} has degree {}; valid degrees divide "
+                "parallel.tp = {}",
+                text, l, degrees[l], tp);
+  return degrees;
+}
+
 }  // namespace
 
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source,
@@ -279,8 +315,15 @@ void RunConfig::validate() const {
   OASES_CHECK(p.pp == 1,
               "parallel.pp = {}: pipeline parallelism is not available yet; valid: 1", p.pp);
   model.validate_tensor_parallel(p.tp);
-  OASES_CHECK(p.plan == "uniform", "parallel.plan = \"{}\" is not available yet; valid: \"uniform\"",
-              p.plan);
+  if (p.plan != "uniform" && p.plan != "auto") {
+    // Degrees listed inline are checked here; a plan file when it is read (layer_degrees).
+    if (looks_like_degree_list(p.plan)) parse_degree_list(p.plan, model.layers, p.tp);
+    else
+      OASES_CHECK(std::filesystem::exists(p.plan),
+                  "parallel.plan = \"{}\" is neither \"uniform\", \"auto\", degrees per layer "
+                  "like \"1,2,2,1\", nor an existing plan file",
+                  p.plan);
+  }
   OASES_CHECK(p.memory_limit >= 0, "parallel.memory_limit = {} must be >= 0 bytes", p.memory_limit);
   OASES_CHECK(p.comm_timeout_s >= 0, "parallel.comm_timeout_s = {} must be >= 0 seconds (0: no timeout)",
               p.comm_timeout_s);
@@ -373,6 +416,16 @@ std::string to_toml(const RunConfig& c) {
   std::ostringstream out;
   out << root;
   return out.str();
+}
+
+std::vector<int> layer_degrees(const RunConfig& config) {
+  const auto& p = config.parallel;
+  OASES_ASSERT(p.plan != "auto", "parallel.plan = \"auto\" must be resolved to a plan first");
+  if (p.plan == "uniform") return {};
+  if (looks_like_degree_list(p.plan)) return parse_degree_list(p.plan, config.model.layers, p.tp);
+  std::vector<int> degrees =
+      planner::read_plan(p.plan, static_cast<int>(p.tp), config.model.layers).degrees;
+  return parse_degree_list(fmt::format("{}", fmt::join(degrees, ",")), config.model.layers, p.tp);
 }
 
 }  // namespace oases::train

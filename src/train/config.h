@@ -23,6 +23,8 @@ struct ParallelConfig {
   // Parts each micro-batch is split into by the overlapped schedules; 0: 2 where it divides
   // the micro-batch (else 1) for cross-pass and oases, 1 for the others.
   std::int64_t sub_batches = 0;
+  // Tensor-parallel degree per layer: "uniform" (every layer at tp), "auto" (profile, plan and
+  // train), degrees per layer ("1,1,2,2"; each divides tp), or a plan file from `oases plan`.
   std::string plan = "uniform";
   std::int64_t memory_limit = 0;  // bytes per device; 0: no limit
   double comm_timeout_s = 300;    // a collective not done after this aborts the job; 0: never
@@ -86,6 +88,10 @@ struct RunConfig {
 // cannot run, naming the settings and the valid values). micro_batches is the number of
 // micro-batches per optimizer step on one data-parallel rank.
 schedule::ScheduleSpec schedule_spec(const RunConfig& config);
+
+// The per-layer degrees parallel.plan names: empty for "uniform" (every layer at tp); the
+// listed or planned degrees otherwise. "auto" must have been resolved to a plan file first.
+std::vector<int> layer_degrees(const RunConfig& config);
 
 // Parses TOML text (`source` names it in messages) and applies `overrides` ("section.key=value",
 // value in TOML syntax; a bare word is taken as a string).

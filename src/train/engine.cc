@@ -15,8 +15,9 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
     : config_(config),
       tp_(groups.tp ? groups.tp : &self_tp_),
       dp_(groups.dp ? groups.dp : &self_dp_),
+      tp_subgroup_(groups.tp_subgroup),
       model_(config.model, config.train.micro_batch, static_cast<std::uint64_t>(config.train.seed),
-             *tp_, train::schedule_spec(config).sub_batches),
+             *tp_, train::schedule_spec(config).sub_batches, layer_degrees(config), tp_subgroup_),
       exp_avg_(static_cast<std::size_t>(model_.param_count()) * sizeof(float)),
       exp_avg_sq_(static_cast<std::size_t>(model_.param_count()) * sizeof(float)),
       spec_(train::schedule_spec(config)),
@@ -123,15 +124,27 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   runtime::StepHooks hooks;
   // Gradients are scaled by 1 / (tokens of the global batch), so the sum over data-parallel
   // replicas is the gradient of the global mean loss.
-  std::vector<std::unique_ptr<comm::Work>> reductions;
-  hooks.reduce_grads = [&](int bucket) {
-    if (dp_->size() == 1) return;
+  // A layer below the full degree sums its gradients over its replicas first; its
+  // data-parallel reduction starts once that is done (both write the same buffer).
+  std::vector<std::unique_ptr<comm::Work>> reductions, replica_reductions;
+  std::vector<int> after_replicas;
+  const auto reduce_over_dp = [&](int bucket) {
     const auto [begin, end] = model_.grad_buckets()[static_cast<std::size_t>(bucket)];
     reductions.push_back(dp_->all_reduce_async(Tensor::of(model_.grads() + begin, {end - begin}),
                                                comm::ReduceOp::sum));
   };
+  hooks.reduce_grads = [&](int bucket) {
+    if (auto work = reduce_over_replicas(bucket)) {
+      replica_reductions.push_back(std::move(work));
+      if (dp_->size() > 1) after_replicas.push_back(bucket);
+      return;
+    }
+    if (dp_->size() > 1) reduce_over_dp(bucket);
+  };
   hooks.optimizer_step = [&] {
     const Stopwatch waited;
+    for (auto& work : replica_reductions) work->wait();
+    for (int bucket : after_replicas) reduce_over_dp(bucket);
     for (auto& work : reductions) work->wait();
     result.exposed_comm_seconds += waited.seconds();
     result.grad_norm = clip_gradients();
@@ -147,14 +160,25 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   return result;
 }
 
+std::unique_ptr<comm::Work> TrainingEngine::reduce_over_replicas(int bucket) {
+  const std::int64_t layer = bucket - 1;
+  const int degree = model_.layer_degree(layer);
+  if (layer < 0 || layer >= config_.model.layers || degree == tp_->size()) return nullptr;
+  const auto [begin, end] = model_.grad_buckets()[static_cast<std::size_t>(bucket)];
+  return tp_subgroup_(tp_->size(), degree)
+      .all_reduce_async(Tensor::of(model_.grads() + begin, {end - begin}), comm::ReduceOp::sum);
+}
+
 double TrainingEngine::clip_gradients() {
   const float* grads = model_.grads();
-  // Shards are summed over the tensor-parallel group; replicated parameters have the same
-  // gradient on every rank of it and count once.
+  // Every rank of the tensor-parallel group holds the same gradient for a parameter with one
+  // part (replicated, or a layer at degree 1): it counts once. A parameter in k parts is held
+  // by tp / k replicas of each part: the first replica (ranks below k) counts it, and the group
+  // sums.
   double sharded = 0, replicated = 0;
   for (const auto& p : model_.layout().params()) {
-    const double sq = k::sum_of_squares(grads + p.offset, p.numel());
-    (p.sharding == model::Sharding::replicated ? replicated : sharded) += sq;
+    if (p.parts == 1) replicated += k::sum_of_squares(grads + p.offset, p.numel());
+    else if (tp_->rank() < p.parts) sharded += k::sum_of_squares(grads + p.offset, p.numel());
   }
   const double norm = std::sqrt(sum_over(*tp_, sharded) + replicated);
   if (config_.train.grad_clip > 0) {

@@ -30,12 +30,16 @@ struct StepResult {
 struct ParallelGroups {
   comm::Communicator* tp = nullptr;  // tensor-parallel group: shards of one model replica
   comm::Communicator* dp = nullptr;  // data-parallel group: replicas that average gradients
+  // Sub-groups of tp (comm::Mesh::tp_subgroup), needed when parallel.plan runs a layer at a
+  // degree below tp.
+  ops::TpSubgroups tp_subgroup;
 };
 
 class TrainingEngine {
  public:
   // Every rank of the groups constructs the engine with the same config; the groups must
-  // outlive it.
+  // outlive it. parallel.plan gives the layers' degrees (layer_degrees(config)); "auto" must be
+  // resolved to a plan before.
   explicit TrainingEngine(const RunConfig& config, ParallelGroups groups = {});
 
   comm::Communicator& tp() { return *tp_; }
@@ -97,6 +101,8 @@ class TrainingEngine {
                      std::int64_t sequences, std::int64_t first_sample, float loss_scale,
                      ops::HeadMode mode, const runtime::StepHooks& hooks, StepResult* result);
   double clip_gradients();  // returns the global norm before clipping
+  // Sums the gradients of a layer run at a degree below tp over its replicas (bucket 1 + l).
+  std::unique_ptr<comm::Work> reduce_over_replicas(int bucket);
   void apply_adamw(std::int64_t step, double lr);
 
   RunConfig config_;
@@ -104,6 +110,7 @@ class TrainingEngine {
   comm::SelfCommunicator self_dp_{"dp"};
   comm::Communicator* tp_;
   comm::Communicator* dp_;
+  ops::TpSubgroups tp_subgroup_;
   model::GptModel model_;
   Buffer exp_avg_;
   Buffer exp_avg_sq_;

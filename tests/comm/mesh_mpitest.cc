@@ -85,6 +85,24 @@ TEST(Mesh, FourRankLayoutsFromTheDesign) {
   }
 }
 
+// Per-layer degrees at tp = 4: groups of degree 2 are {0,1} and {2,3}; the replicas of a
+// degree-2 shard are {0,2} and {1,3}, which is also how rows of degree-2 layers are gathered
+// into a degree-4 layer; the replicas of a degree-1 layer are the whole group.
+TEST(Mesh, TensorParallelSubgroupsAtTp4) {
+  if (runtime().world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  const int r = runtime().world_rank();
+  Mesh mesh = Mesh::create(runtime(), 4, 1, 1, test_options());
+  EXPECT_EQ(members(mesh.tp_subgroup(2, 1)), (std::vector<std::int64_t>{r / 2 * 2, r / 2 * 2 + 1}));
+  EXPECT_EQ(members(mesh.tp_subgroup(4, 2)), (std::vector<std::int64_t>{r % 2, r % 2 + 2}));
+  EXPECT_EQ(&mesh.tp_subgroup(4, 1), &mesh.tp_group());
+  EXPECT_EQ(mesh.tp_subgroup(2, 2).size(), 1);
+  EXPECT_EQ(mesh.tp_subgroup(1, 1).size(), 1);
+  // With dp = 2 the sub-groups stay inside each tensor-parallel group.
+  Mesh pairs = Mesh::create(runtime(), 2, 2, 1, test_options());
+  EXPECT_EQ(&pairs.tp_subgroup(2, 1), &pairs.tp_group());
+  EXPECT_EQ(pairs.tp_subgroup(2, 2).size(), 1);
+}
+
 TEST(Mesh, WrongWorldSizeIsAUserError) {
   const int world = runtime().world_size();
   try {

@@ -63,6 +63,41 @@ TEST(Generators, EveryScheduleVerifiesForEveryDegreeSubBatchCountAndDepth) {
   }
 }
 
+// Per-layer degrees add reshard segments: a rise gathers rows in forward, a fall gathers the
+// gradient in backward. Every generator handles them like any other collective.
+TEST(Generators, MixedDegreeProgramsVerifyAndPlaceTheirReshards) {
+  const std::vector<std::pair<std::vector<int>, int>> plans{
+      {{1, 1, 2, 2}, 2}, {{2, 1, 2, 1}, 2}, {{4, 2, 1}, 4}, {{1, 4, 2}, 4}};
+  for (const auto& [degrees, tp] : plans) {
+    const ops::Program program = testing::gpt_program_with_degrees(degrees, tp);
+    int rises = 0, falls = 0;
+    for (const ops::SegmentShape& shape : program.segments) {
+      rises += shape.has_forward_collective && shape.forward_kind == ops::CollectiveKind::all_gather;
+      falls += shape.has_backward_collective && shape.backward_kind == ops::CollectiveKind::all_gather;
+    }
+    for (const auto& [kind, recompute] : valid_pairs()) {
+      for (int sub_batches : {1, 2}) {
+        if (!overlapped(kind) && sub_batches > 1) continue;
+        const ScheduleSpec spec = spec_of(kind, recompute, 2, sub_batches);
+        const std::string what = std::string(name(kind)) + "/" + std::string(name(recompute)) +
+                                 " sb=" + std::to_string(sub_batches) + " plan of " +
+                                 std::to_string(degrees.size()) + " at tp " + std::to_string(tp);
+        const Schedule s = generate(program, spec);
+        EXPECT_NO_THROW(verify_schedule(program, spec, s)) << what;
+        int forward_gathers = 0, backward_gathers = 0;
+        for (const Instruction& ins : s) {
+          if (ins.op != Op::start) continue;
+          const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
+          if (shape.name.rfind("reshard.", 0) != 0) continue;
+          (ins.direction == Direction::forward ? forward_gathers : backward_gathers)++;
+        }
+        EXPECT_EQ(forward_gathers, rises * 2 * sub_batches) << what;
+        EXPECT_EQ(backward_gathers, falls * 2 * sub_batches) << what;
+      }
+    }
+  }
+}
+
 TEST(Generators, MegatronPrintsTheExpectedInstructionList) {
   const Schedule s = generate(gpt_program(1), spec_of(ScheduleKind::megatron, Recompute::none));
   EXPECT_EQ(to_string(s),

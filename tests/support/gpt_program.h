@@ -4,6 +4,7 @@
 #include "ops/program.h"
 
 #include <string>
+#include <vector>
 
 namespace oases::testing {
 
@@ -38,6 +39,43 @@ inline ops::Program gpt_program(int layers, int tp = 1) {
   head.internals_bytes = (2 * n * C + 2 * n) * f;
   head.ready_bucket = layers + 1;
   program.segments.push_back(head);
+  return program;
+}
+
+// The same program with per-layer degrees (tp = the largest), as GptModel builds it: a reshard
+// segment wherever the degree changes (embedding and head at tp). Layers at a lower degree hold
+// fewer rows (degree / tp of them).
+inline ops::Program gpt_program_with_degrees(const std::vector<int>& degrees, int tp) {
+  const ops::Program uniform = gpt_program(static_cast<int>(degrees.size()), tp);
+  ops::Program program;
+  const auto degree_of = [&](int layer) {
+    return layer < 0 || layer >= static_cast<int>(degrees.size())
+               ? tp
+               : degrees[static_cast<std::size_t>(layer)];
+  };
+  for (const ops::SegmentShape& original : uniform.segments) {
+    ops::SegmentShape shape = original;
+    const bool head = shape.name == "head";
+    const bool layer_start = shape.name.rfind("attention.", 0) == 0;
+    if (layer_start || head) {
+      const int layer = head ? static_cast<int>(degrees.size()) : shape.layer;
+      const int from = degree_of(layer - 1), to = degree_of(layer);
+      if (from != to) {
+        ops::SegmentShape reshard{"reshard." + std::to_string(layer), from < to, from > to,
+                                  from < to ? 1 : 2};
+        reshard.forward_kind = reshard.backward_kind = ops::CollectiveKind::all_gather;
+        reshard.collective_ranks = from < to ? to / from : from / to;
+        reshard.degree = from;
+        program.segments.push_back(reshard);
+      }
+    }
+    shape.degree = degree_of(shape.layer);
+    const std::size_t scale = static_cast<std::size_t>(tp / shape.degree);
+    shape.checkpoint_bytes /= scale;
+    shape.internals_bytes /= scale;
+    shape.core_bytes /= scale;
+    program.segments.push_back(shape);
+  }
   return program;
 }
 
