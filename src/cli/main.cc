@@ -17,6 +17,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -49,6 +50,13 @@ int report_error(const std::exception& e, const std::string& rank_prefix) {
 using RankBody =
     std::function<void(oases::comm::MpiRuntime&, const oases::comm::MpiCommunicatorOptions&,
                        std::optional<oases::comm::Mesh>& mesh)>;
+// Where `oases train` with parallel.plan = "auto" writes the plan it chose: next to the
+// checkpoints, or nowhere without them.
+std::string auto_plan_path(const oases::train::RunConfig& config) {
+  if (config.checkpoint.dir.empty()) return {};
+  return (std::filesystem::path(config.checkpoint.dir) / "plan.json").string();
+}
+
 int run_on_every_rank(double comm_timeout_s, const RankBody& body) {
   oases::comm::MpiRuntime runtime;
   std::optional<oases::comm::Mesh> mesh;
@@ -153,27 +161,8 @@ int run(int argc, char** argv) {
                                           spec.sub_batches, degrees, plan_profile);
     const auto report = oases::planner::make_plan(measured, spec, config.train.micro_batch,
                                                   config.parallel.memory_limit);
-    fmt::print(
-        "schedule {}, recompute {}, {} sub-batch(es); memory limit {}\n",
-        oases::schedule::name(spec.kind), oases::schedule::name(spec.recompute), spec.sub_batches,
-        config.parallel.memory_limit > 0 ? fmt::format("{} MiB", config.parallel.memory_limit >> 20)
-                                         : std::string("none"));
-    fmt::print("{:<22}{:>14}{:>16}{:>8}\n", "plan", "step (pred.)", "memory (pred.)", "fits");
-    for (const auto& u : report.uniform)
-      fmt::print("{:<22}{:>12.3f} s{:>12.1f} MiB{:>8}\n",
-                 fmt::format("uniform degree {}", u.degree), u.prediction.step_seconds,
-                 static_cast<double>(u.prediction.memory_bytes()) / (1 << 20),
-                 u.fits ? "yes" : "no");
-    fmt::print("{:<22}{:>12.3f} s{:>12.1f} MiB{:>8}\n", "chosen",
-               report.chosen.predicted_step_seconds,
-               static_cast<double>(report.chosen.predicted_memory_bytes) / (1 << 20), "yes");
-    std::string per_layer;
-    for (int k : report.chosen.degrees)
-      per_layer += (per_layer.empty() ? "" : " ") + std::to_string(k);
-    fmt::print(
-        "degrees per layer: {}\nsolved by the dynamic program in {:.3f} s and by CBC in {:.3f} s "
-        "(same optimum)\n",
-        per_layer, report.dp_seconds, report.ilp_seconds);
+    fmt::print("{}", oases::planner::format_plan_report(report, spec,
+                                                         config.parallel.memory_limit));
     if (!plan_output.empty()) {
       oases::planner::write_plan(report.chosen, static_cast<int>(config.parallel.tp), plan_output);
       fmt::print("wrote {}\n", plan_output);
@@ -224,10 +213,21 @@ int run(int argc, char** argv) {
       // One rank per process, laid out by [parallel].
       const int code = run_on_every_rank(
           config.parallel.comm_timeout_s, [&](auto& runtime, const auto& comm_options, auto& mesh) {
+            oases::train::RunConfig run_config = config;
+            if (config.parallel.plan == "auto") {
+              oases::train::ProfileOptions auto_profile;
+              auto_profile.progress = options.progress && runtime.world_rank() == 0;
+              run_config = oases::train::plan_automatically(
+                  config, auto_profile,
+                  [&](int tp, int dp) {
+                    return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
+                  },
+                  auto_plan_path(config));
+            }
             mesh.emplace(oases::comm::Mesh::create(
                 runtime, static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.dp),
                 static_cast<int>(config.parallel.pp), comm_options));
-            summary = oases::train::run_training(config, options, *mesh);
+            summary = oases::train::run_training(run_config, options, *mesh);
           });
       if (code != 0) return code;
     } else {
@@ -237,7 +237,9 @@ int run(int argc, char** argv) {
                   config.parallel.tp, config.parallel.dp, config.parallel.pp,
                   config.parallel.tp * config.parallel.dp * config.parallel.pp,
                   config.parallel.tp * config.parallel.dp * config.parallel.pp);
-      summary = oases::train::run_training(config, options);
+      oases::train::RunConfig run_config = config;
+      if (config.parallel.plan == "auto") run_config.parallel.plan = "uniform";  // one rank
+      summary = oases::train::run_training(run_config, options);
     }
     if (!quiet && summary.initial_val_loss && summary.final_val_loss)
       oases::log_info("validation loss {:.4f} -> {:.4f}", *summary.initial_val_loss,

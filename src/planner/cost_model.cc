@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -136,6 +137,163 @@ Prediction predict_uniform(const Profile& profile, int degree, const schedule::S
       static_cast<std::int64_t>(schedule::peak_activation_bytes(program, schedule));
   p.state_bytes =
       4 * (d.parameter_bytes - (profile.model.layers - layers) * d.parameter_bytes_per_layer);
+  return p;
+}
+
+namespace {
+
+// The program of a plan with the segment shapes GptModel builds (ops/gpt_segments.h), set
+// sizes scaled from the profile to each segment's rows.
+struct PlanProgram {
+  ops::Program program;
+  std::vector<double> rows;  // per segment: sequences of one instance
+};
+
+PlanProgram plan_program(const Profile& profile, const std::vector<int>& degrees,
+                         double sub_batch_rows) {
+  const int T = profile.tp;
+  const auto L = static_cast<int>(degrees.size());
+  const auto layer_degree = [&](int layer) {
+    return layer < 0 || layer >= L ? T : degrees[static_cast<std::size_t>(layer)];
+  };
+  const auto rows_at = [&](int k) { return sub_batch_rows * k / T; };
+  const auto bytes = [&](int k, const std::string& kind, const std::string& set) {
+    const DegreeProfile& d = degree_of(profile, k);
+    const auto it = d.activation_bytes.find(kind);
+    if (it == d.activation_bytes.end() || !it->second.contains(set)) return std::size_t{0};
+    return static_cast<std::size_t>(
+        scaled(it->second.at(set), rows_at(k) / static_cast<double>(d.rows)));
+  };
+  PlanProgram out;
+  const auto add = [&](ops::SegmentShape shape, double rows) {
+    out.program.segments.push_back(std::move(shape));
+    out.rows.push_back(rows);
+  };
+  const auto add_reshard = [&](int into_layer) {
+    const int from = layer_degree(into_layer - 1), to = layer_degree(into_layer);
+    if (from == to) return;
+    ops::SegmentShape r{"reshard." + std::to_string(into_layer), from < to, from > to,
+                        from < to ? 1 : 2};
+    r.forward_kind = r.backward_kind = ops::CollectiveKind::all_gather;
+    r.collective_ranks = std::max(from, to) / std::min(from, to);
+    r.degree = from;
+    add(r, rows_at(from));
+  };
+  ops::SegmentShape embedding{"embedding", true, false, 1};
+  embedding.ready_bucket = 0;
+  embedding.degree = embedding.collective_ranks = T;
+  add(embedding, rows_at(T));
+  for (int l = 0; l < L; ++l) {
+    add_reshard(l);
+    const int k = layer_degree(l);
+    for (const std::string kind : {"attention", "mlp"}) {
+      ops::SegmentShape s{kind + "." + std::to_string(l), true, true, 2};
+      s.sets = ops::kCheckpoint | ops::kInternals | (kind == "attention" ? ops::kCore : 0);
+      s.checkpoint_bytes = bytes(k, kind, "checkpoint");
+      s.internals_bytes = bytes(k, kind, "internals");
+      s.core_bytes = bytes(k, kind, "core");
+      s.layer = l;
+      s.recomputable = true;
+      s.degree = s.collective_ranks = k;
+      if (kind == "attention") s.ready_bucket = 1 + l;
+      add(s, rows_at(k));
+    }
+  }
+  add_reshard(L);
+  ops::SegmentShape head{"head", false, true, 2};
+  head.sets = ops::kInternals;
+  head.internals_bytes = bytes(T, "head", "internals");
+  head.ready_bucket = L + 1;
+  head.degree = head.collective_ranks = T;
+  add(head, rows_at(T));
+  return out;
+}
+
+}  // namespace
+
+Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
+                        const schedule::ScheduleSpec& spec, std::int64_t micro_batch,
+                        double overlap_slowdown) {
+  const int T = profile.tp;
+  const auto L = static_cast<int>(degrees.size());
+  const double sub_batch_rows = static_cast<double>(micro_batch) / spec.sub_batches;
+  const PlanProgram plan = plan_program(profile, degrees, sub_batch_rows);
+  const ops::Program& program = plan.program;
+  const DegreeProfile& full = degree_of(profile, T);
+
+  sim::CostModel costs;
+  const auto segment_profile = [&](int segment) -> const DegreeProfile& {
+    return degree_of(profile, program.segments[static_cast<std::size_t>(segment)].degree);
+  };
+  const auto factor_of = [&](int segment) {
+    return plan.rows[static_cast<std::size_t>(segment)] /
+           static_cast<double>(segment_profile(segment).rows);
+  };
+  costs.compute = [&](const schedule::Instruction& ins) {
+    const std::string kind = kind_at(program, ins.segment);
+    const DegreeProfile& d = segment_profile(ins.segment);
+    const auto it = d.segments.find(kind);
+    if (it == d.segments.end()) return 0.0;  // a reshard's epilogue: counted in attention's
+    const SegmentTimes& t = it->second;
+    const double factor = factor_of(ins.segment);
+    switch (ins.op) {
+      case schedule::Op::forward: return t.forward_s * factor;
+      case schedule::Op::recompute:
+        return (ins.sets & ops::kOutput ? t.forward_s : t.recompute_s) * factor;
+      case schedule::Op::backward:
+        return (ins.stage == 0 ? t.backward0_s : t.backward1_s) * factor;
+      default: return 0.0;
+    }
+  };
+  costs.collective = [&](const schedule::Instruction& ins) {
+    const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
+    const std::string kind = kind_at(program, ins.segment);
+    if (kind == "reshard") {
+      const int into = std::stoi(shape.name.substr(shape.name.find('.') + 1));
+      const int to = into < L ? degrees[static_cast<std::size_t>(into)] : T;
+      return profile.reshard_seconds(shape.degree, to);
+    }
+    const DegreeProfile& d = segment_profile(ins.segment);
+    const auto it = d.collectives.find(
+        kind + (ins.direction == schedule::Direction::forward ? ".fwd_s" : ".bwd_s"));
+    return it == d.collectives.end() ? 0.0 : it->second * factor_of(ins.segment);
+  };
+  costs.reduce_grads = [&](int bucket) {
+    if (bucket < 1 || bucket > L) return 0.0;  // the embeddings and ln_f run at T: no replicas
+    return degree_of(profile, degrees[static_cast<std::size_t>(bucket - 1)])
+        .replica_reduce_per_layer_s;
+  };
+  // Parameters: the embeddings and ln_f at T, each layer at its degree.
+  std::int64_t parameter_bytes = full.parameter_bytes - profile.model.layers *
+                                                            full.parameter_bytes_per_layer;
+  double slowdown = 0;
+  for (int k : degrees) {
+    parameter_bytes += degree_of(profile, k).parameter_bytes_per_layer;
+    slowdown += degree_of(profile, k).overlap_slowdown / L;
+  }
+  // The optimizer's time follows the number of parameters it updates.
+  costs.optimizer_step = full.optimizer_s * static_cast<double>(parameter_bytes) /
+                         static_cast<double>(std::max<std::int64_t>(1, full.parameter_bytes));
+  costs.overlap_slowdown = overlap_slowdown >= 0 ? overlap_slowdown : slowdown;
+
+  const schedule::Schedule schedule = schedule::generate(program, spec);
+  const sim::SimResult sim = sim::simulate(schedule, costs);
+  Prediction p;
+  p.step_seconds = sim.step_seconds;
+  p.compute_seconds = sim.compute_seconds;
+  p.exposed_comm_seconds = sim.exposed_comm_seconds;
+  // Boundary buffers and scratch as profiled for one sub-batch at T, one more port set per
+  // extra sub-batch, and the reshard buffers when the plan has reshards.
+  const double factor = sub_batch_rows / static_cast<double>(full.rows);
+  const auto activation = static_cast<std::int64_t>(
+      sub_batch_rows * static_cast<double>(profile.model.seq_len * profile.model.hidden) *
+      sizeof(float));
+  const bool reshards = program.segments.size() != static_cast<std::size_t>(2 * L + 2);
+  p.activation_bytes = scaled(full.static_activation_bytes, factor) +
+                       (spec.sub_batches - 1) * 4 * activation +
+                       (reshards ? spec.sub_batches * activation : 0) +
+                       static_cast<std::int64_t>(schedule::peak_activation_bytes(program, schedule));
+  p.state_bytes = 4 * parameter_bytes;
   return p;
 }
 

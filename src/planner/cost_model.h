@@ -1,4 +1,16 @@
-// Cost model: what a plan costs, predicted from a Profile. A uniform plan runs every layer at
+// Cost model: what a plan costs, predicted from a Profile.
+//
+// A plan gives each transformer layer a degree k dividing T = profile.tp (the embedding and the
+// head stay at T), as `parallel.plan` runs it: layer l processes k / T of every sub-batch's rows,
+// and a reshard segment sits wherever the degree changes. predict_plan simulates the schedule
+// generator's output for that program: each segment's instructions take the times profiled at
+// its degree, scaled to its rows; each reshard takes the measured all-gather (exposed unless
+// the other sub-batches have compute to run meanwhile, which the simulation decides); each
+// layer below T sums its gradients over its replicas (ReduceGrads); then the optimizer.
+//
+// predict_uniform is the older, whole-model view of a uniform plan: every layer at
+// degree k: tp / k replicas, each on k / tp of every micro-batch, each running the schedule on
+// its share (the layout tp = k, dp = T / k).
 // degree k: tp / k replicas, each on k / tp of every micro-batch, each running the schedule on
 // its share. The step time comes from simulating that schedule (sim/schedule_sim.h) with each
 // instruction's profiled time, scaled linearly from the profiled rows to the rows it runs on;
@@ -12,6 +24,7 @@
 #include "sim/schedule_sim.h"
 
 #include <cstdint>
+#include <vector>
 
 namespace oases::planner {
 
@@ -32,6 +45,13 @@ ops::Program program_at(const Profile& profile, int degree, double rows, int lay
 // Instruction costs of that program for the simulator.
 sim::CostModel costs_at(const Profile& profile, int degree, double rows,
                         const ops::Program& program, double overlap_slowdown = 0);
+
+// The plan `degrees` (one per layer; the number of layers is degrees.size()) under `spec`
+// (micro_batches: per step), micro_batch sequences per micro-batch of the whole group.
+// overlap_slowdown < 0 takes the profile's measured value (the mean over the layers' degrees).
+Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
+                        const schedule::ScheduleSpec& spec, std::int64_t micro_batch,
+                        double overlap_slowdown = -1);
 
 // Every layer at `degree` under `spec` (kind, recompute, sub_batches, micro_batches: the
 // schedule each replica runs; micro_batch: sequences per micro-batch of the whole group).

@@ -4,6 +4,8 @@
 #include "core/error.h"
 #include "core/timer.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -14,11 +16,17 @@
 namespace oases::planner {
 namespace {
 
-constexpr std::int64_t kMemoryUnit = std::int64_t{1} << 20;  // MiB: the chain's memory unit
+// The chain's memory unit: a power of two (at least 1 KiB) that counts the largest plan in at
+// most 8192 units, so the dynamic program stays small and rounding (up, per layer) stays
+// within about L / 8192 of the memory.
+std::int64_t memory_unit(std::int64_t largest_bytes) {
+  std::int64_t unit = 1024;
+  while (largest_bytes / unit > 8192) unit *= 2;
+  return unit;
+}
 
-std::int64_t units_up(double bytes) {
-  return static_cast<std::int64_t>(
-      std::ceil(std::max(0.0, bytes) / static_cast<double>(kMemoryUnit)));
+std::int64_t units_up(double bytes, std::int64_t unit) {
+  return static_cast<std::int64_t>(std::ceil(std::max(0.0, bytes) / static_cast<double>(unit)));
 }
 
 }  // namespace
@@ -27,67 +35,122 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
                      std::int64_t micro_batch, std::int64_t memory_limit) {
   OASES_CHECK(!profile.degrees.empty(), "the profile has no degrees");
   const auto L = static_cast<int>(profile.model.layers);
+  const int T = profile.tp;
   PlanReport report;
   ChainProblem chain;
   chain.layers = L;
   chain.candidates = static_cast<int>(profile.degrees.size());
+  std::vector<int> degrees;
   std::vector<double> layer_time;
-  std::vector<std::int64_t> layer_memory;
+  std::vector<double> layer_bytes;
   Prediction top_full;
   for (const DegreeProfile& d : profile.degrees) {
-    const Prediction full = predict_uniform(profile, d.degree, spec, micro_batch, L, -1.0);
-    const Prediction less = predict_uniform(profile, d.degree, spec, micro_batch, L - 1, -1.0);
+    const auto every_layer_at = [&](int layers) {
+      return std::vector<int>(static_cast<std::size_t>(layers), d.degree);
+    };
+    const Prediction full = predict_plan(profile, every_layer_at(L), spec, micro_batch);
+    const Prediction less = predict_plan(profile, every_layer_at(L - 1), spec, micro_batch);
     report.uniform.push_back(
         {d.degree, full, memory_limit == 0 || full.memory_bytes() <= memory_limit});
+    degrees.push_back(d.degree);
     layer_time.push_back(std::max(0.0, full.step_seconds - less.step_seconds));
-    layer_memory.push_back(
-        units_up(static_cast<double>(full.memory_bytes() - less.memory_bytes())));
-    top_full = full;  // degrees ascend: the last is the full degree, where embedding and head stay
+    layer_bytes.push_back(static_cast<double>(full.memory_bytes() - less.memory_bytes()));
+    top_full = full;  // degrees ascend: the last is T, where the embedding and head run
   }
+  std::int64_t largest = 0;
+  for (const UniformOption& u : report.uniform)
+    largest = std::max(largest, u.prediction.memory_bytes());
+  const std::int64_t unit = memory_unit(std::max(largest, memory_limit));
+  std::vector<std::int64_t> layer_memory;
+  for (double bytes : layer_bytes) layer_memory.push_back(units_up(bytes, unit));
   const double fixed_time = top_full.step_seconds - L * layer_time.back();
-  const double fixed_bytes = static_cast<double>(top_full.memory_bytes()) -
-                             static_cast<double>(L * layer_memory.back() * kMemoryUnit);
-  // Reshard estimate: two activation collectives per instance at the full degree.
-  const DegreeProfile& top = profile.degrees.back();
-  const double rows = static_cast<double>(micro_batch) / spec.sub_batches;
-  const auto ar = top.collectives.find("attention.fwd_s");
-  const double reshard = 2.0 * (ar == top.collectives.end() ? 0.0 : ar->second) *
-                         (rows / static_cast<double>(top.rows)) * spec.micro_batches *
-                         spec.sub_batches;
+  const double fixed_bytes =
+      static_cast<double>(top_full.memory_bytes()) - L * layer_bytes.back();
+  // A degree change pays one measured all-gather per (micro-batch, sub-batch) instance,
+  // counted as if nothing hid it; the embedding and the head sit at T, so the first and last
+  // layers pay the change from and to T.
+  const double instances = static_cast<double>(spec.micro_batches) * spec.sub_batches;
+  const auto reshard = [&](int a, int b) { return profile.reshard_seconds(a, b) * instances; };
   for (int l = 0; l < L; ++l) {
-    chain.layer_cost.push_back(layer_time);
+    std::vector<double> cost = layer_time;
+    for (int k = 0; k < chain.candidates; ++k) {
+      if (l == 0) cost[k] += reshard(T, degrees[k]);
+      if (l == L - 1) cost[k] += reshard(degrees[k], T);
+    }
+    chain.layer_cost.push_back(cost);
     chain.layer_memory.push_back(layer_memory);
     if (l + 1 < L) {
-      std::vector<std::vector<double>> boundary(
-          static_cast<std::size_t>(chain.candidates),
-          std::vector<double>(static_cast<std::size_t>(chain.candidates), reshard));
-      for (int k = 0; k < chain.candidates; ++k) boundary[k][k] = 0;
+      std::vector<std::vector<double>> boundary(static_cast<std::size_t>(chain.candidates));
+      for (int a = 0; a < chain.candidates; ++a)
+        for (int b = 0; b < chain.candidates; ++b)
+          boundary[a].push_back(reshard(degrees[a], degrees[b]));
       chain.boundary_cost.push_back(boundary);
     }
   }
-  chain.fixed_memory = units_up(fixed_bytes);
-  if (memory_limit > 0) chain.memory_limit = memory_limit / kMemoryUnit;
-  const Stopwatch dp_clock;
-  const ChainPlan dp = solve_dynamic_program(chain);
-  report.dp_seconds = dp_clock.seconds();
-  const Stopwatch ilp_clock;
-  const ChainPlan ilp = solve_ilp(chain);
-  report.ilp_seconds = ilp_clock.seconds();
-  if (!dp.feasible) {
-    const std::int64_t least = minimum_memory(chain) * kMemoryUnit;
-    OASES_FAIL(
-        "parallel.memory_limit = {} bytes is too small for any plan: the least a plan needs "
-        "is about {} bytes ({} MiB more than the limit); raise the limit, lower "
-        "train.micro_batch, or use more ranks",
-        memory_limit, least, (least - memory_limit + kMemoryUnit - 1) / kMemoryUnit);
+  chain.fixed_memory = units_up(fixed_bytes, unit);
+  if (memory_limit > 0) chain.memory_limit = memory_limit / unit;
+  // The chain prices layers one by one; the simulated plan also holds what plans with reshards
+  // allocate once (their buffers). When that pushes it over the limit, the chain is solved
+  // again with the limit lowered by the excess.
+  for (int attempt = 0;; ++attempt) {
+    const Stopwatch dp_clock;
+    const ChainPlan dp = solve_dynamic_program(chain);
+    report.dp_seconds += dp_clock.seconds();
+    const Stopwatch ilp_clock;
+    const ChainPlan ilp = solve_ilp(chain);
+    report.ilp_seconds += ilp_clock.seconds();
+    if (!dp.feasible) {
+      const std::int64_t least = minimum_memory(chain) * unit;
+      OASES_FAIL(
+          "parallel.memory_limit = {} bytes is too small for any plan: the least a plan needs "
+          "is about {} bytes ({:.1f} MiB more than the limit); raise the limit, lower "
+          "train.micro_batch, or use more ranks",
+          memory_limit, least, static_cast<double>(least - memory_limit) / (1 << 20));
+    }
+    OASES_ASSERT(ilp.feasible && std::abs(ilp.cost - dp.cost) <= 1e-9 * std::max(1.0, dp.cost),
+                 "the integer program ({}) and the dynamic program ({}) disagree", ilp.cost,
+                 dp.cost);
+    report.chosen.degrees.clear();
+    for (int k : dp.choice) report.chosen.degrees.push_back(degrees[static_cast<std::size_t>(k)]);
+    report.chosen_chain_seconds = fixed_time + dp.cost;
+    // The chain is additive; the simulation of the chosen plan's own schedule is the prediction.
+    const Prediction chosen = predict_plan(profile, report.chosen.degrees, spec, micro_batch);
+    report.chosen.predicted_step_seconds = chosen.step_seconds;
+    report.chosen.predicted_memory_bytes = chosen.memory_bytes();
+    const std::int64_t excess = memory_limit > 0 ? chosen.memory_bytes() - memory_limit : 0;
+    if (excess <= 0 || attempt == 3) break;
+    chain.memory_limit -= (excess + unit - 1) / unit;
   }
-  OASES_ASSERT(ilp.feasible && std::abs(ilp.cost - dp.cost) <= 1e-9 * std::max(1.0, dp.cost),
-               "the integer program ({}) and the dynamic program ({}) disagree", ilp.cost, dp.cost);
-  for (int k : dp.choice)
-    report.chosen.degrees.push_back(profile.degrees[static_cast<std::size_t>(k)].degree);
-  report.chosen.predicted_step_seconds = fixed_time + dp.cost;
-  report.chosen.predicted_memory_bytes = dp.memory * kMemoryUnit;
   return report;
+}
+
+std::string format_plan_report(const PlanReport& report, const schedule::ScheduleSpec& spec,
+                               std::int64_t memory_limit) {
+  const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+  std::string out = fmt::format(
+      "schedule {}, recompute {}, {} sub-batch(es); memory limit {}\n", schedule::name(spec.kind),
+      schedule::name(spec.recompute), spec.sub_batches,
+      memory_limit > 0 ? fmt::format("{:.1f} MiB", static_cast<double>(memory_limit) / (1 << 20))
+                       : std::string("none"));
+  out += fmt::format("{:<22}{:>14}{:>16}{:>8}\n", "plan", "step (pred.)", "memory (pred.)", "fits");
+  for (const auto& u : report.uniform)
+    out += fmt::format("{:<22}{:>12.3f} s{:>12.1f} MiB{:>8}\n",
+                       fmt::format("every layer at {}", u.degree), u.prediction.step_seconds,
+                       mib(u.prediction.memory_bytes()), u.fits ? "yes" : "no");
+  const bool fits =
+      memory_limit == 0 || report.chosen.predicted_memory_bytes <= memory_limit;
+  out += fmt::format("{:<22}{:>12.3f} s{:>12.1f} MiB{:>8}\n", "chosen",
+                     report.chosen.predicted_step_seconds,
+                     mib(report.chosen.predicted_memory_bytes), fits ? "yes" : "no (see below)");
+  out += fmt::format(
+      "degrees per layer: {}\nsolved by the dynamic program in {:.3f} s and by CBC in {:.3f} s "
+      "(same optimum; the chain's additive estimate of the plan: {:.3f} s)\n",
+      fmt::join(report.chosen.degrees, " "), report.dp_seconds, report.ilp_seconds,
+      report.chosen_chain_seconds);
+  if (!fits)
+    out += "the simulated schedule of the chosen plan needs more than the limit the chain "
+           "allowed for (reshard buffers); lower the limit a little and plan again\n";
+  return out;
 }
 
 void write_plan(const Plan& plan, int tp, const std::string& path) {

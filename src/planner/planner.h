@@ -1,13 +1,13 @@
 // The planner: from a Profile, the tensor-parallel degree of every transformer layer that
 // minimises the predicted step time within the memory limit (DESIGN.md, planner).
 //
-// Layers are alike, so one layer at degree k costs what the cost model predicts for the model
-// with L layers minus the model with L - 1 (time and memory; overlap included, as the
-// simulator runs the whole schedule). A boundary between layers of different degrees pays a
-// reshard that cannot overlap: estimated as two collectives of one activation (an all-gather
-// along the batch in forward, one in backward) at the group's measured collective speed. The
-// embedding and the head stay at the full degree. The chain is solved by the dynamic program
-// and by CBC, which must agree.
+// Layers are alike, so one layer at degree k costs what the cost model predicts for the plan
+// with L layers at k minus the plan with L - 1 (time and memory; overlap included, as the
+// simulator runs the whole schedule). A boundary between layers of different degrees pays the
+// profiled reshard (one all-gather along the batch per micro-batch and sub-batch) as if it
+// could not overlap. The embedding and the head stay at the full degree, so the first and last
+// layers pay a reshard from and to it. The chain is solved by the dynamic program and by CBC,
+// which must agree; the chosen plan is then predicted by simulating its own schedule.
 #pragma once
 
 #include "planner/chain_solver.h"
@@ -34,13 +34,19 @@ struct Plan {
 
 struct PlanReport {
   std::vector<UniformOption> uniform;  // every degree of the profile, ascending
-  Plan chosen;
+  Plan chosen;                      // predicted by simulating its schedule (predict_plan)
+  double chosen_chain_seconds = 0;  // the chain's additive estimate of the same plan
   double ilp_seconds = 0, dp_seconds = 0;  // solve times
 };
 
 // memory_limit: bytes per rank; 0 means none. UserError when no plan fits, saying by how much.
 PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
                      std::int64_t micro_batch, std::int64_t memory_limit);
+
+// What `oases plan` prints: every uniform plan (predicted time, memory, whether it fits) and the
+// chosen degrees with their prediction and the solve times.
+std::string format_plan_report(const PlanReport& report, const schedule::ScheduleSpec& spec,
+                               std::int64_t memory_limit);
 
 // {"format": "oases-plan", "version": 1, "tp": T, "degrees": [...], "predicted_step_s": ..,
 //  "predicted_memory_bytes": ..}

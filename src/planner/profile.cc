@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -17,6 +18,19 @@ const DegreeProfile* Profile::at_degree(int degree) const {
   for (const DegreeProfile& d : degrees)
     if (d.degree == degree) return &d;
   return nullptr;
+}
+
+std::string Profile::reshard_key(int a, int b) {
+  return std::to_string(std::min(a, b)) + "-" + std::to_string(std::max(a, b));
+}
+
+double Profile::reshard_seconds(int a, int b) const {
+  if (a == b) return 0;
+  const auto it = reshards.find(reshard_key(a, b));
+  OASES_CHECK(it != reshards.end(),
+              "the profile has no reshard time between degrees {} and {}; re-run `oases profile`",
+              std::min(a, b), std::max(a, b));
+  return it->second;
 }
 
 namespace {
@@ -55,7 +69,8 @@ std::string to_json(const Profile& p) {
               {"tp", p.tp},
               {"micro_batch", p.micro_batch},
               {"sub_batches", p.sub_batches},
-              {"degrees", degrees}}
+              {"degrees", degrees},
+              {"reshards", p.reshards}}
       .dump(2);
 }
 
@@ -105,6 +120,7 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
       degree.static_activation_bytes = d.at("static_activation_bytes");
       p.degrees.push_back(std::move(degree));
     }
+    p.reshards = j.at("reshards").get<std::map<std::string, double>>();
     return p;
   } catch (const json::exception& e) {
     OASES_FAIL("{}: malformed profile ({})", source, e.what());
@@ -148,6 +164,13 @@ void check_profile_matches(const Profile& p, const model::GptConfig& m, std::int
         "profile` under mpirun with parallel.tp = {}",
         source, degree, have.empty() ? "none" : have, degrees.back());
   }
+  for (int a : degrees)
+    for (int b : degrees)
+      if (a < b)
+        OASES_CHECK(p.reshards.contains(Profile::reshard_key(a, b)),
+                    "{} has no reshard time between degrees {} and {}; re-run `oases profile` "
+                    "under mpirun with parallel.tp = {}",
+                    source, a, b, degrees.back());
 }
 
 }  // namespace oases::planner

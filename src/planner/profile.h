@@ -17,13 +17,17 @@
 //       {"checkpoint": ..,
 //                       "internals": .., "core": ..}, ...}},
 //       "static_activation_bytes": ..},
-//      ...]}
+//      ...],
+//    "reshards": {"1-2": .., "1-4": .., "2-4": ..}}
 //
 // Times are medians over repeated steps, in seconds, per sub-batch instance of a segment (one
 // layer's segment, on `rows` sequences: a degree-k replica's share of a sub-batch, i.e.
 // micro_batch / sub_batches * k / tp). Collectives are timed alone (blocking), so they are
 // the wire time the cost model overlaps with compute. Transformer layers are alike, so each
-// segment kind is measured once per degree (the median over layers).
+// segment kind is measured once per degree (the median over layers). A reshard "a-b" (a < b)
+// is the all-gather that moves one sub-batch's r_l from the rows of degree-a groups to those of
+// a degree-b group (forward where the degree rises, backward where it falls), timed alone on
+// the whole tensor-parallel group.
 #pragma once
 
 #include "model/gpt_config.h"
@@ -60,14 +64,19 @@ struct DegreeProfile {
 };
 
 struct Profile {
-  static constexpr int kVersion = 1;
+  static constexpr int kVersion = 2;
   model::GptConfig model;
   int tp = 1;
   std::int64_t micro_batch = 1;
   int sub_batches = 1;
   std::vector<DegreeProfile> degrees;  // ascending
+  std::map<std::string, double> reshards;  // "a-b" with a < b -> seconds
 
   const DegreeProfile* at_degree(int degree) const;
+  // Seconds of the reshard between degrees a and b in either direction (0 when a == b);
+  // UserError when the profile lacks it.
+  double reshard_seconds(int a, int b) const;
+  static std::string reshard_key(int a, int b);  // "a-b", smaller first
 };
 
 std::string to_json(const Profile& profile);

@@ -4,9 +4,13 @@
 #include "core/log.h"
 #include "core/philox.h"
 #include "core/timer.h"
+#include "planner/planner.h"
 #include "kernels/cpu/gemm.h"
 #include "runtime/trace.h"
 #include "train/engine.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <map>
@@ -96,6 +100,35 @@ double measure_overlap_slowdown(comm::Communicator& group, const RunConfig& c) {
     work->wait();
   }
   return std::max(0.0, median(overlapped) / median(alone) - 1.0);
+}
+
+// The all-gather of a reshard between degrees a < b: every group of b ranks gathers one
+// sub-batch's r_l from its b / a groups of degree a, all groups at once as in a training step.
+void measure_reshards(planner::Profile& profile, const RunConfig& config,
+                      std::int64_t sub_batch_rows, const ProfileOptions& options,
+                      const std::function<comm::Mesh(int tp, int dp)>& make_mesh) {
+  const int T = profile.tp;
+  if (T == 1) return;
+  comm::Mesh mesh = make_mesh(T, 1);
+  const std::int64_t row_floats = config.model.seq_len * config.model.hidden;
+  for (int a = 1; a < T; a *= 2) {
+    for (int b = 2 * a; b <= T; b *= 2) {
+      comm::Communicator& group = mesh.tp_subgroup(b, a);
+      const std::int64_t block = sub_batch_rows * a / T * row_floats;
+      std::vector<float> rows(static_cast<std::size_t>(block * group.size()), 1.0f);
+      std::vector<double> times;
+      for (int s = 0; s < options.steps + 1; ++s) {
+        mesh.tp_group().barrier();
+        const Stopwatch clock;
+        group.all_gather(Tensor::of(rows.data() + group.rank() * block, {block}),
+                         Tensor::of(rows.data(), {block * group.size()}));
+        if (s > 0) times.push_back(clock.seconds());  // the first warms the connections up
+      }
+      profile.reshards[planner::Profile::reshard_key(a, b)] = median(times);
+      if (options.progress)
+        log_info("reshard between degrees {} and {}: {:.2f} ms", a, b, 1e3 * median(times));
+    }
+  }
 }
 
 }  // namespace
@@ -200,7 +233,53 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
           1e3 * degree.segments["mlp"].forward_s);
     profile.degrees.push_back(std::move(degree));
   }
+  measure_reshards(profile, config, sub_batch_rows, options, make_mesh);
   return profile;
+}
+
+RunConfig plan_automatically(const RunConfig& config, const ProfileOptions& options,
+                             const std::function<comm::Mesh(int tp, int dp)>& make_mesh,
+                             const std::string& plan_path) {
+  OASES_ASSERT(config.parallel.plan == "auto", "plan_automatically for parallel.plan = \"{}\"",
+               config.parallel.plan);
+  OASES_CHECK(config.parallel.dp == 1 && config.parallel.pp == 1,
+              "parallel.plan = \"auto\" profiles one tensor-parallel group: set parallel.dp = 1 "
+              "and parallel.pp = 1 (found dp = {}, pp = {}), or run `oases profile` and `oases "
+              "plan` and pass the plan file as parallel.plan",
+              config.parallel.dp, config.parallel.pp);
+  RunConfig planned = config;
+  const auto T = static_cast<int>(config.parallel.tp);
+  if (T == 1) {
+    planned.parallel.plan = "uniform";  // one rank: every layer at degree 1
+    return planned;
+  }
+  if (options.progress) log_info("parallel.plan = \"auto\": profiling every degree up to {}", T);
+  const planner::Profile profile = run_profile(config, options, make_mesh);
+  const schedule::ScheduleSpec step = schedule_spec(config);  // micro-batches of one step
+  comm::Mesh mesh = make_mesh(T, 1);
+  comm::Communicator& group = mesh.tp_group();
+  // Rank 0 plans from its profile; a plan that cannot fit is an error every rank reports.
+  std::vector<std::int64_t> degrees(static_cast<std::size_t>(config.model.layers), 0);
+  std::string error;
+  if (group.rank() == 0) {
+    try {
+      const planner::PlanReport report =
+          planner::make_plan(profile, step, config.train.micro_batch, config.parallel.memory_limit);
+      std::copy(report.chosen.degrees.begin(), report.chosen.degrees.end(), degrees.begin());
+      if (!plan_path.empty()) planner::write_plan(report.chosen, T, plan_path);
+      if (options.progress)
+        log_info("planned:\n{}{}", planner::format_plan_report(report, step,
+                                                               config.parallel.memory_limit),
+                 plan_path.empty() ? std::string() : "wrote " + plan_path);
+    } catch (const UserError& e) {
+      error = e.what();
+    }
+  }
+  group.broadcast(Tensor::of(degrees.data(), {static_cast<std::int64_t>(degrees.size())}), 0);
+  OASES_CHECK(degrees.front() > 0, "parallel.plan = \"auto\": {}",
+              group.rank() == 0 ? error : std::string("no plan fits (see rank 0)"));
+  planned.parallel.plan = fmt::format("{}", fmt::join(degrees, ","));
+  return planned;
 }
 
 }  // namespace oases::train

@@ -24,4 +24,13 @@ struct ProfileOptions {
 planner::Profile run_profile(const RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh);
 
+// parallel.plan = "auto": profiles the model on these ranks (as run_profile), plans it under
+// parallel.memory_limit (planner::make_plan; rank 0 decides and tells the others), and returns
+// the config with parallel.plan set to the chosen degrees. Rank 0 writes the plan file to
+// `plan_path` (when not empty) and, with options.progress, prints the plan. Collective over
+// every rank of the run; UserError (on every rank) when no plan fits the limit.
+RunConfig plan_automatically(const RunConfig& config, const ProfileOptions& options,
+                             const std::function<comm::Mesh(int tp, int dp)>& make_mesh,
+                             const std::string& plan_path);
+
 }  // namespace oases::train

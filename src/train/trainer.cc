@@ -194,6 +194,15 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& run_optio
     if (mesh.world_size() > 1)
       log_info("parallel: {} ranks = tp {} x dp {} x pp {}", mesh.world_size(), mesh.tp_size(),
                mesh.dp_size(), mesh.pp_size());
+    if (config.parallel.plan != "uniform") {
+      std::string degrees;
+      for (std::int64_t l = 0; l < config.model.layers; ++l)
+        degrees += fmt::format("{}{}", l ? " " : "", engine.model().layer_degree(l));
+      log_info("plan: tensor-parallel degree per layer {} (parallel.plan = \"{}\"); memory {:.1f} "
+               "MiB per rank",
+               degrees, config.parallel.plan,
+               static_cast<double>(engine.memory_bytes()) / (1 << 20));
+    }
     const schedule::ScheduleSpec& spec = engine.schedule_spec();
     log_info("schedule: {}, recompute {}, {} sub-batch(es) of {} sequences, {} micro-batch(es) "
              "per step; activations {:.1f} MiB",

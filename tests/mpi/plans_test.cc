@@ -190,6 +190,32 @@ TEST_F(Plans, PlanFileFromThePlannerIsUsed) {
   }
 }
 
+// parallel.plan = "auto" profiles, plans and trains in one job; whatever it chooses trains the
+// same model. A limit below every plan's need is an error that says by how much.
+TEST_F(Plans, AutoPlanProfilesPlansAndTrainsWithinTheMemoryLimit) {
+  write_config(4, 4);
+  const auto ref = reference();
+  ASSERT_TRUE(ref.has_value());
+  // Between the two uniform plans' needs (about 2.0 and 2.8 MiB for this model), so that the
+  // limit binds: every layer at degree 1 does not fit.
+  const std::string limit = " parallel.memory_limit=2500000";
+  expect_matches(*ref, 2, 1, "auto", plan_settings("oases", "auto") + limit);
+  std::ifstream in(dir_ / "auto" / "ckpt" / "plan.json");
+  ASSERT_TRUE(in.good()) << "no plan.json next to the checkpoints";
+  const nlohmann::json plan = nlohmann::json::parse(in);
+  const auto degrees = plan.at("degrees").get<std::vector<int>>();
+  ASSERT_EQ(degrees.size(), 4u);
+  EXPECT_NE(degrees, (std::vector<int>{1, 1, 1, 1})) << "exceeds the limit";
+  EXPECT_LE(plan.at("predicted_memory_bytes").get<std::int64_t>(), 2500000);
+
+  const Result r = run_train(2, 1, "too_small",
+                             plan_settings("oases", "auto") + " parallel.memory_limit=1000000");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("parallel.memory_limit = 1000000 bytes is too small for any plan"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(Plans, BadPlansNameTheSettingAndWhatIsValid) {
   write_config(4, 4);
   struct Case {

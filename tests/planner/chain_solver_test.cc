@@ -100,6 +100,19 @@ TEST(ChainSolvers, IntegerProgramAndDynamicProgramAgreeOnLongerChains) {
   }
 }
 
+// Longer chains with tight limits, where the integer program drops candidates by their
+// Lagrangian bound before CBC starts, and chains without a limit (the bound is then exact).
+TEST(ChainSolvers, IntegerProgramKeepsTheOptimumOnLongTightChains) {
+  for (std::uint64_t seed = 300; seed < 310; ++seed) {
+    ChainProblem p = random_chain(40 + static_cast<int>(seed % 3) * 8, 4 + static_cast<int>(seed % 3),
+                                  seed, 0.02 + 0.04 * static_cast<double>(seed % 4));
+    expect_same_optimum(solve_ilp(p), solve_dynamic_program(p), p, "seed " + std::to_string(seed));
+    p.memory_limit = std::numeric_limits<std::int64_t>::max();
+    expect_same_optimum(solve_ilp(p), solve_dynamic_program(p), p,
+                        "seed " + std::to_string(seed) + " without limit");
+  }
+}
+
 // Alike layers with one reshard price: the integer program orders the degrees (a symmetry cut);
 // the optimum must not change.
 TEST(ChainSolvers, AlikeLayersKeepTheirOptimumUnderTheOrderingCut) {

@@ -37,6 +37,7 @@ Profile synthetic(double collective_ms) {
     d.static_activation_bytes = 1024 * k;
     p.degrees.push_back(d);
   }
+  p.reshards["1-2"] = collective_ms * 1e-3;
   return p;
 }
 
@@ -70,6 +71,27 @@ TEST(CostModel, OverlapHidesWhatBlockingSchedulesPay) {
   EXPECT_GT(fine.exposed_comm_seconds, 0.0);
   EXPECT_NEAR(oases.exposed_comm_seconds, 0.0, 1e-12);
   EXPECT_LT(oases.step_seconds, fine.step_seconds);
+}
+
+// A mixed plan runs each layer on its degree's rows: layer 0 at degree 1 works on half the
+// rows (2 of a micro-batch of 4), layer 1 at degree 2 on all 4; the embedding and head on 4.
+TEST(CostModel, MixedPlanPaysEachLayerAtItsDegreeAndItsReshards) {
+  Profile p = synthetic(0.0);
+  const auto megatron = spec(schedule::ScheduleKind::megatron, schedule::Recompute::none, 1);
+  const Prediction mixed = predict_plan(p, {1, 2}, megatron, 4);
+  // Forward: embedding 4 + layer 0 (2 + 2) + layer 1 (4 + 4) + head 4 = 20 ms; backward:
+  // head 8, layer 1 16, layer 0 8, embedding 4 = 36 ms. Reshards add no compute. The optimizer
+  // updates 1000 - 2 x 400 + 800 + 400 = 1400 bytes of parameters: 10 ms x 1.4.
+  EXPECT_NEAR(mixed.step_seconds, 56e-3 + 14e-3, 1e-12);
+  EXPECT_EQ(mixed.state_bytes, 4 * 1400);
+  // Every layer at degree 2 is the uniform plan of the whole-model view.
+  EXPECT_NEAR(predict_plan(p, {2, 2}, megatron, 4).step_seconds,
+              predict_uniform(p, 2, megatron, 4).step_seconds, 1e-12);
+  // Blocking schedules pay each reshard whole: one gather into layer 0's rows (backward) and
+  // one out of them (forward).
+  p.reshards["1-2"] = 0.5e-3;
+  EXPECT_NEAR(predict_plan(p, {1, 2}, megatron, 4).step_seconds - mixed.step_seconds, 1e-3,
+              1e-12);
 }
 
 TEST(CostModel, ADegreeMissingFromTheProfileIsAnError) {

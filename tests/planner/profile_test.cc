@@ -38,6 +38,7 @@ Profile sample() {
     d.static_activation_bytes = 300000;
     p.degrees.push_back(d);
   }
+  p.reshards["1-2"] = 2.5e-4;
   return p;
 }
 
@@ -62,6 +63,9 @@ TEST(Profile, RoundTripsThroughJson) {
   EXPECT_EQ(q.model.hidden, p.model.hidden);
   ASSERT_EQ(q.degrees.size(), p.degrees.size());
   for (std::size_t i = 0; i < p.degrees.size(); ++i) EXPECT_EQ(q.degrees[i], p.degrees[i]);
+  EXPECT_EQ(q.reshards, p.reshards);
+  EXPECT_DOUBLE_EQ(q.reshard_seconds(2, 1), 2.5e-4);
+  EXPECT_EQ(q.reshard_seconds(2, 2), 0.0);
   EXPECT_EQ(to_json(q), to_json(p));
 }
 
@@ -84,6 +88,12 @@ TEST(Profile, AProfileOfAnotherModelOrMissingADegreeIsRejected) {
               check_profile_matches(p, p.model, 4, 2, {1, 2}, "p.json");
             }).find("measured at train.micro_batch = 8 in 2 sub-batch(es)"),
             std::string::npos);
+  Profile without_reshards = p;
+  without_reshards.reshards.clear();
+  EXPECT_NE(error_of([&] {
+              check_profile_matches(without_reshards, p.model, 8, 2, {1, 2}, "p.json");
+            }).find("p.json has no reshard time between degrees 1 and 2"),
+            std::string::npos);
 }
 
 TEST(Profile, OtherFilesAreRejectedWithTheReason) {
@@ -96,12 +106,12 @@ TEST(Profile, OtherFilesAreRejectedWithTheReason) {
             }).find("not a profile written by `oases profile`"),
             std::string::npos);
   std::string text = to_json(sample());
-  const auto at = text.find("\"version\": 1");
+  const auto at = text.find("\"version\": 2");
   ASSERT_NE(at, std::string::npos);
   text.replace(at, 12, "\"version\": 9");
   EXPECT_NE(error_of([&] {
               profile_from_json(text, "x.json");
-            }).find("format version 9; this build reads version 1"),
+            }).find("format version 9; this build reads version 2"),
             std::string::npos);
   EXPECT_NE(error_of([] { read_profile("/nonexistent/p.json"); }).find("cannot read the profile"),
             std::string::npos);
