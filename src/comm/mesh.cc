@@ -94,6 +94,12 @@ Mesh Mesh::create(const MpiRuntime& runtime, int tp, int dp, int pp,
                 fmt::format("tp[{}/{}]", span, stride).c_str(), options);
     }
   }
+  for (int degree = 1; degree < tp; ++degree) {
+    if (tp % degree != 0) continue;
+    mesh.tp_replica_groups_[degree] =
+        split(outer * tp + mesh.tp_rank_ % degree, mesh.tp_rank_,
+              fmt::format("tp-replicas[{}]", degree).c_str(), options);
+  }
   return mesh;
 }
 
@@ -106,6 +112,12 @@ Mesh Mesh::single_process(int tp, int dp, int pp) {
   mesh.pp_group_ = std::make_unique<SelfCommunicator>("pp");
   mesh.self_ = std::make_unique<SelfCommunicator>("tp-self");
   return mesh;
+}
+
+Communicator& Mesh::tp_replica_group(int degree) {
+  OASES_ASSERT(degree >= 1 && tp_ % degree == 0, "degree {} does not divide tp = {}", degree, tp_);
+  if (degree == tp_) return *self_;
+  return *tp_replica_groups_.at(degree);
 }
 
 Communicator& Mesh::tp_subgroup(int span, int stride) {

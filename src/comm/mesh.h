@@ -20,6 +20,9 @@
 //   (b, a)      a < b: within one group of b, the ranks that hold the same shard at degree a;
 //               gathering over it turns the rows of a layer at degree a into those at degree b
 // Mesh::create makes every such group once (collectively), so any plan can use them.
+// tp_replica_group(k) has the members of (tp, k) but is a communicator of its own: the gradient
+// reductions of layers at degree k run there, so that they do not queue (in issue order, one
+// FIFO per communicator) in front of the activation collectives the next layers wait for.
 //
 // The rest of the engine always talks to a Mesh: a process started without a launcher uses
 // Mesh::single_process(), whose groups are SelfCommunicators.
@@ -69,6 +72,7 @@ class Mesh {
   Communicator& pp_group() { return *pp_group_; }
   // See above; InternalError when span or stride does not divide as required.
   Communicator& tp_subgroup(int span, int stride);
+  Communicator& tp_replica_group(int degree);
 
  private:
   Mesh(int tp, int dp, int pp, int world_rank);
@@ -78,6 +82,7 @@ class Mesh {
   std::unique_ptr<Communicator> world_, tp_group_, dp_group_, pp_group_;
   std::unique_ptr<Communicator> self_;  // groups of one (span == stride)
   std::map<std::pair<int, int>, std::unique_ptr<Communicator>> tp_subgroups_;  // (span, stride)
+  std::map<int, std::unique_ptr<Communicator>> tp_replica_groups_;             // by degree
 };
 
 }  // namespace oases::comm

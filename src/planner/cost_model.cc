@@ -106,6 +106,7 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows,
   };
   costs.optimizer_step = d.optimizer_s;
   costs.overlap_slowdown = overlap_slowdown;
+  costs.shared_link = true;  // the replicas are ranks of one tensor-parallel group
   return costs;
 }
 
@@ -275,6 +276,7 @@ Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
   costs.optimizer_step = full.optimizer_s * static_cast<double>(parameter_bytes) /
                          static_cast<double>(std::max<std::int64_t>(1, full.parameter_bytes));
   costs.overlap_slowdown = overlap_slowdown >= 0 ? overlap_slowdown : slowdown;
+  costs.shared_link = true;  // a layer's replicas are ranks of the tensor-parallel group
 
   const schedule::Schedule schedule = schedule::generate(program, spec);
   const sim::SimResult sim = sim::simulate(schedule, costs);

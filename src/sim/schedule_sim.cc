@@ -23,8 +23,11 @@ SimResult simulate(const schedule::Schedule& schedule, const CostModel& costs) {
       case Op::forward:
       case Op::recompute:
       case Op::backward: {
-        const bool overlapped = wire_free > now;
-        const double seconds = costs.compute(ins) * (overlapped ? 1 + costs.overlap_slowdown : 1);
+        // Compute advances at 1 / (1 + slowdown) while the lane is busy, at full speed after.
+        const double work = costs.compute(ins);
+        const double busy = std::max(0.0, wire_free - now);
+        const double rate = 1 + costs.overlap_slowdown;
+        const double seconds = work * rate <= busy ? work * rate : busy + (work - busy / rate);
         now += seconds;
         result.compute_seconds += seconds;
         break;
@@ -32,7 +35,10 @@ SimResult simulate(const schedule::Schedule& schedule, const CostModel& costs) {
       case Op::start: {
         const double begin = std::max(now, wire_free);
         const double seconds = costs.collective(ins);
-        wire_free = begin + seconds;
+        // Two flows at half speed each: both finish later by the time they share.
+        const double shared = costs.shared_link ? std::min(seconds, std::max(0.0, dp_free - begin)) : 0.0;
+        wire_free = begin + seconds + shared;
+        dp_free += shared;
         result.comm_seconds += seconds;
         ends[key] = wire_free;
         break;
@@ -48,9 +54,21 @@ SimResult simulate(const schedule::Schedule& schedule, const CostModel& costs) {
         ends.erase(it);
         break;
       }
-      case Op::reduce_grads:
-        if (costs.reduce_grads) dp_free = std::max(now, dp_free) + costs.reduce_grads(ins.segment);
+      case Op::reduce_grads: {
+        if (!costs.reduce_grads) break;
+        const double begin = std::max(now, dp_free);
+        const double seconds = costs.reduce_grads(ins.segment);
+        const double shared =
+            costs.shared_link ? std::min(seconds, std::max(0.0, wire_free - begin)) : 0.0;
+        dp_free = begin + seconds + shared;
+        if (shared > 0) {
+          // The collectives on the wire from `begin` on move at half speed for that long.
+          wire_free += shared;
+          for (auto& [collective, end] : ends)
+            if (end > begin) end += std::min(shared, end - begin);
+        }
         break;
+      }
       case Op::optimizer_step:
         if (dp_free > now) {
           result.exposed_comm_seconds += dp_free - now;

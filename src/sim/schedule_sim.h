@@ -5,10 +5,14 @@
 // that collective ends. Data-parallel gradient reductions run on their own lane and the
 // optimizer step waits for all of them.
 //
+// With CostModel::shared_link the two communication lanes share one link's bandwidth equally
+// while both are busy, so a collective that meets a reduction in flight ends later by the time
+// they overlap, and so does the reduction.
+//
 // Compute that runs while a collective of the same rank is on the wire can be slowed by
 // `overlap_slowdown` (on CPUs the progress threads and the network stack share the cores; on
-// GPUs communication kernels take some SMs); an instruction counts as overlapped when a
-// collective is in flight at its start.
+// GPUs communication kernels take some SMs): an instruction advances at 1 / (1 + slowdown) of
+// its speed for as long as the tensor-parallel lane is busy, and at full speed afterwards.
 #pragma once
 
 #include "schedule/schedule.h"
@@ -26,6 +30,10 @@ struct CostModel {
   std::function<double(int bucket)> reduce_grads;
   double optimizer_step = 0;
   double overlap_slowdown = 0;  // compute under an in-flight collective takes (1 + this) x
+  // The data-parallel reductions use the same link as the tensor-parallel collectives (the
+  // replicas of a layer inside the tensor-parallel group): while both lanes are busy each
+  // moves at half speed.
+  bool shared_link = false;
 };
 
 struct SimResult {

@@ -16,6 +16,7 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       tp_(groups.tp ? groups.tp : &self_tp_),
       dp_(groups.dp ? groups.dp : &self_dp_),
       tp_subgroup_(groups.tp_subgroup),
+      tp_replica_group_(groups.tp_replica_group),
       model_(config.model, config.train.micro_batch, static_cast<std::uint64_t>(config.train.seed),
              *tp_, train::schedule_spec(config).sub_batches, layer_degrees(config), tp_subgroup_),
       exp_avg_(static_cast<std::size_t>(model_.param_count()) * sizeof(float)),
@@ -165,8 +166,8 @@ std::unique_ptr<comm::Work> TrainingEngine::reduce_over_replicas(int bucket) {
   const int degree = model_.layer_degree(layer);
   if (layer < 0 || layer >= config_.model.layers || degree == tp_->size()) return nullptr;
   const auto [begin, end] = model_.grad_buckets()[static_cast<std::size_t>(bucket)];
-  return tp_subgroup_(tp_->size(), degree)
-      .all_reduce_async(Tensor::of(model_.grads() + begin, {end - begin}), comm::ReduceOp::sum);
+  OASES_ASSERT(tp_replica_group_, "layer {} at degree {} needs the replica groups", layer, degree);
+  return tp_replica_group_(degree).all_reduce_async(Tensor::of(model_.grads() + begin, {end - begin}), comm::ReduceOp::sum);
 }
 
 double TrainingEngine::clip_gradients() {

@@ -11,6 +11,7 @@
 #include "train/config.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -30,9 +31,11 @@ struct StepResult {
 struct ParallelGroups {
   comm::Communicator* tp = nullptr;  // tensor-parallel group: shards of one model replica
   comm::Communicator* dp = nullptr;  // data-parallel group: replicas that average gradients
-  // Sub-groups of tp (comm::Mesh::tp_subgroup), needed when parallel.plan runs a layer at a
-  // degree below tp.
+  // Sub-groups of tp (comm::Mesh::tp_subgroup) and the groups that sum the gradients of a
+  // layer's replicas (comm::Mesh::tp_replica_group), needed when parallel.plan runs a layer at
+  // a degree below tp.
   ops::TpSubgroups tp_subgroup;
+  std::function<comm::Communicator&(int degree)> tp_replica_group;
 };
 
 class TrainingEngine {
@@ -111,6 +114,7 @@ class TrainingEngine {
   comm::Communicator* tp_;
   comm::Communicator* dp_;
   ops::TpSubgroups tp_subgroup_;
+  std::function<comm::Communicator&(int degree)> tp_replica_group_;
   model::GptModel model_;
   Buffer exp_avg_;
   Buffer exp_avg_sq_;

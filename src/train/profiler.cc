@@ -165,7 +165,7 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     c.train.micro_batch = c.train.global_batch = sub_batch_rows * k / T;
     c.checkpoint = {};
     c.log = {};
-    TrainingEngine engine(c, ParallelGroups{&mesh.tp_group(), nullptr, {}});
+    TrainingEngine engine(c, ParallelGroups{&mesh.tp_group(), nullptr, {}, {}});
     const std::int64_t tokens = c.train.micro_batch * c.model.seq_len;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(tokens)), targets(inputs.size());
     const PhiloxKey key = philox_key(static_cast<std::uint64_t>(c.train.seed), fnv1a64("profile"));

@@ -134,10 +134,14 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& run_optio
     val_loader.emplace(*val_shard, seq, t.global_batch, false, static_cast<std::uint64_t>(t.seed));
   }
 
-  TrainingEngine engine(config, ParallelGroups{&mesh.tp_group(), &mesh.dp_group(),
-                                               [&mesh](int span, int stride) -> comm::Communicator& {
-                                                 return mesh.tp_subgroup(span, stride);
-                                               }});
+  TrainingEngine engine(
+      config, ParallelGroups{&mesh.tp_group(), &mesh.dp_group(),
+                             [&mesh](int span, int stride) -> comm::Communicator& {
+                               return mesh.tp_subgroup(span, stride);
+                             },
+                             [&mesh](int degree) -> comm::Communicator& {
+                               return mesh.tp_replica_group(degree);
+                             }});
   if (config.parallel.memory_limit > 0) {
     const auto needed = static_cast<std::int64_t>(engine.memory_bytes());
     OASES_CHECK(needed <= config.parallel.memory_limit,

@@ -97,6 +97,11 @@ TEST(Mesh, TensorParallelSubgroupsAtTp4) {
   EXPECT_EQ(&mesh.tp_subgroup(4, 1), &mesh.tp_group());
   EXPECT_EQ(mesh.tp_subgroup(2, 2).size(), 1);
   EXPECT_EQ(mesh.tp_subgroup(1, 1).size(), 1);
+  // Gradient reductions of replicated layers: the same members, a communicator of their own.
+  EXPECT_EQ(members(mesh.tp_replica_group(2)), (std::vector<std::int64_t>{r % 2, r % 2 + 2}));
+  EXPECT_EQ(members(mesh.tp_replica_group(1)), (std::vector<std::int64_t>{0, 1, 2, 3}));
+  EXPECT_NE(&mesh.tp_replica_group(1), &mesh.tp_group());
+  EXPECT_EQ(mesh.tp_replica_group(4).size(), 1);
   // With dp = 2 the sub-groups stay inside each tensor-parallel group.
   Mesh pairs = Mesh::create(runtime(), 2, 2, 1, test_options());
   EXPECT_EQ(&pairs.tp_subgroup(2, 1), &pairs.tp_group());

@@ -75,6 +75,42 @@ TEST(Simulator, OverlappedComputeSlowsByTheCalibratedFactor) {
   EXPECT_LE(slowed, plain * 1.2 + 1e-12);
 }
 
+// Only the part of an instruction that runs while a collective is on the wire is slowed: 1 s
+// of compute behind a 0.5 s collective at slowdown 0.25 takes 0.5 s (0.4 s of work) + 0.6 s.
+TEST(Simulator, OnlyTheOverlappedPartOfAnInstructionIsSlowed) {
+  schedule::Instruction start{schedule::Op::start}, forward{schedule::Op::forward},
+      wait{schedule::Op::wait};
+  start.segment = wait.segment = 0;
+  forward.segment = 1;
+  CostModel costs = uniform(1.0, 0.5);
+  costs.overlap_slowdown = 0.25;
+  const SimResult r = simulate({start, forward, wait}, costs);
+  EXPECT_NEAR(r.compute_seconds, 1.1, 1e-12);
+  EXPECT_NEAR(r.step_seconds, 1.1, 1e-12);
+  // A collective longer than the instruction slows all of it.
+  costs.collective = [](const schedule::Instruction&) { return 5.0; };
+  EXPECT_NEAR(simulate({start, forward, wait}, costs).compute_seconds, 1.25, 1e-12);
+}
+
+// On a shared link a collective that meets a reduction in flight moves at half speed while they
+// overlap: ReduceGrads (1 s) then Start/Wait of a 0.5 s collective takes 1 s on the wire, and
+// the reduction ends 0.5 s later than alone, which the optimizer step waits for.
+TEST(Simulator, ReductionsAndCollectivesShareTheLink) {
+  schedule::Instruction reduce{schedule::Op::reduce_grads}, start{schedule::Op::start},
+      wait{schedule::Op::wait}, step{schedule::Op::optimizer_step};
+  reduce.segment = 0;
+  start.segment = wait.segment = 1;
+  CostModel costs = uniform(1.0, 0.5);
+  costs.reduce_grads = [](int) { return 1.0; };
+  EXPECT_NEAR(simulate({reduce, start, wait, step}, costs).step_seconds, 1.0, 1e-12);
+  costs.shared_link = true;
+  const SimResult shared = simulate({reduce, start, wait, step}, costs);
+  EXPECT_NEAR(shared.step_seconds, 1.5, 1e-12);
+  EXPECT_NEAR(simulate({reduce, start, wait}, costs).exposed_comm_seconds, 1.0, 1e-12);
+  // The other order: the reduction meets the collective on the wire.
+  EXPECT_NEAR(simulate({start, reduce, wait, step}, costs).step_seconds, 1.5, 1e-12);
+}
+
 TEST(Simulator, OptimizerStepWaitsForDataParallelReductions) {
   const auto s = schedule::generate(testing::gpt_program(1),
                                     {ScheduleKind::megatron, Recompute::none, 1, 1, true});
