@@ -190,6 +190,30 @@ TEST_F(Plans, PlanFileFromThePlannerIsUsed) {
   }
 }
 
+// Checkpoints hold whole tensors: a run saved under one plan resumes under another (and under
+// the uniform layout) with the same next losses.
+TEST_F(Plans, CheckpointResumesUnderAnotherPlan) {
+  write_config(4, 4);
+  const auto source = train(2, 1, "source",
+                            plan_settings("oases", "1,1,2,2") +
+                                " train.steps=4 checkpoint.every=2 checkpoint.keep=0");
+  ASSERT_TRUE(source.has_value());
+  const auto losses = oases::testing::metric_values(*source / "metrics.jsonl", "loss");
+  ASSERT_EQ(losses.size(), 4u);
+  for (const std::string plan : {"2,1,2,1", "uniform"}) {
+    const std::string name = "resume_" + plan;
+    fs::create_directories(dir_ / name / "ckpt");
+    fs::copy(*source / "ckpt" / "step_2", dir_ / name / "ckpt" / "step_2",
+             fs::copy_options::recursive);
+    const auto run = train(2, 1, name,
+                           plan_settings("megatron", plan) +
+                               " train.steps=4 checkpoint.resume=true");
+    if (!run) continue;
+    expect_same_losses(oases::testing::metric_values(*run / "metrics.jsonl", "loss"),
+                       {losses.begin() + 2, losses.end()}, name);
+  }
+}
+
 // parallel.plan = "auto" profiles, plans and trains in one job; whatever it chooses trains the
 // same model. A limit below every plan's need is an error that says by how much.
 TEST_F(Plans, AutoPlanProfilesPlansAndTrainsWithinTheMemoryLimit) {
