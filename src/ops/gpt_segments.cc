@@ -636,8 +636,9 @@ class ReshardSegment final : public Segment {
     const GptState::Ports& port = ports(sb);
     if (rises_) {
       // d_residual holds the gradient of every row of the larger group; keep this group's.
-      const float* own = port.d_residual + own_block_offset();
-      std::copy(own, own + from_.rows * row_floats(), port.d_residual);
+      if (const std::int64_t offset = own_block_offset(); offset > 0)
+        std::copy(port.d_residual + offset, port.d_residual + offset + from_.rows * row_floats(),
+                  port.d_residual);  // to an earlier address: safe for overlapping ranges
       epilogue_.backward(s_, ctx, mb, sb, from_);
       return;
     }
