@@ -9,6 +9,7 @@
 # the profile measured it]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/capped_loopback.sh
 rate=${RATE_MBIT:-800}
 steps=${STEPS:-4}
 slowdown=${SLOWDOWN:--1}
@@ -17,20 +18,14 @@ config=configs/overlap.toml
 cmake --preset release >/dev/null
 cmake --build --preset release --target oases planner_predict >/dev/null
 oases=$PWD/build/release/oases
-echo "# command: RATE_MBIT=$rate STEPS=$steps SLOWDOWN=$slowdown bash bench/run_planner_fidelity.sh"
-echo "# date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git describe --always --dirty)"
-echo "# machine: $(lscpu | sed -n 's/^Model name: *//p' | head -n1), nproc $(nproc); load $(cut -d' ' -f1-3 /proc/loadavg)"
+bench_header "RATE_MBIT=$rate STEPS=$steps SLOWDOWN=$slowdown bash bench/run_planner_fidelity.sh"
 
 work=$(mktemp -d)
 ns=oases-fidelity-$$
-trap 'ip netns del "$ns" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'capped_loopback_stop "$ns"; rm -rf "$work"' EXIT
 "$oases" prepare-data --input /usr/share/games/fortunes/fortunes --output "$work/data" >/dev/null
-ip netns add "$ns"
-ip netns exec "$ns" ip link set lo up
-burst=$((rate * 1000 * 1000 / 8 / 500)); ((burst < 131072)) && burst=131072
-ip netns exec "$ns" tc qdisc replace dev lo root tbf rate "${rate}mbit" burst "$burst" latency 100ms
-mpi=(ip netns exec "$ns" mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1
-     --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
+capped_loopback_start "$ns" "$rate"
+mpi=("${mpi_capped[@]}")
 common=(--config "$config" --set train.threads=1 data.path="\"$work/data\"")
 
 "${mpi[@]}" "$oases" profile "${common[@]}" --output "$work/profile.json" --steps 3 >/dev/null 2>&1
@@ -55,22 +50,16 @@ for degree in 2 1; do
 done
 
 /usr/bin/python3 - "$work" <<'PY'
-import csv, json, statistics, sys
+import csv, sys
 work = sys.argv[1]
+sys.path.insert(0, "bench")
+from fidelity import median_step_time, spearman
 rows = []
 for r in csv.DictReader(open(f"{work}/predicted.csv")):
-    lines = [json.loads(l) for l in open(f"{work}/d{r['degree']}_{r['schedule']}.jsonl")][1:]
-    measured = statistics.median(l["step_time_s"] for l in lines)
+    measured = median_step_time(f"{work}/d{r['degree']}_{r['schedule']}.jsonl")
     rows.append((int(r["degree"]), r["schedule"], float(r["step_s"]), measured))
-def ranks(values):
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    for rank, i in enumerate(order):
-        out[i] = rank + 1.0
-    return out
-pred, meas = ranks([r[2] for r in rows]), ranks([r[3] for r in rows])
 n = len(rows)
-rho = 1 - 6 * sum((a - b) ** 2 for a, b in zip(pred, meas)) / (n * (n * n - 1))
+rho = spearman([r[2] for r in rows], [r[3] for r in rows])
 print("| degree | schedule | predicted s | measured s | predicted / measured |")
 print("|---|---|---|---|---|")
 for d, s, p, m in rows:

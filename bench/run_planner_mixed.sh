@@ -11,6 +11,7 @@
 # About 6 minutes on the 2-core reference machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/capped_loopback.sh
 rate=${RATE_MBIT:-400}
 steps=${STEPS:-4}
 config=configs/planner.toml
@@ -18,24 +19,18 @@ config=configs/planner.toml
 cmake --preset release >/dev/null
 cmake --build --preset release --target oases planner_plans >/dev/null
 oases=$PWD/build/release/oases
-echo "# command: RATE_MBIT=$rate STEPS=$steps bash bench/run_planner_mixed.sh"
-echo "# date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git describe --always --dirty)"
-echo "# machine: $(lscpu | sed -n 's/^Model name: *//p' | head -n1), nproc $(nproc); load $(cut -d' ' -f1-3 /proc/loadavg)"
+bench_header "RATE_MBIT=$rate STEPS=$steps bash bench/run_planner_mixed.sh"
 
 work=$(mktemp -d)
 ns=oases-planner-$$
 cleanup() {
-  ip netns del "$ns" 2>/dev/null || true
+  capped_loopback_stop "$ns"
   if [[ ${KEEP_WORK:-0} == 1 ]]; then echo "# work folder kept: $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 "$oases" prepare-data --input /usr/share/games/fortunes/fortunes --output "$work/data" >/dev/null
-ip netns add "$ns"
-ip netns exec "$ns" ip link set lo up
-burst=$((rate * 1000 * 1000 / 8 / 500)); ((burst < 131072)) && burst=131072
-ip netns exec "$ns" tc qdisc replace dev lo root tbf rate "${rate}mbit" burst "$burst" latency 100ms
-mpi=(ip netns exec "$ns" mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1
-     --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
+capped_loopback_start "$ns" "$rate"
+mpi=("${mpi_capped[@]}")
 common=(--config "$config" --set train.threads=1 data.path="\"$work/data\"")
 
 "${mpi[@]}" "$oases" profile "${common[@]}" --output "$work/profile.json" --steps 3 \
@@ -66,8 +61,10 @@ for plan in "${plans[@]}"; do
 done
 
 /usr/bin/python3 - "$work" <<'PY'
-import csv, json, statistics, sys
+import sys
 work = sys.argv[1]
+sys.path.insert(0, "bench")
+from fidelity import median_step_time, spearman
 rows, chosen = [], None
 with open(f"{work}/predicted.csv") as f:
     next(f)
@@ -77,18 +74,10 @@ with open(f"{work}/predicted.csv") as f:
             chosen = fields[1]
             continue
         plan, step, memory, fits = fields
-        lines = [json.loads(l) for l in open(f"{work}/{plan}.jsonl")][1:]
-        measured = statistics.median(l["step_time_s"] for l in lines)
-        rows.append((plan, float(step), measured, int(memory), fits == "1"))
-def ranks(values):
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    for rank, i in enumerate(order):
-        out[i] = rank + 1.0
-    return out
-pred, meas = ranks([r[1] for r in rows]), ranks([r[2] for r in rows])
+        rows.append((plan, float(step), median_step_time(f"{work}/{plan}.jsonl"), int(memory),
+                     fits == "1"))
 n = len(rows)
-rho = 1 - 6 * sum((a - b) ** 2 for a, b in zip(pred, meas)) / (n * (n * n - 1))
+rho = spearman([r[1] for r in rows], [r[2] for r in rows])
 print("| degrees per layer | predicted s | measured s | predicted / measured | memory MiB (pred.) | within limit |")
 print("|---|---|---|---|---|---|")
 for plan, p, m, mem, fits in sorted(rows, key=lambda r: r[2]):

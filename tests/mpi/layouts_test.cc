@@ -42,15 +42,9 @@ std::vector<double> losses(const fs::path& metrics) {
 
 class Layouts : public ::testing::Test {
  protected:
-  // Each test gets its own folder: ctest runs the tests of this file as separate, possibly
-  // concurrent processes.
   void SetUp() override {
-    dir_ = fs::current_path() / "layouts_runs" /
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    const Result r = run_command(std::string(OASES_BINARY) + " prepare-data --input /usr/share/games/fortunes/fortunes --output " +
-                         (dir_ / "data").string());
+    dir_ = oases::testing::fresh_test_folder("layouts_runs");
+    const Result r = oases::testing::prepare_fortunes_data(OASES_BINARY, dir_);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::ofstream(dir_ / "tiny.toml") << R"(
 [model]

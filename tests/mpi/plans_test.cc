@@ -36,13 +36,8 @@ std::string quoted(const std::string& value) { return "\\\"" + value + "\\\""; }
 class Plans : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::current_path() / "plans_runs" /
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    const Result r = run_command(std::string(OASES_BINARY) +
-                                 " prepare-data --input /usr/share/games/fortunes/fortunes" +
-                                 " --output " + (dir_ / "data").string());
+    dir_ = oases::testing::fresh_test_folder("plans_runs");
+    const Result r = oases::testing::prepare_fortunes_data(OASES_BINARY, dir_);
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
 

@@ -98,16 +98,9 @@ std::vector<Combination> every_combination() {
 
 class Schedules : public ::testing::Test {
  protected:
-  // Each test gets its own folder: ctest runs the tests of this file as separate, possibly
-  // concurrent processes.
   void SetUp() override {
-    dir_ = fs::current_path() / "schedules_runs" /
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    const Result r = run_command(std::string(OASES_BINARY) +
-                                 " prepare-data --input /usr/share/games/fortunes/fortunes" +
-                                 " --output " + (dir_ / "data").string());
+    dir_ = oases::testing::fresh_test_folder("schedules_runs");
+    const Result r = oases::testing::prepare_fortunes_data(OASES_BINARY, dir_);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::ofstream(dir_ / "tiny.toml") << R"(
 [model]

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/philox.h"
+#include "support/command.h"
 #include "model/param_layout.h"
 #include "train/config.h"
 #include "train/safetensors.h"
@@ -18,6 +19,24 @@
 #include <vector>
 
 namespace oases::testing {
+
+// An empty folder for the current test, <working dir>/<suite_folder>/<test name>: ctest runs
+// the tests of one file as separate, possibly concurrent processes, so each needs its own.
+inline std::filesystem::path fresh_test_folder(const std::string& suite_folder) {
+  const std::filesystem::path dir = std::filesystem::current_path() / suite_folder /
+                                    ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Token shards <dir>/data_{train,val}.bin from the fortunes text (Debian's fortunes-min),
+// written by `binary prepare-data`; the result of that command.
+inline CommandResult prepare_fortunes_data(const std::string& binary,
+                                           const std::filesystem::path& dir) {
+  return run_command(binary + " prepare-data --input /usr/share/games/fortunes/fortunes --output " +
+                     (dir / "data").string());
+}
 
 // `mpirun ... -np ranks ` over shared memory, as the tests' machine allows (root, more ranks
 // than cores).
