@@ -1,5 +1,7 @@
-// `oases profile` end to end: under mpirun with tp = 2 it measures degrees 1 and 2 and writes a
-// profile that reads back and matches its config.
+// `oases profile` and `oases plan` end to end: under mpirun with tp = 2 the profile measures
+// degrees 1 and 2 and the reshard between them, and reads back matching its config; the plan
+// verb prints every layer at each degree and the chosen degrees, writes a plan file, and says by
+// how much a memory limit no plan fits is too small.
 #include "planner/profile.h"
 #include "support/command.h"
 #include "train/config.h"
@@ -8,6 +10,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 namespace fs = std::filesystem;
 
@@ -61,6 +65,26 @@ tp = 2
   EXPECT_GT(profile.degrees[0].replica_reduce_per_layer_s, 0);
   EXPECT_EQ(profile.degrees[1].replica_reduce_per_layer_s, 0);
   EXPECT_GT(profile.degrees[0].parameter_bytes, profile.degrees[1].parameter_bytes);
+  EXPECT_GT(profile.reshard_seconds(1, 2), 0);
+
+  const std::string plan_file = (dir / "plan.json").string();
+  const std::string plan_command = std::string(OASES_BINARY) + " plan --config " +
+                                   (dir / "tiny.toml").string() + " --profile " + out;
+  const auto plan = oases::testing::run_command(plan_command + " --output " + plan_file);
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  for (const char* line : {"every layer at 1", "every layer at 2", "chosen", "degrees per layer: ",
+                           "solved by the dynamic program"})
+    EXPECT_NE(plan.output.find(line), std::string::npos) << line << "\n" << plan.output;
+  std::ifstream written(plan_file);
+  ASSERT_TRUE(written.good());
+  const std::string text((std::istreambuf_iterator<char>(written)), {});
+  EXPECT_NE(text.find("\"format\": \"oases-plan\""), std::string::npos) << text;
+  const auto too_small =
+      oases::testing::run_command(plan_command + " --set parallel.memory_limit=1000");
+  EXPECT_NE(too_small.exit_code, 0);
+  EXPECT_NE(too_small.output.find("parallel.memory_limit = 1000 bytes is too small for any plan"),
+            std::string::npos)
+      << too_small.output;
 
   // Without the launcher, a tp = 2 profile says how to launch it.
   const auto alone = oases::testing::run_command(std::string(OASES_BINARY) + " profile --config " +
