@@ -97,7 +97,7 @@ Mesh Mesh::create(const MpiRuntime& runtime, int tp, int dp, int pp,
   for (int degree = 1; degree < tp; ++degree) {
     if (tp % degree != 0) continue;
     mesh.tp_replica_groups_[degree] =
-        split(outer * tp + mesh.tp_rank_ % degree, mesh.tp_rank_,
+        split(mesh.pp_rank_ * tp + mesh.tp_rank_ % degree, mesh.world_rank(),
               fmt::format("tp-replicas[{}]", degree).c_str(), options);
   }
   return mesh;
@@ -116,7 +116,7 @@ Mesh Mesh::single_process(int tp, int dp, int pp) {
 
 Communicator& Mesh::tp_replica_group(int degree) {
   OASES_ASSERT(degree >= 1 && tp_ % degree == 0, "degree {} does not divide tp = {}", degree, tp_);
-  if (degree == tp_) return *self_;
+  if (degree == tp_) return *dp_group_;
   return *tp_replica_groups_.at(degree);
 }
 

@@ -20,9 +20,11 @@
 //   (b, a)      a < b: within one group of b, the ranks that hold the same shard at degree a;
 //               gathering over it turns the rows of a layer at degree a into those at degree b
 // Mesh::create makes every such group once (collectively), so any plan can use them.
-// tp_replica_group(k) has the members of (tp, k) but is a communicator of its own: the gradient
-// reductions of layers at degree k run there, so that they do not queue (in issue order, one
-// FIFO per communicator) in front of the activation collectives the next layers wait for.
+// tp_replica_group(k) holds every rank with the same shard of a layer at degree k: the tp / k
+// ranks of (tp, k) in each data-parallel replica, over all dp replicas (the dp group itself
+// when k == tp). A layer's gradients are summed there in one all-reduce; it is a communicator
+// of its own, so those reductions do not queue (in issue order, one FIFO per communicator) in
+// front of the activation collectives the next layers wait for.
 //
 // The rest of the engine always talks to a Mesh: a process started without a launcher uses
 // Mesh::single_process(), whose groups are SelfCommunicators.

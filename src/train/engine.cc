@@ -125,27 +125,21 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   runtime::StepHooks hooks;
   // Gradients are scaled by 1 / (tokens of the global batch), so the sum over data-parallel
   // replicas is the gradient of the global mean loss.
-  // A layer below the full degree sums its gradients over its replicas first; its
-  // data-parallel reduction starts once that is done (both write the same buffer).
-  std::vector<std::unique_ptr<comm::Work>> reductions, replica_reductions;
-  std::vector<int> after_replicas;
-  const auto reduce_over_dp = [&](int bucket) {
+  // A layer below the full degree sums its gradients over its replicas in this tensor-parallel
+  // group and every data-parallel one at once (one group); the others over data parallelism.
+  std::vector<std::unique_ptr<comm::Work>> reductions;
+  hooks.reduce_grads = [&](int bucket) {
+    if (auto work = reduce_over_replicas(bucket)) {
+      reductions.push_back(std::move(work));
+      return;
+    }
+    if (dp_->size() == 1) return;
     const auto [begin, end] = model_.grad_buckets()[static_cast<std::size_t>(bucket)];
     reductions.push_back(dp_->all_reduce_async(Tensor::of(model_.grads() + begin, {end - begin}),
                                                comm::ReduceOp::sum));
   };
-  hooks.reduce_grads = [&](int bucket) {
-    if (auto work = reduce_over_replicas(bucket)) {
-      replica_reductions.push_back(std::move(work));
-      if (dp_->size() > 1) after_replicas.push_back(bucket);
-      return;
-    }
-    if (dp_->size() > 1) reduce_over_dp(bucket);
-  };
   hooks.optimizer_step = [&] {
     const Stopwatch waited;
-    for (auto& work : replica_reductions) work->wait();
-    for (int bucket : after_replicas) reduce_over_dp(bucket);
     for (auto& work : reductions) work->wait();
     result.exposed_comm_seconds += waited.seconds();
     result.grad_norm = clip_gradients();
@@ -155,8 +149,15 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   const double local = run_batches(step, inputs, targets, local_batch(), first_local_sample(),
                                    1.0f / static_cast<float>(global_tokens), ops::HeadMode::train,
                                    hooks, &result);
-  OASES_ASSERT(reductions.size() == (dp_->size() > 1 ? model_.grad_buckets().size() : 0),
-               "{} gradient buckets reduced of {}", reductions.size(), model_.grad_buckets().size());
+  std::size_t expected = 0;
+  for (std::size_t b = 0; b < model_.grad_buckets().size(); ++b) {
+    const auto layer = static_cast<std::int64_t>(b) - 1;
+    const bool replicated = layer >= 0 && layer < config_.model.layers &&
+                            model_.layer_degree(layer) < tp_->size();
+    expected += replicated || dp_->size() > 1;
+  }
+  OASES_ASSERT(reductions.size() == expected, "{} gradient buckets reduced of {}",
+               reductions.size(), expected);
   result.loss = sum_over(*dp_, local) / static_cast<double>(global_tokens);
   return result;
 }

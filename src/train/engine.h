@@ -104,7 +104,8 @@ class TrainingEngine {
                      std::int64_t sequences, std::int64_t first_sample, float loss_scale,
                      ops::HeadMode mode, const runtime::StepHooks& hooks, StepResult* result);
   double clip_gradients();  // returns the global norm before clipping
-  // Sums the gradients of a layer run at a degree below tp over its replicas (bucket 1 + l).
+  // Starts the sum of the gradients of a layer run at a degree below tp (bucket 1 + l) over
+  // all its replicas, data-parallel ones included; null for other buckets.
   std::unique_ptr<comm::Work> reduce_over_replicas(int bucket);
   void apply_adamw(std::int64_t step, double lr);
 

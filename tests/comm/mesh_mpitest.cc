@@ -101,11 +101,14 @@ TEST(Mesh, TensorParallelSubgroupsAtTp4) {
   EXPECT_EQ(members(mesh.tp_replica_group(2)), (std::vector<std::int64_t>{r % 2, r % 2 + 2}));
   EXPECT_EQ(members(mesh.tp_replica_group(1)), (std::vector<std::int64_t>{0, 1, 2, 3}));
   EXPECT_NE(&mesh.tp_replica_group(1), &mesh.tp_group());
-  EXPECT_EQ(mesh.tp_replica_group(4).size(), 1);
-  // With dp = 2 the sub-groups stay inside each tensor-parallel group.
+  EXPECT_EQ(&mesh.tp_replica_group(4), &mesh.dp_group());
+  // With dp = 2 the sub-groups stay inside each tensor-parallel group, while the replicas of a
+  // degree-1 layer are in both (and those of a degree-2 layer are the dp group).
   Mesh pairs = Mesh::create(runtime(), 2, 2, 1, test_options());
   EXPECT_EQ(&pairs.tp_subgroup(2, 1), &pairs.tp_group());
   EXPECT_EQ(pairs.tp_subgroup(2, 2).size(), 1);
+  EXPECT_EQ(members(pairs.tp_replica_group(1)), (std::vector<std::int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(&pairs.tp_replica_group(2), &pairs.dp_group());
 }
 
 TEST(Mesh, WrongWorldSizeIsAUserError) {
