@@ -123,10 +123,10 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
                                       const std::int32_t* targets) {
   StepResult result;
   runtime::StepHooks hooks;
-  // Gradients are scaled by 1 / (tokens of the global batch), so the sum over data-parallel
-  // replicas is the gradient of the global mean loss.
-  // A layer below the full degree sums its gradients over its replicas in this tensor-parallel
-  // group and every data-parallel one at once (one group); the others over data parallelism.
+  // Gradients are scaled by 1 / (tokens of the global batch), so the sum over replicas is the
+  // gradient of the global mean loss. A layer below the full degree sums over its replicas in
+  // this tensor-parallel group and in every data-parallel one at once (one group); the other
+  // buckets over the data-parallel group.
   std::vector<std::unique_ptr<comm::Work>> reductions;
   hooks.reduce_grads = [&](int bucket) {
     if (auto work = reduce_over_replicas(bucket)) {
