@@ -267,15 +267,14 @@ Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
   // Parameters: the embeddings and ln_f at T, each layer at its degree.
   std::int64_t parameter_bytes = full.parameter_bytes - profile.model.layers *
                                                             full.parameter_bytes_per_layer;
-  double slowdown = 0;
-  for (int k : degrees) {
-    parameter_bytes += degree_of(profile, k).parameter_bytes_per_layer;
-    slowdown += degree_of(profile, k).overlap_slowdown / L;
-  }
+  for (int k : degrees) parameter_bytes += degree_of(profile, k).parameter_bytes_per_layer;
   // The optimizer's time follows the number of parameters it updates.
   costs.optimizer_step = full.optimizer_s * static_cast<double>(parameter_bytes) /
                          static_cast<double>(std::max<std::int64_t>(1, full.parameter_bytes));
-  costs.overlap_slowdown = overlap_slowdown >= 0 ? overlap_slowdown : slowdown;
+  // Measured on the whole group (degree T), the only one whose traffic crosses the link in the
+  // profile; every collective of the plan (reshards and replica reductions too) uses that link.
+  costs.overlap_slowdown = overlap_slowdown >= 0 ? overlap_slowdown : full.overlap_slowdown;
+  costs.collective_slowdown = full.collective_slowdown;
   costs.shared_link = true;  // a layer's replicas are ranks of the tensor-parallel group
 
   const schedule::Schedule schedule = schedule::generate(program, spec);

@@ -48,7 +48,8 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows,
 
 // The plan `degrees` (one per layer; the number of layers is degrees.size()) under `spec`
 // (micro_batches: per step), micro_batch sequences per micro-batch of the whole group.
-// overlap_slowdown < 0 takes the profile's measured value (the mean over the layers' degrees).
+// overlap_slowdown < 0 takes the profile's measured value (at degree T, as the collective
+// slowdown under compute).
 Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
                         const schedule::ScheduleSpec& spec, std::int64_t micro_batch,
                         double overlap_slowdown = -1);

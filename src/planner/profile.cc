@@ -59,6 +59,7 @@ std::string to_json(const Profile& p) {
                        {"parameter_bytes", d.parameter_bytes},
                        {"replica_reduce_per_layer_s", d.replica_reduce_per_layer_s},
                        {"overlap_slowdown", d.overlap_slowdown},
+                       {"collective_slowdown", d.collective_slowdown},
                        {"parameter_bytes_per_layer", d.parameter_bytes_per_layer},
                        {"activation_bytes", d.activation_bytes},
                        {"static_activation_bytes", d.static_activation_bytes}});
@@ -113,6 +114,7 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
       degree.parameter_bytes = d.at("parameter_bytes");
       degree.replica_reduce_per_layer_s = d.at("replica_reduce_per_layer_s");
       degree.overlap_slowdown = d.at("overlap_slowdown");
+      degree.collective_slowdown = d.at("collective_slowdown");
       degree.parameter_bytes_per_layer = d.at("parameter_bytes_per_layer");
       degree.activation_bytes =
           d.at("activation_bytes")

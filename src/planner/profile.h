@@ -13,7 +13,7 @@
 //       "collectives": {"attention.fwd_s": .., "attention.bwd_s": .., "mlp.fwd_s": ..,
 //                       "mlp.bwd_s": .., "embedding.fwd_s": .., "head.bwd_s": .., ...},
 //       "optimizer_s": .., "parameter_bytes": .., "parameter_bytes_per_layer": ..,
-//       "replica_reduce_per_layer_s": .., "overlap_slowdown": .., "activation_bytes": {"attention":
+//       "replica_reduce_per_layer_s": .., "overlap_slowdown": .., "collective_slowdown": .., "activation_bytes": {"attention":
 //       {"checkpoint": ..,
 //                       "internals": .., "core": ..}, ...}},
 //       "static_activation_bytes": ..},
@@ -57,6 +57,9 @@ struct DegreeProfile {
   // How much slower compute runs while a collective of this group is in flight (0.1: 10%);
   // on CPUs the progress thread and the network stack share the cores.
   double overlap_slowdown = 0;
+  // How much longer a collective of this group takes while compute runs (0.2: 20%): on CPUs
+  // the compute threads take the cores the network stack needs.
+  double collective_slowdown = 0;
   std::map<std::string, std::map<std::string, std::int64_t>> activation_bytes;  // kind -> set
   // Boundary buffers and scratch of one sub-batch of `rows` sequences, allocated once.
   std::int64_t static_activation_bytes = 0;

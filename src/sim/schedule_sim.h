@@ -1,18 +1,17 @@
 // Schedule simulator: runs a Schedule on a cost model instead of devices, with the executor's
-// semantics. One compute lane runs Forward, Recompute and Backward back to back; one
-// communication lane per group runs collectives in issue order (a collective begins when it is
-// issued and the lane is free), so Start never blocks and Wait holds the compute lane until
-// that collective ends. Data-parallel gradient reductions run on their own lane and the
-// optimizer step waits for all of them.
+// semantics. One compute lane runs Forward, Recompute and Backward back to back; the
+// tensor-parallel collectives run on a communication lane in issue order (a collective begins
+// when it is issued and the ones before it are done), so Start never blocks and Wait holds the
+// compute lane until that collective ends. Data-parallel gradient reductions run on a lane of
+// their own and the optimizer step waits for all of them.
 //
-// With CostModel::shared_link the two communication lanes share one link's bandwidth equally
-// while both are busy, so a collective that meets a reduction in flight ends later by the time
-// they overlap, and so does the reduction.
-//
-// Compute that runs while a collective of the same rank is on the wire can be slowed by
-// `overlap_slowdown` (on CPUs the progress threads and the network stack share the cores; on
-// GPUs communication kernels take some SMs): an instruction advances at 1 / (1 + slowdown) of
-// its speed for as long as the tensor-parallel lane is busy, and at full speed afterwards.
+// Lanes running at once slow each other, as they do on shared hardware: compute runs at
+// 1 / (1 + overlap_slowdown) of its speed while any communication is in flight (on CPUs the
+// progress threads and the network stack take cores; on GPUs communication kernels take SMs);
+// communication runs at 1 / (1 + collective_slowdown) while compute runs (the network stack
+// waits for a core); and with `shared_link` the two communication lanes split the link's
+// bandwidth while both are busy. Time advances from one completion to the next, so only the
+// overlapping parts of two activities slow down.
 #pragma once
 
 #include "schedule/schedule.h"
@@ -29,10 +28,10 @@ struct CostModel {
   // Seconds of the data-parallel reduction of a gradient bucket; null: none.
   std::function<double(int bucket)> reduce_grads;
   double optimizer_step = 0;
-  double overlap_slowdown = 0;  // compute under an in-flight collective takes (1 + this) x
+  double overlap_slowdown = 0;     // compute under in-flight communication takes (1 + this) x
+  double collective_slowdown = 0;  // communication while compute runs takes (1 + this) x
   // The data-parallel reductions use the same link as the tensor-parallel collectives (the
-  // replicas of a layer inside the tensor-parallel group): while both lanes are busy each
-  // moves at half speed.
+  // replicas of a layer inside the tensor-parallel group).
   bool shared_link = false;
 };
 

@@ -4,8 +4,8 @@
 #include "core/log.h"
 #include "core/philox.h"
 #include "core/timer.h"
-#include "planner/planner.h"
 #include "kernels/cpu/gemm.h"
+#include "planner/planner.h"
 #include "runtime/trace.h"
 #include "train/engine.h"
 
@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <vector>
 
@@ -65,11 +66,24 @@ void add_events(const runtime::TraceRecorder& trace,
   }
 }
 
-// How much slower a GEMM of the MLP's shape runs while an all-reduce of one activation is in
-// flight on `group` than alone (every rank of the group calls it). The GEMM loop runs until
-// the all-reduce completes, so the comparison covers the whole transfer.
-double measure_overlap_slowdown(comm::Communicator& group, const RunConfig& c) {
-  if (group.size() == 1) return 0;
+// How compute and communication slow each other down on these devices (every rank of the
+// group calls it): a GEMM of the MLP's shape timed alone and while an all-reduce of one
+// activation is in flight on `group`, and that all-reduce timed alone and while GEMMs run. The
+// GEMM loop runs until the all-reduce completes, so the comparison covers the whole transfer.
+struct OverlapSlowdown {
+  double compute = 0;     // GEMM time under the all-reduce / alone - 1
+  double collective = 0;  // all-reduce time under GEMMs / alone - 1
+};
+
+// How long an operation was on the wire, where the backend measures it (else `fallback`).
+double wire_seconds(const comm::Work& work, double fallback) {
+  const auto timing = work.timing();
+  return timing ? std::chrono::duration<double>(timing->finished - timing->began).count()
+                : fallback;
+}
+
+OverlapSlowdown measure_overlap_slowdown(comm::Communicator& group, const RunConfig& c) {
+  if (group.size() == 1) return {};
   namespace k = kernels::cpu;
   const std::int64_t n = c.train.micro_batch * c.model.seq_len, C = c.model.hidden,
                      F = c.model.ffn_hidden / group.size();
@@ -79,8 +93,12 @@ double measure_overlap_slowdown(comm::Communicator& group, const RunConfig& c) {
   const auto one_gemm = [&] {
     k::gemm(k::Trans::no, k::Trans::no, n, F, C, 1.0f, x.data(), C, w.data(), F, 0.0f, y.data(), F);
   };
+  const auto all_reduce = [&] {
+    return group.all_reduce_async(Tensor::of(activation.data(), {n * C}), comm::ReduceOp::sum);
+  };
   one_gemm();
-  std::vector<double> alone, overlapped;
+  all_reduce()->wait();  // connections up
+  std::vector<double> alone, overlapped, reduce_alone, reduce_overlapped;
   for (int round = 0; round < 3; ++round) {
     group.barrier();
     for (int i = 0; i < 3; ++i) {
@@ -89,17 +107,29 @@ double measure_overlap_slowdown(comm::Communicator& group, const RunConfig& c) {
       alone.push_back(clock.seconds());
     }
     group.barrier();
-    auto work = group.all_reduce_async(Tensor::of(activation.data(), {n * C}), comm::ReduceOp::sum);
+    {
+      const Stopwatch clock;
+      auto work = all_reduce();
+      work->wait();
+      reduce_alone.push_back(wire_seconds(*work, clock.seconds()));
+    }
+    group.barrier();
+    auto work = all_reduce();
     int gemms = 0;
     const Stopwatch clock;
+    double reduced_at = 0;
     do {
       one_gemm();
       ++gemms;
-    } while (!work->test());
+      if (reduced_at == 0 && work->test()) reduced_at = clock.seconds();
+    } while (reduced_at == 0);
     overlapped.push_back(clock.seconds() / gemms);
     work->wait();
+    // Where the backend does not time it, completion is seen at a GEMM's end.
+    reduce_overlapped.push_back(wire_seconds(*work, reduced_at));
   }
-  return std::max(0.0, median(overlapped) / median(alone) - 1.0);
+  return {std::max(0.0, median(overlapped) / median(alone) - 1.0),
+          std::max(0.0, median(reduce_overlapped) / median(reduce_alone) - 1.0)};
 }
 
 // The all-gather of a reshard between degrees a < b: every group of b ranks gathers one
@@ -205,7 +235,9 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     degree.parameter_bytes = engine.model().param_count() * 4;
     degree.static_activation_bytes =
         static_cast<std::int64_t>(engine.model().static_activation_bytes());
-    degree.overlap_slowdown = measure_overlap_slowdown(mesh.tp_group(), c);
+    const OverlapSlowdown slowdown = measure_overlap_slowdown(mesh.tp_group(), c);
+    degree.overlap_slowdown = slowdown.compute;
+    degree.collective_slowdown = slowdown.collective;
     // Replicas of a layer sum its gradients: time that over the replica group.
     comm::Communicator& replicas = mesh.dp_group();
     if (replicas.size() > 1) {

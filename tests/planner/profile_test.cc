@@ -34,6 +34,7 @@ Profile sample() {
     d.parameter_bytes = 5000000 / k;
     d.replica_reduce_per_layer_s = k == 1 ? 0.003 : 0.0;
     d.overlap_slowdown = 0.05 * k;
+    d.collective_slowdown = 0.1 * k;
     d.activation_bytes["attention"] = {{"checkpoint", 65536}, {"internals", 100000}, {"core", 0}};
     d.static_activation_bytes = 300000;
     p.degrees.push_back(d);

@@ -111,6 +111,21 @@ TEST(Simulator, ReductionsAndCollectivesShareTheLink) {
   EXPECT_NEAR(simulate({start, reduce, wait, step}, costs).step_seconds, 1.5, 1e-12);
 }
 
+// A collective slowed by compute: 0.5 s of wire at half speed while 0.6 s of compute runs
+// moves 0.3 s of it, and the last 0.2 s run at full speed once the compute lane waits.
+TEST(Simulator, CollectivesSlowWhileComputeRuns) {
+  schedule::Instruction start{schedule::Op::start}, forward{schedule::Op::forward},
+      wait{schedule::Op::wait};
+  start.segment = wait.segment = 0;
+  forward.segment = 1;
+  CostModel costs = uniform(0.6, 0.5);
+  costs.collective_slowdown = 1.0;
+  const SimResult r = simulate({start, forward, wait}, costs);
+  EXPECT_NEAR(r.step_seconds, 0.8, 1e-12);
+  EXPECT_NEAR(r.exposed_comm_seconds, 0.2, 1e-12);
+  EXPECT_NEAR(r.compute_seconds, 0.6, 1e-12);
+}
+
 TEST(Simulator, OptimizerStepWaitsForDataParallelReductions) {
   const auto s = schedule::generate(testing::gpt_program(1),
                                     {ScheduleKind::megatron, Recompute::none, 1, 1, true});
