@@ -106,6 +106,8 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows,
   };
   costs.optimizer_step = d.optimizer_s;
   costs.overlap_slowdown = overlap_slowdown;
+  // Measured on the whole group, whose traffic crosses the link the replicas' reductions use.
+  costs.collective_slowdown = profile.degrees.back().collective_slowdown;
   costs.shared_link = true;  // the replicas are ranks of one tensor-parallel group
   return costs;
 }
