@@ -25,6 +25,45 @@ std::int64_t scaled(std::int64_t bytes, double factor) {
   return static_cast<std::int64_t>(std::llround(static_cast<double>(bytes) * factor));
 }
 
+// The shape of a GPT segment of `kind` ("embedding", "attention", "mlp", "head"; layer l of
+// `layers`) at profile degree d processing `rows` sequences, set sizes scaled from the profile.
+ops::SegmentShape segment_shape(const DegreeProfile& d, double rows, const std::string& kind,
+                                int l, int layers) {
+  const double factor = rows / static_cast<double>(d.rows);
+  const auto bytes = [&](const std::string& set) -> std::size_t {
+    const auto k = d.activation_bytes.find(kind);
+    if (k == d.activation_bytes.end()) return 0;
+    const auto s = k->second.find(set);
+    return s == k->second.end() ? 0 : static_cast<std::size_t>(scaled(s->second, factor));
+  };
+  ops::SegmentShape shape;
+  shape.degree = shape.collective_ranks = d.degree;
+  if (kind == "embedding") {
+    shape.name = kind;
+    shape.has_forward_collective = true;
+    shape.ready_bucket = 0;
+  } else if (kind == "head") {
+    shape.name = kind;
+    shape.has_backward_collective = true;
+    shape.backward_stages = 2;
+    shape.sets = ops::kInternals;
+    shape.internals_bytes = bytes("internals");
+    shape.ready_bucket = layers + 1;
+  } else {
+    shape.name = kind + "." + std::to_string(l);
+    shape.has_forward_collective = shape.has_backward_collective = true;
+    shape.backward_stages = 2;
+    shape.sets = ops::kCheckpoint | ops::kInternals | (kind == "attention" ? ops::kCore : 0);
+    shape.checkpoint_bytes = bytes("checkpoint");
+    shape.internals_bytes = bytes("internals");
+    shape.core_bytes = bytes("core");
+    shape.layer = l;
+    shape.recomputable = true;
+    if (kind == "attention") shape.ready_bucket = 1 + l;
+  }
+  return shape;
+}
+
 }  // namespace
 
 ops::Program program_at(const Profile& profile, int degree, double rows) {
@@ -33,35 +72,12 @@ ops::Program program_at(const Profile& profile, int degree, double rows) {
 
 ops::Program program_at(const Profile& profile, int degree, double rows, int layers) {
   const DegreeProfile& d = degree_of(profile, degree);
-  const double factor = rows / static_cast<double>(d.rows);
-  const auto bytes = [&](const std::string& kind, const std::string& set) -> std::size_t {
-    const auto k = d.activation_bytes.find(kind);
-    if (k == d.activation_bytes.end()) return 0;
-    const auto s = k->second.find(set);
-    return s == k->second.end() ? 0 : static_cast<std::size_t>(scaled(s->second, factor));
-  };
   ops::Program program;
-  ops::SegmentShape embedding{"embedding", true, false, 1};
-  embedding.ready_bucket = 0;
-  program.segments.push_back(embedding);
-  for (int l = 0; l < layers; ++l) {
-    for (const std::string kind : {"attention", "mlp"}) {
-      ops::SegmentShape s{kind + "." + std::to_string(l), true, true, 2};
-      s.sets = ops::kCheckpoint | ops::kInternals | (kind == "attention" ? ops::kCore : 0);
-      s.checkpoint_bytes = bytes(kind, "checkpoint");
-      s.internals_bytes = bytes(kind, "internals");
-      s.core_bytes = bytes(kind, "core");
-      s.layer = l;
-      s.recomputable = true;
-      if (kind == "attention") s.ready_bucket = 1 + l;
-      program.segments.push_back(s);
-    }
-  }
-  ops::SegmentShape head{"head", false, true, 2};
-  head.sets = ops::kInternals;
-  head.internals_bytes = bytes("head", "internals");
-  head.ready_bucket = layers + 1;
-  program.segments.push_back(head);
+  program.segments.push_back(segment_shape(d, rows, "embedding", -1, layers));
+  for (int l = 0; l < layers; ++l)
+    for (const std::string kind : {"attention", "mlp"})
+      program.segments.push_back(segment_shape(d, rows, kind, l, layers));
+  program.segments.push_back(segment_shape(d, rows, "head", -1, layers));
   return program;
 }
 
@@ -160,12 +176,8 @@ PlanProgram plan_program(const Profile& profile, const std::vector<int>& degrees
     return layer < 0 || layer >= L ? T : degrees[static_cast<std::size_t>(layer)];
   };
   const auto rows_at = [&](int k) { return sub_batch_rows * k / T; };
-  const auto bytes = [&](int k, const std::string& kind, const std::string& set) {
-    const DegreeProfile& d = degree_of(profile, k);
-    const auto it = d.activation_bytes.find(kind);
-    if (it == d.activation_bytes.end() || !it->second.contains(set)) return std::size_t{0};
-    return static_cast<std::size_t>(
-        scaled(it->second.at(set), rows_at(k) / static_cast<double>(d.rows)));
+  const auto shape_at = [&](int k, const std::string& kind, int l) {
+    return segment_shape(degree_of(profile, k), rows_at(k), kind, l, L);
   };
   PlanProgram out;
   const auto add = [&](ops::SegmentShape shape, double rows) {
@@ -182,33 +194,14 @@ PlanProgram plan_program(const Profile& profile, const std::vector<int>& degrees
     r.degree = from;
     add(r, rows_at(from));
   };
-  ops::SegmentShape embedding{"embedding", true, false, 1};
-  embedding.ready_bucket = 0;
-  embedding.degree = embedding.collective_ranks = T;
-  add(embedding, rows_at(T));
+  add(shape_at(T, "embedding", -1), rows_at(T));
   for (int l = 0; l < L; ++l) {
     add_reshard(l);
-    const int k = layer_degree(l);
-    for (const std::string kind : {"attention", "mlp"}) {
-      ops::SegmentShape s{kind + "." + std::to_string(l), true, true, 2};
-      s.sets = ops::kCheckpoint | ops::kInternals | (kind == "attention" ? ops::kCore : 0);
-      s.checkpoint_bytes = bytes(k, kind, "checkpoint");
-      s.internals_bytes = bytes(k, kind, "internals");
-      s.core_bytes = bytes(k, kind, "core");
-      s.layer = l;
-      s.recomputable = true;
-      s.degree = s.collective_ranks = k;
-      if (kind == "attention") s.ready_bucket = 1 + l;
-      add(s, rows_at(k));
-    }
+    for (const std::string kind : {"attention", "mlp"})
+      add(shape_at(layer_degree(l), kind, l), rows_at(layer_degree(l)));
   }
   add_reshard(L);
-  ops::SegmentShape head{"head", false, true, 2};
-  head.sets = ops::kInternals;
-  head.internals_bytes = bytes(T, "head", "internals");
-  head.ready_bucket = L + 1;
-  head.degree = head.collective_ranks = T;
-  add(head, rows_at(T));
+  add(shape_at(T, "head", -1), rows_at(T));
   return out;
 }
 

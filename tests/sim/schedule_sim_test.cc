@@ -75,21 +75,26 @@ TEST(Simulator, OverlappedComputeSlowsByTheCalibratedFactor) {
   EXPECT_LE(slowed, plain * 1.2 + 1e-12);
 }
 
-// Only the part of an instruction that runs while a collective is on the wire is slowed: 1 s
-// of compute behind a 0.5 s collective at slowdown 0.25 takes 0.5 s (0.4 s of work) + 0.6 s.
-TEST(Simulator, OnlyTheOverlappedPartOfAnInstructionIsSlowed) {
+// Start(collective of segment 0), Forward(segment 1), Wait(collective of segment 0).
+schedule::Schedule compute_behind_a_collective() {
   schedule::Instruction start{schedule::Op::start}, forward{schedule::Op::forward},
       wait{schedule::Op::wait};
   start.segment = wait.segment = 0;
   forward.segment = 1;
+  return {start, forward, wait};
+}
+
+// Only the part of an instruction that runs while a collective is on the wire is slowed: 1 s
+// of compute behind a 0.5 s collective at slowdown 0.25 takes 0.5 s (0.4 s of work) + 0.6 s.
+TEST(Simulator, OnlyTheOverlappedPartOfAnInstructionIsSlowed) {
   CostModel costs = uniform(1.0, 0.5);
   costs.overlap_slowdown = 0.25;
-  const SimResult r = simulate({start, forward, wait}, costs);
+  const SimResult r = simulate(compute_behind_a_collective(), costs);
   EXPECT_NEAR(r.compute_seconds, 1.1, 1e-12);
   EXPECT_NEAR(r.step_seconds, 1.1, 1e-12);
   // A collective longer than the instruction slows all of it.
   costs.collective = [](const schedule::Instruction&) { return 5.0; };
-  EXPECT_NEAR(simulate({start, forward, wait}, costs).compute_seconds, 1.25, 1e-12);
+  EXPECT_NEAR(simulate(compute_behind_a_collective(), costs).compute_seconds, 1.25, 1e-12);
 }
 
 // On a shared link a collective that meets a reduction in flight moves at half speed while they
@@ -114,13 +119,9 @@ TEST(Simulator, ReductionsAndCollectivesShareTheLink) {
 // A collective slowed by compute: 0.5 s of wire at half speed while 0.6 s of compute runs
 // moves 0.3 s of it, and the last 0.2 s run at full speed once the compute lane waits.
 TEST(Simulator, CollectivesSlowWhileComputeRuns) {
-  schedule::Instruction start{schedule::Op::start}, forward{schedule::Op::forward},
-      wait{schedule::Op::wait};
-  start.segment = wait.segment = 0;
-  forward.segment = 1;
   CostModel costs = uniform(0.6, 0.5);
   costs.collective_slowdown = 1.0;
-  const SimResult r = simulate({start, forward, wait}, costs);
+  const SimResult r = simulate(compute_behind_a_collective(), costs);
   EXPECT_NEAR(r.step_seconds, 0.8, 1e-12);
   EXPECT_NEAR(r.exposed_comm_seconds, 0.2, 1e-12);
   EXPECT_NEAR(r.compute_seconds, 0.6, 1e-12);
