@@ -9,7 +9,9 @@
 #include "train/config.h"
 #include "train/generate.h"
 #include "train/profiler.h"
-#include "train/token_data.h"
+#include "data/loader.h"
+#include "data/token_shard.h"
+#include "data/tokenizer.h"
 #include "train/trainer.h"
 
 #include <fmt/format.h>
@@ -245,7 +247,7 @@ int run(int argc, char** argv) {
       oases::log_info("validation loss {:.4f} -> {:.4f}", *summary.initial_val_loss,
                       *summary.final_val_loss);
   } else if (*prepare) {
-    const auto s = oases::train::prepare_data(inputs, output_prefix, val_fraction, tokenizer);
+    const auto s = oases::data::prepare_data(inputs, output_prefix, val_fraction, tokenizer);
     fmt::print(
         "prepared {} tokens ({} tokenizer, vocab {}) from {} bytes: {} train tokens -> "
         "{}, {} validation tokens -> {}\n",

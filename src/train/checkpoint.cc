@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #include "core/atomic_file.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 #include <toml++/toml.h>
 
@@ -38,7 +38,7 @@ std::vector<std::pair<std::int64_t, fs::path>> complete_checkpoints(const std::s
   return found;
 }
 
-std::string metadata_value(const SafetensorsFile& file, const std::string& key) {
+std::string metadata_value(const io::SafetensorsFile& file, const std::string& key) {
   auto it = file.metadata().find(key);
   OASES_CHECK(it != file.metadata().end(),
               "checkpoint file '{}' has no metadata entry '{}'; it was not written by oases "
@@ -47,7 +47,7 @@ std::string metadata_value(const SafetensorsFile& file, const std::string& key) 
   return it->second;
 }
 
-std::int64_t metadata_int(const SafetensorsFile& file, const std::string& key) {
+std::int64_t metadata_int(const io::SafetensorsFile& file, const std::string& key) {
   const std::string text = metadata_value(file, key);
   try {
     return std::stoll(text);
@@ -88,7 +88,7 @@ std::vector<float> whole_tensor(const model::ParamLayout& layout, const model::P
 }
 
 // Reads tensor `name` (whole shape spec.full_shape) and keeps this rank's shard of it.
-void read_shard(const SafetensorsFile& file, const std::string& name,
+void read_shard(const io::SafetensorsFile& file, const std::string& name,
                 const model::ParamLayout& layout, const model::ParamSpec& spec, float* local) {
   if (spec.sharding == model::Sharding::replicated) {
     file.read_f32(name, spec.full_shape.to_vector(), local);
@@ -126,10 +126,10 @@ std::string save_checkpoint(const std::string& dir, const RunConfig& config,
   fs::remove(target / kMarkerFile, ec);  // re-saving a step: incomplete until the end
 
   const std::string config_toml = to_toml(config);
-  SafetensorsWriter model_file;
+  io::SafetensorsWriter model_file;
   model_file.set_metadata("format", "pt");
   model_file.set_metadata("oases_config", config_toml);
-  SafetensorsWriter optimizer_file;
+  io::SafetensorsWriter optimizer_file;
   optimizer_file.set_metadata("format_version", std::to_string(kCheckpointFormatVersion));
   optimizer_file.set_metadata("step", std::to_string(state.step));
   optimizer_file.set_metadata("data_position", std::to_string(state.data_position));
@@ -163,15 +163,15 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 
 void load_model_weights(const std::string& path, const model::ParamLayout& layout,
                         float* params) {
-  const SafetensorsFile file = SafetensorsFile::open(path);
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
   for (const auto& p : layout.params()) read_shard(file, p.name, layout, p, params + p.offset);
 }
 
 TrainingState load_optimizer_state(const std::string& checkpoint_dir,
                                    const model::ParamLayout& layout, float* exp_avg,
                                    float* exp_avg_sq) {
-  const SafetensorsFile file =
-      SafetensorsFile::open((fs::path(checkpoint_dir) / kOptimizerFile).string());
+  const io::SafetensorsFile file =
+      io::SafetensorsFile::open((fs::path(checkpoint_dir) / kOptimizerFile).string());
   const std::int64_t version = metadata_int(file, "format_version");
   OASES_CHECK(version == kCheckpointFormatVersion,
               "checkpoint '{}' has format version {}; this build reads version {}",
@@ -209,7 +209,7 @@ std::string resolve_model_file(const std::string& path) {
 
 RunConfig config_from_checkpoint(const std::string& path) {
   const std::string model_file = resolve_model_file(path);
-  const SafetensorsFile file = SafetensorsFile::open(model_file);
+  const io::SafetensorsFile file = io::SafetensorsFile::open(model_file);
   // The model is what a reader of the checkpoint needs; how the run was parallelised and
   // scheduled is not, and settings of older releases may no longer combine.
   toml::table stored;

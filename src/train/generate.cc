@@ -4,7 +4,9 @@
 #include "core/philox.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
-#include "train/token_data.h"
+#include "data/loader.h"
+#include "data/token_shard.h"
+#include "data/tokenizer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,7 +23,7 @@ std::string generate_text(const GenerateOptions& o) {
   config.train.micro_batch = 1;
   config.train.global_batch = 1;
   config.checkpoint = {};
-  const auto tokenizer = make_tokenizer(config.data.tokenizer);
+  const auto tokenizer = data::make_tokenizer(config.data.tokenizer);
   TrainingEngine engine(config);
   load_model_weights(resolve_model_file(o.checkpoint), engine.model().layout(),
                      engine.model().params());

@@ -7,7 +7,9 @@
 #include "train/checkpoint.h"
 #include "runtime/trace.h"
 #include "train/engine.h"
-#include "train/token_data.h"
+#include "data/loader.h"
+#include "data/token_shard.h"
+#include "data/tokenizer.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -49,7 +51,7 @@ struct Batch {
 
 // Validation loss over eval_steps global batches of the validation shard; each data-parallel
 // rank evaluates its share of every batch.
-double validation_loss(TrainingEngine& engine, const DataLoader& loader, std::int64_t batches) {
+double validation_loss(TrainingEngine& engine, const data::DataLoader& loader, std::int64_t batches) {
   Batch b;
   const std::int64_t rows = engine.local_batch(), seq = engine.config().model.seq_len;
   b.inputs.resize(static_cast<std::size_t>(rows * seq));
@@ -62,11 +64,11 @@ double validation_loss(TrainingEngine& engine, const DataLoader& loader, std::in
   return total / static_cast<double>(batches);
 }
 
-TokenShard load_shard_for(const RunConfig& config, const std::string& split) {
+data::TokenShard load_shard_for(const RunConfig& config, const std::string& split) {
   OASES_CHECK(!config.data.path.empty(),
               "data.path is not set; run `oases prepare-data --input FILE --output PREFIX` and "
               "pass --set data.path=PREFIX");
-  TokenShard shard = load_token_shard(config.data.path + "_" + split + ".bin");
+  data::TokenShard shard = data::load_token_shard(config.data.path + "_" + split + ".bin");
   OASES_CHECK(shard.vocab_size <= config.model.vocab_size,
               "data shard '{}' was tokenized with vocabulary {} ({} tokens) but model.vocab_size "
               "= {}; set model.vocab_size to at least {}",
@@ -124,11 +126,11 @@ TrainSummary run_training(const RunConfig& config, const TrainOptions& run_optio
   const auto& t = config.train;
   const std::int64_t seq = config.model.seq_len;
 
-  const TokenShard train_shard = load_shard_for(config, "train");
-  const DataLoader train_loader(train_shard, seq, t.global_batch, config.data.shuffle,
+  const data::TokenShard train_shard = load_shard_for(config, "train");
+  const data::DataLoader train_loader(train_shard, seq, t.global_batch, config.data.shuffle,
                                 static_cast<std::uint64_t>(t.seed));
-  std::optional<TokenShard> val_shard;
-  std::optional<DataLoader> val_loader;
+  std::optional<data::TokenShard> val_shard;
+  std::optional<data::DataLoader> val_loader;
   if (t.eval_every > 0) {
     val_shard = load_shard_for(config, "val");
     val_loader.emplace(*val_shard, seq, t.global_batch, false, static_cast<std::uint64_t>(t.seed));

@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 #include <nlohmann/json.hpp>
 
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
 
     const std::int64_t B = config.train.micro_batch, T = config.model.seq_len,
                        V = config.model.vocab_size;
-    const auto batch = train::SafetensorsFile::open(args["--batch"]);
+    const auto batch = io::SafetensorsFile::open(args["--batch"]);
     auto read_tokens = [&](const std::string& name) {
       const std::vector<std::int64_t> expected{B, T};
       OASES_CHECK(batch.has(name) && batch.info(name).dtype == DType::i32 &&
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     const auto inputs = read_tokens("inputs");
     const auto targets = read_tokens("targets");
 
-    train::SafetensorsWriter out;
+    io::SafetensorsWriter out;
     std::vector<float> logits(static_cast<std::size_t>(B * T * V));
     engine.logits(inputs.data(), logits.data());
     out.add_copy("logits", DType::f32, {B, T, V}, logits.data());

@@ -13,7 +13,7 @@
 #include "support/runs.h"
 #include "model/param_layout.h"
 #include "train/config.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

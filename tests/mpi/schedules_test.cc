@@ -13,7 +13,7 @@
 #include "support/command.h"
 #include "support/runs.h"
 #include "train/config.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>

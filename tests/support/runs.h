@@ -7,7 +7,7 @@
 #include "support/command.h"
 #include "model/param_layout.h"
 #include "train/config.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -54,7 +54,7 @@ inline void write_random_init(const std::filesystem::path& config_path,
   const auto config = train::load_run_config(config_path.string());
   const auto layout = model::gpt_param_layout(config.model);
   std::vector<float> values(static_cast<std::size_t>(layout.total_numel()));
-  train::SafetensorsWriter writer;
+  io::SafetensorsWriter writer;
   for (const auto& p : layout.params()) {
     const auto key = philox_key(seed, fnv1a64(p.name));
     const bool norm = p.name.find("ln_") != std::string::npos &&
@@ -89,8 +89,8 @@ inline void expect_same_tensors(const std::filesystem::path& a_file,
                                 const std::filesystem::path& b_file, const std::string& what) {
   ASSERT_TRUE(std::filesystem::exists(a_file)) << what << ": " << a_file;
   ASSERT_TRUE(std::filesystem::exists(b_file)) << what << ": " << b_file;
-  const auto a = train::SafetensorsFile::open(a_file.string());
-  const auto b = train::SafetensorsFile::open(b_file.string());
+  const auto a = io::SafetensorsFile::open(a_file.string());
+  const auto b = io::SafetensorsFile::open(b_file.string());
   ASSERT_EQ(a.names(), b.names()) << what;
   for (const auto& name : a.names()) {
     const auto& info = b.info(name);

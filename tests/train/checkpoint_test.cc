@@ -1,6 +1,6 @@
 #include "train/checkpoint.h"
 
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 #include "support/files.h"
 
@@ -18,7 +18,7 @@ namespace {
 TEST(Checkpoint, StoredConfigIsReadWithoutItsParallelSection) {
   testing::TempDir dir("checkpoint_config");
   const std::string file = (dir.path() / "model.safetensors").string();
-  SafetensorsWriter writer;
+  io::SafetensorsWriter writer;
   const float value = 1.0f;
   writer.add("ln_f.bias", DType::f32, {1}, &value);
   writer.set_metadata("oases_config",

@@ -1,7 +1,9 @@
 // Training on real English text (Debian's fortunes) lowers the validation loss well below its
 // starting value (ln 256 = 5.55 for an untrained byte-level model).
 #include "train/config.h"
-#include "train/token_data.h"
+#include "data/loader.h"
+#include "data/token_shard.h"
+#include "data/tokenizer.h"
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
@@ -17,7 +19,7 @@ TEST(Training, LowersValidationLossOnDemoCorpus) {
   ASSERT_TRUE(std::filesystem::exists(corpus)) << "install Debian's fortunes package";
   const auto dir = std::filesystem::current_path() / "training_test_data";
   std::filesystem::create_directories(dir);
-  prepare_data({corpus, "/usr/share/games/fortunes/computers"}, (dir / "data").string(), 0.05, "byte");
+  data::prepare_data({corpus, "/usr/share/games/fortunes/computers"}, (dir / "data").string(), 0.05, "byte");
 
   RunConfig config = parse_run_config(R"(
 [model]

@@ -34,7 +34,7 @@
 #include <string_view>
 #include <vector>
 
-namespace oases::train {
+namespace oases::io {
 
 // "F32" for DType::f32, ...
 std::string_view safetensors_dtype_name(DType dtype);
@@ -127,4 +127,4 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-}  // namespace oases::train
+}  // namespace oases::io

@@ -1,4 +1,4 @@
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 #include "core/error.h"
 #include "core/atomic_file.h"
@@ -17,7 +17,7 @@
 #include <cstring>
 #include <utility>
 
-namespace oases::train {
+namespace oases::io {
 namespace {
 
 using nlohmann::json;
@@ -420,4 +420,4 @@ std::vector<std::byte> SafetensorsFile::read_raw(std::string_view name) const {
   return bytes;
 }
 
-}  // namespace oases::train
+}  // namespace oases::io

@@ -1,4 +1,4 @@
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 #include "core/error.h"
 #include "core/atomic_file.h"
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace oases::train {
+namespace oases::io {
 namespace {
 
 namespace fs = std::filesystem;
@@ -335,4 +335,4 @@ TEST(AtomicWrite, FsyncAndRenamePublishesATemporaryFile) {
 }
 
 }  // namespace
-}  // namespace oases::train
+}  // namespace oases::io

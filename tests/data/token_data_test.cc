@@ -1,4 +1,6 @@
-#include "train/token_data.h"
+#include "data/loader.h"
+#include "data/token_shard.h"
+#include "data/tokenizer.h"
 
 #include "core/error.h"
 
@@ -17,7 +19,7 @@
 #include <string>
 #include <vector>
 
-namespace oases::train {
+namespace oases::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -411,4 +413,4 @@ TEST(DataLoader, RejectsAShardShorterThanOneWindow) {
 }
 
 }  // namespace
-}  // namespace oases::train
+}  // namespace oases::data
