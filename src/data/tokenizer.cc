@@ -1,0 +1,44 @@
+#include "data/tokenizer.h"
+
+#include "core/error.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace oases::data {
+namespace {
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::string name() const override { return "byte"; }
+  std::int64_t vocab_size() const override { return 256; }
+
+  std::vector<std::int32_t> encode(std::string_view text) const override {
+    std::vector<std::int32_t> tokens(text.size());
+    for (std::size_t i = 0; i < text.size(); ++i) tokens[i] = static_cast<unsigned char>(text[i]);
+    return tokens;
+  }
+
+  std::string decode(std::span<const std::int32_t> tokens) const override {
+    std::string text(tokens.size(), '\0');
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      OASES_CHECK(tokens[i] >= 0 && tokens[i] < 256,
+                  "token {} at position {} is outside the byte tokenizer's vocabulary [0, 256)",
+                  tokens[i], i);
+      text[i] = static_cast<char>(static_cast<unsigned char>(tokens[i]));
+    }
+    return text;
+  }
+};
+
+}  // namespace
+
+std::vector<std::string> tokenizer_names() { return {"byte"}; }
+
+std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name) {
+  if (name == "byte") return std::make_unique<ByteTokenizer>();
+  OASES_FAIL("unknown tokenizer '{}'; valid tokenizers: {}", name,
+             fmt::join(tokenizer_names(), ", "));
+}
+
+}  // namespace oases::data
