@@ -70,6 +70,20 @@ struct SegmentShape {
   // run on every micro-batch and sub-batch (-1: none). Lets the data-parallel reduction of later
   // layers overlap the backward pass of earlier ones.
   int ready_bucket = -1;
+  // Pipeline chunk boundaries (schedule/schedule.h). A rank's Program holds the segments of its
+  // chunks; where consecutive segments belong to different chunks the first is output_to_peer
+  // and the second input_from_peer.
+  //
+  // input_from_peer: the segment is the first of a model chunk that does not start the
+  // model: its input activation arrives by Recv(activation) for the same (mb, sb) before its
+  // Forward (instead of from the previous segment), and after its last backward stage the
+  // gradient of that input is sent back by Send(gradient).
+  bool input_from_peer = false;
+  // output_to_peer: the segment is the last of a model chunk that does not end the model:
+  // Send(activation) after its Forward carries its output to the next chunk, and its backward
+  // stage 0 needs Recv(gradient) (the gradient of that output) first; there is no following
+  // segment on this rank whose backward it waits for.
+  bool output_to_peer = false;
 };
 
 struct Program {

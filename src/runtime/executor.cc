@@ -42,8 +42,10 @@ std::string trace_name(const schedule::Instruction& ins, const std::string& segm
     case Op::free:
       return fmt::format("Free {} mb{} sb{} [{}]", segment, ins.micro_batch, ins.sub_batch,
                          ops::tensor_sets_name(ins.sets));
-    case Op::reduce_grads: return fmt::format("ReduceGrads bucket{}", ins.segment);
+    case Op::reduce_grads: return fmt::format("ReduceGrads bucket{}", ins.bucket);
     case Op::optimizer_step: return "OptimizerStep";
+    case Op::send:
+    case Op::recv: return schedule::to_string(ins);
   }
   return "?";
 }
@@ -123,10 +125,15 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         break;
       }
       case Op::reduce_grads:
-        if (hooks.reduce_grads) hooks.reduce_grads(ins.segment);
+        if (hooks.reduce_grads) hooks.reduce_grads(ins.bucket);
         break;
       case Op::optimizer_step:
         if (hooks.optimizer_step) hooks.optimizer_step();
+        break;
+      case Op::send:
+      case Op::recv:
+        OASES_ASSERT(false, "Send/Recv ({}) is not supported by this executor yet",
+                     schedule::to_string(ins));
         break;
     }
     if (segment) {

@@ -34,6 +34,10 @@ constexpr std::array<std::pair<Recompute, std::string_view>, 4> kRecomputeNames{
     {Recompute::selective, "selective"},
     {Recompute::fine_grained, "fine-grained"},
 }};
+constexpr std::array<std::pair<Payload, std::string_view>, 2> kPayloadNames{{
+    {Payload::activation, "activation"},
+    {Payload::gradient, "gradient"},
+}};
 
 template <class T, std::size_t N>
 T parse_name(const std::array<std::pair<T, std::string_view>, N>& names, std::string_view text,
@@ -195,6 +199,11 @@ std::string_view name(Recompute policy) {
     if (value == policy) return text;
   return "?";
 }
+std::string_view name(Payload payload) {
+  for (const auto& [value, text] : kPayloadNames)
+    if (value == payload) return text;
+  return "?";
+}
 ScheduleKind parse_schedule_kind(std::string_view text, std::string_view setting) {
   return parse_name(kKindNames, text, setting);
 }
@@ -240,7 +249,7 @@ Schedule generate(const Program& program, const ScheduleSpec& spec) {
     });
     OASES_ASSERT(last != out.rend(), "segment {} never runs backward", s);
     Instruction reduce{Op::reduce_grads};
-    reduce.segment = shape.ready_bucket;
+    reduce.bucket = shape.ready_bucket;
     out.insert(last.base(), reduce);
   }
   out.push_back(Instruction{Op::optimizer_step});
@@ -252,15 +261,28 @@ namespace {
 // The verifier's model of the state of every instance while it walks the schedule.
 class Verifier {
  public:
-  Verifier(const Program& program, const ScheduleSpec& spec) : program_(program), spec_(spec) {}
+  Verifier(const Program& program, const ScheduleSpec& spec)
+      : program_(program), spec_(spec), chunk_of_(program.segments.size(), -1) {
+    where_ = "in the program";
+    for (int s = 0; s + 1 < num_segments(); ++s)
+      if (shape_of(program_, s).output_to_peer != shape_of(program_, s + 1).input_from_peer)
+        fail(fmt::format("segments {} and {} do not agree on a chunk boundary between them (one "
+                         "is marked output_to_peer or input_from_peer, the other not)",
+                         s, s + 1));
+  }
 
   void step(std::size_t index, const Instruction& ins) {
     where_ = fmt::format("instruction {} ({})", index, to_string(ins));
+    check(ins.chunk >= 0, "negative chunk");
+    check(ins.op == Op::reduce_grads || ins.bucket == -1, "only ReduceGrads names a bucket");
+    check(ins.op == Op::send || ins.op == Op::recv || (ins.peer == -1 && ins.slot == -1),
+          "only Send and Recv name a peer and a slot");
     if (ins.op == Op::optimizer_step) return optimizer_step();
-    if (ins.op == Op::reduce_grads) return reduce_grads(ins.segment);
+    if (ins.op == Op::reduce_grads) return reduce_grads(ins);
     check(ins.segment >= 0 && ins.segment < num_segments(), "no such segment");
     check(ins.micro_batch >= 0 && ins.micro_batch < spec_.micro_batches, "micro-batch out of range");
     check(ins.sub_batch >= 0 && ins.sub_batch < spec_.sub_batches, "sub-batch out of range");
+    check_chunk(ins);
     const SegmentShape& shape = shape_of(program_, ins.segment);
     Instance& inst = instance(ins.segment, ins.micro_batch, ins.sub_batch);
     switch (ins.op) {
@@ -296,7 +318,9 @@ class Verifier {
         check(inst.stages_done == ins.stage, "backward stage out of order");
         check(ins.stage < shape.backward_stages, "no such backward stage");
         for (auto set : {kCheckpoint, kInternals, kCore}) read(inst, set, shape);
-        if (ins.stage == 0 && ins.segment + 1 < num_segments()) {
+        if (ins.stage == 0 && shape.output_to_peer) {
+          check(inst.gradient_received, "the gradient of the segment's output was not received");
+        } else if (ins.stage == 0 && ins.segment + 1 < num_segments()) {
           const Instance& next = instance(ins.segment + 1, ins.micro_batch, ins.sub_batch);
           check(next.stages_done == shape_of(program_, ins.segment + 1).backward_stages,
                 "the following segment's backward has not finished");
@@ -342,6 +366,8 @@ class Verifier {
         if (forward) port_of(ins.sub_batch).state = PortState::reduced;
         break;
       }
+      case Op::send: send(ins, inst, shape); break;
+      case Op::recv: receive(ins, inst, shape); break;
       case Op::free:
         check(ins.sets != 0 && (ins.sets & ~shape.sets) == 0, "frees sets the segment does not have");
         for (auto set : {kCheckpoint, kInternals, kCore}) {
@@ -362,6 +388,11 @@ class Verifier {
       const auto [segment, mb, sb] = key;
       const std::string who = fmt::format("segment {} mb {} sb {}", segment, mb, sb);
       const SegmentShape& shape = shape_of(program_, segment);
+      check(inst.forward_done, who + ": never ran forward");
+      check(!shape.output_to_peer || inst.activation_sent, who + ": its output was never sent");
+      if (spec_.training)
+        check(!shape.input_from_peer || inst.gradient_sent,
+              who + ": the gradient of its input was never sent");
       check(inst.forward_collective != CollState::started &&
                 inst.replayed_collective != CollState::started &&
                 inst.backward_collective != CollState::started,
@@ -392,6 +423,9 @@ class Verifier {
     CollState forward_collective = CollState::none;
     CollState replayed_collective = CollState::none;
     CollState backward_collective = CollState::none;
+    // The instance's point-to-point messages at chunk boundaries.
+    bool activation_received = false, activation_sent = false;
+    bool gradient_received = false, gradient_sent = false;
   };
   // The forward collective buffer of a sub-batch: one segment's output at a time.
   struct Port {
@@ -404,6 +438,7 @@ class Verifier {
   void check(bool ok, const std::string& what) const {
     OASES_ASSERT(ok, "schedule rejected: {}: {}", where_, what);
   }
+  void fail(const std::string& what) const { check(false, what); }
   Instance& instance(int segment, int mb, int sb) { return instances_[{segment, mb, sb}]; }
   Port& port_of(int sb) { return ports_[sb]; }
 
@@ -421,8 +456,14 @@ class Verifier {
           fmt::format("reads {} of segment {} before it was computed", ops::tensor_sets_name(set),
                       shape.name));
   }
-  // A segment's epilogue reads the previous segment's reduced output and its checkpoint.
+  // A segment's epilogue reads the previous segment's reduced output and its checkpoint; the
+  // first segment of a chunk after a cut reads what it received instead.
   void read_input(const Instruction& ins) {
+    if (shape_of(program_, ins.segment).input_from_peer) {
+      check(instance(ins.segment, ins.micro_batch, ins.sub_batch).activation_received,
+            "the input activation was not received");
+      return;
+    }
     if (ins.segment == 0) return;
     const SegmentShape& previous = shape_of(program_, ins.segment - 1);
     Port& port = port_of(ins.sub_batch);
@@ -437,7 +478,9 @@ class Verifier {
     check(port.state != PortState::in_flight, "overwrites a collective buffer in flight");
     port = {ins.segment, ins.micro_batch, PortState::written};
   }
-  void reduce_grads(int bucket) {
+  void reduce_grads(const Instruction& ins) {
+    check(ins.segment == -1, "ReduceGrads names a segment (its bucket goes in `bucket`)");
+    const int bucket = ins.bucket;
     // The bucket is final once every segment from its ready segment on has finished backward
     // on every instance.
     int ready = -1;
@@ -453,6 +496,70 @@ class Verifier {
                             "backward", bucket, s, mb, sb));
     reduced_.insert(bucket);
   }
+  // Sending an activation reads the output from the sub-batch's collective buffer, as the next
+  // segment's epilogue would.
+  void send(const Instruction& ins, Instance& inst, const SegmentShape& shape) {
+    check_message_fields(ins);
+    if (ins.payload == Payload::activation) {
+      check(shape.output_to_peer, "sends an activation from a segment that is not output_to_peer");
+      check(!inst.activation_sent, "sends the activation twice");
+      check(inst.forward_done, "sends the output before the segment's Forward");
+      const Port& port = port_of(ins.sub_batch);
+      check(port.segment == ins.segment && port.micro_batch == ins.micro_batch,
+            "the segment's output is no longer in the collective buffer");
+      check(port.state == (shape.has_forward_collective ? PortState::reduced : PortState::written),
+            "sends an output whose forward collective was not waited on");
+      inst.activation_sent = true;
+    } else {
+      check(shape.input_from_peer, "sends a gradient from a segment that is not input_from_peer");
+      check(!inst.gradient_sent, "sends the input gradient twice");
+      check(inst.stages_done == shape.backward_stages,
+            "sends the input gradient before the segment's last backward stage");
+      inst.gradient_sent = true;
+    }
+  }
+  void receive(const Instruction& ins, Instance& inst, const SegmentShape& shape) {
+    check_message_fields(ins);
+    if (ins.payload == Payload::activation) {
+      check(shape.input_from_peer,
+            "receives an activation for a segment that is not input_from_peer");
+      check(!inst.activation_received, "receives the activation twice");
+      inst.activation_received = true;
+    } else {
+      check(shape.output_to_peer, "receives a gradient for a segment that is not output_to_peer");
+      check(!inst.gradient_received, "receives the output gradient twice");
+      check(inst.activation_sent, "receives the gradient of an output it has not sent");
+      inst.gradient_received = true;
+    }
+  }
+  void check_message_fields(const Instruction& ins) const {
+    check(ins.peer >= 0, "a message needs a peer (>= 0)");
+    check(ins.slot >= 0, "a message needs a slot (>= 0)");
+    check(spec_.training || ins.payload == Payload::activation,
+          "a gradient message in a forward-only schedule");
+  }
+  // A segment belongs to one chunk; its neighbours share it unless a chunk boundary lies between
+  // them, where the chunk changes.
+  void check_chunk(const Instruction& ins) {
+    int& chunk = chunk_of_[static_cast<std::size_t>(ins.segment)];
+    if (chunk >= 0) {
+      if (chunk != ins.chunk)
+        fail(fmt::format("segment {} belongs to chunk {} in earlier instructions", ins.segment,
+                         chunk));
+      return;
+    }
+    for (const int neighbour : {ins.segment - 1, ins.segment + 1}) {
+      if (neighbour < 0 || neighbour >= num_segments()) continue;
+      const int neighbour_chunk = chunk_of_[static_cast<std::size_t>(neighbour)];
+      if (neighbour_chunk < 0) continue;
+      const bool cut = shape_of(program_, std::min(neighbour, ins.segment)).output_to_peer;
+      if (cut == (neighbour_chunk == ins.chunk))
+        fail(fmt::format("segment {} is in chunk {}, which must {} the chunk of segment {} ({})",
+                         ins.segment, ins.chunk, cut ? "differ from" : "equal", neighbour,
+                         neighbour_chunk));
+    }
+    chunk = ins.chunk;
+  }
   void optimizer_step() {
     check(spec_.training, "optimizer step in a forward-only schedule");
     for (int s = 0; s < num_segments(); ++s) {
@@ -465,6 +572,7 @@ class Verifier {
   const Program& program_;
   const ScheduleSpec& spec_;
   std::string where_;
+  std::vector<int> chunk_of_;  // per segment; -1 until an instruction names it
   std::map<std::tuple<int, int, int>, Instance> instances_;
   std::map<int, Port> ports_;
   std::set<int> reduced_;
@@ -502,6 +610,123 @@ void verify_collective_order(const std::vector<Schedule>& schedules_of_group) {
   }
 }
 
+namespace {
+
+bool is_message(const Instruction& ins) { return ins.op == Op::send || ins.op == Op::recv; }
+
+// One instruction of one rank, as error messages name it.
+struct Position {
+  int rank;
+  std::size_t index;
+};
+std::string describe(const std::vector<Schedule>& schedules, Position at) {
+  return fmt::format("rank {} instruction {} ({})", at.rank, at.index,
+                     to_string(schedules[static_cast<std::size_t>(at.rank)][at.index]));
+}
+
+// Whether a Recv can take what a Send carries: the same message, one chunk along the model
+// (activations flow to the next chunk, gradients back to the previous one).
+bool messages_match(const Instruction& send, const Instruction& receive) {
+  const int step = send.payload == Payload::activation ? 1 : -1;
+  return send.payload == receive.payload && send.micro_batch == receive.micro_batch &&
+         send.sub_batch == receive.sub_batch && send.slot == receive.slot &&
+         receive.chunk == send.chunk + step;
+}
+
+// Pairs every Send with its Recv (the i-th from a to b with the i-th at b from a) and returns,
+// per rank and instruction, the partner's instruction index (on rank `peer`).
+std::vector<std::vector<std::size_t>> match_messages(const std::vector<Schedule>& schedules) {
+  const int ranks = static_cast<int>(schedules.size());
+  // Positions of the sends from a to b and of the receives at b from a, keyed by (a, b).
+  std::map<std::pair<int, int>, std::vector<std::size_t>> sends, receives;
+  for (int rank = 0; rank < ranks; ++rank) {
+    const Schedule& schedule = schedules[static_cast<std::size_t>(rank)];
+    for (std::size_t i = 0; i < schedule.size(); ++i) {
+      const Instruction& ins = schedule[i];
+      if (!is_message(ins)) continue;
+      OASES_ASSERT(ins.peer >= 0 && ins.peer < ranks && ins.peer != rank,
+                   "schedule rejected: {} names peer {}, {}", describe(schedules, {rank, i}),
+                   ins.peer,
+                   ins.peer == rank ? "itself"
+                                    : fmt::format("outside the group of {} ranks", ranks));
+      if (ins.op == Op::send) sends[{rank, ins.peer}].push_back(i);
+      else receives[{ins.peer, rank}].push_back(i);
+    }
+  }
+  std::vector<std::vector<std::size_t>> partner(schedules.size());
+  for (std::size_t rank = 0; rank < schedules.size(); ++rank)
+    partner[rank].resize(schedules[rank].size());
+  std::set<std::pair<int, int>> pairs;
+  for (const auto& [pair, positions] : sends) pairs.insert(pair);
+  for (const auto& [pair, positions] : receives) pairs.insert(pair);
+  for (const auto& [from, to] : pairs) {
+    const std::vector<std::size_t>& sent = sends[{from, to}];
+    const std::vector<std::size_t>& received = receives[{from, to}];
+    const Schedule& sender = schedules[static_cast<std::size_t>(from)];
+    const Schedule& receiver = schedules[static_cast<std::size_t>(to)];
+    const std::size_t common = std::min(sent.size(), received.size());
+    for (std::size_t k = 0; k < common; ++k) {
+      OASES_ASSERT(messages_match(sender[sent[k]], receiver[received[k]]),
+                   "schedule rejected: message {} from rank {} to rank {} does not match: {} "
+                   "meets {}; both must name the same payload, micro-batch, sub-batch and slot, "
+                   "an activation going to the next chunk and a gradient to the previous one",
+                   k, from, to, describe(schedules, {from, sent[k]}),
+                   describe(schedules, {to, received[k]}));
+      partner[static_cast<std::size_t>(from)][sent[k]] = received[k];
+      partner[static_cast<std::size_t>(to)][received[k]] = sent[k];
+    }
+    OASES_ASSERT(sent.size() == received.size(),
+                 "schedule rejected: rank {} sends {} messages to rank {}, which receives {} "
+                 "from rank {}; the first without a partner is {}",
+                 from, sent.size(), to, received.size(), from,
+                 sent.size() > common ? describe(schedules, {from, sent[common]})
+                                      : describe(schedules, {to, received[common]}));
+  }
+  return partner;
+}
+
+}  // namespace
+
+void verify_point_to_point(const std::vector<Schedule>& schedules_of_group) {
+  const std::vector<Schedule>& schedules = schedules_of_group;
+  const std::vector<std::vector<std::size_t>> partner = match_messages(schedules);
+  // Rendezvous run: a rank runs freely up to its next Send or Recv and waits there; when both
+  // ends of a message are waiting at each other, both move on. Each rank passes each of its
+  // instructions once.
+  const std::size_t ranks = schedules.size();
+  std::vector<std::size_t> position(ranks, 0);
+  std::vector<int> runnable(ranks);
+  for (std::size_t rank = 0; rank < ranks; ++rank) runnable[rank] = static_cast<int>(rank);
+  while (!runnable.empty()) {
+    const auto rank = static_cast<std::size_t>(runnable.back());
+    runnable.pop_back();
+    const Schedule& schedule = schedules[rank];
+    std::size_t& at = position[rank];
+    while (at < schedule.size() && !is_message(schedule[at])) ++at;
+    if (at == schedule.size()) continue;
+    const auto peer = static_cast<std::size_t>(schedule[at].peer);
+    if (position[peer] != partner[rank][at]) continue;  // the peer arrives later and wakes us
+    ++at;
+    ++position[peer];
+    runnable.push_back(static_cast<int>(rank));
+    runnable.push_back(static_cast<int>(peer));
+  }
+  // Every rank left is stuck at a message whose partner lies behind another stuck rank's
+  // position: together they name the cycle.
+  std::string blocked;
+  for (std::size_t rank = 0; rank < ranks; ++rank) {
+    const std::size_t at = position[rank];
+    if (at == schedules[rank].size()) continue;
+    blocked += fmt::format("{}{} waits for {}", blocked.empty() ? "" : "; ",
+                           describe(schedules, {static_cast<int>(rank), at}),
+                           describe(schedules, {schedules[rank][at].peer, partner[rank][at]}));
+  }
+  OASES_ASSERT(blocked.empty(),
+               "schedule rejected: the point-to-point messages deadlock when Send and Recv "
+               "block: {}",
+               blocked);
+}
+
 std::size_t peak_activation_bytes(const Program& program, const Schedule& schedule) {
   std::size_t live = 0, peak = 0;
   const auto sets_bytes = [&](int segment, TensorSets sets) {
@@ -522,26 +747,35 @@ std::size_t peak_activation_bytes(const Program& program, const Schedule& schedu
 std::string to_string(const Instruction& ins) {
   const char* dir = ins.direction == Direction::forward ? "fwd" : "bwd";
   const char* replay = ins.replay ? ", replay" : "";
+  // Printed only off chunk 0, so schedules without pipelines print as they always have.
+  const std::string chunk = ins.chunk != 0 ? fmt::format(", chunk={}", ins.chunk) : "";
   switch (ins.op) {
     case Op::forward:
-      return fmt::format("Forward(seg={}, mb={}, sb={})", ins.segment, ins.micro_batch, ins.sub_batch);
+      return fmt::format("Forward(seg={}, mb={}, sb={}{})", ins.segment, ins.micro_batch,
+                         ins.sub_batch, chunk);
     case Op::recompute:
-      return fmt::format("Recompute(seg={}, {}, mb={}, sb={})", ins.segment,
-                         ops::tensor_sets_name(ins.sets), ins.micro_batch, ins.sub_batch);
+      return fmt::format("Recompute(seg={}, {}, mb={}, sb={}{})", ins.segment,
+                         ops::tensor_sets_name(ins.sets), ins.micro_batch, ins.sub_batch, chunk);
     case Op::backward:
-      return fmt::format("Backward(seg={}, stage={}, mb={}, sb={})", ins.segment, ins.stage,
-                         ins.micro_batch, ins.sub_batch);
+      return fmt::format("Backward(seg={}, stage={}, mb={}, sb={}{})", ins.segment, ins.stage,
+                         ins.micro_batch, ins.sub_batch, chunk);
     case Op::start:
-      return fmt::format("Start({}, seg={}, mb={}, sb={}{})", dir, ins.segment, ins.micro_batch,
-                         ins.sub_batch, replay);
+      return fmt::format("Start({}, seg={}, mb={}, sb={}{}{})", dir, ins.segment, ins.micro_batch,
+                         ins.sub_batch, replay, chunk);
     case Op::wait:
-      return fmt::format("Wait({}, seg={}, mb={}, sb={}{})", dir, ins.segment, ins.micro_batch,
-                         ins.sub_batch, replay);
+      return fmt::format("Wait({}, seg={}, mb={}, sb={}{}{})", dir, ins.segment, ins.micro_batch,
+                         ins.sub_batch, replay, chunk);
     case Op::free:
-      return fmt::format("Free(seg={}, {}, mb={}, sb={})", ins.segment,
-                         ops::tensor_sets_name(ins.sets), ins.micro_batch, ins.sub_batch);
-    case Op::reduce_grads: return fmt::format("ReduceGrads(bucket={})", ins.segment);
-    case Op::optimizer_step: return "OptimizerStep";
+      return fmt::format("Free(seg={}, {}, mb={}, sb={}{})", ins.segment,
+                         ops::tensor_sets_name(ins.sets), ins.micro_batch, ins.sub_batch, chunk);
+    case Op::reduce_grads: return fmt::format("ReduceGrads(bucket={}{})", ins.bucket, chunk);
+    case Op::optimizer_step:
+      return chunk.empty() ? "OptimizerStep" : fmt::format("OptimizerStep({})", chunk.substr(2));
+    case Op::send:
+    case Op::recv:
+      return fmt::format("{}({}, seg={}, mb={}, sb={}, peer={}, slot={}{})",
+                         ins.op == Op::send ? "Send" : "Recv", name(ins.payload), ins.segment,
+                         ins.micro_batch, ins.sub_batch, ins.peer, ins.slot, chunk);
   }
   return "?";
 }

@@ -16,6 +16,16 @@
 //   fine-grained   fine-grained                  2 / 0 / 2                         no
 //   cross-pass     full (default) | any          2 / 2 / 2 with full               yes
 //   oases          fine-grained                  2 / 0 / 2                         yes
+//
+// Pipelines. A pipeline cuts the model into chunks (stages) on different ranks. Each rank's
+// Program holds the segments of its own chunks, numbered locally; a chunk that does not start
+// the model begins with an input_from_peer segment and one that does not end it finishes with
+// an output_to_peer segment (ops/program.h). Activations cross a cut by Send/Recv in forward,
+// their gradients in backward. Messages match per ordered pair of ranks in issue order: the
+// i-th Send from a to b pairs with the i-th Recv at b from a (NCCL's send/recv rule). A
+// schedule must not deadlock even if every Send and Recv blocks until its partner arrives
+// (rendezvous), the strictest semantics an executor may give them. No generator emits
+// messages yet.
 #pragma once
 
 #include "ops/program.h"
@@ -27,29 +37,56 @@
 
 namespace oases::schedule {
 
+// What each instruction does, in words; (mb, sb) is the instance of the program it acts on.
 enum class Op : std::uint8_t {
-  forward,         // Forward(segment, mb, sb): every tensor set of the segment becomes live
-  recompute,       // Recompute(segment, sets, mb, sb): regenerate `sets` (kOutput: and the output)
-  backward,        // Backward(segment, stage, mb, sb)
-  start,           // Start(collective of segment in direction, mb, sb): issue asynchronously
+  forward,         // Forward(s, mb, sb): run segment s; all its tensor sets become live and its
+                   //   output fills the sub-batch's collective buffer
+  recompute,       // Recompute(s, sets, mb, sb): regenerate `sets` (kOutput: and the output)
+  backward,        // Backward(s, stage, mb, sb)
+  start,           // Start(collective of s in direction, mb, sb): issue asynchronously
   wait,            // Wait(...): later instructions may use the reduced buffer
-  free,            // Free(segment, sets, mb, sb)
+  free,            // Free(s, sets, mb, sb)
   reduce_grads,    // ReduceGrads(bucket): start the data-parallel reduction of a bucket of
-                   // gradients that are final (`segment` holds the bucket id)
+                   //   gradients that are final
   optimizer_step,  // OptimizerStep
+  send,            // Send(payload, s, mb, sb, peer, slot):
+                   //   activation: peer's slot := output of segment s for (mb, sb)
+                   //               (s is output_to_peer; after its Forward and forward Wait)
+                   //   gradient:   peer's slot := gradient of the input of s for (mb, sb)
+                   //               (s is input_from_peer; after its last backward stage)
+  recv,            // Recv(payload, s, mb, sb, peer, slot): the matching Send from peer fills
+                   //   slot; then
+                   //   activation: input of segment s for (mb, sb) := slot
+                   //               (s is input_from_peer; before its Forward)
+                   //   gradient:   gradient of the output of s for (mb, sb) := slot
+                   //               (s is output_to_peer; before its backward stage 0)
 };
 
 enum class Direction : std::uint8_t { forward, backward };
 
+// What a point-to-point message carries across a chunk boundary.
+enum class Payload : std::uint8_t { activation, gradient };
+
+// Fields an op does not use keep their defaults (the verifier checks bucket, peer and slot), so
+// instructions compare equal exactly when they do the same thing.
 struct Instruction {
   Op op;
-  int segment = -1;
+  int segment = -1;  // index into this rank's Program; -1 for ReduceGrads and OptimizerStep
   int stage = 0;  // backward stage
   Direction direction = Direction::forward;  // which collective of the segment (start/wait)
   int micro_batch = 0;
   int sub_batch = 0;
   ops::TensorSets sets = 0;  // recompute: sets regenerated; free: sets freed
   bool replay = false;       // start/wait: a forward collective replayed by a recomputation
+  // Model chunk (pipeline stage, numbered along the model) the instruction belongs to. Every
+  // instruction of a segment names the same chunk.
+  int chunk = 0;
+  int bucket = -1;  // reduce_grads: the gradient bucket (ops::SegmentShape::ready_bucket)
+  Payload payload = Payload::activation;  // send/recv
+  int peer = -1;  // send/recv: the other rank, as its rank in the point-to-point group
+  // send/recv: the receiver's buffer slot the message fills (and the Recv empties); also the
+  // message's tag. >= 0.
+  int slot = -1;
   bool operator==(const Instruction&) const = default;
 };
 
@@ -60,6 +97,7 @@ enum class Recompute { none, full, selective, fine_grained };
 
 std::string_view name(ScheduleKind kind);  // "megatron", "fine-grained", "cross-pass", "oases"
 std::string_view name(Recompute policy);   // "none", "full", "selective", "fine-grained"
+std::string_view name(Payload payload);    // "activation", "gradient"
 // Parse the names above; UserError naming `setting`, the value and the valid names.
 ScheduleKind parse_schedule_kind(std::string_view text, std::string_view setting);
 Recompute parse_recompute(std::string_view text, std::string_view setting);
@@ -84,7 +122,16 @@ Schedule generate(const ops::Program& program, const ScheduleSpec& spec);
 // segment's backward and after their collective), no tensor set is read before it is produced
 // or after it is freed, collectives are started once and waited once, every instance runs its
 // whole program, nothing is left live at the end, and gradient buckets are reduced only once
-// final. Throws InternalError describing the first violation.
+// final. At chunk boundaries (the program's output_to_peer and input_from_peer flags must pair
+// up): the Forward of an input_from_peer segment follows its Recv(activation) and reads no
+// previous segment; Send(activation) follows the Forward (and the Wait of its forward
+// collective) of an output_to_peer segment, whose backward stage 0 follows its Recv(gradient)
+// instead of the next segment's backward; Send(gradient) follows the last backward stage of an
+// input_from_peer segment. Each of the four messages of an instance happens at most once, only
+// on segments with the matching flag, with peer >= 0 and slot >= 0, and by the end all have
+// happened (only the activations in a forward-only schedule). Every instruction of a segment
+// names one chunk, shared with its neighbours unless a chunk boundary lies between them.
+// Throws InternalError naming the first violating instruction (its index and text).
 void verify_schedule(const ops::Program& program, const ScheduleSpec& spec,
                      const Schedule& schedule);
 
@@ -92,6 +139,19 @@ void verify_schedule(const ops::Program& program, const ScheduleSpec& spec,
 // order, which the communicators' issue-order matching requires. Throws InternalError naming
 // the first rank and position that differ.
 void verify_collective_order(const std::vector<Schedule>& schedules_of_group);
+
+// Checks the Send/Recv of a point-to-point group (schedules_of_group[r]: rank r's schedule,
+// peers are indices into it), each schedule already verified alone:
+//  - every peer is a rank of the group other than the sender or receiver itself;
+//  - for every ordered pair (a, b) the i-th Send from a to b and the i-th Recv at b from a
+//    carry the same payload, micro-batch, sub-batch and slot, and go one chunk along the model
+//    (an activation from chunk c to c + 1, a gradient from c to c - 1); as many of each;
+//  - run with every Send and Recv blocking until its partner arrives and everything else
+//    proceeding, every rank reaches its end.
+// Throws InternalError naming the ranks, positions (instruction indices) and instructions:
+// both sides of a mismatched pair, the first message without a partner, or every rank blocked
+// in a deadlock with what it waits for. Time about linear in the total length.
+void verify_point_to_point(const std::vector<Schedule>& schedules_of_group);
 
 // Peak bytes of tensor sets live at once when `schedule` runs (what the executor's activation
 // store will report), from the set sizes in the program.

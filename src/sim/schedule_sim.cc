@@ -132,7 +132,7 @@ SimResult simulate(const schedule::Schedule& schedule, const CostModel& costs) {
         break;
       }
       case Op::reduce_grads:
-        if (costs.reduce_grads) lanes.start_reduction(costs.reduce_grads(ins.segment));
+        if (costs.reduce_grads) lanes.start_reduction(costs.reduce_grads(ins.bucket));
         break;
       case Op::optimizer_step: {
         const double before = lanes.now();
@@ -142,6 +142,11 @@ SimResult simulate(const schedule::Schedule& schedule, const CostModel& costs) {
         break;
       }
       case Op::free:
+        break;
+      case Op::send:
+      case Op::recv:
+        OASES_ASSERT(false, "Send/Recv ({}) is not supported by this simulator yet",
+                     schedule::to_string(ins));
         break;
     }
   }

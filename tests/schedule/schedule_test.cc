@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace oases::schedule {
 namespace {
@@ -131,6 +132,27 @@ TEST(Generators, MegatronPrintsTheExpectedInstructionList) {
             "Backward(seg=0, stage=0, mb=0, sb=0)\n"
             "ReduceGrads(bucket=0)\n"
             "OptimizerStep\n");
+}
+
+// ReduceGrads names its bucket in `bucket`, one per ready_bucket of the program, and no
+// segment.
+TEST(Generators, ReduceGradsCarryTheProgramsReadyBuckets) {
+  const ops::Program program = gpt_program(3);
+  std::multiset<int> expected, reduced;
+  for (const ops::SegmentShape& shape : program.segments)
+    if (shape.ready_bucket >= 0) expected.insert(shape.ready_bucket);
+  for (const auto& [kind, recompute] : valid_pairs()) {
+    for (const Instruction& ins : generate(program, spec_of(kind, recompute, 2))) {
+      if (ins.op != Op::reduce_grads) {
+        EXPECT_EQ(ins.bucket, -1) << to_string(ins);
+        continue;
+      }
+      EXPECT_EQ(ins.segment, -1) << to_string(ins);
+      reduced.insert(ins.bucket);
+    }
+    EXPECT_EQ(reduced, expected) << name(kind);
+    reduced.clear();
+  }
 }
 
 // The backward pass of one layer under full recomputation replays the layer's forward,
@@ -380,6 +402,11 @@ TEST_F(Broken, CollectiveMisuseLeaksAndEarlyReductions) {
   early.erase(early.begin() + static_cast<std::ptrdiff_t>(reduce));
   early.insert(early.begin() + static_cast<std::ptrdiff_t>(find(early, "Backward(seg=3, stage=1, mb=0, sb=0)")), moved);
   expect_rejected(program, spec, early, "bucket 1 is not final");
+
+  Schedule by_segment = s;  // the bucket id where a segment goes
+  Instruction& reduce_by_segment = by_segment[find(by_segment, "ReduceGrads(bucket=1)")];
+  reduce_by_segment.segment = reduce_by_segment.bucket;
+  expect_rejected(program, spec, by_segment, "ReduceGrads names a segment");
 }
 
 }  // namespace

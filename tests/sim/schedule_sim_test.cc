@@ -103,7 +103,7 @@ TEST(Simulator, OnlyTheOverlappedPartOfAnInstructionIsSlowed) {
 TEST(Simulator, ReductionsAndCollectivesShareTheLink) {
   schedule::Instruction reduce{schedule::Op::reduce_grads}, start{schedule::Op::start},
       wait{schedule::Op::wait}, step{schedule::Op::optimizer_step};
-  reduce.segment = 0;
+  reduce.bucket = 0;
   start.segment = wait.segment = 1;
   CostModel costs = uniform(1.0, 0.5);
   costs.reduce_grads = [](int) { return 1.0; };
