@@ -1,0 +1,88 @@
+#include "optim/adamw.h"
+
+#include "core/error.h"
+#include "kernels/cpu/optimizer.h"
+
+#include <utility>
+
+namespace oases::optim {
+namespace k = oases::kernels::cpu;
+namespace {
+
+std::size_t bytes_of(DType dtype, std::int64_t elements) {
+  return static_cast<std::size_t>(elements) * dtype_size(dtype);
+}
+
+}  // namespace
+
+AdamW::AdamW(FlatLayout layout, const AdamWHyperParams& hyper)
+    : Optimizer(std::move(layout)), hyper_(hyper) {
+  OASES_ASSERT(hyper.beta1 >= 0 && hyper.beta1 < 1 && hyper.beta2 >= 0 && hyper.beta2 < 1,
+               "AdamW betas ({}, {}) must be in [0, 1)", hyper.beta1, hyper.beta2);
+  OASES_ASSERT(hyper.eps >= 0 && hyper.weight_decay >= 0,
+               "AdamW eps = {} and weight_decay = {} must be >= 0", hyper.eps, hyper.weight_decay);
+  std::int64_t packed = 0;
+  state_offsets_.reserve(this->layout().params.size());
+  for (const ParamSlot& p : this->layout().params) {
+    state_offsets_.push_back(packed);
+    packed += p.numel();
+  }
+  // Buffers start zeroed: PyTorch's moments before the first step.
+  exp_avg_ = Buffer(bytes_of(this->layout().dtype, packed));
+  exp_avg_sq_ = Buffer(bytes_of(this->layout().dtype, packed));
+}
+
+std::size_t AdamW::state_bytes_per_element() const {
+  return 2 * dtype_size(layout().dtype);
+}
+
+std::size_t AdamW::state_bytes() const {
+  return exp_avg_.bytes() + exp_avg_sq_.bytes();
+}
+
+std::vector<StateTensor> AdamW::state_tensors() {
+  std::vector<StateTensor> out;
+  const FlatLayout& flat = layout();
+  out.reserve(2 * flat.params.size());
+  const std::size_t element = dtype_size(flat.dtype);
+  for (std::size_t i = 0; i < flat.params.size(); ++i) {
+    const ParamSlot& p = flat.params[i];
+    const std::size_t at = static_cast<std::size_t>(state_offsets_[i]) * element;
+    const Shape shape(p.shape);
+    out.push_back({"exp_avg." + p.name, p.name,
+                   Tensor(static_cast<char*>(exp_avg_.data()) + at, flat.dtype, shape)});
+    out.push_back({"exp_avg_sq." + p.name, p.name,
+                   Tensor(static_cast<char*>(exp_avg_sq_.data()) + at, flat.dtype, shape)});
+  }
+  return out;
+}
+
+void AdamW::update(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,
+                   const StepInfo& info) {
+  switch (layout().dtype) {
+    case DType::f32:
+      return update_typed<float>(params, grads, begin, end, info);
+    case DType::f64:
+      return update_typed<double>(params, grads, begin, end, info);
+    default:
+      OASES_ASSERT(false, "AdamW has no kernel for {}", dtype_name(layout().dtype));
+  }
+}
+
+template <class T>
+void AdamW::update_typed(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,
+                         const StepInfo& info) {
+  T* param = params.data<T>();
+  const T* grad = grads.data<T>();
+  T* m = exp_avg_.as<T>();
+  T* v = exp_avg_sq_.as<T>();
+  for_each_param_slice(layout(), begin, end, [&](std::size_t i, std::int64_t lo, std::int64_t hi) {
+    const ParamSlot& p = layout().params[i];
+    const std::int64_t state = state_offsets_[i] + (lo - p.offset);
+    const double decay = p.weight_decay ? hyper_.weight_decay : 0.0;
+    const k::AdamWStep hp{info.lr, hyper_.beta1, hyper_.beta2, hyper_.eps, decay, info.step};
+    k::adamw_update<T>(param + lo, grad + lo, m + state, v + state, hi - lo, hp);
+  });
+}
+
+}  // namespace oases::optim
