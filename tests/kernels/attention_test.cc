@@ -350,8 +350,8 @@ TEST(Attention, InvalidShapesAreInternalErrors) {
 }
 
 std::string describe(const AttentionShape& s) {
-  return ::testing::PrintToString(std::vector<std::int64_t>{s.batch, s.seq, s.heads, s.kv_heads,
-                                                            s.head_dim}) +
+  return ::testing::PrintToString(
+             std::vector<std::int64_t>{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim}) +
          (s.causal ? " causal" : " bidirectional");
 }
 
@@ -365,7 +365,8 @@ const AttentionShape kGeneralShapes[] = {
 
 TEST(AttentionGeneral, ForwardMatchesNaiveReference) {
   for (const AttentionShape& s : kGeneralShapes) {
-    for (std::int64_t block : {std::int64_t{0}, std::int64_t{1}, std::int64_t{4}, std::int64_t{7}}) {
+    for (std::int64_t block :
+         {std::int64_t{0}, std::int64_t{1}, std::int64_t{4}, std::int64_t{7}}) {
       SCOPED_TRACE(describe(s) + " block=" + std::to_string(block));
       const std::vector<double> qkv = random_vector(qkv_size(s), 41 + s.seq, -2.0, 2.0);
       const Reference ref = naive_forward(qkv, s);

@@ -97,7 +97,8 @@ TEST(RmsNorm, FloatBackwardTracksDouble) {
   std::vector<double> y(n * C), rstd(n), dx(n * C), dw(C, 0.0);
   rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), n, C, kEps);
   rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), dx.data(), dw.data(), n, C);
-  const std::vector<float> xf(x.begin(), x.end()), dyf(dy.begin(), dy.end()), wf(w.begin(), w.end());
+  const std::vector<float> xf(x.begin(), x.end()), dyf(dy.begin(), dy.end()),
+      wf(w.begin(), w.end());
   std::vector<float> yf(n * C), rstdf(n), dxf(n * C), dwf(C, 0.0f);
   rmsnorm_forward(xf.data(), wf.data(), yf.data(), rstdf.data(), n, C, kEps);
   rmsnorm_backward(dyf.data(), xf.data(), wf.data(), rstdf.data(), dxf.data(), dwf.data(), n, C);

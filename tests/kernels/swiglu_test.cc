@@ -16,7 +16,9 @@ namespace {
 using oases::testing::expect_gradient_matches;
 using oases::testing::random_vector;
 
-double silu(double g) { return g / (1.0 + std::exp(-g)); }
+double silu(double g) {
+  return g / (1.0 + std::exp(-g));
+}
 double silu_slope(double g) {
   const double s = 1.0 / (1.0 + std::exp(-g));
   return s + g * s * (1.0 - s);
@@ -28,7 +30,10 @@ struct Fused {
   std::int64_t n, F, ld_in, ld_out;
   std::vector<double> in;
   Fused(std::int64_t rows, std::int64_t width, std::uint64_t seed, double lo, double hi)
-      : n(rows), F(width), ld_in(2 * width + 1), ld_out(width + 3),
+      : n(rows),
+        F(width),
+        ld_in(2 * width + 1),
+        ld_out(width + 3),
         in(random_vector(static_cast<std::size_t>(rows * ld_in), seed, lo, hi)) {}
   double gate(std::int64_t i, std::int64_t j) const {
     return in[static_cast<std::size_t>(i * ld_in + j)];
@@ -134,7 +139,8 @@ TEST(SwiGlu, FloatBackwardTracksDouble) {
   // The float kernel sees rounded inputs; the double reference gets the same rounded values.
   const std::vector<float> gf(gate.begin(), gate.end()), uf(up.begin(), up.end()),
       df(dout.begin(), dout.end());
-  const std::vector<double> g(gf.begin(), gf.end()), u(uf.begin(), uf.end()), d(df.begin(), df.end());
+  const std::vector<double> g(gf.begin(), gf.end()), u(uf.begin(), uf.end()),
+      d(df.begin(), df.end());
   std::vector<double> dg(n * F), du(n * F);
   std::vector<float> dgf(n * F), duf(n * F);
   swiglu_backward(g.data(), u.data(), F, d.data(), F, dg.data(), du.data(), F, n, F);

@@ -136,10 +136,9 @@ void check_shape(const AttentionShape& shape, int64_t block) {
   OASES_ASSERT(B >= 0 && seq >= 0 && heads >= 0 && kv_heads >= 0 && head_dim > 0,
                "attention shape: batch={} seq={} heads={} kv_heads={} head_dim={}", B, seq, heads,
                kv_heads, head_dim);
-  OASES_ASSERT((heads == 0 && kv_heads == 0) || (kv_heads > 0 && heads % kv_heads == 0 &&
-                                                 heads >= kv_heads),
-               "attention: {} query heads cannot share {} key/value heads evenly", heads,
-               kv_heads);
+  OASES_ASSERT(
+      (heads == 0 && kv_heads == 0) || (kv_heads > 0 && heads % kv_heads == 0 && heads >= kv_heads),
+      "attention: {} query heads cannot share {} key/value heads evenly", heads, kv_heads);
   OASES_ASSERT(block > 0, "attention block size {} must be positive", block);
   // BLAS takes 32-bit sizes and strides; the widest is a row of qkv.
   OASES_ASSERT((heads + 2 * kv_heads) * head_dim <= std::numeric_limits<int>::max(),

@@ -69,7 +69,7 @@ template void rotary_tables<float>(std::int64_t, std::int64_t, double, float*, f
 template void rotary_tables<double>(std::int64_t, std::int64_t, double, double*, double*);
 template void rotary_apply<float>(float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                                   std::int64_t, const float*, const float*, bool);
-template void rotary_apply<double>(double*, std::int64_t, std::int64_t, std::int64_t,
-                                   std::int64_t, std::int64_t, const double*, const double*, bool);
+template void rotary_apply<double>(double*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                   std::int64_t, const double*, const double*, bool);
 
 }  // namespace oases::kernels::cpu

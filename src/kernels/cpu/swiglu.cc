@@ -50,8 +50,8 @@ void check_shape(const char* what, std::int64_t n, std::int64_t F, std::int64_t 
                  std::int64_t ld_out, std::int64_t ld_grad) {
   OASES_ASSERT(n >= 0 && F >= 0, "{}: negative size n={} F={}", what, n, F);
   OASES_ASSERT(ld_in >= F && ld_out >= F && ld_grad >= F,
-               "{}: row strides ld_in={} ld_out={} ld_grad={} must be >= F={}", what, ld_in,
-               ld_out, ld_grad, F);
+               "{}: row strides ld_in={} ld_out={} ld_grad={} must be >= F={}", what, ld_in, ld_out,
+               ld_grad, F);
 }
 
 }  // namespace
@@ -78,7 +78,7 @@ void swiglu_backward(const T* gate, const T* up, std::int64_t ld_in, const T* do
 }
 
 #define OASES_INSTANTIATE(T)                                                                     \
-  template void swiglu_forward<T>(const T*, const T*, std::int64_t, T*, std::int64_t,           \
+  template void swiglu_forward<T>(const T*, const T*, std::int64_t, T*, std::int64_t,            \
                                   std::int64_t, std::int64_t);                                   \
   template void swiglu_backward<T>(const T*, const T*, std::int64_t, const T*, std::int64_t, T*, \
                                    T*, std::int64_t, std::int64_t, std::int64_t);
