@@ -104,7 +104,8 @@ std::int64_t mlm_selected_count(std::int64_t rows, std::int64_t seq_len, std::ui
   check_rows(rows, seq_len, first_global_sample);
   const MlmDraws draws(seed, stream);
   std::int64_t count = 0;
-#pragma omp parallel for schedule(static) reduction(+ : count) if (rows * seq_len >= kMinParallelWork)
+#pragma omp parallel for schedule(static) reduction(+ : count) \
+    if (rows * seq_len >= kMinParallelWork)
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t p = 1; p <= seq_len - 2; ++p)
       count += draws.block(first_global_sample + r, p)[0] < kSelectBelow ? 1 : 0;
