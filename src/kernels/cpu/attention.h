@@ -14,10 +14,10 @@
 //
 // OpenMP: the forward pass splits the work by (batch, q head, query block), the backward pass
 // by (batch, kv head), looping over the q heads of the group inside, so that each dK and dV is
-// accumulated by one thread. Every output element is computed by one task in a fixed order,
-// so results are bitwise reproducible and do not depend on the number of threads. Float
-// softmax uses exp_approx (kernels/cpu/fast_exp.h, relative error < 3e-7); double is exact up
-// to rounding.
+// accumulated by one thread (backward thus has batch * kv_heads tasks to spread). Every output
+// element is computed by one task in a fixed order, so results are bitwise reproducible and do
+// not depend on the number of threads. Float softmax uses exp_approx (kernels/cpu/fast_exp.h,
+// relative error < 3e-7); double is exact up to rounding.
 #pragma once
 
 #include <cstdint>
