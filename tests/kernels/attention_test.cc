@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace oases::kernels::cpu {
@@ -27,40 +28,76 @@ struct Shape {
   std::size_t lse_size() const { return static_cast<std::size_t>(B * heads * seq); }
 };
 
+AttentionShape causal_mha(const Shape& s) {
+  return {s.B, s.seq, s.heads, s.heads, s.head_dim, true};
+}
+
+std::size_t qkv_size(const AttentionShape& s) {
+  return static_cast<std::size_t>(s.batch * s.seq * (s.heads + 2 * s.kv_heads) * s.head_dim);
+}
+std::size_t out_size(const AttentionShape& s) {
+  return static_cast<std::size_t>(s.batch * s.seq * s.heads * s.head_dim);
+}
+std::size_t lse_size(const AttentionShape& s) {
+  return static_cast<std::size_t>(s.batch * s.heads * s.seq);
+}
+
+// Element accessors of the textbook computation: q head h reads kv head h / group.
+struct NaiveLayout {
+  explicit NaiveLayout(const AttentionShape& s)
+      : shape(s),
+        ld((s.heads + 2 * s.kv_heads) * s.head_dim),
+        C(s.heads * s.head_dim),
+        group(s.heads / s.kv_heads) {}
+  std::size_t q(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) const {
+    return static_cast<std::size_t>((b * shape.seq + i) * ld + h * shape.head_dim + d);
+  }
+  std::size_t k(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) const {
+    return static_cast<std::size_t>((b * shape.seq + i) * ld + C + (h / group) * shape.head_dim +
+                                    d);
+  }
+  std::size_t v(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) const {
+    return k(b, h, i, d) + static_cast<std::size_t>(shape.kv_heads * shape.head_dim);
+  }
+  std::size_t o(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) const {
+    return static_cast<std::size_t>((b * shape.seq + i) * C + h * shape.head_dim + d);
+  }
+  // Keys that query i sees: [0, key_end(i)).
+  std::int64_t key_end(std::int64_t i) const { return shape.causal ? i + 1 : shape.seq; }
+  AttentionShape shape;
+  std::int64_t ld, C, group;
+};
+
 // The textbook computation: the whole [seq, seq] score matrix of each head, masked, softmaxed
 // and multiplied by V, in double.
 struct Reference {
   std::vector<double> out, lse;
 };
 
-Reference naive_forward(const std::vector<double>& qkv, const Shape& s) {
-  const std::int64_t C = s.C(), ld = 3 * C;
+Reference naive_forward(const std::vector<double>& qkv, const AttentionShape& s) {
+  const NaiveLayout at(s);
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
-  Reference ref{std::vector<double>(s.out_size()), std::vector<double>(s.lse_size())};
+  Reference ref{std::vector<double>(out_size(s)), std::vector<double>(lse_size(s))};
   std::vector<double> scores(static_cast<std::size_t>(s.seq));
-  for (std::int64_t b = 0; b < s.B; ++b) {
+  for (std::int64_t b = 0; b < s.batch; ++b) {
     for (std::int64_t h = 0; h < s.heads; ++h) {
       for (std::int64_t i = 0; i < s.seq; ++i) {
-        const double* q = &qkv[static_cast<std::size_t>((b * s.seq + i) * ld + h * s.head_dim)];
         double mx = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = 0; j <= i; ++j) {
-          const double* k =
-              &qkv[static_cast<std::size_t>((b * s.seq + j) * ld + C + h * s.head_dim)];
+        for (std::int64_t j = 0; j < at.key_end(i); ++j) {
           double dot = 0;
-          for (std::int64_t d = 0; d < s.head_dim; ++d) dot += q[d] * k[d];
+          for (std::int64_t d = 0; d < s.head_dim; ++d)
+            dot += qkv[at.q(b, h, i, d)] * qkv[at.k(b, h, j, d)];
           scores[static_cast<std::size_t>(j)] = dot * scale;
           mx = std::max(mx, dot * scale);
         }
         double sum = 0;
-        for (std::int64_t j = 0; j <= i; ++j)
+        for (std::int64_t j = 0; j < at.key_end(i); ++j)
           sum += std::exp(scores[static_cast<std::size_t>(j)] - mx);
         ref.lse[static_cast<std::size_t>((b * s.heads + h) * s.seq + i)] = mx + std::log(sum);
-        double* o = &ref.out[static_cast<std::size_t>((b * s.seq + i) * C + h * s.head_dim)];
-        for (std::int64_t j = 0; j <= i; ++j) {
+        for (std::int64_t j = 0; j < at.key_end(i); ++j) {
           const double p = std::exp(scores[static_cast<std::size_t>(j)] - mx) / sum;
-          const double* v =
-              &qkv[static_cast<std::size_t>((b * s.seq + j) * ld + 2 * C + h * s.head_dim)];
-          for (std::int64_t d = 0; d < s.head_dim; ++d) o[d] += p * v[d];
+          for (std::int64_t d = 0; d < s.head_dim; ++d)
+            ref.out[at.o(b, h, i, d)] += p * qkv[at.v(b, h, j, d)];
         }
       }
     }
@@ -68,67 +105,66 @@ Reference naive_forward(const std::vector<double>& qkv, const Shape& s) {
   return ref;
 }
 
+Reference naive_forward(const std::vector<double>& qkv, const Shape& s) {
+  return naive_forward(qkv, causal_mha(s));
+}
+
 // The textbook backward pass on the full probability matrix, in double:
-//   dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)), dQ = scale dS K, dK = scale dS^T Q.
+//   dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)), dQ = scale dS K, dK = scale dS^T Q
+// (a kv head's gradients summing over the q heads of its group).
 std::vector<double> naive_backward(const std::vector<double>& dout, const std::vector<double>& qkv,
-                                   const Shape& s) {
-  const std::int64_t C = s.C(), ld = 3 * C, n = s.seq, hd = s.head_dim;
+                                   const AttentionShape& s) {
+  const NaiveLayout at(s);
+  const std::int64_t n = s.seq, hd = s.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  std::vector<double> dqkv(s.qkv_size(), 0.0);
+  std::vector<double> dqkv(qkv_size(s), 0.0);
   std::vector<double> P(static_cast<std::size_t>(n * n)), dP(P.size());
-  auto at = [](std::vector<double>& m, std::int64_t cols, std::int64_t i,
-               std::int64_t j) -> double& { return m[static_cast<std::size_t>(i * cols + j)]; };
-  for (std::int64_t b = 0; b < s.B; ++b) {
+  auto cell = [n](std::vector<double>& m, std::int64_t i, std::int64_t j) -> double& {
+    return m[static_cast<std::size_t>(i * n + j)];
+  };
+  for (std::int64_t b = 0; b < s.batch; ++b) {
     for (std::int64_t h = 0; h < s.heads; ++h) {
-      auto q = [&](std::int64_t i, std::int64_t d) {
-        return qkv[static_cast<std::size_t>((b * n + i) * ld + h * hd + d)];
-      };
-      auto k = [&](std::int64_t i, std::int64_t d) {
-        return qkv[static_cast<std::size_t>((b * n + i) * ld + C + h * hd + d)];
-      };
-      auto v = [&](std::int64_t i, std::int64_t d) {
-        return qkv[static_cast<std::size_t>((b * n + i) * ld + 2 * C + h * hd + d)];
-      };
-      auto g = [&](std::int64_t i, std::int64_t d) {
-        return dout[static_cast<std::size_t>((b * n + i) * C + h * hd + d)];
-      };
-      auto grad = [&](std::int64_t part, std::int64_t i, std::int64_t d) -> double& {
-        return dqkv[static_cast<std::size_t>((b * n + i) * ld + part * C + h * hd + d)];
-      };
       std::fill(P.begin(), P.end(), 0.0);
       for (std::int64_t i = 0; i < n; ++i) {
         double mx = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = 0; j <= i; ++j) {
+        for (std::int64_t j = 0; j < at.key_end(i); ++j) {
           double dot = 0;
-          for (std::int64_t d = 0; d < hd; ++d) dot += q(i, d) * k(j, d);
-          at(P, n, i, j) = dot * scale;
+          for (std::int64_t d = 0; d < hd; ++d)
+            dot += qkv[at.q(b, h, i, d)] * qkv[at.k(b, h, j, d)];
+          cell(P, i, j) = dot * scale;
           mx = std::max(mx, dot * scale);
         }
         double sum = 0;
-        for (std::int64_t j = 0; j <= i; ++j)
-          sum += (at(P, n, i, j) = std::exp(at(P, n, i, j) - mx));
-        for (std::int64_t j = 0; j <= i; ++j) at(P, n, i, j) /= sum;
+        for (std::int64_t j = 0; j < at.key_end(i); ++j)
+          sum += (cell(P, i, j) = std::exp(cell(P, i, j) - mx));
+        for (std::int64_t j = 0; j < at.key_end(i); ++j) cell(P, i, j) /= sum;
       }
       for (std::int64_t i = 0; i < n; ++i) {
         double row = 0;
-        for (std::int64_t j = 0; j <= i; ++j) {
+        for (std::int64_t j = 0; j < at.key_end(i); ++j) {
           double dot = 0;
-          for (std::int64_t d = 0; d < hd; ++d) dot += g(i, d) * v(j, d);
-          at(dP, n, i, j) = dot;
-          row += dot * at(P, n, i, j);
+          for (std::int64_t d = 0; d < hd; ++d)
+            dot += dout[at.o(b, h, i, d)] * qkv[at.v(b, h, j, d)];
+          cell(dP, i, j) = dot;
+          row += dot * cell(P, i, j);
         }
-        for (std::int64_t j = 0; j <= i; ++j) {
-          const double ds = at(P, n, i, j) * (at(dP, n, i, j) - row);
+        for (std::int64_t j = 0; j < at.key_end(i); ++j) {
+          const double ds = cell(P, i, j) * (cell(dP, i, j) - row);
           for (std::int64_t d = 0; d < hd; ++d) {
-            grad(0, i, d) += scale * ds * k(j, d);
-            grad(1, j, d) += scale * ds * q(i, d);
-            grad(2, j, d) += at(P, n, i, j) * g(i, d);
+            dqkv[at.q(b, h, i, d)] += scale * ds * qkv[at.k(b, h, j, d)];
+            dqkv[at.k(b, h, j, d)] += scale * ds * qkv[at.q(b, h, i, d)];
+            dqkv[at.v(b, h, j, d)] += cell(P, i, j) * dout[at.o(b, h, i, d)];
           }
         }
       }
     }
   }
   return dqkv;
+}
+
+std::vector<double> naive_backward(const std::vector<double>& dout, const std::vector<double>& qkv,
+                                   const Shape& s) {
+  return naive_backward(dout, qkv, causal_mha(s));
 }
 
 std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
@@ -311,6 +347,205 @@ TEST(Attention, InvalidShapesAreInternalErrors) {
   EXPECT_THROW(
       attention_backward(out.data(), qkv.data(), out.data(), lse.data(), dqkv.data(), 1, -1, 1, 4),
       InternalError);
+}
+
+std::string describe(const AttentionShape& s) {
+  return ::testing::PrintToString(
+             std::vector<std::int64_t>{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim}) +
+         (s.causal ? " causal" : " bidirectional");
+}
+
+// Grouped-query (including one kv head for all q heads), multi-head, causal and
+// bidirectional, with seq not a multiple of the blocks.
+const AttentionShape kGeneralShapes[] = {
+    {2, 7, 4, 2, 3, true},    {2, 7, 4, 2, 3, false},   {1, 65, 6, 2, 16, true},
+    {1, 65, 6, 2, 16, false}, {2, 33, 4, 1, 5, true},   {2, 33, 4, 1, 5, false},
+    {1, 20, 3, 3, 4, false},  {1, 130, 2, 2, 8, false},
+};
+
+TEST(AttentionGeneral, ForwardMatchesNaiveReference) {
+  for (const AttentionShape& s : kGeneralShapes) {
+    for (std::int64_t block :
+         {std::int64_t{0}, std::int64_t{1}, std::int64_t{4}, std::int64_t{7}}) {
+      SCOPED_TRACE(describe(s) + " block=" + std::to_string(block));
+      const std::vector<double> qkv = random_vector(qkv_size(s), 41 + s.seq, -2.0, 2.0);
+      const Reference ref = naive_forward(qkv, s);
+      std::vector<double> out(out_size(s), -7.0), lse(lse_size(s), -7.0);
+      if (block == 0) {
+        attention_forward(qkv.data(), out.data(), lse.data(), s);
+      } else {
+        detail::attention_forward_blocked(qkv.data(), out.data(), lse.data(), s, block);
+      }
+      for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref.out[i], 1e-12) << i;
+      for (std::size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], ref.lse[i], 1e-12) << i;
+
+      // Float within the tolerance of AttentionForward.FloatIsCloseToDoubleReference.
+      const std::vector<float> qkv_f = to_float(qkv);
+      std::vector<float> out_f(out_size(s)), lse_f(lse_size(s));
+      detail::attention_forward_blocked(qkv_f.data(), out_f.data(), lse_f.data(), s,
+                                        block == 0 ? kAttentionBlock : block);
+      for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out_f[i], ref.out[i], 2e-5) << i;
+      for (std::size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse_f[i], ref.lse[i], 2e-5) << i;
+    }
+  }
+}
+
+TEST(AttentionGeneral, BackwardMatchesNaiveReference) {
+  for (const AttentionShape& s : kGeneralShapes) {
+    SCOPED_TRACE(describe(s));
+    const std::vector<double> qkv = random_vector(qkv_size(s), 51, -2.0, 2.0);
+    const std::vector<double> dout = random_vector(out_size(s), 52);
+    const std::vector<double> expected = naive_backward(dout, qkv, s);
+    for (std::int64_t block : {std::int64_t{3}, kAttentionBlock}) {
+      std::vector<double> out(out_size(s)), lse(lse_size(s)), dqkv(qkv_size(s), 5.0);
+      detail::attention_forward_blocked(qkv.data(), out.data(), lse.data(), s, block);
+      detail::attention_backward_blocked(dout.data(), qkv.data(), out.data(), lse.data(),
+                                         dqkv.data(), s, block);
+      for (std::size_t i = 0; i < dqkv.size(); ++i)
+        ASSERT_NEAR(dqkv[i], expected[i], 1e-11) << "block " << block << " element " << i;
+    }
+    // Float against the double reference, as in AttentionBackward.MatchesNaiveBackwardOnLarger-
+    // Shapes; a kv head sums the gradients of its group, hence the wider bound.
+    const std::vector<float> qkv_f = to_float(qkv), dout_f = to_float(dout);
+    std::vector<float> out_f(out_size(s)), lse_f(lse_size(s)), dqkv_f(qkv_size(s));
+    attention_forward(qkv_f.data(), out_f.data(), lse_f.data(), s);
+    attention_backward(dout_f.data(), qkv_f.data(), out_f.data(), lse_f.data(), dqkv_f.data(), s);
+    for (std::size_t i = 0; i < dqkv_f.size(); ++i) ASSERT_NEAR(dqkv_f[i], expected[i], 3e-4) << i;
+  }
+}
+
+void check_general_backward_by_finite_differences(const AttentionShape& s, std::int64_t block) {
+  const SingleThreaded single_threaded;
+  SCOPED_TRACE(describe(s) + " block=" + std::to_string(block));
+  std::vector<double> qkv = random_vector(qkv_size(s), 61, -1.0, 1.0);
+  const std::vector<double> w = random_vector(out_size(s), 62, -1.0, 1.0);
+  std::vector<double> out(out_size(s)), lse(lse_size(s));
+  auto forward = [&] {
+    detail::attention_forward_blocked(qkv.data(), out.data(), lse.data(), s, block);
+  };
+  forward();
+  std::vector<double> dqkv(qkv_size(s), 123.0);  // must be overwritten, not accumulated
+  detail::attention_backward_blocked(w.data(), qkv.data(), out.data(), lse.data(), dqkv.data(), s,
+                                     block);
+  expect_gradient_matches("dqkv", qkv, dqkv, [&] {
+    forward();
+    return oases::testing::dot(w, out);
+  });
+}
+
+TEST(AttentionGeneral, BackwardMatchesFiniteDifferences) {
+  for (bool causal : {true, false}) {
+    check_general_backward_by_finite_differences({2, 7, 4, 2, 3, causal}, 4);
+    check_general_backward_by_finite_differences({1, 9, 3, 1, 3, causal}, 2);
+    check_general_backward_by_finite_differences({1, 5, 2, 2, 3, causal}, 1);
+  }
+}
+
+// Grouped-query attention is multi-head attention with each kv head repeated for its group
+// (Hugging Face's repeat_kv): same outputs, and a kv head's gradient is the sum of its copies'.
+TEST(AttentionGeneral, GroupedQueryEqualsMultiHeadWithRepeatedKeysAndValues) {
+  for (bool causal : {true, false}) {
+    const AttentionShape gqa{2, 37, 6, 2, 5, causal};
+    const AttentionShape mha{2, 37, 6, 6, 5, causal};
+    SCOPED_TRACE(describe(gqa));
+    const std::int64_t hd = gqa.head_dim, group = 3;
+    const std::int64_t ld_g = (6 + 4) * hd, ld_m = 18 * hd;
+    const std::vector<double> qkv_g = random_vector(qkv_size(gqa), 71, -2.0, 2.0);
+    std::vector<double> qkv_m(qkv_size(mha));
+    for (std::int64_t row = 0; row < gqa.batch * gqa.seq; ++row) {
+      for (std::int64_t h = 0; h < 6; ++h) {
+        for (std::int64_t d = 0; d < hd; ++d) {
+          const auto g = static_cast<std::size_t>(row * ld_g);
+          const auto m = static_cast<std::size_t>(row * ld_m);
+          const auto kv = static_cast<std::size_t>((h / group) * hd + d);
+          const auto col = static_cast<std::size_t>(h * hd + d);
+          qkv_m[m + col] = qkv_g[g + col];
+          qkv_m[m + 6 * hd + col] = qkv_g[g + 6 * hd + kv];
+          qkv_m[m + 12 * hd + col] = qkv_g[g + 8 * hd + kv];
+        }
+      }
+    }
+    const std::vector<double> dout = random_vector(out_size(gqa), 72);
+    std::vector<double> out_g(out_size(gqa)), lse_g(lse_size(gqa)), dqkv_g(qkv_size(gqa));
+    std::vector<double> out_m(out_size(mha)), lse_m(lse_size(mha)), dqkv_m(qkv_size(mha));
+    attention_forward(qkv_g.data(), out_g.data(), lse_g.data(), gqa);
+    attention_backward(dout.data(), qkv_g.data(), out_g.data(), lse_g.data(), dqkv_g.data(), gqa);
+    attention_forward(qkv_m.data(), out_m.data(), lse_m.data(), mha);
+    attention_backward(dout.data(), qkv_m.data(), out_m.data(), lse_m.data(), dqkv_m.data(), mha);
+    for (std::size_t i = 0; i < out_g.size(); ++i) ASSERT_NEAR(out_g[i], out_m[i], 1e-13) << i;
+    for (std::size_t i = 0; i < lse_g.size(); ++i) ASSERT_NEAR(lse_g[i], lse_m[i], 1e-13) << i;
+    for (std::int64_t row = 0; row < gqa.batch * gqa.seq; ++row) {
+      const auto g = static_cast<std::size_t>(row * ld_g);
+      const auto m = static_cast<std::size_t>(row * ld_m);
+      for (std::size_t col = 0; col < static_cast<std::size_t>(6 * hd); ++col)
+        ASSERT_NEAR(dqkv_g[g + col], dqkv_m[m + col], 1e-12) << "dq row " << row;
+      for (std::int64_t kv = 0; kv < 2; ++kv) {
+        for (std::int64_t d = 0; d < hd; ++d) {
+          double dk = 0, dv = 0;
+          for (std::int64_t r = 0; r < group; ++r) {
+            const auto col = static_cast<std::size_t>((kv * group + r) * hd + d);
+            dk += dqkv_m[m + 6 * static_cast<std::size_t>(hd) + col];
+            dv += dqkv_m[m + 12 * static_cast<std::size_t>(hd) + col];
+          }
+          const auto col = static_cast<std::size_t>(kv * hd + d);
+          ASSERT_NEAR(dqkv_g[g + 6 * static_cast<std::size_t>(hd) + col], dk, 1e-12) << row;
+          ASSERT_NEAR(dqkv_g[g + 8 * static_cast<std::size_t>(hd) + col], dv, 1e-12) << row;
+        }
+      }
+    }
+  }
+}
+
+// The multi-head signatures are the general functions with kv_heads == heads, causal.
+TEST(AttentionGeneral, MultiHeadSignaturesAreTheCausalSpecialCase) {
+  const Shape s{2, 70, 3, 8};
+  const std::vector<float> qkv = to_float(random_qkv(s, 81));
+  const std::vector<float> dout = to_float(random_vector(s.out_size(), 82));
+  std::vector<float> out_a(s.out_size()), lse_a(s.lse_size()), dqkv_a(s.qkv_size());
+  std::vector<float> out_b(s.out_size()), lse_b(s.lse_size()), dqkv_b(s.qkv_size());
+  attention_forward(qkv.data(), out_a.data(), lse_a.data(), s.B, s.seq, s.heads, s.head_dim);
+  attention_backward(dout.data(), qkv.data(), out_a.data(), lse_a.data(), dqkv_a.data(), s.B, s.seq,
+                     s.heads, s.head_dim);
+  attention_forward(qkv.data(), out_b.data(), lse_b.data(), causal_mha(s));
+  attention_backward(dout.data(), qkv.data(), out_b.data(), lse_b.data(), dqkv_b.data(),
+                     causal_mha(s));
+  EXPECT_EQ(out_a, out_b);
+  EXPECT_EQ(lse_a, lse_b);
+  EXPECT_EQ(dqkv_a, dqkv_b);
+}
+
+TEST(AttentionGeneral, IsBitwiseDeterministicAndIndependentOfThreadCount) {
+  for (bool causal : {true, false}) {
+    const AttentionShape s{2, 150, 4, 2, 16, causal};
+    const std::vector<float> qkv = to_float(random_vector(qkv_size(s), 91, -2.0, 2.0));
+    const std::vector<float> dout = to_float(random_vector(out_size(s), 92));
+    auto run = [&](int threads) {
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      std::vector<float> out(out_size(s)), lse(lse_size(s)), dqkv(qkv_size(s));
+      attention_forward(qkv.data(), out.data(), lse.data(), s);
+      attention_backward(dout.data(), qkv.data(), out.data(), lse.data(), dqkv.data(), s);
+      omp_set_num_threads(saved);
+      out.insert(out.end(), lse.begin(), lse.end());
+      out.insert(out.end(), dqkv.begin(), dqkv.end());
+      return out;
+    };
+    const std::vector<float> first = run(2);
+    EXPECT_EQ(first, run(2)) << causal;
+    EXPECT_EQ(first, run(1)) << causal;
+    EXPECT_EQ(first, run(3)) << causal;
+  }
+}
+
+TEST(AttentionGeneral, HeadsNotDivisibleByKvHeadsAreInternalErrors) {
+  std::vector<float> qkv(64), out(64), lse(64), dqkv(64);
+  EXPECT_THROW(attention_forward(qkv.data(), out.data(), lse.data(), AttentionShape{1, 1, 3, 2, 2}),
+               InternalError);
+  EXPECT_THROW(attention_forward(qkv.data(), out.data(), lse.data(), AttentionShape{1, 1, 2, 0, 2}),
+               InternalError);
+  EXPECT_THROW(attention_backward(out.data(), qkv.data(), out.data(), lse.data(), dqkv.data(),
+                                  AttentionShape{1, 1, 2, 4, 2}),
+               InternalError);
 }
 
 }  // namespace

@@ -57,7 +57,9 @@ std::vector<double> naive_losses(const Problem& p) {
   return losses;
 }
 
-std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+std::vector<float> to_float(const std::vector<double>& v) {
+  return {v.begin(), v.end()};
+}
 
 struct Case {
   std::int64_t n, V, ld;
@@ -225,16 +227,82 @@ TEST(CrossEntropy, IsBitwiseDeterministicAndIndependentOfThreadCount) {
 }
 
 TEST(CrossEntropy, TargetOutsideVocabularyIsAnInternalError) {
-  // The data loader validates tokens; one out of range reaching the kernel is an engine bug.
+  // The data loader validates tokens; one past the vocabulary reaching the kernel is an engine
+  // bug. (Negative targets are ignored rows, tested below.)
   std::vector<float> logits(2 * 4, 0.0f), losses(2);
-  const std::vector<std::int32_t> too_big{1, 4}, negative{-1, 0};
+  const std::vector<std::int32_t> too_big{1, 4}, ignored{-1, 0};
   EXPECT_THROW(cross_entropy_forward(logits.data(), too_big.data(), losses.data(), 2, 4, 4),
                InternalError);
   EXPECT_THROW(
-      cross_entropy_forward_backward(logits.data(), negative.data(), losses.data(), 2, 4, 4, 1.0f),
+      cross_entropy_forward_backward(logits.data(), too_big.data(), losses.data(), 2, 4, 4, 1.0f),
       InternalError);
-  EXPECT_THROW(cross_entropy_forward(logits.data(), too_big.data(), losses.data(), 2, 4, 3),
+  EXPECT_THROW(cross_entropy_forward(logits.data(), ignored.data(), losses.data(), 2, 4, 3),
                InternalError);  // ld < V
+}
+
+// Rows 1 and 4 are ignored (the -100 of torch's default ignore_index and a -1).
+Problem problem_with_ignored_rows(std::int64_t n, std::int64_t V, std::int64_t ld,
+                                  std::uint64_t seed) {
+  Problem p = make_problem(n, V, ld, seed);
+  p.targets[1] = -100;
+  p.targets[4] = -1;
+  return p;
+}
+
+bool is_ignored(const Problem& p, std::int64_t i) {
+  return p.targets[static_cast<std::size_t>(i)] < 0;
+}
+
+TEST(CrossEntropyIgnoredRows, ForwardGivesZeroLossAndKeepsTheOthers) {
+  const Problem p = problem_with_ignored_rows(6, 11, 13, 41);
+  Problem kept = p;  // the same rows with every target valid
+  kept.targets[1] = 3;
+  kept.targets[4] = 0;
+  const std::vector<double> expected = naive_losses(kept);
+  std::vector<double> losses(6, -1.0);
+  cross_entropy_forward(p.logits.data(), p.targets.data(), losses.data(), p.n, p.V, p.ld);
+  std::vector<float> losses_f(6, -1.0f);
+  const std::vector<float> logits_f = to_float(p.logits);
+  cross_entropy_forward(logits_f.data(), p.targets.data(), losses_f.data(), p.n, p.V, p.ld);
+  for (std::int64_t i = 0; i < p.n; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    if (is_ignored(p, i)) {
+      EXPECT_EQ(losses[k], 0.0) << i;
+      EXPECT_EQ(losses_f[k], 0.0f) << i;
+    } else {
+      EXPECT_NEAR(losses[k], expected[k], 1e-12 * expected[k]) << i;
+      EXPECT_NEAR(losses_f[k], expected[k], 2e-6 * expected[k]) << i;
+    }
+  }
+}
+
+// The fused pass zeroes an ignored row's gradient (padding included) and its gradient is
+// still the finite-difference gradient of grad_scale * sum of losses.
+TEST(CrossEntropyIgnoredRows, FusedGradientIsZeroOnIgnoredRowsAndMatchesFiniteDifferences) {
+  const SingleThreaded single_threaded;
+  Problem p = problem_with_ignored_rows(6, 7, 9, 43);
+  const double grad_scale = 0.3;
+  std::vector<double> grad = p.logits, losses(6);
+  cross_entropy_forward_backward(grad.data(), p.targets.data(), losses.data(), p.n, p.V, p.ld,
+                                 grad_scale);
+  for (std::int64_t i = 0; i < p.n; ++i) {
+    if (!is_ignored(p, i)) continue;
+    EXPECT_EQ(losses[static_cast<std::size_t>(i)], 0.0);
+    for (std::int64_t j = 0; j < p.ld; ++j)
+      ASSERT_EQ(grad[static_cast<std::size_t>(i * p.ld + j)], 0.0) << i << "," << j;
+  }
+  std::vector<double> scratch(6);
+  expect_gradient_matches("dlogits", p.logits, grad, [&] {
+    cross_entropy_forward(p.logits.data(), p.targets.data(), scratch.data(), p.n, p.V, p.ld);
+    double total = 0;
+    for (double l : scratch) total += l;
+    return grad_scale * total;
+  });
+
+  std::vector<float> grad_f = to_float(p.logits), losses_f(6);
+  cross_entropy_forward_backward(grad_f.data(), p.targets.data(), losses_f.data(), p.n, p.V, p.ld,
+                                 0.3f);
+  for (std::size_t k = 0; k < grad.size(); ++k) ASSERT_NEAR(grad_f[k], grad[k], 1e-7) << k;
 }
 
 }  // namespace
@@ -243,17 +311,21 @@ TEST(CrossEntropy, TargetOutsideVocabularyIsAnInternalError) {
 namespace oases::kernels::cpu {
 namespace {
 
-// The vocab-parallel steps over a vocabulary split in three uneven shards (the reductions
-// done by hand) give the losses and gradients of the fused kernel on the whole row.
-TEST(CrossEntropyShards, ReductionsOverShardsEqualTheFusedKernel) {
-  const std::int64_t n = 5, V = 37;
-  const std::vector<std::int64_t> bounds = {0, 13, 25, 37};
-  auto logits = oases::testing::random_vector(static_cast<std::size_t>(n * V), 71, -4.0, 4.0);
-  std::vector<std::int32_t> targets = {0, 12, 13, 36, 25};
-  std::vector<double> fused = logits, fused_losses(n);
-  cross_entropy_forward_backward(fused.data(), targets.data(), fused_losses.data(), n, V, V, 0.25);
+// The vocab-parallel steps over a vocabulary split into shards [bounds[s], bounds[s + 1]), the
+// reductions done by hand. Each shard's rows have 3 padding columns holding 99.
+struct ShardedResult {
+  std::vector<double> losses;        // from shard 0 (every shard computes the same)
+  std::vector<double> gradient;      // [n, V] reassembled from the shards
+  std::vector<double> sum_exp;       // reduced over shards
+  std::vector<double> target_logit;  // reduced over shards
+};
 
-  std::vector<double> row_max(n, -1e300), sum_exp(n, 0), target_logit(n, 0);
+ShardedResult run_shards(const std::vector<double>& logits,
+                         const std::vector<std::int32_t>& targets, std::int64_t n, std::int64_t V,
+                         const std::vector<std::int64_t>& bounds, double grad_scale) {
+  std::vector<double> row_max(n, -1e300);
+  ShardedResult result{std::vector<double>(n), std::vector<double>(n * V),
+                       std::vector<double>(n, 0.0), std::vector<double>(n, 0.0)};
   std::vector<std::vector<double>> shards;
   for (std::size_t s = 0; s + 1 < bounds.size(); ++s) {
     const std::int64_t begin = bounds[s], width = bounds[s + 1] - begin, ld = width + 3;
@@ -271,21 +343,72 @@ TEST(CrossEntropyShards, ReductionsOverShardsEqualTheFusedKernel) {
     cross_entropy_shard_sums(shards[s].data(), targets.data(), begin, row_max.data(), n, width,
                              width + 3, local_sum.data(), local_target.data());
     for (std::int64_t i = 0; i < n; ++i) {
-      sum_exp[i] += local_sum[i];
-      target_logit[i] += local_target[i];
+      result.sum_exp[i] += local_sum[i];
+      result.target_logit[i] += local_target[i];
     }
   }
   for (std::size_t s = 0; s < shards.size(); ++s) {
     const std::int64_t begin = bounds[s], width = bounds[s + 1] - begin, ld = width + 3;
     std::vector<double> losses(n);
     cross_entropy_shard_finish(shards[s].data(), targets.data(), begin, row_max.data(),
-                               sum_exp.data(), target_logit.data(), n, width, ld, 0.25,
-                               losses.data(), true);
+                               result.sum_exp.data(), result.target_logit.data(), n, width, ld,
+                               grad_scale, losses.data(), true);
+    if (s == 0) result.losses = losses;
     for (std::int64_t i = 0; i < n; ++i) {
-      EXPECT_NEAR(losses[i], fused_losses[i], 1e-12 * std::abs(fused_losses[i]));
+      EXPECT_EQ(losses[i], result.losses[i]) << "shard " << s << " row " << i;
       for (std::int64_t j = 0; j < width; ++j)
-        EXPECT_NEAR(shards[s][i * ld + j], fused[i * V + begin + j], 1e-14) << i << "," << j;
-      for (std::int64_t j = width; j < ld; ++j) EXPECT_EQ(shards[s][i * ld + j], 0.0);
+        result.gradient[i * V + begin + j] = shards[s][i * ld + j];
+      for (std::int64_t j = width; j < ld; ++j)
+        EXPECT_EQ(shards[s][i * ld + j], 0.0) << "padding of shard " << s;
+    }
+  }
+  return result;
+}
+
+// The vocab-parallel steps over a vocabulary split in three uneven shards give the losses and
+// gradients of the fused kernel on the whole row.
+TEST(CrossEntropyShards, ReductionsOverShardsEqualTheFusedKernel) {
+  const std::int64_t n = 5, V = 37;
+  auto logits = oases::testing::random_vector(static_cast<std::size_t>(n * V), 71, -4.0, 4.0);
+  std::vector<std::int32_t> targets = {0, 12, 13, 36, 25};
+  std::vector<double> fused = logits, fused_losses(n);
+  cross_entropy_forward_backward(fused.data(), targets.data(), fused_losses.data(), n, V, V, 0.25);
+  const ShardedResult sharded = run_shards(logits, targets, n, V, {0, 13, 25, 37}, 0.25);
+  for (std::int64_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(sharded.losses[i], fused_losses[i], 1e-12 * std::abs(fused_losses[i]));
+    for (std::int64_t j = 0; j < V; ++j)
+      EXPECT_NEAR(sharded.gradient[i * V + j], fused[i * V + j], 1e-14) << i << "," << j;
+  }
+}
+
+// Ignored rows over 2 and 3 shards: loss 0, zero gradient rows, nothing summed for them, and
+// the other rows as the unsharded kernels give them.
+TEST(CrossEntropyShards, IgnoredRowsOverShardsEqualTheUnshardedKernels) {
+  const std::int64_t n = 6, V = 37;
+  auto logits = oases::testing::random_vector(static_cast<std::size_t>(n * V), 73, -4.0, 4.0);
+  const std::vector<std::int32_t> targets = {5, -100, 20, -1, 36, 0};
+  std::vector<double> fused = logits, fused_losses(n), forward_losses(n);
+  cross_entropy_forward_backward(fused.data(), targets.data(), fused_losses.data(), n, V, V, 0.5);
+  cross_entropy_forward(logits.data(), targets.data(), forward_losses.data(), n, V, V);
+  for (const auto& bounds :
+       {std::vector<std::int64_t>{0, 19, 37}, std::vector<std::int64_t>{0, 6, 21, 37}}) {
+    SCOPED_TRACE(::testing::Message() << bounds.size() - 1 << " shards");
+    const ShardedResult sharded = run_shards(logits, targets, n, V, bounds, 0.5);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const bool ignored = targets[i] < 0;
+      if (ignored) {
+        EXPECT_EQ(sharded.losses[i], 0.0) << i;
+        EXPECT_EQ(sharded.sum_exp[i], 0.0) << i;
+        EXPECT_EQ(sharded.target_logit[i], 0.0) << i;
+      }
+      EXPECT_EQ(fused_losses[i], forward_losses[i]) << i;
+      EXPECT_NEAR(sharded.losses[i], fused_losses[i], 1e-12 * std::abs(fused_losses[i])) << i;
+      for (std::int64_t j = 0; j < V; ++j) {
+        if (ignored) {
+          ASSERT_EQ(sharded.gradient[i * V + j], 0.0) << i << "," << j;
+        }
+        EXPECT_NEAR(sharded.gradient[i * V + j], fused[i * V + j], 1e-14) << i << "," << j;
+      }
     }
   }
 }

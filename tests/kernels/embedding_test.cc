@@ -110,3 +110,69 @@ TEST(EmbeddingShards, PartialLookupsSumToTheFullEmbedding) {
 
 }  // namespace
 }  // namespace oases::kernels::cpu
+
+namespace oases::kernels::cpu {
+namespace {
+
+// BERT's token types: a small table added onto the token + position sum.
+TEST(EmbeddingAccumulate, AddsTheTableRowsOntoOut) {
+  const std::int64_t B = 2, seq = 3, C = 5, types = 2;
+  const std::vector<std::int32_t> ids = {0, 1, 1, 1, 0, 0};
+  const auto table = oases::testing::random_vector(static_cast<std::size_t>(types * C), 1);
+  const auto out0 = oases::testing::random_vector(static_cast<std::size_t>(B * seq * C), 2);
+  std::vector<double> out = out0;
+  embedding_accumulate(ids.data(), table.data(), out.data(), B, seq, C);
+  const std::vector<float> table_f(table.begin(), table.end());
+  std::vector<float> out_f(out0.begin(), out0.end());
+  embedding_accumulate(ids.data(), table_f.data(), out_f.data(), B, seq, C);
+  for (std::int64_t row = 0; row < B * seq; ++row) {
+    for (std::int64_t c = 0; c < C; ++c) {
+      const auto k = static_cast<std::size_t>(row * C + c);
+      const double expected = out0[k] + table[static_cast<std::size_t>(ids[row] * C + c)];
+      EXPECT_EQ(out[k], expected) << row << "," << c;
+      EXPECT_EQ(out_f[k],
+                static_cast<float>(out0[k]) + table_f[static_cast<std::size_t>(ids[row] * C + c)]);
+    }
+  }
+}
+
+// L = sum(w * out) with out = out0 + table[ids]: the table gradient accumulates onto dtable.
+TEST(EmbeddingAccumulate, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  const std::int64_t B = 3, seq = 5, C = 3, rows = 4;
+  const std::vector<std::int32_t> ids = {3, 0, 3, 1, 1, 0, 0, 3, 1, 0, 1, 1, 3, 0, 0};
+  auto table = oases::testing::random_vector(static_cast<std::size_t>(rows * C), 11);
+  const auto out0 = oases::testing::random_vector(static_cast<std::size_t>(B * seq * C), 12);
+  const auto w = oases::testing::random_vector(out0.size(), 13);
+  const auto dtable0 = oases::testing::random_vector(table.size(), 14);
+  std::vector<double> dtable = dtable0;
+  embedding_accumulate_backward(w.data(), ids.data(), dtable.data(), B, seq, C);
+  for (std::size_t i = 0; i < dtable.size(); ++i) dtable[i] -= dtable0[i];
+  for (std::int64_t c = 0; c < C; ++c) EXPECT_EQ(dtable[2 * C + c], 0.0);  // row 2 is unused
+  oases::testing::expect_gradient_matches("dtable", table, dtable, [&] {
+    std::vector<double> out = out0;
+    embedding_accumulate(ids.data(), table.data(), out.data(), B, seq, C);
+    return oases::testing::dot(out, w);
+  });
+}
+
+TEST(EmbeddingAccumulate, BackwardIsBitwiseIndependentOfThreadCount) {
+  const std::int64_t B = 4, seq = 64, C = 130, rows = 2;
+  std::vector<std::int32_t> ids(B * seq);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i / 5) % rows);
+  const auto dout_d = oases::testing::random_vector(static_cast<std::size_t>(B * seq * C), 21);
+  const std::vector<float> dout(dout_d.begin(), dout_d.end());
+  auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    std::vector<float> dtable(rows * C, 0.5f);
+    embedding_accumulate_backward(dout.data(), ids.data(), dtable.data(), B, seq, C);
+    omp_set_num_threads(saved);
+    return dtable;
+  };
+  const auto one = run(1);
+  EXPECT_EQ(one, run(2));
+  EXPECT_EQ(one, run(3));
+}
+
+}  // namespace
+}  // namespace oases::kernels::cpu

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
@@ -75,6 +76,81 @@ TEST(Gelu, FloatBackwardTracksDouble) {
   const std::vector<float> xf(x.begin(), x.end()), dyf(dy.begin(), dy.end());
   std::vector<float> dxf(n);
   gelu_backward(xf.data(), dyf.data(), dxf.data(), n);
+  for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(dxf[i], dx[i], 1e-6) << "x=" << x[i];
+}
+
+double gelu_erf_reference(double x) {
+  return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+}
+
+TEST(GeluErf, ForwardMatchesDefinitionAndKnownValues) {
+  const std::int64_t n = 101;
+  auto x = random_vector(n, 11, -7.0, 7.0);
+  x[0] = 0.0;
+  x[1] = 1.0;
+  x[2] = -1.0;
+  x[3] = 30.0;
+  x[4] = -30.0;
+  std::vector<double> y(n);
+  gelu_erf_forward(x.data(), y.data(), n);
+  for (std::int64_t i = 0; i < n; ++i)
+    EXPECT_NEAR(y[i], gelu_erf_reference(x[i]), 1e-15 * (1 + std::abs(x[i]))) << "x=" << x[i];
+  // x * Phi(x) with the standard normal CDF Phi(1) = 0.841344746068542948...
+  EXPECT_NEAR(y[1], 0.841344746068542948, 4e-16);
+  EXPECT_NEAR(y[2], -0.158655253931457051, 4e-16);
+  EXPECT_EQ(y[0], 0.0);
+  EXPECT_EQ(y[3], 30.0);
+  EXPECT_EQ(y[4], -0.0);
+  // The erf form differs from the tanh approximation (by up to ~5e-4 near |x| = 2).
+  std::vector<double> tanh_form(n);
+  gelu_forward(x.data(), tanh_form.data(), n);
+  double largest_gap = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    largest_gap = std::max(largest_gap, std::abs(y[i] - tanh_form[i]));
+  EXPECT_GT(largest_gap, 1e-5);
+
+  const std::vector<float> xf(x.begin(), x.end());
+  std::vector<float> yf(n);
+  gelu_erf_forward(xf.data(), yf.data(), n);
+  for (std::int64_t i = 0; i < n; ++i)
+    EXPECT_NEAR(yf[i], gelu_erf_reference(xf[i]), 1e-6 * (1 + std::abs(x[i]))) << "x=" << x[i];
+}
+
+TEST(GeluErf, ForwardInPlace) {
+  const auto x = random_vector(9, 12, -3.0, 3.0);
+  std::vector<double> expected(9), in_place = x;
+  gelu_erf_forward(x.data(), expected.data(), 9);
+  gelu_erf_forward(in_place.data(), in_place.data(), 9);
+  EXPECT_EQ(in_place, expected);
+}
+
+TEST(GeluErf, BackwardMatchesFiniteDifferences) {
+  const std::int64_t n = 37;
+  auto x = random_vector(n, 13, -5.0, 5.0);
+  const auto dy = random_vector(n, 14);
+  std::vector<double> dx(n, 1e30), y(n);
+  gelu_erf_backward(x.data(), dy.data(), dx.data(), n);
+  auto loss = [&] {
+    gelu_erf_forward(x.data(), y.data(), n);
+    return oases::testing::dot(y, dy);
+  };
+  expect_gradient_matches("dx", x, dx, loss);
+
+  // dx may alias dy.
+  auto in_place = dy;
+  gelu_erf_backward(x.data(), in_place.data(), in_place.data(), n);
+  EXPECT_EQ(in_place, dx);
+}
+
+TEST(GeluErf, FloatBackwardTracksDouble) {
+  const std::int64_t n = 50;
+  const auto x = random_vector(n, 15, -6.0, 6.0), dy = random_vector(n, 16);
+  const std::vector<float> xf(x.begin(), x.end()), dyf(dy.begin(), dy.end());
+  const std::vector<double> xr(xf.begin(), xf.end()), dyr(dyf.begin(), dyf.end());
+  std::vector<double> dx(n);
+  gelu_erf_backward(xr.data(), dyr.data(), dx.data(), n);
+  std::vector<float> dxf(n);
+  gelu_erf_backward(xf.data(), dyf.data(), dxf.data(), n);
   for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(dxf[i], dx[i], 1e-6) << "x=" << x[i];
 }
 

@@ -158,5 +158,162 @@ TEST(Gemm, LinearBackwardSkipsNullGradients) {
   EXPECT_EQ(dw_full, dw_only);
 }
 
+// A strided linear problem: x rows at stride in + 2, y rows at stride out + 3, w in either
+// layout. weight(k, j) is W[k, j] of y = x @ W + b whatever the storage.
+struct StridedLinear {
+  std::int64_t n = 3, in = 5, out = 4, ldx = in + 2, ldy = out + 3;
+  WeightLayout layout;
+  std::vector<double> x, w, b;
+  StridedLinear(WeightLayout l, std::uint64_t seed)
+      : layout(l),
+        x(random_vector(static_cast<std::size_t>(n * ldx), seed)),
+        w(random_vector(static_cast<std::size_t>(in * out), seed + 1)),
+        b(random_vector(static_cast<std::size_t>(out), seed + 2)) {}
+  double weight(std::int64_t k, std::int64_t j) const {
+    return layout == WeightLayout::in_out ? w[static_cast<std::size_t>(k * out + j)]
+                                          : w[static_cast<std::size_t>(j * in + k)];
+  }
+  double product(std::int64_t i, std::int64_t j) const {
+    double sum = 0;
+    for (std::int64_t k = 0; k < in; ++k)
+      sum += x[static_cast<std::size_t>(i * ldx + k)] * weight(k, j);
+    return sum;
+  }
+};
+
+const char* name(WeightLayout layout) {
+  return layout == WeightLayout::in_out ? "in_out" : "out_in";
+}
+
+TYPED_TEST(GemmTest, StridedLinearForwardMatchesNaiveForBothLayouts) {
+  using T = TypeParam;
+  const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-14;
+  for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
+    for (bool bias : {false, true}) {
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << name(layout) << " bias=" << bias << " accumulate=" << accumulate);
+        const StridedLinear p(layout, 31);
+        const auto y0 = random_vector(static_cast<std::size_t>(p.n * p.ldy), 34);
+        const auto xt = cast_vector<T>(p.x), wt = cast_vector<T>(p.w), bt = cast_vector<T>(p.b);
+        auto y = cast_vector<T>(y0);
+        linear_forward(xt.data(), p.ldx, wt.data(), layout, bias ? bt.data() : nullptr, y.data(),
+                       p.ldy, p.n, p.in, p.out, accumulate);
+        for (std::int64_t i = 0; i < p.n; ++i) {
+          for (std::int64_t j = 0; j < p.ldy; ++j) {
+            const auto k = static_cast<std::size_t>(i * p.ldy + j);
+            if (j >= p.out) {
+              EXPECT_EQ(y[k], static_cast<T>(y0[k])) << "padding of y written at " << i << "," << j;
+              continue;
+            }
+            const double expected = p.product(i, j) +
+                                    (bias ? p.b[static_cast<std::size_t>(j)] : 0.0) +
+                                    (accumulate ? static_cast<double>(static_cast<T>(y0[k])) : 0.0);
+            EXPECT_NEAR(y[k], expected, tol) << i << "," << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Central differences of L = sum(wts * y) over every stored element of x (padding columns
+// included, whose derivative is 0), w and b, for both layouts. dx is written at its own stride,
+// onto garbage (overwrite) or onto earlier values (accumulate); dw and db accumulate.
+TEST(Gemm, StridedLinearBackwardMatchesFiniteDifferencesForBothLayouts) {
+  for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
+    for (bool accumulate_dx : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << name(layout) << " accumulate_dx=" << accumulate_dx);
+      StridedLinear p(layout, 41);
+      const std::int64_t lddy = p.out + 1, lddx = p.in + 4;
+      const auto dy = random_vector(static_cast<std::size_t>(p.n * lddy), 44);
+      const auto dx0 = random_vector(static_cast<std::size_t>(p.n * lddx), 45);
+      const auto dw0 = random_vector(p.w.size(), 46), db0 = random_vector(p.b.size(), 47);
+      std::vector<double> dx = accumulate_dx ? dx0 : std::vector<double>(dx0.size(), 1e30);
+      std::vector<double> dw = dw0, db = db0;
+      linear_backward(dy.data(), lddy, p.x.data(), p.ldx, p.w.data(), layout, dx.data(), lddx,
+                      accumulate_dx, dw.data(), db.data(), p.n, p.in, p.out);
+      // The new gradient of x, in x's storage layout (0 on its padding columns).
+      std::vector<double> dx_new(p.x.size(), 0.0);
+      for (std::int64_t i = 0; i < p.n; ++i) {
+        for (std::int64_t k = 0; k < p.in; ++k) {
+          dx_new[i * p.ldx + k] = dx[i * lddx + k] - (accumulate_dx ? dx0[i * lddx + k] : 0.0);
+        }
+        for (std::int64_t k = p.in; k < lddx; ++k) {
+          EXPECT_EQ(dx[i * lddx + k], accumulate_dx ? dx0[i * lddx + k] : 1e30) << "dx padding";
+        }
+      }
+      std::vector<double> dw_new(dw.size()), db_new(db.size());
+      for (std::size_t i = 0; i < dw.size(); ++i) dw_new[i] = dw[i] - dw0[i];
+      for (std::size_t i = 0; i < db.size(); ++i) db_new[i] = db[i] - db0[i];
+      std::vector<double> y(static_cast<std::size_t>(p.n * lddy), 0.0);
+      auto loss = [&] {
+        linear_forward(p.x.data(), p.ldx, p.w.data(), layout, p.b.data(), y.data(), lddy, p.n, p.in,
+                       p.out);
+        return oases::testing::dot(y, dy);  // y's padding stays 0
+      };
+      expect_gradient_matches("dx", p.x, dx_new, loss);
+      expect_gradient_matches("dw", p.w, dw_new, loss);
+      expect_gradient_matches("db", p.b, db_new, loss);
+    }
+  }
+}
+
+// torch.nn.Linear's [out, in] weight is the transpose of Conv1D's [in, out]: both layouts give
+// the same outputs and transposed weight gradients.
+TEST(Gemm, OutInLayoutIsTheTransposedWeight) {
+  const std::int64_t n = 6, in = 7, out = 5;
+  const auto x = random_vector(n * in, 51), w = random_vector(in * out, 52),
+             b = random_vector(out, 53), dy = random_vector(n * out, 54);
+  std::vector<double> w_t(w.size());
+  for (std::int64_t k = 0; k < in; ++k)
+    for (std::int64_t j = 0; j < out; ++j) w_t[j * in + k] = w[k * out + j];
+  std::vector<double> y(n * out), y_t(n * out), dx(n * in), dx_t(n * in), dw(in * out, 0.0),
+      dw_t(in * out, 0.0), db(out, 0.0), db_t(out, 0.0);
+  linear_forward(x.data(), in, w.data(), WeightLayout::in_out, b.data(), y.data(), out, n, in, out);
+  linear_forward(x.data(), in, w_t.data(), WeightLayout::out_in, b.data(), y_t.data(), out, n, in,
+                 out);
+  linear_backward(dy.data(), out, x.data(), in, w.data(), WeightLayout::in_out, dx.data(), in,
+                  false, dw.data(), db.data(), n, in, out);
+  linear_backward(dy.data(), out, x.data(), in, w_t.data(), WeightLayout::out_in, dx_t.data(), in,
+                  false, dw_t.data(), db_t.data(), n, in, out);
+  for (std::size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y_t[i], y[i], 1e-14);
+  for (std::size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(dx_t[i], dx[i], 1e-14);
+  for (std::int64_t k = 0; k < in; ++k)
+    for (std::int64_t j = 0; j < out; ++j) EXPECT_NEAR(dw_t[j * in + k], dw[k * out + j], 1e-14);
+  EXPECT_EQ(db_t, db);
+}
+
+// The contiguous Conv1D signatures are the strided functions with ld = width and in_out.
+TEST(Gemm, ContiguousSignaturesAreTheInOutSpecialCase) {
+  const std::int64_t n = 40, in = 33, out = 17;
+  const auto xd = random_vector(n * in, 61), wd = random_vector(in * out, 62),
+             bd = random_vector(out, 63), dyd = random_vector(n * out, 64);
+  const auto x = cast_vector<float>(xd), w = cast_vector<float>(wd), b = cast_vector<float>(bd),
+             dy = cast_vector<float>(dyd);
+  std::vector<float> y_a(n * out), y_b(n * out), dx_a(n * in), dx_b(n * in), dw_a(in * out, 0.5f),
+      dw_b(in * out, 0.5f), db_a(out, 0.25f), db_b(out, 0.25f);
+  linear_forward(x.data(), w.data(), b.data(), y_a.data(), n, in, out);
+  linear_forward(x.data(), in, w.data(), WeightLayout::in_out, b.data(), y_b.data(), out, n, in,
+                 out);
+  linear_backward(dy.data(), x.data(), w.data(), dx_a.data(), dw_a.data(), db_a.data(), n, in, out);
+  linear_backward(dy.data(), out, x.data(), in, w.data(), WeightLayout::in_out, dx_b.data(), in,
+                  false, dw_b.data(), db_b.data(), n, in, out);
+  EXPECT_EQ(y_a, y_b);
+  EXPECT_EQ(dx_a, dx_b);
+  EXPECT_EQ(dw_a, dw_b);
+  EXPECT_EQ(db_a, db_b);
+}
+
+TEST(Gemm, StridedLinearRejectsStridesBelowWidths) {
+  std::vector<double> x(64), w(64), y(64);
+  EXPECT_THROW(
+      linear_forward(x.data(), 3, w.data(), WeightLayout::out_in, nullptr, y.data(), 4, 2, 4, 4),
+      InternalError);
+  EXPECT_THROW(linear_backward(y.data(), 3, x.data(), 4, w.data(), WeightLayout::in_out, x.data(),
+                               4, false, w.data(), nullptr, 2, 4, 4),
+               InternalError);
+}
+
 }  // namespace
 }  // namespace oases::kernels::cpu

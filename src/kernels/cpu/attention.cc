@@ -130,27 +130,50 @@ OASES_VECTOR_CLONES void score_gradient_tile(const T* p, T* dp, int64_t nq, int6
   }
 }
 
-void check_shapes(int64_t B, int64_t seq, int64_t heads, int64_t head_dim, int64_t block) {
-  OASES_ASSERT(B >= 0 && seq >= 0 && heads >= 0 && head_dim > 0,
-               "attention shapes: B={} seq={} heads={} head_dim={}", B, seq, heads, head_dim);
+void check_shape(const AttentionShape& shape, int64_t block) {
+  const int64_t B = shape.batch, seq = shape.seq, heads = shape.heads;
+  const int64_t kv_heads = shape.kv_heads, head_dim = shape.head_dim;
+  OASES_ASSERT(B >= 0 && seq >= 0 && heads >= 0 && kv_heads >= 0 && head_dim > 0,
+               "attention shape: batch={} seq={} heads={} kv_heads={} head_dim={}", B, seq, heads,
+               kv_heads, head_dim);
+  OASES_ASSERT(
+      (heads == 0 && kv_heads == 0) || (kv_heads > 0 && heads % kv_heads == 0 && heads >= kv_heads),
+      "attention: {} query heads cannot share {} key/value heads evenly", heads, kv_heads);
   OASES_ASSERT(block > 0, "attention block size {} must be positive", block);
   // BLAS takes 32-bit sizes and strides; the widest is a row of qkv.
-  OASES_ASSERT(3 * heads * head_dim <= std::numeric_limits<int>::max(),
-               "attention row of {} elements is too wide for BLAS", 3 * heads * head_dim);
+  OASES_ASSERT((heads + 2 * kv_heads) * head_dim <= std::numeric_limits<int>::max(),
+               "attention row of {} elements is too wide for BLAS",
+               (heads + 2 * kv_heads) * head_dim);
 }
+
+// Where each part of a head lives in the qkv and out rows.
+struct HeadColumns {
+  explicit HeadColumns(const AttentionShape& shape)
+      : qkv_ld((shape.heads + 2 * shape.kv_heads) * shape.head_dim),
+        out_ld(shape.heads * shape.head_dim),
+        k_begin(shape.heads * shape.head_dim),
+        v_begin((shape.heads + shape.kv_heads) * shape.head_dim),
+        group(shape.kv_heads > 0 ? shape.heads / shape.kv_heads : 1) {}
+  int64_t qkv_ld;   // row stride of qkv and dqkv
+  int64_t out_ld;   // row stride of out and dout
+  int64_t k_begin;  // first column of kv head 0's k
+  int64_t v_begin;  // first column of kv head 0's v
+  int64_t group;    // q heads per kv head
+};
 
 }  // namespace
 
 namespace detail {
 
 template <class T>
-void attention_forward_blocked(const T* qkv, T* out, T* lse, int64_t B, int64_t seq, int64_t heads,
-                               int64_t head_dim, int64_t block) {
-  check_shapes(B, seq, heads, head_dim, block);
-  const int64_t C = heads * head_dim;
-  const int64_t ld = 3 * C;  // row stride of qkv
+void attention_forward_blocked(const T* qkv, T* out, T* lse, const AttentionShape& shape,
+                               int64_t block) {
+  check_shape(shape, block);
+  const int64_t seq = shape.seq, heads = shape.heads, head_dim = shape.head_dim;
+  const HeadColumns cols(shape);
+  const int64_t ld = cols.qkv_ld, C = cols.out_ld;
   const int64_t blocks = (seq + block - 1) / block;
-  const int64_t tasks = B * heads * blocks;
+  const int64_t tasks = shape.batch * heads * blocks;
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
 
   // Per thread: a score tile, an output accumulator and the running max and sum of a
@@ -159,10 +182,11 @@ void attention_forward_blocked(const T* qkv, T* out, T* lse, int64_t B, int64_t 
   const int64_t acc_size = block * head_dim;
   ThreadScratch<T> scratch(tile + acc_size + 2 * block, omp_get_max_threads());
 
-  // A task is one query block of one (batch, head); every output element is written by
+  // A task is one query block of one (batch, q head); every output element is written by
   // exactly one task with a fixed order of operations, so the result does not depend on
   // which thread runs it, and the schedule may be dynamic. Tasks go from the last query
-  // block (most key blocks) to the first, so the cheap ones fill in at the end.
+  // block (under the causal mask, the one with most key blocks) to the first, so the cheap
+  // ones fill in at the end.
 #pragma omp parallel
   {
     T* s = scratch.for_thread(omp_get_thread_num());
@@ -174,20 +198,23 @@ void attention_forward_blocked(const T* qkv, T* out, T* lse, int64_t B, int64_t 
       const int64_t bh = task / blocks;
       const int64_t qb = blocks - 1 - task % blocks;
       const int64_t b = bh / heads, h = bh % heads;
+      const int64_t kv_head = h / cols.group;
       const int64_t i0 = qb * block;
       const int64_t nq = std::min(block, seq - i0);
       const T* q = qkv + (b * seq + i0) * ld + h * head_dim;
+      const int64_t key_blocks = shape.causal ? qb + 1 : blocks;
 
       std::fill(row_max, row_max + nq, -std::numeric_limits<T>::infinity());
       std::fill(row_sum, row_sum + nq, T(0));
-      for (int64_t kb = 0; kb <= qb; ++kb) {
+      for (int64_t kb = 0; kb < key_blocks; ++kb) {
         const int64_t j0 = kb * block;
         const int64_t nk = std::min(block, seq - j0);
-        const T* k = qkv + (b * seq + j0) * ld + C + h * head_dim;
-        const T* v = k + C;
+        const T* key_row = qkv + (b * seq + j0) * ld;
+        const T* k = key_row + cols.k_begin + kv_head * head_dim;
+        const T* v = key_row + cols.v_begin + kv_head * head_dim;
         tile_gemm(false, true, nq, nk, head_dim, T(1), q, ld, k, ld, T(0), s, block);
-        online_softmax_tile(s, nq, nk, block, kb == qb, kb == 0, scale, row_max, row_sum, acc,
-                            head_dim);
+        online_softmax_tile(s, nq, nk, block, shape.causal && kb == qb, kb == 0, scale, row_max,
+                            row_sum, acc, head_dim);
         tile_gemm(false, false, nq, head_dim, nk, T(1), s, block, v, ld, kb == 0 ? T(0) : T(1), acc,
                   head_dim);
       }
@@ -205,80 +232,126 @@ void attention_forward_blocked(const T* qkv, T* out, T* lse, int64_t B, int64_t 
 
 template <class T>
 void attention_backward_blocked(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
-                                int64_t B, int64_t seq, int64_t heads, int64_t head_dim,
-                                int64_t block) {
-  check_shapes(B, seq, heads, head_dim, block);
-  const int64_t C = heads * head_dim;
-  const int64_t ld = 3 * C;
+                                const AttentionShape& shape, int64_t block) {
+  check_shape(shape, block);
+  const int64_t seq = shape.seq, heads = shape.heads, head_dim = shape.head_dim;
+  const HeadColumns cols(shape);
+  const int64_t ld = cols.qkv_ld, C = cols.out_ld, group = cols.group;
   const int64_t blocks = (seq + block - 1) / block;
-  const int64_t pairs = B * heads;
+  const int64_t pairs = shape.batch * shape.kv_heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
 
-  // Per thread: the probability tile, the dP / dS tile and D for every row of the head.
+  // Per thread: the probability tile, the dP / dS tile and D for every row of every q head
+  // of the group.
   const int64_t tile = block * block;
-  ThreadScratch<T> scratch(2 * tile + seq, omp_get_max_threads());
+  ThreadScratch<T> scratch(2 * tile + group * seq, omp_get_max_threads());
 
-  // One (batch, head) per task: its dK and dV rows collect contributions from every query
-  // block, so keeping the pair on one thread makes the accumulation race-free and its order
-  // fixed (hence the result is independent of the thread that runs it).
+  // One (batch, kv head) per task: its dK and dV rows collect contributions from every query
+  // block of every q head of its group, so keeping the pair on one thread makes the
+  // accumulation race-free and its order fixed (hence the result is independent of the
+  // thread that runs it). The q heads' dQ rows are written by this task alone too.
 #pragma omp parallel
   {
     T* p = scratch.for_thread(omp_get_thread_num());
     T* ds = p + tile;
-    T* row_dot = ds + tile;  // D_i = dO_i . O_i
+    T* row_dot_all = ds + tile;  // D_i = dO_i . O_i, [group, seq]
 #pragma omp for schedule(dynamic)
-    for (int64_t bh = 0; bh < pairs; ++bh) {
-      const int64_t b = bh / heads, h = bh % heads;
-      const T* q_all = qkv + b * seq * ld + h * head_dim;
-      const T* do_all = dout + b * seq * C + h * head_dim;
-      const T* o_all = out + b * seq * C + h * head_dim;
-      T* dq_all = dqkv + b * seq * ld + h * head_dim;
-      const T* l_all = lse + bh * seq;
+    for (int64_t pair = 0; pair < pairs; ++pair) {
+      const int64_t b = pair / shape.kv_heads, kv_head = pair % shape.kv_heads;
+      const T* qkv_b = qkv + b * seq * ld;
+      T* dqkv_b = dqkv + b * seq * ld;
 
-      for (int64_t i = 0; i < seq; ++i) {
-        const T* dor = do_all + i * C;
-        const T* orow = o_all + i * C;
-        T dot = 0;
+      for (int64_t r = 0; r < group; ++r) {
+        const int64_t h = kv_head * group + r;
+        const T* do_all = dout + b * seq * C + h * head_dim;
+        const T* o_all = out + b * seq * C + h * head_dim;
+        T* dq_all = dqkv_b + h * head_dim;
+        T* row_dot = row_dot_all + r * seq;
+        for (int64_t i = 0; i < seq; ++i) {
+          const T* dor = do_all + i * C;
+          const T* orow = o_all + i * C;
+          T dot = 0;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < head_dim; ++d) dot += dor[d] * orow[d];
-        row_dot[i] = dot;
-        T* g = dq_all + i * ld;
-        std::fill(g, g + head_dim, T(0));
-        std::fill(g + C, g + C + head_dim, T(0));
-        std::fill(g + 2 * C, g + 2 * C + head_dim, T(0));
+          for (int64_t d = 0; d < head_dim; ++d) dot += dor[d] * orow[d];
+          row_dot[i] = dot;
+          std::fill(dq_all + i * ld, dq_all + i * ld + head_dim, T(0));
+        }
+      }
+      for (int64_t i = 0; i < seq; ++i) {
+        T* g = dqkv_b + i * ld;
+        std::fill(g + cols.k_begin + kv_head * head_dim,
+                  g + cols.k_begin + (kv_head + 1) * head_dim, T(0));
+        std::fill(g + cols.v_begin + kv_head * head_dim,
+                  g + cols.v_begin + (kv_head + 1) * head_dim, T(0));
       }
 
       for (int64_t kb = 0; kb < blocks; ++kb) {
         const int64_t j0 = kb * block;
         const int64_t nk = std::min(block, seq - j0);
-        const T* k = q_all + j0 * ld + C;
-        const T* v = k + C;
-        T* dk = dq_all + j0 * ld + C;
-        T* dv = dk + C;
-        for (int64_t qb = kb; qb < blocks; ++qb) {
-          const int64_t i0 = qb * block;
-          const int64_t nq = std::min(block, seq - i0);
-          const T* q = q_all + i0 * ld;
-          const T* dor = do_all + i0 * C;
-          T* dq = dq_all + i0 * ld;
+        const T* k = qkv_b + j0 * ld + cols.k_begin + kv_head * head_dim;
+        const T* v = qkv_b + j0 * ld + cols.v_begin + kv_head * head_dim;
+        T* dk = dqkv_b + j0 * ld + cols.k_begin + kv_head * head_dim;
+        T* dv = dqkv_b + j0 * ld + cols.v_begin + kv_head * head_dim;
+        for (int64_t r = 0; r < group; ++r) {
+          const int64_t h = kv_head * group + r;
+          const int64_t bh = b * heads + h;
+          const T* q_all = qkv_b + h * head_dim;
+          const T* do_all = dout + b * seq * C + h * head_dim;
+          T* dq_all = dqkv_b + h * head_dim;
+          const T* row_dot = row_dot_all + r * seq;
+          const T* l_all = lse + bh * seq;
+          for (int64_t qb = shape.causal ? kb : 0; qb < blocks; ++qb) {
+            const int64_t i0 = qb * block;
+            const int64_t nq = std::min(block, seq - i0);
+            const T* q = q_all + i0 * ld;
+            const T* dor = do_all + i0 * C;
+            T* dq = dq_all + i0 * ld;
+            const bool diagonal = shape.causal && kb == qb;
 
-          tile_gemm(false, true, nq, nk, head_dim, T(1), q, ld, k, ld, T(0), p, block);
-          probabilities_tile(p, nq, nk, block, kb == qb, scale, l_all + i0);
-          // dV_j += P^T dO_i
-          tile_gemm(true, false, nk, head_dim, nq, T(1), p, block, dor, C, T(1), dv, ld);
-          // dP = dO_i V_j^T, then dS = P * (dP - D) in place.
-          tile_gemm(false, true, nq, nk, head_dim, T(1), dor, C, v, ld, T(0), ds, block);
-          score_gradient_tile(p, ds, nq, nk, block, row_dot + i0);
-          // dQ_i += scale dS K_j;  dK_j += scale dS^T Q_i
-          tile_gemm(false, false, nq, head_dim, nk, scale, ds, block, k, ld, T(1), dq, ld);
-          tile_gemm(true, false, nk, head_dim, nq, scale, ds, block, q, ld, T(1), dk, ld);
+            tile_gemm(false, true, nq, nk, head_dim, T(1), q, ld, k, ld, T(0), p, block);
+            probabilities_tile(p, nq, nk, block, diagonal, scale, l_all + i0);
+            // dV_j += P^T dO_i
+            tile_gemm(true, false, nk, head_dim, nq, T(1), p, block, dor, C, T(1), dv, ld);
+            // dP = dO_i V_j^T, then dS = P * (dP - D) in place.
+            tile_gemm(false, true, nq, nk, head_dim, T(1), dor, C, v, ld, T(0), ds, block);
+            score_gradient_tile(p, ds, nq, nk, block, row_dot + i0);
+            // dQ_i += scale dS K_j;  dK_j += scale dS^T Q_i
+            tile_gemm(false, false, nq, head_dim, nk, scale, ds, block, k, ld, T(1), dq, ld);
+            tile_gemm(true, false, nk, head_dim, nq, scale, ds, block, q, ld, T(1), dk, ld);
+          }
         }
       }
     }
   }
 }
 
+template <class T>
+void attention_forward_blocked(const T* qkv, T* out, T* lse, int64_t B, int64_t seq, int64_t heads,
+                               int64_t head_dim, int64_t block) {
+  attention_forward_blocked(qkv, out, lse, AttentionShape{B, seq, heads, heads, head_dim, true},
+                            block);
+}
+
+template <class T>
+void attention_backward_blocked(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
+                                int64_t B, int64_t seq, int64_t heads, int64_t head_dim,
+                                int64_t block) {
+  attention_backward_blocked(dout, qkv, out, lse, dqkv,
+                             AttentionShape{B, seq, heads, heads, head_dim, true}, block);
+}
+
 }  // namespace detail
+
+template <class T>
+void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& shape) {
+  detail::attention_forward_blocked(qkv, out, lse, shape, kAttentionBlock);
+}
+
+template <class T>
+void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
+                        const AttentionShape& shape) {
+  detail::attention_backward_blocked(dout, qkv, out, lse, dqkv, shape, kAttentionBlock);
+}
 
 template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t seq, int64_t heads,
@@ -294,6 +367,13 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
 }
 
 #define OASES_INSTANTIATE(T)                                                                      \
+  template void attention_forward<T>(const T*, T*, T*, const AttentionShape&);                    \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, T*,                 \
+                                      const AttentionShape&);                                     \
+  template void detail::attention_forward_blocked<T>(const T*, T*, T*, const AttentionShape&,     \
+                                                     int64_t);                                    \
+  template void detail::attention_backward_blocked<T>(const T*, const T*, const T*, const T*, T*, \
+                                                      const AttentionShape&, int64_t);            \
   template void attention_forward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t);       \
   template void attention_backward<T>(const T*, const T*, const T*, const T*, T*, int64_t,        \
                                       int64_t, int64_t, int64_t);                                 \

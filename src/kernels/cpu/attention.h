@@ -1,29 +1,53 @@
-// Causal multi-head self-attention, computed in blocks with an online softmax so that no
-// thread ever holds more than one [block_q, block_k] tile of scores (never [seq, seq]).
+// Multi-head self-attention (causal or bidirectional, with grouped-query attention), computed
+// in blocks with an online softmax so that no thread ever holds more than one
+// [block_q, block_k] tile of scores (never [seq, seq]).
 //
-// Layout (GPT-2 c_attn output): qkv [B, seq, 3*C] with C = heads * head_dim; columns
-// [0, C) are q, [C, 2C) are k, [2C, 3C) are v; head h owns columns [h*hd, (h+1)*hd) of each.
-// out [B, seq, C]: heads concatenated in the same order.
-//   out_h = softmax(q_h k_h^T / sqrt(hd) + causal mask) v_h
+// Layout: qkv [batch, seq, (heads + 2 * kv_heads) * head_dim]: the q heads in columns
+// [0, heads * hd), the k heads in [heads * hd, (heads + kv_heads) * hd), the v heads after
+// them; head h of each part owns the hd columns starting at h * hd within the part. With
+// kv_heads == heads this is GPT-2's c_attn output [B, seq, 3C], C = heads * head_dim.
+// out [batch, seq, heads * hd]: heads concatenated in the same order.
+//   out_h = softmax(q_h k_g^T / sqrt(hd) + mask) v_g,   g = h / (heads / kv_heads)
+// (query head h shares key/value head g with the other heads of its group, as Hugging Face's
+// LlamaAttention repeats k/v heads). The mask is causal (query i sees keys 0..i) or, for
+// bidirectional attention (BERT), empty.
 //
-// OpenMP: the forward pass splits the work by (batch, head, query block), the backward pass
-// by (batch, head), so that each pair's dK and dV are accumulated by one thread. Every output
-// element is computed by one task in a fixed order, so results are bitwise reproducible and
-// do not depend on the number of threads. Float softmax uses exp_approx (kernels/cpu/
-// fast_exp.h, relative error < 3e-7); double is exact up to rounding.
+// OpenMP: the forward pass splits the work by (batch, q head, query block), the backward pass
+// by (batch, kv head), looping over the q heads of the group inside, so that each dK and dV is
+// accumulated by one thread (backward thus has batch * kv_heads tasks to spread). Every output
+// element is computed by one task in a fixed order, so results are bitwise reproducible and do
+// not depend on the number of threads. Float softmax uses exp_approx (kernels/cpu/fast_exp.h,
+// relative error < 3e-7); double is exact up to rounding.
 #pragma once
 
 #include <cstdint>
 
 namespace oases::kernels::cpu {
 
-// lse [B, heads, seq]: the log-sum-exp of each row of scaled, masked scores; the backward
+// REQUIRES: batch, seq >= 0; head_dim > 0; heads a positive multiple of kv_heads (or both 0).
+struct AttentionShape {
+  std::int64_t batch, seq, heads, kv_heads, head_dim;
+  bool causal = true;
+};
+
+// lse [batch, heads, seq]: the log-sum-exp of each row of scaled, masked scores; the backward
 // pass rebuilds the probabilities from it tile by tile.
+template <class T>
+void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& shape);
+
+// dqkv (the layout of qkv) overwritten with the gradient with respect to qkv. dqkv must not
+// alias any input.
+template <class T>
+void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
+                        const AttentionShape& shape);
+
+// Causal multi-head attention (GPT-2): the functions above with
+// AttentionShape{B, seq, heads, heads, head_dim, true}, so qkv [B, seq, 3C], lse [B, heads,
+// seq] and dqkv [B, seq, 3C].
 template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, std::int64_t B, std::int64_t seq,
                        std::int64_t heads, std::int64_t head_dim);
 
-// dqkv [B, seq, 3*C] overwritten with the gradient with respect to qkv.
 template <class T>
 void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
                         std::int64_t B, std::int64_t seq, std::int64_t heads,
@@ -38,6 +62,15 @@ namespace detail {
 
 // The public functions with an explicit tile edge, exposed so that tests can force many
 // blocks (and partial ones) on small shapes. Any block >= 1 gives the same mathematics.
+template <class T>
+void attention_forward_blocked(const T* qkv, T* out, T* lse, const AttentionShape& shape,
+                               std::int64_t block);
+
+template <class T>
+void attention_backward_blocked(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
+                                const AttentionShape& shape, std::int64_t block);
+
+// Causal multi-head forms.
 template <class T>
 void attention_forward_blocked(const T* qkv, T* out, T* lse, std::int64_t B, std::int64_t seq,
                                std::int64_t heads, std::int64_t head_dim, std::int64_t block);

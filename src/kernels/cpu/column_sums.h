@@ -6,11 +6,13 @@
 
 namespace oases::kernels::cpu {
 
-// out[c] += sum_r a[r, c] for a row-major [rows, cols] matrix. Each thread owns whole column
-// tiles and walks the rows in order, so every sum is formed in the same order whatever the
-// thread count; the partial sums are kept in double so a long batch does not lose precision.
+// out[c] += sum_r a[r, c] for a row-major [rows, cols] matrix with row stride ld >= cols. Each
+// thread owns whole column tiles and walks the rows in order, so every sum is formed in the
+// same order whatever the thread count; the partial sums are kept in double so a long batch
+// does not lose precision.
 template <class T>
-void accumulate_column_sums(const T* a, std::int64_t rows, std::int64_t cols, T* out) {
+void accumulate_column_sums(const T* a, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                            T* out) {
   constexpr std::int64_t kTile = 16;
   constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 14;
   const std::int64_t tiles = (cols + kTile - 1) / kTile;
@@ -20,11 +22,17 @@ void accumulate_column_sums(const T* a, std::int64_t rows, std::int64_t cols, T*
     const std::int64_t width = std::min(kTile, cols - c0);
     double acc[kTile] = {};
     for (std::int64_t r = 0; r < rows; ++r) {
-      const T* row = a + r * cols + c0;
+      const T* row = a + r * ld + c0;
       for (std::int64_t j = 0; j < width; ++j) acc[j] += static_cast<double>(row[j]);
     }
     for (std::int64_t j = 0; j < width; ++j) out[c0 + j] += static_cast<T>(acc[j]);
   }
+}
+
+// The same over a contiguous matrix (ld = cols).
+template <class T>
+void accumulate_column_sums(const T* a, std::int64_t rows, std::int64_t cols, T* out) {
+  accumulate_column_sums(a, rows, cols, cols, out);
 }
 
 }  // namespace oases::kernels::cpu

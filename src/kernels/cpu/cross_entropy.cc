@@ -14,15 +14,19 @@ namespace {
 using std::int64_t;
 
 // Checked before any parallel region, where an exception could not propagate. Targets come
-// from the data loader, which validates them against the vocabulary; one out of range here
-// is an engine bug.
+// from the data loader, which validates them against the vocabulary; one at or past V here
+// is an engine bug. Negative targets mark ignored rows.
 void check_arguments(const std::int32_t* targets, int64_t n, int64_t V, int64_t ld) {
   OASES_ASSERT(n >= 0 && V > 0 && ld >= V, "cross-entropy shapes: n={} V={} ld={}", n, V, ld);
   for (int64_t i = 0; i < n; ++i) {
-    OASES_ASSERT(targets[i] >= 0 && targets[i] < V,
+    OASES_ASSERT(targets[i] < V,
                  "cross-entropy target {} of row {} is outside the vocabulary [0, {})", targets[i],
                  i, V);
   }
+}
+
+bool ignored(std::int32_t target) {
+  return target < 0;
 }
 
 template <class T>
@@ -73,6 +77,10 @@ void cross_entropy_forward(const T* logits, const std::int32_t* targets, T* loss
   check_arguments(targets, n, V, ld);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
+    if (ignored(targets[i])) {
+      losses[i] = T(0);
+      continue;
+    }
     const T* x = logits + i * ld;
     const T m = row_max(x, V);
     const double sum = sum_exp<false>(x, static_cast<T*>(nullptr), V, m);
@@ -88,6 +96,11 @@ void cross_entropy_forward_backward(T* logits, const std::int32_t* targets, T* l
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     T* x = logits + i * ld;
+    if (ignored(targets[i])) {
+      losses[i] = T(0);
+      std::fill(x, x + ld, T(0));
+      continue;
+    }
     const int64_t target = targets[i];
     const T m = row_max(x, V);
     const double target_logit = static_cast<double>(x[target]);
@@ -116,6 +129,11 @@ void cross_entropy_shard_sums(const T* logits, const std::int32_t* targets, int6
   OASES_ASSERT(n >= 0 && V > 0 && ld >= V, "cross-entropy shard shapes: n={} V={} ld={}", n, V, ld);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
+    if (ignored(targets[i])) {
+      sum_exp_out[i] = T(0);
+      target_logit[i] = T(0);
+      continue;
+    }
     const T* x = logits + i * ld;
     sum_exp_out[i] = static_cast<T>(sum_exp<false>(x, static_cast<T*>(nullptr), V, row_max_in[i]));
     const int64_t local = static_cast<int64_t>(targets[i]) - vocab_begin;
@@ -131,6 +149,11 @@ void cross_entropy_shard_finish(T* logits, const std::int32_t* targets, int64_t 
   OASES_ASSERT(n >= 0 && V > 0 && ld >= V, "cross-entropy shard shapes: n={} V={} ld={}", n, V, ld);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
+    if (ignored(targets[i])) {
+      losses[i] = T(0);
+      if (gradient) std::fill(logits + i * ld, logits + (i + 1) * ld, T(0));
+      continue;
+    }
     const double sum = static_cast<double>(sum_exp_in[i]);
     losses[i] = static_cast<T>(std::log(sum) + static_cast<double>(row_max_in[i]) -
                                static_cast<double>(target_logit[i]));
@@ -157,7 +180,7 @@ template void cross_entropy_forward_backward<double>(double*, const std::int32_t
 
 namespace oases::kernels::cpu {
 #define OASES_INSTANTIATE_SHARD(T)                                                              \
-  template void cross_entropy_shard_max<T>(const T*, int64_t, int64_t, int64_t, T*);           \
+  template void cross_entropy_shard_max<T>(const T*, int64_t, int64_t, int64_t, T*);            \
   template void cross_entropy_shard_sums<T>(const T*, const std::int32_t*, int64_t, const T*,   \
                                             int64_t, int64_t, int64_t, T*, T*);                 \
   template void cross_entropy_shard_finish<T>(T*, const std::int32_t*, int64_t, const T*,       \

@@ -69,6 +69,27 @@ void embedding_backward(const T* dout, const std::int32_t* tokens, T* dwte, T* d
   }
 }
 
+template <class T>
+void embedding_accumulate(const std::int32_t* ids, const T* table, T* out, std::int64_t B,
+                          std::int64_t seq, std::int64_t C) {
+  OASES_ASSERT(B >= 0 && seq >= 0 && C >= 0, "embedding_accumulate: negative size B={} seq={} C={}",
+               B, seq, C);
+  const std::int64_t rows = B * seq;
+#pragma omp parallel for schedule(static) if (rows * C >= kMinParallelWork)
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const T* src = table + static_cast<std::int64_t>(ids[row]) * C;
+    T* dst = out + row * C;
+    for (std::int64_t c = 0; c < C; ++c) dst[c] += src[c];
+  }
+}
+
+template <class T>
+void embedding_accumulate_backward(const T* dout, const std::int32_t* ids, T* dtable,
+                                   std::int64_t B, std::int64_t seq, std::int64_t C) {
+  // The token-table half of embedding_backward: same scatter-add, same column split.
+  embedding_backward(dout, ids, dtable, static_cast<T*>(nullptr), B, seq, C);
+}
+
 template void embedding_forward<float>(const std::int32_t*, const float*, const float*, float*,
                                        std::int64_t, std::int64_t, std::int64_t, VocabRange);
 template void embedding_forward<double>(const std::int32_t*, const double*, const double*, double*,
@@ -77,5 +98,13 @@ template void embedding_backward<float>(const float*, const std::int32_t*, float
                                         std::int64_t, std::int64_t, std::int64_t, VocabRange);
 template void embedding_backward<double>(const double*, const std::int32_t*, double*, double*,
                                          std::int64_t, std::int64_t, std::int64_t, VocabRange);
+template void embedding_accumulate<float>(const std::int32_t*, const float*, float*, std::int64_t,
+                                          std::int64_t, std::int64_t);
+template void embedding_accumulate<double>(const std::int32_t*, const double*, double*,
+                                           std::int64_t, std::int64_t, std::int64_t);
+template void embedding_accumulate_backward<float>(const float*, const std::int32_t*, float*,
+                                                   std::int64_t, std::int64_t, std::int64_t);
+template void embedding_accumulate_backward<double>(const double*, const std::int32_t*, double*,
+                                                    std::int64_t, std::int64_t, std::int64_t);
 
 }  // namespace oases::kernels::cpu

@@ -1,4 +1,5 @@
-// Token + learned position embedding (GPT-2 wte + wpe).
+// Token + learned position embedding (GPT-2 wte + wpe), and the extra embeddings added onto
+// them (BERT's token types).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,20 @@ void embedding_forward(const std::int32_t* tokens, const T* wte, const T* wpe, T
 // Deterministic: each thread owns a slice of the C columns, so no two threads add to one element
 // and every element's additions happen in (b, t) order, whatever the thread count.
 template <class T>
-void embedding_backward(const T* dout, const std::int32_t* tokens, T* dwte, T* dwpe,
-                        std::int64_t B, std::int64_t seq, std::int64_t C, VocabRange range = {});
+void embedding_backward(const T* dout, const std::int32_t* tokens, T* dwte, T* dwpe, std::int64_t B,
+                        std::int64_t seq, std::int64_t C, VocabRange range = {});
+
+// out[b, t, :] += table[ids[b, t], :]  (e.g. BERT's token type embeddings onto the token and
+// position sum). ids [B, seq], table [rows, C], out [B, seq, C]. ids are not range-checked
+// (the table's row count is not passed): the caller guarantees them.
+template <class T>
+void embedding_accumulate(const std::int32_t* ids, const T* table, T* out, std::int64_t B,
+                          std::int64_t seq, std::int64_t C);
+
+// dtable[ids[b, t], :] += dout[b, t, :]  (accumulated). Deterministic as embedding_backward:
+// each thread owns a slice of the C columns and adds in (b, t) order.
+template <class T>
+void embedding_accumulate_backward(const T* dout, const std::int32_t* ids, T* dtable,
+                                   std::int64_t B, std::int64_t seq, std::int64_t C);
 
 }  // namespace oases::kernels::cpu

@@ -14,14 +14,18 @@ namespace {
 constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 12;
 constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2 / pi)
 constexpr double kCubic = 0.044715;
+constexpr double kInvSqrt2 = 0.70710678118654752440;    // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 
 // With s = sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), the tanh form is exactly
-//   gelu(x) = 0.5 x (1 + tanh u) = x s,   gelu'(x) = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 0.044715 x^2)
+//   gelu(x) = 0.5 x (1 + tanh u) = x s,
+//   gelu'(x) = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 0.044715 x^2)
 // (1 + tanh u = 2s and 1 - tanh^2 u = 4 s (1 - s)). Written with exp_approx the loops
 // vectorise; glibc's tanhf is a scalar call that cost more than the rest of the MLP's
 // element-wise work together. In double, exp_approx is std::exp.
 template <class T>
-OASES_VECTOR_CLONES void gelu_forward_range(const T* x, T* y, std::int64_t begin, std::int64_t end) {
+OASES_VECTOR_CLONES void gelu_forward_range(const T* x, T* y, std::int64_t begin,
+                                            std::int64_t end) {
   const T k = static_cast<T>(kSqrt2OverPi);
   const T c = static_cast<T>(kCubic);
   for (std::int64_t i = begin; i < end; ++i) {
@@ -42,6 +46,29 @@ OASES_VECTOR_CLONES void gelu_backward_range(const T* x, const T* dy, T* dx, std
     const T s = T(1) / (T(1) + exp_approx(T(-2) * k * (v + c * v2 * v)));
     const T slope = s + T(2) * v * s * (T(1) - s) * k * (T(1) + T(3) * c * v2);
     dx[i] = dy[i] * slope;
+  }
+}
+
+// The erf form. erf has no vectorised implementation here, so these loops stay scalar calls;
+// they are still cheap next to the matrix products around them.
+template <class T>
+void gelu_erf_forward_range(const T* x, T* y, std::int64_t begin, std::int64_t end) {
+  const T inv_sqrt2 = static_cast<T>(kInvSqrt2);
+  for (std::int64_t i = begin; i < end; ++i) {
+    const T v = x[i];
+    y[i] = T(0.5) * v * (T(1) + std::erf(v * inv_sqrt2));
+  }
+}
+
+template <class T>
+void gelu_erf_backward_range(const T* x, const T* dy, T* dx, std::int64_t begin, std::int64_t end) {
+  const T inv_sqrt2 = static_cast<T>(kInvSqrt2);
+  const T inv_sqrt2pi = static_cast<T>(kInvSqrt2Pi);
+  for (std::int64_t i = begin; i < end; ++i) {
+    const T v = x[i];
+    const T cdf = T(0.5) * (T(1) + std::erf(v * inv_sqrt2));
+    const T pdf = std::exp(T(-0.5) * v * v) * inv_sqrt2pi;
+    dx[i] = dy[i] * (cdf + v * pdf);
   }
 }
 
@@ -69,9 +96,26 @@ void gelu_backward(const T* x, const T* dy, T* dx, std::int64_t n) {
   parallel_ranges(n, [&](std::int64_t b, std::int64_t e) { gelu_backward_range(x, dy, dx, b, e); });
 }
 
+template <class T>
+void gelu_erf_forward(const T* x, T* y, std::int64_t n) {
+  OASES_ASSERT(n >= 0, "gelu_erf_forward: negative size {}", n);
+  parallel_ranges(n, [&](std::int64_t b, std::int64_t e) { gelu_erf_forward_range(x, y, b, e); });
+}
+
+template <class T>
+void gelu_erf_backward(const T* x, const T* dy, T* dx, std::int64_t n) {
+  OASES_ASSERT(n >= 0, "gelu_erf_backward: negative size {}", n);
+  parallel_ranges(
+      n, [&](std::int64_t b, std::int64_t e) { gelu_erf_backward_range(x, dy, dx, b, e); });
+}
+
 template void gelu_forward<float>(const float*, float*, std::int64_t);
 template void gelu_forward<double>(const double*, double*, std::int64_t);
 template void gelu_backward<float>(const float*, const float*, float*, std::int64_t);
 template void gelu_backward<double>(const double*, const double*, double*, std::int64_t);
+template void gelu_erf_forward<float>(const float*, float*, std::int64_t);
+template void gelu_erf_forward<double>(const double*, double*, std::int64_t);
+template void gelu_erf_backward<float>(const float*, const float*, float*, std::int64_t);
+template void gelu_erf_backward<double>(const double*, const double*, double*, std::int64_t);
 
 }  // namespace oases::kernels::cpu

@@ -60,37 +60,70 @@ void gemm(Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N, std::int
 }
 
 template <class T>
-void linear_forward(const T* x, const T* w, const std::type_identity_t<T>* b, T* y, std::int64_t n,
-                    std::int64_t in, std::int64_t out) {
+void linear_forward(const T* x, std::int64_t ldx, const T* w, WeightLayout layout,
+                    const std::type_identity_t<T>* b, T* y, std::int64_t ldy, std::int64_t n,
+                    std::int64_t in, std::int64_t out, bool accumulate) {
   OASES_ASSERT(n >= 0 && in >= 0 && out >= 0, "linear_forward: negative size n={} in={} out={}", n,
                in, out);
-  if (b == nullptr) {
-    gemm<T>(Trans::no, Trans::no, n, out, in, T(1), x, in, w, out, T(0), y, out);
-    return;
-  }
-  // As torch.addmm(b, x, w) (what GPT-2's Conv1D calls): broadcast the bias into y, then let
-  // the GEMM add the product onto it.
+  OASES_ASSERT(ldx >= in && ldy >= out,
+               "linear_forward: row strides ldx={} ldy={} below in={} out={}", ldx, ldy, in, out);
+  if (b != nullptr) {
+    // As torch.addmm(b, x, w): the bias goes into y first and the GEMM adds the product onto it.
 #pragma omp parallel for schedule(static) if (n * out >= kMinParallelWork)
-  for (std::int64_t i = 0; i < n; ++i) {
-    T* row = y + i * out;
-    for (std::int64_t j = 0; j < out; ++j) row[j] = b[j];
+    for (std::int64_t i = 0; i < n; ++i) {
+      T* row = y + i * ldy;
+      if (accumulate) {
+        for (std::int64_t j = 0; j < out; ++j) row[j] += b[j];
+      } else {
+        for (std::int64_t j = 0; j < out; ++j) row[j] = b[j];
+      }
+    }
   }
-  gemm<T>(Trans::no, Trans::no, n, out, in, T(1), x, in, w, out, T(1), y, out);
+  const T beta = accumulate || b != nullptr ? T(1) : T(0);
+  if (layout == WeightLayout::in_out) {
+    gemm<T>(Trans::no, Trans::no, n, out, in, T(1), x, ldx, w, out, beta, y, ldy);
+  } else {
+    gemm<T>(Trans::no, Trans::yes, n, out, in, T(1), x, ldx, w, in, beta, y, ldy);
+  }
+}
+
+template <class T>
+void linear_backward(const T* dy, std::int64_t lddy, const T* x, std::int64_t ldx, const T* w,
+                     WeightLayout layout, std::type_identity_t<T>* dx, std::int64_t lddx,
+                     bool accumulate_dx, T* dw, std::type_identity_t<T>* db, std::int64_t n,
+                     std::int64_t in, std::int64_t out) {
+  OASES_ASSERT(n >= 0 && in >= 0 && out >= 0, "linear_backward: negative size n={} in={} out={}", n,
+               in, out);
+  OASES_ASSERT(lddy >= out && ldx >= in && (dx == nullptr || lddx >= in),
+               "linear_backward: row strides lddy={} ldx={} lddx={} below in={} out={}", lddy, ldx,
+               lddx, in, out);
+  OASES_ASSERT(dw != nullptr, "linear_backward: dw is required");
+  const T dx_beta = accumulate_dx ? T(1) : T(0);
+  if (layout == WeightLayout::in_out) {
+    // dx[n, in] (+)= dy[n, out] @ w[in, out]^T;  dw[in, out] += x[n, in]^T @ dy[n, out]
+    if (dx != nullptr)
+      gemm<T>(Trans::no, Trans::yes, n, in, out, T(1), dy, lddy, w, out, dx_beta, dx, lddx);
+    gemm<T>(Trans::yes, Trans::no, in, out, n, T(1), x, ldx, dy, lddy, T(1), dw, out);
+  } else {
+    // dx[n, in] (+)= dy[n, out] @ w[out, in];  dw[out, in] += dy[n, out]^T @ x[n, in]
+    if (dx != nullptr)
+      gemm<T>(Trans::no, Trans::no, n, in, out, T(1), dy, lddy, w, in, dx_beta, dx, lddx);
+    gemm<T>(Trans::yes, Trans::no, out, in, n, T(1), dy, lddy, x, ldx, T(1), dw, in);
+  }
+  if (db != nullptr) accumulate_column_sums(dy, n, out, lddy, db);
+}
+
+template <class T>
+void linear_forward(const T* x, const T* w, const std::type_identity_t<T>* b, T* y, std::int64_t n,
+                    std::int64_t in, std::int64_t out) {
+  linear_forward(x, in, w, WeightLayout::in_out, b, y, out, n, in, out);
 }
 
 template <class T>
 void linear_backward(const T* dy, const T* x, const T* w, std::type_identity_t<T>* dx, T* dw,
                      std::type_identity_t<T>* db, std::int64_t n, std::int64_t in,
                      std::int64_t out) {
-  OASES_ASSERT(n >= 0 && in >= 0 && out >= 0, "linear_backward: negative size n={} in={} out={}", n,
-               in, out);
-  OASES_ASSERT(dw != nullptr, "linear_backward: dw is required");
-  // dx[n, in] = dy[n, out] @ w[in, out]^T
-  if (dx != nullptr)
-    gemm<T>(Trans::no, Trans::yes, n, in, out, T(1), dy, out, w, out, T(0), dx, in);
-  // dw[in, out] += x[n, in]^T @ dy[n, out]
-  gemm<T>(Trans::yes, Trans::no, in, out, n, T(1), x, in, dy, out, T(1), dw, out);
-  if (db != nullptr) accumulate_column_sums(dy, n, out, db);
+  linear_backward(dy, out, x, in, w, WeightLayout::in_out, dx, in, false, dw, db, n, in, out);
 }
 
 template void gemm<float>(Trans, Trans, std::int64_t, std::int64_t, std::int64_t, float,
@@ -107,5 +140,14 @@ template void linear_backward<float>(const float*, const float*, const float*, f
                                      float*, std::int64_t, std::int64_t, std::int64_t);
 template void linear_backward<double>(const double*, const double*, const double*, double*, double*,
                                       double*, std::int64_t, std::int64_t, std::int64_t);
+#define OASES_INSTANTIATE_STRIDED(T)                                                             \
+  template void linear_forward<T>(const T*, std::int64_t, const T*, WeightLayout, const T*, T*,  \
+                                  std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool); \
+  template void linear_backward<T>(const T*, std::int64_t, const T*, std::int64_t, const T*,     \
+                                   WeightLayout, T*, std::int64_t, bool, T*, T*, std::int64_t,   \
+                                   std::int64_t, std::int64_t);
+OASES_INSTANTIATE_STRIDED(float)
+OASES_INSTANTIATE_STRIDED(double)
+#undef OASES_INSTANTIATE_STRIDED
 
 }  // namespace oases::kernels::cpu
