@@ -4,14 +4,12 @@
 #include "comm/mpi_runtime.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "data/token_shard.h"
 #include "kernels/cpu/blas_runtime.h"
 #include "planner/planner.h"
 #include "train/config.h"
 #include "train/generate.h"
 #include "train/profiler.h"
-#include "data/loader.h"
-#include "data/token_shard.h"
-#include "data/tokenizer.h"
 #include "train/trainer.h"
 
 #include <fmt/format.h>
@@ -52,12 +50,6 @@ int report_error(const std::exception& e, const std::string& rank_prefix) {
 using RankBody =
     std::function<void(oases::comm::MpiRuntime&, const oases::comm::MpiCommunicatorOptions&,
                        std::optional<oases::comm::Mesh>& mesh)>;
-// Where `oases train` with parallel.plan = "auto" writes the plan it chose: next to the
-// checkpoints, or nowhere without them.
-std::string auto_plan_path(const oases::train::RunConfig& config) {
-  if (config.checkpoint.dir.empty()) return {};
-  return (std::filesystem::path(config.checkpoint.dir) / "plan.json").string();
-}
 
 int run_on_every_rank(double comm_timeout_s, const RankBody& body) {
   oases::comm::MpiRuntime runtime;
@@ -75,187 +67,230 @@ int run_on_every_rank(double comm_timeout_s, const RankBody& body) {
   return 0;
 }
 
+// A verb: how it registers its options, and what it runs once they are parsed.
+struct Verb {
+  CLI::App* command = nullptr;
+  std::function<int()> run;
+};
+
+struct TrainArgs {
+  std::string config_path, init_from;
+  std::vector<std::string> overrides;
+  bool print_config = false, quiet = false;
+};
+
+// Where `oases train` with parallel.plan = "auto" writes the plan it chose: next to the
+// checkpoints, or nowhere without them.
+std::string auto_plan_path(const oases::train::RunConfig& config) {
+  if (config.checkpoint.dir.empty()) return {};
+  return (std::filesystem::path(config.checkpoint.dir) / "plan.json").string();
+}
+
+int train_on_mpi_ranks(const oases::train::RunConfig& config,
+                       const oases::train::TrainOptions& options,
+                       oases::train::TrainSummary& summary) {
+  return run_on_every_rank(
+      config.parallel.comm_timeout_s, [&](auto& runtime, const auto& comm_options, auto& mesh) {
+        oases::train::RunConfig run_config = config;
+        if (config.parallel.plan == "auto") {
+          oases::train::ProfileOptions auto_profile;
+          auto_profile.progress = options.progress && runtime.world_rank() == 0;
+          run_config = oases::train::plan_automatically(
+              config, auto_profile,
+              [&](int tp, int dp) {
+                return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
+              },
+              auto_plan_path(config));
+        }
+        mesh.emplace(oases::comm::Mesh::create(
+            runtime, static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.dp),
+            static_cast<int>(config.parallel.pp), comm_options));
+        summary = oases::train::run_training(run_config, options, *mesh);
+      });
+}
+
+int run_train(const TrainArgs& args) {
+  const auto config = oases::train::load_run_config(args.config_path, args.overrides);
+  if (args.print_config) {
+    fmt::print("{}\n", oases::train::to_toml(config));
+    return 0;
+  }
+  oases::train::TrainOptions options;
+  options.init_from = args.init_from;
+  options.progress = !args.quiet;
+  oases::train::TrainSummary summary;
+  if (oases::comm::launched_by_mpi()) {
+    if (const int code = train_on_mpi_ranks(config, options, summary); code != 0) return code;
+  } else {
+    const auto ranks = config.parallel.tp * config.parallel.dp * config.parallel.pp;
+    OASES_CHECK(ranks == 1,
+                "parallel.tp = {}, dp = {}, pp = {} needs {} processes: launch with `mpirun -np "
+                "{} oases train ...`",
+                config.parallel.tp, config.parallel.dp, config.parallel.pp, ranks, ranks);
+    oases::train::RunConfig run_config = config;
+    if (config.parallel.plan == "auto") run_config.parallel.plan = "uniform";  // one rank
+    summary = oases::train::run_training(run_config, options);
+  }
+  if (!args.quiet && summary.initial_val_loss && summary.final_val_loss)
+    oases::log_info("validation loss {:.4f} -> {:.4f}", *summary.initial_val_loss,
+                    *summary.final_val_loss);
+  return 0;
+}
+
+Verb add_train(CLI::App& app, TrainArgs& a) {
+  auto* c = app.add_subcommand("train", "Train a model described by a TOML config");
+  c->add_option("--config", a.config_path, "Run configuration (TOML), e.g. configs/demo.toml")
+      ->required();
+  c->add_option("--set", a.overrides,
+                "Override config keys: --set train.lr=3e-4 model.layers=2 (TOML values; bare "
+                "words are strings)");
+  c->add_option("--init-from", a.init_from,
+                "Start from a safetensors file with the architecture's Hugging Face names and "
+                "shapes");
+  c->add_flag("--print-config", a.print_config, "Print the resolved config and exit");
+  c->add_flag("--quiet", a.quiet, "No progress output");
+  return {c, [&a] { return run_train(a); }};
+}
+
+struct PrepareArgs {
+  std::vector<std::string> inputs;
+  std::string output_prefix, tokenizer = "byte";
+  double val_fraction = 0.1;
+};
+
+Verb add_prepare_data(CLI::App& app, PrepareArgs& a) {
+  auto* c = app.add_subcommand(
+      "prepare-data", "Tokenize text files into <output>_train.bin and <output>_val.bin shards");
+  c->add_option("--input", a.inputs, "Text files, read in order")->required();
+  c->add_option("--output", a.output_prefix, "Shard prefix, e.g. data/corpus")->required();
+  c->add_option("--val-fraction", a.val_fraction,
+                "Fraction of tokens (the last ones) kept for validation")
+      ->capture_default_str();
+  c->add_option("--tokenizer", a.tokenizer, "Tokenizer: byte")->capture_default_str();
+  return {c, [&a] {
+            const auto s = oases::data::prepare_data(a.inputs, a.output_prefix, a.val_fraction,
+                                                     a.tokenizer);
+            fmt::print(
+                "prepared {} tokens ({} tokenizer, vocab {}) from {} bytes: {} train tokens -> "
+                "{}, {} validation tokens -> {}\n",
+                s.total_tokens, s.tokenizer, s.vocab_size, s.input_bytes, s.train_tokens,
+                s.train_path, s.val_tokens, s.val_path);
+            return 0;
+          }};
+}
+
+Verb add_generate(CLI::App& app, oases::train::GenerateOptions& g) {
+  auto* c = app.add_subcommand("generate", "Sample text from a checkpoint (gpt, llama)");
+  c->add_option("--checkpoint", g.checkpoint,
+                "A step_N checkpoint directory, a run's checkpoint.dir (newest is used) or a "
+                "model.safetensors written by oases")
+      ->required();
+  c->add_option("--prompt", g.prompt, "Text to continue")->required();
+  c->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate")->capture_default_str();
+  c->add_option("--temperature", g.temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str();
+  c->add_option("--top-k", g.top_k, "Sample among the k likeliest tokens (0: all)")
+      ->capture_default_str();
+  c->add_option("--seed", g.seed, "Seed of the sampling draws")->capture_default_str();
+  return {c, [&g] {
+            fmt::print("{}\n", oases::train::generate_text(g));
+            return 0;
+          }};
+}
+
+struct ProfileArgs {
+  std::string config, output;
+  std::vector<std::string> overrides;
+  oases::train::ProfileOptions options;
+};
+
+int run_profile(ProfileArgs& a) {
+  const auto config = oases::train::load_run_config(a.config, a.overrides);
+  if (!oases::comm::launched_by_mpi()) {
+    OASES_CHECK(config.parallel.tp == 1,
+                "parallel.tp = {} needs {} processes: launch with `mpirun -np {} oases profile ...`",
+                config.parallel.tp, config.parallel.tp, config.parallel.tp);
+    const auto result = oases::train::run_profile(config, a.options, [](int tp, int dp) {
+      return oases::comm::Mesh::single_process(tp, dp);
+    });
+    oases::planner::write_profile(result, a.output);
+    oases::log_info("wrote {}", a.output);
+    return 0;
+  }
+  return run_on_every_rank(
+      config.parallel.comm_timeout_s, [&](auto& runtime, const auto& comm_options, auto&) {
+        a.options.progress = runtime.world_rank() == 0;
+        const auto result = oases::train::run_profile(config, a.options, [&](int tp, int dp) {
+          return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
+        });
+        if (runtime.world_rank() == 0) {
+          oases::planner::write_profile(result, a.output);
+          oases::log_info("wrote {}", a.output);
+        }
+      });
+}
+
+Verb add_profile(CLI::App& app, ProfileArgs& a) {
+  auto* c = app.add_subcommand(
+      "profile",
+      "Measure every segment and collective at each tensor-parallel degree (JSON for the "
+      "planner); run under mpirun with parallel.tp ranks");
+  c->add_option("--config", a.config, "Run configuration (TOML)")->required();
+  c->add_option("--set", a.overrides, "Override config keys, as for train");
+  c->add_option("--output", a.output, "Where to write the profile (JSON)")->required();
+  c->add_option("--steps", a.options.steps, "Timed steps per degree")->capture_default_str();
+  return {c, [&a] { return run_profile(a); }};
+}
+
+struct PlanArgs {
+  std::string config, profile, output;
+  std::vector<std::string> overrides;
+};
+
+int run_plan(const PlanArgs& a) {
+  const auto config = oases::train::load_run_config(a.config, a.overrides);
+  const auto measured = oases::planner::read_profile(a.profile);
+  const auto spec = oases::train::schedule_spec(config);
+  std::vector<int> degrees;
+  for (int k = 1; k <= config.parallel.tp; k *= 2) degrees.push_back(k);
+  oases::planner::check_profile_matches(measured, config.model, config.train.micro_batch,
+                                        spec.sub_batches, degrees, a.profile);
+  const auto report = oases::planner::make_plan(measured, spec, config.train.micro_batch,
+                                                config.parallel.memory_limit);
+  fmt::print("{}", oases::planner::format_plan_report(report, spec, config.parallel.memory_limit));
+  if (!a.output.empty()) {
+    oases::planner::write_plan(report.chosen, static_cast<int>(config.parallel.tp), a.output);
+    fmt::print("wrote {}\n", a.output);
+  }
+  return 0;
+}
+
+Verb add_plan(CLI::App& app, PlanArgs& a) {
+  auto* c = app.add_subcommand(
+      "plan", "Choose each layer's tensor-parallel degree from a profile (oases profile)");
+  c->add_option("--config", a.config, "Run configuration (TOML)")->required();
+  c->add_option("--set", a.overrides, "Override config keys, as for train");
+  c->add_option("--profile", a.profile, "Profile written by oases profile")->required();
+  c->add_option("--output", a.output, "Where to write the chosen plan (JSON)");
+  return {c, [&a] { return run_plan(a); }};
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"oases: train transformer language models with overlapped tensor parallelism",
                "oases"};
   app.require_subcommand(1);
   app.set_version_flag("--version", kVersion);
-
-  // train
-  std::string config_path, init_from;
-  std::vector<std::string> overrides;
-  bool print_config = false, quiet = false;
-  auto* train = app.add_subcommand("train", "Train a model described by a TOML config");
-  train->add_option("--config", config_path, "Run configuration (TOML), e.g. configs/demo.toml")
-      ->required();
-  train->add_option("--set", overrides,
-                    "Override config keys: --set train.lr=3e-4 model.layers=2 (TOML values; "
-                    "bare words are strings)");
-  train->add_option("--init-from", init_from,
-                    "Start from a safetensors file with Hugging Face GPT-2 names and shapes");
-  train->add_flag("--print-config", print_config, "Print the resolved config and exit");
-  train->add_flag("--quiet", quiet, "No progress output");
-
-  // prepare-data
-  std::vector<std::string> inputs;
-  std::string output_prefix, tokenizer = "byte";
-  double val_fraction = 0.1;
-  auto* prepare = app.add_subcommand(
-      "prepare-data", "Tokenize text files into <output>_train.bin and <output>_val.bin shards");
-  prepare->add_option("--input", inputs, "Text files, read in order")->required();
-  prepare->add_option("--output", output_prefix, "Shard prefix, e.g. data/corpus")->required();
-  prepare
-      ->add_option("--val-fraction", val_fraction,
-                   "Fraction of tokens (the last ones) kept for validation")
-      ->capture_default_str();
-  prepare->add_option("--tokenizer", tokenizer, "Tokenizer: byte")->capture_default_str();
-
-  // generate
-  oases::train::GenerateOptions gen;
-  auto* generate = app.add_subcommand("generate", "Sample text from a checkpoint");
-  generate
-      ->add_option("--checkpoint", gen.checkpoint,
-                   "A step_N checkpoint directory, a run's checkpoint.dir (newest is used) "
-                   "or a model.safetensors written by oases")
-      ->required();
-  generate->add_option("--prompt", gen.prompt, "Text to continue")->required();
-  generate->add_option("--max-new-tokens", gen.max_new_tokens, "Tokens to generate")
-      ->capture_default_str();
-  generate->add_option("--temperature", gen.temperature, "Sampling temperature (0: greedy)")
-      ->capture_default_str();
-  generate->add_option("--top-k", gen.top_k, "Sample among the k likeliest tokens (0: all)")
-      ->capture_default_str();
-  generate->add_option("--seed", gen.seed, "Seed of the sampling draws")->capture_default_str();
-
-  // profile
-  std::string profile_config, profile_output;
-  std::vector<std::string> profile_overrides;
-  oases::train::ProfileOptions profile_options;
-  auto* profile = app.add_subcommand(
-      "profile",
-      "Measure every segment and collective at each tensor-parallel degree (JSON for "
-      "the planner); run under mpirun with parallel.tp ranks");
-  profile->add_option("--config", profile_config, "Run configuration (TOML)")->required();
-  profile->add_option("--set", profile_overrides, "Override config keys, as for train");
-  profile->add_option("--output", profile_output, "Where to write the profile (JSON)")->required();
-  profile->add_option("--steps", profile_options.steps, "Timed steps per degree")
-      ->capture_default_str();
-
-  // plan
-  std::string plan_config, plan_profile, plan_output;
-  std::vector<std::string> plan_overrides;
-  auto* plan = app.add_subcommand(
-      "plan", "Choose each layer's tensor-parallel degree from a profile (oases profile)");
-  plan->add_option("--config", plan_config, "Run configuration (TOML)")->required();
-  plan->add_option("--set", plan_overrides, "Override config keys, as for train");
-  plan->add_option("--profile", plan_profile, "Profile written by oases profile")->required();
-  plan->add_option("--output", plan_output, "Where to write the chosen plan (JSON)");
-
+  TrainArgs train;
+  PrepareArgs prepare;
+  oases::train::GenerateOptions generate;
+  ProfileArgs profile;
+  PlanArgs plan;
+  const std::vector<Verb> verbs{add_train(app, train), add_prepare_data(app, prepare),
+                                add_generate(app, generate), add_profile(app, profile),
+                                add_plan(app, plan)};
   CLI11_PARSE(app, argc, argv);
-
-  if (*plan) {
-    const auto config = oases::train::load_run_config(plan_config, plan_overrides);
-    const auto measured = oases::planner::read_profile(plan_profile);
-    const auto spec = oases::train::schedule_spec(config);
-    std::vector<int> degrees;
-    for (int k = 1; k <= config.parallel.tp; k *= 2) degrees.push_back(k);
-    oases::planner::check_profile_matches(measured, config.model, config.train.micro_batch,
-                                          spec.sub_batches, degrees, plan_profile);
-    const auto report = oases::planner::make_plan(measured, spec, config.train.micro_batch,
-                                                  config.parallel.memory_limit);
-    fmt::print("{}", oases::planner::format_plan_report(report, spec,
-                                                         config.parallel.memory_limit));
-    if (!plan_output.empty()) {
-      oases::planner::write_plan(report.chosen, static_cast<int>(config.parallel.tp), plan_output);
-      fmt::print("wrote {}\n", plan_output);
-    }
-    return 0;
-  }
-
-  if (*profile) {
-    const auto config = oases::train::load_run_config(profile_config, profile_overrides);
-    if (oases::comm::launched_by_mpi()) {
-      return run_on_every_rank(
-          config.parallel.comm_timeout_s, [&](auto& runtime, const auto& comm_options, auto&) {
-            profile_options.progress = runtime.world_rank() == 0;
-            const auto result =
-                oases::train::run_profile(config, profile_options, [&](int tp, int dp) {
-                  return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
-                });
-            if (runtime.world_rank() == 0) {
-              oases::planner::write_profile(result, profile_output);
-              oases::log_info("wrote {}", profile_output);
-            }
-          });
-    } else {
-      OASES_CHECK(
-          config.parallel.tp == 1,
-          "parallel.tp = {} needs {} processes: launch with `mpirun -np {} oases profile ...`",
-          config.parallel.tp, config.parallel.tp, config.parallel.tp);
-      const auto result = oases::train::run_profile(config, profile_options, [](int tp, int dp) {
-        return oases::comm::Mesh::single_process(tp, dp);
-      });
-      oases::planner::write_profile(result, profile_output);
-      oases::log_info("wrote {}", profile_output);
-    }
-    return 0;
-  }
-
-  if (*train) {
-    const auto config = oases::train::load_run_config(config_path, overrides);
-    if (print_config) {
-      fmt::print("{}\n", oases::train::to_toml(config));
-      return 0;
-    }
-    oases::train::TrainOptions options;
-    options.init_from = init_from;
-    options.progress = !quiet;
-    oases::train::TrainSummary summary;
-    if (oases::comm::launched_by_mpi()) {
-      // One rank per process, laid out by [parallel].
-      const int code = run_on_every_rank(
-          config.parallel.comm_timeout_s, [&](auto& runtime, const auto& comm_options, auto& mesh) {
-            oases::train::RunConfig run_config = config;
-            if (config.parallel.plan == "auto") {
-              oases::train::ProfileOptions auto_profile;
-              auto_profile.progress = options.progress && runtime.world_rank() == 0;
-              run_config = oases::train::plan_automatically(
-                  config, auto_profile,
-                  [&](int tp, int dp) {
-                    return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
-                  },
-                  auto_plan_path(config));
-            }
-            mesh.emplace(oases::comm::Mesh::create(
-                runtime, static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.dp),
-                static_cast<int>(config.parallel.pp), comm_options));
-            summary = oases::train::run_training(run_config, options, *mesh);
-          });
-      if (code != 0) return code;
-    } else {
-      OASES_CHECK(config.parallel.tp * config.parallel.dp * config.parallel.pp == 1,
-                  "parallel.tp = {}, dp = {}, pp = {} needs {} processes: launch with `mpirun -np "
-                  "{} oases train ...`",
-                  config.parallel.tp, config.parallel.dp, config.parallel.pp,
-                  config.parallel.tp * config.parallel.dp * config.parallel.pp,
-                  config.parallel.tp * config.parallel.dp * config.parallel.pp);
-      oases::train::RunConfig run_config = config;
-      if (config.parallel.plan == "auto") run_config.parallel.plan = "uniform";  // one rank
-      summary = oases::train::run_training(run_config, options);
-    }
-    if (!quiet && summary.initial_val_loss && summary.final_val_loss)
-      oases::log_info("validation loss {:.4f} -> {:.4f}", *summary.initial_val_loss,
-                      *summary.final_val_loss);
-  } else if (*prepare) {
-    const auto s = oases::data::prepare_data(inputs, output_prefix, val_fraction, tokenizer);
-    fmt::print(
-        "prepared {} tokens ({} tokenizer, vocab {}) from {} bytes: {} train tokens -> "
-        "{}, {} validation tokens -> {}\n",
-        s.total_tokens, s.tokenizer, s.vocab_size, s.input_bytes, s.train_tokens, s.train_path,
-        s.val_tokens, s.val_path);
-  } else if (*generate) {
-    fmt::print("{}\n", oases::train::generate_text(gen));
-  }
+  for (const Verb& verb : verbs)
+    if (*verb.command) return verb.run();
   return 0;
 }
 

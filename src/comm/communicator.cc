@@ -16,7 +16,8 @@ class CompletedWork final : public Work {
 std::unique_ptr<Work> done() { return std::make_unique<CompletedWork>(); }
 
 void copy(Tensor from, Tensor to, const char* op) {
-  OASES_ASSERT(from.dtype() == to.dtype() && from.numel() == to.numel(),
+  OASES_ASSERT(from.dtype() == to.dtype() && from.numel() == to.numel() &&
+                   from.is_contiguous() && to.is_contiguous(),
                "{} on a group of one: input {} {} and output {} {} differ", op,
                dtype_name(from.dtype()), from.shape().str(), dtype_name(to.dtype()),
                to.shape().str());

@@ -465,6 +465,9 @@ void check_buffer(const Tensor& t, const char* op, const char* which, const std:
                group, which, dtype_name(t.dtype()));
   OASES_ASSERT(t.numel() == 0 || t.raw() != nullptr, "{} on group '{}': {} {} has no data", op,
                group, which, t.shape().str());
+  OASES_ASSERT(t.is_contiguous() && t.device().is_cpu(),
+               "{} on group '{}': {} must be a contiguous CPU tensor ({} on {})", op, group, which,
+               t.shape().str(), t.device().str());
 }
 
 void check_same_dtype(const Tensor& input, const Tensor& output, const char* op,

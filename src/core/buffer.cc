@@ -9,7 +9,8 @@ namespace oases {
 
 void Buffer::Free::operator()(void* p) const { std::free(p); }
 
-Buffer::Buffer(std::size_t bytes) : bytes_(bytes) {
+Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  check_device_available(device);
   if (bytes == 0) return;
   const std::size_t rounded = (bytes + Arena::kAlignment - 1) / Arena::kAlignment * Arena::kAlignment;
   void* p = std::aligned_alloc(Arena::kAlignment, rounded);
@@ -18,17 +19,29 @@ Buffer::Buffer(std::size_t bytes) : bytes_(bytes) {
   data_.reset(p);
 }
 
+Tensor Buffer::tensor(DType dtype, Shape shape) const {
+  OASES_ASSERT(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype) <= bytes_,
+               "a {} {} tensor does not fit a buffer of {} bytes", dtype_name(dtype), shape.str(),
+               bytes_);
+  return Tensor(data(), dtype, shape, device_);
+}
+
 void* Arena::allocate_bytes(std::size_t bytes) {
   const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded == 0) return nullptr;
   if (blocks_.empty() || offset_in_last_ + rounded > blocks_.back().bytes()) {
-    blocks_.emplace_back(std::max(rounded, block_bytes_));
+    blocks_.emplace_back(std::max(rounded, block_bytes_), device_);
     offset_in_last_ = 0;
   }
   void* p = static_cast<char*>(blocks_.back().data()) + offset_in_last_;
   offset_in_last_ += rounded;
   in_use_ += rounded;
   return p;
+}
+
+Tensor Arena::allocate(DType dtype, Shape shape) {
+  void* p = allocate_bytes(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype));
+  return Tensor(p, dtype, shape, device_);
 }
 
 }  // namespace oases

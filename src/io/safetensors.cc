@@ -15,7 +15,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace oases::io {
 namespace {
@@ -375,8 +377,9 @@ const SafetensorsTensorInfo& SafetensorsFile::info(std::string_view name) const 
   return it->second;
 }
 
-void SafetensorsFile::read_f32(std::string_view name,
-                               const std::vector<std::int64_t>& expected_shape, float* out) const {
+template <class T>
+void SafetensorsFile::read_as(std::string_view name,
+                              const std::vector<std::int64_t>& expected_shape, T* out) const {
   const auto it = tensors_.find(name);
   OASES_CHECK(it != tensors_.end(), "checkpoint '{}' has no tensor '{}' (expected shape {}); {}",
               path_, name, shape_string(expected_shape), closest_names(name));
@@ -386,23 +389,26 @@ void SafetensorsFile::read_f32(std::string_view name,
               shape_string(tensor.shape), shape_string(expected_shape));
   const auto n = static_cast<std::size_t>(tensor.numel());
   const std::uint64_t offset = data_start_ + tensor.data_begin;
-  switch (tensor.dtype) {
-    case DType::f32:
-      read_at(offset, out, n * sizeof(float));
-      return;
-    case DType::f64: {
-      std::vector<double> values(n);
-      read_at(offset, values.data(), n * sizeof(double));
-      for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(values[i]);
-      return;
+  const auto convert = [&](auto stored) {
+    using S = decltype(stored);
+    if constexpr (std::is_same_v<S, T>) {
+      read_at(offset, out, n * sizeof(T));
+    } else {
+      std::vector<S> values(n);
+      read_at(offset, values.data(), n * sizeof(S));
+      for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<T>(values[i]);
     }
+  };
+  switch (tensor.dtype) {
+    case DType::f32: return convert(float{});
+    case DType::f64: return convert(double{});
     case DType::f16:
     case DType::bf16: {
       std::vector<std::uint16_t> values(n);
       read_at(offset, values.data(), n * sizeof(std::uint16_t));
       const bool is_half = tensor.dtype == DType::f16;
       for (std::size_t i = 0; i < n; ++i)
-        out[i] = is_half ? half_to_float(values[i]) : bf16_to_float(values[i]);
+        out[i] = static_cast<T>(is_half ? half_to_float(values[i]) : bf16_to_float(values[i]));
       return;
     }
     default:
@@ -411,6 +417,16 @@ void SafetensorsFile::read_f32(std::string_view name,
           "floating-point values",
           path_, name, safetensors_dtype_name(tensor.dtype));
   }
+}
+
+void SafetensorsFile::read_f32(std::string_view name,
+                               const std::vector<std::int64_t>& expected_shape, float* out) const {
+  read_as(name, expected_shape, out);
+}
+
+void SafetensorsFile::read_f64(std::string_view name,
+                               const std::vector<std::int64_t>& expected_shape, double* out) const {
+  read_as(name, expected_shape, out);
 }
 
 std::vector<std::byte> SafetensorsFile::read_raw(std::string_view name) const {

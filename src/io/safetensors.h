@@ -112,12 +112,18 @@ class SafetensorsFile {
   // from `expected_shape`, or its dtype is an integer type.
   void read_f32(std::string_view name, const std::vector<std::int64_t>& expected_shape,
                 float* out) const;
+  // As read_f32, into doubles (F32, F16 and BF16 values are exact in double).
+  void read_f64(std::string_view name, const std::vector<std::int64_t>& expected_shape,
+                double* out) const;
   // The tensor's stored bytes, as in the file.
   std::vector<std::byte> read_raw(std::string_view name) const;
 
  private:
   SafetensorsFile() = default;
   void read_at(std::uint64_t offset, void* out, std::size_t size) const;
+  template <class T>
+  void read_as(std::string_view name, const std::vector<std::int64_t>& expected_shape,
+               T* out) const;
   std::string closest_names(std::string_view name) const;  // for "no such tensor" messages
 
   std::string path_;

@@ -3,12 +3,20 @@
 #include "core/error.h"
 #include "core/philox.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace oases::model {
 
+void ParamLayout::begin_group(int group) {
+  OASES_ASSERT(group >= group_, "parameter group {} started after group {}", group, group_);
+  group_ = group;
+}
+
 void ParamLayout::add(std::string name, Shape full_shape, ParamInit init, Sharding sharding,
                       std::int64_t padded_rows, int degree) {
+  OASES_ASSERT(!index_.contains(name), "parameter '{}' added twice", name);
   std::vector<std::int64_t> dims = full_shape.to_vector();
   if (degree == 0) degree = tp_size_;
   OASES_ASSERT(degree >= 1 && tp_size_ % degree == 0, "{}: degree {} does not divide the group of {}",
@@ -34,11 +42,16 @@ void ParamLayout::add(std::string name, Shape full_shape, ParamInit init, Shardi
   }
   const Shape shape(dims);
   const bool decay = full_shape.ndim() >= 2;
-  ParamSpec spec{std::move(name), shape, full_shape, sharding, total_, init, decay};
+  ParamSpec spec{name, shape, full_shape, sharding, total_, init, decay};
   spec.parts = static_cast<int>(parts);
   spec.part = tp_rank_ % spec.parts;
+  spec.group = group_;
+  auto [range, inserted] = groups_.try_emplace(group_, total_, total_);
+  OASES_ASSERT(inserted || range->second.second == total_, "group {} is not contiguous", group_);
   // Keep every parameter 16-element aligned so vector loops over one view start aligned.
   total_ += (spec.numel() + 15) / 16 * 16;
+  range->second.second = total_;
+  index_.emplace(name, params_.size());
   params_.push_back(std::move(spec));
 }
 
@@ -50,6 +63,10 @@ std::int64_t ParamLayout::global_index(const ParamSpec& spec, std::int64_t local
     case Sharding::replicated:
       return local;
     case Sharding::rows: {
+      if (spec.shape.ndim() == 1) {  // a vector split in blocks
+        const std::int64_t global = spec.part * cols + col;
+        return global < full_cols ? global : -1;
+      }
       const std::int64_t global_row = spec.part * spec.shape[0] + row;
       return global_row < spec.full_shape[0] ? global_row * full_cols + col : -1;
     }
@@ -65,71 +82,56 @@ std::int64_t ParamLayout::global_index(const ParamSpec& spec, std::int64_t local
 }
 
 const ParamSpec& ParamLayout::find(const std::string& name) const {
-  for (const auto& p : params_)
-    if (p.name == name) return p;
-  OASES_ASSERT(false, "no parameter named '{}'", name);
-  __builtin_unreachable();
+  const auto it = index_.find(name);
+  OASES_ASSERT(it != index_.end(), "no parameter named '{}'", name);
+  return params_[it->second];
 }
 
-Tensor ParamLayout::view(float* flat, const std::string& name) const {
-  const ParamSpec& p = find(name);
-  return Tensor::of(flat + p.offset, p.shape);
+Tensor ParamLayout::view(const Tensor& flat, const std::string& name) const {
+  return view(flat, find(name));
 }
 
-ParamLayout gpt_param_layout(const GptConfig& c, int tp_rank, int tp_size,
-                             const std::vector<int>& layer_degrees) {
-  const std::int64_t C = c.hidden, F = c.ffn_hidden;
-  OASES_ASSERT(layer_degrees.empty() || static_cast<std::int64_t>(layer_degrees.size()) == c.layers,
-               "{} layer degrees for {} layers", layer_degrees.size(), c.layers);
-  ParamLayout layout(tp_rank, tp_size);
-  layout.add("wte.weight", {c.vocab_size, C}, ParamInit::normal, Sharding::rows,
-             c.padded_vocab(tp_size));
-  layout.add("wpe.weight", {c.seq_len, C}, ParamInit::normal);
-  for (std::int64_t l = 0; l < c.layers; ++l) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    const int k = layer_degrees.empty() ? tp_size : layer_degrees[static_cast<std::size_t>(l)];
-    layout.add(p + "ln_1.weight", {C}, ParamInit::ones);
-    layout.add(p + "ln_1.bias", {C}, ParamInit::zeros);
-    layout.add(p + "attn.c_attn.weight", {C, 3 * C}, ParamInit::normal, Sharding::qkv_columns, 0, k);
-    layout.add(p + "attn.c_attn.bias", {3 * C}, ParamInit::zeros, Sharding::qkv_columns, 0, k);
-    layout.add(p + "attn.c_proj.weight", {C, C}, ParamInit::normal_residual, Sharding::rows, 0, k);
-    layout.add(p + "attn.c_proj.bias", {C}, ParamInit::zeros);
-    layout.add(p + "ln_2.weight", {C}, ParamInit::ones);
-    layout.add(p + "ln_2.bias", {C}, ParamInit::zeros);
-    layout.add(p + "mlp.c_fc.weight", {C, F}, ParamInit::normal, Sharding::columns, 0, k);
-    layout.add(p + "mlp.c_fc.bias", {F}, ParamInit::zeros, Sharding::columns, 0, k);
-    layout.add(p + "mlp.c_proj.weight", {F, C}, ParamInit::normal_residual, Sharding::rows, 0, k);
-    layout.add(p + "mlp.c_proj.bias", {C}, ParamInit::zeros);
-  }
-  layout.add("ln_f.weight", {C}, ParamInit::ones);
-  layout.add("ln_f.bias", {C}, ParamInit::zeros);
-  return layout;
+Tensor ParamLayout::view(const Tensor& flat, const ParamSpec& spec) const {
+  OASES_ASSERT(flat.numel() >= total_, "a flat array of {} elements for a layout of {}",
+               flat.numel(), total_);
+  return flat.view(spec.offset, spec.shape);
 }
 
-void initialize_parameters(const ParamLayout& layout, const GptConfig& config,
-                           std::uint64_t seed, float* flat) {
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.layers));
+void initialize_parameters(const ParamLayout& layout, std::int64_t layers, std::uint64_t seed,
+                           const Tensor& flat) {
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(layers));
   for (const ParamSpec& p : layout.params()) {
-    float* out = flat + p.offset;
     const std::int64_t n = p.numel();
+    // Values are drawn in double and stored in the array's type.
+    std::vector<double> values(static_cast<std::size_t>(n));
     if (p.init == ParamInit::zeros || p.init == ParamInit::ones) {
-      const float value = p.init == ParamInit::ones ? 1.0f : 0.0f;
-      for (std::int64_t i = 0; i < n; ++i) out[i] = layout.global_index(p, i) < 0 ? 0.0f : value;
-      continue;
-    }
-    const double stddev = p.init == ParamInit::normal ? 0.02 : residual_std;
-    const PhiloxKey key = philox_key(seed, fnv1a64(p.name));
+      const double value = p.init == ParamInit::ones ? 1.0 : 0.0;
+      for (std::int64_t i = 0; i < n; ++i)
+        values[static_cast<std::size_t>(i)] = layout.global_index(p, i) < 0 ? 0.0 : value;
+    } else {
+      const double stddev = p.init == ParamInit::normal ? 0.02 : residual_std;
+      const PhiloxKey key = philox_key(seed, fnv1a64(p.name));
 #pragma omp parallel for schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t global = layout.global_index(p, i);
-      if (global < 0) {
-        out[i] = 0.0f;
-        continue;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t global = layout.global_index(p, i);
+        if (global < 0) {
+          values[static_cast<std::size_t>(i)] = 0.0;
+          continue;
+        }
+        const auto u = static_cast<std::uint64_t>(global);
+        const PhiloxCounter block = philox4x32(
+            {static_cast<std::uint32_t>(u), static_cast<std::uint32_t>(u >> 32), 0, 0}, key);
+        // Rounded through float first: the values of every precision are the same numbers.
+        values[static_cast<std::size_t>(i)] =
+            static_cast<double>(static_cast<float>(stddev * normal_from_block(block)));
       }
-      const auto u = static_cast<std::uint64_t>(global);
-      const PhiloxCounter block = philox4x32(
-          {static_cast<std::uint32_t>(u), static_cast<std::uint32_t>(u >> 32), 0, 0}, key);
-      out[i] = static_cast<float>(stddev * normal_from_block(block));
+    }
+    const Tensor view = layout.view(flat, p);
+    if (flat.dtype() == DType::f64) {
+      std::copy(values.begin(), values.end(), view.data<double>());
+    } else {
+      float* out = view.data<float>();
+      for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(values[static_cast<std::size_t>(i)]);
     }
   }
 }

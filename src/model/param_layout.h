@@ -1,15 +1,21 @@
-// ParamLayout: every parameter of a model as a named view into one flat fp32 array. The same
-// offsets index the gradient array and the optimizer's moment arrays, so optimizer steps,
-// gradient clipping, bucketing and checkpointing all work on offsets into flat buffers.
+// ParamLayout: every parameter of a model (this rank's shards) as a named view into one flat
+// array of the model's element type. The same offsets index the gradient array and the
+// optimizer's state, so optimizer steps, gradient clipping, bucketing and checkpointing all
+// work on offsets into flat buffers.
 //
-// Names and shapes follow the Hugging Face GPT-2 checkpoint layout (linear weights stored
-// [in, out], "Conv1D"), so checkpoints are loadable by PyTorch users as they are.
+// Names and whole shapes are those of the architecture's Hugging Face checkpoints (GPT-2's
+// Conv1D weights [in, out]; LLaMA's and BERT's torch.nn.Linear weights [out, in]), so
+// checkpoints load in PyTorch as they are.
+//
+// Parameters come in groups, added in order and therefore contiguous: the embedding group
+// (id 0), one group per transformer layer l (id 1 + l) and the head group (id layers + 1).
+// Each group is one gradient bucket.
 #pragma once
 
 #include "core/tensor.h"
-#include "model/gpt_config.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,17 +23,19 @@ namespace oases::model {
 
 enum class ParamInit {
   normal,           // N(0, 0.02)
-  normal_residual,  // N(0, 0.02 / sqrt(2 * layers)): projections into the residual stream
+  normal_residual,  // N(0, 0.02 / sqrt(2 * layers)): GPT-2's projections into the residual stream
   zeros,
   ones,
 };
 
 // How a parameter is split across the ranks of a tensor-parallel group (Megatron-LM's scheme).
 enum class Sharding {
-  replicated,   // every rank holds the whole tensor (LayerNorms, wpe, row-parallel biases)
-  rows,         // dim 0 split in equal contiguous blocks (row-parallel weights; wte by vocab,
-                // padded to a multiple of the group size with zero rows)
-  columns,      // last dim split in equal contiguous blocks (column-parallel weight / bias)
+  replicated,   // every rank holds the whole tensor (norms, positions, row-parallel biases)
+  rows,         // dim 0 split in equal contiguous blocks (vocabularies, padded to a multiple of
+                // the group size with zero rows; [out, in] column-parallel weights and their
+                // biases; [in, out] row-parallel weights)
+  columns,      // last dim split in equal contiguous blocks ([in, out] column-parallel weights
+                // and biases; [out, in] row-parallel weights)
   qkv_columns,  // last dim is [q | k | v]; each of the three is split by heads, and a rank
                 // holds [q_r | k_r | v_r] (so its heads are complete)
 };
@@ -45,12 +53,17 @@ struct ParamSpec {
   // r % k hold the same shard (T / k replicas).
   int parts = 1;
   int part = 0;
+  int group = 0;         // the parameter group (gradient bucket) it belongs to
   std::int64_t numel() const { return shape.numel(); }
 };
 
 class ParamLayout {
  public:
   ParamLayout(int tp_rank = 0, int tp_size = 1) : tp_rank_(tp_rank), tp_size_(tp_size) {}
+
+  // Parameters added from now on belong to `group` (groups must be started in increasing
+  // order).
+  void begin_group(int group);
 
   // Adds a parameter whose whole shape is `full_shape`; its shard shape follows `sharding`,
   // split `degree` ways (0: the group size; it must divide the group size). For
@@ -68,28 +81,31 @@ class ParamLayout {
 
   const std::vector<ParamSpec>& params() const { return params_; }
   std::int64_t total_numel() const { return total_; }
+  bool has(const std::string& name) const { return index_.contains(name); }
   const ParamSpec& find(const std::string& name) const;  // InternalError if absent
 
+  // Element ranges [begin, end) of the groups present, by group id.
+  const std::map<int, std::pair<std::int64_t, std::int64_t>>& groups() const { return groups_; }
+
   // The view of parameter `name` inside a flat array laid out by this layout.
-  Tensor view(float* flat, const std::string& name) const;
+  Tensor view(const Tensor& flat, const std::string& name) const;
+  Tensor view(const Tensor& flat, const ParamSpec& spec) const;
 
  private:
   int tp_rank_;
   int tp_size_;
+  int group_ = 0;
   std::vector<ParamSpec> params_;
+  std::map<std::string, std::size_t> index_;
+  std::map<int, std::pair<std::int64_t, std::int64_t>> groups_;
   std::int64_t total_ = 0;
 };
 
-// The parameters of a GPT held by rank `tp_rank` of a tensor-parallel group of `tp_size`.
-// `layer_degrees` (one per layer, each dividing tp_size; empty: all tp_size) splits layer l's
-// parameters over layer_degrees[l] ranks; the embeddings and ln_f stay at tp_size.
-ParamLayout gpt_param_layout(const GptConfig& config, int tp_rank = 0, int tp_size = 1,
-                             const std::vector<int>& layer_degrees = {});
-
 // Fills `flat` with the initial parameters. Element i of the whole parameter p is drawn from
 // Philox keyed by (seed, name of p) at counter i; a shard draws only its own elements, so the
-// values do not depend on the tensor-parallel layout. Padding elements are zero.
-void initialize_parameters(const ParamLayout& layout, const GptConfig& config,
-                           std::uint64_t seed, float* flat);
+// values do not depend on the tensor-parallel layout. Padding elements are zero. `layers`
+// scales ParamInit::normal_residual.
+void initialize_parameters(const ParamLayout& layout, std::int64_t layers, std::uint64_t seed,
+                           const Tensor& flat);
 
 }  // namespace oases::model

@@ -3,10 +3,11 @@
 // produces it and released when the schedule frees it, so how much is live at once, and its
 // peak, are properties of the schedule. Released blocks are kept for reuse by the next
 // acquisition of the same size (every step asks for the same sizes), so the steady state
-// allocates nothing.
+// allocates nothing. Blocks are 64-byte aligned memory on the store's device.
 #pragma once
 
 #include "core/buffer.h"
+#include "core/tensor.h"
 #include "ops/program.h"
 
 #include <cstddef>
@@ -16,20 +17,27 @@
 
 namespace oases::ops {
 
+// Besides the schedule's sets, a segment that starts a pipeline stage keeps the activation it
+// received under this key until its Forward has consumed it.
+inline constexpr std::uint8_t kReceivedInput = 16;
+
 struct ActivationKey {
   int segment = 0;
   int micro_batch = 0;
   int sub_batch = 0;
-  TensorSet set = kCheckpoint;
+  std::uint8_t set = kCheckpoint;
   auto operator<=>(const ActivationKey&) const = default;
 };
 
 class ActivationStore {
  public:
-  // Storage for `floats` floats under `key`, which must not be live; contents are unspecified.
-  float* acquire(const ActivationKey& key, std::size_t floats);
+  explicit ActivationStore(Device device = Device::cpu()) : device_(device) {}
+
+  // A contiguous [elements] block of `dtype` under `key`, which must not be live; contents
+  // are unspecified.
+  Tensor acquire(const ActivationKey& key, DType dtype, std::int64_t elements);
   // The live block of `key` (InternalError when it is not live: a read after free).
-  float* get(const ActivationKey& key) const;
+  Tensor get(const ActivationKey& key) const;
   bool live(const ActivationKey& key) const { return live_.contains(key); }
   void release(const ActivationKey& key);
 
@@ -40,7 +48,12 @@ class ActivationStore {
   std::size_t live_count() const { return live_.size(); }
 
  private:
-  std::map<ActivationKey, Buffer> live_;
+  struct Block {
+    Buffer buffer;
+    Tensor view;
+  };
+  Device device_;
+  std::map<ActivationKey, Block> live_;
   std::map<std::size_t, std::vector<Buffer>> cached_;  // released blocks by size in bytes
   std::size_t live_bytes_ = 0;
   std::size_t peak_bytes_ = 0;

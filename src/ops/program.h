@@ -4,11 +4,12 @@
 // for its backward pass come in named sets, which a schedule keeps, frees and recomputes:
 //
 //   checkpoint  the residual-stream value the segment computes first from its input (its
-//               epilogue: bias + dropout + residual add after the previous collective). The
-//               next segment's epilogue reads it as its residual. Recomputing it needs the
-//               previous segment's reduced output, so it replays a collective.
+//               epilogue: bias + dropout + residual add, and a post-norm where the
+//               architecture has one, after the previous collective). The next segment's
+//               epilogue reads it as its residual. Recomputing it needs the previous segment's
+//               reduced output, so it replays a collective.
 //   internals   what the segment's body computes from its checkpoint up to (not including) its
-//               final row-parallel GEMM: LayerNorm outputs and statistics, QKV, FC1 and GeLU.
+//               final row-parallel GEMM: norm outputs and statistics, QKV, MLP activations.
 //               Recomputing it from a live checkpoint needs no collective.
 //   core        core attention's output and row log-sum-exps; recomputed from `internals`
 //               (selective recomputation).
@@ -39,9 +40,16 @@ using TensorSets = std::uint8_t;
 
 // What a segment's collective does with its buffer.
 enum class CollectiveKind : std::uint8_t {
-  all_reduce,  // sums the partial results of the ranks that share the segment's parameters
+  all_reduce,  // combines the partial results of the ranks that share the segment's parameters
   all_gather,  // concatenates row blocks: a reshard between layers of different degrees
 };
+
+// How an all-reduce combines: sums of partial products, or the maximum (the vocab-parallel
+// loss's row maxima).
+enum class ReduceKind : std::uint8_t { sum, max };
+
+// What a point-to-point transfer between pipeline stages carries.
+enum class Payload : std::uint8_t { activation, gradient };
 
 std::string tensor_sets_name(TensorSets sets);  // "checkpoint|internals", "-" for none
 
@@ -52,6 +60,7 @@ struct SegmentShape {
   int backward_stages = 1;
   CollectiveKind forward_kind = CollectiveKind::all_reduce;
   CollectiveKind backward_kind = CollectiveKind::all_reduce;
+  ReduceKind forward_reduce = ReduceKind::sum;
   // Ranks taking part in the segment's collectives (1: a group of one, nothing on the wire).
   int collective_ranks = 1;
   // Tensor-parallel degree the segment runs at: its parameters are split this many ways and
@@ -61,11 +70,17 @@ struct SegmentShape {
   // The tensor sets this segment keeps between its Forward and its Backward, and their sizes.
   TensorSets sets = 0;
   std::size_t checkpoint_bytes = 0, internals_bytes = 0, core_bytes = 0;
+  // Elements of the forward and backward collective buffers (for pricing them).
+  std::int64_t forward_collective_elements = 0, backward_collective_elements = 0;
   // Transformer layer the segment belongs to (-1: embedding, head). Whole-layer recomputation
   // (Megatron's "full") replays every segment of a layer from the layer's first checkpoint.
   int layer = -1;
   // Whether schedules may drop this segment's sets after Forward and recompute them.
   bool recomputable = false;
+  // Earlier segments whose kept sets this segment's Forward and Backward read besides the
+  // previous segment's checkpoint (the vocab-parallel loss segments read the logits the head
+  // keeps): those sets must stay live until this segment has run.
+  std::vector<int> reads_sets_of = {};
   // Gradient bucket whose gradients are all final once this segment's last backward stage has
   // run on every micro-batch and sub-batch (-1: none). Lets the data-parallel reduction of later
   // layers overlap the backward pass of earlier ones.

@@ -4,8 +4,8 @@
 // segment's id, so the schedule decides what is kept, freed and recomputed:
 //
 //   forward(ctx, mb, sb)           epilogue, body, output: every set of the segment is live
-//                                  afterwards and the output partial sums are in the
-//                                  sub-batch's forward collective buffer
+//                                  afterwards and the output is in the sub-batch's `output`
+//                                  slot (or the buffer of its forward collective)
 //   recompute(ctx, mb, sb, sets)   regenerate `sets` (and the output with kOutput) from what is
 //                                  live; never issues a collective
 //   backward(ctx, mb, sb, stage)   stage 0 runs from the segment's output gradient back to the
@@ -14,8 +14,9 @@
 //   release(mb, sb, sets)          frees sets
 //
 // A segment instance works on `rows` sequences: sub-batch sb of micro-batch mb is rows
-// [sb * rows, (sb + 1) * rows) of that micro-batch. Collective buffers are one per sub-batch,
-// so the collective of one sub-batch can be in flight while another computes.
+// [sb * rows, (sb + 1) * rows) of that micro-batch. Collective buffers are per sub-batch (or
+// kept with the instance), so the collective of one sub-batch can be in flight while another
+// computes.
 #pragma once
 
 #include "comm/communicator.h"
@@ -23,23 +24,22 @@
 #include "ops/activation_store.h"
 #include "ops/program.h"
 
-#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace oases::ops {
 
-// What the head segment does with its logits in forward().
+// What the head does with its logits in forward().
 enum class HeadMode {
-  train,   // loss and its gradient (the gradient is formed during forward, chunk by chunk)
+  train,   // loss and its gradient
   eval,    // loss only; parameters' gradients untouched
   logits,  // write every logit to StepContext::logits_out; no loss
 };
 
 struct MicroBatchData {
   const std::int32_t* inputs = nullptr;   // [micro_batch, seq]
-  const std::int32_t* targets = nullptr;  // [micro_batch, seq]; unused in HeadMode::logits
+  const std::int32_t* targets = nullptr;  // [micro_batch, seq]; a negative target is ignored
   std::int64_t global_sample_offset = 0;  // index of row 0 within the step's global batch
 };
 
@@ -47,9 +47,17 @@ struct StepContext {
   std::int64_t step = 0;          // optimizer step (keys the dropout masks)
   HeadMode head_mode = HeadMode::train;
   bool dropout_enabled = true;    // false in evaluation and generation
-  float loss_gradient_scale = 1;  // d(total loss)/d(per-token loss): 1 / tokens in global batch
+  // d(total loss)/d(per-token loss): 1 / (counted targets of the global batch).
+  double loss_gradient_scale = 1;
   std::vector<MicroBatchData> micro_batches;
-  float* logits_out = nullptr;    // [micro_batch, seq, vocab] in HeadMode::logits
+  Tensor logits_out;              // [micro_batch * seq, vocab] in HeadMode::logits
+};
+
+// The loss the head segments accumulate during a run.
+struct LossAccumulator {
+  double sum = 0;           // sum of per-token losses seen since reset
+  std::int64_t count = 0;   // targets counted since reset (ignored ones excluded)
+  void reset() { sum = 0; count = 0; }
 };
 
 class Segment {
@@ -65,29 +73,28 @@ class Segment {
   virtual void backward(const StepContext& ctx, int mb, int sb, int stage) = 0;
   void release(int mb, int sb, TensorSets sets);
 
-  // A collective of sub-batch sb: what it does, over which group, on which buffer.
+  // A collective of instance (mb, sb): what it does, over which group, on which buffer.
   struct CollectiveCall {
     CollectiveKind kind = CollectiveKind::all_reduce;
+    comm::ReduceOp op = comm::ReduceOp::sum;
     comm::Communicator* group = nullptr;
-    Tensor buffer;  // all_reduce: summed in place; all_gather: the whole gathered output
+    Tensor buffer;  // all_reduce: combined in place; all_gather: the whole gathered output
     Tensor block;   // all_gather: this rank's block of `buffer`, already in place
   };
   // The collectives named by shape().has_forward_collective / has_backward_collective.
-  virtual CollectiveCall forward_collective(int sb);
-  virtual CollectiveCall backward_collective(int sb);
+  virtual CollectiveCall forward_collective(int mb, int sb);
+  virtual CollectiveCall backward_collective(int mb, int sb);
 
-  // Collectives the segment ran itself, blocking, since the last call (the vocab-parallel
-  // loss reductions): the executor counts them as exposed communication and traces them.
-  struct BlockingCollective {
-    std::string name;  // what was reduced, e.g. "loss-max"
-    std::chrono::steady_clock::time_point began, finished;
-  };
-  virtual std::vector<BlockingCollective> take_blocking_collectives() { return {}; }
+  // Pipeline boundaries (SegmentShape::input_from_peer / output_to_peer): the tensor a Send
+  // transmits for instance (mb, sb) (valid once the producing action has run), and the one a
+  // Recv fills (acquired by this call where it is kept).
+  virtual Tensor send_buffer(Payload payload, int mb, int sb);
+  virtual Tensor recv_buffer(Payload payload, int mb, int sb);
 
   int id() const { return id_; }
 
  protected:
-  ActivationKey key(int mb, int sb, TensorSet set) const { return {id_, mb, sb, set}; }
+  ActivationKey key(int mb, int sb, std::uint8_t set) const { return {id_, mb, sb, set}; }
   ActivationStore& store() const { return store_; }
 
  private:

@@ -43,12 +43,19 @@ ops::SegmentShape segment_shape(const DegreeProfile& d, double rows, const std::
     shape.has_forward_collective = true;
     shape.ready_bucket = 0;
   } else if (kind == "head") {
+    // In a group of one the whole head is one segment; otherwise the vocab-parallel loss's
+    // reductions split it in three (ops/head_segments.h).
     shape.name = kind;
+    shape.has_forward_collective = d.degree > 1;
+    shape.forward_reduce = ops::ReduceKind::max;
     shape.has_backward_collective = true;
     shape.backward_stages = 2;
     shape.sets = ops::kInternals;
     shape.internals_bytes = bytes("internals");
     shape.ready_bucket = layers + 1;
+  } else if (kind == "head_softmax" || kind == "head_loss") {
+    shape.name = kind;
+    shape.has_forward_collective = kind == "head_softmax";
   } else {
     shape.name = kind + "." + std::to_string(l);
     shape.has_forward_collective = shape.has_backward_collective = true;
@@ -64,6 +71,18 @@ ops::SegmentShape segment_shape(const DegreeProfile& d, double rows, const std::
   return shape;
 }
 
+// The head's segments at the end of `program`, shaped by `shape_of(kind)`.
+template <class ShapeOf>
+void append_head(ops::Program& program, const ShapeOf& shape_of) {
+  const int head = static_cast<int>(program.segments.size());
+  program.segments.push_back(shape_of("head"));
+  if (!program.segments.back().has_forward_collective) return;
+  for (const std::string kind : {"head_softmax", "head_loss"}) {
+    program.segments.push_back(shape_of(kind));
+    program.segments.back().reads_sets_of = {head};
+  }
+}
+
 }  // namespace
 
 ops::Program program_at(const Profile& profile, int degree, double rows) {
@@ -77,7 +96,7 @@ ops::Program program_at(const Profile& profile, int degree, double rows, int lay
   for (int l = 0; l < layers; ++l)
     for (const std::string kind : {"attention", "mlp"})
       program.segments.push_back(segment_shape(d, rows, kind, l, layers));
-  program.segments.push_back(segment_shape(d, rows, "head", -1, layers));
+  append_head(program, [&](const std::string& kind) { return segment_shape(d, rows, kind, -1, layers); });
   return program;
 }
 
@@ -161,11 +180,12 @@ Prediction predict_uniform(const Profile& profile, int degree, const schedule::S
 
 namespace {
 
-// The program of a plan with the segment shapes GptModel builds (ops/gpt_segments.h), set
-// sizes scaled from the profile to each segment's rows.
+// The program of a plan with the segment shapes model::Model builds for GPT (model/model.h),
+// set sizes scaled from the profile to each segment's rows.
 struct PlanProgram {
   ops::Program program;
   std::vector<double> rows;  // per segment: sequences of one instance
+  bool reshards = false;
 };
 
 PlanProgram plan_program(const Profile& profile, const std::vector<int>& degrees,
@@ -187,8 +207,11 @@ PlanProgram plan_program(const Profile& profile, const std::vector<int>& degrees
   const auto add_reshard = [&](int into_layer) {
     const int from = layer_degree(into_layer - 1), to = layer_degree(into_layer);
     if (from == to) return;
-    ops::SegmentShape r{"reshard." + std::to_string(into_layer), from < to, from > to,
-                        from < to ? 1 : 2};
+    ops::SegmentShape r;
+    r.name = "reshard." + std::to_string(into_layer);
+    r.has_forward_collective = from < to;
+    r.has_backward_collective = from > to;
+    r.backward_stages = from < to ? 1 : 2;
     r.forward_kind = r.backward_kind = ops::CollectiveKind::all_gather;
     r.collective_ranks = std::max(from, to) / std::min(from, to);
     r.degree = from;
@@ -201,7 +224,10 @@ PlanProgram plan_program(const Profile& profile, const std::vector<int>& degrees
       add(shape_at(layer_degree(l), kind, l), rows_at(layer_degree(l)));
   }
   add_reshard(L);
-  add(shape_at(T, "head", -1), rows_at(T));
+  append_head(out.program, [&](const std::string& kind) { return shape_at(T, kind, -1); });
+  out.rows.resize(out.program.segments.size(), rows_at(T));
+  for (const ops::SegmentShape& shape : out.program.segments)
+    out.reshards = out.reshards || shape.name.starts_with("reshard.");
   return out;
 }
 
@@ -284,7 +310,7 @@ Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
   const auto activation = static_cast<std::int64_t>(
       sub_batch_rows * static_cast<double>(profile.model.seq_len * profile.model.hidden) *
       sizeof(float));
-  const bool reshards = program.segments.size() != static_cast<std::size_t>(2 * L + 2);
+  const bool reshards = plan.reshards;
   p.activation_bytes = scaled(full.static_activation_bytes, factor) +
                        (spec.sub_batches - 1) * 4 * activation +
                        (reshards ? spec.sub_batches * activation : 0) +

@@ -35,7 +35,7 @@ double Profile::reshard_seconds(int a, int b) const {
 
 namespace {
 
-json model_json(const model::GptConfig& m) {
+json model_json(const model::ModelConfig& m) {
   return {{"layers", m.layers},         {"hidden", m.hidden},         {"heads", m.heads},
           {"ffn_hidden", m.ffn_hidden}, {"vocab_size", m.vocab_size}, {"seq_len", m.seq_len}};
 }
@@ -143,7 +143,7 @@ Profile read_profile(const std::string& path) {
   return profile_from_json(text.str(), path);
 }
 
-void check_profile_matches(const Profile& p, const model::GptConfig& m, std::int64_t micro_batch,
+void check_profile_matches(const Profile& p, const model::ModelConfig& m, std::int64_t micro_batch,
                            int sub_batches, const std::vector<int>& degrees,
                            const std::string& source) {
   const json measured = model_json(p.model), wanted = model_json(m);

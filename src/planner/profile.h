@@ -30,7 +30,7 @@
 // the whole tensor-parallel group.
 #pragma once
 
-#include "model/gpt_config.h"
+#include "model/config.h"
 
 #include <cstdint>
 #include <map>
@@ -68,7 +68,7 @@ struct DegreeProfile {
 
 struct Profile {
   static constexpr int kVersion = 2;
-  model::GptConfig model;
+  model::ModelConfig model;
   int tp = 1;
   std::int64_t micro_batch = 1;
   int sub_batches = 1;
@@ -90,7 +90,7 @@ Profile read_profile(const std::string& path);
 
 // UserError when the profile was measured for another model or batch split, or lacks one of
 // `degrees`, saying what differs and how to re-measure.
-void check_profile_matches(const Profile& profile, const model::GptConfig& model,
+void check_profile_matches(const Profile& profile, const model::ModelConfig& model,
                            std::int64_t micro_batch, int sub_batches,
                            const std::vector<int>& degrees, const std::string& source);
 

@@ -1,9 +1,6 @@
 #include "runtime/executor.h"
 
 #include "core/error.h"
-#include "core/timer.h"
-
-#include <fmt/format.h>
 
 #include <algorithm>
 
@@ -22,34 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Trace names carry the segment, micro-batch and sub-batch; tests count collectives by them.
-std::string trace_name(const schedule::Instruction& ins, const std::string& segment,
-                       ops::CollectiveKind kind = ops::CollectiveKind::all_reduce) {
-  using schedule::Op;
-  switch (ins.op) {
-    case Op::forward: return fmt::format("F {} mb{} sb{}", segment, ins.micro_batch, ins.sub_batch);
-    case Op::recompute:
-      return fmt::format("R {} mb{} sb{} [{}]", segment, ins.micro_batch, ins.sub_batch,
-                         ops::tensor_sets_name(ins.sets));
-    case Op::backward:
-      return fmt::format("B{} {} mb{} sb{}", ins.stage, segment, ins.micro_batch, ins.sub_batch);
-    case Op::start:
-    case Op::wait:
-      return fmt::format("{} {}{} {} mb{} sb{}",
-                         kind == ops::CollectiveKind::all_reduce ? "AR" : "AG",
-                         ins.direction == schedule::Direction::forward ? "fwd" : "bwd",
-                         ins.replay ? " replay" : "", segment, ins.micro_batch, ins.sub_batch);
-    case Op::free:
-      return fmt::format("Free {} mb{} sb{} [{}]", segment, ins.micro_batch, ins.sub_batch,
-                         ops::tensor_sets_name(ins.sets));
-    case Op::reduce_grads: return fmt::format("ReduceGrads bucket{}", ins.bucket);
-    case Op::optimizer_step: return "OptimizerStep";
-    case Op::send:
-    case Op::recv: return schedule::to_string(ins);
-  }
-  return "?";
-}
-
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // Total length of the union of the intervals.
@@ -65,23 +34,27 @@ double union_seconds(std::vector<std::pair<Clock::time_point, Clock::time_point>
   return total;
 }
 
+bool is_compute(schedule::Op op) {
+  return op == schedule::Op::forward || op == schedule::Op::recompute ||
+         op == schedule::Op::backward;
+}
+
 }  // namespace
 
 ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
-                             const StepHooks& hooks, TraceRecorder* trace) {
+                             const StepHooks& hooks, InstructionListener* listener) {
   using schedule::Op;
   ExecutionStats stats;
   store_.reset_peak();
   std::vector<std::pair<Clock::time_point, Clock::time_point>> wire;
-  const auto trace_us = [&](Clock::time_point t) { return trace->us_at(t); };
   for (const schedule::Instruction& ins : schedule) {
     const Clock::time_point began = Clock::now();
     const auto key = std::tuple{ins.segment, ins.micro_batch, ins.sub_batch,
                                 static_cast<int>(ins.direction), ins.replay};
-    ops::Segment* segment = ins.op == Op::reduce_grads || ins.op == Op::optimizer_step
-                                ? nullptr
-                                : segments_[static_cast<std::size_t>(ins.segment)].get();
-    double blocked = 0;  // seconds in collectives the segment ran itself
+    const bool has_segment = ins.op != Op::reduce_grads && ins.op != Op::optimizer_step;
+    ops::Segment* segment = has_segment ? segments_[static_cast<std::size_t>(ins.segment)].get() : nullptr;
+    const ops::SegmentShape* shape =
+        has_segment ? &program_.segments[static_cast<std::size_t>(ins.segment)] : nullptr;
     switch (ins.op) {
       case Op::forward: segment->forward(ctx, ins.micro_batch, ins.sub_batch); break;
       case Op::recompute:
@@ -94,16 +67,14 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
       case Op::start: {
         const ops::Segment::CollectiveCall call =
             ins.direction == schedule::Direction::forward
-                ? segment->forward_collective(ins.sub_batch)
-                : segment->backward_collective(ins.sub_batch);
+                ? segment->forward_collective(ins.micro_batch, ins.sub_batch)
+                : segment->backward_collective(ins.micro_batch, ins.sub_batch);
         OASES_ASSERT(call.group != nullptr, "{}: collective without a group", segment->name());
         std::unique_ptr<comm::Work> work =
             call.kind == ops::CollectiveKind::all_reduce
-                ? call.group->all_reduce_async(call.buffer, comm::ReduceOp::sum)
+                ? call.group->all_reduce_async(call.buffer, call.op)
                 : call.group->all_gather_async(call.block, call.buffer);
-        in_flight_[key] = {std::move(work), began,
-                           trace ? trace_name(ins, segment->name(), call.kind) : std::string(),
-                           call.group->size() > 1};
+        in_flight_[key] = {std::move(work), began, call};
         ++stats.collectives;
         break;
       }
@@ -117,10 +88,12 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         // Where the backend does not time its operations, the issue-to-wait span stands in.
         const comm::WorkTiming timing =
             it->second.work->timing().value_or(comm::WorkTiming{it->second.issued, done});
-        if (it->second.on_wire) wire.emplace_back(timing.began, timing.finished);
-        if (trace)
-          trace->add(it->second.name, TraceRecorder::Lane::communication,
-                     trace_us(timing.began), trace_us(timing.finished));
+        if (it->second.call.group->size() > 1) wire.emplace_back(timing.began, timing.finished);
+        if (listener) {
+          InstructionRecord record{ins, shape, it->second.call.kind, it->second.call.op,
+                                   Lane::communication, timing.began, timing.finished};
+          listener->record(record);
+        }
         in_flight_.erase(it);
         break;
       }
@@ -136,27 +109,18 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
                      schedule::to_string(ins));
         break;
     }
-    if (segment) {
-      for (const auto& c : segment->take_blocking_collectives()) {
-        blocked += seconds(c.finished - c.began);
-        if (tp_.size() > 1) wire.emplace_back(c.began, c.finished);
-        if (trace)
-          trace->add(fmt::format("AR {} {} mb{} sb{}", c.name, segment->name(), ins.micro_batch,
-                                 ins.sub_batch),
-                     TraceRecorder::Lane::communication, trace_us(c.began), trace_us(c.finished));
-      }
-    }
     const Clock::time_point ended = Clock::now();
-    if (ins.op == Op::forward || ins.op == Op::recompute || ins.op == Op::backward) {
-      stats.compute_seconds += seconds(ended - began) - blocked;
-      stats.exposed_comm_seconds += blocked;
-    }
-    if (trace && ins.op != Op::start && ins.op != Op::wait) {
-      trace->add(trace_name(ins, segment ? segment->name() : ""),
-                 ins.op == Op::optimizer_step || ins.op == Op::reduce_grads
-                     ? TraceRecorder::Lane::optimizer
-                     : TraceRecorder::Lane::compute,
-                 trace_us(began), trace_us(ended));
+    if (is_compute(ins.op)) stats.compute_seconds += seconds(ended - began);
+    const bool reported = is_compute(ins.op) || ins.op == Op::reduce_grads ||
+                          ins.op == Op::optimizer_step;
+    if (listener && reported) {
+      InstructionRecord record;
+      record.instruction = ins;
+      record.segment = shape;
+      record.lane = is_compute(ins.op) ? Lane::compute : Lane::optimizer;
+      record.began = began;
+      record.finished = ended;
+      listener->record(record);
     }
   }
   OASES_ASSERT(in_flight_.empty(), "schedule ended with collectives in flight");

@@ -1,24 +1,26 @@
 // Executor: interprets a Schedule on this rank. Compute instructions run on the calling thread
 // (the compute lane; kernels parallelise internally); collectives are issued asynchronously on
-// the group each segment names (the communication lane): all-reduces of partial sums and
-// all-gathers of reshards, waited on where the schedule says. Free instructions release tensor sets from the activation store, so the peak of live
-// activations is a property of the schedule.
+// the group each segment names (the communication lane): all-reduces of partial sums (or of
+// row maxima), all-gathers of reshards, waited on where the schedule says. Free instructions
+// release tensor sets from the activation store, so the peak of live activations is a property
+// of the schedule.
 //
 // Per run it reports the compute lane's busy time, the time it stood idle waiting on
 // collectives (exposed communication), how long collectives were on the wire, and the peak
-// activation memory; with a TraceRecorder every instruction becomes a trace event.
+// activation memory. A listener receives one structured record per instruction (what ran,
+// which segment, on which lane, from when to when): the trace and the profiler are listeners.
 #pragma once
 
 #include "comm/communicator.h"
 #include "ops/activation_store.h"
 #include "ops/segment.h"
-#include "runtime/trace.h"
 #include "schedule/schedule.h"
 
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -34,33 +36,58 @@ struct ExecutionStats {
   double exposed_comm_seconds = 0;   // compute lane blocked on collectives
   double comm_seconds = 0;           // collectives in flight on the wire (union of intervals)
   int collectives = 0;               // collectives issued by the schedule
-  std::size_t peak_activation_bytes = 0;  // boundary buffers + peak of the activation store
+  std::size_t peak_activation_bytes = 0;  // slots and scratch + peak of the activation store
 
   ExecutionStats& operator+=(const ExecutionStats& other);
 };
 
+enum class Lane { compute = 0, communication = 1, optimizer = 2 };
+
+// One instruction as it ran. Compute instructions: their run on the compute lane; collectives
+// (reported at their Wait): their time on the wire, as the communicator measured it;
+// ReduceGrads and OptimizerStep: the hook's run on the optimizer lane. Waits and Frees are not
+// reported (a Wait's blocking shows in the stats).
+struct InstructionRecord {
+  using Clock = std::chrono::steady_clock;
+  schedule::Instruction instruction;
+  const ops::SegmentShape* segment = nullptr;  // null for ReduceGrads and OptimizerStep
+  ops::CollectiveKind collective = ops::CollectiveKind::all_reduce;  // for collectives
+  comm::ReduceOp reduce = comm::ReduceOp::sum;
+  Lane lane = Lane::compute;
+  Clock::time_point began, finished;
+  double seconds() const { return std::chrono::duration<double>(finished - began).count(); }
+};
+
+class InstructionListener {
+ public:
+  virtual ~InstructionListener() = default;
+  virtual void record(const InstructionRecord& record) = 0;
+};
+
 class Executor {
  public:
-  // `static_activation_bytes`: activation memory allocated once (boundary buffers, scratch),
-  // added to the store's peak.
-  Executor(std::vector<std::unique_ptr<ops::Segment>>& segments, comm::Communicator& tp,
+  // `program` describes `segments` (same order); `static_activation_bytes`: activation memory
+  // allocated once (slots, scratch), added to the store's peak.
+  Executor(std::vector<std::unique_ptr<ops::Segment>>& segments, const ops::Program& program,
            ops::ActivationStore& store, std::size_t static_activation_bytes)
-      : segments_(segments), tp_(tp), store_(store), static_bytes_(static_activation_bytes) {}
+      : segments_(segments),
+        program_(program),
+        store_(store),
+        static_bytes_(static_activation_bytes) {}
 
-  // Runs every instruction in order; with a recorder, each one is also traced.
+  // Runs every instruction in order; with a listener, each one is also reported.
   ExecutionStats run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
-                     const StepHooks& hooks, TraceRecorder* trace = nullptr);
+                     const StepHooks& hooks, InstructionListener* listener = nullptr);
 
  private:
   struct InFlight {
     std::unique_ptr<comm::Work> work;
     std::chrono::steady_clock::time_point issued;
-    std::string name;
-    bool on_wire = false;  // a group of more than one rank
+    ops::Segment::CollectiveCall call;
   };
 
   std::vector<std::unique_ptr<ops::Segment>>& segments_;
-  comm::Communicator& tp_;
+  const ops::Program& program_;
   ops::ActivationStore& store_;
   std::size_t static_bytes_;
   std::map<std::tuple<int, int, int, int, bool>, InFlight> in_flight_;

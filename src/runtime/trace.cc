@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <filesystem>
 
@@ -32,6 +34,41 @@ void write_text(const std::string& path, const std::string& text) {
   write_file_atomically(path, text);
 }
 }  // namespace
+
+std::string trace_name(const InstructionRecord& record) {
+  using schedule::Op;
+  const schedule::Instruction& ins = record.instruction;
+  const std::string segment = record.segment ? record.segment->name : std::string();
+  switch (ins.op) {
+    case Op::forward: return fmt::format("F {} mb{} sb{}", segment, ins.micro_batch, ins.sub_batch);
+    case Op::recompute:
+      return fmt::format("R {} mb{} sb{} [{}]", segment, ins.micro_batch, ins.sub_batch,
+                         ops::tensor_sets_name(ins.sets));
+    case Op::backward:
+      return fmt::format("B{} {} mb{} sb{}", ins.stage, segment, ins.micro_batch, ins.sub_batch);
+    case Op::start:
+    case Op::wait: {
+      const char* kind = record.collective == ops::CollectiveKind::all_gather ? "AG"
+                         : record.reduce == comm::ReduceOp::max          ? "AR-max"
+                                                                          : "AR";
+      return fmt::format("{} {}{} {} mb{} sb{}", kind,
+                         ins.direction == schedule::Direction::forward ? "fwd" : "bwd",
+                         ins.replay ? " replay" : "", segment, ins.micro_batch, ins.sub_batch);
+    }
+    case Op::free:
+      return fmt::format("Free {} mb{} sb{} [{}]", segment, ins.micro_batch, ins.sub_batch,
+                         ops::tensor_sets_name(ins.sets));
+    case Op::reduce_grads: return fmt::format("ReduceGrads bucket{}", ins.bucket);
+    case Op::send:
+    case Op::recv: return schedule::to_string(ins);
+    case Op::optimizer_step: return "OptimizerStep";
+  }
+  return "?";
+}
+
+void TraceRecorder::record(const InstructionRecord& r) {
+  add(trace_name(r), r.lane, us_at(r.began), us_at(r.finished));
+}
 
 std::string TraceRecorder::to_json(int rank) const {
   return nlohmann::json{{"traceEvents", event_array(events_, rank)}, {"displayTimeUnit", "ms"}}

@@ -1,8 +1,14 @@
 // TraceRecorder: what each lane of this rank did, as Chrome trace events ("X" complete events,
 // microseconds). Open the written file in Perfetto or chrome://tracing. Lanes: the compute
 // lane runs segments; the communication lane shows each collective from the moment the
-// communicator began it to its completion.
+// communicator began it to its completion; the optimizer lane the gradient reductions' issue
+// and the optimizer step. It listens to the executor (runtime/executor.h) and names each
+// event after its instruction: "F attention.3 mb0 sb1", "R mlp.0 mb0 sb0 [internals]",
+// "B1 head mb0 sb0", "AR fwd head_softmax mb0 sb0", "AR-max fwd head mb0 sb0",
+// "AG bwd reshard.2 mb0 sb0", "ReduceGrads bucket3", "OptimizerStep".
 #pragma once
+
+#include "runtime/executor.h"
 
 #include <chrono>
 #include <string>
@@ -10,10 +16,8 @@
 
 namespace oases::runtime {
 
-class TraceRecorder {
+class TraceRecorder final : public InstructionListener {
  public:
-  enum class Lane { compute = 0, communication = 1, optimizer = 2 };
-
   struct Event {
     std::string name;
     Lane lane;
@@ -25,6 +29,8 @@ class TraceRecorder {
   // Recorders of several processes on one host share the monotonic clock: given one origin,
   // their events line up.
   explicit TraceRecorder(std::chrono::steady_clock::time_point origin) : origin_(origin) {}
+
+  void record(const InstructionRecord& record) override;
 
   double now_us() const { return us_at(std::chrono::steady_clock::now()); }
   double us_at(std::chrono::steady_clock::time_point t) const {
@@ -49,5 +55,8 @@ class TraceRecorder {
   std::chrono::steady_clock::time_point origin_;
   std::vector<Event> events_;
 };
+
+// The event name of an instruction record (above).
+std::string trace_name(const InstructionRecord& record);
 
 }  // namespace oases::runtime

@@ -67,6 +67,16 @@ bool ends_layer(const Program& program, int segment) {
                               shape_of(program, next).layer != shape.layer);
 }
 
+// The last segment whose Forward reads `segment`'s kept sets besides their owner
+// (SegmentShape::reads_sets_of), or `segment` itself.
+int last_reader(const Program& program, int segment) {
+  int last = segment;
+  for (int t = segment + 1; t < static_cast<int>(program.segments.size()); ++t)
+    for (int owner : shape_of(program, t).reads_sets_of)
+      if (owner == segment) last = t;
+  return last;
+}
+
 // Sets of `segment` the policy drops right after its Forward (and regenerates before its
 // Backward). The checkpoint of a segment inside a layer is dropped under `full` too, but only
 // once the next segment's epilogue has read it.
@@ -111,13 +121,17 @@ Schedule instance_stream(const Program& program, const ScheduleSpec& spec, int m
     const SegmentShape& shape = shape_of(program, s);
     out.push_back(make(Op::forward, s, mb, sb));
     if (!spec.training) {
-      // Forward only: everything but the checkpoint is dead at once; the checkpoint once the
-      // next segment's epilogue has read it.
-      if (shape.sets & ~kCheckpoint) out.push_back(with_sets(Op::free, s, shape.sets & ~kCheckpoint, mb, sb));
-      if (s > 0 && (shape_of(program, s - 1).sets & kCheckpoint))
-        out.push_back(with_sets(Op::free, s - 1, kCheckpoint, mb, sb));
-      if (s == num_segments - 1 && (shape.sets & kCheckpoint))
-        out.push_back(with_sets(Op::free, s, kCheckpoint, mb, sb));
+      // Forward only: a segment's sets die once every segment that reads them has run: its
+      // own Forward (and the Forwards of segments that read its kept sets: reads_sets_of) for
+      // all but the checkpoint, which the next segment's epilogue also reads.
+      for (int owner = 0; owner <= s; ++owner) {
+        const TensorSets sets = shape_of(program, owner).sets;
+        const int reader = last_reader(program, owner);
+        const int checkpoint_reader = std::min(std::max(reader, owner + 1), num_segments - 1);
+        const TensorSets dead = (reader == s ? sets & ~kCheckpoint : 0) |
+                                (checkpoint_reader == s ? sets & kCheckpoint : 0);
+        if (dead) out.push_back(with_sets(Op::free, owner, dead, mb, sb));
+      }
     } else {
       if (const TensorSets dropped = dropped_after_forward(program, s, policy))
         out.push_back(with_sets(Op::free, s, dropped, mb, sb));
@@ -289,6 +303,7 @@ class Verifier {
       case Op::forward: {
         check(!inst.forward_done, "forward twice");
         read_input(ins);
+        read_other_sets(ins, shape);
         write_output(ins);
         produce(inst, shape.sets);
         inst.forward_done = true;
@@ -318,6 +333,7 @@ class Verifier {
         check(inst.stages_done == ins.stage, "backward stage out of order");
         check(ins.stage < shape.backward_stages, "no such backward stage");
         for (auto set : {kCheckpoint, kInternals, kCore}) read(inst, set, shape);
+        read_other_sets(ins, shape);
         if (ins.stage == 0 && shape.output_to_peer) {
           check(inst.gradient_received, "the gradient of the segment's output was not received");
         } else if (ins.stage == 0 && ins.segment + 1 < num_segments()) {
@@ -455,6 +471,16 @@ class Verifier {
     check(state == SetState::live,
           fmt::format("reads {} of segment {} before it was computed", ops::tensor_sets_name(set),
                       shape.name));
+  }
+  // Sets of earlier segments this segment reads (SegmentShape::reads_sets_of).
+  void read_other_sets(const Instruction& ins, const SegmentShape& shape) {
+    for (int owner : shape.reads_sets_of) {
+      check(owner >= 0 && owner < ins.segment,
+            "reads the sets of a segment that does not precede it");
+      const SegmentShape& owner_shape = shape_of(program_, owner);
+      for (auto set : {kCheckpoint, kInternals, kCore})
+        read(instance(owner, ins.micro_batch, ins.sub_batch), set, owner_shape);
+    }
   }
   // A segment's epilogue reads the previous segment's reduced output and its checkpoint; the
   // first segment of a chunk after a cut reads what it received instead.

@@ -65,7 +65,7 @@ enum class Op : std::uint8_t {
 enum class Direction : std::uint8_t { forward, backward };
 
 // What a point-to-point message carries across a chunk boundary.
-enum class Payload : std::uint8_t { activation, gradient };
+using ops::Payload;  // activation, gradient (ops/program.h)
 
 // Fields an op does not use keep their defaults (the verifier checks bucket, peer and slot), so
 // instructions compare equal exactly when they do the same thing.

@@ -1,17 +1,20 @@
-// Checkpoints (DESIGN.md "Checkpoints"):
+// What a checkpoint holds (the folder protocol is io/checkpoint_dir.h):
 //
-//   <dir>/step_<N>/model.safetensors      parameters, Hugging Face GPT-2 names and shapes
-//                                         (metadata: "format" = "pt", "oases_config" = TOML)
-//   <dir>/step_<N>/optimizer.safetensors  AdamW moments "exp_avg.<name>", "exp_avg_sq.<name>";
-//                                         metadata: step, seed, data position, format version
-//   <dir>/step_<N>/COMPLETE               written last: a checkpoint without it is ignored
+//   model.safetensors      every parameter, whole, under its Hugging Face name and shape, in
+//                          the run's element type (F32, or F64 for train.precision = "fp64");
+//                          metadata "format" = "pt", "oases_config" = the run's TOML
+//   optimizer.safetensors  the optimizer's state tensors (AdamW: "exp_avg.<name>",
+//                          "exp_avg_sq.<name>"), whole, same element type; metadata: step,
+//                          seed, data position, format version, the run's TOML
 //
-// N counts completed optimizer steps. Every file is written to a temporary name and renamed,
-// so a crash leaves earlier checkpoints intact and never a half-written file under its name.
+// Whole tensors are written whatever the parallel layout, so a run resumes under any other
+// layout, plan or precision (values are converted on reading).
 #pragma once
 
 #include "comm/communicator.h"
-#include "model/param_layout.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "optim/optimizer.h"
 #include "train/config.h"
 
 #include <cstdint>
@@ -29,34 +32,36 @@ struct TrainingState {
 };
 
 // Writes step_<state.step> under dir and removes the oldest complete checkpoints beyond `keep`
-// (0 keeps all). Returns the checkpoint directory. The files hold whole tensors whatever the
-// layout: every rank of the tensor-parallel group `tp` must call this (the shards are
-// assembled over it); only the rank with `write_files` writes.
+// (0 keeps all). Returns the checkpoint folder. Every rank of the tensor-parallel group `tp`
+// must call this (the shards are assembled over it); only the rank with `write_files` writes.
 std::string save_checkpoint(const std::string& dir, const RunConfig& config,
-                            const model::ParamLayout& layout, const float* params,
-                            const float* exp_avg, const float* exp_avg_sq,
+                            const model::Model& model, optim::Optimizer& optimizer,
                             const TrainingState& state, std::int64_t keep,
                             comm::Communicator& tp, bool write_files);
+
+// Adds to `writer`, as `prefix` + parameter name, the whole tensor of every parameter of
+// `layout` whose shards are the flat array `flat` (parameters, gradients, ...) of this rank,
+// assembled over the tensor-parallel group `tp` (every rank calls; only `write` adds).
+void add_whole_tensors(io::SafetensorsWriter& writer, const std::string& prefix,
+                       const model::ParamLayout& layout, const Tensor& flat,
+                       comm::Communicator& tp, bool write);
 
 // The newest complete checkpoint in dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
 // Reads parameters by name with shape checks (UserError naming the file, tensor and shapes);
-// each rank takes its own shard of the whole tensors in the file.
+// each rank takes its own shard of the whole tensors in the file, converted to the element
+// type of `params`.
 void load_model_weights(const std::string& safetensors_path, const model::ParamLayout& layout,
-                        float* params);
+                        const Tensor& params);
 
-// Restores moments and state from a checkpoint directory written by save_checkpoint.
+// Restores the optimizer's state and the training state from a checkpoint folder written by
+// save_checkpoint.
 TrainingState load_optimizer_state(const std::string& checkpoint_dir,
-                                   const model::ParamLayout& layout, float* exp_avg,
-                                   float* exp_avg_sq);
+                                   const model::ParamLayout& layout, optim::Optimizer& optimizer);
 
 // The run configuration stored in a checkpoint's model.safetensors (for `oases generate`),
 // with the [parallel] section at its defaults: one process, whatever trained it.
 RunConfig config_from_checkpoint(const std::string& checkpoint_dir);
-
-// Accepts a checkpoint directory (step_N), a run's checkpoint.dir (its newest checkpoint is
-// taken) or a model.safetensors file; returns the path of model.safetensors.
-std::string resolve_model_file(const std::string& path);
 
 }  // namespace oases::train

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace oases::train {
@@ -66,6 +67,15 @@ Reader bind(T RunConfig::*section, bool T::*field) {
   };
 }
 template <class T>
+Reader bind(T RunConfig::*section, std::optional<bool> T::*field) {
+  return [=](const toml::node& node, const std::string& key, RunConfig& cfg) {
+    auto v = node.value_exact<bool>();
+    OASES_CHECK(v.has_value(), "config key {} = {} is {}; expected true or false", key,
+                describe(node), type_name(node));
+    (cfg.*section).*field = *v;
+  };
+}
+template <class T>
 Reader bind(T RunConfig::*section, std::string T::*field) {
   return [=](const toml::node& node, const std::string& key, RunConfig& cfg) {
     auto v = node.value_exact<std::string>();
@@ -78,19 +88,23 @@ Reader bind(T RunConfig::*section, std::string T::*field) {
 using SectionFields = std::map<std::string, Reader>;
 
 const std::map<std::string, SectionFields>& schema() {
-  using M = model::GptConfig;
+  using M = model::ModelConfig;
   static const std::map<std::string, SectionFields> table = {
       {"model",
        {{"arch", bind(&RunConfig::model, &M::arch)},
         {"layers", bind(&RunConfig::model, &M::layers)},
         {"hidden", bind(&RunConfig::model, &M::hidden)},
         {"heads", bind(&RunConfig::model, &M::heads)},
+        {"kv_heads", bind(&RunConfig::model, &M::kv_heads)},
         {"ffn_hidden", bind(&RunConfig::model, &M::ffn_hidden)},
         {"vocab_size", bind(&RunConfig::model, &M::vocab_size)},
         {"seq_len", bind(&RunConfig::model, &M::seq_len)},
         {"dropout", bind(&RunConfig::model, &M::dropout)},
         {"tie_embeddings", bind(&RunConfig::model, &M::tie_embeddings)},
-        {"layernorm_eps", bind(&RunConfig::model, &M::layernorm_eps)}}},
+        {"norm_eps", bind(&RunConfig::model, &M::norm_eps)},
+        // The name of norm_eps in configs written before LLaMA's RMSNorm existed.
+        {"layernorm_eps", bind(&RunConfig::model, &M::norm_eps)},
+        {"rope_theta", bind(&RunConfig::model, &M::rope_theta)}}},
       {"parallel",
        {{"tp", bind(&RunConfig::parallel, &ParallelConfig::tp)},
         {"dp", bind(&RunConfig::parallel, &ParallelConfig::dp)},
@@ -357,8 +371,9 @@ void RunConfig::validate() const {
               t.grad_clip);
   OASES_CHECK(t.optimizer == "adamw", "train.optimizer = \"{}\" is not known; valid: \"adamw\"",
               t.optimizer);
-  OASES_CHECK(t.precision == "fp32",
-              "train.precision = \"{}\" is not available on the CPU engine; valid: \"fp32\"",
+  OASES_CHECK(t.precision == "fp32" || t.precision == "fp64",
+              "train.precision = \"{}\" is not available on the CPU engine; valid: \"fp32\", "
+              "\"fp64\" (the verification precision)",
               t.precision);
   OASES_CHECK(t.seed >= 0, "train.seed = {} must be >= 0", t.seed);
   OASES_CHECK(t.eval_every >= 0, "train.eval_every = {} must be >= 0 (0: never)", t.eval_every);
@@ -383,11 +398,13 @@ std::string to_toml(const RunConfig& c) {
   toml::table root;
   root.insert("model", toml::table{{"arch", c.model.arch}, {"layers", c.model.layers},
                                    {"hidden", c.model.hidden}, {"heads", c.model.heads},
+                                   {"kv_heads", c.model.kv_head_count()},
                                    {"ffn_hidden", c.model.ffn_hidden},
                                    {"vocab_size", c.model.vocab_size},
                                    {"seq_len", c.model.seq_len}, {"dropout", c.model.dropout},
-                                   {"tie_embeddings", c.model.tie_embeddings},
-                                   {"layernorm_eps", c.model.layernorm_eps}});
+                                   {"tie_embeddings", c.model.tied_embeddings()},
+                                   {"norm_eps", c.model.norm_epsilon()},
+                                   {"rope_theta", c.model.rope_theta}});
   root.insert("parallel", toml::table{{"tp", c.parallel.tp}, {"dp", c.parallel.dp},
                                       {"pp", c.parallel.pp}, {"schedule", c.parallel.schedule},
                                       {"recompute", c.parallel.recompute},

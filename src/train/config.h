@@ -4,7 +4,7 @@
 // the value found and what is valid.
 #pragma once
 
-#include "model/gpt_config.h"
+#include "model/config.h"
 #include "schedule/schedule.h"
 
 #include <cstdint>
@@ -73,7 +73,7 @@ struct LogConfig {
 };
 
 struct RunConfig {
-  model::GptConfig model;
+  model::ModelConfig model;
   ParallelConfig parallel;
   OptimConfig train;
   DataConfig data;

@@ -2,41 +2,75 @@
 
 #include "core/error.h"
 #include "core/timer.h"
-#include "kernels/cpu/optimizer.h"
+#include "kernels/kernels.h"
+#include "optim/clip.h"
 
+#include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <numbers>
 
 namespace oases::train {
-namespace k = oases::kernels::cpu;
+
+DType compute_dtype(const RunConfig& config) {
+  return config.train.precision == "fp64" ? DType::f64 : DType::f32;
+}
+
+optim::FlatLayout flat_layout(const model::ParamLayout& layout, DType dtype) {
+  optim::FlatLayout flat;
+  flat.dtype = dtype;
+  flat.total_numel = layout.total_numel();
+  for (const model::ParamSpec& p : layout.params())
+    flat.params.push_back({p.name, p.offset, p.shape.to_vector(), p.weight_decay});
+  return flat;
+}
+
+namespace {
+
+model::ModelOptions model_options(const RunConfig& config, const schedule::ScheduleSpec& spec,
+                                  comm::Communicator& tp, const ParallelGroups& groups) {
+  model::ModelOptions o;
+  o.dtype = compute_dtype(config);
+  o.micro_batch = config.train.micro_batch;
+  o.sub_batches = spec.sub_batches;
+  o.seed = static_cast<std::uint64_t>(config.train.seed);
+  o.tp = &tp;
+  o.layer_degrees = layer_degrees(config);
+  o.tp_subgroup = groups.tp_subgroup;
+  return o;
+}
+
+optim::OptimizerConfig optimizer_config(const OptimConfig& t) {
+  return {t.optimizer, t.beta1, t.beta2, t.eps, t.weight_decay};
+}
+
+// Sum of a double over a group (loss sums are reduced in double to keep their digits).
+double sum_over(comm::Communicator& group, double value) {
+  group.all_reduce(Tensor::of(&value, {1}), comm::ReduceOp::sum);
+  return value;
+}
+
+// Targets of `count` tokens that enter the loss.
+std::int64_t counted_targets(const std::int32_t* targets, std::int64_t count) {
+  return std::count_if(targets, targets + count, [](std::int32_t t) { return t >= 0; });
+}
+
+}  // namespace
 
 TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
     : config_(config),
       tp_(groups.tp ? groups.tp : &self_tp_),
       dp_(groups.dp ? groups.dp : &self_dp_),
-      tp_subgroup_(groups.tp_subgroup),
       tp_replica_group_(groups.tp_replica_group),
-      model_(config.model, config.train.micro_batch, static_cast<std::uint64_t>(config.train.seed),
-             *tp_, train::schedule_spec(config).sub_batches, layer_degrees(config), tp_subgroup_),
-      exp_avg_(static_cast<std::size_t>(model_.param_count()) * sizeof(float)),
-      exp_avg_sq_(static_cast<std::size_t>(model_.param_count()) * sizeof(float)),
       spec_(train::schedule_spec(config)),
-      executor_(model_.segments(), *tp_, model_.activations(), model_.static_activation_bytes()) {
+      model_(config.model, model_options(config, spec_, *tp_, groups)),
+      optimizer_(optim::make_optimizer(optimizer_config(config.train),
+                                       flat_layout(model_.layout(), model_.dtype()))),
+      lr_schedule_{config.train.lr, config.train.min_lr, config.train.warmup_steps,
+                   config.train.lr_decay_steps, config.train.steps},
+      executor_(model_.segments(), model_.program(), model_.activations(),
+                model_.static_activation_bytes()) {
   OASES_CHECK(config.train.global_batch % (config.train.micro_batch * dp_->size()) == 0,
               "train.global_batch = {} must be a multiple of train.micro_batch x dp = {} x {}",
               config.train.global_batch, config.train.micro_batch, dp_->size());
-}
-
-double TrainingEngine::learning_rate(std::int64_t step) const {
-  const auto& t = config_.train;
-  if (step < t.warmup_steps)
-    return t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup_steps);
-  const std::int64_t decay_steps = (t.lr_decay_steps > 0 ? t.lr_decay_steps : t.steps) - t.warmup_steps;
-  if (decay_steps <= 0) return t.lr;
-  const double progress =
-      std::min(1.0, static_cast<double>(step - t.warmup_steps) / static_cast<double>(decay_steps));
-  return t.min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (t.lr - t.min_lr);
 }
 
 const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, bool training) {
@@ -53,7 +87,7 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
 
 double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs,
                                    const std::int32_t* targets, std::int64_t sequences,
-                                   std::int64_t first_sample, float loss_scale,
+                                   std::int64_t first_sample, double loss_scale,
                                    ops::HeadMode mode, const runtime::StepHooks& hooks,
                                    StepResult* result) {
   const std::int64_t mb = model_.micro_batch(), seq = config_.model.seq_len;
@@ -73,7 +107,7 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
   const schedule::Schedule& schedule = schedule_for(sequences, training);
   model_.loss().reset();
   if (training) model_.zero_grads();
-  const runtime::ExecutionStats stats = executor_.run(schedule, ctx, hooks, trace_);
+  const runtime::ExecutionStats stats = executor_.run(schedule, ctx, hooks, listener_);
   if (result) {
     result->compute_seconds += stats.compute_seconds;
     result->exposed_comm_seconds += stats.exposed_comm_seconds;
@@ -81,36 +115,29 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
     result->peak_activation_bytes = std::max(result->peak_activation_bytes, stats.peak_activation_bytes);
   }
   const auto& loss = model_.loss();
-  OASES_ASSERT(loss.count == sequences * seq, "loss counted {} tokens, expected {}", loss.count,
-               sequences * seq);
+  OASES_ASSERT(loss.count == counted_targets(targets, sequences * seq),
+               "loss counted {} targets, expected {}", loss.count,
+               counted_targets(targets, sequences * seq));
   return loss.sum;
 }
 
-namespace {
-// Sum of a double over a group (loss sums are reduced in double to keep their digits).
-double sum_over(comm::Communicator& group, double value) {
-  group.all_reduce(Tensor::of(&value, {1}), comm::ReduceOp::sum);
-  return value;
-}
-}  // namespace
-
 double TrainingEngine::compute_gradients(std::int64_t step, const std::int32_t* inputs,
                                          const std::int32_t* targets, std::int64_t sequences) {
-  const std::int64_t tokens = sequences * config_.model.seq_len;
-  return run_batches(step, inputs, targets, sequences, 0, 1.0f / static_cast<float>(tokens),
-                     ops::HeadMode::train, {}, nullptr) /
-         static_cast<double>(tokens);
+  const std::int64_t counted = counted_targets(targets, sequences * config_.model.seq_len);
+  const double scale = counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0;
+  return run_batches(step, inputs, targets, sequences, 0, scale, ops::HeadMode::train, {},
+                     nullptr) * scale;
 }
 
 double TrainingEngine::evaluate(const std::int32_t* inputs, const std::int32_t* targets,
                                 std::int64_t sequences) {
-  const double local = run_batches(0, inputs, targets, sequences, dp_->rank() * sequences, 1.0f,
+  const double local = run_batches(0, inputs, targets, sequences, dp_->rank() * sequences, 1.0,
                                    ops::HeadMode::eval, {}, nullptr);
-  return sum_over(*dp_, local) /
-         static_cast<double>(sequences * dp_->size() * config_.model.seq_len);
+  const double count = sum_over(*dp_, static_cast<double>(model_.loss().count));
+  return count > 0 ? sum_over(*dp_, local) / count : 0.0;
 }
 
-void TrainingEngine::logits(const std::int32_t* inputs, float* out) {
+void TrainingEngine::logits(const std::int32_t* inputs, const Tensor& out) {
   ops::StepContext ctx;
   ctx.head_mode = ops::HeadMode::logits;
   ctx.dropout_enabled = false;
@@ -123,87 +150,68 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
                                       const std::int32_t* targets) {
   StepResult result;
   runtime::StepHooks hooks;
-  // Gradients are scaled by 1 / (tokens of the global batch), so the sum over replicas is the
-  // gradient of the global mean loss. A layer below the full degree sums over its replicas in
-  // this tensor-parallel group and in every data-parallel one at once (one group); the other
-  // buckets over the data-parallel group.
+  // Gradients are scaled by 1 / (counted targets of the global batch), so the sum over
+  // replicas is the gradient of the global mean loss.
   std::vector<std::unique_ptr<comm::Work>> reductions;
   hooks.reduce_grads = [&](int bucket) {
-    if (auto work = reduce_over_replicas(bucket)) {
-      reductions.push_back(std::move(work));
-      return;
-    }
-    if (dp_->size() == 1) return;
-    const auto [begin, end] = model_.grad_buckets()[static_cast<std::size_t>(bucket)];
-    reductions.push_back(dp_->all_reduce_async(Tensor::of(model_.grads() + begin, {end - begin}),
-                                               comm::ReduceOp::sum));
+    if (auto work = reduce_bucket(bucket)) reductions.push_back(std::move(work));
   };
   hooks.optimizer_step = [&] {
     const Stopwatch waited;
     for (auto& work : reductions) work->wait();
     result.exposed_comm_seconds += waited.seconds();
     result.grad_norm = clip_gradients();
-    apply_adamw(step, learning_rate(step));
+    optimizer_->step(model_.params(), model_.grads(), {learning_rate(step), step + 1});
   };
-  const std::int64_t global_tokens = config_.train.global_batch * config_.model.seq_len;
+  // A causal language model counts every target; a masked one only the masked positions, which
+  // differ between data-parallel ranks.
+  const std::int64_t local_tokens = local_batch() * config_.model.seq_len;
+  const double counted =
+      config_.model.arch == "bert"
+          ? sum_over(*dp_, static_cast<double>(counted_targets(targets, local_tokens)))
+          : static_cast<double>(config_.train.global_batch * config_.model.seq_len);
+  const double scale = counted > 0 ? 1.0 / counted : 0.0;
   const double local = run_batches(step, inputs, targets, local_batch(), first_local_sample(),
-                                   1.0f / static_cast<float>(global_tokens), ops::HeadMode::train,
-                                   hooks, &result);
+                                   scale, ops::HeadMode::train, hooks, &result);
   std::size_t expected = 0;
-  for (std::size_t b = 0; b < model_.grad_buckets().size(); ++b) {
-    const auto layer = static_cast<std::int64_t>(b) - 1;
-    const bool replicated = layer >= 0 && layer < config_.model.layers &&
-                            model_.layer_degree(layer) < tp_->size();
-    expected += replicated || dp_->size() > 1;
-  }
+  for (const model::Model::Bucket& b : model_.grad_buckets())
+    expected += (b.layer >= 0 && model_.layer_degree(b.layer) < tp_->size()) || dp_->size() > 1;
   OASES_ASSERT(reductions.size() == expected, "{} gradient buckets reduced of {}",
                reductions.size(), expected);
-  result.loss = sum_over(*dp_, local) / static_cast<double>(global_tokens);
+  result.loss = counted > 0 ? sum_over(*dp_, local) / counted : 0.0;
   return result;
 }
 
-std::unique_ptr<comm::Work> TrainingEngine::reduce_over_replicas(int bucket) {
-  const std::int64_t layer = bucket - 1;
-  const int degree = model_.layer_degree(layer);
-  if (layer < 0 || layer >= config_.model.layers || degree == tp_->size()) return nullptr;
-  const auto [begin, end] = model_.grad_buckets()[static_cast<std::size_t>(bucket)];
-  OASES_ASSERT(tp_replica_group_, "layer {} at degree {} needs the replica groups", layer, degree);
-  return tp_replica_group_(degree).all_reduce_async(Tensor::of(model_.grads() + begin, {end - begin}), comm::ReduceOp::sum);
+std::unique_ptr<comm::Work> TrainingEngine::reduce_bucket(int bucket) {
+  const model::Model::Bucket& b = model_.bucket(bucket);
+  const Tensor grads = model_.grads().view(b.begin, {b.end - b.begin});
+  const int degree = model_.layer_degree(b.layer);
+  if (b.layer >= 0 && degree < tp_->size()) {
+    OASES_ASSERT(tp_replica_group_, "layer {} at degree {} needs the replica groups", b.layer, degree);
+    return tp_replica_group_(degree).all_reduce_async(grads, comm::ReduceOp::sum);
+  }
+  if (dp_->size() == 1) return nullptr;
+  return dp_->all_reduce_async(grads, comm::ReduceOp::sum);
 }
 
 double TrainingEngine::clip_gradients() {
-  const float* grads = model_.grads();
+  const Tensor grads = model_.grads();
   // Every rank of the tensor-parallel group holds the same gradient for a parameter with one
   // part (replicated, or a layer at degree 1): it counts once. A parameter in k parts is held
   // by tp / k replicas of each part: the first replica (ranks below k) counts it, and the group
   // sums.
   double sharded = 0, replicated = 0;
   for (const auto& p : model_.layout().params()) {
-    if (p.parts == 1) replicated += k::sum_of_squares(grads + p.offset, p.numel());
-    else if (tp_->rank() < p.parts) sharded += k::sum_of_squares(grads + p.offset, p.numel());
+    const double squares = p.parts == 1 || tp_->rank() < p.parts
+                               ? optim::sum_of_squares(grads, p.offset, p.offset + p.numel())
+                               : 0.0;
+    (p.parts == 1 ? replicated : sharded) += squares;
   }
   const double norm = std::sqrt(sum_over(*tp_, sharded) + replicated);
-  if (config_.train.grad_clip > 0) {
-    const auto factor = static_cast<float>(k::clip_coefficient(norm, config_.train.grad_clip));
-    k::scale_in_place(model_.grads(), model_.param_count(), factor);
-  }
+  if (config_.train.grad_clip > 0)
+    optim::scale(grads, optim::clip_coefficient(norm, config_.train.grad_clip));
   return norm;
 }
-
-void TrainingEngine::apply_adamw(std::int64_t step, double lr) {
-  const auto& t = config_.train;
-  float* params = model_.params();
-  const float* grads = model_.grads();
-  for (const auto& p : model_.layout().params()) {
-    k::AdamWStep hp{lr, t.beta1, t.beta2, t.eps, p.weight_decay ? t.weight_decay : 0.0, step + 1};
-    k::adamw_update(params + p.offset, grads + p.offset, exp_avg() + p.offset,
-                    exp_avg_sq() + p.offset, p.numel(), hp);
-  }
-}
-
-}  // namespace oases::train
-
-namespace oases::train {
 
 std::size_t TrainingEngine::activation_bytes() {
   return model_.static_activation_bytes() +
@@ -211,8 +219,9 @@ std::size_t TrainingEngine::activation_bytes() {
 }
 
 std::size_t TrainingEngine::memory_bytes() {
-  // Parameters, gradients and the two AdamW moments, all fp32, plus activations.
-  return 4 * static_cast<std::size_t>(model_.param_count()) * sizeof(float) + activation_bytes();
+  // Parameters and gradients, the optimizer's state, and activations.
+  return 2 * static_cast<std::size_t>(model_.param_count()) * dtype_size(model_.dtype()) +
+         optimizer_->state_bytes() + activation_bytes();
 }
 
 }  // namespace oases::train

@@ -1,11 +1,13 @@
-// TrainingEngine: one model plus its optimizer on this rank, and the schedules that drive it.
-// It knows nothing about files or data sets: callers hand it token batches. The Trainer (run
-// loop, data, metrics, checkpoints) and the parity tests are built on it.
+// TrainingEngine: one model (model::Model) plus its optimizer (optim::Optimizer) on this
+// rank, and the schedules that drive them. It knows nothing about files or data sets: callers
+// hand it token batches. The Trainer (run loop, data, metrics, checkpoints), the profiler and
+// the parity tests are built on it.
 #pragma once
 
 #include "comm/communicator.h"
-#include "core/buffer.h"
-#include "model/gpt_model.h"
+#include "model/model.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
 #include "runtime/executor.h"
 #include "schedule/schedule.h"
 #include "train/config.h"
@@ -19,7 +21,7 @@
 namespace oases::train {
 
 struct StepResult {
-  double loss = 0;           // mean per-token loss of the global batch
+  double loss = 0;           // mean per-token loss over the counted targets of the global batch
   double grad_norm = 0;      // global L2 norm of the gradient before clipping
   double compute_seconds = 0;       // compute lane busy with segments
   double exposed_comm_seconds = 0;  // compute lane waiting on collectives (TP and DP)
@@ -38,6 +40,9 @@ struct ParallelGroups {
   std::function<comm::Communicator&(int degree)> tp_replica_group;
 };
 
+// The element type train.precision computes in.
+DType compute_dtype(const RunConfig& config);
+
 class TrainingEngine {
  public:
   // Every rank of the groups constructs the engine with the same config; the groups must
@@ -52,77 +57,82 @@ class TrainingEngine {
   std::int64_t local_batch() const { return config_.train.global_batch / dp_->size(); }
   std::int64_t first_local_sample() const { return dp_->rank() * local_batch(); }
 
-  model::GptModel& model() { return model_; }
+  model::Model& model() { return model_; }
   const RunConfig& config() const { return config_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
   // The schedule of training steps (auto settings resolved).
   const schedule::ScheduleSpec& schedule_spec() const { return spec_; }
   // The instruction list run for `sequences` local rows (training or forward only); verified
   // when first generated.
   const schedule::Schedule& schedule_for(std::int64_t sequences, bool training);
-  float* exp_avg() { return exp_avg_.as<float>(); }
-  float* exp_avg_sq() { return exp_avg_sq_.as<float>(); }
 
   // Learning rate of optimizer step `step` (0-based): linear warmup to train.lr over
   // warmup_steps, then cosine decay to min_lr over the remaining lr_decay_steps (or steps).
-  double learning_rate(std::int64_t step) const;
+  double learning_rate(std::int64_t step) const { return lr_schedule_.at(step); }
 
   // One optimizer step. `inputs`/`targets` are this data-parallel rank's local_batch()
-  // sequences ([local_batch, seq]) of the global batch. Forward and backward accumulate
-  // gradients over micro-batches, the data-parallel group sums them, then gradient clipping
-  // and one AdamW update with the step's learning rate. Dropout masks are keyed by `step` and
-  // global sample indices. The loss returned is the mean over the whole global batch.
+  // sequences ([local_batch, seq]) of the global batch; a negative target is not counted
+  // (masked-language modelling). Forward and backward accumulate gradients over
+  // micro-batches, the data-parallel group sums them, then gradient clipping and one optimizer
+  // update with the step's learning rate. Dropout masks are keyed by `step` and global sample
+  // indices. The loss returned is the mean over the counted targets of the whole global batch.
   StepResult train_step(std::int64_t step, const std::int32_t* inputs,
                         const std::int32_t* targets);
 
   // Gradients of the mean loss over `sequences` local rows (a multiple of micro_batch) into
-  // grads(), without reductions or an optimizer update. Single-replica use (tests, parity).
+  // model().grads(), without reductions or an optimizer update. Single-replica use (tests,
+  // parity). Returns the mean loss.
   double compute_gradients(std::int64_t step, const std::int32_t* inputs,
                            const std::int32_t* targets, std::int64_t sequences);
 
   // Mean loss over `sequences` local rows per data-parallel rank (the mean over all ranks'
-  // rows), without dropout or gradients.
+  // counted targets), without dropout or gradients.
   double evaluate(const std::int32_t* inputs, const std::int32_t* targets,
                   std::int64_t sequences);
 
-  // Logits [micro_batch, seq, vocab] of one micro-batch, without dropout.
-  void logits(const std::int32_t* inputs, float* out);
+  // Logits [micro_batch * seq, vocab] of one micro-batch, without dropout, in the model's
+  // element type (a tensor-parallel group of one).
+  void logits(const std::int32_t* inputs, const Tensor& out);
 
-  // Record every instruction of the following steps into `trace` (null: stop recording).
-  void set_trace(runtime::TraceRecorder* trace) { trace_ = trace; }
+  // Report every instruction of the following steps to `listener` (null: stop).
+  void set_listener(runtime::InstructionListener* listener) { listener_ = listener; }
 
-  // Bytes this rank holds for the run: parameters, gradients, AdamW moments, and the peak of
-  // activations under the training schedule.
+  // Bytes this rank holds for the run: parameters, gradients, optimizer state, and the peak
+  // of activations under the training schedule.
   std::size_t memory_bytes();
-  // Peak activation bytes of a training step: boundary buffers plus the schedule's peak of
+  // Peak activation bytes of a training step: slots and scratch plus the schedule's peak of
   // kept tensors (predicted from the program; the executor measures the same).
   std::size_t activation_bytes();
 
  private:
   // Runs the schedule over `sequences` local rows (global sample index of row 0:
-  // first_sample); `hooks` handles ReduceGrads and OptimizerStep. Returns this rank's loss sum.
+  // first_sample); `hooks` handles ReduceGrads and OptimizerStep. Returns this rank's loss sum
+  // (the model's LossAccumulator holds the count).
   double run_batches(std::int64_t step, const std::int32_t* inputs, const std::int32_t* targets,
-                     std::int64_t sequences, std::int64_t first_sample, float loss_scale,
+                     std::int64_t sequences, std::int64_t first_sample, double loss_scale,
                      ops::HeadMode mode, const runtime::StepHooks& hooks, StepResult* result);
   double clip_gradients();  // returns the global norm before clipping
-  // Starts the sum of the gradients of a layer run at a degree below tp (bucket 1 + l) over
-  // all its replicas, data-parallel ones included; null for other buckets.
-  std::unique_ptr<comm::Work> reduce_over_replicas(int bucket);
-  void apply_adamw(std::int64_t step, double lr);
+  // Starts the sum of bucket `bucket`'s gradients: over a layer's replicas (tensor- and
+  // data-parallel ones at once) when it runs below tp, else over the data-parallel group;
+  // null when there is nothing to sum.
+  std::unique_ptr<comm::Work> reduce_bucket(int bucket);
 
   RunConfig config_;
   comm::SelfCommunicator self_tp_{"tp"};
   comm::SelfCommunicator self_dp_{"dp"};
   comm::Communicator* tp_;
   comm::Communicator* dp_;
-  ops::TpSubgroups tp_subgroup_;
   std::function<comm::Communicator&(int degree)> tp_replica_group_;
-  model::GptModel model_;
-  Buffer exp_avg_;
-  Buffer exp_avg_sq_;
   schedule::ScheduleSpec spec_;
+  model::Model model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  optim::LrSchedule lr_schedule_;
   runtime::Executor executor_;
   std::map<std::pair<std::int64_t, bool>, schedule::Schedule> schedules_;
-  runtime::TraceRecorder* trace_ = nullptr;
+  runtime::InstructionListener* listener_ = nullptr;
 };
+
+// The flat layout an optimizer sees for `layout`'s parameters, of element type `dtype`.
+optim::FlatLayout flat_layout(const model::ParamLayout& layout, DType dtype);
 
 }  // namespace oases::train

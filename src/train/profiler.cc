@@ -6,7 +6,7 @@
 #include "core/timer.h"
 #include "kernels/cpu/gemm.h"
 #include "planner/planner.h"
-#include "runtime/trace.h"
+#include "planner/profiler.h"
 #include "train/engine.h"
 
 #include <fmt/format.h>
@@ -20,51 +20,7 @@
 namespace oases::train {
 namespace {
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-// "attention.3" -> "attention"
-std::string kind_of(const std::string& segment) {
-  return segment.substr(0, segment.find('.'));
-}
-
-// Trace names are "<action> <segment> mb<m> sb<s>..." on the compute lane and
-// "AR <what> <segment> mb<m> sb<s>" on the communication lane (runtime/executor.cc).
-void add_events(const runtime::TraceRecorder& trace,
-                std::map<std::string, std::map<std::string, std::vector<double>>>& compute,
-                std::map<std::string, std::vector<double>>& collectives,
-                std::vector<double>& optimizer) {
-  for (const auto& e : trace.events()) {
-    std::vector<std::string> words;
-    for (std::size_t pos = 0; pos <= e.name.size();) {
-      const std::size_t end = std::min(e.name.find(' ', pos), e.name.size());
-      words.push_back(e.name.substr(pos, end - pos));
-      pos = end + 1;
-    }
-    const double seconds = e.duration_us * 1e-6;
-    if (e.lane == runtime::TraceRecorder::Lane::optimizer) {
-      if (words[0] == "OptimizerStep") optimizer.push_back(seconds);
-      continue;
-    }
-    if (words.size() < 2) continue;
-    if (e.lane == runtime::TraceRecorder::Lane::communication) {
-      if (words.size() >= 3 && words[0] == "AR")
-        collectives[kind_of(words[2]) + "." + words[1] + "_s"].push_back(seconds);
-      continue;
-    }
-    const std::string& action = words[0];
-    const std::string key = action == "F"    ? "forward_s"
-                            : action == "R"  ? "recompute_s"
-                            : action == "B0" ? "backward0_s"
-                            : action == "B1" ? "backward1_s"
-                                             : "";
-    if (!key.empty()) compute[kind_of(words[1])][key].push_back(seconds);
-  }
-}
+using planner::median;
 
 // How compute and communication slow each other down on these devices (every rank of the
 // group calls it): a GEMM of the MLP's shape timed alone and while an all-reduce of one
@@ -208,31 +164,19 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     }
     for (int s = 0; s < options.warmup_steps; ++s)
       engine.train_step(s, inputs.data(), targets.data());
-    std::map<std::string, std::map<std::string, std::vector<double>>> compute;
-    std::map<std::string, std::vector<double>> collectives;
-    std::vector<double> optimizer;
-    for (int s = 0; s < options.steps; ++s) {
-      runtime::TraceRecorder trace;
-      engine.set_trace(&trace);
+    planner::TimingCollector timings;
+    engine.set_listener(&timings);
+    for (int s = 0; s < options.steps; ++s)
       engine.train_step(options.warmup_steps + s, inputs.data(), targets.data());
-      engine.set_trace(nullptr);
-      add_events(trace, compute, collectives, optimizer);
-    }
+    engine.set_listener(nullptr);
     planner::DegreeProfile degree;
     degree.degree = k;
     degree.rows = c.train.micro_batch;
-    for (auto& [kind, by_action] : compute) {
-      planner::SegmentTimes& t = degree.segments[kind];
-      t.forward_s = median(by_action["forward_s"]);
-      t.recompute_s = median(by_action["recompute_s"]);
-      t.backward0_s = median(by_action["backward0_s"]);
-      t.backward1_s = median(by_action["backward1_s"]);
-    }
-    for (auto& [name, values] : collectives) degree.collectives[name] = median(values);
-    degree.optimizer_s = median(optimizer);
-    for (const auto& p : engine.model().layout().params())
-      if (p.name.rfind("h.0.", 0) == 0) degree.parameter_bytes_per_layer += p.numel() * 4;
-    degree.parameter_bytes = engine.model().param_count() * 4;
+    timings.fill(degree);
+    const auto element = static_cast<std::int64_t>(dtype_size(engine.model().dtype()));
+    const auto& layer0 = engine.model().layout().groups().at(1);  // the first layer's parameters
+    degree.parameter_bytes_per_layer = (layer0.second - layer0.first) * element;
+    degree.parameter_bytes = engine.model().param_count() * element;
     degree.static_activation_bytes =
         static_cast<std::int64_t>(engine.model().static_activation_bytes());
     const OverlapSlowdown slowdown = measure_overlap_slowdown(mesh.tp_group(), c);
@@ -241,7 +185,7 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     // Replicas of a layer sum its gradients: time that over the replica group.
     comm::Communicator& replicas = mesh.dp_group();
     if (replicas.size() > 1) {
-      std::vector<float> grads(static_cast<std::size_t>(degree.parameter_bytes_per_layer / 4),
+      std::vector<float> grads(static_cast<std::size_t>(degree.parameter_bytes_per_layer / element),
                                1.0f);
       std::vector<double> times;
       for (int s = 0; s < options.steps + 1; ++s) {
@@ -253,7 +197,7 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
       degree.replica_reduce_per_layer_s = median(times);
     }
     for (const ops::SegmentShape& shape : engine.model().program().segments) {
-      auto& sets = degree.activation_bytes[kind_of(shape.name)];
+      auto& sets = degree.activation_bytes[planner::segment_kind(shape.name)];
       sets["checkpoint"] = static_cast<std::int64_t>(shape.checkpoint_bytes);
       sets["internals"] = static_cast<std::int64_t>(shape.internals_bytes);
       sets["core"] = static_cast<std::int64_t>(shape.core_bytes);

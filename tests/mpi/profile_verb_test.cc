@@ -60,7 +60,10 @@ tp = 2
   }
   // Half the weights per rank at degree 2 (heads and FFN columns split; LayerNorms whole).
   EXPECT_LT(profile.degrees[1].parameter_bytes_per_layer, profile.degrees[0].parameter_bytes_per_layer);
-  EXPECT_TRUE(profile.degrees[1].collectives.contains("head.loss-max_s"));
+  // The vocab-parallel loss's reductions are the head's and head_softmax's forward collectives.
+  EXPECT_GT(profile.degrees[1].collectives.at("head.fwd_s"), 0);
+  EXPECT_GT(profile.degrees[1].collectives.at("head_softmax.fwd_s"), 0);
+  EXPECT_FALSE(profile.degrees[0].collectives.contains("head_softmax.fwd_s"));
   // Two replicas of degree 1 sum their gradients; one replica of degree 2 has nobody to sum with.
   EXPECT_GT(profile.degrees[0].replica_reduce_per_layer_s, 0);
   EXPECT_EQ(profile.degrees[1].replica_reduce_per_layer_s, 0);

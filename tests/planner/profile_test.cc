@@ -72,7 +72,7 @@ TEST(Profile, RoundTripsThroughJson) {
 
 TEST(Profile, AProfileOfAnotherModelOrMissingADegreeIsRejected) {
   const Profile p = sample();
-  model::GptConfig m = p.model;
+  model::ModelConfig m = p.model;
   EXPECT_NO_THROW(check_profile_matches(p, m, 8, 2, {1, 2}, "p.json"));
   m.hidden = 256;
   EXPECT_NE(error_of([&] {

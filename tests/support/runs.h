@@ -5,7 +5,7 @@
 
 #include "core/philox.h"
 #include "support/command.h"
-#include "model/param_layout.h"
+#include "model/model.h"
 #include "train/config.h"
 #include "io/safetensors.h"
 
@@ -52,7 +52,7 @@ inline std::string mpirun_prefix(int ranks) {
 inline void write_random_init(const std::filesystem::path& config_path,
                               const std::filesystem::path& out, std::uint64_t seed) {
   const auto config = train::load_run_config(config_path.string());
-  const auto layout = model::gpt_param_layout(config.model);
+  const auto layout = model::model_param_layout(config.model);
   std::vector<float> values(static_cast<std::size_t>(layout.total_numel()));
   io::SafetensorsWriter writer;
   for (const auto& p : layout.params()) {
@@ -77,16 +77,23 @@ inline std::vector<double> metric_values(const std::filesystem::path& metrics, c
   return out;
 }
 
+// The verification tolerance of equivalence tests, which run in fp64 (DESIGN.md "Precision"):
+// no summation order or BLAS kernel moves an fp64 result by a relative 1e-10, so a difference
+// beyond it is a bug.
+inline constexpr double kFp64Tolerance = 1e-10;
+
 inline void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
-                               const std::string& what) {
+                               const std::string& what, double tolerance = kFp64Tolerance) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << what << " step " << i + 1;
+    EXPECT_NEAR(got[i], want[i], tolerance * std::abs(want[i])) << what << " step " << i + 1;
 }
 
-// Per tensor: ||a - b|| <= 1e-5 ||b||, over the same set of tensor names and shapes.
+// Per tensor: ||a - b|| <= tolerance ||b||, over the same set of tensor names and shapes
+// (values read in double, whatever the files store).
 inline void expect_same_tensors(const std::filesystem::path& a_file,
-                                const std::filesystem::path& b_file, const std::string& what) {
+                                const std::filesystem::path& b_file, const std::string& what,
+                                double tolerance = kFp64Tolerance) {
   ASSERT_TRUE(std::filesystem::exists(a_file)) << what << ": " << a_file;
   ASSERT_TRUE(std::filesystem::exists(b_file)) << what << ": " << b_file;
   const auto a = io::SafetensorsFile::open(a_file.string());
@@ -95,16 +102,16 @@ inline void expect_same_tensors(const std::filesystem::path& a_file,
   for (const auto& name : a.names()) {
     const auto& info = b.info(name);
     ASSERT_EQ(a.info(name).shape, info.shape) << what << " " << name;
-    std::vector<float> x(static_cast<std::size_t>(info.numel())), y(x.size());
-    a.read_f32(name, info.shape, x.data());
-    b.read_f32(name, info.shape, y.data());
+    std::vector<double> x(static_cast<std::size_t>(info.numel())), y(x.size());
+    a.read_f64(name, info.shape, x.data());
+    b.read_f64(name, info.shape, y.data());
     double diff = 0, norm = 0;
     for (std::size_t i = 0; i < x.size(); ++i) {
-      const double d = double(x[i]) - double(y[i]);
+      const double d = x[i] - y[i];
       diff += d * d;
-      norm += double(y[i]) * double(y[i]);
+      norm += y[i] * y[i];
     }
-    EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm) + 1e-12)
+    EXPECT_LE(std::sqrt(diff), tolerance * std::sqrt(norm) + 1e-300)
         << what << " " << name << ": relative difference "
         << (norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff));
   }

@@ -1,0 +1,162 @@
+// The kernels of the engine as functions of Tensors, chosen by device and dtype.
+//
+// Everything above kernels/ (ops, models, optimizers) calls these, never a device's kernels
+// directly: a Tensor carries its dtype and device, and each function checks that its
+// arguments agree and forwards to the matching implementation (kernels/cpu/ for the CPU, by
+// element type f32 or f64). A CUDA backend adds its implementations here without changing a
+// caller. The formulas, layouts, aliasing rules and determinism guarantees are those of the
+// CPU kernels named in each comment; shapes are checked here.
+//
+// Matrices are 2-dimensional views [rows, cols] whose rows may be strided (core/tensor.h);
+// unless a comment says otherwise an argument must be contiguous.
+#pragma once
+
+#include "core/tensor.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/dropout.h"
+#include "kernels/cpu/embedding.h"
+
+#include <cstdint>
+
+namespace oases::kernels {
+
+using cpu::DropoutSite;
+using cpu::DropoutSlice;
+using cpu::VocabRange;
+
+// How a linear layer's weight is stored: [in, out] (GPT-2's Conv1D) or [out, in]
+// (torch.nn.Linear, LLaMA and BERT).
+enum class WeightLayout : std::uint8_t { in_out, out_in };
+
+// y[n, out] = x[n, in] @ W (+ bias[out]); with `accumulate`, y += instead. x and y may be
+// strided matrices; bias may be empty (no bias). (cpu/gemm.h)
+void linear_forward(const Tensor& x, const Tensor& w, WeightLayout layout, const Tensor& bias,
+                    const Tensor& y, bool accumulate = false);
+
+// Gradients of linear_forward: dx[n, in] = dy @ W^T (overwritten, or added with
+// accumulate_dx; skipped when dx is empty), dw += x^T @ dy, db += column sums of dy (skipped
+// when empty; formed in double in row order). dy, x and dx may be strided. (cpu/gemm.h)
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, WeightLayout layout,
+                     const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db);
+
+// LayerNorm over the last dimension of x [n, C]; mean and rstd [n] saved. (cpu/layernorm.h)
+void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
+                       const Tensor& mean, const Tensor& rstd, double eps);
+// dx overwritten (no aliasing); dgamma, dbeta accumulated.
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                        const Tensor& dbeta);
+
+// Core attention over a [B * seq, (heads + 2 kv_heads) * head_dim] matrix of q|k|v rows;
+// out [B * seq, heads * head_dim], lse [B, heads, seq]. (cpu/attention.h)
+struct AttentionShape {
+  std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  bool causal = true;
+};
+void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                       const AttentionShape& shape);
+// dqkv overwritten, same layout as qkv.
+void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                        const Tensor& lse, const Tensor& dqkv, const AttentionShape& shape);
+
+// RMSNorm over the last dimension of x [n, C] (LLaMA): y = x * rstd * w, rstd [n] saved.
+// (cpu/rmsnorm.h)
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, const Tensor& y, const Tensor& rstd,
+                     double eps);
+// dx overwritten (no aliasing); dweight accumulated.
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dweight);
+
+// Rotary position embedding, rotate-half pairing (cpu/rotary.h). Tables cos, sin
+// [seq, head_dim / 2] computed in double.
+void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const Tensor& cos,
+                   const Tensor& sin);
+// Rotates `heads` heads of width head_dim in place, in every row of x [batch * seq, >= heads *
+// head_dim] (a strided column block of the fused q|k|v matrix); row (b, t) at position t.
+// inverse = true rotates by -angle: the backward pass.
+void rotary_apply(const Tensor& x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                  std::int64_t head_dim, const Tensor& cos, const Tensor& sin, bool inverse);
+
+// out [n, F] = silu(gate) * up, gate and up [n, F] (strided column blocks allowed).
+// (cpu/swiglu.h)
+void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
+// dgate, dup [n, F] overwritten (no aliasing with the inputs).
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout,
+                     const Tensor& dgate, const Tensor& dup);
+
+enum class GeluForm : std::uint8_t { tanh, erf };
+// y = gelu(x) elementwise; y may alias x. (cpu/gelu.h)
+void gelu_forward(const Tensor& x, const Tensor& y, GeluForm form);
+// dx = dy * gelu'(x); dx may alias dy.
+void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, GeluForm form);
+
+// Dropout of x [B, seq, F] (given as any view of B * seq * F contiguous elements); y may
+// alias x. (cpu/dropout.h)
+void dropout_apply(const Tensor& x, const Tensor& y, std::int64_t batch, std::int64_t seq,
+                   double p, const DropoutSite& site, const DropoutSlice& slice);
+// out = residual + dropout(x + bias) over [B, seq, F]; bias and residual may be empty.
+void bias_dropout_add_forward(const Tensor& x, const Tensor& bias, const Tensor& residual,
+                              const Tensor& out, std::int64_t batch, std::int64_t seq, double p,
+                              const DropoutSite& site, const DropoutSlice& slice);
+// dx = dropout(dout) (dx may alias dout), dbias += column sums of dx when not empty.
+void bias_dropout_add_backward(const Tensor& dout, const Tensor& dx, const Tensor& dbias,
+                               std::int64_t batch, std::int64_t seq, double p,
+                               const DropoutSite& site, const DropoutSlice& slice);
+
+// out = a + b elementwise (out may alias a or b).
+void add(const Tensor& a, const Tensor& b, const Tensor& out);
+// dst := src, same dtype and element count (contiguous; ranges may not overlap partially).
+void copy(const Tensor& src, const Tensor& dst);
+// t := 0
+void zero(const Tensor& t);
+
+// Vocab-parallel token embedding plus positions (cpu/embedding.h): out [B * seq, C] =
+// wte[tokens - range.begin] (zero rows for tokens outside the range) + wpe[t] (wpe may be
+// empty).
+void embedding_forward(const std::int32_t* tokens, const Tensor& wte, const Tensor& wpe,
+                       const Tensor& out, std::int64_t batch, std::int64_t seq,
+                       const VocabRange& range);
+// dwte += scatter of dout by token (tokens in range); dwpe += sums over the batch (unless
+// empty).
+void embedding_backward(const Tensor& dout, const std::int32_t* tokens, const Tensor& dwte,
+                        const Tensor& dwpe, std::int64_t batch, std::int64_t seq,
+                        const VocabRange& range);
+
+// out[b, t, :] += table[ids[b, t], :] (token types); and its backward dtable += scatter.
+void embedding_accumulate(const std::int32_t* ids, const Tensor& table, const Tensor& out,
+                          std::int64_t batch, std::int64_t seq);
+void embedding_accumulate_backward(const Tensor& dout, const std::int32_t* ids,
+                                   const Tensor& dtable, std::int64_t batch, std::int64_t seq);
+
+// Cross-entropy over rows of logits [n, ld] whose first V columns are the vocabulary
+// (cpu/cross_entropy.h). losses [n]. A negative target ignores its row (loss 0, zero
+// gradient).
+void cross_entropy_forward(const Tensor& logits, std::int64_t vocab, const std::int32_t* targets,
+                           const Tensor& losses);
+// Also overwrites logits with grad_scale * (softmax - onehot) (the gradient of grad_scale *
+// sum of losses).
+void cross_entropy_forward_backward(const Tensor& logits, std::int64_t vocab,
+                                    const std::int32_t* targets, const Tensor& losses,
+                                    double grad_scale);
+// The vocab-parallel steps; this rank holds columns [vocab_begin, vocab_begin + V) of every
+// row (V = `vocab`, the valid local columns; 0 when this rank's rows are all padding: its
+// maxima are -inf, its sums 0, and its logits' gradient 0).
+void cross_entropy_shard_max(const Tensor& logits, std::int64_t vocab, const Tensor& row_max);
+void cross_entropy_shard_sums(const Tensor& logits, std::int64_t vocab,
+                              const std::int32_t* targets, std::int64_t vocab_begin,
+                              const Tensor& row_max, const Tensor& sum_exp,
+                              const Tensor& target_logit);
+void cross_entropy_shard_finish(const Tensor& logits, std::int64_t vocab,
+                                const std::int32_t* targets, std::int64_t vocab_begin,
+                                const Tensor& row_max, const Tensor& sum_exp,
+                                const Tensor& target_logit, double grad_scale,
+                                const Tensor& losses, bool gradient);
+
+// sum of x[i] in double, in index order.
+double sum(const Tensor& x);
+// sum of x[i]^2 in double, deterministic (cpu/optimizer.h).
+double sum_of_squares(const Tensor& x);
+// x *= factor (rounded to the element type once).
+void scale(const Tensor& x, double factor);
+
+}  // namespace oases::kernels

@@ -1,0 +1,314 @@
+#include "model/model.h"
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "model/bert/bert.h"
+#include "model/gpt/gpt.h"
+#include "model/llama/llama.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+namespace oases::model {
+
+std::unique_ptr<Architecture> make_architecture(const ModelConfig& config) {
+  config.validate();
+  if (config.arch == "llama") return make_llama(config);
+  if (config.arch == "bert") return make_bert(config);
+  return make_gpt(config);
+}
+
+ParamLayout model_param_layout(const ModelConfig& config, int tp_rank, int tp_size,
+                               const std::vector<int>& layer_degrees, std::int64_t first_layer,
+                               std::int64_t end_layer) {
+  if (end_layer < 0) end_layer = config.layers;
+  const auto architecture = make_architecture(config);
+  const auto degree = [&](std::int64_t l) {
+    return layer_degrees.empty() ? tp_size : layer_degrees[static_cast<std::size_t>(l)];
+  };
+  ParamLayout layout(tp_rank, tp_size);
+  if (first_layer == 0) {
+    layout.begin_group(0);
+    architecture->add_embedding_parameters(layout);
+  }
+  for (std::int64_t l = first_layer; l < end_layer; ++l) {
+    layout.begin_group(static_cast<int>(1 + l));
+    architecture->add_layer_parameters(layout, l, degree(l));
+  }
+  if (end_layer == config.layers) {
+    layout.begin_group(static_cast<int>(config.layers + 1));
+    architecture->add_head_parameters(layout, first_layer == 0);
+  }
+  return layout;
+}
+
+VocabShard vocab_shard(const ModelConfig& config, int tp_rank, int tp_size) {
+  VocabShard shard;
+  shard.rows = config.padded_vocab(tp_size) / tp_size;
+  shard.begin = tp_rank * shard.rows;
+  shard.valid = std::clamp<std::int64_t>(config.vocab_size - shard.begin, 0, shard.rows);
+  return shard;
+}
+
+namespace {
+
+// Checked before anything is built from them (the layout only asserts).
+void check_options(const ModelConfig& config, const ModelOptions& o) {
+  OASES_ASSERT(o.tp != nullptr, "a model needs its tensor-parallel group");
+  OASES_CHECK(o.dtype == DType::f32 || o.dtype == DType::f64,
+              "train.precision: the model computes in fp32 or fp64, not {}", dtype_name(o.dtype));
+  OASES_CHECK(o.sub_batches >= 1 && o.micro_batch % o.sub_batches == 0,
+              "parallel.sub_batches = {} must divide train.micro_batch = {}", o.sub_batches,
+              o.micro_batch);
+  OASES_ASSERT(0 <= o.first_layer && o.first_layer < o.end_layer && o.end_layer <= config.layers,
+               "stage layers [{}, {}) of {}", o.first_layer, o.end_layer, config.layers);
+  const int T = o.tp->size();
+  if (o.layer_degrees.empty()) return;
+  OASES_CHECK(static_cast<std::int64_t>(o.layer_degrees.size()) == config.layers,
+              "parallel.plan gives {} layer degrees; the model has model.layers = {}",
+              o.layer_degrees.size(), config.layers);
+  const std::int64_t rows = o.micro_batch / o.sub_batches;
+  for (std::size_t l = 0; l < o.layer_degrees.size(); ++l) {
+    const int k = o.layer_degrees[l];
+    OASES_CHECK(k >= 1 && T % k == 0,
+                "parallel.plan gives layer {} degree {}; valid degrees divide parallel.tp = {}", l,
+                k, T);
+    OASES_CHECK(rows % (T / k) == 0,
+                "parallel.plan gives layer {} degree {}: its {} replicas split every sub-batch "
+                "of {} sequences (train.micro_batch / parallel.sub_batches), which they cannot "
+                "divide; use a micro-batch whose sub-batches are a multiple of {}",
+                l, k, T / k, rows, T / k);
+    if (k < T) config.validate_tensor_parallel(k);
+  }
+}
+
+}  // namespace
+
+// Resolves parameter names to views and records which segments use each parameter group.
+class Model::Builder final : public ParamResolver {
+ public:
+  explicit Builder(Model& model) : m_(model), c_(model.config_), arch_(*model.architecture_) {}
+
+  ops::ParamRef operator()(const std::string& name) const override {
+    const ParamSpec& spec = m_.layout_.find(name);
+    auto [it, inserted] = first_user_.try_emplace(spec.group, segment_);
+    if (!inserted) it->second = std::min(it->second, segment_);
+    return {m_.layout_.view(m_.params_, spec), m_.layout_.view(m_.grads_, spec)};
+  }
+  bool has(const std::string& name) const override { return m_.layout_.has(name); }
+
+  void build() {
+    ops::ModelContext& ctx = m_.context_;
+    allocate_slots();
+    if (arch_.rotary()) {
+      const std::int64_t half = c_.head_dim() / 2;
+      rope_cos_ = m_.arena_.allocate(ctx.dtype, {c_.seq_len, half});
+      rope_sin_ = m_.arena_.allocate(ctx.dtype, {c_.seq_len, half});
+      kernels::rotary_tables(c_.seq_len, c_.head_dim(), c_.rope_theta, rope_cos_, rope_sin_);
+    }
+    const ModelOptions& o = m_.options_;
+    if (m_.has_embedding()) add_embedding();
+    for (std::int64_t l = o.first_layer; l < o.end_layer; ++l) add_layer(l);
+    if (m_.has_head()) add_head();
+    else add_stage_output();
+    ctx.scratch_narrow = m_.arena_.allocate(ctx.dtype, {ctx.tokens(), c_.hidden});
+    ctx.scratch_wide = m_.arena_.allocate(ctx.dtype, {scratch_wide_});
+    describe_program();
+  }
+
+ private:
+  int next_id() const { return static_cast<int>(m_.segments_.size()); }
+  void begin_segment() { segment_ = next_id(); }
+  const ops::ModelContext& context() const { return m_.context_; }
+
+  ops::Placement placement(std::int64_t layer) const {
+    const ops::ModelContext& ctx = context();
+    const int T = ctx.tp_size();
+    ops::Placement at;
+    at.degree = m_.layer_degree(layer);
+    at.shard = ctx.tp_rank() % at.degree;
+    at.rows = ctx.rows * at.degree / T;
+    at.first_row = ctx.tp_rank() / at.degree * at.rows;
+    at.group = at.degree == T ? ctx.tp : &m_.options_.tp_subgroup(at.degree, 1);
+    return at;
+  }
+
+  void allocate_slots() {
+    const ModelOptions& o = m_.options_;
+    bool reshards = false;
+    for (std::int64_t l = o.first_layer; l <= o.end_layer; ++l) {
+      const bool joins = (l > o.first_layer || m_.has_embedding()) && (l < c_.layers || m_.has_head());
+      reshards = reshards || (joins && m_.layer_degree(l - 1) != m_.layer_degree(l));
+    }
+    OASES_ASSERT(!reshards || o.tp_subgroup, "per-layer degrees need the tensor-parallel sub-groups");
+    ops::ModelContext& ctx = m_.context_;
+    ctx.slots.allocate(m_.arena_, ctx.dtype, ctx.sub_batches, ctx.tokens(), c_.hidden, reshards);
+  }
+
+  void add_embedding() {
+    begin_segment();
+    const VocabShard shard = vocab_shard(c_, context().tp_rank(), context().tp_size());
+    m_.segments_.push_back(ops::make_embedding_segment(
+        next_id(), context(), arch_.embedding(*this, {shard.begin, shard.begin + shard.valid})));
+  }
+
+  // The epilogue forming r_layer from the last segment's output: in place, or in a reshard
+  // segment where the degree changes (the next segment then copies the reshard's rows).
+  ops::ResidualEpilogue epilogue_into(std::int64_t layer) {
+    const int previous = next_id() - 1;
+    begin_segment();
+    ops::ResidualEpilogue::Spec real = arch_.epilogue_into_layer(layer, previous, *this);
+    const int from = m_.layer_degree(layer - 1), to = m_.layer_degree(layer);
+    if (from == to) return ops::ResidualEpilogue(std::move(real));
+    ops::ReshardSpec reshard;
+    reshard.name = "reshard." + std::to_string(layer);
+    reshard.from = placement(layer - 1);
+    reshard.to = placement(layer);
+    reshard.gather_group = from < to ? &m_.options_.tp_subgroup(to, from)
+                                     : &m_.options_.tp_subgroup(from, to);
+    reshard.epilogue = ops::ResidualEpilogue(std::move(real));
+    m_.segments_.push_back(ops::make_reshard_segment(next_id(), context(), std::move(reshard)));
+    begin_segment();
+    ops::ResidualEpilogue::Spec copy;
+    copy.copies_input = true;
+    return ops::ResidualEpilogue(copy);
+  }
+
+  void add_layer(std::int64_t layer) {
+    const ops::Placement at = placement(layer);
+    BlockContext block{layer, at, &context(), this, rope_cos_, rope_sin_};
+    const bool from_peer = layer == m_.options_.first_layer && !m_.has_embedding();
+    ops::ResidualEpilogue epilogue;
+    if (from_peer) {
+      begin_segment();
+      ops::ResidualEpilogue::Spec copy;
+      copy.copies_input = true;
+      epilogue = ops::ResidualEpilogue(copy);
+    } else {
+      epilogue = epilogue_into(layer);
+    }
+    ops::AttentionSpec attention = arch_.attention(block);
+    attention.name = "attention." + std::to_string(layer);
+    attention.layer = static_cast<int>(layer);
+    attention.at = at;
+    attention.epilogue = std::move(epilogue);
+    attention.input_from_peer = from_peer;
+    scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(attention, c_.seq_len));
+    const int attention_id = next_id();
+    m_.segments_.push_back(ops::make_attention_segment(attention_id, context(), std::move(attention)));
+
+    begin_segment();
+    ops::MlpSpec mlp = arch_.mlp(block);
+    mlp.name = "mlp." + std::to_string(layer);
+    mlp.layer = static_cast<int>(layer);
+    mlp.at = at;
+    mlp.epilogue = ops::ResidualEpilogue(arch_.epilogue_into_mlp(layer, attention_id, *this));
+    scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(mlp, c_.seq_len));
+    m_.segments_.push_back(ops::make_mlp_segment(next_id(), context(), std::move(mlp)));
+  }
+
+  void add_head() {
+    ops::ResidualEpilogue epilogue = epilogue_into(c_.layers);
+    ops::HeadSpec head = arch_.head(*this);
+    head.epilogue = std::move(epilogue);
+    const VocabShard shard = vocab_shard(c_, context().tp_rank(), context().tp_size());
+    head.vocab_begin = shard.begin;
+    head.vocab_valid = shard.valid;
+    scratch_wide_ = std::max(scratch_wide_, ops::head_scratch_wide_elements(context()));
+    ops::append_head_segments(next_id(), context(), std::move(head), m_.loss_, m_.arena_,
+                              m_.segments_);
+  }
+
+  void add_stage_output() {
+    const std::int64_t last = m_.options_.end_layer - 1;
+    const int previous = next_id() - 1;
+    begin_segment();
+    ops::StageOutputSpec output;
+    output.name = "stage_output";
+    output.at = placement(last);
+    output.epilogue =
+        ops::ResidualEpilogue(arch_.epilogue_into_layer(last + 1, previous, *this));
+    m_.segments_.push_back(ops::make_stage_output_segment(next_id(), context(), std::move(output)));
+  }
+
+  // Shapes in order; each group's bucket is final after the backward pass of the first
+  // segment that uses it (segments run backward in reverse order).
+  void describe_program() {
+    std::map<int, int> ready;  // segment -> group
+    for (const auto& [group, segment] : first_user_) {
+      OASES_ASSERT(!ready.contains(segment), "segment {} would finish groups {} and {}", segment,
+                   ready[segment], group);
+      ready[segment] = group;
+    }
+    for (const auto& [group, range] : m_.layout_.groups()) {
+      OASES_ASSERT(first_user_.contains(group), "parameter group {} is used by no segment", group);
+      const int layer = group >= 1 && group <= c_.layers ? group - 1 : -1;
+      m_.buckets_.push_back({group, range.first, range.second, layer});
+    }
+    for (int i = 0; i < next_id(); ++i) {
+      ops::SegmentShape shape = m_.segments_[static_cast<std::size_t>(i)]->shape();
+      if (auto it = ready.find(i); it != ready.end()) shape.ready_bucket = it->second;
+      m_.program_.segments.push_back(std::move(shape));
+    }
+  }
+
+  Model& m_;
+  const ModelConfig& c_;
+  const Architecture& arch_;
+  int segment_ = 0;  // the segment whose parameters are being resolved
+  mutable std::map<int, int> first_user_;  // group -> first segment using it
+  std::int64_t scratch_wide_ = 1;
+  Tensor rope_cos_, rope_sin_;
+};
+
+Model::Model(const ModelConfig& config, ModelOptions options)
+    : config_(config), options_(std::move(options)), store_(Device::cpu()) {
+  config_.validate();
+  OASES_ASSERT(options_.tp != nullptr, "a model needs its tensor-parallel group");
+  config_.validate_tensor_parallel(options_.tp->size());
+  if (options_.end_layer < 0) options_.end_layer = config_.layers;
+  check_options(config_, options_);
+  architecture_ = make_architecture(config_);
+
+  layout_ = model_param_layout(config_, options_.tp->rank(), options_.tp->size(),
+                               options_.layer_degrees, options_.first_layer, options_.end_layer);
+  const auto bytes = static_cast<std::size_t>(layout_.total_numel()) * dtype_size(options_.dtype);
+  param_buffer_ = Buffer(bytes);
+  grad_buffer_ = Buffer(bytes);
+  params_ = param_buffer_.tensor(options_.dtype, {layout_.total_numel()});
+  grads_ = grad_buffer_.tensor(options_.dtype, {layout_.total_numel()});
+
+  context_.dtype = options_.dtype;
+  context_.seq_len = config_.seq_len;
+  context_.hidden = config_.hidden;
+  context_.rows = options_.micro_batch / options_.sub_batches;
+  context_.sub_batches = options_.sub_batches;
+  context_.tp = options_.tp;
+  context_.seed = options_.seed;
+  context_.dropout = config_.dropout;
+  context_.store = &store_;
+  Builder(*this).build();
+  initialize(options_.seed);
+}
+
+int Model::layer_degree(std::int64_t layer) const {
+  const int T = options_.tp->size();
+  if (layer < 0 || layer >= config_.layers || options_.layer_degrees.empty()) return T;
+  return options_.layer_degrees[static_cast<std::size_t>(layer)];
+}
+
+const Model::Bucket& Model::bucket(int id) const {
+  for (const Bucket& b : buckets_)
+    if (b.id == id) return b;
+  OASES_ASSERT(false, "no gradient bucket {}", id);
+  __builtin_unreachable();
+}
+
+void Model::zero_grads() { kernels::zero(grads_); }
+
+void Model::initialize(std::uint64_t seed) {
+  initialize_parameters(layout_, config_.layers, seed, params_);
+}
+
+}  // namespace oases::model

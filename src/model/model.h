@@ -1,0 +1,123 @@
+// Model: one model instance (or one pipeline stage of it) on one rank. Owns the flat parameter
+// and gradient arrays of its element type, the activation memory (slots and scratch in an
+// arena, kept activations in an ActivationStore) and the Program: the ordered segments with
+// their collectives, built from ops/ building blocks by the architecture (model/gpt,
+// model/llama, model/bert).
+//
+// The builder places every layer (its tensor-parallel degree and rows), inserts a reshard
+// segment wherever consecutive degrees differ, and at a pipeline-stage boundary ends the stage
+// with a StageOutputSegment and starts the next with a segment whose input arrives from the
+// peer. Each parameter group (embedding, layer l, head) is a gradient bucket, final once the
+// backward pass of the first segment that uses it has run on every instance.
+#pragma once
+
+#include "comm/communicator.h"
+#include "core/buffer.h"
+#include "model/architecture.h"
+#include "model/config.h"
+#include "model/param_layout.h"
+#include "ops/activation_store.h"
+#include "ops/context.h"
+#include "ops/program.h"
+#include "ops/segment.h"
+
+#include <memory>
+#include <vector>
+
+namespace oases::model {
+
+struct ModelOptions {
+  DType dtype = DType::f32;         // parameters, gradients and activations (f32 or f64)
+  std::int64_t micro_batch = 1;     // sequences per micro-batch
+  int sub_batches = 1;              // equal parts of a micro-batch (dividing it)
+  std::uint64_t seed = 0;           // initialisation and dropout masks
+  // The tensor-parallel group this rank belongs to (a group of one: the whole model here); it
+  // must outlive the model.
+  comm::Communicator* tp = nullptr;
+  // One degree per layer (each dividing tp's size; empty: all at tp's size); degrees below it
+  // take their groups from tp_subgroup.
+  std::vector<int> layer_degrees;
+  ops::TpSubgroups tp_subgroup;
+  // The layers [first_layer, end_layer) this instance holds (end_layer -1: to the last); the
+  // instance holding layer 0 has the embedding, the one holding the last layer the head.
+  std::int64_t first_layer = 0;
+  std::int64_t end_layer = -1;
+};
+
+class Model {
+ public:
+  Model(const ModelConfig& config, ModelOptions options);
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  DType dtype() const { return options_.dtype; }
+  std::int64_t micro_batch() const { return options_.micro_batch; }
+  int sub_batches() const { return options_.sub_batches; }
+  std::int64_t first_layer() const { return options_.first_layer; }
+  std::int64_t end_layer() const { return options_.end_layer; }
+  bool has_embedding() const { return options_.first_layer == 0; }
+  bool has_head() const { return options_.end_layer == config_.layers; }
+  // Tensor-parallel degree of layer l (the embedding and head: the group size).
+  int layer_degree(std::int64_t layer) const;
+
+  const ParamLayout& layout() const { return layout_; }
+  const Tensor& params() const { return params_; }  // [param_count()]
+  const Tensor& grads() const { return grads_; }    // [param_count()]
+  std::int64_t param_count() const { return layout_.total_numel(); }  // incl. alignment padding
+
+  void zero_grads();
+  void initialize(std::uint64_t seed);  // layout-invariant Philox initialisation
+
+  std::vector<std::unique_ptr<ops::Segment>>& segments() { return segments_; }
+  const ops::Program& program() const { return program_; }
+
+  // A gradient bucket: the contiguous range of one parameter group.
+  struct Bucket {
+    int id = 0;          // the group: 0 embedding, 1 + l layer l, layers + 1 head
+    std::int64_t begin = 0, end = 0;
+    int layer = -1;      // the transformer layer, or -1
+  };
+  const std::vector<Bucket>& grad_buckets() const { return buckets_; }
+  const Bucket& bucket(int id) const;
+
+  ops::LossAccumulator& loss() { return loss_; }
+  // Slots, scratch and tables, allocated once.
+  std::size_t static_activation_bytes() const { return arena_.bytes_in_use(); }
+  ops::ActivationStore& activations() { return store_; }
+  const ops::ActivationStore& activations() const { return store_; }
+
+ private:
+  class Builder;
+
+  ModelConfig config_;
+  ModelOptions options_;
+  std::unique_ptr<Architecture> architecture_;
+  ParamLayout layout_;
+  Buffer param_buffer_, grad_buffer_;
+  Tensor params_, grads_;
+  Arena arena_;
+  ops::ActivationStore store_;
+  ops::ModelContext context_;
+  ops::LossAccumulator loss_;
+  std::vector<std::unique_ptr<ops::Segment>> segments_;
+  ops::Program program_;
+  std::vector<Bucket> buckets_;
+};
+
+// The parameters of layers [first_layer, end_layer) of `config` (end_layer -1: to the last;
+// with the embedding group when first_layer is 0 and the head group when end_layer is the
+// last) held by rank `tp_rank` of a tensor-parallel group of `tp_size`, layer l split over
+// layer_degrees[l] ranks (empty: tp_size). What a Model allocates, without building it.
+ParamLayout model_param_layout(const ModelConfig& config, int tp_rank = 0, int tp_size = 1,
+                               const std::vector<int>& layer_degrees = {},
+                               std::int64_t first_layer = 0, std::int64_t end_layer = -1);
+
+// The first and last rows of the vocabulary this rank of `tp` ranks holds, and how many of
+// them are real tokens.
+struct VocabShard {
+  std::int64_t begin = 0, rows = 0, valid = 0;
+};
+VocabShard vocab_shard(const ModelConfig& config, int tp_rank, int tp_size);
+
+}  // namespace oases::model

@@ -1,0 +1,25 @@
+#include "ops/attention.h"
+
+namespace oases::ops {
+
+void CoreAttention::rotate(const Tensor& qkv) const {
+  if (cos_.empty()) return;
+  // q and k are adjacent column blocks with the same positions: one pass rotates both.
+  kernels::rotary_apply(qkv, shape_.batch, shape_.seq, shape_.heads + shape_.kv_heads,
+                        shape_.head_dim, cos_, sin_, false);
+}
+
+void CoreAttention::forward(const Tensor& qkv, const Tensor& out, const Tensor& lse) const {
+  kernels::attention_forward(qkv, out, lse, shape_);
+}
+
+void CoreAttention::backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                             const Tensor& lse, const Tensor& dqkv) const {
+  kernels::attention_backward(dout, qkv, out, lse, dqkv, shape_);
+  // A rotation's transpose is its inverse: the gradient before rotation.
+  if (!cos_.empty())
+    kernels::rotary_apply(dqkv, shape_.batch, shape_.seq, shape_.heads + shape_.kv_heads,
+                          shape_.head_dim, cos_, sin_, true);
+}
+
+}  // namespace oases::ops

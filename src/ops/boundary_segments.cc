@@ -1,0 +1,194 @@
+#include "ops/boundary_segments.h"
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+
+#include <utility>
+
+namespace oases::ops {
+namespace {
+
+Tensor previous_checkpoint(ActivationStore& store, const ResidualEpilogue& epilogue, int mb,
+                           int sb, std::int64_t tokens, std::int64_t hidden) {
+  if (epilogue.spec().residual_segment < 0) return {};
+  return store.get({epilogue.spec().residual_segment, mb, sb, kCheckpoint}).view(0, {tokens, hidden});
+}
+
+class ReshardSegment final : public Segment {
+ public:
+  ReshardSegment(int id, const ModelContext& model, ReshardSpec spec)
+      : Segment(id, *model.store),
+        m_(model),
+        spec_(std::move(spec)),
+        rises_(spec_.from.degree < spec_.to.degree),
+        kept_(model.dtype) {
+    OASES_ASSERT(spec_.from.degree != spec_.to.degree, "{}: no degree change", spec_.name);
+    kept_.add(spec_.epilogue.kept_elements(epilogue_tokens(), model.hidden));
+  }
+  const std::string& name() const override { return spec_.name; }
+  SegmentShape shape() const override {
+    SegmentShape shape;
+    shape.name = spec_.name;
+    shape.has_forward_collective = rises_;
+    shape.has_backward_collective = !rises_;
+    shape.backward_stages = rises_ ? 1 : 2;
+    shape.forward_kind = shape.backward_kind = CollectiveKind::all_gather;
+    shape.collective_ranks = spec_.gather_group->size();
+    shape.degree = spec_.from.degree;
+    if (has_kept()) {
+      // A post-norm epilogue keeps its sum and statistics for the backward pass.
+      shape.sets = kCheckpoint;
+      shape.checkpoint_bytes = kept_.bytes();
+    }
+    (rises_ ? shape.forward_collective_elements : shape.backward_collective_elements) =
+        large().rows * m_.seq_len * m_.hidden;
+    return shape;
+  }
+
+  void forward(const StepContext& ctx, int mb, int sb) override {
+    const Tensor input = m_.slot(Slot::output, sb);
+    const Tensor reshard = m_.slot(Slot::reshard, sb);
+    const std::int64_t C = m_.hidden;
+    if (rises_) {
+      const std::int64_t n = spec_.from.rows * m_.seq_len;
+      spec_.epilogue.forward(m_, ctx, mb, sb, spec_.from.rows, spec_.from.first_row,
+                             input.rows(0, n), previous_checkpoint(store(), spec_.epilogue, mb, sb, n, C),
+                             own_block(reshard), acquire_kept(mb, sb));
+      return;
+    }
+    // The epilogue runs on every row of the previous group (its backward needs them all, and
+    // a post-norm keeps its sums for them); this group's block then moves to the front.
+    const std::int64_t n = spec_.from.rows * m_.seq_len;
+    spec_.epilogue.forward(m_, ctx, mb, sb, spec_.from.rows, spec_.from.first_row,
+                           input.rows(0, n), previous_checkpoint(store(), spec_.epilogue, mb, sb, n, C),
+                           reshard.rows(0, n), acquire_kept(mb, sb));
+    const std::int64_t skip = (spec_.to.first_row - spec_.from.first_row) * m_.seq_len;
+    if (skip > 0) kernels::copy(reshard.rows(skip, skip + spec_.to.rows * m_.seq_len),
+                                reshard.rows(0, spec_.to.rows * m_.seq_len));
+  }
+  void backward(const StepContext& ctx, int mb, int sb, int stage) override {
+    const Tensor residual_grad = m_.slot(Slot::residual_grad, sb);
+    const Tensor reshard = m_.slot(Slot::reshard, sb);
+    const std::int64_t from_tokens = spec_.from.rows * m_.seq_len;
+    const Tensor from_grad = residual_grad.rows(0, from_tokens);
+    if (rises_) {
+      // residual_grad holds the gradient of every row of the larger group; keep this group's
+      // (a move to an earlier address: kernels::copy handles the overlap).
+      const std::int64_t offset = own_offset();
+      if (offset > 0) kernels::copy(residual_grad.rows(offset, offset + from_tokens), from_grad);
+      run_epilogue_backward(ctx, mb, sb, from_grad);
+      return;
+    }
+    if (stage == 0) {
+      const std::int64_t to_tokens = spec_.to.rows * m_.seq_len;
+      kernels::copy(residual_grad.rows(0, to_tokens), own_block(reshard));
+      return;
+    }
+    kernels::copy(reshard.rows(0, from_tokens), from_grad);
+    run_epilogue_backward(ctx, mb, sb, from_grad);
+  }
+  CollectiveCall forward_collective(int, int sb) override { return gather(sb); }
+  CollectiveCall backward_collective(int, int sb) override { return gather(sb); }
+
+ private:
+  const Placement& small() const { return rises_ ? spec_.from : spec_.to; }
+  const Placement& large() const { return rises_ ? spec_.to : spec_.from; }
+  // Token offset of this rank's block (the smaller group's rows) within the larger group's.
+  std::int64_t own_offset() const { return (small().first_row - large().first_row) * m_.seq_len; }
+  Tensor own_block(const Tensor& slot) const {
+    return slot.rows(own_offset(), own_offset() + small().rows * m_.seq_len);
+  }
+  CollectiveCall gather(int sb) const {
+    const Tensor reshard = m_.slot(Slot::reshard, sb);
+    const Tensor whole = reshard.rows(0, large().rows * m_.seq_len);
+    return {CollectiveKind::all_gather, comm::ReduceOp::sum, spec_.gather_group,
+            whole.reshaped({whole.numel()}), own_block(reshard).reshaped({small().rows * m_.seq_len * m_.hidden})};
+  }
+  void run_epilogue_backward(const StepContext& ctx, int mb, int sb, const Tensor& from_grad) {
+    const std::int64_t n = spec_.from.rows * m_.seq_len;
+    spec_.epilogue.backward(m_, ctx, mb, sb, spec_.from.rows, spec_.from.first_row, from_grad,
+                            m_.slot(Slot::output_grad, sb).rows(0, n),
+                            has_kept() ? store().get(key(mb, sb, kCheckpoint)) : Tensor(),
+                            m_.scratch_narrow.rows(0, n));
+  }
+  // The epilogue runs on layer l-1's rows.
+  std::int64_t epilogue_tokens() const { return spec_.from.rows * m_.seq_len; }
+  bool has_kept() const { return spec_.epilogue.kept_elements(epilogue_tokens(), m_.hidden) > 0; }
+  Tensor acquire_kept(int mb, int sb) {
+    if (!has_kept()) return {};
+    return store().acquire(key(mb, sb, kCheckpoint), m_.dtype, kept_.elements());
+  }
+
+  const ModelContext& m_;
+  ReshardSpec spec_;
+  bool rises_;
+  SetLayout kept_;
+};
+
+class StageOutputSegment final : public Segment {
+ public:
+  StageOutputSegment(int id, const ModelContext& model, StageOutputSpec spec)
+      : Segment(id, *model.store), m_(model), spec_(std::move(spec)), checkpoint_(model.dtype) {
+    tokens_ = spec_.at.rows * model.seq_len;
+    output_ = checkpoint_.add(tokens_ * model.hidden);
+    kept_ = checkpoint_.add(spec_.epilogue.kept_elements(tokens_, model.hidden));
+  }
+  const std::string& name() const override { return spec_.name; }
+  SegmentShape shape() const override {
+    SegmentShape shape;
+    shape.name = spec_.name;
+    shape.degree = spec_.at.degree;
+    shape.collective_ranks = spec_.at.degree;
+    shape.sets = kCheckpoint;
+    shape.checkpoint_bytes = checkpoint_.bytes();
+    shape.output_to_peer = true;
+    return shape;
+  }
+  void forward(const StepContext& ctx, int mb, int sb) override {
+    const Tensor block = store().acquire(key(mb, sb, kCheckpoint), m_.dtype, checkpoint_.elements());
+    spec_.epilogue.forward(m_, ctx, mb, sb, spec_.at.rows, spec_.at.first_row,
+                           m_.slot_rows(Slot::output, sb, spec_.at.rows),
+                           previous_checkpoint(store(), spec_.epilogue, mb, sb, tokens_, m_.hidden),
+                           output(block), kept(block));
+  }
+  void backward(const StepContext& ctx, int mb, int sb, int) override {
+    const Tensor block = store().get(key(mb, sb, kCheckpoint));
+    spec_.epilogue.backward(m_, ctx, mb, sb, spec_.at.rows, spec_.at.first_row,
+                            m_.slot_rows(Slot::residual_grad, sb, spec_.at.rows),
+                            m_.slot_rows(Slot::output_grad, sb, spec_.at.rows), kept(block),
+                            m_.scratch_narrow.rows(0, tokens_));
+  }
+  Tensor send_buffer(Payload payload, int mb, int sb) override {
+    OASES_ASSERT(payload == Payload::activation, "{} sends activations only", name());
+    return output(store().get(key(mb, sb, kCheckpoint)));
+  }
+  Tensor recv_buffer(Payload payload, int, int sb) override {
+    OASES_ASSERT(payload == Payload::gradient, "{} receives gradients only", name());
+    return m_.slot_rows(Slot::residual_grad, sb, spec_.at.rows);
+  }
+
+ private:
+  Tensor output(const Tensor& block) const { return block.view(output_, {tokens_, m_.hidden}); }
+  Tensor kept(const Tensor& block) const {
+    const std::int64_t n = spec_.epilogue.kept_elements(tokens_, m_.hidden);
+    return n == 0 ? Tensor() : block.view(kept_, {n});
+  }
+
+  const ModelContext& m_;
+  StageOutputSpec spec_;
+  SetLayout checkpoint_;
+  std::int64_t tokens_ = 0, output_ = 0, kept_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Segment> make_reshard_segment(int id, const ModelContext& model, ReshardSpec spec) {
+  return std::make_unique<ReshardSegment>(id, model, std::move(spec));
+}
+
+std::unique_ptr<Segment> make_stage_output_segment(int id, const ModelContext& model,
+                                                   StageOutputSpec spec) {
+  return std::make_unique<StageOutputSegment>(id, model, std::move(spec));
+}
+
+}  // namespace oases::ops

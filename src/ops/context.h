@@ -1,0 +1,115 @@
+// What the segments of one model instance share, fixed when the model is built: the element
+// type, the sizes of a sub-batch, the tensor-parallel group, the activation store, the slots
+// through which consecutive segments pass tensors, and backward scratch. Segments hold a
+// const reference to it; nothing in it changes during a step.
+#pragma once
+
+#include "comm/communicator.h"
+#include "core/tensor.h"
+#include "ops/activation_store.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace oases::ops {
+
+// The tensors that pass between consecutive segments of one sub-batch, by name. Each is
+// [tokens of a sub-batch, hidden]; a segment at a lower tensor-parallel degree uses the first
+// rows (its share of the sub-batch).
+enum class Slot : std::uint8_t {
+  output,         // what the last segment run forward produced, before the next epilogue:
+                  // the partial sums its forward collective reduces
+  output_grad,    // gradient with respect to `output` (whole on every rank of its group)
+  residual_grad,  // gradient flowing along the residual stream
+  input_grad,     // partial gradient of a block's input (the backward collective's buffer)
+  reshard,        // rows a reshard gathers (present only where the degree changes)
+};
+inline constexpr int kSlotCount = 5;
+
+class Slots {
+ public:
+  // Allocates every slot (reshard only when `with_reshard`) for `sub_batches` sub-batches of
+  // `tokens` x `hidden` elements of `dtype` from `arena`.
+  void allocate(Arena& arena, DType dtype, int sub_batches, std::int64_t tokens,
+                std::int64_t hidden, bool with_reshard);
+  // [tokens, hidden]
+  const Tensor& at(Slot slot, int sub_batch) const;
+
+ private:
+  std::vector<std::array<Tensor, kSlotCount>> per_sub_batch_;
+};
+
+// Sub-groups of the tensor-parallel group by (span, stride): see comm::Mesh::tp_subgroup.
+using TpSubgroups = std::function<comm::Communicator&(int span, int stride)>;
+
+// Where a segment runs within a tensor-parallel group of T ranks. At degree k (dividing T) its
+// parameters are split k ways and this rank holds shard tp_rank % k; the T / k groups of k
+// neighbouring ranks (tp_rank / k) each process their own block of every sub-batch's rows, so
+// activations are whole within a group of k and differ between groups.
+struct Placement {
+  int degree = 1;
+  int shard = 0;                        // tp_rank % degree
+  std::int64_t rows = 0;                // sequences of each sub-batch this group processes
+  std::int64_t first_row = 0;           // their first row within the sub-batch
+  comm::Communicator* group = nullptr;  // the `degree` ranks that sum partial results
+};
+
+struct ModelContext {
+  DType dtype = DType::f32;
+  std::int64_t seq_len = 0;
+  std::int64_t hidden = 0;
+  std::int64_t rows = 0;        // sequences per sub-batch
+  int sub_batches = 1;
+  comm::Communicator* tp = nullptr;  // the tensor-parallel group (a group of one: no TP)
+  std::uint64_t seed = 0;            // keys dropout masks
+  double dropout = 0;                // probability at every dropout site
+  ActivationStore* store = nullptr;
+  Slots slots;
+  // Backward scratch shared by every segment and sub-batch (one action runs at a time):
+  // [tokens, hidden] and [tokens, widest layer activation].
+  Tensor scratch_narrow, scratch_wide;
+
+  std::int64_t tokens() const { return rows * seq_len; }
+  int tp_rank() const { return tp->rank(); }
+  int tp_size() const { return tp->size(); }
+  const Tensor& slot(Slot s, int sub_batch) const { return slots.at(s, sub_batch); }
+  // The first `rows` sequences of a slot.
+  Tensor slot_rows(Slot s, int sub_batch, std::int64_t sequences) const {
+    return slots.at(s, sub_batch).rows(0, sequences * seq_len);
+  }
+};
+
+// A parameter resolved once at construction: its values and its gradient, views into the
+// model's flat arrays. Empty for an absent parameter (e.g. no bias).
+struct ParamRef {
+  Tensor value;
+  Tensor grad;
+  bool present() const { return !value.empty(); }
+};
+
+// A tensor set laid out as consecutive pieces of one block, so that one acquisition keeps all
+// of it. Pieces start 64-byte aligned.
+class SetLayout {
+ public:
+  explicit SetLayout(DType dtype = DType::f32) : dtype_(dtype) {}
+  // Adds a piece of `elements` elements and returns its offset (in elements) in the block.
+  std::int64_t add(std::int64_t elements) {
+    const std::int64_t offset = total_;
+    const auto align = static_cast<std::int64_t>(64 / dtype_size(dtype_));
+    total_ += (elements + align - 1) / align * align;
+    return offset;
+  }
+  DType dtype() const { return dtype_; }
+  std::int64_t elements() const { return std::max<std::int64_t>(total_, 1); }
+  std::size_t bytes() const { return static_cast<std::size_t>(elements()) * dtype_size(dtype_); }
+
+ private:
+  DType dtype_;
+  std::int64_t total_ = 0;
+};
+
+}  // namespace oases::ops

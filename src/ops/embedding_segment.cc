@@ -1,0 +1,68 @@
+#include "ops/embedding_segment.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace oases::ops {
+namespace {
+
+class EmbeddingSegment final : public Segment {
+ public:
+  EmbeddingSegment(int id, const ModelContext& model, EmbeddingSpec spec)
+      : Segment(id, *model.store),
+        m_(model),
+        spec_(std::move(spec)),
+        type_ids_(static_cast<std::size_t>(model.tokens()), 0) {}
+  const std::string& name() const override { return name_; }
+  SegmentShape shape() const override {
+    SegmentShape shape;
+    shape.name = name_;
+    shape.has_forward_collective = true;
+    shape.collective_ranks = m_.tp_size();
+    shape.degree = m_.tp_size();
+    shape.forward_collective_elements = m_.tokens() * m_.hidden;
+    return shape;
+  }
+
+  void forward(const StepContext& ctx, int mb, int sb) override {
+    const Tensor out = m_.slot(Slot::output, sb);
+    const bool adds_once = m_.tp_rank() == 0;
+    kernels::embedding_forward(tokens(ctx, mb, sb), spec_.word.value,
+                               adds_once ? spec_.positions.value : Tensor(), out, m_.rows,
+                               m_.seq_len, spec_.vocab);
+    if (adds_once && spec_.token_types.present())
+      kernels::embedding_accumulate(type_ids_.data(), spec_.token_types.value, out, m_.rows,
+                                    m_.seq_len);
+  }
+  void backward(const StepContext& ctx, int mb, int sb, int) override {
+    const Tensor d_out = m_.slot(Slot::output_grad, sb);
+    kernels::embedding_backward(d_out, tokens(ctx, mb, sb), spec_.word.grad,
+                                spec_.positions.grad, m_.rows, m_.seq_len, spec_.vocab);
+    if (spec_.token_types.present())
+      kernels::embedding_accumulate_backward(d_out, type_ids_.data(), spec_.token_types.grad,
+                                             m_.rows, m_.seq_len);
+  }
+  CollectiveCall forward_collective(int, int sb) override {
+    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, m_.tp, m_.slot(Slot::output, sb), {}};
+  }
+
+ private:
+  const std::int32_t* tokens(const StepContext& ctx, int mb, int sb) const {
+    return ctx.micro_batches[static_cast<std::size_t>(mb)].inputs + sb * m_.tokens();
+  }
+
+  const ModelContext& m_;
+  EmbeddingSpec spec_;
+  std::vector<std::int32_t> type_ids_;  // all 0: the data carries no token types
+  std::string name_ = "embedding";
+};
+
+}  // namespace
+
+std::unique_ptr<Segment> make_embedding_segment(int id, const ModelContext& model,
+                                                EmbeddingSpec spec) {
+  return std::make_unique<EmbeddingSegment>(id, model, std::move(spec));
+}
+
+}  // namespace oases::ops

@@ -1,0 +1,307 @@
+#include "ops/layer_segments.h"
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+
+#include <utility>
+
+namespace oases::ops {
+namespace {
+
+// What the attention and MLP segments share: the epilogue into their checkpoint, the optional
+// pre-norm, the collectives, the pipeline input and the stage-1 backward.
+class LayerSegment : public Segment {
+ public:
+  LayerSegment(int id, const ModelContext& model, const LayerSpec& spec)
+      : Segment(id, *model.store),
+        m_(model),
+        layer_(spec),
+        tokens_(spec.at.rows * model.seq_len),
+        checkpoint_(model.dtype),
+        internals_(model.dtype),
+        core_(model.dtype) {
+    const std::int64_t C = model.hidden;
+    residual_ = checkpoint_.add(tokens_ * C);
+    epilogue_kept_ = checkpoint_.add(spec.epilogue.kept_elements(tokens_, C));
+    if (spec.pre_norm.present()) {
+      norm_out_ = internals_.add(tokens_ * C);
+      norm_stats_ = internals_.add(spec.pre_norm.stats_per_row() * tokens_);
+    }
+  }
+  const std::string& name() const override { return layer_.name; }
+
+  void forward(const StepContext& ctx, int mb, int sb) override {
+    run(ctx, mb, sb, kCheckpoint | kInternals | kCore | kOutput);
+  }
+  void recompute(const StepContext& ctx, int mb, int sb, TensorSets sets) override {
+    run(ctx, mb, sb, sets);
+  }
+  CollectiveCall forward_collective(int, int sb) override {
+    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, layer_.at.group, rows_of(Slot::output, sb), {}};
+  }
+  CollectiveCall backward_collective(int, int sb) override {
+    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, layer_.at.group,
+            rows_of(Slot::input_grad, sb), {}};
+  }
+  Tensor recv_buffer(Payload payload, int mb, int sb) override {
+    OASES_ASSERT(layer_.input_from_peer && payload == Payload::activation,
+                 "{} receives no {}", name(), payload == Payload::activation ? "activation" : "gradient");
+    return store().acquire(key(mb, sb, kReceivedInput), m_.dtype, tokens_ * m_.hidden)
+        .reshaped({tokens_, m_.hidden});
+  }
+  Tensor send_buffer(Payload payload, int, int sb) override {
+    OASES_ASSERT(layer_.input_from_peer && payload == Payload::gradient, "{} sends no {}", name(),
+                 payload == Payload::activation ? "activation" : "gradient");
+    return rows_of(Slot::residual_grad, sb);  // the epilogue's copy leaves d(input) there
+  }
+
+ protected:
+  virtual void run(const StepContext& ctx, int mb, int sb, TensorSets parts) = 0;
+
+  SegmentShape layer_shape(TensorSets sets) const {
+    SegmentShape shape;
+    shape.name = layer_.name;
+    shape.has_forward_collective = shape.has_backward_collective = true;
+    shape.backward_stages = 2;
+    shape.collective_ranks = layer_.at.degree;
+    shape.degree = layer_.at.degree;
+    shape.layer = layer_.layer;
+    shape.recomputable = true;
+    shape.input_from_peer = layer_.input_from_peer;
+    shape.sets = sets;
+    shape.checkpoint_bytes = checkpoint_.bytes();
+    shape.internals_bytes = internals_.bytes();
+    shape.core_bytes = (sets & kCore) ? core_.bytes() : 0;
+    shape.forward_collective_elements = shape.backward_collective_elements = tokens_ * m_.hidden;
+    return shape;
+  }
+
+  Tensor rows_of(Slot slot, int sb) const { return m_.slot_rows(slot, sb, layer_.at.rows); }
+  Tensor matrix(const Tensor& block, std::int64_t offset, std::int64_t cols) const {
+    return block.view(offset, {tokens_, cols});
+  }
+  Tensor acquire_or_get(int mb, int sb, TensorSet set, TensorSets parts, const SetLayout& layout) {
+    return (parts & set) ? store().acquire(key(mb, sb, set), layout.dtype(), layout.elements())
+                         : store().get(key(mb, sb, set));
+  }
+  Tensor residual(const Tensor& checkpoint) const { return matrix(checkpoint, residual_, m_.hidden); }
+  Tensor epilogue_kept(const Tensor& checkpoint) const {
+    const std::int64_t n = layer_.epilogue.kept_elements(tokens_, m_.hidden);
+    return n == 0 ? Tensor() : checkpoint.view(epilogue_kept_, {n});
+  }
+  // What the body computes from: the pre-norm's output, or the residual-stream value itself.
+  Tensor body_input(const Tensor& checkpoint, const Tensor& internals) const {
+    return layer_.pre_norm.present() ? matrix(internals, norm_out_, m_.hidden) : residual(checkpoint);
+  }
+
+  // Forms the checkpoint from the previous segment's reduced output (or a reshard's rows, or
+  // the activation received from the previous stage).
+  void run_epilogue(const StepContext& ctx, int mb, int sb, const Tensor& checkpoint) {
+    const ResidualEpilogue& epilogue = layer_.epilogue;
+    Tensor input;
+    if (layer_.input_from_peer) input = store().get(key(mb, sb, kReceivedInput)).reshaped({tokens_, m_.hidden});
+    else input = rows_of(epilogue.spec().copies_input ? Slot::reshard : Slot::output, sb);
+    Tensor residual_in;
+    if (epilogue.spec().residual_segment >= 0)
+      residual_in = store()
+                        .get({epilogue.spec().residual_segment, mb, sb, kCheckpoint})
+                        .view(0, {tokens_, m_.hidden});
+    epilogue.forward(m_, ctx, mb, sb, layer_.at.rows, layer_.at.first_row, input, residual_in,
+                     residual(checkpoint), epilogue_kept(checkpoint));
+    if (layer_.input_from_peer) store().release(key(mb, sb, kReceivedInput));
+  }
+  void run_pre_norm(const Tensor& checkpoint, const Tensor& internals) const {
+    if (!layer_.pre_norm.present()) return;
+    layer_.pre_norm.forward(residual(checkpoint), matrix(internals, norm_out_, m_.hidden),
+                            internals.view(norm_stats_, {layer_.pre_norm.stats_per_row() * tokens_}));
+  }
+
+  // Stage 1: the reduced input gradient joins the residual gradient (through the pre-norm),
+  // then the epilogue's backward hands d(previous output) to the previous segment.
+  void backward_to_previous(const StepContext& ctx, int mb, int sb, const Tensor& checkpoint,
+                            const Tensor& internals) {
+    const Tensor input_grad = rows_of(Slot::input_grad, sb);
+    const Tensor residual_grad = rows_of(Slot::residual_grad, sb);
+    const Tensor scratch = m_.scratch_narrow.rows(0, tokens_);
+    if (layer_.pre_norm.present()) {
+      layer_.pre_norm.backward(input_grad, residual(checkpoint),
+                               internals.view(norm_stats_, {layer_.pre_norm.stats_per_row() * tokens_}),
+                               scratch);
+      kernels::add(residual_grad, scratch, residual_grad);
+    } else {
+      kernels::add(residual_grad, input_grad, residual_grad);
+    }
+    layer_.epilogue.backward(m_, ctx, mb, sb, layer_.at.rows, layer_.at.first_row, residual_grad,
+                             rows_of(Slot::output_grad, sb), epilogue_kept(checkpoint), scratch);
+  }
+
+  const ModelContext& m_;
+  LayerSpec layer_;
+  std::int64_t tokens_;
+  SetLayout checkpoint_, internals_, core_;
+  std::int64_t residual_ = 0, epilogue_kept_ = 0;  // in checkpoint
+  std::int64_t norm_out_ = 0, norm_stats_ = 0;     // in internals
+};
+
+class AttentionSegment final : public LayerSegment {
+ public:
+  AttentionSegment(int id, const ModelContext& model, AttentionSpec spec)
+      : LayerSegment(id, model, spec), spec_(std::move(spec)) {
+    const CoreAttention& a = spec_.attention;
+    OASES_ASSERT(a.shape().batch == spec_.at.rows, "{}: attention over {} rows, placed on {}",
+                 name(), a.shape().batch, spec_.at.rows);
+    OASES_ASSERT(spec_.qkv.size() == 1 || spec_.qkv.size() == 3, "{}: {} QKV projections",
+                 name(), spec_.qkv.size());
+    qkv_ = internals_.add(tokens_ * a.qkv_width());
+    attn_out_ = core_.add(tokens_ * a.out_width());
+    lse_ = core_.add(a.lse_elements());
+  }
+  SegmentShape shape() const override { return layer_shape(kCheckpoint | kInternals | kCore); }
+
+  void backward(const StepContext& ctx, int mb, int sb, int stage) override {
+    const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
+    const Tensor internals = store().get(key(mb, sb, kInternals));
+    if (stage == 1) return backward_to_previous(ctx, mb, sb, checkpoint, internals);
+    const CoreAttention& a = spec_.attention;
+    const Tensor core = store().get(key(mb, sb, kCore));
+    const Tensor qkv = matrix(internals, qkv_, a.qkv_width());
+    const Tensor attn_out = matrix(core, attn_out_, a.out_width());
+    // The output's gradient is whole on every rank of the group.
+    const Tensor d_attn = m_.scratch_narrow.view(0, {tokens_, a.out_width()});
+    spec_.out_proj.backward(rows_of(Slot::output_grad, sb), attn_out, d_attn);
+    const Tensor d_qkv = m_.scratch_wide.view(0, {tokens_, a.qkv_width()});
+    a.backward(d_attn, qkv, attn_out, core.view(lse_, {a.lse_elements()}), d_qkv);
+    // This rank's heads contribute a partial gradient of the input; the group sums it.
+    const Tensor x = body_input(checkpoint, internals);
+    const Tensor d_x = rows_of(Slot::input_grad, sb);
+    if (spec_.qkv.size() == 1) {
+      spec_.qkv[0].backward(d_qkv, x, d_x, false);
+    } else {
+      std::int64_t column = 0;
+      for (std::size_t i = 0; i < 3; ++i) {
+        const std::int64_t width = spec_.qkv[i].local_out();
+        spec_.qkv[i].backward(d_qkv.columns(column, column + width), x, d_x, i > 0);
+        column += width;
+      }
+    }
+    if (!spec_.key_bias_grad.empty()) kernels::zero(spec_.key_bias_grad);
+  }
+
+ private:
+  void run(const StepContext& ctx, int mb, int sb, TensorSets parts) override {
+    const CoreAttention& a = spec_.attention;
+    const Tensor checkpoint = acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_);
+    const Tensor internals = acquire_or_get(mb, sb, kInternals, parts, internals_);
+    const Tensor core = acquire_or_get(mb, sb, kCore, parts, core_);
+    if (parts & kCheckpoint) run_epilogue(ctx, mb, sb, checkpoint);
+    const Tensor qkv = matrix(internals, qkv_, a.qkv_width());
+    const Tensor attn_out = matrix(core, attn_out_, a.out_width());
+    if (parts & kInternals) {
+      run_pre_norm(checkpoint, internals);
+      const Tensor x = body_input(checkpoint, internals);
+      // Column-parallel: this rank's heads only.
+      if (spec_.qkv.size() == 1) {
+        spec_.qkv[0].forward(x, qkv);
+      } else {
+        std::int64_t column = 0;
+        for (const ColumnParallelLinear& projection : spec_.qkv) {
+          projection.forward(x, qkv.columns(column, column + projection.local_out()));
+          column += projection.local_out();
+        }
+      }
+      a.rotate(qkv);
+    }
+    if (parts & kCore) a.forward(qkv, attn_out, core.view(lse_, {a.lse_elements()}));
+    // Row-parallel projection: partial sums; its bias is added after the reduction.
+    if (parts & kOutput) spec_.out_proj.forward(attn_out, rows_of(Slot::output, sb));
+  }
+
+  AttentionSpec spec_;
+  std::int64_t qkv_ = 0;                 // in internals
+  std::int64_t attn_out_ = 0, lse_ = 0;  // in core
+};
+
+class MlpSegment final : public LayerSegment {
+ public:
+  MlpSegment(int id, const ModelContext& model, MlpSpec spec)
+      : LayerSegment(id, model, spec), spec_(std::move(spec)) {
+    OASES_ASSERT(spec_.up.size() == 1 || spec_.up.size() == 2, "{}: {} input projections", name(),
+                 spec_.up.size());
+    pre_ = internals_.add(tokens_ * spec_.activation.input_width());
+    act_ = internals_.add(tokens_ * spec_.activation.width());
+  }
+  SegmentShape shape() const override { return layer_shape(kCheckpoint | kInternals); }
+
+  void backward(const StepContext& ctx, int mb, int sb, int stage) override {
+    const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
+    const Tensor internals = store().get(key(mb, sb, kInternals));
+    if (stage == 1) return backward_to_previous(ctx, mb, sb, checkpoint, internals);
+    const MlpActivation& act = spec_.activation;
+    const std::int64_t F = act.width(), in_width = act.input_width();
+    const Tensor pre = matrix(internals, pre_, in_width);
+    const Tensor d_act = m_.scratch_wide.view(0, {tokens_, F});
+    spec_.down.backward(rows_of(Slot::output_grad, sb), matrix(internals, act_, F), d_act);
+    // The GeLU forms work in place; SwiGLU writes gate and up gradients beside d(act).
+    const Tensor d_pre = act.kind() == Activation::swiglu
+                             ? m_.scratch_wide.view(tokens_ * F, {tokens_, in_width})
+                             : d_act;
+    act.backward(pre, d_act, d_pre);
+    const Tensor x = body_input(checkpoint, internals);
+    const Tensor d_x = rows_of(Slot::input_grad, sb);
+    if (spec_.up.size() == 1) {
+      spec_.up[0].backward(d_pre, x, d_x, false);
+    } else {
+      spec_.up[0].backward(d_pre.columns(0, F), x, d_x, false);
+      spec_.up[1].backward(d_pre.columns(F, 2 * F), x, d_x, true);
+    }
+  }
+
+ private:
+  void run(const StepContext& ctx, int mb, int sb, TensorSets parts) override {
+    const MlpActivation& act = spec_.activation;
+    const std::int64_t F = act.width();
+    const Tensor checkpoint = acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_);
+    const Tensor internals = acquire_or_get(mb, sb, kInternals, parts, internals_);
+    if (parts & kCheckpoint) run_epilogue(ctx, mb, sb, checkpoint);
+    const Tensor pre = matrix(internals, pre_, act.input_width());
+    const Tensor activated = matrix(internals, act_, F);
+    if (parts & kInternals) {
+      run_pre_norm(checkpoint, internals);
+      const Tensor x = body_input(checkpoint, internals);
+      if (spec_.up.size() == 1) {
+        spec_.up[0].forward(x, pre);
+      } else {
+        spec_.up[0].forward(x, pre.columns(0, F));
+        spec_.up[1].forward(x, pre.columns(F, 2 * F));
+      }
+      act.forward(pre, activated);
+    }
+    if (parts & kOutput) spec_.down.forward(activated, rows_of(Slot::output, sb));
+  }
+
+  MlpSpec spec_;
+  std::int64_t pre_ = 0, act_ = 0;  // in internals
+};
+
+}  // namespace
+
+std::int64_t scratch_wide_elements(const AttentionSpec& spec, std::int64_t seq_len) {
+  return spec.at.rows * seq_len * spec.attention.qkv_width();
+}
+
+std::int64_t scratch_wide_elements(const MlpSpec& spec, std::int64_t seq_len) {
+  const std::int64_t tokens = spec.at.rows * seq_len;
+  const MlpActivation& act = spec.activation;
+  return tokens * (act.width() + (act.kind() == Activation::swiglu ? act.input_width() : 0));
+}
+
+std::unique_ptr<Segment> make_attention_segment(int id, const ModelContext& model,
+                                                AttentionSpec spec) {
+  return std::make_unique<AttentionSegment>(id, model, std::move(spec));
+}
+
+std::unique_ptr<Segment> make_mlp_segment(int id, const ModelContext& model, MlpSpec spec) {
+  return std::make_unique<MlpSegment>(id, model, std::move(spec));
+}
+
+}  // namespace oases::ops

@@ -1,0 +1,73 @@
+// The two segments of a transformer layer, assembled from ops building blocks by a model
+// builder (model/): each runs the epilogue that forms its residual-stream input, then its
+// body up to a row-parallel GEMM whose partial sums the forward collective reduces.
+//
+//   AttentionSegment  r = epilogue(previous output)  [checkpoint]
+//                     -> [pre-norm] -> QKV (column-parallel: fused, or q, k, v)  [internals]
+//                     -> [rotary] -> core attention  [core]
+//                     -> out-projection (row-parallel)                     | AR(output)
+//   MlpSegment        h = epilogue(previous output)  [checkpoint]
+//                     -> [pre-norm] -> FC1 (or gate and up) -> activation  [internals]
+//                     -> FC2 (row-parallel)                                 | AR(output)
+//
+// Backward: stage 0 runs from the output's gradient to the partial gradient of the block's
+// input (summed by the backward collective); stage 1 adds it (through the pre-norm where there
+// is one) to the residual gradient and runs the epilogue's backward. Post-norm architectures
+// (BERT) have no pre-norm: their norm is the next epilogue's. The kept sets are exactly the
+// fine-grained recomputation checkpoints (r_l, h_l) and what the body recomputes from them.
+#pragma once
+
+#include "ops/attention.h"
+#include "ops/context.h"
+#include "ops/epilogue.h"
+#include "ops/linear.h"
+#include "ops/mlp.h"
+#include "ops/norm.h"
+#include "ops/segment.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace oases::ops {
+
+struct LayerSpec {
+  std::string name;   // "attention.3", "mlp.3"
+  int layer = 0;
+  Placement at;
+  ResidualEpilogue epilogue;
+  // The input arrives from the previous pipeline stage (SegmentShape::input_from_peer); the
+  // epilogue then copies it.
+  bool input_from_peer = false;
+  Norm pre_norm;  // absent in post-norm architectures
+};
+
+struct AttentionSpec : LayerSpec {
+  // One fused projection writing [n, q|k|v] (GPT-2's c_attn), or three writing the q, k and v
+  // column blocks (LLaMA, BERT).
+  std::vector<ColumnParallelLinear> qkv;
+  CoreAttention attention;
+  RowParallelLinear out_proj;
+  // The key bias adds the same q.b_k to every score of a row, which softmax ignores: its
+  // gradient is exactly zero. The rounding noise a backward pass sums there differs under every
+  // layout and AdamW would turn it into lr-sized steps, so the exact value is kept in this view
+  // of the gradient (empty: no key bias).
+  Tensor key_bias_grad;
+};
+
+struct MlpSpec : LayerSpec {
+  // One projection (FC1) or two (gate, then up) writing column blocks of the activation input.
+  std::vector<ColumnParallelLinear> up;
+  MlpActivation activation;
+  RowParallelLinear down;
+};
+
+// Backward scratch the segments of a spec need beyond [tokens, hidden] (elements).
+std::int64_t scratch_wide_elements(const AttentionSpec& spec, std::int64_t seq_len);
+std::int64_t scratch_wide_elements(const MlpSpec& spec, std::int64_t seq_len);
+
+std::unique_ptr<Segment> make_attention_segment(int id, const ModelContext& model,
+                                                AttentionSpec spec);
+std::unique_ptr<Segment> make_mlp_segment(int id, const ModelContext& model, MlpSpec spec);
+
+}  // namespace oases::ops

@@ -1,0 +1,66 @@
+// Tensor-parallel linear layers (Megatron-LM's two kinds), over weights stored either as
+// [in, out] (GPT-2's Conv1D) or [out, in] (torch.nn.Linear).
+//
+//   ColumnParallelLinear  y[n, out / k] = x[n, in] @ W[:, this rank's columns] + b[same]
+//                         The input is whole on every rank of the group; the output is this
+//                         rank's columns. The input gradient is a partial sum: the group sums
+//                         it (the segment's backward collective).
+//   RowParallelLinear     y[n, out] = x[n, in / k] @ W[this rank's rows, :]  (partial sums)
+//                         The group sums the output (the segment's forward collective); the
+//                         bias is added after that reduction, by the next segment's epilogue,
+//                         so it is not part of this op.
+// Gradients of the weight (and bias) accumulate: they sum over micro-batches and sub-batches.
+#pragma once
+
+#include "kernels/kernels.h"
+#include "ops/context.h"
+
+namespace oases::ops {
+
+using kernels::WeightLayout;
+
+class ColumnParallelLinear {
+ public:
+  ColumnParallelLinear() = default;
+  ColumnParallelLinear(ParamRef weight, ParamRef bias, WeightLayout layout)
+      : weight_(weight), bias_(bias), layout_(layout) {}
+
+  // y [n, local out] (may be a column block of a wider matrix); with `accumulate`, y +=.
+  void forward(const Tensor& x, const Tensor& y, bool accumulate = false) const {
+    kernels::linear_forward(x, weight_.value, layout_, bias_.value, y, accumulate);
+  }
+  // dx [n, in]: overwritten, or added to with accumulate_dx; empty to skip.
+  void backward(const Tensor& dy, const Tensor& x, const Tensor& dx, bool accumulate_dx) const {
+    kernels::linear_backward(dy, x, weight_.value, layout_, dx, accumulate_dx, weight_.grad,
+                             bias_.grad);
+  }
+  std::int64_t local_out() const {
+    return layout_ == WeightLayout::in_out ? weight_.value.dim(1) : weight_.value.dim(0);
+  }
+  const ParamRef& bias() const { return bias_; }
+
+ private:
+  ParamRef weight_, bias_;
+  WeightLayout layout_ = WeightLayout::in_out;
+};
+
+class RowParallelLinear {
+ public:
+  RowParallelLinear() = default;
+  RowParallelLinear(ParamRef weight, WeightLayout layout) : weight_(weight), layout_(layout) {}
+
+  // y [n, out]: this rank's partial sums.
+  void forward(const Tensor& x, const Tensor& y) const {
+    kernels::linear_forward(x, weight_.value, layout_, Tensor(), y);
+  }
+  // dy [n, out] is the gradient of the reduced output (whole); dx [n, local in] overwritten.
+  void backward(const Tensor& dy, const Tensor& x, const Tensor& dx) const {
+    kernels::linear_backward(dy, x, weight_.value, layout_, dx, false, weight_.grad, Tensor());
+  }
+
+ private:
+  ParamRef weight_;
+  WeightLayout layout_ = WeightLayout::in_out;
+};
+
+}  // namespace oases::ops

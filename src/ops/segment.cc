@@ -1,0 +1,37 @@
+#include "ops/segment.h"
+
+#include "core/error.h"
+
+namespace oases::ops {
+
+Segment::CollectiveCall Segment::forward_collective(int, int) {
+  OASES_ASSERT(false, "segment {} has no forward collective", name());
+  __builtin_unreachable();
+}
+
+Segment::CollectiveCall Segment::backward_collective(int, int) {
+  OASES_ASSERT(false, "segment {} has no backward collective", name());
+  __builtin_unreachable();
+}
+
+Tensor Segment::send_buffer(Payload, int, int) {
+  OASES_ASSERT(false, "segment {} sends nothing to another pipeline stage", name());
+  __builtin_unreachable();
+}
+
+Tensor Segment::recv_buffer(Payload, int, int) {
+  OASES_ASSERT(false, "segment {} receives nothing from another pipeline stage", name());
+  __builtin_unreachable();
+}
+
+void Segment::recompute(const StepContext&, int, int, TensorSets sets) {
+  OASES_ASSERT(sets == 0, "segment {} has nothing to recompute ({} asked)", name(),
+               tensor_sets_name(sets));
+}
+
+void Segment::release(int mb, int sb, TensorSets sets) {
+  for (TensorSet set : {kCheckpoint, kInternals, kCore})
+    if (sets & set) store_.release(key(mb, sb, set));
+}
+
+}  // namespace oases::ops
