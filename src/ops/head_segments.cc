@@ -61,11 +61,12 @@ class HeadBody {
     return matrix(internals, spec_.final_norm.present() ? final_out_ : transform_out_);
   }
 
-  // From d(features) in the input_grad slot to d(previous output) in output_grad.
-  void backward(const StepContext& ctx, int mb, int sb, const Tensor& internals) const {
+  // From d(features) (reduced over the group) to d(previous output) in output_grad.
+  void backward(const StepContext& ctx, int mb, int sb, const Tensor& internals,
+                const Tensor& d_features) const {
     const Tensor residual_grad = m_.slot(Slot::residual_grad, sb);
     const Tensor narrow = m_.scratch_narrow, wide = m_.scratch_wide.view(0, {tokens_, m_.hidden});
-    Tensor d = m_.slot(Slot::input_grad, sb);
+    Tensor d = d_features;
     if (spec_.final_norm.present()) {
       const Tensor x = spec_.has_transform ? matrix(internals, transform_out_) : residual(internals);
       const Tensor out = spec_.has_transform ? narrow : residual_grad;
@@ -142,6 +143,9 @@ class FusedHeadSegment final : public Segment {
         loss_(loss) {
     const std::int64_t chunk = std::min(kRowsPerChunk, model.tokens());
     const std::int64_t V = spec_.vocab_weight.value.dim(0);
+    // d(features) is formed during forward, so it is kept with the instance until its
+    // backward (a schedule may run other instances' forwards in between).
+    d_features_ = internals_.add(model.tokens() * model.hidden);
     logits_ = arena.allocate(model.dtype, {chunk, V});
     losses_ = arena.allocate(model.dtype, {chunk});
   }
@@ -161,7 +165,7 @@ class FusedHeadSegment final : public Segment {
     const Tensor x = body_.forward(ctx, mb, sb, spec_.epilogue.spec().residual_segment, internals);
     const std::int64_t n = m_.tokens(), V = spec_.vocab_weight.value.dim(0);
     const std::int32_t* targets = targets_of(m_, ctx, mb, sb);
-    const Tensor d_x = m_.slot(Slot::input_grad, sb);
+    const Tensor d_x = d_features(internals);
     for (std::int64_t row = 0; row < n; row += logits_.dim(0)) {
       const std::int64_t rows = std::min(logits_.dim(0), n - row);
       const Tensor x_rows = x.rows(row, row + rows);
@@ -191,18 +195,25 @@ class FusedHeadSegment final : public Segment {
   void backward(const StepContext& ctx, int mb, int sb, int stage) override {
     OASES_ASSERT(ctx.head_mode == HeadMode::train, "backward needs HeadMode::train");
     if (stage == 0) return;
-    body_.backward(ctx, mb, sb, store().get(key(mb, sb, kInternals)));
+    const Tensor internals = store().get(key(mb, sb, kInternals));
+    body_.backward(ctx, mb, sb, internals, d_features(internals));
   }
-  CollectiveCall backward_collective(int, int sb) override {
-    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, m_.tp, m_.slot(Slot::input_grad, sb), {}};
+  CollectiveCall backward_collective(int mb, int sb) override {
+    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, m_.tp,
+            d_features(store().get(key(mb, sb, kInternals))), {}};
   }
 
  private:
+  Tensor d_features(const Tensor& internals) const {
+    return internals.view(d_features_, {m_.tokens(), m_.hidden});
+  }
+
   const ModelContext& m_;
   HeadSpec spec_;
   SetLayout internals_;
   HeadBody body_;
   LossAccumulator& loss_;
+  std::int64_t d_features_ = 0;
   Tensor logits_, losses_;  // [chunk, V], [chunk] scratch
   std::string name_ = "head";
 };
@@ -258,7 +269,7 @@ class VocabParallelHeadSegment final : public Segment {
   }
   void backward(const StepContext& ctx, int mb, int sb, int stage) override {
     if (stage == 0) return;  // d(features) was formed by head_loss's backward
-    body_.backward(ctx, mb, sb, internals(mb, sb));
+    body_.backward(ctx, mb, sb, internals(mb, sb), m_.slot(Slot::input_grad, sb));
   }
   CollectiveCall forward_collective(int mb, int sb) override {
     return {CollectiveKind::all_reduce, comm::ReduceOp::max, m_.tp, row_max(internals(mb, sb)), {}};

@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include "core/error.h"
+#include "kernels/kernels.h"
 
 #include <algorithm>
 
@@ -103,11 +104,19 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
       case Op::optimizer_step:
         if (hooks.optimizer_step) hooks.optimizer_step();
         break;
-      case Op::send:
-      case Op::recv:
-        OASES_ASSERT(false, "Send/Recv ({}) is not supported by this executor yet",
-                     schedule::to_string(ins));
+      case Op::send: send(ins, *segment, listener); break;
+      case Op::recv: {
+        OASES_ASSERT(peers_ != nullptr, "{}: no point-to-point group", schedule::to_string(ins));
+        const Tensor buffer = segment->recv_buffer(ins.payload, ins.micro_batch, ins.sub_batch);
+        peers_->recv_async(buffer, ins.peer, ins.slot)->wait();
+        stats.exposed_comm_seconds += seconds(Clock::now() - began);
+        if (listener) {
+          InstructionRecord record{ins, shape, ops::CollectiveKind::all_reduce,
+                                   comm::ReduceOp::sum, Lane::communication, began, Clock::now()};
+          listener->record(record);
+        }
         break;
+      }
     }
     const Clock::time_point ended = Clock::now();
     if (is_compute(ins.op)) stats.compute_seconds += seconds(ended - began);
@@ -124,9 +133,40 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
     }
   }
   OASES_ASSERT(in_flight_.empty(), "schedule ended with collectives in flight");
+  const Clock::time_point sends_began = Clock::now();
+  for (auto& [slot, staged] : staged_) finish_send(staged, listener);
+  stats.exposed_comm_seconds += seconds(Clock::now() - sends_began);
   stats.comm_seconds += union_seconds(std::move(wire));
   stats.peak_activation_bytes = static_bytes_ + store_.peak_bytes();
   return stats;
+}
+
+void Executor::send(const schedule::Instruction& ins, ops::Segment& segment,
+                    InstructionListener* listener) {
+  OASES_ASSERT(peers_ != nullptr, "{}: no point-to-point group", schedule::to_string(ins));
+  const Tensor tensor = segment.send_buffer(ins.payload, ins.micro_batch, ins.sub_batch);
+  Staged& staged = staged_[{ins.payload, ins.slot}];
+  finish_send(staged, listener);  // the slot's previous message must be out before reuse
+  if (staged.buffer.bytes() < tensor.nbytes()) staged.buffer = Buffer(tensor.nbytes(), tensor.device());
+  const Tensor copy = staged.buffer.tensor(tensor.dtype(), {tensor.numel()});
+  kernels::copy(tensor.reshaped({tensor.numel()}), copy);
+  staged.issued = Clock::now();
+  staged.instruction = ins;
+  staged.in_flight = peers_->send_async(copy, ins.peer, ins.slot);
+}
+
+void Executor::finish_send(Staged& staged, InstructionListener* listener) {
+  if (!staged.in_flight) return;
+  staged.in_flight->wait();
+  if (listener) {
+    const comm::WorkTiming timing =
+        staged.in_flight->timing().value_or(comm::WorkTiming{staged.issued, Clock::now()});
+    InstructionRecord record{staged.instruction, &program_.segments[static_cast<std::size_t>(staged.instruction.segment)],
+                             ops::CollectiveKind::all_reduce, comm::ReduceOp::sum,
+                             Lane::communication, timing.began, timing.finished};
+    listener->record(record);
+  }
+  staged.in_flight.reset();
 }
 
 }  // namespace oases::runtime

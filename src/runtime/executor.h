@@ -12,6 +12,7 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "core/buffer.h"
 #include "ops/activation_store.h"
 #include "ops/segment.h"
 #include "schedule/schedule.h"
@@ -75,11 +76,32 @@ class Executor {
         store_(store),
         static_bytes_(static_activation_bytes) {}
 
+  // The group Send and Recv instructions talk over (pipeline stages: comm::Mesh::pp_group);
+  // peers are ranks of it. Needed only by schedules with Send/Recv.
+  void set_point_to_point(comm::Communicator* group) { peers_ = group; }
+
   // Runs every instruction in order; with a listener, each one is also reported.
+  //
+  // Send copies the segment's send_buffer into the staging buffer of its slot (waiting first
+  // for the slot's previous send to complete) and sends it asynchronously, with the slot as
+  // the message tag; Recv receives into the segment's recv_buffer and waits for it (blocking,
+  // counted as exposed communication). Every send has completed when run() returns.
   ExecutionStats run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
                      const StepHooks& hooks, InstructionListener* listener = nullptr);
 
  private:
+  // A send's copy of its tensor, so that the segment may reuse its buffer at once.
+  struct Staged {
+    Buffer buffer;
+    std::unique_ptr<comm::Work> in_flight;
+    std::chrono::steady_clock::time_point issued;
+    schedule::Instruction instruction;
+  };
+  void send(const schedule::Instruction& ins, ops::Segment& segment,
+            InstructionListener* listener);
+  // Waits for the send staged in `staged` (if any); reports it to the listener.
+  void finish_send(Staged& staged, InstructionListener* listener);
+
   struct InFlight {
     std::unique_ptr<comm::Work> work;
     std::chrono::steady_clock::time_point issued;
@@ -91,6 +113,8 @@ class Executor {
   ops::ActivationStore& store_;
   std::size_t static_bytes_;
   std::map<std::tuple<int, int, int, int, bool>, InFlight> in_flight_;
+  comm::Communicator* peers_ = nullptr;
+  std::map<std::pair<ops::Payload, int>, Staged> staged_;  // by (payload, slot)
 };
 
 }  // namespace oases::runtime

@@ -207,11 +207,17 @@ TEST(Generators, CollectivesPerLayerMatchEachPolicy) {
 }
 
 // In the overlapped schedules every collective of a sub-batch is in flight while another
-// sub-batch computes; in megatron nothing computes between a Start and its Wait.
+// sub-batch computes, the vocab-parallel loss's reductions (tp > 1) included; in megatron
+// nothing computes between a Start and its Wait.
 TEST(Generators, OverlappedSchedulesComputeAnotherSubBatchDuringEveryCollective) {
   for (const auto& [kind, recompute] : valid_pairs()) {
     const int sb = overlapped(kind) ? 2 : 1;
-    const Schedule s = generate(gpt_program(2), spec_of(kind, recompute, 2, sb));
+    const Schedule s = generate(gpt_program(2, 2), spec_of(kind, recompute, 2, sb));
+    int loss_reductions = 0;
+    for (const Instruction& x : s)
+      loss_reductions += x.op == Op::start && x.direction == Direction::forward &&
+                         (x.segment == 5 || x.segment == 6);
+    EXPECT_EQ(loss_reductions, 2 * 2 * sb);  // maxima and sums of each instance
     for (std::size_t i = 0; i < s.size(); ++i) {
       if (s[i].op != Op::start) continue;
       bool other_computes = false;
@@ -359,6 +365,38 @@ TEST_F(Broken, ReadAfterFree) {
   t.erase(t.begin() + static_cast<std::ptrdiff_t>(free_h));
   t.insert(t.begin() + static_cast<std::ptrdiff_t>(find(t, "Forward(seg=3, mb=0, sb=0)")), moved);
   expect_rejected(program, full, t, "reads checkpoint of segment mlp.0 after it was freed");
+}
+
+// The vocab-parallel loss: head_softmax and head_loss read the logits the head keeps
+// (SegmentShape::reads_sets_of). Forward-only schedules keep them until head_loss has run; a
+// schedule that frees them earlier is rejected.
+TEST_F(Broken, SetsReadByLaterSegmentsOutliveTheirReaders) {
+  ops::Program split = gpt_program(1);
+  const int head = static_cast<int>(split.segments.size()) - 1;
+  split.segments[static_cast<std::size_t>(head)].has_forward_collective = true;
+  ops::SegmentShape softmax{"head_softmax", true, false, 1};
+  softmax.reads_sets_of = {head};
+  ops::SegmentShape loss{"head_loss", false, false, 1};
+  loss.reads_sets_of = {head};
+  split.segments.push_back(softmax);
+  split.segments.push_back(loss);
+  for (const bool training : {true, false}) {
+    ScheduleSpec spec = spec_of(ScheduleKind::oases, Recompute::fine_grained, 2, 2);
+    spec.training = training;
+    const Schedule s = generate(split, spec);
+    EXPECT_NO_THROW(verify_schedule(split, spec, s));
+    if (training) continue;
+    // The head's internals die right after head_loss's Forward.
+    const std::size_t loss_forward =
+        find(s, "Forward(seg=" + std::to_string(head + 2) + ", mb=1, sb=1)");
+    EXPECT_EQ(to_string(s[loss_forward + 1]),
+              "Free(seg=" + std::to_string(head) + ", internals, mb=1, sb=1)");
+    Schedule early = s;
+    const Instruction moved = early[loss_forward + 1];
+    early.erase(early.begin() + static_cast<std::ptrdiff_t>(loss_forward + 1));
+    early.insert(early.begin() + static_cast<std::ptrdiff_t>(loss_forward), moved);
+    expect_rejected(split, spec, early, "reads internals of segment head after it was freed");
+  }
 }
 
 TEST_F(Broken, CollectivesInADifferentOrderOnOneRankOfTheGroup) {

@@ -10,6 +10,9 @@ namespace oases::testing {
 
 // The program of a GPT with `layers` layers on one rank of a tensor-parallel group of `tp`:
 // embedding, (attention, mlp) per layer, head, with the set sizes of n tokens of width C.
+// Under tensor parallelism (tp > 1) the head is vocab-parallel, as model::Model builds it:
+// head (its forward collective reduces the row maxima), head_softmax (sums) and head_loss,
+// the last two reading the logits the head keeps.
 inline ops::Program gpt_program(int layers, int tp = 1) {
   const std::size_t n = 512, C = 64, f = sizeof(float);
   ops::Program program;
@@ -34,11 +37,21 @@ inline ops::Program gpt_program(int layers, int tp = 1) {
     program.segments.push_back(attention);
     program.segments.push_back(mlp);
   }
-  ops::SegmentShape head{"head", false, true, 2};
+  ops::SegmentShape head{"head", tp > 1, true, 2};
+  head.forward_reduce = ops::ReduceKind::max;
   head.sets = ops::kInternals;
-  head.internals_bytes = (2 * n * C + 2 * n) * f;
+  head.internals_bytes = (2 * n * C + 2 * n + (tp > 1 ? n * 256 / tp + 4 * n : 0)) * f;
   head.ready_bucket = layers + 1;
   program.segments.push_back(head);
+  if (tp > 1) {
+    const int at = static_cast<int>(program.segments.size()) - 1;
+    ops::SegmentShape softmax{"head_softmax", true, false, 1};
+    softmax.reads_sets_of = {at};
+    ops::SegmentShape loss{"head_loss", false, false, 1};
+    loss.reads_sets_of = {at};
+    program.segments.push_back(softmax);
+    program.segments.push_back(loss);
+  }
   return program;
 }
 
@@ -53,8 +66,10 @@ inline ops::Program gpt_program_with_degrees(const std::vector<int>& degrees, in
                ? tp
                : degrees[static_cast<std::size_t>(layer)];
   };
+  std::vector<int> moved_to;  // index in `program` of each segment of `uniform`
   for (const ops::SegmentShape& original : uniform.segments) {
     ops::SegmentShape shape = original;
+    for (int& owner : shape.reads_sets_of) owner = moved_to[static_cast<std::size_t>(owner)];
     const bool head = shape.name == "head";
     const bool layer_start = shape.name.rfind("attention.", 0) == 0;
     if (layer_start || head) {
@@ -74,6 +89,7 @@ inline ops::Program gpt_program_with_degrees(const std::vector<int>& degrees, in
     shape.checkpoint_bytes /= scale;
     shape.internals_bytes /= scale;
     shape.core_bytes /= scale;
+    moved_to.push_back(static_cast<int>(program.segments.size()));
     program.segments.push_back(shape);
   }
   return program;

@@ -46,7 +46,7 @@ inline std::string mpirun_prefix(int ranks) {
 }
 
 // A safetensors file for the model of the config at `config_path`, every tensor random:
-// weights and biases N(0, 0.02), LayerNorm weights 1 + N(0, 0.1). Runs started from it have no
+// weights and biases N(0, 0.02), norm weights (LayerNorm, RMSNorm) 1 + N(0, 0.1). Runs started from it have no
 // parameter that is a pure sum of AdamW updates (as zero biases would be), whose last bits
 // follow the summation order of each layout and schedule.
 inline void write_random_init(const std::filesystem::path& config_path,
@@ -57,7 +57,9 @@ inline void write_random_init(const std::filesystem::path& config_path,
   io::SafetensorsWriter writer;
   for (const auto& p : layout.params()) {
     const auto key = philox_key(seed, fnv1a64(p.name));
-    const bool norm = p.name.find("ln_") != std::string::npos &&
+    const bool norm = (p.name.find("ln_") != std::string::npos ||
+                       p.name.find("norm") != std::string::npos ||
+                       p.name.find("LayerNorm") != std::string::npos) &&
                       p.name.find(".weight") != std::string::npos;
     for (std::int64_t i = 0; i < p.numel(); ++i) {
       const double z = normal_from_block(philox4x32({static_cast<std::uint32_t>(i), 0, 0, 0}, key));
