@@ -5,9 +5,9 @@ layout ([in, out], y = x @ W + b), because that is exactly what oases' checkpoin
 parity test can then hand the same dict to the engine (via safetensors) and to this model
 without any transposes that could hide a layout bug.
 
-Semantics: pre-LN blocks, LayerNorm eps 1e-5, GeLU in its tanh form, causal attention scaled
-by 1/sqrt(head_dim), learned positions, LM head tied to wte without bias, mean cross-entropy
-over every target token, no dropout.
+Semantics: pre-LN blocks, LayerNorm eps 1e-5 (GPTConfig.norm_eps), GeLU in its tanh form,
+causal attention scaled by 1/sqrt(head_dim), learned positions, LM head tied to wte without
+bias, mean cross-entropy over every target token, no dropout.
 """
 
 import math
@@ -27,6 +27,7 @@ class GPTConfig:
     ffn_hidden: int
     vocab_size: int
     seq_len: int
+    norm_eps: float = LAYER_NORM_EPS
 
     def __post_init__(self):
         for field in ("layers", "hidden", "heads", "ffn_hidden", "vocab_size", "seq_len"):
@@ -34,6 +35,8 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{field} must be positive, got {getattr(self, field)}")
         if self.hidden % self.heads != 0:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if not self.norm_eps > 0:
+            raise ValueError("norm_eps must be positive")
 
     @property
     def head_dim(self):
@@ -112,9 +115,9 @@ def _mlp(x, params, prefix):
     return _linear(h, params[prefix + "mlp.c_proj.weight"], params[prefix + "mlp.c_proj.bias"])
 
 
-def _layer_norm(x, params, prefix):
+def _layer_norm(x, params, prefix, cfg):
     return F.layer_norm(x, (x.shape[-1],), params[prefix + ".weight"], params[prefix + ".bias"],
-                        LAYER_NORM_EPS)
+                        cfg.norm_eps)
 
 
 def forward(params, cfg, inputs):
@@ -126,9 +129,9 @@ def forward(params, cfg, inputs):
     x = F.embedding(inputs, params["wte.weight"]) + F.embedding(positions, params["wpe.weight"])
     for i in range(cfg.layers):
         p = f"h.{i}."
-        x = x + _causal_self_attention(_layer_norm(x, params, p + "ln_1"), params, p, cfg)
-        x = x + _mlp(_layer_norm(x, params, p + "ln_2"), params, p)
-    x = _layer_norm(x, params, "ln_f")
+        x = x + _causal_self_attention(_layer_norm(x, params, p + "ln_1", cfg), params, p, cfg)
+        x = x + _mlp(_layer_norm(x, params, p + "ln_2", cfg), params, p)
+    x = _layer_norm(x, params, "ln_f", cfg)
     return x @ params["wte.weight"].t()  # tied head, no bias
 
 
