@@ -41,5 +41,6 @@ template <> struct dtype_of<std::int32_t> { static constexpr DType value = DType
 template <> struct dtype_of<std::int64_t> { static constexpr DType value = DType::i64; };
 template <> struct dtype_of<std::uint8_t> { static constexpr DType value = DType::u8; };
 template <> struct dtype_of<std::uint16_t> { static constexpr DType value = DType::u16; };
+template <class T> struct dtype_of<const T> : dtype_of<T> {};
 
 }  // namespace oases

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace oases {
@@ -43,8 +44,11 @@ class Tensor {
   // A contiguous view.
   Tensor(void* data, DType dtype, Shape shape, Device device = Device::cpu());
 
+  // A view of host memory; a const array may be viewed too (the view does not enforce it).
   template <class T>
-  static Tensor of(T* data, Shape shape) { return Tensor(data, dtype_of<T>::value, shape); }
+  static Tensor of(T* data, Shape shape) {
+    return Tensor(const_cast<std::remove_const_t<T>*>(data), dtype_of<T>::value, shape);
+  }
 
   void* raw() const { return data_; }
   DType dtype() const { return dtype_; }

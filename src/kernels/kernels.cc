@@ -1,6 +1,7 @@
 #include "kernels/kernels.h"
 
 #include "core/error.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
@@ -224,6 +225,15 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
     using T = decltype(zero);
     cpu::add<T>(a.data<T>(), b.data<T>(), out.data<T>(), a.numel());
   });
+}
+
+void convert(const Tensor& src, const Tensor& dst) {
+  check_contiguous("convert", {&src, &dst});
+  OASES_ASSERT(src.device().is_cpu() && dst.device().is_cpu(), "convert: no kernel for {} -> {}",
+               src.device().str(), dst.device().str());
+  OASES_ASSERT(src.numel() == dst.numel(), "convert of {} elements into {}", src.numel(),
+               dst.numel());
+  cpu::convert_elements(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel());
 }
 
 void copy(const Tensor& src, const Tensor& dst) {

@@ -105,6 +105,9 @@ void bias_dropout_add_backward(const Tensor& dout, const Tensor& dx, const Tenso
 
 // out = a + b elementwise (out may alias a or b).
 void add(const Tensor& a, const Tensor& b, const Tensor& out);
+// dst := src converted to dst's element type (any pair of f64, f32, bf16, f16; 16-bit types
+// are storage only: rounded to nearest even, cpu/convert.h). Same element count, contiguous.
+void convert(const Tensor& src, const Tensor& dst);
 // dst := src, same dtype and element count (contiguous; ranges may not overlap partially).
 void copy(const Tensor& src, const Tensor& dst);
 // t := 0

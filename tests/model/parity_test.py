@@ -43,7 +43,8 @@ Files in --workdir/<precision>/ (the protocol between this driver and parity_eng
                  (BERT's unpredicted positions; both -1 and -100 occur) and the loss is the
                  mean over the others
   o.safetensors  written by the engine, in the run's dtype:
-                   logits [B, T, V], loss [1]          (initial weights)
+                   logits [B, T, V], loss [1]          (initial weights; no logits when
+                                                        tp > 1: each rank holds a vocab block)
                    grad.<name>, shape of <name>        (mean loss, before clipping)
                    losses [steps]                      (loss before each update)
                    final.<name>, shape of <name>       (after all updates)
@@ -564,7 +565,9 @@ def main():
           f"(clipping active in {len(clipped)} of {len(norms)} steps)", flush=True)
 
     names = list(init)
-    groups = [("logits", ["logits"]),
+    # A vocab-parallel head (tp > 1) never holds every logit: there the loss, every gradient
+    # and the trajectory check the forward pass.
+    groups = ([("logits", ["logits"])] if args.tp == 1 else []) + [
               ("loss", ["loss"]),
               ("grad", ["grad." + n for n in names]),
               ("losses", ["losses"]),
