@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Training-step benchmark: the engine against the same GPT in PyTorch on this machine,
+# Training-step benchmark: the engine against the same model in PyTorch on this machine,
 # measured side by side (alternating runs, ROUNDS rounds) in one invocation.
-#   bash bench/run_step_bench.sh [ROUNDS=2] [STEPS=3]
+#   bash bench/run_step_bench.sh [ARCH=gpt|llama|bert] [ROUNDS=2] [STEPS=3]
+# Environment:
+#   FP64=1           also time both in fp64 (the verification precision)
+#   BASELINE=FILE    also time FILE, another build's step benchmark binary (model_step, or
+#                    gpt_step of earlier releases), on the same config in the same rounds
 # Prints each run's JSON and a summary: the PyTorch/engine step-time ratio (> 1: the engine is
 # faster), the engine's model FLOP/s as a fraction of the peak sgemm FLOP/s measured in the
 # same process, and both peak resident memories.
@@ -11,32 +15,50 @@
 # engine selected, so the main ratio compares like with like.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=${1:-2}
-steps=${2:-3}
+arch=${1:-gpt}
+rounds=${2:-2}
+steps=${3:-3}
+
+case "$arch" in
+  gpt) config=configs/bench.toml; shape=(--ffn-hidden 2048) ;;
+  llama) config=configs/bench-llama.toml; shape=(--ffn-hidden 1376 --kv-heads 4) ;;
+  bert) config=configs/bench-bert.toml; shape=(--ffn-hidden 2048) ;;
+  *) echo "ARCH must be gpt, llama or bert, not '$arch'" >&2; exit 2 ;;
+esac
 
 cmake --preset release >/dev/null
-cmake --build --preset release --target gpt_step >/dev/null
+cmake --build --preset release --target model_step >/dev/null
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-torch_args=(--layers 6 --hidden 512 --heads 8 --seq-len 256 --vocab-size 50304 --micro-batch 8
-            --steps "$steps" --warmup 1)
+torch_args=(--arch "$arch" --layers 6 --hidden 512 --heads 8 "${shape[@]}" --seq-len 256
+            --vocab-size 50304 --micro-batch 8 --steps "$steps" --warmup 1)
 for r in $(seq 1 "$rounds"); do
-  build/release/bench/gpt_step --config configs/bench.toml --steps "$steps" --warmup 1 | tee "$out/engine.$r.json"
+  build/release/bench/model_step --config "$config" --steps "$steps" --warmup 1 | tee "$out/engine.$r.json"
   core=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["openblas_core"])' "$out/engine.$r.json")
-  OPENBLAS_CORETYPE=$core /usr/bin/python3 bench/torch_gpt_step.py "${torch_args[@]}" | tee "$out/torch_same.$r.json"
-  /usr/bin/python3 bench/torch_gpt_step.py "${torch_args[@]}" | tee "$out/torch_default.$r.json"
+  OPENBLAS_CORETYPE=$core /usr/bin/python3 bench/torch_step.py "${torch_args[@]}" | tee "$out/torch_same.$r.json"
+  /usr/bin/python3 bench/torch_step.py "${torch_args[@]}" | tee "$out/torch_default.$r.json"
+  if [[ -n "${BASELINE:-}" ]]; then
+    "$BASELINE" --config "$config" --steps "$steps" --warmup 1 | tee "$out/baseline.$r.json"
+  fi
+  if [[ "${FP64:-0}" == 1 ]]; then
+    build/release/bench/model_step --config "$config" --steps "$steps" --warmup 1 \
+      --set train.precision=fp64 | tee "$out/engine64.$r.json"
+    OPENBLAS_CORETYPE=$core /usr/bin/python3 bench/torch_step.py "${torch_args[@]}" \
+      --dtype float64 | tee "$out/torch64.$r.json"
+  fi
 done
 
-/usr/bin/python3 - "$out" "$rounds" <<'PY'
-import json, sys, statistics
-out, rounds = sys.argv[1], int(sys.argv[2])
+/usr/bin/python3 - "$out" "$rounds" "$arch" <<'PY'
+import json, os, sys, statistics
+out, rounds, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 load = lambda kind: [json.load(open(f"{out}/{kind}.{r}.json")) for r in range(1, rounds + 1)]
+have = lambda kind: os.path.exists(f"{out}/{kind}.1.json")
 engine, same, default = load("engine"), load("torch_same"), load("torch_default")
 med = lambda runs, key: statistics.median(r[key] for r in runs)
 e, ts, td = (med(x, "step_seconds_median") for x in (engine, same, default))
 print()
-print(f"engine step (median of rounds)          {e:8.3f} s   [OpenBLAS {engine[0]['openblas_core']}, {engine[0]['threads']} threads]")
+print(f"{arch}: engine step (median of rounds)     {e:8.3f} s   [OpenBLAS {engine[0]['openblas_core']}, {engine[0]['threads']} threads]")
 print(f"PyTorch step, same OpenBLAS kernels     {ts:8.3f} s   ratio PyTorch/engine = {ts / e:.2f}x")
 print(f"PyTorch step, default OpenBLAS          {td:8.3f} s   ratio PyTorch/engine = {td / e:.2f}x")
 print(f"engine model FLOP/s                     {med(engine, 'model_flops_per_s') / 1e9:8.1f} GFLOP/s")
@@ -44,4 +66,11 @@ print(f"peak sgemm FLOP/s (same process)        {med(engine, 'peak_sgemm_flops_p
 print(f"engine MFU vs measured sgemm peak       {med(engine, 'mfu_vs_sgemm_peak') * 100:8.1f} %")
 er, tr = med(engine, "peak_rss_bytes"), med(same, "peak_rss_bytes")
 print(f"peak RSS engine / PyTorch               {er / 2**20:8.0f} MiB / {tr / 2**20:.0f} MiB = {er / tr:.2f}")
+if have("baseline"):
+    b = med(load("baseline"), "step_seconds_median")
+    print(f"baseline engine step                    {b:8.3f} s   PyTorch/baseline = {ts / b:.2f}x; baseline/engine = {b / e:.2f}x")
+if have("engine64"):
+    e64, t64 = med(load("engine64"), "step_seconds_median"), med(load("torch64"), "step_seconds_median")
+    print(f"fp64: engine step                       {e64:8.3f} s   ({e64 / e:.2f}x the fp32 step)")
+    print(f"fp64: PyTorch step, same kernels        {t64:8.3f} s   ratio PyTorch/engine = {t64 / e64:.2f}x")
 PY

@@ -21,6 +21,12 @@ std::string kind_at(const ops::Program& program, int segment) {
   return name.substr(0, name.find('.'));
 }
 
+// Parameters, gradients and the optimizer's state of `parameter_bytes` of parameters.
+std::int64_t state_bytes(const Profile& profile, std::int64_t parameter_bytes) {
+  return static_cast<std::int64_t>(
+      std::llround((2.0 + profile.optimizer_state_ratio) * static_cast<double>(parameter_bytes)));
+}
+
 std::int64_t scaled(std::int64_t bytes, double factor) {
   return static_cast<std::int64_t>(std::llround(static_cast<double>(bytes) * factor));
 }
@@ -173,8 +179,8 @@ Prediction predict_uniform(const Profile& profile, int degree, const schedule::S
   p.activation_bytes =
       scaled(d.static_activation_bytes, factor) + (spec.sub_batches - 1) * port +
       static_cast<std::int64_t>(schedule::peak_activation_bytes(program, schedule));
-  p.state_bytes =
-      4 * (d.parameter_bytes - (profile.model.layers - layers) * d.parameter_bytes_per_layer);
+  p.state_bytes = state_bytes(
+      profile, d.parameter_bytes - (profile.model.layers - layers) * d.parameter_bytes_per_layer);
   return p;
 }
 
@@ -309,13 +315,13 @@ Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
   const double factor = sub_batch_rows / static_cast<double>(full.rows);
   const auto activation = static_cast<std::int64_t>(
       sub_batch_rows * static_cast<double>(profile.model.seq_len * profile.model.hidden) *
-      sizeof(float));
+      static_cast<double>(profile.element_bytes));
   const bool reshards = plan.reshards;
   p.activation_bytes = scaled(full.static_activation_bytes, factor) +
                        (spec.sub_batches - 1) * 4 * activation +
                        (reshards ? spec.sub_batches * activation : 0) +
                        static_cast<std::int64_t>(schedule::peak_activation_bytes(program, schedule));
-  p.state_bytes = 4 * parameter_bytes;
+  p.state_bytes = state_bytes(profile, parameter_bytes);
   return p;
 }
 

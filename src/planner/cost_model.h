@@ -15,7 +15,7 @@
 // its share. The step time comes from simulating that schedule (sim/schedule_sim.h) with each
 // instruction's profiled time, scaled linearly from the profiled rows to the rows it runs on;
 // the replicas' gradient reduction and the optimizer step are included. Memory is parameters,
-// gradients and both AdamW moments of this rank's shard, plus the schedule's activation peak.
+// gradients and the optimizer state of this rank's shard, plus the schedule's activation peak.
 #pragma once
 
 #include "ops/program.h"
@@ -33,7 +33,7 @@ struct Prediction {
   double compute_seconds = 0;
   double exposed_comm_seconds = 0;
   std::int64_t activation_bytes = 0;  // boundary buffers + peak of kept tensors
-  std::int64_t state_bytes = 0;       // parameters, gradients, AdamW moments
+  std::int64_t state_bytes = 0;       // parameters, gradients, optimizer state
   std::int64_t memory_bytes() const { return activation_bytes + state_bytes; }
 };
 

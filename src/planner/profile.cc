@@ -36,7 +36,8 @@ double Profile::reshard_seconds(int a, int b) const {
 namespace {
 
 json model_json(const model::ModelConfig& m) {
-  return {{"layers", m.layers},         {"hidden", m.hidden},         {"heads", m.heads},
+  return {{"arch", m.arch},           {"layers", m.layers},         {"hidden", m.hidden},
+          {"heads", m.heads},         {"kv_heads", m.kv_head_count()},
           {"ffn_hidden", m.ffn_hidden}, {"vocab_size", m.vocab_size}, {"seq_len", m.seq_len}};
 }
 
@@ -70,6 +71,8 @@ std::string to_json(const Profile& p) {
               {"tp", p.tp},
               {"micro_batch", p.micro_batch},
               {"sub_batches", p.sub_batches},
+              {"element_bytes", p.element_bytes},
+              {"optimizer_state_ratio", p.optimizer_state_ratio},
               {"degrees", degrees},
               {"reshards", p.reshards}}
       .dump(2);
@@ -93,6 +96,8 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
   try {
     Profile p;
     const json& m = j.at("model");
+    p.model.arch = m.at("arch");
+    p.model.kv_heads = m.at("kv_heads");
     p.model.layers = m.at("layers");
     p.model.hidden = m.at("hidden");
     p.model.heads = m.at("heads");
@@ -102,6 +107,8 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
     p.tp = j.at("tp");
     p.micro_batch = j.at("micro_batch");
     p.sub_batches = j.at("sub_batches");
+    p.element_bytes = j.at("element_bytes");
+    p.optimizer_state_ratio = j.at("optimizer_state_ratio");
     for (const json& d : j.at("degrees")) {
       DegreeProfile degree;
       degree.degree = d.at("degree");

@@ -1,17 +1,19 @@
 // Profile: measured costs of one model's segments and collectives at each candidate
 // tensor-parallel degree, the planner's input. Written by `oases profile` as JSON:
 //
-//   {"format": "oases-profile", "version": 1,
-//    "model": {"layers": 4, "hidden": 1024, "heads": 16, "ffn_hidden": 4096,
-//              "vocab_size": 256, "seq_len": 256},
+//   {"format": "oases-profile", "version": 3,
+//    "model": {"arch": "gpt", "layers": 4, "hidden": 1024, "heads": 16, "kv_heads": 16,
+//              "ffn_hidden": 4096, "vocab_size": 256, "seq_len": 256},
 //    "tp": 2, "micro_batch": 4, "sub_batches": 2,
+//    "element_bytes": 4, "optimizer_state_ratio": 2,
 //    "degrees": [
 //      {"degree": 1, "rows": 1,
 //       "segments": {"attention": {"forward_s": .., "recompute_s": .., "backward0_s": ..,
 //                                  "backward1_s": ..}, "mlp": {..}, "embedding": {..},
-//                    "head": {..}},
+//                    "head": {..}, "head_softmax": {..}, "head_loss": {..}},
 //       "collectives": {"attention.fwd_s": .., "attention.bwd_s": .., "mlp.fwd_s": ..,
-//                       "mlp.bwd_s": .., "embedding.fwd_s": .., "head.bwd_s": .., ...},
+//                       "mlp.bwd_s": .., "embedding.fwd_s": .., "head.fwd_s": ..,
+//                       "head_softmax.fwd_s": .., "head.bwd_s": .., ...},
 //       "optimizer_s": .., "parameter_bytes": .., "parameter_bytes_per_layer": ..,
 //       "replica_reduce_per_layer_s": .., "overlap_slowdown": .., "collective_slowdown": .., "activation_bytes": {"attention":
 //       {"checkpoint": ..,
@@ -67,11 +69,15 @@ struct DegreeProfile {
 };
 
 struct Profile {
-  static constexpr int kVersion = 2;
+  static constexpr int kVersion = 3;
   model::ModelConfig model;
   int tp = 1;
   std::int64_t micro_batch = 1;
   int sub_batches = 1;
+  // Bytes of one element of the run's precision (4: fp32, 8: fp64), and the optimizer's state
+  // bytes per parameter byte (AdamW: 2 moments), for the memory model.
+  std::int64_t element_bytes = 4;
+  double optimizer_state_ratio = 2;
   std::vector<DegreeProfile> degrees;  // ascending
   std::map<std::string, double> reshards;  // "a-b" with a < b -> seconds
 

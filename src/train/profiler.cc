@@ -135,6 +135,7 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
   profile.tp = T;
   profile.micro_batch = config.train.micro_batch;
   profile.sub_batches = spec.sub_batches;
+  profile.element_bytes = static_cast<std::int64_t>(dtype_size(compute_dtype(config)));
   const std::int64_t sub_batch_rows = config.train.micro_batch / spec.sub_batches;
   for (int k = 1; k <= T; k *= 2) {
     // A degree-k replica handles k / T of each sub-batch.
@@ -177,6 +178,8 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     const auto& layer0 = engine.model().layout().groups().at(1);  // the first layer's parameters
     degree.parameter_bytes_per_layer = (layer0.second - layer0.first) * element;
     degree.parameter_bytes = engine.model().param_count() * element;
+    profile.optimizer_state_ratio = static_cast<double>(engine.optimizer().state_bytes_per_element()) /
+                                    static_cast<double>(element);
     degree.static_activation_bytes =
         static_cast<std::int64_t>(engine.model().static_activation_bytes());
     const OverlapSlowdown slowdown = measure_overlap_slowdown(mesh.tp_group(), c);

@@ -107,12 +107,12 @@ TEST(Profile, OtherFilesAreRejectedWithTheReason) {
             }).find("not a profile written by `oases profile`"),
             std::string::npos);
   std::string text = to_json(sample());
-  const auto at = text.find("\"version\": 2");
+  const auto at = text.find("\"version\": 3");
   ASSERT_NE(at, std::string::npos);
   text.replace(at, 12, "\"version\": 9");
   EXPECT_NE(error_of([&] {
               profile_from_json(text, "x.json");
-            }).find("format version 9; this build reads version 2"),
+            }).find("format version 9; this build reads version 3"),
             std::string::npos);
   EXPECT_NE(error_of([] { read_profile("/nonexistent/p.json"); }).find("cannot read the profile"),
             std::string::npos);

@@ -1,11 +1,12 @@
 #!/usr/bin/python3
-"""PyTorch side of the GPT training-step benchmark (fp32, CPU).
+"""PyTorch side of the training-step benchmark (fp32 or fp64, CPU): GPT, LLaMA or BERT.
 
-Times full training steps (forward, backward, AdamW step, zero_grad) of the same GPT-2 the
-parity test uses (tests/model/torch_gpt.py: Conv1D-style addmm linears as in Hugging Face's
-GPT2, F.layer_norm, explicit causal attention since torch 1.13 has no
+Times full training steps (forward, backward, AdamW step, zero_grad) of the same models the
+parity tests use (tests/model/torch_gpt.py, torch_llama.py, torch_bert.py: plain PyTorch as a
+Hugging Face model computes them, with explicit attention since torch 1.13 has no
 scaled_dot_product_attention) and prints one JSON object on stdout, to be set beside the
-engine's numbers measured in the same run.
+engine's numbers measured in the same run. BERT predicts 15% of the positions (the others have
+target -1), as masked-LM training does; the engine's benchmark masks the same share.
 
 Run with /usr/bin/python3 (Debian's python3-torch is only visible there).
 """
@@ -22,18 +23,23 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "model"))
+import torch_bert  # noqa: E402
 import torch_gpt  # noqa: E402
+import torch_llama  # noqa: E402
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", choices=["gpt", "llama", "bert"], default="gpt")
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=None, help="llama; default: heads")
     p.add_argument("--ffn-hidden", type=int, default=None, help="default: 4 * hidden")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--vocab-size", type=int, default=50304)
     p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--steps", type=int, default=5, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
@@ -42,28 +48,42 @@ def parse_args():
     args = p.parse_args()
     if args.ffn_hidden is None:
         args.ffn_hidden = 4 * args.hidden
+    if args.kv_heads is None:
+        args.kv_heads = args.heads
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:
         p.error("--steps and --threads must be at least 1, --warmup at least 0")
     return args
 
 
+def model_of(args):
+    common = dict(layers=args.layers, hidden=args.hidden, heads=args.heads,
+                  ffn_hidden=args.ffn_hidden, vocab_size=args.vocab_size, seq_len=args.seq_len)
+    if args.arch == "llama":
+        return torch_llama, torch_llama.LlamaConfig(kv_heads=args.kv_heads, **common)
+    if args.arch == "bert":
+        return torch_bert, torch_bert.BertConfig(**common)
+    return torch_gpt, torch_gpt.GPTConfig(**common)
+
+
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
-    cfg = torch_gpt.GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
-                              ffn_hidden=args.ffn_hidden, vocab_size=args.vocab_size,
-                              seq_len=args.seq_len)
-    params = torch_gpt.init_params(cfg, args.seed, torch.float32)
-    optimizer = torch.optim.AdamW(torch_gpt.optimizer_param_groups(params, 0.1),
+    dtype = getattr(torch, args.dtype)
+    module, cfg = model_of(args)
+    params = module.init_params(cfg, args.seed, dtype)
+    optimizer = torch.optim.AdamW(module.optimizer_param_groups(params, 0.1),
                                   lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
     gen = torch.Generator().manual_seed(args.seed + 1)
     shape = (args.micro_batch, args.seq_len)
     inputs = torch.randint(0, cfg.vocab_size, shape, generator=gen)
     targets = torch.randint(0, cfg.vocab_size, shape, generator=gen)
+    if args.arch == "bert":
+        targets[torch.rand(shape, generator=gen) >= 0.15] = -1
 
     def step():
-        loss = torch_gpt.loss_fn(torch_gpt.forward(params, cfg, inputs), targets)
+        loss = module.loss_fn(module.forward(params, cfg, inputs), targets)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss.item()
@@ -78,6 +98,7 @@ def main():
 
     print(json.dumps({
         "framework": "pytorch",
+        "arch": args.arch,
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
         "step_seconds_median": statistics.median(times),
@@ -85,9 +106,10 @@ def main():
         "tokens_per_step": args.micro_batch * args.seq_len,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "config": {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
-                   "ffn_hidden": args.ffn_hidden, "seq_len": args.seq_len,
-                   "vocab_size": args.vocab_size, "micro_batch": args.micro_batch,
-                   "warmup_steps": args.warmup, "dtype": "float32"},
+                   "kv_heads": args.kv_heads, "ffn_hidden": args.ffn_hidden,
+                   "seq_len": args.seq_len, "vocab_size": args.vocab_size,
+                   "micro_batch": args.micro_batch, "warmup_steps": args.warmup,
+                   "dtype": args.dtype},
         "parameters": sum(t.numel() for t in params.values()),
         "last_loss": loss,
     }))
