@@ -96,10 +96,13 @@ if(EXISTS ${OASES_PARITY_ENGINE_SOURCE})
     --layers 3 --hidden 48 --heads 3 --ffn-hidden 192 --vocab-size 197 --seq-len 37
     --micro-batch 3 --steps 10)
 
-  # LLaMA with as many key/value heads as query heads (plain multi-head attention).
-  oases_add_torch_parity_test(torch_parity_llama --arch llama
+  # LLaMA with as many key/value heads as query heads (plain multi-head attention), in one
+  # process and over two ranks (two heads per rank).
+  set(oases_llama_args --arch llama
     --layers 2 --hidden 64 --heads 4 --kv-heads 4 --ffn-hidden 176 --vocab-size 256
     --seq-len 32 --micro-batch 4 --steps 10)
+  oases_add_torch_parity_test(torch_parity_llama ${oases_llama_args})
+  oases_add_torch_parity_test(torch_parity_llama_tp2 PROCESSORS 2 ${oases_llama_args} --tp 2)
   # Grouped-query attention (two query heads per kv head), with a non-default rotary base and
   # norm eps so that an engine ignoring either fails; then the same split over two ranks
   # (one kv head and its two query heads per rank).
