@@ -24,7 +24,7 @@ using oases::testing::expect_same_losses;
 using oases::testing::expect_same_tensors;
 using oases::testing::run_command;
 
-std::string quoted(const std::string& value) { return "\\\"" + value + "\\\""; }
+using oases::testing::quoted;
 
 class Architectures : public ::testing::TestWithParam<std::string> {
  protected:
@@ -59,14 +59,8 @@ path = ")" << (dir_ / "data").string()
   std::optional<fs::path> train(int tp, int dp, const std::string& name,
                                 const std::string& extra = "") const {
     const fs::path out = dir_ / name;
-    const int ranks = tp * dp;
     const std::string command =
-        (ranks > 1 ? oases::testing::mpirun_prefix(ranks) : std::string()) + OASES_BINARY +
-        " train --quiet --config " + (dir_ / "tiny.toml").string() + " --init-from " +
-        (dir_ / "init.safetensors").string() + " --set parallel.tp=" + std::to_string(tp) +
-        " parallel.dp=" + std::to_string(dp) + " log.metrics=" +
-        quoted((out / "metrics.jsonl").string()) + " checkpoint.dir=" +
-        quoted((out / "ckpt").string()) + " " + extra;
+        oases::testing::train_command(OASES_BINARY, dir_, tp, dp, out, extra);
     const Result r = run_command(command);
     EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.output;
     if (r.exit_code != 0) return std::nullopt;

@@ -32,7 +32,7 @@ using oases::testing::run_command;
 
 constexpr int kSteps = 2;
 
-std::string quoted(const std::string& value) { return "\\\"" + value + "\\\""; }
+using oases::testing::quoted;
 
 class Plans : public ::testing::Test {
  protected:
@@ -69,14 +69,8 @@ path = ")" << (dir_ / "data").string()
 
   Result run_train(int tp, int dp, const std::string& name, const std::string& extra) const {
     const fs::path out = dir_ / name;
-    const int ranks = tp * dp;
     const std::string command =
-        (ranks > 1 ? oases::testing::mpirun_prefix(ranks) : std::string()) + OASES_BINARY +
-        " train --quiet --config " + (dir_ / "tiny.toml").string() + " --init-from " +
-        (dir_ / "init.safetensors").string() + " --set parallel.tp=" + std::to_string(tp) +
-        " parallel.dp=" + std::to_string(dp) + " log.metrics=" +
-        quoted((out / "metrics.jsonl").string()) + " checkpoint.dir=" +
-        quoted((out / "ckpt").string()) + " " + extra;
+        oases::testing::train_command(OASES_BINARY, dir_, tp, dp, out, extra);
     Result r = run_command(command);
     r.output = command + "\n" + r.output;
     return r;

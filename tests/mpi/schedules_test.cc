@@ -41,10 +41,8 @@ constexpr int kLayers = 2;
 constexpr int kMicroBatches = 2;  // global_batch 8 / micro_batch 4
 constexpr int kSteps = 2;
 
-std::string mpirun(int ranks) { return oases::testing::mpirun_prefix(ranks); }
 
-// A TOML string value on a shell command line: parallel.schedule=\"oases\".
-std::string quoted(const std::string& value) { return "\\\"" + value + "\\\""; }
+using oases::testing::quoted;
 
 struct Metrics {
   std::vector<double> losses;
@@ -137,11 +135,7 @@ peak_tflops = 1.0
   std::optional<fs::path> train(int tp, const std::string& name, const std::string& extra) const {
     const fs::path out = dir_ / name;
     const std::string command =
-        (tp > 1 ? mpirun(tp) : std::string()) + OASES_BINARY + " train --quiet --config " +
-        (dir_ / "tiny.toml").string() + " --init-from " + (dir_ / "init.safetensors").string() +
-        " --set parallel.tp=" + std::to_string(tp) + " log.metrics=" +
-        quoted((out / "metrics.jsonl").string()) + " checkpoint.dir=" +
-        quoted((out / "ckpt").string()) + " " + extra;
+        oases::testing::train_command(OASES_BINARY, dir_, tp, 1, out, extra);
     const Result r = run_command(command);
     EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.output;
     if (r.exit_code != 0) return std::nullopt;

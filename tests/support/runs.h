@@ -45,6 +45,24 @@ inline std::string mpirun_prefix(int ranks) {
          std::to_string(ranks) + " ";
 }
 
+// A TOML string value on a shell command line: parallel.schedule=\"oases\".
+inline std::string quoted(const std::string& value) { return "\\\"" + value + "\\\""; }
+
+// The command line of `oases train` (`binary`) on the config `dir`/tiny.toml from
+// `dir`/init.safetensors over tp x dp ranks (mpirun when more than one), writing its metrics
+// and checkpoints under `out`, with `extra` settings appended to --set.
+inline std::string train_command(const std::string& binary, const std::filesystem::path& dir,
+                                 int tp, int dp, const std::filesystem::path& out,
+                                 const std::string& extra) {
+  const int ranks = tp * dp;
+  return (ranks > 1 ? mpirun_prefix(ranks) : std::string()) + binary +
+         " train --quiet --config " + (dir / "tiny.toml").string() + " --init-from " +
+         (dir / "init.safetensors").string() + " --set parallel.tp=" + std::to_string(tp) +
+         " parallel.dp=" + std::to_string(dp) + " log.metrics=" +
+         quoted((out / "metrics.jsonl").string()) + " checkpoint.dir=" +
+         quoted((out / "ckpt").string()) + " " + extra;
+}
+
 // A safetensors file for the model of the config at `config_path`, every tensor random:
 // weights and biases N(0, 0.02), norm weights (LayerNorm, RMSNorm) 1 + N(0, 0.1). Runs started from it have no
 // parameter that is a pure sum of AdamW updates (as zero biases would be), whose last bits
