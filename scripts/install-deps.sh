@@ -6,9 +6,9 @@ set -euo pipefail
 
 packages=(git cmake ninja-build g++ pkg-config libopenblas-openmp-dev libtomlplusplus-dev coinor-libcbc-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenmpi-dev openmpi-bin fortunes)
+          libopenmpi-dev openmpi-bin zlib1g-dev fortunes)
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(python3 python3-torch python3-numpy)
+  packages+=(python3 python3-torch python3-numpy strace)
 fi
 
 missing=()

@@ -6,7 +6,9 @@
 #include "core/log.h"
 #include "data/token_shard.h"
 #include "kernels/cpu/blas_runtime.h"
+#include "io/checkpoint_dir.h"
 #include "planner/planner.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/generate.h"
 #include "train/profiler.h"
@@ -51,12 +53,12 @@ using RankBody =
     std::function<void(oases::comm::MpiRuntime&, const oases::comm::MpiCommunicatorOptions&,
                        std::optional<oases::comm::Mesh>& mesh)>;
 
-int run_on_every_rank(double comm_timeout_s, const RankBody& body) {
-  oases::comm::MpiRuntime runtime;
+int run_on_every_rank(const oases::train::ParallelConfig& parallel, const RankBody& body) {
+  oases::comm::MpiRuntime runtime(parallel.startup_timeout_s);
   std::optional<oases::comm::Mesh> mesh;
   try {
     oases::comm::MpiCommunicatorOptions comm_options;
-    comm_options.timeout_seconds = comm_timeout_s;
+    comm_options.timeout_seconds = parallel.comm_timeout_s;
     body(runtime, comm_options, mesh);
   } catch (const std::exception& e) {
     const int code =
@@ -90,7 +92,7 @@ int train_on_mpi_ranks(const oases::train::RunConfig& config,
                        const oases::train::TrainOptions& options,
                        oases::train::TrainSummary& summary) {
   return run_on_every_rank(
-      config.parallel.comm_timeout_s, [&](auto& runtime, const auto& comm_options, auto& mesh) {
+      config.parallel, [&](auto& runtime, const auto& comm_options, auto& mesh) {
         oases::train::RunConfig run_config = config;
         if (config.parallel.plan == "auto") {
           oases::train::ProfileOptions auto_profile;
@@ -179,6 +181,58 @@ Verb add_prepare_data(CLI::App& app, PrepareArgs& a) {
           }};
 }
 
+// Verifies one checkpoint folder, or every complete checkpoint of a run's checkpoint.dir, and
+// reports each; exit code 2 when any fails (or there is none to verify).
+int run_verify_checkpoint(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  OASES_CHECK(fs::is_directory(path, ec),
+              "'{}' is not a directory; pass a step_N checkpoint folder or a run's checkpoint.dir",
+              path);
+  std::vector<std::string> folders;
+  const bool one_checkpoint = fs::exists(fs::path(path) / oases::io::kCompleteMarker) ||
+                              fs::exists(fs::path(path) / oases::io::kModelFile);
+  if (one_checkpoint) {
+    folders.push_back(path);
+  } else {
+    for (const auto& [step, folder] : oases::io::complete_checkpoints(path))
+      folders.push_back(folder);
+    for (const std::string& leftover : oases::io::checkpoint_leftovers(path))
+      fmt::print("{}: not a complete checkpoint (left by an interrupted save or prune; the "
+                 "next save removes it)\n",
+                 leftover);
+    OASES_CHECK(!folders.empty(), "'{}' holds no complete checkpoint (step_N folders with {})",
+                path, oases::io::kCompleteMarker);
+  }
+  int failed = 0;
+  for (const std::string& folder : folders) {
+    try {
+      const auto summary = oases::train::verify_checkpoint(folder);
+      fmt::print("{}: ok, step {}: {} tensors, {} values, all finite; {} bytes{}\n", folder,
+                 summary.step, summary.tensors, summary.values, summary.bytes,
+                 summary.checksummed ? ", sizes and CRC-32 checksums match the marker"
+                                     : " (an older marker without checksums)");
+    } catch (const oases::UserError& e) {
+      fmt::print("{}: FAILED: {}\n", folder, e.what());
+      ++failed;
+    }
+  }
+  if (failed > 0) {
+    oases::log_error("{} of {} checkpoints failed verification", failed, folders.size());
+    return 2;
+  }
+  return 0;
+}
+
+Verb add_verify_checkpoint(CLI::App& app, std::string& path) {
+  auto* c = app.add_subcommand(
+      "verify-checkpoint",
+      "Check a checkpoint folder (or every checkpoint of a run's checkpoint.dir) against its "
+      "marker's sizes and checksums, its files' structure and finiteness; exit 2 on a failure");
+  c->add_option("path", path, "A step_N checkpoint folder or a run's checkpoint.dir")->required();
+  return {c, [&path] { return run_verify_checkpoint(path); }};
+}
+
 Verb add_generate(CLI::App& app, oases::train::GenerateOptions& g) {
   auto* c = app.add_subcommand("generate", "Sample text from a checkpoint (gpt, llama)");
   c->add_option("--checkpoint", g.checkpoint,
@@ -218,7 +272,7 @@ int run_profile(ProfileArgs& a) {
     return 0;
   }
   return run_on_every_rank(
-      config.parallel.comm_timeout_s, [&](auto& runtime, const auto& comm_options, auto&) {
+      config.parallel, [&](auto& runtime, const auto& comm_options, auto&) {
         a.options.progress = runtime.world_rank() == 0;
         const auto result = oases::train::run_profile(config, a.options, [&](int tp, int dp) {
           return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
@@ -285,9 +339,13 @@ int run(int argc, char** argv) {
   oases::train::GenerateOptions generate;
   ProfileArgs profile;
   PlanArgs plan;
-  const std::vector<Verb> verbs{add_train(app, train), add_prepare_data(app, prepare),
-                                add_generate(app, generate), add_profile(app, profile),
-                                add_plan(app, plan)};
+  std::string verify_path;
+  const std::vector<Verb> verbs{add_train(app, train),
+                                add_prepare_data(app, prepare),
+                                add_generate(app, generate),
+                                add_profile(app, profile),
+                                add_plan(app, plan),
+                                add_verify_checkpoint(app, verify_path)};
   CLI11_PARSE(app, argc, argv);
   for (const Verb& verb : verbs)
     if (*verb.command) return verb.run();

@@ -2,9 +2,23 @@
 
 #include "core/error.h"
 
+#include <fmt/format.h>
 #include <mpi.h>
+#include <unistd.h>
 
+#include <cctype>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 namespace oases::comm {
 namespace {
@@ -21,14 +35,268 @@ const char* thread_level_name(int level) {
 
 bool has_env(const char* name) { return std::getenv(name) != nullptr; }
 
+std::string env_or_empty(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+// The first of `names` that is set and holds a non-negative integer.
+std::optional<int> env_int(std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const std::string value = env_or_empty(name);
+    if (value.empty()) continue;
+    try {
+      std::size_t used = 0;
+      const int parsed = std::stoi(value, &used);
+      if (used == value.size() && parsed >= 0) return parsed;
+    } catch (const std::exception&) {
+    }
+  }
+  return std::nullopt;
+}
+
+// What the launcher says about this process, read before MPI_Init (MPI cannot tell yet).
+struct LaunchIdentity {
+  int rank = -1, size = -1;
+  // How many ranks share this host, when the launcher says.
+  std::optional<int> ranks_on_this_host;
+};
+
+LaunchIdentity launch_identity() {
+  LaunchIdentity id;
+  id.rank = env_int({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK",
+                     "SLURM_PROCID"})
+                .value_or(-1);
+  id.size = env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"})
+                .value_or(-1);
+  id.ranks_on_this_host =
+      env_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE"});
+  return id;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
+  return name;
+}
+
+// "1, 3-5, 7": ranks listed compactly.
+std::string format_ranks(const std::vector<int>& ranks) {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += j == i ? fmt::format("{}", ranks[i])
+                  : fmt::format("{}{}{}", ranks[i], j == i + 1 ? ", " : "-", ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::filesystem::path marker_path(const std::filesystem::path& dir, int rank) {
+  return dir / fmt::format("rank-{}", rank);
+}
+
+// The state of a process on this host, from /proc: "stopped", "exited" or empty (running or
+// unknown).
+std::string process_state(long pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  if (!stat) return "exited";
+  std::string line;
+  std::getline(stat, line);
+  const auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return "";
+  const char state = line[close + 2];
+  if (state == 'T' || state == 't') return "stopped (SIGSTOP or a debugger)";
+  if (state == 'Z' || state == 'X') return "exited";
+  return "";
+}
+
+// What the markers of this job say about ranks that have not finished start-up.
+std::string describe_missing_ranks(const std::filesystem::path& dir, const LaunchIdentity& id) {
+  if (dir.empty() || id.size <= 0)
+    return "the launcher gives no job id, so the ranks that did not start cannot be named";
+  const std::string this_host = host_name();
+  std::vector<int> never_started;
+  std::vector<std::string> notes;
+  for (int rank = 0; rank < id.size; ++rank) {
+    std::ifstream marker(marker_path(dir, rank));
+    std::string host;
+    long pid = 0;
+    if (!(marker >> host >> pid)) {
+      never_started.push_back(rank);
+      continue;
+    }
+    if (host != this_host) continue;
+    if (const std::string state = process_state(pid); !state.empty())
+      notes.push_back(fmt::format("rank {} (pid {}) is {}", rank, pid, state));
+  }
+  std::string out;
+  const bool whole_job_here = id.ranks_on_this_host && *id.ranks_on_this_host == id.size;
+  if (!never_started.empty()) {
+    out = fmt::format("rank{} {} did not start", never_started.size() == 1 ? "" : "s",
+                      format_ranks(never_started));
+    if (!whole_job_here)
+      out += fmt::format(" (no marker in {}; ranks on other hosts leave theirs on their own host)",
+                         dir.string());
+  } else {
+    out = fmt::format("all {} ranks started but MPI start-up did not finish on every one", id.size);
+  }
+  for (const auto& note : notes) out += "; " + note;
+  return out;
+}
+
+// Waits on its own thread while MPI_Init runs; if the deadline passes first, it reports the
+// ranks that did not start and ends this process (no MPI call can be made yet).
+class InitWatchdog {
+ public:
+  InitWatchdog(std::chrono::steady_clock::time_point deadline, double timeout_seconds,
+               std::filesystem::path marker_dir, LaunchIdentity id)
+      : thread_([=, this] {
+          std::unique_lock lock(mutex_);
+          if (done_changed_.wait_until(lock, deadline, [this] { return done_; })) return;
+          const std::string message = fmt::format(
+              "error: rank {} of {}: the job did not start within parallel.startup_timeout_s = "
+              "{} s (waiting in MPI_Init for every rank): {}. Look for a stopped, crashed or "
+              "overloaded rank; raise parallel.startup_timeout_s if start-up is slow, or set it "
+              "to 0 to wait forever\n",
+              id.rank, id.size, timeout_seconds, describe_missing_ranks(marker_dir, id));
+          std::fputs(message.c_str(), stderr);
+          std::fflush(stderr);
+          if (!marker_dir.empty()) {
+            std::error_code ignored;
+            std::filesystem::remove(marker_path(marker_dir, id.rank), ignored);
+            std::filesystem::remove(marker_dir, ignored);  // only once no marker remains
+          }
+          // A non-zero exit makes the launcher end the other ranks.
+          _exit(3);
+        }) {}
+
+  ~InitWatchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    done_changed_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_changed_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+// Every rank sends rank 0 one byte and waits for its reply, polling until `deadline`. Rank 0
+// names the ranks it did not hear from; the others give rank 0 a few seconds longer, so that
+// its more precise report ends the job first.
+void check_in_with_rank_zero(int rank, int size, std::chrono::steady_clock::time_point deadline,
+                             double timeout_seconds) {
+  constexpr int kStartupTag = 0x5a7e;
+  using namespace std::chrono_literals;
+  const auto poll_until = [](std::vector<MPI_Request>& requests,
+                             std::chrono::steady_clock::time_point until) {
+    while (true) {
+      int all_done = 0;
+      MPI_Testall(static_cast<int>(requests.size()), requests.data(), &all_done,
+                  MPI_STATUSES_IGNORE);
+      if (all_done) return true;
+      if (std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::sleep_for(1ms);
+    }
+  };
+  char byte = 1;
+  if (rank == 0) {
+    std::vector<char> received(static_cast<std::size_t>(size), 0);
+    std::vector<MPI_Request> requests(static_cast<std::size_t>(size - 1));
+    for (int peer = 1; peer < size; ++peer)
+      MPI_Irecv(&received[static_cast<std::size_t>(peer)], 1, MPI_CHAR, peer, kStartupTag,
+                MPI_COMM_WORLD, &requests[static_cast<std::size_t>(peer - 1)]);
+    if (!poll_until(requests, deadline)) {
+      std::vector<int> missing;
+      for (int peer = 1; peer < size; ++peer) {
+        int done = 0;
+        MPI_Test(&requests[static_cast<std::size_t>(peer - 1)], &done, MPI_STATUS_IGNORE);
+        if (!done) missing.push_back(peer);
+      }
+      std::fputs(fmt::format("error: rank 0 of {}: rank{} {} did not check in within "
+                             "parallel.startup_timeout_s = {} s after MPI start-up; look for a "
+                             "stopped, crashed or overloaded rank, or raise the timeout\n",
+                             size, missing.size() == 1 ? "" : "s", format_ranks(missing),
+                             timeout_seconds)
+                     .c_str(),
+                 stderr);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    for (int peer = 1; peer < size; ++peer)
+      MPI_Send(&byte, 1, MPI_CHAR, peer, kStartupTag, MPI_COMM_WORLD);
+    return;
+  }
+  char reply = 0;
+  std::vector<MPI_Request> requests(2);
+  MPI_Isend(&byte, 1, MPI_CHAR, 0, kStartupTag, MPI_COMM_WORLD, &requests[0]);
+  MPI_Irecv(&reply, 1, MPI_CHAR, 0, kStartupTag, MPI_COMM_WORLD, &requests[1]);
+  if (!poll_until(requests, deadline + 5s)) {
+    std::fputs(fmt::format("error: rank {} of {}: rank 0 did not confirm start-up within "
+                           "parallel.startup_timeout_s = {} s; look for a stopped, crashed or "
+                           "overloaded rank 0\n",
+                           rank, size, timeout_seconds)
+                   .c_str(),
+               stderr);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+}
+
+// Leaves this rank's start-up marker for the life of start-up, then removes it (and the
+// directory, once the last rank has removed its own).
+class StartupMarker {
+ public:
+  StartupMarker(std::filesystem::path dir, int rank) : dir_(std::move(dir)), rank_(rank) {
+    if (dir_.empty() || rank_ < 0) return;
+    std::error_code error;
+    std::filesystem::create_directories(dir_, error);
+    std::ofstream marker(marker_path(dir_, rank_));
+    marker << host_name() << ' ' << static_cast<long>(getpid()) << '\n';
+  }
+  ~StartupMarker() {
+    if (dir_.empty() || rank_ < 0) return;
+    std::error_code ignored;
+    std::filesystem::remove(marker_path(dir_, rank_), ignored);
+    std::filesystem::remove(dir_, ignored);  // fails harmlessly while other markers remain
+  }
+  StartupMarker(const StartupMarker&) = delete;
+  StartupMarker& operator=(const StartupMarker&) = delete;
+
+ private:
+  std::filesystem::path dir_;
+  int rank_;
+};
+
 }  // namespace
+
+std::string startup_marker_directory() {
+  std::string job = env_or_empty("PMIX_NAMESPACE");
+  if (job.empty()) job = env_or_empty("OMPI_MCA_ess_base_jobid");
+  if (job.empty() && has_env("SLURM_JOB_ID"))
+    job = env_or_empty("SLURM_JOB_ID") + "." + env_or_empty("SLURM_STEP_ID");
+  if (job.empty()) return "";
+  for (char& c : job)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+  std::error_code error;
+  const auto temp = std::filesystem::temp_directory_path(error);
+  return ((error ? std::filesystem::path("/tmp") : temp) / ("oases-startup-" + job)).string();
+}
 
 bool launched_by_mpi() {
   return has_env("OMPI_COMM_WORLD_SIZE") || has_env("PMI_SIZE") || has_env("PMI_RANK") ||
          has_env("PMIX_RANK") || has_env("MV2_COMM_WORLD_SIZE");
 }
 
-MpiRuntime::MpiRuntime() {
+MpiRuntime::MpiRuntime(double startup_timeout_seconds) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
@@ -40,8 +308,24 @@ MpiRuntime::MpiRuntime() {
   // arrives through the environment) keeps the value they chose.
   setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
 
+  OASES_CHECK(startup_timeout_seconds >= 0,
+              "parallel.startup_timeout_s = {} must be >= 0 seconds (0: no timeout)",
+              startup_timeout_seconds);
+  const bool timed = startup_timeout_seconds > 0;
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(timed ? startup_timeout_seconds : 0));
+  const LaunchIdentity id = launch_identity();
+  const std::string marker_dir = timed ? startup_marker_directory() : "";
+  StartupMarker marker(marker_dir, id.rank);
+
   int provided = MPI_THREAD_SINGLE;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  {
+    std::optional<InitWatchdog> watchdog;
+    if (timed) watchdog.emplace(deadline, startup_timeout_seconds, marker_dir, id);
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  }
   if (provided < MPI_THREAD_MULTIPLE) {
     MPI_Finalize();
     OASES_FAIL(
@@ -52,6 +336,8 @@ MpiRuntime::MpiRuntime() {
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+  if (timed && world_size_ > 1)
+    check_in_with_rank_zero(world_rank_, world_size_, deadline, startup_timeout_seconds);
 }
 
 MpiRuntime::~MpiRuntime() { MPI_Finalize(); }

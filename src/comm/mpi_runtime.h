@@ -23,6 +23,11 @@ namespace oases::comm {
 // script that runs the binary without a launcher.
 bool launched_by_mpi();
 
+// Where ranks of this job leave their start-up markers: <temp dir>/oases-startup-<job id>,
+// with the job id from the launcher (PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid, or SLURM's job
+// and step ids). Empty when the launcher gives no job id (then no markers are written).
+std::string startup_marker_directory();
+
 // Initialises MPI for this process with MPI_THREAD_MULTIPLE (every communicator has its own
 // progress thread calling MPI) and finalises it on destruction.
 //
@@ -30,12 +35,22 @@ bool launched_by_mpi();
 // unless the environment already sets it: OpenMPI's blocking calls otherwise busy-poll and
 // take the core the compute thread needs (DESIGN.md, "A measured pitfall on CPU").
 //
+// Start-up timeout: every rank must finish MPI_Init and check in with rank 0 within
+// `startup_timeout_seconds` (0: wait forever). A rank stopped or lost before then would
+// otherwise hang its peers inside MPI_Init, where no communicator timeout can reach them.
+//   - While MPI_Init runs, a watchdog thread waits for the deadline. Each rank leaves a marker
+//     file (startup_marker_directory()) before MPI_Init, so on expiry the watchdog can name
+//     the ranks on this host that never started; it prints them and ends the process with
+//     exit code 3, which makes the launcher end the job.
+//   - After MPI_Init, every rank sends rank 0 a message and waits for its reply; rank 0 names
+//     the ranks whose message did not arrive before the deadline and aborts the job.
+//
 // Throws UserError if the MPI library cannot provide MPI_THREAD_MULTIPLE (naming the level it
 // provided) and InternalError if MPI was already initialised or finalised in this process
 // (MPI allows one initialisation per process).
 class MpiRuntime {
  public:
-  MpiRuntime();
+  explicit MpiRuntime(double startup_timeout_seconds = 0);
   ~MpiRuntime();
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;

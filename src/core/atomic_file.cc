@@ -32,6 +32,14 @@ void fsync_directory_of(const std::string& path) {
   ::close(dir_fd);
 }
 
+// What a failed write leaves behind, for its message.
+std::string untouched(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec)
+             ? "the previous '" + path + "' is unchanged"
+             : "nothing was written under '" + path + "'";
+}
+
 void fsync_fd(int fd, const std::string& path) {
   while (::fsync(fd) != 0) {
     if (errno == EINTR) continue;
@@ -42,8 +50,8 @@ void fsync_fd(int fd, const std::string& path) {
 void rename_over(const std::string& tmp_path, const std::string& final_path) {
   if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
     const int err = errno;
-    OASES_FAIL("cannot rename '{}' to '{}': {} (the previous '{}' is unchanged)", tmp_path,
-               final_path, errno_text(err), final_path);
+    OASES_FAIL("cannot rename '{}' to '{}': {} ({})", tmp_path, final_path, errno_text(err),
+               untouched(final_path));
   }
   fsync_directory_of(final_path);
 }
@@ -77,8 +85,8 @@ void AtomicFileWriter::write(const void* data, std::size_t size) {
     if (n < 0) {
       if (errno == EINTR) continue;
       const int err = errno;
-      OASES_FAIL("cannot write '{}' after {} bytes: {} (the previous '{}' is unchanged)", tmp_path_,
-                 bytes_written_, errno_text(err), path_);
+      OASES_FAIL("cannot write '{}' after {} bytes: {} ({})", tmp_path_, bytes_written_,
+                 errno_text(err), untouched(path_));
     }
     bytes += n;
     size -= static_cast<std::size_t>(n);
@@ -92,11 +100,14 @@ void AtomicFileWriter::commit() {
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) {
     const int err = errno;
-    OASES_FAIL("cannot close '{}': {} (the previous '{}' is unchanged)", tmp_path_, errno_text(err),
-               path_);
+    OASES_FAIL("cannot close '{}': {} ({})", tmp_path_, errno_text(err), untouched(path_));
   }
   rename_over(tmp_path_, path_);
   committed_ = true;
+}
+
+void fsync_directory(const std::string& dir) {
+  fsync_directory_of((std::filesystem::path(dir) / ".").string());
 }
 
 void fsync_and_rename(const std::string& tmp_path, const std::string& final_path) {

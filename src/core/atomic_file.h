@@ -47,6 +47,10 @@ class AtomicFileWriter {
 // (replacing any existing file) and fsync the containing directory.
 void fsync_and_rename(const std::string& tmp_path, const std::string& final_path);
 
+// Makes renames and creations inside `dir` durable (best effort: some file systems refuse
+// fsync on a directory).
+void fsync_directory(const std::string& dir);
+
 // Whole-file convenience over AtomicFileWriter (small files: state, markers).
 void write_file_atomically(const std::string& path, std::string_view contents);
 

@@ -1,6 +1,7 @@
 #include "data/token_shard.h"
 
 #include "core/atomic_file.h"
+#include "core/checksum.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
 
@@ -14,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <utility>
 
 namespace oases::data {
 namespace {
@@ -38,7 +41,9 @@ constexpr std::size_t kOffsetWidth = 12;
 constexpr std::size_t kOffsetVocab = 16;
 constexpr std::size_t kOffsetCount = 20;
 constexpr std::size_t kOffsetName = 28;
-static_assert(kOffsetName + kTokenShardNameBytes == kTokenShardHeaderBytes);
+constexpr std::size_t kOffsetChecksum = 44;  // version 2
+static_assert(kOffsetName + kTokenShardNameBytes == kTokenShardV1HeaderBytes);
+static_assert(kOffsetChecksum + 4 == kTokenShardHeaderBytes);
 
 // Tokens are converted in chunks so that a multi-GB shard never needs a second full copy.
 constexpr std::size_t kChunkTokens = std::size_t{1} << 20;
@@ -52,6 +57,13 @@ std::string hex_bytes(const std::uint8_t* bytes, std::size_t n) {
 bool valid_tokenizer_name(std::string_view name) {
   if (name.empty() || name.size() > kTokenShardNameBytes) return false;
   return std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c < 127; });
+}
+
+// The vocabulary size of a tokenizer oases knows by name; nullopt for other names.
+std::optional<std::int64_t> known_vocab_size(const std::string& tokenizer) {
+  const auto names = tokenizer_names();
+  if (std::find(names.begin(), names.end(), tokenizer) == names.end()) return std::nullopt;
+  return make_tokenizer(tokenizer)->vocab_size();
 }
 
 std::string read_whole_file(const std::string& path) {
@@ -79,18 +91,10 @@ void write_token_shard(const std::string& path, std::string_view tokenizer_name,
               "printable ASCII characters without spaces",
               tokenizer_name, kTokenShardNameBytes);
 
-  std::array<std::uint8_t, kTokenShardHeaderBytes> header{};
-  std::memcpy(header.data(), kTokenShardMagic, sizeof(kTokenShardMagic));
-  store_le(header.data() + kOffsetVersion, kTokenShardVersion, 4);
-  store_le(header.data() + kOffsetWidth, width, 4);
-  store_le(header.data() + kOffsetVocab, static_cast<std::uint64_t>(vocab_size), 4);
-  store_le(header.data() + kOffsetCount, tokens.size(), 8);
-  std::memcpy(header.data() + kOffsetName, tokenizer_name.data(), tokenizer_name.size());
-
-  AtomicFileWriter file(path);
-  file.write(header.data(), header.size());
+  // The token bytes, encoded chunk by chunk: once for the checksum in the header, once to
+  // write them (so a large shard never needs a second full copy).
   std::vector<std::uint8_t> chunk;
-  for (std::size_t begin = 0; begin < tokens.size(); begin += kChunkTokens) {
+  const auto encode_chunk = [&](std::size_t begin) {
     const std::size_t end = std::min(tokens.size(), begin + kChunkTokens);
     chunk.resize((end - begin) * width);
     for (std::size_t i = begin; i < end; ++i) {
@@ -101,6 +105,26 @@ void write_token_shard(const std::string& path, std::string_view tokenizer_name,
       store_le(chunk.data() + (i - begin) * width, static_cast<std::uint32_t>(tokens[i]),
                static_cast<int>(width));
     }
+  };
+  std::uint32_t checksum = 0;
+  for (std::size_t begin = 0; begin < tokens.size(); begin += kChunkTokens) {
+    encode_chunk(begin);
+    checksum = crc32(chunk.data(), chunk.size(), checksum);
+  }
+
+  std::array<std::uint8_t, kTokenShardHeaderBytes> header{};
+  std::memcpy(header.data(), kTokenShardMagic, sizeof(kTokenShardMagic));
+  store_le(header.data() + kOffsetVersion, kTokenShardVersion, 4);
+  store_le(header.data() + kOffsetWidth, width, 4);
+  store_le(header.data() + kOffsetVocab, static_cast<std::uint64_t>(vocab_size), 4);
+  store_le(header.data() + kOffsetCount, tokens.size(), 8);
+  std::memcpy(header.data() + kOffsetName, tokenizer_name.data(), tokenizer_name.size());
+  store_le(header.data() + kOffsetChecksum, checksum, 4);
+
+  AtomicFileWriter file(path);
+  file.write(header.data(), header.size());
+  for (std::size_t begin = 0; begin < tokens.size(); begin += kChunkTokens) {
+    encode_chunk(begin);
     file.write(chunk.data(), chunk.size());
   }
   file.commit();
@@ -131,14 +155,17 @@ TokenShard load_token_shard(const std::string& path) {
               "data shard '{}' is not an oases token shard: it starts with bytes [{}] where a "
               "shard starts with \"OASESTOK\"; create shards with `oases prepare-data`",
               path, hex_bytes(header.data(), std::min<std::size_t>(header_read, 8)));
-  OASES_CHECK(header_read == kTokenShardHeaderBytes,
+  OASES_CHECK(header_read >= kOffsetVersion + 4,
               "data shard '{}' is truncated: it holds {} bytes, less than the {}-byte header; {}",
               path, file_bytes, kTokenShardHeaderBytes, kRemedy);
-
   const std::uint64_t version = load_le(header.data() + kOffsetVersion, 4);
-  OASES_CHECK(version == kTokenShardVersion,
-              "data shard '{}' has format version {}, but this oases reads version {}; {}", path,
-              version, kTokenShardVersion, kRemedy);
+  OASES_CHECK(version == 1 || version == 2,
+              "data shard '{}' has format version {}, but this oases reads versions 1 and 2; {}",
+              path, version, kRemedy);
+  const std::size_t header_bytes = version == 1 ? kTokenShardV1HeaderBytes : kTokenShardHeaderBytes;
+  OASES_CHECK(header_read >= header_bytes,
+              "data shard '{}' is truncated: it holds {} bytes, less than the {}-byte header; {}",
+              path, file_bytes, header_bytes, kRemedy);
   const std::uint64_t width = load_le(header.data() + kOffsetWidth, 4);
   OASES_CHECK(width == 2 || width == 4,
               "data shard '{}' declares a token width of {} bytes; valid widths are 2 and 4 (the "
@@ -163,7 +190,13 @@ TokenShard load_token_shard(const std::string& path) {
               path, hex_bytes(header.data() + kOffsetName, kTokenShardNameBytes),
               kTokenShardNameBytes, kRemedy);
 
-  const std::uint64_t token_bytes = file_bytes - kTokenShardHeaderBytes;
+  if (const auto known = known_vocab_size(tokenizer); known.has_value())
+    OASES_CHECK(vocab == static_cast<std::uint64_t>(*known),
+                "data shard '{}' declares a vocabulary of {} tokens, but its tokenizer \"{}\" "
+                "has {}; the header is damaged, {}",
+                path, vocab, tokenizer, *known, kRemedy);
+
+  const std::uint64_t token_bytes = file_bytes - header_bytes;
   const bool count_fits = count <= std::numeric_limits<std::uint64_t>::max() / width;
   OASES_CHECK(count_fits && count * width <= token_bytes,
               "data shard '{}' is truncated: header says {} tokens ({} bytes) but the file holds "
@@ -180,7 +213,14 @@ TokenShard load_token_shard(const std::string& path) {
   shard.tokenizer = tokenizer;
   shard.vocab_size = static_cast<std::int64_t>(vocab);
   shard.token_width = static_cast<std::uint32_t>(width);
+  shard.version = static_cast<std::uint32_t>(version);
   shard.tokens.resize(count);
+  // Version 2 files are read from after the checksum field (the header read took 48 bytes
+  // only when the file has them; a version-1 file's tokens start at byte 44).
+  in.clear();
+  in.seekg(static_cast<std::streamoff>(header_bytes));
+  std::uint32_t checksum = 0;
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> first_bad;  // (position, token)
   std::vector<std::uint8_t> chunk;
   for (std::uint64_t begin = 0; begin < count; begin += kChunkTokens) {
     const std::uint64_t end = std::min<std::uint64_t>(count, begin + kChunkTokens);
@@ -190,16 +230,26 @@ TokenShard load_token_shard(const std::string& path) {
                 "data shard '{}' could not be read past token {} (was it modified "
                 "while loading?)",
                 path, begin);
+    checksum = crc32(chunk.data(), chunk.size(), checksum);
     for (std::uint64_t i = begin; i < end; ++i) {
       const std::uint64_t token =
           load_le(chunk.data() + (i - begin) * width, static_cast<int>(width));
-      OASES_CHECK(token < vocab,
-                  "data shard '{}' holds token {} at position {}, outside its vocabulary of {} "
-                  "(tokens must be < {}); the file is damaged, {}",
-                  path, token, i, vocab, vocab, kRemedy);
+      if (token >= vocab && !first_bad) first_bad.emplace(i, token);
       shard.tokens[i] = static_cast<std::int32_t>(token);
     }
   }
+  if (version >= 2) {
+    const std::uint64_t stored = load_le(header.data() + kOffsetChecksum, 4);
+    OASES_CHECK(checksum == stored,
+                "data shard '{}' is damaged: its tokens have CRC-32 {:08x} but the header says "
+                "{:08x}; {}",
+                path, checksum, stored, kRemedy);
+  }
+  OASES_CHECK(!first_bad,
+              "data shard '{}' holds token {} at position {}, outside its vocabulary of {} "
+              "(tokens must be < {}); the file is damaged, {}",
+              path, first_bad ? first_bad->second : 0, first_bad ? first_bad->first : 0, vocab,
+              vocab, kRemedy);
   return shard;
 }
 

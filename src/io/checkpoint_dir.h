@@ -2,16 +2,25 @@
 //
 //   <dir>/step_<N>/model.safetensors      the model's tensors (whole, Hugging Face names)
 //   <dir>/step_<N>/optimizer.safetensors  optimizer state, RNG counters and data position
-//   <dir>/step_<N>/COMPLETE               written last: a checkpoint without it is ignored
+//   <dir>/step_<N>/COMPLETE               the marker: the step and, for every file it vouches
+//                                         for, its size and CRC-32:
+//                                           oases-checkpoint 1
+//                                           step <N>
+//                                           file <name> <bytes> <crc32, 8 hex digits>
 //
-// N counts completed optimizer steps. Every file is written to a temporary name and renamed,
-// so a crash leaves earlier checkpoints intact and never a half-written file under its name.
-// What the files hold is the caller's (train/checkpoint.h).
+// A folder named step_<N> always holds a complete checkpoint, and its marker exists only while
+// every file it lists exists: a checkpoint is written into `step_<N>.partial` (each file to a
+// temporary name, fsynced, renamed; the marker last) and the folder is renamed to step_<N> in
+// one step; a checkpoint is deleted by renaming its folder to `step_<N>.deleting` first. A kill
+// at any point leaves complete checkpoints and leftovers (`.partial`, `.deleting`, empty or
+// marker-less step folders), which the next save, and clean_checkpoint_dir, remove. N counts
+// completed optimizer steps. What the files hold is the caller's (train/checkpoint.h).
 #pragma once
 
 #include "io/safetensors.h"
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -23,16 +32,43 @@ inline constexpr const char* kModelFile = "model.safetensors";
 inline constexpr const char* kOptimizerFile = "optimizer.safetensors";
 inline constexpr const char* kCompleteMarker = "COMPLETE";
 
-// Writes step_<step> under dir (model, optimizer, then the marker) and removes the oldest
-// complete checkpoints beyond `keep` (0 keeps all). Returns the checkpoint folder.
+// Messages for the log (e.g. "pruned step_3 before writing: ...").
+using CheckpointLog = std::function<void(const std::string&)>;
+
+// Writes step_<step> under dir as above and removes the oldest complete checkpoints beyond
+// `keep` (0 keeps all). Before writing, it cleans leftovers and, when the file system lacks
+// the room for another checkpoint of this size (`model` and `optimizer` bytes) and keep > 0,
+// prunes down to keep - 1 first (saying so through `log`). A failed write removes what it
+// wrote. Returns the checkpoint folder.
 std::string write_checkpoint(const std::string& dir, std::int64_t step,
                              const SafetensorsWriter& model, const SafetensorsWriter& optimizer,
-                             std::int64_t keep);
+                             std::int64_t keep, const CheckpointLog& log = {});
+
+// Removes leftovers of interrupted saves and prunes from dir: `*.partial` and `*.deleting`
+// folders, and step folders without a marker (empty or incomplete). Returns what it removed.
+std::vector<std::string> clean_checkpoint_dir(const std::string& dir);
+// The folders clean_checkpoint_dir would remove, sorted; removes nothing.
+std::vector<std::string> checkpoint_leftovers(const std::string& dir);
 
 // Complete checkpoints in dir as (step, folder), sorted by step.
 std::vector<std::pair<std::int64_t, std::string>> complete_checkpoints(const std::string& dir);
 // The newest complete checkpoint in dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
+
+// What verify_checkpoint_files found.
+struct CheckpointFiles {
+  std::int64_t step = 0;
+  bool checksummed = false;  // false for a marker written before checksums existed
+};
+
+// Checks a checkpoint folder against its marker: the marker's format and step (equal to the
+// folder's N), that it lists model.safetensors and optimizer.safetensors, and the size and
+// CRC-32 of every file it lists. UserError naming the folder, the file and what differs. A
+// marker written before checksums existed ("step <N>" only) passes with nothing to check.
+CheckpointFiles verify_checkpoint_files(const std::string& folder);
+
+// The step of a folder named step_<N> (UserError otherwise).
+std::int64_t checkpoint_step(const std::string& folder);
 
 // Accepts a checkpoint folder (step_N), a run's checkpoint.dir (its newest checkpoint is
 // taken) or a model.safetensors file; returns the path of model.safetensors. UserError saying

@@ -140,6 +140,13 @@ void SafetensorsWriter::set_metadata(std::string key, std::string value) {
   metadata_[std::move(key)] = std::move(value);
 }
 
+std::uint64_t SafetensorsWriter::file_bytes() const {
+  std::uint64_t bytes = 8 + 64 * (tensors_.size() + metadata_.size() + 1);  // header, roughly
+  for (const auto& [name, entry] : tensors_) bytes += *byte_size(entry.shape, entry.dtype) + name.size();
+  for (const auto& [key, value] : metadata_) bytes += key.size() + value.size();
+  return bytes;
+}
+
 void SafetensorsWriter::write(const std::string& path) const {
   // Largest elements first keeps every tensor aligned to its element size without padding
   // (the format allows no gaps between tensors).
@@ -343,6 +350,21 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
                 path, *prev_name, prev->data_begin, prev->data_end, *name, info->data_begin,
                 info->data_end);
   }
+  // As the format's reference implementation requires, the tensors cover the data section
+  // exactly: no gap between them and nothing after the last (bytes appended to a file, or a
+  // header that lost a tensor, are damage).
+  std::uint64_t covered = 0;
+  for (const auto& [name, info] : by_offset) {
+    OASES_CHECK(info->data_begin == covered,
+                "safetensors file '{}': bytes [{}, {}) of the data section belong to no tensor "
+                "(tensor '{}' starts at {}); the file is damaged",
+                path, covered, info->data_begin, *name, info->data_begin);
+    covered = info->data_end;
+  }
+  OASES_CHECK(covered == data_bytes,
+              "safetensors file '{}' holds {} bytes after its tensors' data (the data section is "
+              "{} bytes, its tensors end at {}); the file is damaged or something was appended",
+              path, data_bytes - covered, data_bytes, covered);
   return file;
 }
 

@@ -68,6 +68,9 @@ class SafetensorsWriter {
   void set_metadata(std::string key, std::string value);
 
   std::size_t size() const { return tensors_.size(); }
+  // About the bytes write() produces (length, header and data): exact for the data, an
+  // upper estimate for the header.
+  std::uint64_t file_bytes() const;
   void write(const std::string& path) const;
 
  private:

@@ -6,6 +6,7 @@
 
 #include <toml++/toml.h>
 
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 #include <type_traits>
@@ -55,13 +56,27 @@ std::vector<T> whole_tensor(const model::ParamLayout& layout, const model::Param
   return whole;
 }
 
-// Adds the whole tensor of `spec` whose local shard is `local` to `writer` as `name`.
+template <class T>
+std::int64_t count_non_finite(const T* values, std::size_t n) {
+  std::int64_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad += !std::isfinite(values[i]);
+  return bad;
+}
+
+// Adds the whole tensor of `spec` whose local shard is `local` to `writer` as `name`. A tensor
+// holding a NaN or an infinity is never written: every rank of the group sees the same whole
+// tensor, so every rank stops with the same error.
 void add_whole(io::SafetensorsWriter& writer, const std::string& name,
                const model::ParamLayout& layout, const model::ParamSpec& spec,
                const Tensor& local, comm::Communicator& tp, bool write) {
   by_dtype(local.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const std::vector<T> whole = whole_tensor(layout, spec, local.data<T>(), tp);
+    const std::int64_t bad = count_non_finite(whole.data(), whole.size());
+    OASES_CHECK(bad == 0,
+                "refusing to checkpoint '{}': {} of its {} values are NaN or infinite; training "
+                "diverged (lower train.lr or raise train.warmup_steps)",
+                name, bad, whole.size());
     if (write) writer.add_copy(name, local.dtype(), spec.full_shape.to_vector(), whole.data());
   });
 }
@@ -77,12 +92,16 @@ void read_shard(const io::SafetensorsFile& file, const std::string& name,
       else file.read_f32(name, shape, out);
     };
     T* out = local.data<T>();
-    if (spec.sharding == model::Sharding::replicated) {
-      read(spec.full_shape.to_vector(), out);
-      return;
-    }
     std::vector<T> whole(static_cast<std::size_t>(spec.full_shape.numel()));
     read(spec.full_shape.to_vector(), whole.data());
+    const std::int64_t bad = count_non_finite(whole.data(), whole.size());
+    OASES_CHECK(bad == 0,
+                "'{}': tensor '{}' holds {} NaN or infinite values; a model cannot start from it",
+                file.path(), name, bad);
+    if (spec.sharding == model::Sharding::replicated) {
+      std::copy(whole.begin(), whole.end(), out);
+      return;
+    }
     for (std::int64_t i = 0; i < spec.numel(); ++i) {
       const std::int64_t g = layout.global_index(spec, i);
       out[i] = g >= 0 ? whole[static_cast<std::size_t>(g)] : T(0);
@@ -95,13 +114,20 @@ void read_shard(const io::SafetensorsFile& file, const std::string& name,
 std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                             const model::Model& model, optim::Optimizer& optimizer,
                             const TrainingState& state, std::int64_t keep,
-                            comm::Communicator& tp, bool write_files) {
+                            comm::Communicator& tp, bool write_files,
+                            const std::function<void(const std::string&)>& log) {
   const model::ParamLayout& layout = model.layout();
   io::SafetensorsWriter model_file, optimizer_file;
-  add_whole_tensors(model_file, "", layout, model.params(), tp, write_files);
-  for (const optim::StateTensor& s : optimizer.state_tensors()) {
-    OASES_ASSERT(s.elementwise, "state tensor {} is not shaped like its parameter", s.name);
-    add_whole(optimizer_file, s.name, layout, layout.find(s.param), s.view, tp, write_files);
+  try {
+    add_whole_tensors(model_file, "", layout, model.params(), tp, write_files);
+    for (const optim::StateTensor& s : optimizer.state_tensors()) {
+      OASES_ASSERT(s.elementwise, "state tensor {} is not shaped like its parameter", s.name);
+      add_whole(optimizer_file, s.name, layout, layout.find(s.param), s.view, tp, write_files);
+    }
+  } catch (const UserError& e) {
+    throw UserError(fmt::format("after step {}: {}; every checkpoint already written stays "
+                                "as it was",
+                                state.step, e.what()));
   }
   const fs::path target = fs::path(dir) / ("step_" + std::to_string(state.step));
   if (!write_files) return target.string();
@@ -114,8 +140,9 @@ std::string save_checkpoint(const std::string& dir, const RunConfig& config,
   optimizer_file.set_metadata("step", std::to_string(state.step));
   optimizer_file.set_metadata("data_position", std::to_string(state.data_position));
   optimizer_file.set_metadata("seed", std::to_string(state.seed));
+  optimizer_file.set_metadata("data_tokens", std::to_string(state.data_tokens));
   optimizer_file.set_metadata("oases_config", config_toml);
-  return io::write_checkpoint(dir, state.step, model_file, optimizer_file, keep);
+  return io::write_checkpoint(dir, state.step, model_file, optimizer_file, keep, log);
 }
 
 void add_whole_tensors(io::SafetensorsWriter& writer, const std::string& prefix,
@@ -135,14 +162,45 @@ void load_model_weights(const std::string& path, const model::ParamLayout& layou
   for (const auto& p : layout.params()) read_shard(file, p.name, layout, p, layout.view(params, p));
 }
 
-TrainingState load_optimizer_state(const std::string& checkpoint_dir,
-                                   const model::ParamLayout& layout, optim::Optimizer& optimizer) {
-  const io::SafetensorsFile file =
-      io::SafetensorsFile::open((fs::path(checkpoint_dir) / io::kOptimizerFile).string());
+namespace {
+
+// The training state in an optimizer file's metadata, checked against its folder and itself.
+TrainingState read_training_state(const io::SafetensorsFile& file,
+                                  const std::string& checkpoint_dir) {
   const std::int64_t version = io::metadata_int(file, "format_version");
   OASES_CHECK(version == kCheckpointFormatVersion,
               "checkpoint '{}' has format version {}; this build reads version {}",
               checkpoint_dir, version, kCheckpointFormatVersion);
+  TrainingState state;
+  state.step = io::metadata_int(file, "step");
+  state.data_position = io::metadata_int(file, "data_position");
+  state.seed = static_cast<std::uint64_t>(io::metadata_int(file, "seed"));
+  if (file.metadata().count("data_tokens")) {
+    state.data_tokens = io::metadata_int(file, "data_tokens");
+    OASES_CHECK(state.data_tokens >= 0, "checkpoint '{}': data_tokens = {} is negative; the "
+                "checkpoint is damaged", checkpoint_dir, state.data_tokens);
+  }
+  // The state must agree with the folder it sits in and with itself: the data position is the
+  // next batch, one per completed step.
+  const std::int64_t folder_step = io::checkpoint_step(checkpoint_dir);
+  OASES_CHECK(state.step == folder_step,
+              "checkpoint '{}': its optimizer state says step {}, the folder step {}; the "
+              "checkpoint is damaged or was renamed",
+              checkpoint_dir, state.step, folder_step);
+  OASES_CHECK(state.data_position == state.step,
+              "checkpoint '{}': data position {} does not follow step {} (one batch per step); "
+              "the checkpoint is damaged",
+              checkpoint_dir, state.data_position, state.step);
+  return state;
+}
+
+}  // namespace
+
+TrainingState load_optimizer_state(const std::string& checkpoint_dir,
+                                   const model::ParamLayout& layout, optim::Optimizer& optimizer) {
+  const io::SafetensorsFile file =
+      io::SafetensorsFile::open((fs::path(checkpoint_dir) / io::kOptimizerFile).string());
+  const TrainingState state = read_training_state(file, checkpoint_dir);
   if (const auto stored = file.metadata().find("optimizer"); stored != file.metadata().end())
     OASES_CHECK(stored->second == optimizer.name(),
                 "checkpoint '{}' holds the state of train.optimizer = \"{}\" but the run uses "
@@ -150,11 +208,48 @@ TrainingState load_optimizer_state(const std::string& checkpoint_dir,
                 checkpoint_dir, stored->second, optimizer.name());
   for (const optim::StateTensor& s : optimizer.state_tensors())
     read_shard(file, s.name, layout, layout.find(s.param), s.view);
-  TrainingState state;
-  state.step = io::metadata_int(file, "step");
-  state.data_position = io::metadata_int(file, "data_position");
-  state.seed = static_cast<std::uint64_t>(io::metadata_int(file, "seed"));
   return state;
+}
+
+CheckpointSummary verify_checkpoint(const std::string& checkpoint_dir) {
+  CheckpointSummary summary;
+  const io::CheckpointFiles files = io::verify_checkpoint_files(checkpoint_dir);
+  const io::SafetensorsFile model_file =
+      io::SafetensorsFile::open((fs::path(checkpoint_dir) / io::kModelFile).string());
+  const io::SafetensorsFile optimizer_file =
+      io::SafetensorsFile::open((fs::path(checkpoint_dir) / io::kOptimizerFile).string());
+  const TrainingState state = read_training_state(optimizer_file, checkpoint_dir);
+  OASES_ASSERT(state.step == files.step, "the folder step was checked against both");
+  summary.step = state.step;
+  summary.checksummed = files.checksummed;
+  config_from_checkpoint(checkpoint_dir);  // the stored configuration parses and validates
+
+  for (const io::SafetensorsFile* file : {&model_file, &optimizer_file}) {
+    for (const std::string& name : file->names()) {
+      const io::SafetensorsTensorInfo& info = file->info(name);
+      std::vector<double> values(static_cast<std::size_t>(info.numel()));
+      file->read_f64(name, info.shape, values.data());
+      const std::int64_t bad = count_non_finite(values.data(), values.size());
+      OASES_CHECK(bad == 0, "'{}': tensor '{}' holds {} NaN or infinite values of {}",
+                  file->path(), name, bad, values.size());
+      ++summary.tensors;
+      summary.values += info.numel();
+    }
+    summary.bytes += static_cast<std::int64_t>(fs::file_size(file->path()));
+  }
+  // Optimizer state is named "<state>.<parameter>" and shaped like its parameter.
+  for (const std::string& name : optimizer_file.names()) {
+    const auto dot = name.find('.');
+    OASES_CHECK(dot != std::string::npos && model_file.has(name.substr(dot + 1)),
+                "'{}': optimizer state '{}' belongs to no parameter of '{}'",
+                optimizer_file.path(), name, model_file.path());
+    OASES_CHECK(optimizer_file.info(name).shape == model_file.info(name.substr(dot + 1)).shape,
+                "'{}': optimizer state '{}' has shape {} but its parameter has shape {}",
+                optimizer_file.path(), name,
+                io::shape_string(optimizer_file.info(name).shape),
+                io::shape_string(model_file.info(name.substr(dot + 1)).shape));
+  }
+  return summary;
 }
 
 RunConfig config_from_checkpoint(const std::string& path) {

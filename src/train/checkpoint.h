@@ -18,6 +18,7 @@
 #include "train/config.h"
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -29,15 +30,21 @@ struct TrainingState {
   std::int64_t step = 0;           // completed optimizer steps
   std::int64_t data_position = 0;  // the next training batch index (= step, kept explicit)
   std::uint64_t seed = 0;          // keys dropout masks and initialisation
+  // Tokens in the training shard the run reads (the data position indexes its batches); 0 in
+  // checkpoints written before it was recorded.
+  std::int64_t data_tokens = 0;
 };
 
 // Writes step_<state.step> under dir and removes the oldest complete checkpoints beyond `keep`
-// (0 keeps all). Returns the checkpoint folder. Every rank of the tensor-parallel group `tp`
-// must call this (the shards are assembled over it); only the rank with `write_files` writes.
+// (0 keeps all), by the protocol of io/checkpoint_dir.h (`log` hears what it cleaned or pruned
+// early). Returns the checkpoint folder. Every rank of the tensor-parallel group `tp` must call
+// this (the shards are assembled over it); only the rank with `write_files` writes. A tensor
+// holding a NaN or an infinity is never written: UserError on every rank.
 std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                             const model::Model& model, optim::Optimizer& optimizer,
                             const TrainingState& state, std::int64_t keep,
-                            comm::Communicator& tp, bool write_files);
+                            comm::Communicator& tp, bool write_files,
+                            const std::function<void(const std::string&)>& log = {});
 
 // Adds to `writer`, as `prefix` + parameter name, the whole tensor of every parameter of
 // `layout` whose shards are the flat array `flat` (parameters, gradients, ...) of this rank,
@@ -49,16 +56,32 @@ void add_whole_tensors(io::SafetensorsWriter& writer, const std::string& prefix,
 // The newest complete checkpoint in dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
-// Reads parameters by name with shape checks (UserError naming the file, tensor and shapes);
-// each rank takes its own shard of the whole tensors in the file, converted to the element
-// type of `params`.
+// Reads parameters by name with shape checks (UserError naming the file, tensor and shapes,
+// or a tensor holding NaN or infinite values); each rank takes its own shard of the whole
+// tensors in the file, converted to the element type of `params`.
 void load_model_weights(const std::string& safetensors_path, const model::ParamLayout& layout,
                         const Tensor& params);
 
 // Restores the optimizer's state and the training state from a checkpoint folder written by
-// save_checkpoint.
+// save_checkpoint; the state must agree with the folder's step (UserError otherwise).
 TrainingState load_optimizer_state(const std::string& checkpoint_dir,
                                    const model::ParamLayout& layout, optim::Optimizer& optimizer);
+
+// What verify_checkpoint found in a checkpoint that passed.
+struct CheckpointSummary {
+  std::int64_t step = 0;
+  std::int64_t tensors = 0;     // in both files
+  std::int64_t values = 0;      // elements of those tensors
+  std::int64_t bytes = 0;       // size of both files
+  bool checksummed = false;     // false for a marker written before checksums existed
+};
+
+// Checks everything a resume would rely on, without a model or a communicator: the marker and
+// the size and CRC-32 of each file (io::verify_checkpoint_files), both files' structure, that
+// every tensor is finite, that the optimizer state has a tensor for every parameter with its
+// shape, that the training state agrees with the folder's step, and that the stored run
+// configuration parses. UserError naming the file and what is wrong.
+CheckpointSummary verify_checkpoint(const std::string& checkpoint_dir);
 
 // The run configuration stored in a checkpoint's model.safetensors (for `oases generate`),
 // with the [parallel] section at its defaults: one process, whatever trained it.

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -114,7 +115,8 @@ const std::map<std::string, SectionFields>& schema() {
         {"sub_batches", bind(&RunConfig::parallel, &ParallelConfig::sub_batches)},
         {"plan", bind(&RunConfig::parallel, &ParallelConfig::plan)},
         {"memory_limit", bind(&RunConfig::parallel, &ParallelConfig::memory_limit)},
-        {"comm_timeout_s", bind(&RunConfig::parallel, &ParallelConfig::comm_timeout_s)}}},
+        {"comm_timeout_s", bind(&RunConfig::parallel, &ParallelConfig::comm_timeout_s)},
+        {"startup_timeout_s", bind(&RunConfig::parallel, &ParallelConfig::startup_timeout_s)}}},
       {"train",
        {{"micro_batch", bind(&RunConfig::train, &OptimConfig::micro_batch)},
         {"global_batch", bind(&RunConfig::train, &OptimConfig::global_batch)},
@@ -128,6 +130,7 @@ const std::map<std::string, SectionFields>& schema() {
         {"beta2", bind(&RunConfig::train, &OptimConfig::beta2)},
         {"eps", bind(&RunConfig::train, &OptimConfig::eps)},
         {"grad_clip", bind(&RunConfig::train, &OptimConfig::grad_clip)},
+        {"max_loss", bind(&RunConfig::train, &OptimConfig::max_loss)},
         {"optimizer", bind(&RunConfig::train, &OptimConfig::optimizer)},
         {"precision", bind(&RunConfig::train, &OptimConfig::precision)},
         {"seed", bind(&RunConfig::train, &OptimConfig::seed)},
@@ -196,8 +199,14 @@ void apply_override(toml::table& root, const std::string& assignment) {
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + value);
-  } catch (const toml::parse_error&) {
-    parsed = toml::table{{"v", value}};  // a bare word: a string
+  } catch (const toml::parse_error& e) {
+    // A bare word or path is a string; something that starts like a number but is not a
+    // valid TOML value (too large an integer, a malformed float) is an error.
+    const bool numeric = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) ||
+                                            value[0] == '+' || value[0] == '-' || value[0] == '.');
+    OASES_CHECK(!numeric, "--set {}: '{}' is not a valid value: {} (integers must fit in 64 bits)",
+                assignment, value, std::string(e.description()));
+    parsed = toml::table{{"v", value}};
   }
   if (!root.contains(section)) root.insert(section, toml::table{});
   toml::table* target = root[section].as_table();
@@ -341,6 +350,9 @@ void RunConfig::validate() const {
   OASES_CHECK(p.memory_limit >= 0, "parallel.memory_limit = {} must be >= 0 bytes", p.memory_limit);
   OASES_CHECK(p.comm_timeout_s >= 0, "parallel.comm_timeout_s = {} must be >= 0 seconds (0: no timeout)",
               p.comm_timeout_s);
+  OASES_CHECK(p.startup_timeout_s >= 0,
+              "parallel.startup_timeout_s = {} must be >= 0 seconds (0: no timeout)",
+              p.startup_timeout_s);
 
   const auto& t = train;
   OASES_CHECK(t.micro_batch >= 1, "train.micro_batch = {} must be at least 1", t.micro_batch);
@@ -358,6 +370,21 @@ void RunConfig::validate() const {
                                 : fmt::format(", or dp in {{{}}}", fmt::join(valid_dp, ", ")));
   }
   OASES_CHECK(t.steps >= 0, "train.steps = {} must be >= 0", t.steps);
+  {
+    // Batch b of the run reads token positions up to about b x global_batch x (seq_len + 1);
+    // those indices are 64-bit, so the whole run must fit well inside that range.
+    const long double positions = static_cast<long double>(t.steps) *
+                                  static_cast<long double>(t.global_batch) *
+                                  static_cast<long double>(model.seq_len + 1);
+    const std::int64_t limit = std::int64_t{1} << 62;
+    OASES_CHECK(positions <= static_cast<long double>(limit),
+                "train.steps = {} is too large: steps x train.global_batch x (model.seq_len + 1) "
+                "must stay below 2^62 token positions; valid: at most {} steps",
+                t.steps,
+                static_cast<std::int64_t>(static_cast<long double>(limit) /
+                                          (static_cast<long double>(t.global_batch) *
+                                           static_cast<long double>(model.seq_len + 1))));
+  }
   OASES_CHECK(t.lr > 0, "train.lr = {} must be positive", t.lr);
   OASES_CHECK(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr = {} must be in [0, train.lr = {}]",
               t.min_lr, t.lr);
@@ -369,6 +396,7 @@ void RunConfig::validate() const {
   OASES_CHECK(t.eps > 0, "train.eps = {} must be positive", t.eps);
   OASES_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 disables clipping)",
               t.grad_clip);
+  OASES_CHECK(t.max_loss >= 0, "train.max_loss = {} must be >= 0 (0: no limit)", t.max_loss);
   OASES_CHECK(t.optimizer == "adamw", "train.optimizer = \"{}\" is not known; valid: \"adamw\"",
               t.optimizer);
   OASES_CHECK(t.precision == "fp32" || t.precision == "fp64",
@@ -411,7 +439,8 @@ std::string to_toml(const RunConfig& c) {
                                       {"sub_batches", c.parallel.sub_batches},
                                       {"plan", c.parallel.plan},
                                       {"memory_limit", c.parallel.memory_limit},
-                                      {"comm_timeout_s", c.parallel.comm_timeout_s}});
+                                      {"comm_timeout_s", c.parallel.comm_timeout_s},
+                                      {"startup_timeout_s", c.parallel.startup_timeout_s}});
   const auto& t = c.train;
   root.insert("train", toml::table{{"micro_batch", t.micro_batch}, {"global_batch", t.global_batch},
                                    {"steps", t.steps}, {"lr", t.lr}, {"min_lr", t.min_lr},
@@ -419,6 +448,7 @@ std::string to_toml(const RunConfig& c) {
                                    {"lr_decay_steps", t.lr_decay_steps},
                                    {"weight_decay", t.weight_decay}, {"beta1", t.beta1},
                                    {"beta2", t.beta2}, {"eps", t.eps}, {"grad_clip", t.grad_clip},
+                                   {"max_loss", t.max_loss},
                                    {"optimizer", t.optimizer}, {"precision", t.precision},
                                    {"seed", t.seed}, {"eval_every", t.eval_every},
                                    {"eval_steps", t.eval_steps}, {"threads", t.threads}});

@@ -28,6 +28,9 @@ struct ParallelConfig {
   std::string plan = "uniform";
   std::int64_t memory_limit = 0;  // bytes per device; 0: no limit
   double comm_timeout_s = 300;    // a collective not done after this aborts the job; 0: never
+  // Every rank must have started and met the others within this many seconds of starting,
+  // else the job aborts naming the ranks that did not arrive; 0: wait forever.
+  double startup_timeout_s = 120;
 };
 
 struct OptimConfig {
@@ -41,6 +44,7 @@ struct OptimConfig {
   double weight_decay = 0.1;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;  // 0: no clipping
+  double max_loss = 0;     // a step whose loss exceeds this stops the run; 0: no limit
   std::string optimizer = "adamw";
   std::string precision = "fp32";
   std::int64_t seed = 1234;

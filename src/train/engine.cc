@@ -5,6 +5,8 @@
 #include "kernels/kernels.h"
 #include "optim/clip.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -161,6 +163,9 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
     for (auto& work : reductions) work->wait();
     result.exposed_comm_seconds += waited.seconds();
     result.grad_norm = clip_gradients();
+    // Every rank holds the same reduced norm, so every rank stops here alike, before any
+    // parameter takes a non-finite value.
+    if (!std::isfinite(result.grad_norm)) stop_on_non_finite_gradient(step, result.grad_norm);
     optimizer_->step(model_.params(), model_.grads(), {learning_rate(step), step + 1});
   };
   // A causal language model counts every target; a masked one only the masked positions, which
@@ -180,6 +185,26 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
                reductions.size(), expected);
   result.loss = counted > 0 ? sum_over(*dp_, local) / counted : 0.0;
   return result;
+}
+
+void TrainingEngine::stop_on_non_finite_gradient(std::int64_t step, double norm) const {
+  std::string first = "(none on this rank)";
+  for (const auto& p : model_.layout().params()) {
+    if (std::isfinite(kernels::sum_of_squares(model_.layout().view(model_.grads(), p)))) continue;
+    first = p.name;
+    break;
+  }
+  const auto& t = config_.train;
+  std::string advice = fmt::format("lower train.lr (now {})", t.lr);
+  if (t.warmup_steps == 0) advice += " or warm up to it with train.warmup_steps";
+  advice += t.grad_clip > 0
+                ? fmt::format("; clipping (train.grad_clip = {}) cannot repair a gradient that is "
+                              "already NaN or infinite", t.grad_clip)
+                : "; train.grad_clip (e.g. 1.0) keeps large but finite gradients in check";
+  OASES_FAIL("training diverged at step {}: the gradient norm is {} (the first parameter with a "
+             "non-finite gradient: {}); the update was not applied, so the parameters and every "
+             "checkpoint stay finite; {}",
+             step + 1, norm, first, advice);
 }
 
 std::unique_ptr<comm::Work> TrainingEngine::reduce_bucket(int bucket) {

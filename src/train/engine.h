@@ -112,6 +112,9 @@ class TrainingEngine {
                      std::int64_t sequences, std::int64_t first_sample, double loss_scale,
                      ops::HeadMode mode, const runtime::StepHooks& hooks, StepResult* result);
   double clip_gradients();  // returns the global norm before clipping
+  // UserError: the gradient norm of optimizer step `step` (0-based) is NaN or infinite; names
+  // the first parameter whose gradient is and gives advice that fits the settings.
+  [[noreturn]] void stop_on_non_finite_gradient(std::int64_t step, double norm) const;
   // Starts the sum of bucket `bucket`'s gradients: over a layer's replicas (tensor- and
   // data-parallel ones at once) when it runs below tp, else over the data-parallel group;
   // null when there is nothing to sum.

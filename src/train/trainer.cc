@@ -1,10 +1,13 @@
 #include "train/trainer.h"
 
+#include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/line_file.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/loader.h"
 #include "data/token_shard.h"
+#include "io/checkpoint_dir.h"
 #include "kernels/cpu/peak_flops.h"
 #include "runtime/trace.h"
 #include "train/batches.h"
@@ -146,11 +149,12 @@ void check_memory_limit(const RunConfig& config, TrainingEngine& engine) {
 // Resumes from the newest checkpoint (checkpoint.resume) or initialises from --init-from;
 // returns the first step to run.
 std::int64_t restore(const RunConfig& config, const TrainOptions& options,
-                     TrainingEngine& engine) {
+                     const data::TokenShard& train_shard, TrainingEngine& engine) {
   std::int64_t start_step = 0;
   if (config.checkpoint.resume) {
     if (auto latest = latest_checkpoint(config.checkpoint.dir)) {
-      load_model_weights((std::filesystem::path(*latest) / "model.safetensors").string(),
+      io::verify_checkpoint_files(*latest);
+      load_model_weights((std::filesystem::path(*latest) / io::kModelFile).string(),
                          engine.model().layout(), engine.model().params());
       const TrainingState state =
           load_optimizer_state(*latest, engine.model().layout(), engine.optimizer());
@@ -158,6 +162,17 @@ std::int64_t restore(const RunConfig& config, const TrainOptions& options,
                   "checkpoint '{}' was trained with train.seed = {} but the config says {}; "
                   "resume with the same seed",
                   *latest, state.seed, config.train.seed);
+      OASES_CHECK(state.step <= config.train.steps,
+                  "checkpoint '{}' is at step {}, beyond train.steps = {}; raise train.steps to "
+                  "continue it",
+                  *latest, state.step, config.train.steps);
+      // The data position names batches of one particular shard; on another, resuming would
+      // silently continue a different data order.
+      OASES_CHECK(state.data_tokens == 0 || state.data_tokens == train_shard.size(),
+                  "checkpoint '{}' was trained on a training shard of {} tokens but '{}' holds "
+                  "{}; its data position would not continue the same data. Resume with the "
+                  "original shard, or start a new run from its weights with --init-from {}",
+                  *latest, state.data_tokens, train_shard.path, train_shard.size(), *latest);
       start_step = state.data_position;
       if (options.progress) log_info("resumed from {} (step {})", *latest, start_step);
     } else if (options.progress) {
@@ -172,14 +187,29 @@ std::int64_t restore(const RunConfig& config, const TrainOptions& options,
   return start_step;
 }
 
-std::ofstream open_metrics(const RunConfig& config, bool leader, std::int64_t start_step) {
-  std::ofstream metrics;
-  if (!leader || config.log.metrics.empty()) return metrics;
-  const auto parent = std::filesystem::path(config.log.metrics).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
-  metrics.open(config.log.metrics, start_step > 0 ? std::ios::app : std::ios::trunc);
-  OASES_CHECK(metrics.good(), "log.metrics: cannot open '{}' for writing", config.log.metrics);
-  return metrics;
+// The metrics file of the run: a fresh run starts it empty; a resumed run keeps the records of
+// the steps up to the one it resumes from (a run that went further before stopping wrote records
+// the resumed run will write again).
+std::optional<LineFile> open_metrics(const RunConfig& config, bool leader,
+                                     std::int64_t start_step) {
+  if (!leader || config.log.metrics.empty()) return std::nullopt;
+  const std::string& path = config.log.metrics;
+  if (start_step == 0) return std::optional<LineFile>(std::in_place, path, LineFile::Start::truncate);
+  std::error_code ec;
+  // A device or pipe (/dev/stdout) keeps its stream: there is nothing to rewrite, and a
+  // rename would replace the device.
+  if (!std::filesystem::is_regular_file(path, ec))
+    return std::optional<LineFile>(std::in_place, path);
+  std::string kept;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line, nullptr, false);
+    if (record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
+        record["step"].get<std::int64_t>() <= start_step)
+      kept += line + "\n";
+  }
+  write_file_atomically(path, kept);
+  return std::optional<LineFile>(std::in_place, path);
 }
 
 void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh,
@@ -228,8 +258,8 @@ struct StepFigures {
   double mfu = 0;
 };
 
-void write_metrics(std::ofstream& metrics, const StepFigures& f) {
-  if (!metrics.is_open()) return;
+void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f) {
+  if (!metrics) return;
   nlohmann::json line = {{"step", f.record.step},
                          {"loss", f.record.loss},
                          {"lr", f.record.lr},
@@ -244,8 +274,7 @@ void write_metrics(std::ofstream& metrics, const StepFigures& f) {
                          {"peak_activation_bytes", f.result.peak_activation_bytes},
                          {"peak_mem_bytes", peak_resident_bytes()}};
   if (f.record.val_loss) line["val_loss"] = *f.record.val_loss;
-  metrics << line.dump() << '\n';
-  metrics.flush();
+  metrics->append(line.dump());
 }
 
 void print_progress(const StepFigures& f, std::int64_t steps, double eta_seconds, bool distributed) {
@@ -311,14 +340,14 @@ class Run {
     const auto& t = config_.train;
     check_memory_limit(config_, engine_);
     TrainSummary summary;
-    summary.start_step = restore(config_, options_, engine_);
+    summary.start_step = restore(config_, options_, data_->train_shard, engine_);
     const bool leader = mesh_.world_rank() == 0;
     // MFU divides by the peak of every device of the run (one device per rank).
     peak_flops_ = static_cast<double>(mesh_.world_size()) *
                   (config_.log.peak_tflops > 0 ? config_.log.peak_tflops * 1e12
                    : leader ? kernels::cpu::measure_sgemm_flops(1024, 0.3)
                             : 1.0);
-    std::ofstream metrics = open_metrics(config_, leader, summary.start_step);
+    std::optional<LineFile> metrics = open_metrics(config_, leader, summary.start_step);
     if (options_.progress) log_start(config_, engine_, mesh_, data_->train_shard.size());
     if (data_->val_batches && summary.start_step == 0) {
       summary.initial_val_loss = validation_loss(engine_, *data_->val_batches, t.eval_steps);
@@ -351,9 +380,13 @@ class Run {
     StepFigures f;
     f.result = engine_.train_step(step, batch_.inputs.data(), batch_.targets.data());
     OASES_CHECK(std::isfinite(f.result.loss),
-                "training diverged: loss is {} at step {}; lower train.lr (now {}) or enable "
-                "train.grad_clip",
+                "training diverged: the loss is {} at step {}; lower train.lr (now {}); the "
+                "step's checkpoint is not written",
                 f.result.loss, step + 1, t.lr);
+    OASES_CHECK(t.max_loss == 0 || f.result.loss <= t.max_loss,
+                "the loss {} at step {} exceeds train.max_loss = {}: the run stops before "
+                "writing this step's checkpoint; lower train.lr (now {}) or raise the limit",
+                f.result.loss, step + 1, t.max_loss, t.lr);
     f.record = {step + 1, f.result.loss, engine_.learning_rate(step), f.result.grad_norm,
                 clock.seconds(), std::nullopt};
     const bool last = step + 1 == t.steps;
@@ -369,10 +402,16 @@ class Run {
   std::optional<std::string> checkpoint_after(std::int64_t done, bool last) {
     const auto& c = config_.checkpoint;
     if (c.dir.empty() || !(last || (c.every > 0 && done % c.every == 0))) return std::nullopt;
-    const TrainingState state{done, done, static_cast<std::uint64_t>(config_.train.seed)};
+    TrainingState state;
+    state.step = done;
+    state.data_position = done;
+    state.seed = static_cast<std::uint64_t>(config_.train.seed);
+    state.data_tokens = data_->train_shard.size();
     const bool leader = mesh_.world_rank() == 0;
-    std::string saved = save_checkpoint(c.dir, config_, engine_.model(), engine_.optimizer(),
-                                        state, c.keep, mesh_.tp_group(), leader);
+    // Cleaning and early pruning are rare and change what is on disk: said even with --quiet.
+    std::string saved = save_checkpoint(
+        c.dir, config_, engine_.model(), engine_.optimizer(), state, c.keep, mesh_.tp_group(),
+        leader, [](const std::string& what) { log_warning("checkpoint: {}", what); });
     mesh_.world().barrier();  // the checkpoint exists for every rank once this returns
     if (options_.progress) log_info("saved checkpoint {}", saved);
     return saved;

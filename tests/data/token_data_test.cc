@@ -222,14 +222,51 @@ TEST_F(CorruptShard, ForeignFile) {
 TEST_F(CorruptShard, ShorterThanTheHeader) {
   write(bytes_.substr(0, 20));
   expect_user_error([&] { load_token_shard(path_); },
-                    {path_, "truncated", "20 bytes", "44-byte header"});
+                    {path_, "truncated", "20 bytes", "48-byte header"});
 }
 
 TEST_F(CorruptShard, UnknownVersion) {
-  put_u32(8, 2);
+  put_u32(8, 3);
   write(bytes_);
   expect_user_error([&] { load_token_shard(path_); },
-                    {path_, "version 2", "version 1", "prepare-data"});
+                    {path_, "version 3", "versions 1 and 2", "prepare-data"});
+}
+
+// A version-1 file: the version-2 bytes without the checksum field.
+std::string as_version_one(std::string bytes) {
+  bytes[8] = 1;
+  return bytes.substr(0, kTokenShardV1HeaderBytes) + bytes.substr(kTokenShardHeaderBytes);
+}
+
+TEST_F(CorruptShard, VersionOneFilesStillLoad) {
+  write(as_version_one(bytes_));
+  const TokenShard shard = load_token_shard(path_);
+  EXPECT_EQ(shard.version, 1u);
+  EXPECT_EQ(shard.size(), 100);
+  EXPECT_EQ(shard.tokens[3], 111);
+  write(as_version_one(bytes_).substr(0, 30));
+  expect_user_error([&] { load_token_shard(path_); }, {path_, "truncated", "44-byte header"});
+}
+
+TEST_F(CorruptShard, ChangedTokenFailsTheChecksum) {
+  // Still inside the vocabulary, so only the checksum can tell.
+  bytes_[kTokenShardHeaderBytes + 2 * 7] ^= 0x01;
+  write(bytes_);
+  expect_user_error([&] { load_token_shard(path_); },
+                    {path_, "damaged", "CRC-32", "prepare-data"});
+}
+
+TEST_F(CorruptShard, DamagedChecksumField) {
+  bytes_[45] ^= 0x40;
+  write(bytes_);
+  expect_user_error([&] { load_token_shard(path_); }, {path_, "CRC-32"});
+}
+
+TEST_F(CorruptShard, VocabularyDisagreesWithItsTokenizer) {
+  put_u32(16, 300);  // fits 2-byte tokens, but the byte tokenizer has 256
+  write(bytes_);
+  expect_user_error([&] { load_token_shard(path_); },
+                    {path_, "300", "tokenizer \"byte\" has 256"});
 }
 
 TEST_F(CorruptShard, BadWidth) {
@@ -259,7 +296,9 @@ TEST_F(CorruptShard, TrailingBytes) {
 TEST_F(CorruptShard, TokenOutsideVocabulary) {
   bytes_[kTokenShardHeaderBytes + 2 * 5] = 0x2c;  // 300 = 0x012c, little-endian
   bytes_[kTokenShardHeaderBytes + 2 * 5 + 1] = 0x01;
-  write(bytes_);
+  write(bytes_);  // version 2: the checksum catches it first
+  expect_user_error([&] { load_token_shard(path_); }, {path_, "CRC-32"});
+  write(as_version_one(bytes_));  // version 1 has only the range check
   expect_user_error([&] { load_token_shard(path_); }, {path_, "token 300", "position 5", "256"});
 }
 
