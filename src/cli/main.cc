@@ -32,16 +32,23 @@ constexpr const char* kVersion = "0.1.0";
 // Prints a fatal error (prefixed with the rank in a multi-process job) and returns the exit
 // code: 2 for bad input, 3 for an engine bug, 1 otherwise.
 int report_error(const std::exception& e, const std::string& rank_prefix) {
+  // The report itself may fail (stderr is what failed): the exit code still tells.
+  const auto report = [&](const std::string& message) {
+    try {
+      oases::log_error("{}{}", rank_prefix, message);
+    } catch (const std::exception&) {
+    }
+  };
   if (dynamic_cast<const oases::UserError*>(&e)) {
-    oases::log_error("{}{}", rank_prefix, e.what());
+    report(e.what());
     return 2;
   }
   if (dynamic_cast<const oases::InternalError*>(&e)) {
-    oases::log_error("{}{}\nthis is a bug in oases; please report it with the command line",
-                     rank_prefix, e.what());
+    report(std::string(e.what()) +
+           "\nthis is a bug in oases; please report it with the command line");
     return 3;
   }
-  oases::log_error("{}{}", rank_prefix, e.what());
+  report(e.what());
   return 1;
 }
 

@@ -11,6 +11,8 @@ namespace oases {
 
 enum class LogLevel { info, warning, error };
 
+// Writes one line to stderr; UserError when stderr cannot take it (its redirect target is
+// full or gone), so that a run never continues with its log silently cut short.
 void log_line(LogLevel level, std::string_view message);
 
 template <class... Args>

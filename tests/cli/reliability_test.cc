@@ -298,6 +298,16 @@ TEST_F(Reliability, CheckpointsFitADiskThatHoldsOnlyOne) {
   EXPECT_EQ(r.output.substr(r.output.find("listing:")), "listing:\nstep_1\n");
 }
 
+TEST_F(Reliability, ALogThatCannotBeWrittenStopsTheRunWithoutACrash) {
+  // stderr on a full device: the first progress line fails; the run must stop with the exit
+  // code of an error, not abort on an unhandled exception.
+  std::string command =
+      train_in(dir_, "train.steps=2 checkpoint.resume=false checkpoint.dir=\\\"\\\"");
+  command.erase(command.find(" --quiet"), 8);
+  const CommandResult r = run_command(command + " 2>/dev/full; echo exit=$?");
+  EXPECT_NE(r.output.find("exit=2"), std::string::npos) << r.output;
+}
+
 TEST_F(Reliability, ResumedRunRewritesTheMetricsFromItsStep) {
   CommandResult r = run_command(train_in(dir_, "train.steps=4 checkpoint.keep=0"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
