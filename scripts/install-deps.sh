@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages oases needs, only those missing. Usage:
 #   scripts/install-deps.sh          build + demo dependencies
-#   scripts/install-deps.sh --test   also what the test suite needs (PyTorch for parity tests)
+#   scripts/install-deps.sh --test   also what the test suite needs (PyTorch for parity tests;
+#                                    clang, its libFuzzer and sanitizer runtimes and OpenMP for
+#                                    the fuzz targets)
 set -euo pipefail
 
 packages=(git cmake ninja-build g++ pkg-config libopenblas-openmp-dev libtomlplusplus-dev coinor-libcbc-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenmpi-dev openmpi-bin zlib1g-dev fortunes)
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(python3 python3-torch python3-numpy strace)
+  packages+=(python3 python3-torch python3-numpy strace clang-14 libclang-rt-14-dev libomp-14-dev)
 fi
 
 missing=()

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# The test suite: install what is missing (including PyTorch for the parity tests), build,
-# and run every test with ctest. Extra arguments go to ctest (e.g. -L kernels).
+# The test suite: install what is missing (including PyTorch for the parity tests and clang
+# for the fuzz targets), build, and run every test with ctest, the fuzz targets' smoke runs
+# included. Extra arguments go to ctest (e.g. -L kernels, -L fuzz).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh --test
+# The fuzz targets first (clang, sanitizers; fuzz/): configuring the release tree afterwards
+# registers their smoke tests (ctest label `fuzz`) beside the others.
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz
 cmake --preset release >/dev/null
 cmake --build --preset release
 ctest --preset release --parallel 2 "$@"

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/atomic_file.h"
+#include "io/untrusted_json.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -45,13 +46,17 @@ std::string supported_dtype_list() {
   return out;
 }
 
-// Byte size of a shape, or nullopt on overflow of uint64.
+// Byte size of a shape, or nullopt when a dimension is negative or the element count
+// (multiplied in order, as SafetensorsTensorInfo::numel does) or the byte size overflows:
+// a zero dimension does not excuse a product of the dimensions before it that overflowed.
 std::optional<std::uint64_t> byte_size(const std::vector<std::int64_t>& shape, DType dtype) {
-  std::uint64_t bytes = dtype_size(dtype);
+  std::int64_t elements = 1;
   for (std::int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(bytes, static_cast<std::uint64_t>(d), &bytes))
-      return std::nullopt;
+    if (d < 0 || __builtin_mul_overflow(elements, d, &elements)) return std::nullopt;
   }
+  std::uint64_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<std::uint64_t>(elements), dtype_size(dtype), &bytes))
+    return std::nullopt;
   return bytes;
 }
 
@@ -266,7 +271,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
               path);
   json header;
   try {
-    header = json::parse(header_text);
+    header = parse_untrusted_json(header_text, fmt::format("safetensors file '{}'", path));
   } catch (const json::exception& e) {
     OASES_FAIL("safetensors file '{}' has a malformed JSON header: {}", path, e.what());
   }
@@ -326,11 +331,14 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
                 "section of {} bytes (the file is truncated or damaged)",
                 path, name, info.data_begin, info.data_end, data_bytes);
     const std::optional<std::uint64_t> expected = byte_size(info.shape, info.dtype);
-    OASES_CHECK(expected.has_value() && *expected == info.nbytes(),
+    OASES_CHECK(expected.has_value(),
+                "safetensors file '{}': tensor '{}' has shape {}, whose element count or byte "
+                "size does not fit in 64 bits",
+                path, name, shape_string(info.shape));
+    OASES_CHECK(*expected == info.nbytes(),
                 "safetensors file '{}': tensor '{}' of dtype {} and shape {} needs {} bytes, but "
                 "its data_offsets [{}, {}] span {} bytes",
-                path, name, dtype.get<std::string>(), shape_string(info.shape),
-                expected ? fmt::format("{}", *expected) : std::string("more than 2^64"),
+                path, name, dtype.get<std::string>(), shape_string(info.shape), *expected,
                 info.data_begin, info.data_end, info.nbytes());
     file.tensors_.emplace(name, std::move(info));
   }

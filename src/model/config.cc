@@ -76,10 +76,13 @@ void ModelConfig::validate_tensor_parallel(std::int64_t tp) const {
   OASES_CHECK(tp >= 1, "parallel.tp = {} must be at least 1", tp);
   const std::int64_t kv = kv_head_count();
   if (heads % tp == 0 && kv % tp == 0 && ffn_hidden % tp == 0) return;
-  // Valid degrees divide the head counts and the MLP width.
-  std::vector<std::int64_t> valid;
-  for (std::int64_t d = 1; d <= heads; ++d)
-    if (heads % d == 0 && kv % d == 0 && ffn_hidden % d == 0) valid.push_back(d);
+  // Valid degrees divide the head counts and the MLP width. Only those up to 4096 are listed,
+  // so that absurd sizes cannot stall the message.
+  constexpr std::int64_t kMaxListed = 4096;
+  std::vector<std::string> valid;
+  for (std::int64_t d = 1; d <= std::min(heads, kMaxListed); ++d)
+    if (heads % d == 0 && kv % d == 0 && ffn_hidden % d == 0) valid.push_back(std::to_string(d));
+  if (heads > kMaxListed) valid.push_back("...");
   OASES_CHECK(heads % tp == 0,
               "parallel.tp = {} must divide model.heads = {} (each rank computes whole heads); "
               "valid tp for this model: {}",

@@ -3,6 +3,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "io/untrusted_json.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -11,6 +12,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
 
 namespace oases::planner {
@@ -174,22 +177,39 @@ Plan read_plan(const std::string& path, int tp, std::int64_t layers) {
   text << in.rdbuf();
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text.str());
+    j = io::parse_untrusted_json(text.str(), fmt::format("plan file '{}'", path));
   } catch (const nlohmann::json::exception& e) {
     OASES_FAIL("plan file '{}' is not JSON: {}", path, e.what());
   }
-  OASES_CHECK(j.is_object() && j.value("format", "") == "oases-plan",
+  // Fields are compared as JSON values and integers read checked (io/untrusted_json.h),
+  // which never throws or wraps whatever the file holds.
+  OASES_CHECK(j.is_object() && j.value("format", nlohmann::json()) == "oases-plan",
               "'{}' is not a plan file (written by `oases plan`)", path);
-  OASES_CHECK(j.value("version", 0) == 1, "plan file '{}' has version {}; this build reads 1",
-              path, j.value("version", 0));
-  const int file_tp = j.value("tp", 0);
-  OASES_CHECK(file_tp == tp, "plan file '{}' was made for parallel.tp = {}; this run has {}",
-              path, file_tp, tp);
+  const nlohmann::json version = j.value("version", nlohmann::json(0));
+  OASES_CHECK(version == 1, "plan file '{}' has version {}; this build reads 1", path,
+              version.dump());
+  const nlohmann::json file_tp = j.value("tp", nlohmann::json(0));
+  OASES_CHECK(file_tp.is_number_integer() && file_tp == tp,
+              "plan file '{}' was made for parallel.tp = {}; this run has {}", path, file_tp.dump(),
+              tp);
   Plan plan;
   try {
-    plan.degrees = j.at("degrees").get<std::vector<int>>();
+    const nlohmann::json& degrees = j.at("degrees");
+    OASES_CHECK(degrees.is_array(), "plan file '{}': degrees must be an array, found {}", path,
+                degrees.dump());
+    for (const nlohmann::json& degree : degrees) {
+      const std::optional<int> d = io::json_integer<int>(degree);
+      OASES_CHECK(d.has_value(),
+                  "plan file '{}': the layer degree {} is not an integer in [{}, {}]", path,
+                  degree.dump(), std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
+      plan.degrees.push_back(*d);
+    }
     plan.predicted_step_seconds = j.value("predicted_step_s", 0.0);
-    plan.predicted_memory_bytes = j.value("predicted_memory_bytes", std::int64_t{0});
+    const std::optional<std::int64_t> memory =
+        io::json_integer<std::int64_t>(j.value("predicted_memory_bytes", nlohmann::json(0)));
+    OASES_CHECK(memory.has_value(), "plan file '{}': predicted_memory_bytes is not an integer",
+                path);
+    plan.predicted_memory_bytes = *memory;
   } catch (const nlohmann::json::exception& e) {
     OASES_FAIL("plan file '{}': {}", path, e.what());
   }

@@ -2,12 +2,15 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "io/untrusted_json.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
 
 namespace oases::planner {
@@ -34,6 +37,23 @@ double Profile::reshard_seconds(int a, int b) const {
 }
 
 namespace {
+
+// `value` (the profile's `key`) as T; UserError naming `source` and the key when it is not an
+// integer T holds.
+template <class T>
+T integer_value(const json& value, const std::string& key, const std::string& source) {
+  const std::optional<T> v = io::json_integer<T>(value);
+  OASES_CHECK(v.has_value(), "{}: malformed profile (\"{}\" = {} is not an integer in [{}, {}])",
+              source, key, value.dump(), std::numeric_limits<T>::min(),
+              std::numeric_limits<T>::max());
+  return *v;
+}
+
+// object[key] as T, as integer_value; a missing key throws json::out_of_range, as json::at.
+template <class T>
+T integer_at(const json& object, const std::string& key, const std::string& source) {
+  return integer_value<T>(object.at(key), key, source);
+}
 
 json model_json(const model::ModelConfig& m) {
   return {{"arch", m.arch},           {"layers", m.layers},         {"hidden", m.hidden},
@@ -81,52 +101,56 @@ std::string to_json(const Profile& p) {
 Profile profile_from_json(const std::string& text, const std::string& source) {
   json j;
   try {
-    j = json::parse(text);
+    j = io::parse_untrusted_json(text, source);
   } catch (const json::exception& e) {
     OASES_FAIL("{} is not a profile: not valid JSON ({})", source, e.what());
   }
-  OASES_CHECK(j.is_object() && j.value("format", "") == "oases-profile",
+  // Compared as JSON values, which never throws whatever the types in the file.
+  OASES_CHECK(j.is_object() && j.value("format", json()) == "oases-profile",
               "{} is not a profile written by `oases profile` (no \"format\": \"oases-profile\")",
               source);
-  const int version = j.value("version", 0);
+  const json version = j.value("version", json(0));
   OASES_CHECK(version == Profile::kVersion,
               "{} is a profile of format version {}; this build reads version {}: re-run `oases "
               "profile`",
-              source, version, Profile::kVersion);
+              source, version.dump(), Profile::kVersion);
   try {
     Profile p;
     const json& m = j.at("model");
     p.model.arch = m.at("arch");
-    p.model.kv_heads = m.at("kv_heads");
-    p.model.layers = m.at("layers");
-    p.model.hidden = m.at("hidden");
-    p.model.heads = m.at("heads");
-    p.model.ffn_hidden = m.at("ffn_hidden");
-    p.model.vocab_size = m.at("vocab_size");
-    p.model.seq_len = m.at("seq_len");
-    p.tp = j.at("tp");
-    p.micro_batch = j.at("micro_batch");
-    p.sub_batches = j.at("sub_batches");
-    p.element_bytes = j.at("element_bytes");
+    p.model.kv_heads = integer_at<std::int64_t>(m, "kv_heads", source);
+    p.model.layers = integer_at<std::int64_t>(m, "layers", source);
+    p.model.hidden = integer_at<std::int64_t>(m, "hidden", source);
+    p.model.heads = integer_at<std::int64_t>(m, "heads", source);
+    p.model.ffn_hidden = integer_at<std::int64_t>(m, "ffn_hidden", source);
+    p.model.vocab_size = integer_at<std::int64_t>(m, "vocab_size", source);
+    p.model.seq_len = integer_at<std::int64_t>(m, "seq_len", source);
+    p.tp = integer_at<int>(j, "tp", source);
+    p.micro_batch = integer_at<std::int64_t>(j, "micro_batch", source);
+    p.sub_batches = integer_at<int>(j, "sub_batches", source);
+    p.element_bytes = integer_at<std::int64_t>(j, "element_bytes", source);
     p.optimizer_state_ratio = j.at("optimizer_state_ratio");
     for (const json& d : j.at("degrees")) {
       DegreeProfile degree;
-      degree.degree = d.at("degree");
-      degree.rows = d.at("rows");
+      degree.degree = integer_at<int>(d, "degree", source);
+      degree.rows = integer_at<std::int64_t>(d, "rows", source);
       for (const auto& [kind, t] : d.at("segments").items())
         degree.segments[kind] = {t.at("forward_s"), t.at("recompute_s"), t.at("backward0_s"),
                                  t.at("backward1_s")};
       degree.collectives = d.at("collectives").get<std::map<std::string, double>>();
       degree.optimizer_s = d.at("optimizer_s");
-      degree.parameter_bytes = d.at("parameter_bytes");
+      degree.parameter_bytes = integer_at<std::int64_t>(d, "parameter_bytes", source);
       degree.replica_reduce_per_layer_s = d.at("replica_reduce_per_layer_s");
       degree.overlap_slowdown = d.at("overlap_slowdown");
       degree.collective_slowdown = d.at("collective_slowdown");
-      degree.parameter_bytes_per_layer = d.at("parameter_bytes_per_layer");
-      degree.activation_bytes =
-          d.at("activation_bytes")
-              .get<std::map<std::string, std::map<std::string, std::int64_t>>>();
-      degree.static_activation_bytes = d.at("static_activation_bytes");
+      degree.parameter_bytes_per_layer =
+          integer_at<std::int64_t>(d, "parameter_bytes_per_layer", source);
+      for (const auto& [kind, sets] :
+           d.at("activation_bytes").get<std::map<std::string, std::map<std::string, json>>>())
+        for (const auto& [set, value] : sets)
+          degree.activation_bytes[kind][set] = integer_value<std::int64_t>(value, set, source);
+      degree.static_activation_bytes =
+          integer_at<std::int64_t>(d, "static_activation_bytes", source);
       p.degrees.push_back(std::move(degree));
     }
     p.reshards = j.at("reshards").get<std::map<std::string, double>>();

@@ -265,8 +265,11 @@ RunConfig config_from_checkpoint(const std::string& path) {
                std::string(e.description()));
   }
   stored.erase("parallel");
+  // Printed as to_toml prints (strings quoted and escaped), so every stored string reads back.
   std::ostringstream text;
-  text << stored;
+  text << toml::toml_formatter(stored, toml::toml_formatter::default_flags &
+                                           ~(toml::format_flags::allow_literal_strings |
+                                             toml::format_flags::allow_multi_line_strings));
   return parse_run_config(text.str(), model_file + " (oases_config)");
 }
 

@@ -7,13 +7,16 @@
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
+#include <string_view>
 
 namespace oases::train {
 namespace {
@@ -55,7 +58,13 @@ Reader bind(T RunConfig::*section, double T::*field) {
   return [=](const toml::node& node, const std::string& key, RunConfig& cfg) {
     OASES_CHECK(node.is_number(), "config key {} = {} is {}; expected a number", key,
                 describe(node), type_name(node));
-    (cfg.*section).*field = *node.value<double>();
+    // toml++ gives no double for an integer beyond 2^53, which no double holds exactly.
+    const std::optional<double> v = node.value<double>();
+    OASES_CHECK(v.has_value(),
+                "config key {} = {} has no exact floating-point value; write it as a "
+                "floating-point number (with a decimal point or an exponent)",
+                key, describe(node));
+    (cfg.*section).*field = *v;
   };
 }
 template <class T>
@@ -184,6 +193,44 @@ const Reader& field_reader(const std::string& section, const std::string& key,
   return it->second;
 }
 
+// Whether `text` is well-formed UTF-8, as a TOML document must be: no stray or missing
+// continuation bytes, overlong forms, surrogates or code points above U+10FFFF.
+bool is_utf8(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    // The lead byte gives the number of continuation bytes and the smallest code point that
+    // needs that many.
+    std::size_t extra = 0;
+    std::uint32_t least = 0;
+    if ((lead & 0xE0) == 0xC0) {
+      extra = 1;
+      least = 0x80;
+    } else if ((lead & 0xF0) == 0xE0) {
+      extra = 2;
+      least = 0x800;
+    } else if ((lead & 0xF8) == 0xF0) {
+      extra = 3;
+      least = 0x10000;
+    } else {
+      return false;
+    }
+    std::uint32_t code = lead & (0x3Fu >> extra);
+    if (text.size() - i - 1 < extra) return false;
+    for (std::size_t k = 1; k <= extra; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next & 0xC0) != 0x80) return false;
+      code = (code << 6) | (next & 0x3Fu);
+    }
+    if (code < least || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
+    i += extra + 1;
+  }
+  return true;
+}
+
 void apply_override(toml::table& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
   OASES_CHECK(eq != std::string::npos && eq > 0,
@@ -206,6 +253,12 @@ void apply_override(toml::table& root, const std::string& assignment) {
                                             value[0] == '+' || value[0] == '-' || value[0] == '.');
     OASES_CHECK(!numeric, "--set {}: '{}' is not a valid value: {} (integers must fit in 64 bits)",
                 assignment, value, std::string(e.description()));
+    // A bare word: a string, which like any TOML text must be UTF-8 (the configuration is
+    // stored with checkpoints as TOML and read back from there).
+    OASES_CHECK(is_utf8(value),
+                "--set {}.{}: the value is not valid UTF-8 text; config values are TOML, which "
+                "holds only UTF-8",
+                section, key);
     parsed = toml::table{{"v", value}};
   }
   if (!root.contains(section)) root.insert(section, toml::table{});
@@ -214,6 +267,17 @@ void apply_override(toml::table& root, const std::string& assignment) {
   target->insert_or_assign(key, *parsed["v"].node());
 }
 
+// The divisors of n, for messages that list the valid values ("1, 2, 4"). Only those up to
+// 4096 are tried, so that an absurd setting cannot stall the message; larger ones are
+// elided (", ...").
+std::string divisors_of(std::int64_t n) {
+  constexpr std::int64_t kMaxListed = 4096;
+  std::string out;
+  for (std::int64_t d = 1; d <= std::min(n, kMaxListed); ++d)
+    if (n % d == 0) out += fmt::format("{}{}", out.empty() ? "" : ", ", d);
+  if (n > kMaxListed) out += ", ...";
+  return out;
+}
 
 // "1,1,2,2": digits, commas and spaces only.
 bool looks_like_degree_list(const std::string& text) {
@@ -226,11 +290,14 @@ std::vector<int> parse_degree_list(const std::string& text, std::int64_t layers,
   for (std::string item; std::getline(items, item, ',');) {
     const auto first = item.find_first_not_of(' ');
     const auto last = item.find_last_not_of(' ');
+    // The example shows at most 8 layers: model.layers may be anything here.
     OASES_CHECK(first != std::string::npos,
-                "parallel.plan = \"{}\": an empty entry; write one degree per layer, e.g. \"{}\"",
-                text, fmt::format("{}", fmt::join(std::vector<std::int64_t>(
-                                                      static_cast<std::size_t>(layers), tp),
-                                                  ",")));
+                "parallel.plan = \"{}\": an empty entry; write one degree per layer, e.g. \"{}{}\"",
+                text,
+                fmt::join(std::vector<std::int64_t>(
+                              static_cast<std::size_t>(std::clamp<std::int64_t>(layers, 1, 8)), tp),
+                          ","),
+                layers > 8 ? ",..." : "");
     const std::string digits = item.substr(first, last - first + 1);
     OASES_CHECK(digits.find(' ') == std::string::npos && digits.size() <= 6,
                 "parallel.plan = \"{}\": \"{}\" is not a degree", text, digits);
@@ -311,20 +378,26 @@ schedule::ScheduleSpec schedule_spec(const RunConfig& config) {
   if (p.sub_batches == 0) {
     spec.sub_batches = overlapped && micro % 2 == 0 ? 2 : 1;
   } else {
-    if (micro % p.sub_batches != 0) {
-      std::string valid;
-      for (std::int64_t d = 1; d <= micro; ++d)
-        if (micro % d == 0) valid += fmt::format("{}{}", valid.empty() ? "" : ", ", d);
-      OASES_FAIL("parallel.sub_batches = {} must divide train.micro_batch = {} (sub-batches "
-                 "split each micro-batch along the batch dimension); valid: {}",
-                 p.sub_batches, micro, valid);
-    }
+    if (micro % p.sub_batches != 0)
+      OASES_FAIL(
+          "parallel.sub_batches = {} must divide train.micro_batch = {} (sub-batches "
+          "split each micro-batch along the batch dimension); valid: {}",
+          p.sub_batches, micro, divisors_of(micro));
+    OASES_CHECK(p.sub_batches <= std::numeric_limits<int>::max(),
+                "parallel.sub_batches = {} is too many; at most {}", p.sub_batches,
+                std::numeric_limits<int>::max());
     spec.sub_batches = static_cast<int>(p.sub_batches);
   }
-  const std::int64_t dp_micro = micro * p.dp;
-  spec.micro_batches = dp_micro > 0 && config.train.global_batch % dp_micro == 0
-                           ? static_cast<int>(config.train.global_batch / dp_micro)
-                           : 1;
+  std::int64_t dp_micro = 0;
+  const bool divides = !__builtin_mul_overflow(micro, p.dp, &dp_micro) && dp_micro > 0 &&
+                       config.train.global_batch % dp_micro == 0;
+  const std::int64_t micro_batches = divides ? config.train.global_batch / dp_micro : 1;
+  OASES_CHECK(micro_batches <= std::numeric_limits<int>::max(),
+              "train.global_batch = {} makes {} micro-batches (of train.micro_batch x "
+              "parallel.dp = {} x {} sequences) per step; at most {}",
+              config.train.global_batch, micro_batches, micro, p.dp,
+              std::numeric_limits<int>::max());
+  spec.micro_batches = static_cast<int>(micro_batches);
   schedule::check_spec(spec);
   return spec;
 }
@@ -340,9 +413,11 @@ void RunConfig::validate() const {
   model.validate_tensor_parallel(p.tp);
   if (p.plan != "uniform" && p.plan != "auto") {
     // Degrees listed inline are checked here; a plan file when it is read (layer_degrees).
+    // The error_code form: a name the system cannot look up (too long, say) is no plan file.
+    std::error_code ec;
     if (looks_like_degree_list(p.plan)) parse_degree_list(p.plan, model.layers, p.tp);
     else
-      OASES_CHECK(std::filesystem::exists(p.plan),
+      OASES_CHECK(std::filesystem::exists(p.plan, ec),
                   "parallel.plan = \"{}\" is neither \"uniform\", \"auto\", degrees per layer "
                   "like \"1,2,2,1\", nor an existing plan file",
                   p.plan);
@@ -357,34 +432,21 @@ void RunConfig::validate() const {
   const auto& t = train;
   OASES_CHECK(t.micro_batch >= 1, "train.micro_batch = {} must be at least 1", t.micro_batch);
   OASES_CHECK(t.global_batch >= 1, "train.global_batch = {} must be at least 1", t.global_batch);
-  if (t.global_batch % (t.micro_batch * p.dp) != 0) {
-    std::vector<std::int64_t> valid_dp;
-    for (std::int64_t d = 1; t.global_batch % t.micro_batch == 0 && d <= t.global_batch / t.micro_batch; ++d)
-      if ((t.global_batch / t.micro_batch) % d == 0) valid_dp.push_back(d);
-    OASES_FAIL("train.global_batch = {} must be a multiple of train.micro_batch x parallel.dp = "
-               "{} x {} = {} (global batch = micro_batch x accumulation steps x dp); try "
-               "global_batch = {}{}",
-               t.global_batch, t.micro_batch, p.dp, t.micro_batch * p.dp,
-               std::max<std::int64_t>(1, t.global_batch / (t.micro_batch * p.dp)) * t.micro_batch * p.dp,
-               valid_dp.empty() ? std::string()
-                                : fmt::format(", or dp in {{{}}}", fmt::join(valid_dp, ", ")));
+  std::int64_t micro_dp = 0;
+  OASES_CHECK(!__builtin_mul_overflow(t.micro_batch, p.dp, &micro_dp),
+              "train.micro_batch x parallel.dp = {} x {} is too large", t.micro_batch, p.dp);
+  if (t.global_batch % micro_dp != 0) {
+    OASES_FAIL(
+        "train.global_batch = {} must be a multiple of train.micro_batch x parallel.dp = "
+        "{} x {} = {} (global batch = micro_batch x accumulation steps x dp); try "
+        "global_batch = {}{}",
+        t.global_batch, t.micro_batch, p.dp, micro_dp,
+        std::max<std::int64_t>(1, t.global_batch / micro_dp) * micro_dp,
+        t.global_batch % t.micro_batch != 0
+            ? std::string()
+            : fmt::format(", or dp in {{{}}}", divisors_of(t.global_batch / t.micro_batch)));
   }
   OASES_CHECK(t.steps >= 0, "train.steps = {} must be >= 0", t.steps);
-  {
-    // Batch b of the run reads token positions up to about b x global_batch x (seq_len + 1);
-    // those indices are 64-bit, so the whole run must fit well inside that range.
-    const long double positions = static_cast<long double>(t.steps) *
-                                  static_cast<long double>(t.global_batch) *
-                                  static_cast<long double>(model.seq_len + 1);
-    const std::int64_t limit = std::int64_t{1} << 62;
-    OASES_CHECK(positions <= static_cast<long double>(limit),
-                "train.steps = {} is too large: steps x train.global_batch x (model.seq_len + 1) "
-                "must stay below 2^62 token positions; valid: at most {} steps",
-                t.steps,
-                static_cast<std::int64_t>(static_cast<long double>(limit) /
-                                          (static_cast<long double>(t.global_batch) *
-                                           static_cast<long double>(model.seq_len + 1))));
-  }
   OASES_CHECK(t.lr > 0, "train.lr = {} must be positive", t.lr);
   OASES_CHECK(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr = {} must be in [0, train.lr = {}]",
               t.min_lr, t.lr);
@@ -420,7 +482,30 @@ void RunConfig::validate() const {
   OASES_CHECK(log.peak_tflops >= 0, "log.peak_tflops = {} must be >= 0 (0: measure)",
               log.peak_tflops);
   schedule_spec(*this);
+  // Last: each setting's own error above is the more useful one.
+  {
+    // Batch b of the run reads token positions up to about b x global_batch x (seq_len + 1);
+    // those indices are 64-bit, so the whole run must fit well inside that range.
+    const long double positions = static_cast<long double>(t.steps) *
+                                  static_cast<long double>(t.global_batch) *
+                                  static_cast<long double>(model.seq_len + 1);
+    const std::int64_t limit = std::int64_t{1} << 62;
+    OASES_CHECK(positions <= static_cast<long double>(limit),
+                "train.steps = {} is too large: steps x train.global_batch x (model.seq_len + 1) "
+                "must stay below 2^62 token positions; valid: at most {} steps",
+                t.steps,
+                static_cast<std::int64_t>(static_cast<long double>(limit) /
+                                          (static_cast<long double>(t.global_batch) *
+                                           static_cast<long double>(model.seq_len + 1))));
+  }
 }
+
+// The flags to_toml prints with. toml++'s defaults write a string that holds a line break as
+// a multi-line literal ('''...'''), which cannot hold ''' and loses a leading line break when
+// read back; single-line quoted strings with escapes hold every string.
+constexpr toml::format_flags kRoundTripFormat =
+    toml::toml_formatter::default_flags &
+    ~(toml::format_flags::allow_literal_strings | toml::format_flags::allow_multi_line_strings);
 
 std::string to_toml(const RunConfig& c) {
   toml::table root;
@@ -461,7 +546,7 @@ std::string to_toml(const RunConfig& c) {
                                  {"trace", c.log.trace}, {"trace_steps", c.log.trace_steps},
                                  {"peak_tflops", c.log.peak_tflops}});
   std::ostringstream out;
-  out << root;
+  out << toml::toml_formatter(root, kRoundTripFormat);
   return out.str();
 }
 

@@ -251,7 +251,13 @@ TEST_F(CorruptSafetensors, ShapeDisagreesWithByteSize) {
       safetensors_bytes(
           one_tensor(R"({"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]})"),
           "12345678"),
-      {"'t'", "more than 2^64"});
+      {"'t'", "does not fit in 64 bits"});
+  // No element, but the element count (numel) overflows before the zero is reached.
+  expect_rejected(
+      safetensors_bytes(
+          one_tensor(R"({"dtype":"U8","shape":[4294967296,2147483648,0],"data_offsets":[0,0]})"),
+          ""),
+      {"'t'", "[4294967296, 2147483648, 0]", "does not fit in 64 bits"});
 }
 
 TEST_F(CorruptSafetensors, OverlappingTensors) {
@@ -271,6 +277,10 @@ TEST_F(CorruptSafetensors, MalformedHeaders) {
                   {"'t'", "data_offsets"});
   expect_rejected(safetensors_bytes(R"({"__metadata__":{"step":10}})", ""),
                   {"__metadata__", "step"});
+  // Printing a value nested this deep in the message about it overflowed the stack.
+  expect_rejected(
+      safetensors_bytes(one_tensor(std::string(100000, '[') + std::string(100000, ']')), ""),
+      {"deeper than 64 levels"});
 }
 
 TEST(AtomicWrite, FailureBeforeRenameLeavesTheOldFileIntact) {

@@ -118,5 +118,46 @@ TEST(Profile, OtherFilesAreRejectedWithTheReason) {
             std::string::npos);
 }
 
+// The cases below once converted out of range (undefined behaviour), wrapped, overflowed the
+// stack or threw nlohmann's exceptions (found by fuzz/profile_fuzzer.cc).
+TEST(Profile, FieldsOfAnotherTypeOrOutOfRangeAreRejected) {
+  const std::string text = to_json(sample());
+  const auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string out = text;
+    const auto at = out.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return out.replace(at, from.size(), to);
+  };
+  EXPECT_NE(
+      error_of([&] { profile_from_json(replaced("\"tp\": 2", "\"tp\": 4294967298"), "x.json"); })
+          .find("x.json: malformed profile (\"tp\" = 4294967298 is not an integer in "
+                "[-2147483648, 2147483647])"),
+      std::string::npos);
+  EXPECT_NE(error_of([&] {
+              profile_from_json(replaced("\"rows\": 2", "\"rows\": 2.5e94"), "x.json");
+            }).find("\"rows\" = 2.5e+94 is not an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              profile_from_json(replaced("\"core\": 0", "\"core\": 1.5"), "x.json");
+            }).find("\"core\" = 1.5 is not an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              profile_from_json("{\"format\": 7}", "x.json");
+            }).find("x.json is not a profile written by `oases profile`"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              profile_from_json(R"({"format": "oases-profile", "version": "3"})", "x.json");
+            }).find("x.json is a profile of format version \"3\""),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              profile_from_json("{\"format\": \"oases-profile\", \"version\": 3, \"model\": " +
+                                    std::string(100000, '[') + std::string(100000, ']') + "}",
+                                "x.json");
+            })
+                .find("x.json is damaged or not the file expected: its JSON nests deeper than 64 "
+                      "levels"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace oases::planner

@@ -32,5 +32,18 @@ TEST(Checkpoint, StoredConfigIsReadWithoutItsParallelSection) {
   EXPECT_EQ(config.parallel.sub_batches, 0);
 }
 
+TEST(Checkpoint, StoredConfigKeepsEveryString) {
+  testing::TempDir dir("checkpoint_config");
+  const std::string file = (dir.path() / "model.safetensors").string();
+  RunConfig stored;
+  stored.log.metrics = "\nruns/a'''b";
+  io::SafetensorsWriter writer;
+  const float value = 1.0f;
+  writer.add("ln_f.bias", DType::f32, {1}, &value);
+  writer.set_metadata("oases_config", to_toml(stored));
+  writer.write(file);
+  EXPECT_EQ(config_from_checkpoint(file).log.metrics, stored.log.metrics);
+}
+
 }  // namespace
 }  // namespace oases::train

@@ -93,5 +93,79 @@ TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
   EXPECT_NE(error_of("[checkpoint]\nresume = true\n").find("checkpoint.dir"), std::string::npos);
 }
 
+// The cases below once hung, overflowed, read a disengaged optional or threw another exception
+// type than UserError (found by fuzz/run_config_fuzzer.cc).
+TEST(RunConfig, AbsurdSizesAreRejectedAtOnceListingValidValuesUpTo4096) {
+  const std::string huge = "4611686018427387904";  // 2^62
+  EXPECT_NE(error_of("[model]\nhidden = " + huge + "\nheads = " + huge + "\nffn_hidden = " + huge +
+                     "\n[parallel]\ntp = 3\n")
+                .find("valid tp for this model: 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, "
+                      "2048, 4096, ..."),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nmicro_batch = 1\nglobal_batch = " + huge + "\n[parallel]\ndp = 3\n")
+                .find("or dp in {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, ...}"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nmicro_batch = " + huge + "\nglobal_batch = " + huge +
+                     "\n[parallel]\nschedule = \"oases\"\nsub_batches = 3\n")
+                .find("valid: 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, ..."),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nmicro_batch = " + huge + "\nglobal_batch = " + huge +
+                     "\n[parallel]\ndp = 4\n")
+                .find("train.micro_batch x parallel.dp = 4611686018427387904 x 4 is too large"),
+            std::string::npos);
+  // Counts the schedule holds as int.
+  EXPECT_NE(error_of("[train]\nmicro_batch = 1\nglobal_batch = 4294967296\n")
+                .find("train.global_batch = 4294967296 makes 4294967296 micro-batches"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nmicro_batch = 4294967296\nglobal_batch = 4294967296\n"
+                     "[parallel]\nschedule = \"oases\"\nsub_batches = 4294967296\n")
+                .find("parallel.sub_batches = 4294967296 is too many"),
+            std::string::npos);
+  // The example plan in the message shows 8 layers, not model.layers of them.
+  EXPECT_NE(error_of("[model]\nlayers = 1000000000000\n[parallel]\nplan = \"1, ,1\"\n")
+                .find("an empty entry; write one degree per layer, e.g. \"1,1,1,1,1,1,1,1,...\""),
+            std::string::npos);
+}
+
+TEST(RunConfig, AnIntegerWithoutAnExactDoubleIsRejectedWhereANumberIsExpected) {
+  EXPECT_NE(error_of("[train]\nlr = 9007199254740993\n")
+                .find("train.lr = 9007199254740993 has no exact floating-point value"),
+            std::string::npos);
+  EXPECT_DOUBLE_EQ(parse_run_config("[train]\nlr = 9007199254740992\nmin_lr = 0\n", "t").train.lr,
+                   9007199254740992.0);
+}
+
+TEST(RunConfig, BareWordOverridesMustBeUtf8) {
+  EXPECT_EQ(
+      parse_run_config("", "t", {"data.path=d\xc3\xa9j\xc3\xa0/\xe2\x82\xac/\xf0\x9f\x99\x82"})
+          .data.path,
+      "d\xc3\xa9j\xc3\xa0/\xe2\x82\xac/\xf0\x9f\x99\x82");
+  // A stray byte, an overlong '/', a surrogate, a truncated sequence, beyond U+10FFFF.
+  for (const char* bad : {"\xff", "\xc0\xaf", "\xed\xa0\x80", "\xe2\x82", "\xf4\x90\x80\x80"})
+    EXPECT_NE(error_of("", {std::string("data.path=runs/") + bad})
+                  .find("--set data.path: the value is not valid UTF-8 text"),
+              std::string::npos)
+        << bad;
+}
+
+// toml++ printed these as multi-line literal strings that ended early or lost their first
+// line break.
+TEST(RunConfig, EveryStringRoundTripsThroughToml) {
+  for (const char* text :
+       {"a\n'''b", "\nfirst line empty", "'''", "ends with\n'", "\\\n\"\t\x7f"}) {
+    RunConfig a;
+    a.log.metrics = text;
+    const RunConfig b = parse_run_config(to_toml(a), "round trip");
+    EXPECT_EQ(b.log.metrics, text);
+    EXPECT_EQ(to_toml(b), to_toml(a));
+  }
+}
+
+TEST(RunConfig, APlanNameTheSystemCannotLookUpIsNoPlanFile) {
+  EXPECT_NE(
+      error_of("", {"parallel.plan=" + std::string(5000, 'p')}).find("nor an existing plan file"),
+      std::string::npos);
+}
+
 }  // namespace
 }  // namespace oases::train

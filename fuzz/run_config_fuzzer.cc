@@ -1,0 +1,63 @@
+// libFuzzer target: train::parse_run_config, the TOML run configuration with --set overrides.
+//
+// Input: the TOML text, then optionally NUL-separated `section.key=value` overrides (TOML
+// text cannot hold a NUL, so the split loses nothing):  <toml> \0 <override> \0 <override> ...
+// An accepted configuration must print (to_toml, as stored in checkpoints and shown by
+// `--print-config`) to TOML that parses back to the same configuration, and its schedule and
+// per-layer degrees must resolve. A plan naming a file is not opened (the fuzzer could name
+// any file, /dev/zero included); the plan file reader has its own target.
+#include "fuzz_support.h"
+#include "train/config.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using oases::fuzz::accepts;
+using oases::fuzz::require;
+
+bool names_degrees(const std::string& plan) {
+  return !plan.empty() && plan.find_first_not_of("0123456789, ") == std::string::npos;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
+  const std::size_t text_end = input.find('\0');
+  const std::string text(input.substr(0, text_end));
+  std::vector<std::string> overrides;
+  for (std::size_t begin = text_end; begin < input.size();) {
+    const std::size_t end = input.find('\0', begin + 1);
+    const std::string_view item = input.substr(begin + 1, end - begin - 1);
+    if (!item.empty()) overrides.emplace_back(item);
+    begin = end;
+  }
+
+  oases::train::RunConfig config;
+  if (!accepts([&] { config = oases::train::parse_run_config(text, "fuzz input", overrides); }))
+    return 0;
+
+  const std::string printed = oases::train::to_toml(config);
+  oases::train::RunConfig reparsed;
+  require(accepts([&] { reparsed = oases::train::parse_run_config(printed, "printed"); }),
+          "the printed form of an accepted configuration does not parse");
+  require(oases::train::to_toml(reparsed) == printed,
+          "the printed form of an accepted configuration parses to another configuration");
+
+  require(accepts([&] { (void)oases::train::schedule_spec(config); }),
+          "an accepted configuration has no schedule");
+  if (config.parallel.plan == "uniform" || names_degrees(config.parallel.plan)) {
+    std::vector<int> degrees;
+    require(accepts([&] { degrees = oases::train::layer_degrees(config); }),
+            "the per-layer degrees of an accepted configuration do not resolve");
+    for (const int degree : degrees)
+      require(degree >= 1 && config.parallel.tp % degree == 0,
+              "an accepted plan has a degree that does not divide parallel.tp");
+  }
+  return 0;
+}
