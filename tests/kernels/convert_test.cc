@@ -3,6 +3,7 @@
 #include "core/error.h"
 
 #include "kernels/finite_difference.h"
+#include "kernels/thread_count.h"
 
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace oases::kernels::cpu {
@@ -294,6 +296,34 @@ TEST(ConvertElements, NonFloatTypesAreInternalErrors) {
   std::vector<float> a(4), b(4);
   EXPECT_THROW(convert_elements(a.data(), DType::i32, b.data(), DType::f32, 4), InternalError);
   EXPECT_THROW(convert_elements(a.data(), DType::f32, b.data(), DType::u16, 4), InternalError);
+}
+
+// Every pair of types converts bitwise equally at 1, 2 and 3 threads.
+TEST(ConvertElements, IsBitwiseIndependentOfThreadCount) {
+  const std::int64_t n = 70001;
+  const std::vector<double> f64 = oases::testing::random_vector(n, 23, -70000.0, 70000.0);
+  std::vector<float> f32(n);
+  std::vector<uint16_t> bf16(n), f16(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    f32[i] = static_cast<float>(f64[i]);
+    bf16[i] = double_to_bf16_bits(f64[i]);
+    f16[i] = double_to_f16_bits(f64[i]);
+  }
+  const std::pair<DType, const void*> sources[] = {{DType::f64, f64.data()},
+                                                   {DType::f32, f32.data()},
+                                                   {DType::bf16, bf16.data()},
+                                                   {DType::f16, f16.data()}};
+  oases::testing::expect_independent_of_thread_count("convert", [&] {
+    std::vector<unsigned char> all;
+    for (const auto& [type, data] : sources) {
+      for (DType d : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+        std::vector<unsigned char> out(static_cast<std::size_t>(n) * dtype_size(d), 0xAB);
+        convert_elements(data, type, out.data(), d, n);
+        all.insert(all.end(), out.begin(), out.end());
+      }
+    }
+    return all;
+  });
 }
 
 }  // namespace

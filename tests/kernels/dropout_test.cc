@@ -3,18 +3,22 @@
 #include "core/error.h"
 #include "core/philox.h"
 #include "kernels/finite_difference.h"
+#include "kernels/thread_count.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
 namespace oases::kernels::cpu {
 namespace {
 
+using oases::testing::append;
 using oases::testing::expect_gradient_matches;
+using oases::testing::expect_independent_of_thread_count;
 using oases::testing::random_vector;
 
 constexpr DropoutSite kSite{.seed = 1234, .step = 7, .layer = 3, .site = 1};
@@ -267,6 +271,29 @@ TEST(Dropout, AddSumsElementwise) {
   auto in_place = a;
   add(in_place.data(), b.data(), in_place.data(), 3);
   EXPECT_EQ(in_place, out);
+}
+
+// Masks, outputs and the bias gradient (column sums over rows) are bitwise equal at 1, 2 and 3
+// threads, with and without dropout, for a shape that goes parallel and splits unevenly.
+TEST(Dropout, IsBitwiseIndependentOfThreadCount) {
+  const std::int64_t B = 3, seq = 70, F = 190;
+  const DropoutSlice slice{.sample_offset = 5, .feature_offset = 64};
+  const auto x = to_float(random_vector(B * seq * F, 18)), bias = to_float(random_vector(F, 19)),
+             residual = to_float(random_vector(B * seq * F, 20));
+  for (const double p : {0.0, 0.1}) {
+    expect_independent_of_thread_count("p = " + std::to_string(p), [&] {
+      std::vector<float> y(x.size()), out(x.size()), dx(x.size()), sum(x.size());
+      std::vector<float> dbias(F, 0.25f);
+      dropout_apply(x.data(), y.data(), B, seq, F, p, kSite, slice);
+      bias_dropout_add_forward(x.data(), bias.data(), residual.data(), out.data(), B, seq, F, p,
+                               kSite, slice);
+      bias_dropout_add_backward(residual.data(), dx.data(), dbias.data(), B, seq, F, p, kSite,
+                                slice);
+      add(x.data(), residual.data(), sum.data(), B * seq * F);
+      for (const auto* part : {&out, &dx, &dbias, &sum}) append(y, *part);
+      return y;
+    });
+  }
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 #include "kernels/cpu/embedding.h"
 
 #include "kernels/finite_difference.h"
+#include "kernels/thread_count.h"
 
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cstdint>
 #include <vector>
@@ -11,7 +11,9 @@
 namespace oases::kernels::cpu {
 namespace {
 
+using oases::testing::append;
 using oases::testing::expect_gradient_matches;
+using oases::testing::expect_independent_of_thread_count;
 using oases::testing::random_vector;
 
 TEST(Embedding, ForwardAddsTokenAndPositionRows) {
@@ -54,26 +56,27 @@ TEST(Embedding, BackwardMatchesFiniteDifferencesAndAccumulates) {
   expect_gradient_matches("dwpe", wpe, dwpe, loss);
 }
 
-// Column ownership makes the result independent of the thread count, not only deterministic.
-TEST(Embedding, BackwardIsBitwiseIndependentOfThreadCount) {
-  const std::int64_t B = 4, seq = 32, C = 200, vocab = 11;
+// Column ownership makes the scatter-add independent of the thread count, not only
+// deterministic: forward and backward, with a vocabulary range, at 1, 2 and 3 threads.
+TEST(Embedding, IsBitwiseIndependentOfThreadCount) {
+  const std::int64_t B = 4, seq = 32, C = 201, vocab = 11;
+  const VocabRange range{2, 9};
   std::vector<std::int32_t> tokens(B * seq);
   for (std::size_t i = 0; i < tokens.size(); ++i)
     tokens[i] = static_cast<std::int32_t>((i * 7) % vocab);
   const auto dout_d = random_vector(B * seq * C, 8);
-  const std::vector<float> dout(dout_d.begin(), dout_d.end());
-  auto run = [&](int threads) {
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    std::vector<float> dwte(vocab * C, 0.5f), dwpe(seq * C, -0.25f);
-    embedding_backward(dout.data(), tokens.data(), dwte.data(), dwpe.data(), B, seq, C);
-    omp_set_num_threads(saved);
-    dwte.insert(dwte.end(), dwpe.begin(), dwpe.end());
-    return dwte;
-  };
-  const auto one = run(1);
-  EXPECT_EQ(one, run(3));
-  EXPECT_EQ(one, run(3));
+  const auto wte_d = random_vector((range.end - range.begin) * C, 9);
+  const auto wpe_d = random_vector(seq * C, 10);
+  const std::vector<float> dout(dout_d.begin(), dout_d.end()), wte(wte_d.begin(), wte_d.end()),
+      wpe(wpe_d.begin(), wpe_d.end());
+  expect_independent_of_thread_count("embedding", [&] {
+    std::vector<float> out(B * seq * C), dwte(wte.size(), 0.5f), dwpe(seq * C, -0.25f);
+    embedding_forward(tokens.data(), wte.data(), wpe.data(), out.data(), B, seq, C, range);
+    embedding_backward(dout.data(), tokens.data(), dwte.data(), dwpe.data(), B, seq, C, range);
+    append(out, dwte);
+    append(out, dwpe);
+    return out;
+  });
 }
 
 }  // namespace
@@ -155,23 +158,21 @@ TEST(EmbeddingAccumulate, BackwardMatchesFiniteDifferencesAndAccumulates) {
   });
 }
 
-TEST(EmbeddingAccumulate, BackwardIsBitwiseIndependentOfThreadCount) {
+TEST(EmbeddingAccumulate, IsBitwiseIndependentOfThreadCount) {
   const std::int64_t B = 4, seq = 64, C = 130, rows = 2;
   std::vector<std::int32_t> ids(B * seq);
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i / 5) % rows);
-  const auto dout_d = oases::testing::random_vector(static_cast<std::size_t>(B * seq * C), 21);
-  const std::vector<float> dout(dout_d.begin(), dout_d.end());
-  auto run = [&](int threads) {
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    std::vector<float> dtable(rows * C, 0.5f);
+  const auto dout_d = random_vector(static_cast<std::size_t>(B * seq * C), 21);
+  const auto table_d = random_vector(static_cast<std::size_t>(rows * C), 22);
+  const std::vector<float> dout(dout_d.begin(), dout_d.end()),
+      table(table_d.begin(), table_d.end());
+  expect_independent_of_thread_count("embedding_accumulate", [&] {
+    std::vector<float> out(dout), dtable(rows * C, 0.5f);
+    embedding_accumulate(ids.data(), table.data(), out.data(), B, seq, C);
     embedding_accumulate_backward(dout.data(), ids.data(), dtable.data(), B, seq, C);
-    omp_set_num_threads(saved);
-    return dtable;
-  };
-  const auto one = run(1);
-  EXPECT_EQ(one, run(2));
-  EXPECT_EQ(one, run(3));
+    append(out, dtable);
+    return out;
+  });
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "kernels/cpu/gelu.h"
 
 #include "kernels/finite_difference.h"
+#include "kernels/thread_count.h"
 
 #include <gtest/gtest.h>
 
@@ -13,6 +14,8 @@
 namespace oases::kernels::cpu {
 namespace {
 
+using oases::testing::append;
+using oases::testing::expect_independent_of_thread_count;
 using oases::testing::expect_gradient_matches;
 using oases::testing::random_vector;
 
@@ -152,6 +155,22 @@ TEST(GeluErf, FloatBackwardTracksDouble) {
   std::vector<float> dxf(n);
   gelu_erf_backward(xf.data(), dyf.data(), dxf.data(), n);
   for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(dxf[i], dx[i], 1e-6) << "x=" << x[i];
+}
+
+// Both forms, forward and backward, are bitwise equal at 1, 2 and 3 threads.
+TEST(Gelu, IsBitwiseIndependentOfThreadCount) {
+  const std::int64_t n = (std::int64_t{1} << 15) + 123;
+  const auto xd = random_vector(n, 41, -6.0, 6.0), dyd = random_vector(n, 42);
+  const std::vector<float> x(xd.begin(), xd.end()), dy(dyd.begin(), dyd.end());
+  expect_independent_of_thread_count("gelu", [&] {
+    std::vector<float> y(n), dx(n), y_erf(n), dx_erf(n);
+    gelu_forward(x.data(), y.data(), n);
+    gelu_backward(x.data(), dy.data(), dx.data(), n);
+    gelu_erf_forward(x.data(), y_erf.data(), n);
+    gelu_erf_backward(x.data(), dy.data(), dx_erf.data(), n);
+    for (const auto* part : {&dx, &y_erf, &dx_erf}) append(y, *part);
+    return y;
+  });
 }
 
 }  // namespace

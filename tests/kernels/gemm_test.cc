@@ -2,19 +2,26 @@
 
 #include "core/error.h"
 #include "kernels/finite_difference.h"
+#include "kernels/thread_count.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
+
+extern "C" int openblas_get_parallel(void);  // 0: sequential, 1: pthreads, 2: OpenMP
 
 namespace oases::kernels::cpu {
 namespace {
 
+using oases::testing::append;
 using oases::testing::expect_gradient_matches;
+using oases::testing::expect_independent_of_thread_count;
 using oases::testing::random_vector;
 
 template <class T>
@@ -73,6 +80,117 @@ TYPED_TEST(GemmTest, MatchesTripleLoopForEveryTransposeCombination) {
         }
       }
     }
+  }
+}
+
+// Products that span several tiles of C (detail::gemm_tiles), with partial tiles at both
+// edges, padded leading dimensions and every transpose combination, against a triple loop in
+// double: each tile must read its own rows of op(A) and columns of op(B).
+TYPED_TEST(GemmTest, MatchesTripleLoopAcrossSeveralTiles) {
+  using T = TypeParam;
+  const std::int64_t M = 600, N = 530, K = 37;
+  ASSERT_GE(detail::gemm_tiles(M, N).count(M, N), 4);
+  const double alpha = 0.5, beta = 1.5;
+  const double tol = std::is_same_v<T, float> ? 2e-5 : 1e-13;
+  for (Trans ta : {Trans::no, Trans::yes}) {
+    for (Trans tb : {Trans::no, Trans::yes}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "trans_a=" << (ta == Trans::yes) << " trans_b=" << (tb == Trans::yes));
+      const std::int64_t a_rows = ta == Trans::no ? M : K, a_cols = ta == Trans::no ? K : M;
+      const std::int64_t b_rows = tb == Trans::no ? K : N, b_cols = tb == Trans::no ? N : K;
+      const std::int64_t lda = a_cols + 1, ldb = b_cols + 3, ldc = N + 2;
+      const auto a = random_vector(static_cast<std::size_t>(a_rows * lda), 71);
+      const auto b = random_vector(static_cast<std::size_t>(b_rows * ldb), 72);
+      const auto c0 = random_vector(static_cast<std::size_t>(M * ldc), 73);
+      auto a_t = cast_vector<T>(a), b_t = cast_vector<T>(b), c_t = cast_vector<T>(c0);
+      gemm<T>(ta, tb, M, N, K, T(alpha), a_t.data(), lda, b_t.data(), ldb, T(beta), c_t.data(),
+              ldc);
+      std::int64_t wrong = 0;
+      for (std::int64_t i = 0; i < M; ++i) {
+        for (std::int64_t j = 0; j < ldc; ++j) {
+          const auto at = static_cast<std::size_t>(i * ldc + j);
+          if (j >= N) {
+            wrong += c_t[at] != static_cast<T>(c0[at]) ? 1 : 0;  // padding untouched
+            continue;
+          }
+          double sum = 0, magnitude = 0;
+          for (std::int64_t k = 0; k < K; ++k) {
+            const double term = element(a, lda, ta, i, k) * element(b, ldb, tb, k, j);
+            sum += term;
+            magnitude += std::abs(term);
+          }
+          const double expected = alpha * sum + beta * c0[at];
+          wrong += std::abs(c_t[at] - expected) > tol * (1 + magnitude) ? 1 : 0;
+        }
+      }
+      EXPECT_EQ(wrong, 0);
+    }
+  }
+}
+
+// The tiles of C: a function of its shape alone, covering it with edges that are whole
+// multiples of kGemmTileAlign no shorter than kGemmMinTileEdge (unless C is smaller), and
+// enough of them on large products to keep many threads busy.
+TEST(GemmTiles, DependOnTheShapeAloneAndCoverC) {
+  for (const auto& [M, N] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {7, 5}, {300, 40},
+                            {600, 530}, {2048, 1536}, {2048, 512}, {256, 50304}, {50304, 512}}) {
+    SCOPED_TRACE(::testing::Message() << M << " x " << N);
+    const detail::GemmTiles t = detail::gemm_tiles(M, N);
+    EXPECT_TRUE(t.rows == M || t.rows % kGemmTileAlign == 0) << t.rows;
+    EXPECT_TRUE(t.cols == N || t.cols % kGemmTileAlign == 0) << t.cols;
+    EXPECT_GE(t.rows, std::min(M, kGemmMinTileEdge));
+    EXPECT_GE(t.cols, std::min(N, kGemmMinTileEdge));
+    EXPECT_LE(t.rows, M);
+    EXPECT_LE(t.cols, N);
+  }
+  EXPECT_EQ(detail::gemm_tiles(7, 5).count(7, 5), 1);
+  // configs/bench.toml: the layer products of 2048 tokens and the vocabulary chunks.
+  EXPECT_EQ(detail::gemm_tiles(2048, 1536).count(2048, 1536), kGemmTargetTiles);
+  EXPECT_GE(detail::gemm_tiles(2048, 512).count(2048, 512), 8);
+  EXPECT_GE(detail::gemm_tiles(256, 50304).count(256, 50304), kGemmTargetTiles);
+}
+
+// gemm relies on BLAS calls inside an OpenMP parallel region running on the calling thread
+// alone, which OpenBLAS's OpenMP (and sequential) builds do; its pthreads build would thread
+// them by a count of its own.
+TEST(Gemm, OpenBlasIsTheOpenMpOrSequentialBuild) {
+  EXPECT_NE(openblas_get_parallel(), 1) << "OpenBLAS uses pthreads: install libopenblas0-openmp";
+}
+
+// Bitwise-equal products at 1, 2 and 3 threads (OpenMP and OpenBLAS counts alike), for the
+// shapes of the engine: forward and input-gradient products (NN, NT), weight gradients (TN)
+// with K = tokens, K values whose last blocks OpenBLAS's threaded and serial drivers cut
+// differently, a tall-skinny weight gradient with a long K, and accumulation onto C (beta 1).
+// OpenBLAS's own threading changes the bits of every one of these (with its Prescott, Haswell
+// or SkylakeX kernels); the tiles of gemm do not.
+TYPED_TEST(GemmTest, IsBitwiseIndependentOfThreadCount) {
+  using T = TypeParam;
+  struct Case {
+    Trans ta, tb;
+    std::int64_t M, N, K;
+    T beta;
+  };
+  const Case cases[] = {
+      {Trans::no, Trans::no, 700, 530, 333, T(0)},    // x @ W ([in, out])
+      {Trans::no, Trans::yes, 700, 530, 333, T(0)},   // x @ W^T ([out, in]); dy @ W^T
+      {Trans::yes, Trans::no, 530, 390, 1500, T(1)},  // dW += x^T dy, K = tokens
+      {Trans::yes, Trans::yes, 300, 520, 200, T(1)},
+      {Trans::yes, Trans::no, 96, 200, 6000, T(1)},   // tall-skinny weight gradient
+  };
+  for (const Case& c : cases) {
+    const std::int64_t lda = c.ta == Trans::no ? c.K : c.M, ldb = c.tb == Trans::no ? c.N : c.K;
+    const auto a = cast_vector<T>(random_vector(static_cast<std::size_t>(c.M * c.K), 81));
+    const auto b = cast_vector<T>(random_vector(static_cast<std::size_t>(c.K * c.N), 82));
+    const auto c0 = cast_vector<T>(random_vector(static_cast<std::size_t>(c.M * c.N), 83));
+    expect_independent_of_thread_count(
+        ::testing::PrintToString(std::vector<std::int64_t>{c.M, c.N, c.K}) +
+            (c.ta == Trans::yes ? " T" : " N") + (c.tb == Trans::yes ? "T" : "N"),
+        [&] {
+          std::vector<T> out = c0;
+          gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(1), a.data(), lda, b.data(), ldb, c.beta,
+                  out.data(), c.N);
+          return out;
+        });
   }
 }
 
@@ -313,6 +431,32 @@ TEST(Gemm, StridedLinearRejectsStridesBelowWidths) {
   EXPECT_THROW(linear_backward(y.data(), 3, x.data(), 4, w.data(), WeightLayout::in_out, x.data(),
                                4, false, w.data(), nullptr, 2, 4, 4),
                InternalError);
+}
+
+// The linear layer's gradients at 1, 2 and 3 threads, both weight layouts, strided rows: dx,
+// the weight gradient x^T dy (K = rows) and the bias gradient's column sums, all accumulated
+// onto earlier values.
+TYPED_TEST(GemmTest, LinearIsBitwiseIndependentOfThreadCount) {
+  using T = TypeParam;
+  const std::int64_t n = 650, in = 300, out = 520, ldx = in + 3, ldy = out + 5;
+  const auto x = cast_vector<T>(random_vector(static_cast<std::size_t>(n * ldx), 91));
+  const auto w = cast_vector<T>(random_vector(static_cast<std::size_t>(in * out), 92));
+  const auto b = cast_vector<T>(random_vector(static_cast<std::size_t>(out), 93));
+  const auto dy = cast_vector<T>(random_vector(static_cast<std::size_t>(n * ldy), 94));
+  for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
+    expect_independent_of_thread_count(name(layout), [&] {
+      std::vector<T> y(static_cast<std::size_t>(n * ldy), T(0.5));
+      std::vector<T> dx(static_cast<std::size_t>(n * ldx), T(0.25));
+      std::vector<T> dw(static_cast<std::size_t>(in * out), T(-0.5)), db(out, T(0.125));
+      linear_forward(x.data(), ldx, w.data(), layout, b.data(), y.data(), ldy, n, in, out, true);
+      linear_backward(dy.data(), ldy, x.data(), ldx, w.data(), layout, dx.data(), ldx, true,
+                      dw.data(), db.data(), n, in, out);
+      append(y, dx);
+      append(y, dw);
+      append(y, db);
+      return y;
+    });
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "core/error.h"
 
 #include "kernels/finite_difference.h"
+#include "kernels/thread_count.h"
 
 #include <gtest/gtest.h>
 
@@ -15,6 +16,8 @@
 namespace oases::kernels::cpu {
 namespace {
 
+using oases::testing::append;
+using oases::testing::expect_independent_of_thread_count;
 using oases::testing::expect_gradient_matches;
 using oases::testing::random_vector;
 
@@ -169,6 +172,22 @@ TEST(Rotary, OddHeadDimIsAnInternalError) {
   EXPECT_THROW(rotary_tables(2, 3, kTheta, c.data(), s.data()), InternalError);
   EXPECT_THROW(rotary_apply(x.data(), 3, 1, 2, 1, 3, c.data(), s.data(), false), InternalError);
   EXPECT_THROW(rotary_apply(x.data(), 3, 1, 2, 1, 4, c.data(), s.data(), false), InternalError);
+}
+
+// Tables and both rotations are bitwise equal at 1, 2 and 3 threads.
+TEST(Rotary, IsBitwiseIndependentOfThreadCount) {
+  const std::int64_t B = 3, seq = 150, heads = 5, head_dim = 32, ld = heads * head_dim + 7;
+  const auto xd = random_vector(B * seq * ld, 61);
+  const std::vector<float> x(xd.begin(), xd.end());
+  expect_independent_of_thread_count("rotary", [&] {
+    std::vector<float> cos(seq * head_dim / 2), sin(seq * head_dim / 2), forward = x;
+    rotary_tables(seq, head_dim, 10000.0, cos.data(), sin.data());
+    rotary_apply(forward.data(), ld, B, seq, heads, head_dim, cos.data(), sin.data(), false);
+    std::vector<float> inverse = forward;
+    rotary_apply(inverse.data(), ld, B, seq, heads, head_dim, cos.data(), sin.data(), true);
+    for (const auto* part : {&cos, &sin, &inverse}) append(forward, *part);
+    return forward;
+  });
 }
 
 }  // namespace

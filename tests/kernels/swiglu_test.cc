@@ -3,6 +3,7 @@
 #include "core/error.h"
 
 #include "kernels/finite_difference.h"
+#include "kernels/thread_count.h"
 
 #include <gtest/gtest.h>
 
@@ -13,6 +14,8 @@
 namespace oases::kernels::cpu {
 namespace {
 
+using oases::testing::append;
+using oases::testing::expect_independent_of_thread_count;
 using oases::testing::expect_gradient_matches;
 using oases::testing::random_vector;
 
@@ -156,6 +159,22 @@ TEST(SwiGlu, StrideBelowWidthIsAnInternalError) {
   EXPECT_THROW(swiglu_forward(a.data(), b.data(), 3, c.data(), 4, 2, 4), InternalError);
   EXPECT_THROW(swiglu_backward(a.data(), b.data(), 4, c.data(), 4, a.data(), b.data(), 3, 2, 4),
                InternalError);
+}
+
+// Forward and backward over strided rows are bitwise equal at 1, 2 and 3 threads.
+TEST(SwiGlu, IsBitwiseIndependentOfThreadCount) {
+  const std::int64_t n = 301, F = 130, ld = 2 * F;  // gate | up fused in one row
+  const auto fused_d = random_vector(n * ld, 51, -4.0, 4.0), dout_d = random_vector(n * F, 52);
+  const std::vector<float> fused(fused_d.begin(), fused_d.end()),
+      dout(dout_d.begin(), dout_d.end());
+  expect_independent_of_thread_count("swiglu", [&] {
+    std::vector<float> out(n * F), grad(n * ld);
+    swiglu_forward(fused.data(), fused.data() + F, ld, out.data(), F, n, F);
+    swiglu_backward(fused.data(), fused.data() + F, ld, dout.data(), F, grad.data(),
+                    grad.data() + F, ld, n, F);
+    append(out, grad);
+    return out;
+  });
 }
 
 }  // namespace

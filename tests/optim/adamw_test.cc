@@ -4,6 +4,7 @@
 #include "io/safetensors.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/finite_difference.h"
+#include "kernels/thread_count.h"
 #include "optim/flat_layout.h"
 #include "optim/optimizer.h"
 #include "support/files.h"
@@ -170,6 +171,23 @@ TYPED_TEST(AdamWTest, WholeLayoutStepsMatchTheOldEngineLoopBitwise) {
       EXPECT_EQ(params[static_cast<std::size_t>(i)], kPaddingSentinel<T>) << "element " << i;
     }
   }
+}
+
+// Parameters and both moments after several steps are bitwise equal at 1, 2 and 3 threads.
+TYPED_TEST(AdamWTest, StepsAreBitwiseIndependentOfThreadCount) {
+  using T = TypeParam;
+  const FlatLayout layout = test_layout(TestFixture::kDType);
+  oases::testing::expect_independent_of_thread_count("AdamW", [&] {
+    auto optimizer = make_optimizer(test_config(), layout);
+    std::vector<T> params = random_flat<T>(layout, 1, -1.0, 1.0, kPaddingSentinel<T>);
+    for (std::int64_t step = 0; step < 3; ++step) {
+      std::vector<T> grads = step_gradients<T>(layout, step);
+      optimizer->step(flat_tensor(params), flat_tensor(grads), {step_lr(step), step + 1});
+    }
+    for (const StateTensor& state : optimizer->state_tensors())
+      params.insert(params.end(), state.view.data<T>(), state.view.data<T>() + state.view.numel());
+    return params;
+  });
 }
 
 TYPED_TEST(AdamWTest, RangesThatCutParametersMatchTheOldEngineLoopBitwise) {

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/finite_difference.h"
+#include "kernels/thread_count.h"
 #include "optim/flat_layout.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace oases::optim {
@@ -74,6 +76,26 @@ TYPED_TEST(ClipTest, SumOfSquaresOfARange) {
   for (std::size_t i = 1234; i < 190001; ++i)
     reference += static_cast<double>(large[i]) * static_cast<double>(large[i]);
   EXPECT_NEAR(sum, reference, 1e-12 * reference);
+}
+
+// The norm's partial sums over ranges (which cut through the kernel's blocks anywhere) and the
+// scaling are bitwise equal at 1, 2 and 3 threads.
+TYPED_TEST(ClipTest, SumOfSquaresAndScaleAreBitwiseIndependentOfThreadCount) {
+  using T = TypeParam;
+  const std::vector<T> grads = random_values<T>(700001, 10);
+  oases::testing::expect_independent_of_thread_count("clip", [&] {
+    std::vector<T> scaled = grads;
+    std::vector<double> squares;
+    for (const auto& [begin, end] : {std::pair<std::int64_t, std::int64_t>{0, 700001},
+                                     {1234, 190001}, {190001, 654321}, {17, 33000}})
+      squares.push_back(sum_of_squares(flat_tensor(scaled), begin, end));
+    scale(flat_tensor(scaled), 0.3);
+    const auto* bits = reinterpret_cast<const unsigned char*>(squares.data());
+    std::vector<unsigned char> all(bits, bits + squares.size() * sizeof(double));
+    const auto* scaled_bits = reinterpret_cast<const unsigned char*>(scaled.data());
+    all.insert(all.end(), scaled_bits, scaled_bits + scaled.size() * sizeof(T));
+    return all;
+  });
 }
 
 TYPED_TEST(ClipTest, ScaleRoundsTheFactorToTheTensorTypeOnce) {

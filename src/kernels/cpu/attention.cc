@@ -2,8 +2,8 @@
 
 #include "core/error.h"
 #include "kernels/cpu/fast_exp.h"
+#include "kernels/cpu/gemm.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -17,28 +17,18 @@ namespace {
 
 using std::int64_t;
 
-// Tile products go through BLAS. Measured at B=8, seq=256, heads=8, head_dim=64, float, one
-// thread, forward + backward CPU time: vectorised loops (inner loop over head_dim) 210 ms,
-// the same loops built for AVX-512 (-march=native) 180 ms, cblas_sgemm on the tiles 100 ms
-// with OpenBLAS's generic Prescott kernels and 35 ms with its SkylakeX ones (which the
-// `oases` binary selects, see blas_runtime.h). Row-major; ld* are the row strides of the
-// stored matrices.
-void tile_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-               int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),
-              static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B,
-              static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
-}
-
-void tile_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
-               const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C,
-               int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),
-              static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B,
-              static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
+// Tile products go through BLAS, one call on the task's own thread (gemm_on_calling_thread:
+// never threaded by BLAS, so a tile's bits do not depend on the thread count). Measured at
+// B=8, seq=256, heads=8, head_dim=64, float, one thread, forward + backward CPU time:
+// vectorised loops (inner loop over head_dim) 210 ms, the same loops built for AVX-512
+// (-march=native) 180 ms, cblas_sgemm on the tiles 100 ms with OpenBLAS's generic Prescott
+// kernels and 35 ms with its SkylakeX ones (which the `oases` binary selects, see
+// blas_runtime.h). Row-major; ld* are the row strides of the stored matrices.
+template <class T>
+void tile_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+               int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  gemm_on_calling_thread<T>(trans_a ? Trans::yes : Trans::no, trans_b ? Trans::yes : Trans::no, M,
+                            N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // Per-thread scratch is carved from one allocation made before the parallel region (so no

@@ -4,6 +4,7 @@
 #include "kernels/cpu/column_sums.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -20,7 +21,63 @@ bool fits_blasint(std::int64_t v) {
   return v <= static_cast<std::int64_t>(std::numeric_limits<blasint>::max());
 }
 
+// Products of fewer multiply-adds run their tiles on the calling thread: waking the team
+// would cost more than it saves.
+constexpr double kMinParallelGemmWork = double{1 << 21};
+
+// Half of a tile edge, rounded up to whole kGemmTileAlign blocks.
+std::int64_t half_edge(std::int64_t edge) {
+  return ((edge + 1) / 2 + kGemmTileAlign - 1) / kGemmTileAlign * kGemmTileAlign;
+}
+
 }  // namespace
+
+namespace detail {
+
+GemmTiles gemm_tiles(std::int64_t M, std::int64_t N) {
+  GemmTiles t{std::max<std::int64_t>(M, 1), std::max<std::int64_t>(N, 1)};
+  // Halve the longer edge (the other when the longer one would fall below the minimum) until
+  // there are enough tiles, and no further: each tile packs its own rows of op(A) and columns
+  // of op(B), so every extra tile costs packing.
+  while (t.count(M, N) < kGemmTargetTiles) {
+    const std::int64_t half_rows = half_edge(t.rows), half_cols = half_edge(t.cols);
+    const bool split_rows = half_rows >= kGemmMinTileEdge && half_rows < t.rows;
+    const bool split_cols = half_cols >= kGemmMinTileEdge && half_cols < t.cols;
+    if (split_rows && (t.rows >= t.cols || !split_cols)) {
+      t.rows = half_rows;
+    } else if (split_cols) {
+      t.cols = half_cols;
+    } else {
+      break;
+    }
+  }
+  return t;
+}
+
+}  // namespace detail
+
+template <class T>
+void gemm_on_calling_thread(Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N,
+                            std::int64_t K, T alpha, const T* A, std::int64_t lda, const T* B,
+                            std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  // OpenBLAS's OpenMP build runs a call made inside an active parallel region on the calling
+  // thread, and otherwise on up to omp_get_max_threads() threads, with results that depend on
+  // that count; so outside an active region the limit is lowered to 1 for the call (the ICV
+  // is the calling thread's own, and is restored).
+  const auto ta = trans_a == Trans::no ? CblasNoTrans : CblasTrans;
+  const auto tb = trans_b == Trans::no ? CblasNoTrans : CblasTrans;
+  const auto m = static_cast<blasint>(M), n = static_cast<blasint>(N), k = static_cast<blasint>(K);
+  const auto la = static_cast<blasint>(lda), lb = static_cast<blasint>(ldb),
+             lc = static_cast<blasint>(ldc);
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (threads > 1) omp_set_num_threads(1);
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, A, la, B, lb, beta, C, lc);
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, A, la, B, lb, beta, C, lc);
+  }
+  if (threads > 1) omp_set_num_threads(threads);
+}
 
 template <class T>
 void gemm(Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
@@ -47,15 +104,24 @@ void gemm(Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N, std::int
     }
     return;
   }
-  const auto ta = trans_a == Trans::no ? CblasNoTrans : CblasTrans;
-  const auto tb = trans_b == Trans::no ? CblasNoTrans : CblasTrans;
-  const auto m = static_cast<blasint>(M), n = static_cast<blasint>(N), k = static_cast<blasint>(K);
-  const auto la = static_cast<blasint>(lda), lb = static_cast<blasint>(ldb),
-             lc = static_cast<blasint>(ldc);
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, A, la, B, lb, beta, C, lc);
-  } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, A, la, B, lb, beta, C, lc);
+  // C is cut into a grid of tiles that depends on M and N alone, and each tile is one BLAS call
+  // on one thread, the tiles shared among the threads. So every thread count computes every
+  // tile the same way (OpenBLAS's own threading would not: see gemm.h), and schedule(dynamic)
+  // balances the tiles on a busy machine without changing a bit.
+  const detail::GemmTiles tiles = detail::gemm_tiles(M, N);
+  const std::int64_t across = (N + tiles.cols - 1) / tiles.cols;
+  const std::int64_t count = tiles.count(M, N);
+  const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+#pragma omp parallel for schedule(dynamic) if (count > 1 && work >= kMinParallelGemmWork)
+  for (std::int64_t t = 0; t < count; ++t) {
+    const std::int64_t i0 = t / across * tiles.rows, j0 = t % across * tiles.cols;
+    const std::int64_t m = std::min(tiles.rows, M - i0), n = std::min(tiles.cols, N - j0);
+    // op(A) rows i0.. and op(B) columns j0.., as stored: A is [M, K] or [K, M], B [K, N] or
+    // [N, K].
+    const T* a = trans_a == Trans::no ? A + i0 * lda : A + i0;
+    const T* b = trans_b == Trans::no ? B + j0 : B + j0 * ldb;
+    gemm_on_calling_thread(trans_a, trans_b, m, n, K, alpha, a, lda, b, ldb, beta,
+                           C + i0 * ldc + j0, ldc);
   }
 }
 
@@ -132,6 +198,14 @@ template void gemm<float>(Trans, Trans, std::int64_t, std::int64_t, std::int64_t
 template void gemm<double>(Trans, Trans, std::int64_t, std::int64_t, std::int64_t, double,
                            const double*, std::int64_t, const double*, std::int64_t, double,
                            double*, std::int64_t);
+template void gemm_on_calling_thread<float>(Trans, Trans, std::int64_t, std::int64_t,
+                                            std::int64_t, float, const float*, std::int64_t,
+                                            const float*, std::int64_t, float, float*,
+                                            std::int64_t);
+template void gemm_on_calling_thread<double>(Trans, Trans, std::int64_t, std::int64_t,
+                                             std::int64_t, double, const double*, std::int64_t,
+                                             const double*, std::int64_t, double, double*,
+                                             std::int64_t);
 template void linear_forward<float>(const float*, const float*, const float*, float*, std::int64_t,
                                     std::int64_t, std::int64_t);
 template void linear_forward<double>(const double*, const double*, const double*, double*,

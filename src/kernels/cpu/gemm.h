@@ -12,10 +12,28 @@ enum class Trans : bool { no = false, yes = true };
 // C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C. lda/ldb/ldc are row strides of the
 // stored (untransposed) matrices: A is stored [M, K] (or [K, M] when transposed), B [K, N] (or
 // [N, K]). As in BLAS, beta = 0 means C is not read.
+//
+// Independent of the thread count: C is cut into a grid of tiles that depends on M and N alone
+// (detail::gemm_tiles) and each tile is one single-threaded BLAS call over the whole of K, the
+// tiles shared among the OpenMP threads. OpenBLAS's own threading is not used: it does not
+// split K, but its results still change with its thread count (its threaded driver cuts K
+// into blocks differently from its serial one, and its row/column split moves elements
+// between full and edge micro-kernel tiles). The bits depend on the BLAS kernels, i.e. the
+// processor, never on how many threads run. REQUIRES: OpenBLAS's OpenMP or sequential build,
+// which runs a call on the calling thread alone inside an active parallel region or when
+// omp_get_max_threads() is 1 (its pthreads build would thread each tile by its own count).
 template <class T>
 void gemm(Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
           const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C,
           std::int64_t ldc);
+
+// The same product as one BLAS call on the calling thread alone, whatever the thread count
+// (no tiles, no threads): for kernels that share their own tasks among threads and multiply
+// small tiles inside them (attention). Sizes are not checked beyond BLAS's own; K > 0.
+template <class T>
+void gemm_on_calling_thread(Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N,
+                            std::int64_t K, T alpha, const T* A, std::int64_t lda, const T* B,
+                            std::int64_t ldb, T beta, T* C, std::int64_t ldc);
 
 // How a linear layer's weight matrix is stored.
 enum class WeightLayout {
@@ -67,5 +85,29 @@ template <class T>
 void linear_backward(const T* dy, const T* x, const T* w, std::type_identity_t<T>* dx, T* dw,
                      std::type_identity_t<T>* db, std::int64_t n, std::int64_t in,
                      std::int64_t out);
+
+// Tiling of gemm's C: edges are multiples of kGemmTileAlign (whole micro-kernel tiles, except
+// at C's own edge), no shorter than kGemmMinTileEdge unless C is, and halved until there are
+// kGemmTargetTiles tiles (enough for 16 threads on large products). Each tile packs its own
+// rows of op(A) and columns of op(B): on one thread the products of a configs/bench.toml step
+// take ~8% more CPU time than whole-matrix calls (11-20% for the layers' products, 0-7% for
+// the vocabulary's); on two threads they take 0.9-1.06x the time of OpenBLAS's own threading
+// (measured on a busy 2-core Xeon, SkylakeX kernels).
+inline constexpr std::int64_t kGemmTileAlign = 64;
+inline constexpr std::int64_t kGemmMinTileEdge = 256;
+inline constexpr std::int64_t kGemmTargetTiles = 16;
+
+namespace detail {
+
+// Tile edges of gemm's C [M, N]: rows x cols, except the last row and column of tiles.
+struct GemmTiles {
+  std::int64_t rows, cols;
+  std::int64_t count(std::int64_t M, std::int64_t N) const {
+    return ((M + rows - 1) / rows) * ((N + cols - 1) / cols);
+  }
+};
+GemmTiles gemm_tiles(std::int64_t M, std::int64_t N);
+
+}  // namespace detail
 
 }  // namespace oases::kernels::cpu
