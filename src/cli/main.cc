@@ -17,8 +17,10 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -364,7 +366,13 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   oases::kernels::cpu::reexec_with_better_openblas_core(argv);
   try {
-    return run(argc, argv);
+    const int code = run(argc, argv);
+    // What a verb printed (generated text, a config, a report) may still sit in stdout's
+    // buffer: a disk that cannot take it is an error, not a silent exit 0.
+    if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0)
+      throw oases::UserError(
+          fmt::format("could not write the standard output: {}", std::strerror(errno)));
+    return code;
   } catch (const std::exception& e) {
     // Errors before the mesh exists (a bad config) happen on every rank alike; the rank still
     // prefixes them so a job's output says who failed.

@@ -312,6 +312,18 @@ TEST_F(Reliability, ALogThatCannotBeWrittenStopsTheRunWithoutACrash) {
   EXPECT_NE(r.output.find("exit=2"), std::string::npos) << r.output;
 }
 
+TEST_F(Reliability, OutputThatCannotBeWrittenIsAnError) {
+  // stdout on a full device: what a verb prints is still buffered when it returns, so only
+  // the final flush can tell; that must be an error too, not exit 0.
+  const CommandResult r = run_command(std::string(OASES_BINARY) + " train --print-config --config " +
+                                      (dir_ / "tiny.toml").string() +
+                                      " 2>&1 >/dev/full; echo exit=$?");
+  EXPECT_NE(r.output.find("could not write the standard output: No space left on device"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("exit=2"), std::string::npos) << r.output;
+}
+
 TEST_F(Reliability, ResumedRunRewritesTheMetricsFromItsStep) {
   CommandResult r = run_command(train_in(dir_, "train.steps=4 checkpoint.keep=0"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
