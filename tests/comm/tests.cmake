@@ -23,9 +23,10 @@ foreach(test_source ${OASES_COMM_MPI_TEST_SOURCES})
       COMMAND ${MPIEXEC_EXECUTABLE} ${OASES_MPIRUN_FLAGS} ${MPIEXEC_NUMPROC_FLAG} ${ranks}
               $<TARGET_FILE:${test_name}>)
     # OpenMPI leaves its own allocations to process exit; under AddressSanitizer that reads as
-    # leaks in libmpi/libopen-pal (none in oases), so leak checking is off for these tests.
+    # leaks in libmpi/libopen-pal (none in oases), so leak checking is off for these tests
+    # (OASES_MPI_ASAN_ENVIRONMENT, tests/CMakeLists.txt).
     set_tests_properties(comm.${test_name}.np${ranks} PROPERTIES
-      LABELS "mpi;comm" TIMEOUT 240 PROCESSORS ${ranks}
-      ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
+      LABELS "mpi;comm" TIMEOUT ${OASES_MPI_TEST_TIMEOUT} PROCESSORS ${ranks}
+      ENVIRONMENT_MODIFICATION ${OASES_MPI_ASAN_ENVIRONMENT})
   endforeach()
 endforeach()
