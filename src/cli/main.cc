@@ -243,20 +243,51 @@ Verb add_verify_checkpoint(CLI::App& app, std::string& path) {
 }
 
 Verb add_generate(CLI::App& app, oases::train::GenerateOptions& g) {
-  auto* c = app.add_subcommand("generate", "Sample text from a checkpoint (gpt, llama)");
+  auto* c = app.add_subcommand(
+      "generate",
+      "Sample text from a checkpoint (gpt, llama); prints each sample (after a line "
+      "'=== sample N ===' when there are several) and the speed in tokens/s on stderr");
   c->add_option("--checkpoint", g.checkpoint,
                 "A step_N checkpoint directory, a run's checkpoint.dir (newest is used) or a "
                 "model.safetensors written by oases")
       ->required();
-  c->add_option("--prompt", g.prompt, "Text to continue")->required();
-  c->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate")->capture_default_str();
-  c->add_option("--temperature", g.temperature, "Sampling temperature (0: greedy)")
+  c->add_option("--prompt", g.prompt,
+                "Text to continue (empty: start a new document, after the tokenizer's "
+                "end-of-document token; a newline for the byte tokenizer)");
+  c->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate per sample")
       ->capture_default_str();
-  c->add_option("--top-k", g.top_k, "Sample among the k likeliest tokens (0: all)")
+  c->add_option("--temperature", g.sampling.temperature, "Sampling temperature (0: greedy)")
       ->capture_default_str();
+  c->add_option("--top-k", g.sampling.top_k, "Sample among the k likeliest tokens (0: all)")
+      ->capture_default_str();
+  c->add_option("--top-p", g.sampling.top_p,
+                "Sample among the fewest likeliest tokens whose probability reaches p, in (0, 1] "
+                "(nucleus sampling; 1: no limit)")
+      ->capture_default_str();
+  c->add_option("--num-samples", g.num_samples, "Independent samples to generate")
+      ->capture_default_str();
+  c->add_option("--stop", g.stops,
+                "End a sample when its continuation contains this text, cut before it "
+                "(repeatable)");
   c->add_option("--seed", g.seed, "Seed of the sampling draws")->capture_default_str();
+  c->add_option("--slide-keep", g.slide_keep,
+                "Tokens kept when the context reaches model.seq_len and restarts (0: half of "
+                "seq_len; seq_len: a full window at every token, recomputed each time)")
+      ->capture_default_str();
+  c->add_flag("!--no-kv-cache", g.kv_cache,
+              "Recompute the whole context for every token instead of caching keys and values "
+              "(slower; same tokens)");
   return {c, [&g] {
-            fmt::print("{}\n", oases::train::generate_text(g));
+            const oases::train::Generation result = oases::train::generate_text(g);
+            for (std::size_t i = 0; i < result.samples.size(); ++i) {
+              if (result.samples.size() > 1) fmt::print("=== sample {} ===\n", i);
+              fmt::print("{}\n", result.samples[i]);
+            }
+            // The speed line follows the text where both go to one place.
+            std::fflush(stdout);
+            oases::log_info("generated {} tokens in {:.3f} s: {:.1f} tokens/s ({})",
+                            result.new_tokens, result.seconds, result.tokens_per_second(),
+                            g.kv_cache ? "key/value cache" : "no cache");
             return 0;
           }};
 }

@@ -29,6 +29,8 @@ class ByteTokenizer final : public Tokenizer {
     }
     return text;
   }
+
+  std::int32_t end_of_document() const override { return '\n'; }
 };
 
 }  // namespace

@@ -156,6 +156,31 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   });
 }
 
+void cached_attention_forward(const Tensor& qkv, const Tensor& keys, const Tensor& values,
+                              const Tensor& out, std::int64_t past) {
+  const DType dtype = common_dtype("cached_attention_forward", {&qkv, &keys, &values, &out});
+  check_contiguous("cached_attention_forward", {&keys, &values});
+  OASES_ASSERT(keys.ndim() == 3 && keys.shape() == values.shape() && qkv.ndim() == 2 &&
+                   out.ndim() == 2 && out.dim(0) == qkv.dim(0) && out.dim(1) % keys.dim(2) == 0,
+               "cached_attention_forward: qkv {}, cache {} and {}, out {}", qkv.shape().str(),
+               keys.shape().str(), values.shape().str(), out.shape().str());
+  CachedAttentionShape s;
+  s.rows = qkv.dim(0);
+  s.past = past;
+  s.kv_heads = keys.dim(0);
+  s.capacity = keys.dim(1);
+  s.head_dim = keys.dim(2);
+  s.heads = out.dim(1) / s.head_dim;
+  OASES_ASSERT(qkv.dim(1) >= (s.heads + 2 * s.kv_heads) * s.head_dim,
+               "cached_attention_forward: qkv {} for {} + 2 x {} heads of {}", qkv.shape().str(),
+               s.heads, s.kv_heads, s.head_dim);
+  by_dtype(dtype, "cached_attention_forward", [&](auto zero) {
+    using T = decltype(zero);
+    cpu::cached_attention_forward<T>(qkv.data<T>(), qkv.stride(0), keys.data<T>(),
+                                     values.data<T>(), out.data<T>(), out.stride(0), s);
+  });
+}
+
 void gelu_forward(const Tensor& x, const Tensor& y, GeluForm form) {
   const DType dtype = common_dtype("gelu_forward", {&x, &y});
   check_contiguous("gelu_forward", {&x, &y});

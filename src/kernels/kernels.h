@@ -13,6 +13,7 @@
 
 #include "core/tensor.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/cached_attention.h"
 #include "kernels/cpu/dropout.h"
 #include "kernels/cpu/embedding.h"
 
@@ -58,6 +59,16 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
 // dqkv overwritten, same layout as qkv.
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, const Tensor& dqkv, const AttentionShape& shape);
+
+// Causal attention of `rows` new positions over a key/value cache (cpu/cached_attention.h):
+// qkv [rows, >= (heads + 2 kv_heads) * head_dim] (strided rows allowed) holds the new
+// positions' q|k|v, at absolute positions past..past + rows - 1; their k and v are written
+// into keys, values [kv_heads, capacity, head_dim] at those positions, and out [rows, heads *
+// head_dim] (strided rows allowed) receives each new query's attention over positions 0 to
+// its own.
+using cpu::CachedAttentionShape;
+void cached_attention_forward(const Tensor& qkv, const Tensor& keys, const Tensor& values,
+                              const Tensor& out, std::int64_t past);
 
 // RMSNorm over the last dimension of x [n, C] (LLaMA): y = x * rstd * w, rstd [n] saved.
 // (cpu/rmsnorm.h)

@@ -21,7 +21,8 @@
 namespace oases::model {
 
 // Parameter views by name, resolved once while the segments are built. A name the layout does
-// not hold resolves to an absent ParamRef only where `optional` says so.
+// not hold resolves to an absent ParamRef only where `optional` says so. A resolver for
+// inference only (model/incremental_decoder.h) gives ParamRefs with empty gradients.
 class ParamResolver {
  public:
   virtual ~ParamResolver() = default;

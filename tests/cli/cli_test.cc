@@ -214,17 +214,72 @@ TEST_F(Cli, IncompleteCheckpointIsIgnoredOnResume) {
   EXPECT_NE(r.output.find("step_2"), std::string::npos) << r.output;
 }
 
+std::string shell_quoted(const std::string& text) {
+  std::string quoted = "'";
+  for (const char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// What `oases generate` printed on stdout: its output without the speed line on stderr,
+// which it writes last.
+std::string generated_text(const Result& r) {
+  const std::size_t speed = r.output.rfind("generated ");
+  EXPECT_NE(speed, std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" tokens/s (", speed), std::string::npos) << r.output;
+  return r.output.substr(0, speed);
+}
+
 TEST_F(Cli, GenerateSamplesFromCheckpoint) {
   const std::string ckpt = (dir_ / "ckpt").string();
   ASSERT_EQ(run(train("--set train.steps=2 checkpoint.dir=\\\"" + ckpt + "\\\"")).exit_code, 0);
-  const Result r = run("generate --checkpoint " + ckpt + " --prompt Hello --max-new-tokens 20 --seed 3");
+  // The five likeliest bytes of a briefly trained model are printable text.
+  const std::string generate =
+      "generate --checkpoint " + ckpt + " --max-new-tokens 20 --seed 3 --top-k 5";
+  const Result r = run(generate + " --prompt Hello");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output.rfind("Hello", 0), 0u) << r.output;
-  EXPECT_GE(r.output.size(), 5u + 20u);
-  EXPECT_EQ(run("generate --checkpoint " + ckpt + " --prompt Hello --max-new-tokens 20 --seed 3").output,
-            r.output);
+  const std::string text = generated_text(r);
+  EXPECT_EQ(text.rfind("Hello", 0), 0u) << r.output;
+  EXPECT_EQ(text.size(), 5u + 20u + 1u) << r.output;  // and a newline
+  EXPECT_EQ(generated_text(run(generate + " --prompt Hello")), text);
+  // The full recomputation chooses the same bytes, here in fp32.
+  EXPECT_EQ(generated_text(run(generate + " --prompt Hello --no-kv-cache")), text);
   expect_error(run("generate --checkpoint " + (dir_ / "nope").string() + " --prompt x"),
                {"does not exist"});
+
+  // An empty prompt starts a new document; so does no prompt at all.
+  const Result empty = run(generate + " --prompt ''");
+  ASSERT_EQ(empty.exit_code, 0) << empty.output;
+  EXPECT_EQ(generated_text(empty).size(), 20u + 1u) << empty.output;
+  EXPECT_EQ(generated_text(run(generate)), generated_text(empty));
+
+  // Several samples, each after its own header line; the first is the one-sample run's.
+  const Result three = run(generate + " --prompt Hello --num-samples 3");
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  const std::string samples = generated_text(three);
+  EXPECT_EQ(samples.rfind("=== sample 0 ===\n" + text + "=== sample 1 ===\nHello", 0), 0u)
+      << samples;
+  EXPECT_NE(samples.find("=== sample 2 ===\nHello"), std::string::npos) << samples;
+  EXPECT_EQ(samples.find("=== sample 3 ==="), std::string::npos) << samples;
+
+  // A stop string (repeatable) cuts the sample right before its first occurrence.
+  const std::string continuation = text.substr(5, 20);
+  const std::string stop = continuation.substr(7, 2);
+  const Result stopped =
+      run(generate + " --prompt Hello --stop " + shell_quoted(stop) + " --stop 'no such text'");
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.output;
+  EXPECT_EQ(generated_text(stopped), "Hello" + continuation.substr(0, continuation.find(stop)) + "\n")
+      << "stop '" << stop << "' in " << continuation;
+}
+
+TEST_F(Cli, GenerateRejectsBadSamplingOptions) {
+  const std::string ckpt = (dir_ / "ckpt").string();
+  ASSERT_EQ(run(train("--set train.steps=1 checkpoint.dir=\\\"" + ckpt + "\\\"")).exit_code, 0);
+  const std::string generate = "generate --checkpoint " + ckpt + " --prompt x";
+  expect_error(run(generate + " --top-p 1.5"), {"--top-p = 1.5", "(0, 1]"});
+  expect_error(run(generate + " --top-p 0"), {"--top-p = 0", "(0, 1]"});
+  expect_error(run(generate + " --num-samples 0"), {"--num-samples = 0", ">= 1"});
+  expect_error(run(generate + " --slide-keep 33"),
+               {"--slide-keep = 33", "at most model.seq_len = 32"});
 }
 
 TEST_F(Cli, WritesChromeTraceOfEveryInstruction) {

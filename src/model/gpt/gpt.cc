@@ -74,7 +74,8 @@ class Gpt final : public Architecture {
                                         {}, {});
     spec.out_proj = ops::RowParallelLinear(params(p + "attn.c_proj.weight"), ops::WeightLayout::in_out);
     const std::int64_t local = heads * c_.head_dim();
-    spec.key_bias_grad = bias.grad.view(local, {local});  // [q_r | k_r | v_r]
+    // [q_r | k_r | v_r]; no gradient where the parameters are only read (inference).
+    if (!bias.grad.empty()) spec.key_bias_grad = bias.grad.view(local, {local});
     return spec;
   }
   ops::MlpSpec mlp(const BlockContext& b) const override {
