@@ -14,6 +14,7 @@ struct GenerateOptions {
   double temperature = 0.8;     // 0: greedy
   std::int64_t top_k = 40;      // 0: whole vocabulary
   std::uint64_t seed = 0;
+  std::string tokenizer_dir;    // where the gpt2 tokenizer's files are; empty: its default
 };
 
 // Returns the prompt followed by the generated continuation, decoded.
