@@ -182,15 +182,25 @@ constexpr std::array<char32_t, 256> byte_alphabet() {
 }
 constexpr std::array<char32_t, 256> kByteAlphabet = byte_alphabet();
 
+// The inverse: for each character below U+0144 (the alphabet's largest is U+0143), the byte it
+// stands for, or -1.
+constexpr std::size_t kAlphabetLimit = 0x144;
+constexpr std::array<std::int16_t, kAlphabetLimit> alphabet_bytes() {
+  std::array<std::int16_t, kAlphabetLimit> inverse{};
+  for (auto& b : inverse) b = -1;
+  for (int b = 0; b < 256; ++b) inverse[kByteAlphabet[b]] = static_cast<std::int16_t>(b);
+  return inverse;
+}
+constexpr std::array<std::int16_t, kAlphabetLimit> kAlphabetBytes = alphabet_bytes();
+
 // The bytes a token string of encoder.json / vocab.bpe stands for; nullopt when it holds a
 // character outside the byte alphabet (or is not UTF-8).
 std::optional<std::string> alphabet_to_bytes(std::string_view token) {
   std::string bytes;
   for (std::size_t i = 0; i < token.size();) {
     const Char c = char_at(token, i);
-    const auto* it = std::find(kByteAlphabet.begin(), kByteAlphabet.end(), c.value);
-    if (c.value == kInvalidByte || it == kByteAlphabet.end()) return std::nullopt;
-    bytes += static_cast<char>(it - kByteAlphabet.begin());
+    if (c.value >= kAlphabetLimit || kAlphabetBytes[c.value] < 0) return std::nullopt;
+    bytes += static_cast<char>(kAlphabetBytes[c.value]);
     i += c.bytes;
   }
   return bytes;
@@ -367,6 +377,10 @@ class Gpt2Tokenizer final : public Tokenizer {
   // pair of lower rank can appear between two occurrences. Stale queue entries (a symbol
   // that changed since) are skipped when popped.
   void merge_word(std::string_view word, Scratch& s, std::vector<std::int32_t>& out) const {
+    OASES_CHECK(word.size() < std::size_t{1} << 31,
+                "the gpt2 tokenizer cannot encode a word of {} bytes (a run of one character "
+                "class without a break); the limit is 2^31 - 1 bytes",
+                word.size());
     const auto n = static_cast<std::int32_t>(word.size());
     auto& sym = s.symbols;
     auto& queue = s.queue;

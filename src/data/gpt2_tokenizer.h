@@ -30,8 +30,9 @@
 // Checked once against OpenAI's encoder.py (Python `regex`): equal on the fortunes and on 200k
 // random code points of planes 0 to 3 with U+0085 and U+FEFF mixed in.
 //
-// Speed (release build, one core of a shared 2-core development machine): about 10 MB of text
-// per second (600 MB per minute) on English and on mixed UTF-8, after about 0.3 s of loading.
+// Speed (release build, one core of a shared 2-core development machine): 7 to 13 MB of text
+// per second (400 to 800 MB per minute) on English and on mixed UTF-8, after about 0.3 s of
+// loading (mostly parsing encoder.json).
 // It comes from a per-call cache of words already seen and merges applied through a priority
 // queue, so a word of n bytes costs O(n log n) however long it is (a megabyte-long run of
 // spaces included).
