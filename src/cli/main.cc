@@ -165,7 +165,7 @@ Verb add_train(CLI::App& app, TrainArgs& a) {
 
 struct PrepareArgs {
   std::vector<std::string> inputs;
-  std::string output_prefix, tokenizer = "byte";
+  std::string output_prefix, tokenizer = "byte", tokenizer_dir;
   double val_fraction = 0.1;
 };
 
@@ -177,10 +177,16 @@ Verb add_prepare_data(CLI::App& app, PrepareArgs& a) {
   c->add_option("--val-fraction", a.val_fraction,
                 "Fraction of tokens (the last ones) kept for validation")
       ->capture_default_str();
-  c->add_option("--tokenizer", a.tokenizer, "Tokenizer: byte")->capture_default_str();
+  c->add_option("--tokenizer", a.tokenizer,
+                "Tokenizer: byte (token = byte) or gpt2 (GPT-2's BPE; <|endoftext|> between "
+                "input files)")
+      ->capture_default_str();
+  c->add_option("--tokenizer-dir", a.tokenizer_dir,
+                "Folder holding gpt2's encoder.json and vocab.bpe (default: $OASES_TOKENIZER_DIR "
+                "or the npm cache that scripts/install-deps.sh fills)");
   return {c, [&a] {
             const auto s = oases::data::prepare_data(a.inputs, a.output_prefix, a.val_fraction,
-                                                     a.tokenizer);
+                                                     a.tokenizer, a.tokenizer_dir);
             fmt::print(
                 "prepared {} tokens ({} tokenizer, vocab {}) from {} bytes: {} train tokens -> "
                 "{}, {} validation tokens -> {}\n",
@@ -277,6 +283,9 @@ Verb add_generate(CLI::App& app, oases::train::GenerateOptions& g) {
   c->add_flag("!--no-kv-cache", g.kv_cache,
               "Recompute the whole context for every token instead of caching keys and values "
               "(slower; same tokens)");
+  c->add_option("--tokenizer-dir", g.tokenizer_dir,
+                "Folder holding gpt2's encoder.json and vocab.bpe, for a checkpoint trained on "
+                "gpt2 data (default: $OASES_TOKENIZER_DIR or the npm cache of install-deps.sh)");
   return {c, [&g] {
             const oases::train::Generation result = oases::train::generate_text(g);
             for (std::size_t i = 0; i < result.samples.size(); ++i) {

@@ -59,13 +59,6 @@ bool valid_tokenizer_name(std::string_view name) {
   return std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c < 127; });
 }
 
-// The vocabulary size of a tokenizer oases knows by name; nullopt for other names.
-std::optional<std::int64_t> known_vocab_size(const std::string& tokenizer) {
-  const auto names = tokenizer_names();
-  if (std::find(names.begin(), names.end(), tokenizer) == names.end()) return std::nullopt;
-  return make_tokenizer(tokenizer)->vocab_size();
-}
-
 std::string read_whole_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   OASES_CHECK(in.good(), "cannot open input file '{}' for reading: {}", path, std::strerror(errno));
@@ -255,8 +248,9 @@ TokenShard load_token_shard(const std::string& path) {
 
 PrepareDataSummary prepare_data(const std::vector<std::string>& inputs,
                                 const std::string& output_prefix, double val_fraction,
-                                const std::string& tokenizer_name) {
-  const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(tokenizer_name);
+                                const std::string& tokenizer_name,
+                                const std::string& tokenizer_dir) {
+  const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(tokenizer_name, tokenizer_dir);
   OASES_CHECK(val_fraction >= 0.0 && val_fraction < 1.0,
               "--val-fraction = {} is outside [0, 1): it is the share of the tokens kept for "
               "validation (e.g. 0.1; 0 keeps none)",
@@ -285,11 +279,15 @@ PrepareDataSummary prepare_data(const std::vector<std::string>& inputs,
     summary.input_bytes += static_cast<std::int64_t>(size);
   }
 
-  std::string text;
-  text.reserve(static_cast<std::size_t>(summary.input_bytes));
-  for (const std::string& input : inputs) text += read_whole_file(input);
-  const std::vector<std::int32_t> tokens = tokenizer->encode(text);
-  text = std::string();
+  // Each file is one document: tokenized on its own (no word spans two files) and, where the
+  // tokenizer has an end-of-document token, separated from the next by it.
+  std::vector<std::int32_t> tokens;
+  const std::optional<std::int32_t> separator = tokenizer->document_separator();
+  for (std::size_t f = 0; f < inputs.size(); ++f) {
+    if (f > 0 && separator) tokens.push_back(*separator);
+    const std::vector<std::int32_t> part = tokenizer->encode(read_whole_file(inputs[f]));
+    tokens.insert(tokens.end(), part.begin(), part.end());
+  }
 
   const auto total = static_cast<std::int64_t>(tokens.size());
   const auto val =

@@ -68,14 +68,17 @@ struct PrepareDataSummary {
   std::string val_path;    // <prefix>_val.bin
 };
 
-// Reads `inputs` in order as one concatenated text, tokenizes it and writes
-// `<output_prefix>_train.bin` (the first tokens) and `<output_prefix>_val.bin` (the last
-// round(total * val_fraction) tokens). Missing parent directories of the prefix are created.
+// Tokenizes `inputs` in order, each file on its own, and concatenates their tokens, with the
+// tokenizer's end-of-document token (gpt2: <|endoftext|>) between consecutive files when it has
+// one; writes `<output_prefix>_train.bin` (the first tokens) and `<output_prefix>_val.bin` (the
+// last round(total * val_fraction) tokens). `tokenizer_dir` is where a tokenizer with files
+// finds them (make_tokenizer). Missing parent directories of the prefix are created.
 // With val_fraction = 0 the validation shard is written empty. Preconditions (UserError
 // otherwise): at least one input; every input an existing non-empty regular file;
 // val_fraction in [0, 1); when val_fraction > 0, both splits non-empty.
 PrepareDataSummary prepare_data(const std::vector<std::string>& inputs,
                                 const std::string& output_prefix, double val_fraction,
-                                const std::string& tokenizer);
+                                const std::string& tokenizer,
+                                const std::string& tokenizer_dir = "");
 
 }  // namespace oases::data

@@ -1,6 +1,7 @@
 #include "data/tokenizer.h"
 
 #include "core/error.h"
+#include "data/gpt2_tokenizer.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -35,10 +36,17 @@ class ByteTokenizer final : public Tokenizer {
 
 }  // namespace
 
-std::vector<std::string> tokenizer_names() { return {"byte"}; }
+std::vector<std::string> tokenizer_names() { return {"byte", "gpt2"}; }
 
-std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name) {
+std::optional<std::int64_t> known_vocab_size(std::string_view name) {
+  if (name == "byte") return 256;
+  if (name == "gpt2") return kGpt2VocabSize;
+  return std::nullopt;
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& files_dir) {
   if (name == "byte") return std::make_unique<ByteTokenizer>();
+  if (name == "gpt2") return load_gpt2_tokenizer(files_dir);
   OASES_FAIL("unknown tokenizer '{}'; valid tokenizers: {}", name,
              fmt::join(tokenizer_names(), ", "));
 }

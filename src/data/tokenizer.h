@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -20,16 +21,27 @@ class Tokenizer {
   virtual std::vector<std::int32_t> encode(std::string_view text) const = 0;
   // Throws UserError for a token outside [0, vocab_size).
   virtual std::string decode(std::span<const std::int32_t> tokens) const = 0;
-  // The token that ends a document, which generation from an empty prompt starts after.
+  // The token that separates documents (prepare-data puts it between input files), if the
+  // vocabulary has one. encode never produces it.
+  virtual std::optional<std::int32_t> document_separator() const { return std::nullopt; }
+  // The token generation from an empty prompt starts after: the document separator where
+  // there is one, else a token that ends documents in practice.
   virtual std::int32_t end_of_document() const = 0;
 };
 
 // The names make_tokenizer accepts, for help texts and error messages.
 std::vector<std::string> tokenizer_names();
 
-// "byte": token = byte value, vocab 256. It has no token of its own between documents
-// (prepare-data concatenates its inputs as they are); its end_of_document() is the newline,
-// which ends the last line of every text file. Any other name is a UserError listing valid names.
-std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name);
+// The vocabulary size of the tokenizer called `name`, known without reading any file;
+// nullopt for a name that is not in tokenizer_names().
+std::optional<std::int64_t> known_vocab_size(std::string_view name);
+
+// "byte": token = byte value, vocab 256. It has no document separator (prepare-data
+// concatenates its inputs as they are); its end_of_document() is the newline, which ends the
+// last line of every text file. "gpt2": GPT-2's byte-level BPE, vocab 50257, with
+// <|endoftext|> (50256) between documents, read from encoder.json and vocab.bpe in `files_dir`
+// (empty: default_gpt2_tokenizer_dir(), see data/gpt2_tokenizer.h). Any other name is a
+// UserError listing valid names.
+std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& files_dir = "");
 
 }  // namespace oases::data

@@ -1,6 +1,7 @@
 #include "train/config.h"
 
 #include "core/error.h"
+#include "data/tokenizer.h"
 #include "planner/planner.h"
 
 #include <fmt/format.h>
@@ -470,8 +471,9 @@ void RunConfig::validate() const {
   OASES_CHECK(t.eval_steps >= 1, "train.eval_steps = {} must be at least 1", t.eval_steps);
   OASES_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0: all cores)", t.threads);
 
-  OASES_CHECK(data.tokenizer == "byte", "data.tokenizer = \"{}\" is not known; valid: \"byte\"",
-              data.tokenizer);
+  OASES_CHECK(data::known_vocab_size(data.tokenizer).has_value(),
+              "data.tokenizer = \"{}\" is not known; valid: \"{}\"", data.tokenizer,
+              fmt::join(data::tokenizer_names(), "\", \""));
   OASES_CHECK(checkpoint.every >= 0, "checkpoint.every = {} must be >= 0", checkpoint.every);
   OASES_CHECK(checkpoint.keep >= 0, "checkpoint.keep = {} must be >= 0 (0 keeps all)",
               checkpoint.keep);

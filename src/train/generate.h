@@ -42,6 +42,7 @@ struct GenerateOptions {
   std::uint64_t seed = 0;
   bool kv_cache = true;               // false: full forward over the context for every token
   std::int64_t slide_keep = 0;        // in [0, model.seq_len]; 0: seq_len / 2 (at least 1)
+  std::string tokenizer_dir;    // where the gpt2 tokenizer's files are; empty: its default
 };
 
 struct Generation {

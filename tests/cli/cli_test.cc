@@ -1,6 +1,8 @@
 // End-to-end tests of the `oases` binary as a user runs it: bad input gives a clear error and
 // a non-zero exit without touching what exists; runs are deterministic and resume exactly;
 // training on real text lowers the validation loss.
+#include "data/gpt2_tokenizer.h"
+
 #include "support/command.h"
 
 #include <gtest/gtest.h>
@@ -316,3 +318,30 @@ TEST_F(Cli, PrepareDataRejectsBadFraction) {
 }
 
 }  // namespace
+
+// GPT-2's tokenizer end to end: shards, a run on them, text generated and decoded with it.
+TEST_F(Cli, Gpt2TokenizerPreparesTrainsAndGenerates) {
+  const fs::path files = oases::data::default_gpt2_tokenizer_dir();
+  if (!fs::exists(files / "encoder.json") || !fs::exists(files / "vocab.bpe"))
+    GTEST_SKIP() << "no GPT-2 tokenizer files in " << files.string()
+                 << "; bash scripts/install-deps.sh installs them";
+  const std::string data = (dir_ / "gpt2").string();
+  Result r = run("prepare-data --tokenizer gpt2 --input " + std::string(kCorpus) + " " +
+                 std::string(kCorpus) + " --output " + data);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("gpt2 tokenizer, vocab 50257"), std::string::npos) << r.output;
+  const std::string checkpoints = (dir_ / "gpt2_ck").string();
+  r = run(train("--set train.steps=2 train.eval_every=0 model.vocab_size=50257 data.tokenizer=gpt2 "
+                "data.path=" + data + " checkpoint.dir=" + checkpoints));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run("generate --checkpoint " + checkpoints +
+          " --prompt 'Hello world' --max-new-tokens 4 --tokenizer-dir " + files.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("Hello world", 0), 0u) << r.output;
+  // Data made by one tokenizer and a config naming another do not mix.
+  expect_error(run(train("--set train.steps=1 model.vocab_size=50257 data.path=" + data)),
+               {"gpt2", "byte"});
+  expect_error(run("prepare-data --tokenizer gpt2 --tokenizer-dir " + (dir_ / "none").string() +
+                   " --input " + std::string(kCorpus) + " --output " + data),
+               {(dir_ / "none" / "encoder.json").string(), "does not exist", "install-deps.sh"});
+}

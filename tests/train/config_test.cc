@@ -76,6 +76,15 @@ TEST(RunConfig, ScheduleSettingsResolveAndIncompatibleOnesAreRejected) {
             std::string::npos);
 }
 
+TEST(RunConfig, DataTokenizerIsOneOfTheKnownTokenizers) {
+  EXPECT_EQ(parse_run_config("[data]\ntokenizer = \"gpt2\"\n", "t").data.tokenizer, "gpt2");
+  EXPECT_EQ(parse_run_config("", "t", {"data.tokenizer=byte"}).data.tokenizer, "byte");
+  const std::string error = error_of("[data]\ntokenizer = \"bpe\"\n");
+  EXPECT_NE(error.find("data.tokenizer = \"bpe\" is not known; valid: \"byte\", \"gpt2\""),
+            std::string::npos)
+      << error;
+}
+
 TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
   EXPECT_NE(error_of("[model]\nlayerz = 3\n").find("unknown config key model.layerz; valid keys in [model]: "), std::string::npos);
   EXPECT_NE(error_of("[modle]\n").find("unknown config section [modle]"), std::string::npos);
