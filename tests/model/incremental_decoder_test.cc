@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -132,11 +133,52 @@ TEST(IncrementalDecoder, LlamaWithGroupedQueryAttentionMatchesFullForwardFp64) {
   }
 }
 
-// fp32 computes the same function at fp32's precision (the full forward's softmax uses an
-// approximate exp, relative error < 3e-7).
-TEST(IncrementalDecoder, MatchesFullForwardFp32) {
-  expect_same_logits(one_sequence(odd_gpt(), "fp32"), {6, 1, 1, 1, 1, 1, 1, 1}, 2e-5);
-  expect_same_logits(one_sequence(odd_llama(), "fp32"), {3, 1, 1, 1, 1, 1, 1, 1, 1}, 2e-5);
+// fp32 computes the same function at fp32's own precision. The reference is the full forward
+// in fp64 on the same (fp32-representable) weights; the decoder in fp32 may be no further
+// from it than twice the full forward in fp32 is, measured in the same run, at the worst
+// position (plus 2.4e-7, a few fp32 ulps, for a full forward that happens to land closer).
+void expect_fp32_within_fp32_noise(const train::RunConfig& fp32_config,
+                                   const std::vector<std::int64_t>& chunks) {
+  train::RunConfig fp64_config = fp32_config;
+  fp64_config.train.precision = "fp64";
+  train::TrainingEngine engine32(fp32_config), engine64(fp64_config);
+  kernels::scale(engine32.model().params(), 20.0f);  // far from uniform attention, as above
+  kernels::convert(engine32.model().params(), engine64.model().params());
+  const std::int64_t seq = fp32_config.model.seq_len, vocab = fp32_config.model.vocab_size;
+  const std::vector<std::int32_t> tokens = random_tokens(seq, vocab, 3);
+  const Buffer full32_buffer(static_cast<std::size_t>(seq * vocab) * sizeof(float));
+  const Buffer full64_buffer(static_cast<std::size_t>(seq * vocab) * sizeof(double));
+  const Tensor full32 = full32_buffer.tensor(DType::f32, {seq, vocab});
+  const Tensor full64 = full64_buffer.tensor(DType::f64, {seq, vocab});
+  engine32.logits(tokens.data(), full32);
+  engine64.logits(tokens.data(), full64);
+
+  IncrementalDecoder decoder(fp32_config.model, engine32.model().layout(),
+                             engine32.model().params());
+  const Buffer step_buffer(static_cast<std::size_t>(seq * vocab) * sizeof(float));
+  double worst_decoder = 0, worst_full = 0;
+  std::int64_t position = 0;
+  for (const std::int64_t n : chunks) {
+    const Tensor logits = step_buffer.tensor(DType::f32, {n, vocab});
+    decoder.append(std::span(tokens).subspan(static_cast<std::size_t>(position),
+                                             static_cast<std::size_t>(n)),
+                   logits);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::vector<double> reference = row_of(full64, position + i);
+      worst_decoder = std::max(worst_decoder, relative_difference(row_of(logits, i), reference));
+      worst_full = std::max(worst_full, relative_difference(row_of(full32, position + i), reference));
+    }
+    position += n;
+  }
+  ASSERT_EQ(position, seq);
+  EXPECT_GT(worst_full, 0.0);  // fp32 rounding is really there to measure
+  EXPECT_LE(worst_decoder, 2 * worst_full + 2.4e-7)
+      << fp32_config.model.arch << ": full forward in fp32 is " << worst_full << " from fp64";
+}
+
+TEST(IncrementalDecoder, MatchesFullForwardFp32WithinFp32Noise) {
+  expect_fp32_within_fp32_noise(one_sequence(odd_gpt(), "fp32"), {6, 1, 1, 1, 1, 1, 1, 1});
+  expect_fp32_within_fp32_noise(one_sequence(odd_llama(), "fp32"), {3, 1, 1, 1, 1, 1, 1, 1, 1});
 }
 
 // Clearing the cache starts again at position 0: the logits are those of a fresh decoder.
