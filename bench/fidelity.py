@@ -5,7 +5,7 @@ import statistics
 
 def median_step_time(metrics_path):
     """Median step_time_s of a metrics JSONL file, leaving out the first (warm-up) step."""
-    lines = [json.loads(line) for line in open(metrics_path)][1:]
+    lines = [r for r in map(json.loads, open(metrics_path)) if r["step"] > 0][1:]  # step 0: before training
     return statistics.median(line["step_time_s"] for line in lines)
 
 

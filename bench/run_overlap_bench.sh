@@ -118,7 +118,7 @@ import json, statistics, sys
 def load(path):
     """Medians over the steps after the first (warm-up); None where a field is absent."""
     try:
-        rows = [json.loads(line) for line in open(path)]
+        rows = [r for r in map(json.loads, open(path)) if r["step"] > 0]  # step 0: before training
     except FileNotFoundError:
         return None
     timed = rows[1:] or rows

@@ -30,7 +30,7 @@ micro=$(/usr/bin/python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.ar
 import json, statistics, sys
 work = sys.argv[1]
 def load(name):
-    rows = [json.loads(l) for l in open(f"{work}/{name}.jsonl")][1:]  # first step warms up
+    rows = [r for r in map(json.loads, open(f"{work}/{name}.jsonl")) if r["step"] > 0][1:]  # step 0: before training; step 1 warms up
     return (statistics.median(r["step_time_s"] for r in rows),
             statistics.median(r["exposed_comm_s"] for r in rows),
             statistics.median(r["tokens_per_s"] for r in rows))

@@ -10,8 +10,10 @@
 #include "planner/planner.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/evaluate.h"
 #include "train/generate.h"
 #include "train/profiler.h"
+#include "train/threads.h"
 #include "train/trainer.h"
 
 #include <fmt/format.h>
@@ -23,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,9 +38,14 @@ constexpr const char* kVersion = "0.1.0";
 // code: 2 for bad input, 3 for an engine bug, 1 otherwise.
 int report_error(const std::exception& e, const std::string& rank_prefix) {
   // The report itself may fail (stderr is what failed): the exit code still tells.
+  // Where the error was raised helps whoever debugs the engine, not whoever fixes the input:
+  // shown with OASES_LOG_LEVEL=debug only.
+  const auto* error = dynamic_cast<const oases::Error*>(&e);
+  const std::string location = error ? error->location() : "";
   const auto report = [&](const std::string& message) {
     try {
       oases::log_error("{}{}", rank_prefix, message);
+      if (!location.empty()) oases::log_debug("{}raised at {}", rank_prefix, location);
     } catch (const std::exception&) {
     }
   };
@@ -82,12 +90,16 @@ int run_on_every_rank(const oases::train::ParallelConfig& parallel, const RankBo
 struct Verb {
   CLI::App* command = nullptr;
   std::function<int()> run;
+  // Runs on every rank of an mpirun/srun launch; a verb that does not runs on the launch's
+  // rank 0 only (the others exit 0 at once), so that its work and output happen once.
+  bool uses_mpi = false;
 };
 
 struct TrainArgs {
   std::string config_path, init_from;
   std::vector<std::string> overrides;
   bool print_config = false, quiet = false;
+  oases::train::LrScheduleOnResume lr_schedule = oases::train::LrScheduleOnResume::refuse;
 };
 
 // Where `oases train` with parallel.plan = "auto" writes the plan it chose: next to the
@@ -98,12 +110,19 @@ std::string auto_plan_path(const oases::train::RunConfig& config) {
 }
 
 int train_on_mpi_ranks(const oases::train::RunConfig& config,
-                       const oases::train::TrainOptions& options,
-                       oases::train::TrainSummary& summary) {
+                       const oases::train::TrainOptions& rank_options,
+                       oases::train::TrainSummary& summary, int& world_rank) {
   return run_on_every_rank(
       config.parallel, [&](auto& runtime, const auto& comm_options, auto& mesh) {
+        world_rank = runtime.world_rank();
+        oases::train::TrainOptions options = rank_options;
+        options.placement = runtime.placement();
+        options.most_crowded_placement = runtime.most_crowded_placement();
         oases::train::RunConfig run_config = config;
         if (config.parallel.plan == "auto") {
+          // Profiling runs at the thread count training will use.
+          oases::train::use_threads(config.train.threads, runtime.placement(),
+                                    runtime.most_crowded_placement());
           oases::train::ProfileOptions auto_profile;
           auto_profile.progress = options.progress && runtime.world_rank() == 0;
           run_config = oases::train::plan_automatically(
@@ -129,9 +148,12 @@ int run_train(const TrainArgs& args) {
   oases::train::TrainOptions options;
   options.init_from = args.init_from;
   options.progress = !args.quiet;
+  options.lr_schedule = args.lr_schedule;
   oases::train::TrainSummary summary;
+  int world_rank = 0;
   if (oases::comm::launched_by_mpi()) {
-    if (const int code = train_on_mpi_ranks(config, options, summary); code != 0) return code;
+    if (const int code = train_on_mpi_ranks(config, options, summary, world_rank); code != 0)
+      return code;
   } else {
     const auto ranks = config.parallel.tp * config.parallel.dp * config.parallel.pp;
     OASES_CHECK(ranks == 1,
@@ -142,7 +164,7 @@ int run_train(const TrainArgs& args) {
     if (config.parallel.plan == "auto") run_config.parallel.plan = "uniform";  // one rank
     summary = oases::train::run_training(run_config, options);
   }
-  if (!args.quiet && summary.initial_val_loss && summary.final_val_loss)
+  if (!args.quiet && world_rank == 0 && summary.initial_val_loss && summary.final_val_loss)
     oases::log_info("validation loss {:.4f} -> {:.4f}", *summary.initial_val_loss,
                     *summary.final_val_loss);
   return 0;
@@ -160,7 +182,17 @@ Verb add_train(CLI::App& app, TrainArgs& a) {
                 "shapes");
   c->add_flag("--print-config", a.print_config, "Print the resolved config and exit");
   c->add_flag("--quiet", a.quiet, "No progress output");
-  return {c, [&a] { return run_train(a); }};
+  c->add_option("--lr-schedule", a.lr_schedule,
+                "On resume, when train.steps, lr, min_lr, warmup_steps or lr_decay_steps change "
+                "the learning rate of the remaining steps: config (recompute the schedule from "
+                "the config) or checkpoint (keep the checkpoint's); unset: stop and say what "
+                "would change")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, oases::train::LrScheduleOnResume>{
+              {"config", oases::train::LrScheduleOnResume::config},
+              {"checkpoint", oases::train::LrScheduleOnResume::checkpoint}},
+          CLI::ignore_case));
+  return {c, [&a] { return run_train(a); }, true};
 }
 
 struct PrepareArgs {
@@ -301,6 +333,82 @@ Verb add_generate(CLI::App& app, oases::train::GenerateOptions& g) {
           }};
 }
 
+struct EvalArgs {
+  oases::train::EvalOptions options;
+  std::string batches = "all";
+  std::int64_t tp = 1;
+};
+
+void print_evaluation(const oases::train::EvalResult& r) {
+  fmt::print("{}: {} windows of {} tokens from {}\n", r.checkpoint, r.windows, r.seq_len,
+             r.shard);
+  fmt::print("loss {:.6f} nats/token | perplexity {:.4f} | {:.6f} bits/byte | {} tokens ({} "
+             "bytes)\n",
+             r.loss, r.perplexity, r.bits_per_byte, r.tokens, r.bytes);
+}
+
+int run_eval(EvalArgs& a) {
+  if (a.batches == "all") {
+    a.options.batches = 0;
+  } else {
+    std::size_t used = 0;
+    long long parsed = -1;
+    try {
+      parsed = std::stoll(a.batches, &used);
+    } catch (const std::exception&) {
+    }
+    OASES_CHECK(used == a.batches.size() && parsed >= 1,
+                "--batches = \"{}\" must be a positive number of batches or \"all\"", a.batches);
+    a.options.batches = parsed;
+  }
+  OASES_CHECK(a.tp >= 1, "--tp = {} must be >= 1", a.tp);
+  if (!oases::comm::launched_by_mpi()) {
+    OASES_CHECK(a.tp == 1, "--tp = {} needs {} processes: launch with `mpirun -np {} oases eval ...`",
+                a.tp, a.tp, a.tp);
+    oases::comm::Mesh mesh = oases::comm::Mesh::single_process();
+    print_evaluation(oases::train::evaluate_checkpoint(a.options, mesh));
+    return 0;
+  }
+  oases::train::ParallelConfig parallel;
+  return run_on_every_rank(parallel, [&](auto& runtime, const auto& comm_options, auto& mesh) {
+    const int world = runtime.world_size();
+    OASES_CHECK(world % a.tp == 0,
+                "--tp = {} must divide the {} ranks of the job (the rest are data-parallel)",
+                a.tp, world);
+    oases::train::use_threads(0, runtime.placement(), runtime.most_crowded_placement());
+    mesh.emplace(oases::comm::Mesh::create(runtime, static_cast<int>(a.tp),
+                                           world / static_cast<int>(a.tp), 1, comm_options));
+    const auto result = oases::train::evaluate_checkpoint(a.options, *mesh);
+    if (runtime.world_rank() == 0) print_evaluation(result);
+  });
+}
+
+Verb add_eval(CLI::App& app, EvalArgs& a) {
+  auto* c = app.add_subcommand(
+      "eval",
+      "Loss, perplexity and bits per byte of a checkpoint on a token shard (non-overlapping "
+      "windows of model.seq_len); under mpirun, over tp x dp ranks");
+  c->add_option("--checkpoint", a.options.checkpoint,
+                "A step_N checkpoint folder or a run's checkpoint.dir (newest is used)")
+      ->required();
+  c->add_option("--data", a.options.data,
+                "Shard prefix (as written by prepare-data): reads <PREFIX>_val.bin")
+      ->required();
+  c->add_option("--split", a.options.split, "val or train")->capture_default_str();
+  c->add_option("--batches", a.batches, "Batches to evaluate from the start, or all")
+      ->capture_default_str();
+  c->add_option("--batch-size", a.options.batch_size,
+                "Windows per batch over all ranks (default: the checkpoint's train.micro_batch "
+                "x data-parallel ranks)");
+  c->add_option("--tp", a.tp, "Tensor-parallel degree under mpirun (the other ranks split the "
+                "windows)")
+      ->capture_default_str();
+  c->add_option("--tokenizer-dir", a.options.tokenizer_dir,
+                "Folder holding gpt2's encoder.json and vocab.bpe, for a checkpoint trained on "
+                "gpt2 data (default: $OASES_TOKENIZER_DIR or the npm cache of install-deps.sh)");
+  return {c, [&a] { return run_eval(a); }, true};
+}
+
 struct ProfileArgs {
   std::string config, output;
   std::vector<std::string> overrides;
@@ -342,7 +450,7 @@ Verb add_profile(CLI::App& app, ProfileArgs& a) {
   c->add_option("--set", a.overrides, "Override config keys, as for train");
   c->add_option("--output", a.output, "Where to write the profile (JSON)")->required();
   c->add_option("--steps", a.options.steps, "Timed steps per degree")->capture_default_str();
-  return {c, [&a] { return run_profile(a); }};
+  return {c, [&a] { return run_profile(a); }, true};
 }
 
 struct PlanArgs {
@@ -388,16 +496,22 @@ int run(int argc, char** argv) {
   oases::train::GenerateOptions generate;
   ProfileArgs profile;
   PlanArgs plan;
+  EvalArgs eval;
   std::string verify_path;
   const std::vector<Verb> verbs{add_train(app, train),
                                 add_prepare_data(app, prepare),
                                 add_generate(app, generate),
                                 add_profile(app, profile),
                                 add_plan(app, plan),
-                                add_verify_checkpoint(app, verify_path)};
+                                add_verify_checkpoint(app, verify_path),
+                                add_eval(app, eval)};
   CLI11_PARSE(app, argc, argv);
-  for (const Verb& verb : verbs)
-    if (*verb.command) return verb.run();
+  for (const Verb& verb : verbs) {
+    if (!*verb.command) continue;
+    if (!verb.uses_mpi && oases::comm::launched_by_mpi() && oases::comm::launcher_rank().value_or(0) > 0)
+      return 0;
+    return verb.run();
+  }
   return 0;
 }
 

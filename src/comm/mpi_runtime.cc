@@ -4,8 +4,10 @@
 
 #include <fmt/format.h>
 #include <mpi.h>
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
@@ -16,7 +18,9 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <cstring>
 #include <system_error>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -276,7 +280,75 @@ class StartupMarker {
   int rank_;
 };
 
+// This process's affinity mask; every core when it cannot be read.
+cpu_set_t affinity_mask() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof(mask), &mask) != 0) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long c = 0; c < std::max(1L, cores) && c < CPU_SETSIZE; ++c) CPU_SET(c, &mask);
+  }
+  return mask;
+}
+
+// One rank's placement as it travels in a collective (plain bytes).
+struct PlacementRecord {
+  int ranks_on_host;
+  int cores_on_host;
+  int cores_of_rank;
+  char host[64];
+};
+
+// This rank's placement (collective over MPI_COMM_WORLD) and the most crowded host's.
+std::pair<HostPlacement, HostPlacement> find_placements(int world_size) {
+  MPI_Comm host_comm = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host_comm);
+  int ranks_on_host = 1;
+  MPI_Comm_size(host_comm, &ranks_on_host);
+  const cpu_set_t mine = affinity_mask();
+  std::vector<cpu_set_t> masks(static_cast<std::size_t>(ranks_on_host));
+  MPI_Allgather(&mine, sizeof(cpu_set_t), MPI_BYTE, masks.data(), sizeof(cpu_set_t), MPI_BYTE,
+                host_comm);
+  MPI_Comm_free(&host_comm);
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (cpu_set_t& mask : masks) CPU_OR(&all, &all, &mask);
+
+  HostPlacement placement;
+  placement.host = host_name();
+  placement.ranks_on_host = ranks_on_host;
+  placement.cores_on_host = std::max(1, CPU_COUNT(&all));
+  placement.cores_of_rank = std::max(1, CPU_COUNT(&mine));
+
+  PlacementRecord record{placement.ranks_on_host, placement.cores_on_host,
+                         placement.cores_of_rank, {}};
+  std::snprintf(record.host, sizeof(record.host), "%s", placement.host.c_str());
+  std::vector<PlacementRecord> records(static_cast<std::size_t>(world_size));
+  MPI_Allgather(&record, sizeof(record), MPI_BYTE, records.data(), sizeof(record), MPI_BYTE,
+                MPI_COMM_WORLD);
+  const PlacementRecord* crowded = &records.front();
+  for (const PlacementRecord& r : records)
+    // ranks / cores compared without division: a * d > c * b.
+    if (static_cast<long>(r.ranks_on_host) * crowded->cores_on_host >
+        static_cast<long>(crowded->ranks_on_host) * r.cores_on_host)
+      crowded = &r;
+  HostPlacement most_crowded{std::string(crowded->host, strnlen(crowded->host, sizeof(crowded->host))),
+                             crowded->ranks_on_host, crowded->cores_on_host,
+                             crowded->cores_of_rank};
+  return {placement, most_crowded};
+}
+
 }  // namespace
+
+std::optional<int> launcher_rank() {
+  return env_int({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"});
+}
+
+HostPlacement this_process_placement() {
+  const cpu_set_t mine = affinity_mask();
+  const int cores = std::max(1, CPU_COUNT(&mine));
+  return HostPlacement{host_name(), 1, cores, cores};
+}
 
 std::string startup_marker_directory() {
   std::string job = env_or_empty("PMIX_NAMESPACE");
@@ -338,6 +410,7 @@ MpiRuntime::MpiRuntime(double startup_timeout_seconds) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
   if (timed && world_size_ > 1)
     check_in_with_rank_zero(world_rank_, world_size_, deadline, startup_timeout_seconds);
+  std::tie(placement_, most_crowded_) = find_placements(world_size_);
 }
 
 MpiRuntime::~MpiRuntime() { MPI_Finalize(); }

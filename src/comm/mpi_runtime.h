@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace oases::comm {
@@ -22,6 +23,24 @@ namespace oases::comm {
 // (MV2_COMM_WORLD_SIZE). SLURM_* variables alone do not count: they are also set in a batch
 // script that runs the binary without a launcher.
 bool launched_by_mpi();
+
+// The rank the launcher gave this process (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK,
+// MV2_COMM_WORLD_RANK), read from the environment without initialising MPI; nullopt when no
+// launcher started it.
+std::optional<int> launcher_rank();
+
+// Where a process runs, for choosing how many threads it computes with: how many ranks of the
+// job share its host, and how many cores they and it may use (sched_getaffinity, so that
+// taskset, cgroups' cpusets and a launcher's binding all count).
+struct HostPlacement {
+  std::string host;        // host name
+  int ranks_on_host = 1;   // processes of the job on this host, this one included
+  int cores_on_host = 1;   // cores in the union of the affinity masks of those processes
+  int cores_of_rank = 1;   // cores in this process's own affinity mask
+};
+
+// The placement of a process started without a launcher: one rank on its host.
+HostPlacement this_process_placement();
 
 // Where ranks of this job leave their start-up markers: <temp dir>/oases-startup-<job id>,
 // with the job id from the launcher (PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid, or SLURM's job
@@ -58,9 +77,19 @@ class MpiRuntime {
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
 
+  // This rank's placement: its host's ranks are found with MPI_Comm_split_type (shared
+  // memory) at start-up, and their affinity masks combined.
+  const HostPlacement& placement() const { return placement_; }
+  // The placement of a rank on the most crowded host of the job (the highest ranks_on_host /
+  // cores_on_host; the lowest rank among ties), the same on every rank, so that rank 0 can
+  // speak for every host.
+  const HostPlacement& most_crowded_placement() const { return most_crowded_; }
+
  private:
   int world_rank_ = 0;
   int world_size_ = 1;
+  HostPlacement placement_;
+  HostPlacement most_crowded_;
 };
 
 // Settings of an MPI communicator (kept here, free of MPI types, so that Mesh can take them).

@@ -2,7 +2,10 @@
 //  - UserError: the input (config, data, checkpoint, command line) is wrong. The message says
 //    what was expected, what was found, and what to change. Thrown by OASES_CHECK.
 //  - InternalError: an invariant of the engine itself broke (a bug). Thrown by OASES_ASSERT.
-// Both carry file:line of the check. The CLI prints the message and exits non-zero.
+// Both record file:line of the check in location(). A UserError's what() is the message alone:
+// the user acts on the message, and a source position would only distract (the CLI shows it
+// when OASES_LOG_LEVEL=debug). An InternalError's what() includes it, since it goes into a bug
+// report. The CLI prints the message and exits non-zero.
 #pragma once
 
 #include <fmt/format.h>
@@ -14,7 +17,14 @@ namespace oases {
 
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  // `location`: "file.cc:123" of the check that failed; empty when not thrown by a check.
+  explicit Error(const std::string& message, std::string location = {})
+      : std::runtime_error(message), location_(std::move(location)) {}
+
+  const std::string& location() const { return location_; }
+
+ private:
+  std::string location_;
 };
 
 class UserError : public Error {

@@ -469,7 +469,7 @@ void RunConfig::validate() const {
   OASES_CHECK(t.seed >= 0, "train.seed = {} must be >= 0", t.seed);
   OASES_CHECK(t.eval_every >= 0, "train.eval_every = {} must be >= 0 (0: never)", t.eval_every);
   OASES_CHECK(t.eval_steps >= 1, "train.eval_steps = {} must be at least 1", t.eval_steps);
-  OASES_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0: all cores)", t.threads);
+  OASES_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0: automatic, the host's cores shared among its ranks)", t.threads);
 
   OASES_CHECK(data::known_vocab_size(data.tokenizer).has_value(),
               "data.tokenizer = \"{}\" is not known; valid: \"{}\"", data.tokenizer,

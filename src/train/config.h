@@ -50,7 +50,7 @@ struct OptimConfig {
   std::int64_t seed = 1234;
   std::int64_t eval_every = 0;  // 0: never
   std::int64_t eval_steps = 4;  // validation batches (of global_batch sequences) per evaluation
-  std::int64_t threads = 0;     // OpenMP threads for kernels; 0: all cores
+  std::int64_t threads = 0;     // OpenMP threads per rank; 0: automatic (train/threads.h)
 
   std::int64_t accumulation_steps(std::int64_t dp) const { return global_batch / (micro_batch * dp); }
 };

@@ -9,19 +9,22 @@
 #include "data/token_shard.h"
 #include "io/checkpoint_dir.h"
 #include "kernels/cpu/peak_flops.h"
+#include "optim/lr_schedule.h"
 #include "runtime/trace.h"
 #include "train/batches.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
+#include "train/threads.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 
@@ -126,16 +129,6 @@ void write_trace(const runtime::TraceRecorder& trace, comm::Mesh& mesh, const st
   runtime::TraceRecorder::write_merged(path, arrays);
 }
 
-ParallelGroups groups_of(comm::Mesh& mesh) {
-  return ParallelGroups{&mesh.tp_group(), &mesh.dp_group(),
-                        [&mesh](int span, int stride) -> comm::Communicator& {
-                          return mesh.tp_subgroup(span, stride);
-                        },
-                        [&mesh](int degree) -> comm::Communicator& {
-                          return mesh.tp_replica_group(degree);
-                        }};
-}
-
 void check_memory_limit(const RunConfig& config, TrainingEngine& engine) {
   if (config.parallel.memory_limit <= 0) return;
   const auto needed = static_cast<std::int64_t>(engine.memory_bytes());
@@ -146,14 +139,15 @@ void check_memory_limit(const RunConfig& config, TrainingEngine& engine) {
               config.parallel.memory_limit, needed, config.train.micro_batch);
 }
 
-// Resumes from the newest checkpoint (checkpoint.resume) or initialises from --init-from;
-// returns the first step to run.
+// Resumes from `resume_from` (the newest checkpoint, when checkpoint.resume found one) or
+// initialises from --init-from; returns the first step to run.
 std::int64_t restore(const RunConfig& config, const TrainOptions& options,
-                     const data::TokenShard& train_shard, TrainingEngine& engine) {
+                     const std::optional<std::string>& resume_from,
+                     const data::TokenShard& train_shard, TrainingEngine& engine,
+                     ProgressLine* progress) {
   std::int64_t start_step = 0;
   if (config.checkpoint.resume) {
-    if (auto latest = latest_checkpoint(config.checkpoint.dir)) {
-      io::verify_checkpoint_files(*latest);
+    if (const auto& latest = resume_from) {
       load_model_weights((std::filesystem::path(*latest) / io::kModelFile).string(),
                          engine.model().layout(), engine.model().params());
       const TrainingState state =
@@ -174,17 +168,118 @@ std::int64_t restore(const RunConfig& config, const TrainOptions& options,
                   "original shard, or start a new run from its weights with --init-from {}",
                   *latest, state.data_tokens, train_shard.path, train_shard.size(), *latest);
       start_step = state.data_position;
-      if (options.progress) log_info("resumed from {} (step {})", *latest, start_step);
-    } else if (options.progress) {
-      log_info("checkpoint.resume: no complete checkpoint in '{}', starting from step 0",
-               config.checkpoint.dir);
+      if (progress) progress->log(LogLevel::info, fmt::format("resumed from {} (step {})", *latest, start_step));
+    } else if (progress) {
+      progress->log(LogLevel::info,
+                    fmt::format("checkpoint.resume: no complete checkpoint in '{}', starting "
+                                "from step 0",
+                                config.checkpoint.dir));
     }
   }
   if (start_step == 0 && !options.init_from.empty()) {
     load_model_weights(options.init_from, engine.model().layout(), engine.model().params());
-    if (options.progress) log_info("initialised weights from {}", options.init_from);
+    if (progress) progress->log(LogLevel::info, fmt::format("initialised weights from {}", options.init_from));
   }
   return start_step;
+}
+
+// The learning-rate schedule the engine derives from `t` (train/engine.h).
+optim::LrSchedule lr_schedule_of(const OptimConfig& t) {
+  return {t.lr, t.min_lr, t.warmup_steps, t.lr_decay_steps, t.steps};
+}
+
+// "train.steps changed from 1000 to 2000 and train.lr changed from 0.0003 to 0.0001": the schedule's
+// settings that differ between the checkpoint's config and this run's.
+std::string schedule_changes(const OptimConfig& was, const OptimConfig& now) {
+  std::vector<std::string> changes;
+  const auto add = [&](const char* key, auto a, auto b) {
+    if (a != b) changes.push_back(fmt::format("train.{} changed from {} to {}", key, a, b));
+  };
+  add("steps", was.steps, now.steps);
+  add("lr", was.lr, now.lr);
+  add("min_lr", was.min_lr, now.min_lr);
+  add("warmup_steps", was.warmup_steps, now.warmup_steps);
+  add("lr_decay_steps", was.lr_decay_steps, now.lr_decay_steps);
+  std::string text;
+  for (std::size_t i = 0; i < changes.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == changes.size() ? " and " : ", ") + changes[i];
+  return text;
+}
+
+// The config a resumed run trains with, given the config `stored` in the checkpoint it resumes
+// from (at `start_step` completed steps): see LrScheduleOnResume.
+RunConfig resolve_lr_schedule(const RunConfig& config, const RunConfig& stored,
+                              const std::string& checkpoint, std::int64_t start_step,
+                              LrScheduleOnResume policy, bool leader) {
+  const optim::LrSchedule was = lr_schedule_of(stored.train);
+  const optim::LrSchedule now = lr_schedule_of(config.train);
+  std::int64_t first_change = -1;  // 0-based step
+  for (std::int64_t s = start_step; s < config.train.steps && first_change < 0; ++s)
+    if (was.at(s) != now.at(s)) first_change = s;
+  if (first_change < 0) return config;
+
+  const std::int64_t next = start_step;  // 0-based index of the next step to run
+  const std::string what = fmt::format(
+      "{} since the checkpoint '{}' at step {}", schedule_changes(stored.train, config.train),
+      checkpoint, start_step);
+  std::string rates = fmt::format("the lr at step {} becomes {:.6g} (it would have been {:.6g})",
+                                  next + 1, now.at(next), was.at(next));
+  if (first_change != next)
+    rates = fmt::format("the lr at step {} stays {:.6g}, but at step {} it becomes {:.6g} (it "
+                        "would have been {:.6g})",
+                        next + 1, now.at(next), first_change + 1, now.at(first_change),
+                        was.at(first_change));
+  const std::int64_t old_decay_end =
+      stored.train.lr_decay_steps > 0 ? stored.train.lr_decay_steps : stored.train.steps;
+  switch (policy) {
+    case LrScheduleOnResume::refuse:
+      OASES_FAIL(
+          "{}: the learning-rate schedule would be recomputed for {} steps, so {}. Resume with "
+          "`--lr-schedule config` to train with the recomputed schedule, or `--lr-schedule "
+          "checkpoint` to keep the checkpoint's (lr {}, min_lr {}, warmup {} steps, decay "
+          "ending at step {}, then min_lr), or restore the checkpoint's settings",
+          what, config.train.steps, rates, stored.train.lr, stored.train.min_lr,
+          stored.train.warmup_steps, old_decay_end);
+    case LrScheduleOnResume::config:
+      if (leader)
+        log_warning("{}: the learning-rate schedule is recomputed for {} steps "
+                    "(--lr-schedule config), so {}",
+                    what, config.train.steps, rates);
+      return config;
+    case LrScheduleOnResume::checkpoint: {
+      RunConfig kept = config;
+      kept.train.lr = stored.train.lr;
+      kept.train.min_lr = stored.train.min_lr;
+      kept.train.warmup_steps = stored.train.warmup_steps;
+      kept.train.lr_decay_steps = old_decay_end;
+      if (leader)
+        log_warning("{}: the checkpoint's learning-rate schedule is kept (--lr-schedule "
+                    "checkpoint: lr {}, min_lr {}, warmup {} steps, decay ending at step {}{}), "
+                    "so the lr at step {} is {:.6g}",
+                    what, kept.train.lr, kept.train.min_lr, kept.train.warmup_steps, old_decay_end,
+                    config.train.steps > old_decay_end
+                        ? fmt::format(", then min_lr up to step {}", config.train.steps)
+                        : "",
+                    next + 1, lr_schedule_of(kept.train).at(next));
+      return kept;
+    }
+  }
+  return config;
+}
+
+// The checkpoint a resumed run starts from (its files verified), and the config stored in it.
+struct ResumePoint {
+  std::string folder;
+  RunConfig stored;
+  std::int64_t step = 0;
+};
+
+std::optional<ResumePoint> find_resume_point(const RunConfig& config) {
+  if (!config.checkpoint.resume) return std::nullopt;
+  const auto latest = latest_checkpoint(config.checkpoint.dir);
+  if (!latest) return std::nullopt;
+  io::verify_checkpoint_files(*latest);
+  return ResumePoint{*latest, config_from_checkpoint(*latest), io::checkpoint_step(*latest)};
 }
 
 // The metrics file of the run: a fresh run starts it empty; a resumed run keeps the records of
@@ -212,15 +307,84 @@ std::optional<LineFile> open_metrics(const RunConfig& config, bool leader,
   return std::optional<LineFile>(std::in_place, path);
 }
 
+double unix_time_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string iso8601_utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+std::string this_host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown";
+  return name;
+}
+
+// The "model name" line of /proc/cpuinfo (x86; "unknown" where there is none).
+std::string cpu_model_name() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const auto start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? "unknown" : line.substr(start);
+  }
+  return "unknown";
+}
+
+// Writes run.json beside the metrics file (see trainer.h). Leader only.
+void write_run_description(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh,
+                           std::int64_t start_step, int threads) {
+  if (config.log.metrics.empty()) return;
+  const std::filesystem::path metrics(config.log.metrics);
+  std::error_code ec;
+  // A device or pipe has no folder of its own to describe.
+  if (std::filesystem::exists(metrics, ec) && !std::filesystem::is_regular_file(metrics, ec))
+    return;
+  std::vector<int> degrees;
+  for (std::int64_t l = 0; l < config.model.layers; ++l)
+    degrees.push_back(engine.model().layer_degree(l));
+  const auto weights = static_cast<std::int64_t>(engine.model().param_count() *
+                                                 dtype_size(engine.model().dtype()));
+  const nlohmann::json run = {
+      {"format", 1},
+      {"config", to_toml(config)},
+      {"layer_degrees", degrees},
+      {"world_size", mesh.world_size()},
+      {"tp", mesh.tp_size()},
+      {"dp", mesh.dp_size()},
+      {"pp", mesh.pp_size()},
+      {"threads", threads},
+      {"started", iso8601_utc_now()},
+      {"host", this_host_name()},
+      {"cpu", cpu_model_name()},
+      {"parameters", config.model.parameter_count()},
+      {"start_step", start_step},
+      {"memory_bytes",
+       {{"parameters", weights},
+        {"gradients", weights},
+        {"optimizer", static_cast<std::int64_t>(engine.optimizer().state_bytes())},
+        {"activations", static_cast<std::int64_t>(engine.activation_bytes())}}}};
+  write_file_atomically((metrics.parent_path() / "run.json").string(), run.dump(2) + "\n");
+}
+
 void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh,
-               std::int64_t train_tokens) {
+               std::int64_t train_tokens, const ThreadChoice& threads) {
   const auto& t = config.train;
   const auto& m = config.model;
   log_info("model: {} {} layers, hidden {}, heads {}, seq {}, vocab {}: {:.2f}M parameters, {}",
            m.arch, m.layers, m.hidden, m.heads, m.seq_len, m.vocab_size,
            static_cast<double>(m.parameter_count()) / 1e6, t.precision);
-  log_info("data: {} training tokens, global batch {} x {} tokens, {} steps, {} threads",
-           train_tokens, t.global_batch, m.seq_len, t.steps, omp_get_max_threads());
+  log_info("data: {} training tokens, global batch {} x {} tokens, {} steps",
+           train_tokens, t.global_batch, m.seq_len, t.steps);
+  log_info("threads: {} per rank ({})", threads.threads, threads.reason);
   if (mesh.world_size() > 1)
     log_info("parallel: {} ranks = tp {} x dp {} x pp {}", mesh.world_size(), mesh.tp_size(),
              mesh.dp_size(), mesh.pp_size());
@@ -258,7 +422,7 @@ struct StepFigures {
   double mfu = 0;
 };
 
-void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f) {
+void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::int64_t tokens) {
   if (!metrics) return;
   nlohmann::json line = {{"step", f.record.step},
                          {"loss", f.record.loss},
@@ -272,12 +436,23 @@ void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f) {
                          {"exposed_comm_s", f.result.exposed_comm_seconds},
                          {"comm_s", f.result.comm_seconds},
                          {"peak_activation_bytes", f.result.peak_activation_bytes},
-                         {"peak_mem_bytes", peak_resident_bytes()}};
+                         {"peak_mem_bytes", peak_resident_bytes()},
+                         {"time", unix_time_now()},
+                         {"tokens", tokens}};
   if (f.record.val_loss) line["val_loss"] = *f.record.val_loss;
   metrics->append(line.dump());
 }
 
-void print_progress(const StepFigures& f, std::int64_t steps, double eta_seconds, bool distributed) {
+// The record of a fresh run before its first step.
+void write_start_metrics(std::optional<LineFile>& metrics, std::optional<double> val_loss) {
+  if (!metrics) return;
+  nlohmann::json line = {{"step", 0}, {"tokens", 0}, {"time", unix_time_now()}};
+  if (val_loss) line["val_loss"] = *val_loss;
+  metrics->append(line.dump());
+}
+
+std::string progress_text(const StepFigures& f, std::int64_t steps, double eta_seconds,
+                          bool distributed) {
   std::string line = fmt::format(
       "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {} tok/s | mfu {:.0f}% | ETA {}",
       f.record.step, steps, f.record.loss, f.record.lr, f.record.grad_norm,
@@ -286,7 +461,7 @@ void print_progress(const StepFigures& f, std::int64_t steps, double eta_seconds
     line += fmt::format(" | waited on comm {:.0f}%",
                         100.0 * f.result.exposed_comm_seconds / f.record.step_time_s);
   if (f.record.val_loss) line += fmt::format(" | val_loss {:.4f}", *f.record.val_loss);
-  log_info("{}", line);
+  return line;
 }
 
 // Records the instructions of the first log.trace_steps steps and writes them, every rank's,
@@ -303,11 +478,13 @@ class TraceSession {
     engine.set_listener(&*trace_);
   }
   // After `done` steps of this run (`last`: the run's last step).
-  void after_step(std::int64_t done, bool last, bool progress) {
+  void after_step(std::int64_t done, bool last, ProgressLine* progress) {
     if (!trace_ || (done != config_.log.trace_steps && !last)) return;
     engine_.set_listener(nullptr);
     write_trace(*trace_, mesh_, config_.log.trace);
-    if (progress) log_info("wrote trace of {} step(s) to {}", done, config_.log.trace);
+    if (progress)
+      progress->log(LogLevel::info,
+                    fmt::format("wrote trace of {} step(s) to {}", done, config_.log.trace));
     trace_.reset();
   }
 
@@ -329,18 +506,25 @@ void check_mesh(const RunConfig& config, const comm::Mesh& mesh) {
 // The training loop and what each step reports; one object per run.
 class Run {
  public:
-  Run(const RunConfig& config, const TrainOptions& options, comm::Mesh& mesh)
+  Run(const RunConfig& config, const TrainOptions& options, comm::Mesh& mesh,
+      std::optional<std::string> resume_from, ThreadChoice threads)
       : config_(config),
         options_(options),
         mesh_(mesh),
+        resume_from_(std::move(resume_from)),
+        threads_(std::move(threads)),
         data_(load_data(config)),
-        engine_(config, groups_of(mesh)) {}
+        engine_(config, parallel_groups(mesh)) {
+    if (options.progress) progress_.emplace(ProgressLine::mode_for_stderr());
+  }
 
   TrainSummary run() {
     const auto& t = config_.train;
     check_memory_limit(config_, engine_);
     TrainSummary summary;
-    summary.start_step = restore(config_, options_, data_->train_shard, engine_);
+    ProgressLine* progress = progress_ ? &*progress_ : nullptr;
+    summary.start_step =
+        restore(config_, options_, resume_from_, data_->train_shard, engine_, progress);
     const bool leader = mesh_.world_rank() == 0;
     // MFU divides by the peak of every device of the run (one device per rank).
     peak_flops_ = static_cast<double>(mesh_.world_size()) *
@@ -348,25 +532,37 @@ class Run {
                    : leader ? kernels::cpu::measure_sgemm_flops(1024, 0.3)
                             : 1.0);
     std::optional<LineFile> metrics = open_metrics(config_, leader, summary.start_step);
-    if (options_.progress) log_start(config_, engine_, mesh_, data_->train_shard.size());
-    if (data_->val_batches && summary.start_step == 0) {
-      summary.initial_val_loss = validation_loss(engine_, *data_->val_batches, t.eval_steps);
-      if (options_.progress) log_info("step {:>5} | val_loss {:.4f}", 0, *summary.initial_val_loss);
+    if (leader) write_run_description(config_, engine_, mesh_, summary.start_step, threads_.threads);
+    if (options_.progress) log_start(config_, engine_, mesh_, data_->train_shard.size(), threads_);
+    if (summary.start_step == 0) {
+      if (data_->val_batches) {
+        summary.initial_val_loss = validation_loss(engine_, *data_->val_batches, t.eval_steps);
+        if (progress)
+          progress->keep(fmt::format("step {:>5} | val_loss {:.4f}", 0, *summary.initial_val_loss));
+      }
+      write_start_metrics(metrics, summary.initial_val_loss);
     }
     TraceSession trace(config_, mesh_, engine_);
     const Stopwatch run_clock;
+    const std::int64_t tokens_per_step = t.global_batch * config_.model.seq_len;
     for (std::int64_t step = summary.start_step; step < t.steps; ++step) {
       const StepFigures f = train_one(step);
       const bool last = step + 1 == t.steps;
       if (f.record.val_loss) summary.final_val_loss = f.record.val_loss;
-      write_metrics(metrics, f);
-      if (options_.progress && ((step + 1) % config_.log.every == 0 || last || f.record.val_loss)) {
+      write_metrics(metrics, f, (step + 1) * tokens_per_step);
+      if (progress && ((step + 1) % config_.log.every == 0 || last || f.record.val_loss)) {
         const double done = static_cast<double>(step + 1 - summary.start_step);
-        print_progress(f, t.steps, run_clock.seconds() / done * static_cast<double>(t.steps - step - 1),
-                       mesh_.world_size() > 1);
+        const std::string line = progress_text(
+            f, t.steps, run_clock.seconds() / done * static_cast<double>(t.steps - step - 1),
+            mesh_.world_size() > 1);
+        // Validation results and the last step stay on screen; other steps are redrawn.
+        if (last || f.record.val_loss)
+          progress->keep(line);
+        else
+          progress->update(line);
       }
       summary.steps.push_back(f.record);
-      trace.after_step(step + 1 - summary.start_step, last, options_.progress);
+      trace.after_step(step + 1 - summary.start_step, last, progress);
       if (const auto saved = checkpoint_after(step + 1, last)) summary.last_checkpoint = *saved;
     }
     return summary;
@@ -409,17 +605,26 @@ class Run {
     state.data_tokens = data_->train_shard.size();
     const bool leader = mesh_.world_rank() == 0;
     // Cleaning and early pruning are rare and change what is on disk: said even with --quiet.
+    ProgressLine* progress = progress_ ? &*progress_ : nullptr;
     std::string saved = save_checkpoint(
         c.dir, config_, engine_.model(), engine_.optimizer(), state, c.keep, mesh_.tp_group(),
-        leader, [](const std::string& what) { log_warning("checkpoint: {}", what); });
+        leader, [progress](const std::string& what) {
+          if (progress)
+            progress->log(LogLevel::warning, "checkpoint: " + what);
+          else
+            log_warning("checkpoint: {}", what);
+        });
     mesh_.world().barrier();  // the checkpoint exists for every rank once this returns
-    if (options_.progress) log_info("saved checkpoint {}", saved);
+    if (progress) progress->log(LogLevel::info, fmt::format("saved checkpoint {}", saved));
     return saved;
   }
 
   const RunConfig& config_;
   const TrainOptions& options_;
   comm::Mesh& mesh_;
+  std::optional<std::string> resume_from_;
+  ThreadChoice threads_;
+  std::optional<ProgressLine> progress_;
   std::unique_ptr<RunData> data_;
   TrainingEngine engine_;
   Batch batch_;
@@ -428,19 +633,42 @@ class Run {
 
 }  // namespace
 
+ParallelGroups parallel_groups(comm::Mesh& mesh) {
+  return ParallelGroups{&mesh.tp_group(), &mesh.dp_group(),
+                        [&mesh](int span, int stride) -> comm::Communicator& {
+                          return mesh.tp_subgroup(span, stride);
+                        },
+                        [&mesh](int degree) -> comm::Communicator& {
+                          return mesh.tp_replica_group(degree);
+                        }};
+}
+
 TrainSummary run_training(const RunConfig& config, const TrainOptions& options) {
   comm::Mesh mesh = comm::Mesh::single_process();
   return run_training(config, options, mesh);
 }
 
-TrainSummary run_training(const RunConfig& config, const TrainOptions& run_options,
+TrainSummary run_training(const RunConfig& requested_config, const TrainOptions& run_options,
                           comm::Mesh& mesh) {
-  config.validate();
-  check_mesh(config, mesh);
+  requested_config.validate();
+  check_mesh(requested_config, mesh);
   TrainOptions options = run_options;
-  options.progress = options.progress && mesh.world_rank() == 0;
-  if (config.train.threads > 0) omp_set_num_threads(static_cast<int>(config.train.threads));
-  return Run(config, options, mesh).run();
+  const bool leader = mesh.world_rank() == 0;
+  options.progress = options.progress && leader;
+
+  const comm::HostPlacement mine = options.placement.value_or(comm::this_process_placement());
+  const ThreadChoice threads = use_threads(requested_config.train.threads, mine,
+                                           options.most_crowded_placement.value_or(mine));
+  // Said even with --quiet: a run this slow should never go unexplained.
+  if (leader && !threads.warning.empty()) log_warning("{}", threads.warning);
+
+  const std::optional<ResumePoint> resume = find_resume_point(requested_config);
+  const RunConfig config =
+      resume ? resolve_lr_schedule(requested_config, resume->stored, resume->folder, resume->step,
+                                   options.lr_schedule, leader)
+             : requested_config;
+  return Run(config, options, mesh, resume ? std::optional(resume->folder) : std::nullopt, threads)
+      .run();
 }
 
 }  // namespace oases::train

@@ -3,7 +3,9 @@
 #pragma once
 
 #include "comm/mesh.h"
+#include "comm/mpi_runtime.h"
 #include "train/config.h"
+#include "train/engine.h"
 
 #include <cstdint>
 #include <optional>
@@ -12,9 +14,28 @@
 
 namespace oases::train {
 
+// What a resumed run does when the learning-rate schedule of its config (train.steps, lr,
+// min_lr, warmup_steps, lr_decay_steps) would give any remaining step another learning rate
+// than the schedule the checkpoint was trained with (stored in the checkpoint):
+//   refuse:     stop with a UserError that names the changed settings and the learning rates
+//               of the next step under both schedules (the default: a changed schedule is
+//               more often a mistake than a plan, and the run would not continue the curve
+//               it started);
+//   config:     recompute the schedule from the config (a warning says what changes);
+//   checkpoint: keep the checkpoint's lr, min_lr, warmup and decay end (its lr_decay_steps,
+//               else its train.steps), running to the config's train.steps; steps past the
+//               decay end train at min_lr.
+// A schedule that gives every remaining step the same rate is no change, whatever settings
+// differ.
+enum class LrScheduleOnResume { refuse, config, checkpoint };
+
 struct TrainOptions {
   std::string init_from;   // safetensors file with HF GPT-2 names to start from
   bool progress = true;    // print the progress line to stderr
+  LrScheduleOnResume lr_schedule = LrScheduleOnResume::refuse;
+  // Where this rank runs (comm::MpiRuntime::placement() and most_crowded_placement()), for
+  // its thread count (train/threads.h); unset: one process on this host.
+  std::optional<comm::HostPlacement> placement, most_crowded_placement;
 };
 
 struct StepRecord {
@@ -37,9 +58,25 @@ struct TrainSummary {
 // Trains on the ranks of `mesh` (every rank calls this with the same config). Rank 0 of the
 // world prints progress, writes metrics, traces and checkpoint files; the returned summary is
 // the same on every rank.
+//
+// Metrics (log.metrics, JSON Lines): a fresh run first writes {"step": 0, "tokens": 0,
+// "time": t} (with "val_loss" when validation is on: the loss before training), then one
+// record per step with "step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s",
+// "model_tflops", "mfu", "compute_s", "exposed_comm_s", "comm_s", "peak_activation_bytes",
+// "peak_mem_bytes", "time" (Unix seconds when the step ended) and "tokens" (training tokens
+// consumed up to and including the step: step x global_batch x seq_len), plus "val_loss" on
+// evaluation steps. Beside it, `run.json` (written atomically at the start of every run,
+// fresh or resumed) describes the run: {"format": 1, "config": the resolved config as TOML,
+// "layer_degrees", "world_size", "tp", "dp", "pp", "threads", "started" (ISO-8601 UTC),
+// "host", "cpu", "parameters", "start_step", "memory_bytes": {"parameters", "gradients",
+// "optimizer", "activations"} (per rank)}. run.json is not written when log.metrics names a
+// device or pipe (such as /dev/stdout).
 TrainSummary run_training(const RunConfig& config, const TrainOptions& options, comm::Mesh& mesh);
 
 // Single process.
 TrainSummary run_training(const RunConfig& config, const TrainOptions& options);
+
+// The groups of `mesh` a TrainingEngine on this rank trains in; `mesh` must outlive them.
+ParallelGroups parallel_groups(comm::Mesh& mesh);
 
 }  // namespace oases::train

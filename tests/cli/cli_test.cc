@@ -168,16 +168,19 @@ TEST_F(Cli, SameConfigTwiceGivesBitwiseEqualLosses) {
   ASSERT_EQ(run(train("--set log.metrics=\\\"" + (dir_ / "a.jsonl").string() + "\\\"")).exit_code, 0);
   ASSERT_EQ(run(train("--set log.metrics=\\\"" + (dir_ / "b.jsonl").string() + "\\\"")).exit_code, 0);
   const auto a = metrics(dir_ / "a.jsonl"), b = metrics(dir_ / "b.jsonl");
-  ASSERT_EQ(a.size(), 6u);
-  ASSERT_EQ(b.size(), 6u);
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
+  // The record of step 0 (before training), then one per step.
+  ASSERT_EQ(a.size(), 7u);
+  ASSERT_EQ(b.size(), 7u);
+  EXPECT_EQ(a[0]["val_loss"].get<double>(), b[0]["val_loss"].get<double>());
+  for (std::size_t i = 1; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i;
     EXPECT_EQ(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>());
   }
   for (const char* field : {"step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s",
-                            "model_tflops", "mfu", "exposed_comm_s", "peak_mem_bytes"})
-    EXPECT_TRUE(a[0].contains(field)) << field;
-  EXPECT_TRUE(a[2].contains("val_loss"));
+                            "model_tflops", "mfu", "exposed_comm_s", "peak_mem_bytes", "time",
+                            "tokens"})
+    EXPECT_TRUE(a[1].contains(field)) << field;
+  EXPECT_TRUE(a[3].contains("val_loss"));
 }
 
 TEST_F(Cli, StoppedAndResumedRunMatchesUninterruptedRunBitwise) {
@@ -196,10 +199,11 @@ TEST_F(Cli, StoppedAndResumedRunMatchesUninterruptedRunBitwise) {
                 "\\\" log.metrics=\\\"" + resumed_metrics + "\\\""));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto full = metrics(full_metrics), resumed = metrics(resumed_metrics);
+  ASSERT_EQ(full.size(), 7u);  // step 0, then steps 1 to 6
   ASSERT_EQ(resumed.size(), 3u);
   for (std::size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(resumed[i]["step"].get<int>(), static_cast<int>(i) + 4);
-    EXPECT_EQ(resumed[i]["loss"].get<double>(), full[i + 3]["loss"].get<double>())
+    EXPECT_EQ(resumed[i]["loss"].get<double>(), full[i + 4]["loss"].get<double>())
         << "step " << i + 4;
   }
 }

@@ -88,12 +88,17 @@ inline void write_random_init(const std::filesystem::path& config_path,
   writer.write(out.string());
 }
 
-// One value per line of a metrics JSONL file.
+// One value per training step of a metrics JSONL file (the record of step 0, before
+// training, is skipped).
 inline std::vector<double> metric_values(const std::filesystem::path& metrics, const std::string& key) {
   std::vector<double> out;
   std::ifstream in(metrics);
   std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line).at(key).get<double>());
+  while (std::getline(in, line)) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.at("step").get<std::int64_t>() == 0) continue;
+    out.push_back(record.at(key).get<double>());
+  }
   return out;
 }
 

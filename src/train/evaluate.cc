@@ -1,0 +1,145 @@
+#include "train/evaluate.h"
+
+#include "core/error.h"
+#include "io/checkpoint_dir.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <span>
+#include <vector>
+
+namespace oases::train {
+namespace {
+
+// The step_N folder `path` names: itself, or the newest complete checkpoint of a
+// checkpoint.dir.
+std::string checkpoint_folder(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  OASES_CHECK(fs::is_directory(path, ec),
+              "--checkpoint '{}' is not a directory; pass a step_N checkpoint folder or a run's "
+              "checkpoint.dir",
+              path);
+  if (fs::exists(fs::path(path) / io::kModelFile, ec)) return path;
+  const auto latest = latest_checkpoint(path);
+  OASES_CHECK(latest.has_value(),
+              "--checkpoint '{}' holds no complete checkpoint (a step_N folder with {} and {}); "
+              "pass a step_N folder or a run's checkpoint.dir",
+              path, io::kModelFile, io::kCompleteMarker);
+  return *latest;
+}
+
+}  // namespace
+
+EvalResult evaluate_shard(TrainingEngine& engine, const data::TokenShard& shard,
+                          const data::Tokenizer& tokenizer, std::int64_t max_batches) {
+  const RunConfig& config = engine.config();
+  OASES_CHECK(config.model.arch != "bert",
+              "model.arch = \"bert\" predicts masked tokens from both sides; evaluation by next-"
+              "token loss needs a \"gpt\" or \"llama\" model");
+  const std::int64_t seq = config.model.seq_len;
+  OASES_CHECK(shard.size() >= seq + 1,
+              "data shard '{}' holds {} tokens, fewer than one window of model.seq_len + 1 = {} "
+              "tokens; evaluate on a longer shard",
+              shard.path, shard.size(), seq + 1);
+  OASES_CHECK(max_batches >= 0, "--batches = {} must be >= 1 (or \"all\")", max_batches);
+  const std::int64_t batch = config.train.global_batch;
+  const std::int64_t all_windows = (shard.size() - 1) / seq;
+  const std::int64_t windows =
+      max_batches == 0 ? all_windows : std::min(all_windows, max_batches * batch);
+
+  const std::int64_t local = engine.local_batch();
+  const std::int64_t first_row = engine.first_local_sample();
+  std::vector<std::int32_t> inputs(static_cast<std::size_t>(local * seq));
+  std::vector<std::int32_t> targets(inputs.size());
+  double loss_sum = 0;  // nats over every evaluated target
+  for (std::int64_t start = 0; start < windows; start += batch) {
+    for (std::int64_t row = 0; row < local; ++row) {
+      const std::int64_t window = start + first_row + row;
+      const auto at = static_cast<std::size_t>(row * seq);
+      if (window < windows) {
+        const auto begin = shard.tokens.begin() + window * seq;
+        std::copy(begin, begin + seq, inputs.begin() + static_cast<std::ptrdiff_t>(at));
+        std::copy(begin + 1, begin + seq + 1, targets.begin() + static_cast<std::ptrdiff_t>(at));
+      } else {
+        // Filling of the last batch: any valid input, and a target that is not counted.
+        std::fill_n(inputs.begin() + static_cast<std::ptrdiff_t>(at), seq, 0);
+        std::fill_n(targets.begin() + static_cast<std::ptrdiff_t>(at), seq, -1);
+      }
+    }
+    const std::int64_t counted = std::min(batch, windows - start) * seq;
+    loss_sum += engine.evaluate(inputs.data(), targets.data(), local) * static_cast<double>(counted);
+  }
+
+  EvalResult result;
+  result.seq_len = seq;
+  result.windows = windows;
+  result.tokens = windows * seq;
+  for (std::int64_t w = 0; w < windows; ++w)
+    result.bytes += static_cast<std::int64_t>(
+        tokenizer.decode(std::span(shard.tokens).subspan(static_cast<std::size_t>(w * seq + 1),
+                                                         static_cast<std::size_t>(seq)))
+            .size());
+  result.loss = loss_sum / static_cast<double>(result.tokens);
+  result.perplexity = std::exp(result.loss);
+  // Tokens over bytes first: exactly 1 for the byte tokenizer, whose bits per byte is then
+  // exactly loss / ln 2.
+  result.bits_per_byte = result.bytes > 0
+                             ? result.loss * (static_cast<double>(result.tokens) /
+                                              static_cast<double>(result.bytes)) /
+                                   std::log(2.0)
+                             : 0.0;
+  return result;
+}
+
+EvalResult evaluate_checkpoint(const EvalOptions& o, comm::Mesh& mesh) {
+  OASES_CHECK(o.split == "val" || o.split == "train",
+              "--split = \"{}\" is not a split; valid: val (<data>_val.bin), train "
+              "(<data>_train.bin)",
+              o.split);
+  OASES_CHECK(o.batches >= 0, "--batches = {} must be >= 1, or \"all\"", o.batches);
+  OASES_CHECK(o.batch_size >= 0, "--batch-size = {} must be >= 1 (0: the checkpoint's "
+              "train.micro_batch x data-parallel ranks)", o.batch_size);
+  OASES_CHECK(mesh.pp_size() == 1, "evaluation runs without pipeline stages; launch tp x dp ranks");
+  const std::string folder = checkpoint_folder(o.checkpoint);
+  RunConfig config = config_from_checkpoint(folder);
+  const std::int64_t dp = mesh.dp_size();
+  const std::int64_t batch = o.batch_size > 0 ? o.batch_size : config.train.micro_batch * dp;
+  OASES_CHECK(batch % dp == 0,
+              "--batch-size = {} must be a multiple of the {} data-parallel ranks (each "
+              "evaluates as many windows)",
+              batch, dp);
+  config.parallel = ParallelConfig{};
+  config.parallel.tp = mesh.tp_size();
+  config.parallel.dp = dp;
+  config.train.micro_batch = batch / dp;
+  config.train.global_batch = batch;
+  config.train.eval_every = 0;
+  config.checkpoint = {};
+  config.log = {};
+  config.validate();
+
+  const data::TokenShard shard = data::load_token_shard(o.data + "_" + o.split + ".bin");
+  OASES_CHECK(shard.tokenizer == config.data.tokenizer,
+              "data shard '{}' was made with tokenizer \"{}\" but checkpoint '{}' was trained with "
+              "\"{}\"; evaluate on data prepared with `oases prepare-data --tokenizer {}`",
+              shard.path, shard.tokenizer, folder, config.data.tokenizer, config.data.tokenizer);
+  OASES_CHECK(shard.vocab_size <= config.model.vocab_size,
+              "data shard '{}' has a vocabulary of {} tokens but the checkpoint's model.vocab_size "
+              "is {}",
+              shard.path, shard.vocab_size, config.model.vocab_size);
+  const auto tokenizer = data::make_tokenizer(config.data.tokenizer, o.tokenizer_dir);
+
+  TrainingEngine engine(config, parallel_groups(mesh));
+  load_model_weights(io::resolve_model_file(folder), engine.model().layout(),
+                     engine.model().params());
+  EvalResult result = evaluate_shard(engine, shard, *tokenizer, o.batches);
+  result.checkpoint = folder;
+  result.shard = shard.path;
+  return result;
+}
+
+}  // namespace oases::train

@@ -1,0 +1,64 @@
+// `oases eval`: how well a checkpoint's model predicts a token shard.
+//
+// The shard's tokens are cut into non-overlapping windows of model.seq_len + 1 tokens: window w
+// covers tokens [w * seq_len, w * seq_len + seq_len], its first seq_len tokens are the inputs
+// and its last seq_len the targets, so every token after the first is predicted exactly once,
+// from the tokens of its own window before it. There are floor((tokens - 1) / seq_len) windows;
+// the tokens after the last whole window are not evaluated. Windows go to the model in batches
+// of batch_size (split over the data-parallel ranks); a last, partial batch is filled with rows
+// whose targets are not counted.
+//
+// Results: loss = the mean cross-entropy (nats) over the evaluated target tokens; perplexity =
+// exp(loss); bits per byte = loss x tokens / (bytes x ln 2), where bytes is the length of the
+// UTF-8 text the evaluated target tokens decode to (each window's targets decoded together) with
+// the checkpoint's tokenizer. Bits per byte compares models with different tokenizers; for the
+// byte tokenizer it is loss / ln 2.
+#pragma once
+
+#include "comm/mesh.h"
+#include "data/token_shard.h"
+#include "data/tokenizer.h"
+#include "train/engine.h"
+
+#include <cstdint>
+#include <string>
+
+namespace oases::train {
+
+struct EvalOptions {
+  std::string checkpoint;        // step_N folder, or a checkpoint.dir (its newest checkpoint)
+  std::string data;              // shard prefix: reads <data>_<split>.bin
+  std::string split = "val";     // "val" or "train"
+  std::int64_t batches = 0;      // batches to evaluate from the start of the shard; 0: all
+  // Windows per batch over all data-parallel ranks (a multiple of dp); 0: the checkpoint's
+  // train.micro_batch x dp.
+  std::int64_t batch_size = 0;
+  std::string tokenizer_dir;     // where the gpt2 tokenizer's files are; empty: its default
+};
+
+struct EvalResult {
+  std::string checkpoint;   // the step_N folder evaluated
+  std::string shard;        // path of the shard
+  std::int64_t seq_len = 0;
+  std::int64_t windows = 0;      // evaluated
+  std::int64_t tokens = 0;       // target tokens evaluated: windows x seq_len
+  std::int64_t bytes = 0;        // UTF-8 bytes those tokens decode to
+  double loss = 0;               // nats per token
+  double perplexity = 0;
+  double bits_per_byte = 0;
+};
+
+// Evaluates `engine`'s model on `shard` (results above; checkpoint and shard paths left empty).
+// Every rank of the engine's groups calls it with the same arguments. The engine's global batch
+// is the batch size; `max_batches` = 0 evaluates every window. REQUIRES: model.arch gpt or
+// llama; UserError when the shard holds fewer than seq_len + 1 tokens.
+EvalResult evaluate_shard(TrainingEngine& engine, const data::TokenShard& shard,
+                          const data::Tokenizer& tokenizer, std::int64_t max_batches);
+
+// Loads the checkpoint (its model and tokenizer) on the ranks of `mesh` (tp and dp from the
+// mesh, pp = 1; any layout, whatever trained the checkpoint) and evaluates it on the shard.
+// UserError for a bad option (naming it, the value and what is valid), a shard made with
+// another tokenizer than the checkpoint's, or a shard shorter than one window.
+EvalResult evaluate_checkpoint(const EvalOptions& options, comm::Mesh& mesh);
+
+}  // namespace oases::train
