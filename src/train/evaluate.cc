@@ -71,7 +71,8 @@ EvalResult evaluate_shard(TrainingEngine& engine, const data::TokenShard& shard,
       }
     }
     const std::int64_t counted = std::min(batch, windows - start) * seq;
-    loss_sum += engine.evaluate(inputs.data(), targets.data(), local) * static_cast<double>(counted);
+    loss_sum +=
+        engine.evaluate(inputs.data(), targets.data(), local) * static_cast<double>(counted);
   }
 
   EvalResult result;
@@ -79,19 +80,21 @@ EvalResult evaluate_shard(TrainingEngine& engine, const data::TokenShard& shard,
   result.windows = windows;
   result.tokens = windows * seq;
   for (std::int64_t w = 0; w < windows; ++w)
-    result.bytes += static_cast<std::int64_t>(
-        tokenizer.decode(std::span(shard.tokens).subspan(static_cast<std::size_t>(w * seq + 1),
-                                                         static_cast<std::size_t>(seq)))
-            .size());
+    result.bytes +=
+        static_cast<std::int64_t>(tokenizer
+                                      .decode(std::span(shard.tokens)
+                                                  .subspan(static_cast<std::size_t>(w * seq + 1),
+                                                           static_cast<std::size_t>(seq)))
+                                      .size());
   result.loss = loss_sum / static_cast<double>(result.tokens);
   result.perplexity = std::exp(result.loss);
   // Tokens over bytes first: exactly 1 for the byte tokenizer, whose bits per byte is then
   // exactly loss / ln 2.
-  result.bits_per_byte = result.bytes > 0
-                             ? result.loss * (static_cast<double>(result.tokens) /
-                                              static_cast<double>(result.bytes)) /
-                                   std::log(2.0)
-                             : 0.0;
+  result.bits_per_byte =
+      result.bytes > 0
+          ? result.loss * (static_cast<double>(result.tokens) / static_cast<double>(result.bytes)) /
+                std::log(2.0)
+          : 0.0;
   return result;
 }
 
@@ -101,8 +104,10 @@ EvalResult evaluate_checkpoint(const EvalOptions& o, comm::Mesh& mesh) {
               "(<data>_train.bin)",
               o.split);
   OASES_CHECK(o.batches >= 0, "--batches = {} must be >= 1, or \"all\"", o.batches);
-  OASES_CHECK(o.batch_size >= 0, "--batch-size = {} must be >= 1 (0: the checkpoint's "
-              "train.micro_batch x data-parallel ranks)", o.batch_size);
+  OASES_CHECK(o.batch_size >= 0,
+              "--batch-size = {} must be >= 1 (0: the checkpoint's "
+              "train.micro_batch x data-parallel ranks)",
+              o.batch_size);
   OASES_CHECK(mesh.pp_size() == 1, "evaluation runs without pipeline stages; launch tp x dp ranks");
   const std::string folder = checkpoint_folder(o.checkpoint);
   RunConfig config = config_from_checkpoint(folder);

@@ -26,24 +26,24 @@
 namespace oases::train {
 
 struct EvalOptions {
-  std::string checkpoint;        // step_N folder, or a checkpoint.dir (its newest checkpoint)
-  std::string data;              // shard prefix: reads <data>_<split>.bin
-  std::string split = "val";     // "val" or "train"
-  std::int64_t batches = 0;      // batches to evaluate from the start of the shard; 0: all
+  std::string checkpoint;     // step_N folder, or a checkpoint.dir (its newest checkpoint)
+  std::string data;           // shard prefix: reads <data>_<split>.bin
+  std::string split = "val";  // "val" or "train"
+  std::int64_t batches = 0;   // batches to evaluate from the start of the shard; 0: all
   // Windows per batch over all data-parallel ranks (a multiple of dp); 0: the checkpoint's
   // train.micro_batch x dp.
   std::int64_t batch_size = 0;
-  std::string tokenizer_dir;     // where the gpt2 tokenizer's files are; empty: its default
+  std::string tokenizer_dir;  // where the gpt2 tokenizer's files are; empty: its default
 };
 
 struct EvalResult {
-  std::string checkpoint;   // the step_N folder evaluated
-  std::string shard;        // path of the shard
+  std::string checkpoint;  // the step_N folder evaluated
+  std::string shard;       // path of the shard
   std::int64_t seq_len = 0;
-  std::int64_t windows = 0;      // evaluated
-  std::int64_t tokens = 0;       // target tokens evaluated: windows x seq_len
-  std::int64_t bytes = 0;        // UTF-8 bytes those tokens decode to
-  double loss = 0;               // nats per token
+  std::int64_t windows = 0;  // evaluated
+  std::int64_t tokens = 0;   // target tokens evaluated: windows x seq_len
+  std::int64_t bytes = 0;    // UTF-8 bytes those tokens decode to
+  double loss = 0;           // nats per token
   double perplexity = 0;
   double bits_per_byte = 0;
 };

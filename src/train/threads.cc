@@ -13,8 +13,8 @@ ThreadChoice choose_threads(std::int64_t requested, std::optional<int> omp_num_t
                             const comm::HostPlacement& mine,
                             const comm::HostPlacement& most_crowded) {
   ThreadChoice choice;
-  const std::string ranks_here = fmt::format(
-      "{} rank{} on {}", mine.ranks_on_host, mine.ranks_on_host == 1 ? "" : "s", mine.host);
+  const std::string ranks_here = fmt::format("{} rank{} on {}", mine.ranks_on_host,
+                                             mine.ranks_on_host == 1 ? "" : "s", mine.host);
   if (requested > 0) {
     choice.threads = static_cast<int>(requested);
     choice.reason = "train.threads";
@@ -44,7 +44,8 @@ ThreadChoice choose_threads(std::int64_t requested, std::optional<int> omp_num_t
   }
   const long wanted = static_cast<long>(h.ranks_on_host) * choice.threads;
   if (wanted > h.cores_on_host || choice.threads > mine.cores_of_rank) {
-    const int fitting = std::max(1, std::min(h.cores_on_host / h.ranks_on_host, mine.cores_of_rank));
+    const int fitting =
+        std::max(1, std::min(h.cores_on_host / h.ranks_on_host, mine.cores_of_rank));
     choice.warning = fmt::format(
         "{} = {} threads per rank x {} rank{} on host {} = {} threads for {} core{} (this rank "
         "may use {}): threads take turns on the cores and every step runs far slower. {} "

@@ -23,9 +23,9 @@
 namespace oases::train {
 
 struct ThreadChoice {
-  int threads = 1;       // OpenMP threads of each rank
-  std::string reason;    // how the count was chosen, for the start-up log
-  std::string warning;   // empty unless the host is oversubscribed
+  int threads = 1;      // OpenMP threads of each rank
+  std::string reason;   // how the count was chosen, for the start-up log
+  std::string warning;  // empty unless the host is oversubscribed
 };
 
 // `requested`: train.threads (0: automatic); `omp_num_threads`: the OMP_NUM_THREADS of the

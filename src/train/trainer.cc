@@ -168,7 +168,9 @@ std::int64_t restore(const RunConfig& config, const TrainOptions& options,
                   "original shard, or start a new run from its weights with --init-from {}",
                   *latest, state.data_tokens, train_shard.path, train_shard.size(), *latest);
       start_step = state.data_position;
-      if (progress) progress->log(LogLevel::info, fmt::format("resumed from {} (step {})", *latest, start_step));
+      if (progress)
+        progress->log(LogLevel::info,
+                      fmt::format("resumed from {} (step {})", *latest, start_step));
     } else if (progress) {
       progress->log(LogLevel::info,
                     fmt::format("checkpoint.resume: no complete checkpoint in '{}', starting "
@@ -178,7 +180,8 @@ std::int64_t restore(const RunConfig& config, const TrainOptions& options,
   }
   if (start_step == 0 && !options.init_from.empty()) {
     load_model_weights(options.init_from, engine.model().layout(), engine.model().params());
-    if (progress) progress->log(LogLevel::info, fmt::format("initialised weights from {}", options.init_from));
+    if (progress)
+      progress->log(LogLevel::info, fmt::format("initialised weights from {}", options.init_from));
   }
   return start_step;
 }
@@ -188,8 +191,9 @@ optim::LrSchedule lr_schedule_of(const OptimConfig& t) {
   return {t.lr, t.min_lr, t.warmup_steps, t.lr_decay_steps, t.steps};
 }
 
-// "train.steps changed from 1000 to 2000 and train.lr changed from 0.0003 to 0.0001": the schedule's
-// settings that differ between the checkpoint's config and this run's.
+// "train.steps changed from 1000 to 2000 and train.lr changed from 0.0003 to 0.0001": the
+// schedule's settings that differ between the checkpoint's config and this run's; empty when
+// none does.
 std::string schedule_changes(const OptimConfig& was, const OptimConfig& now) {
   std::vector<std::string> changes;
   const auto add = [&](const char* key, auto a, auto b) {
@@ -213,6 +217,7 @@ RunConfig resolve_lr_schedule(const RunConfig& config, const RunConfig& stored,
                               LrScheduleOnResume policy, bool leader) {
   const optim::LrSchedule was = lr_schedule_of(stored.train);
   const optim::LrSchedule now = lr_schedule_of(config.train);
+  if (schedule_changes(stored.train, config.train).empty()) return config;
   std::int64_t first_change = -1;  // 0-based step
   for (std::int64_t s = start_step; s < config.train.steps && first_change < 0; ++s)
     if (was.at(s) != now.at(s)) first_change = s;
@@ -532,8 +537,10 @@ class Run {
                    : leader ? kernels::cpu::measure_sgemm_flops(1024, 0.3)
                             : 1.0);
     std::optional<LineFile> metrics = open_metrics(config_, leader, summary.start_step);
-    if (leader) write_run_description(config_, engine_, mesh_, summary.start_step, threads_.threads);
-    if (options_.progress) log_start(config_, engine_, mesh_, data_->train_shard.size(), threads_);
+    if (leader)
+      write_run_description(config_, engine_, mesh_, summary.start_step, threads_.threads);
+    if (options_.progress)
+      log_start(config_, engine_, mesh_, data_->train_shard.size(), threads_);
     if (summary.start_step == 0) {
       if (data_->val_batches) {
         summary.initial_val_loss = validation_loss(engine_, *data_->val_batches, t.eval_steps);

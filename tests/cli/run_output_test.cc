@@ -9,10 +9,10 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <pty.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -131,11 +131,11 @@ TEST_F(RunOutput, MetricsCarryTimeAndTokensFromAStepZeroRecordAndRunJsonDescribe
   const std::string settings = in_dir("log.metrics", "run/metrics.jsonl") +
                                in_dir("checkpoint.dir", "run/ckpt") + "checkpoint.every=3";
   fs::create_directories(dir_ / "run");
-  const double before = std::chrono::duration<double>(
-                            std::chrono::system_clock::now().time_since_epoch()).count();
+  const double before =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   const CommandResult r = oases::testing::run_command(train("--quiet", settings));
-  const double after = std::chrono::duration<double>(
-                           std::chrono::system_clock::now().time_since_epoch()).count();
+  const double after =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
   const auto records = read_records(dir_ / "run/metrics.jsonl");
@@ -215,12 +215,14 @@ TEST_F(RunOutput, ProgressRedrawsInPlaceOnATerminalAndIsPlainLinesOtherwise) {
   EXPECT_EQ(plain.output.find("\x1b["), std::string::npos) << plain.output;
   for (int step = 1; step <= 6; ++step)
     EXPECT_NE(plain.output.find(fmt::format("\nstep {:>5}/6 |", step)), std::string::npos)
-        << "step " << step << ":\n" << plain.output;
+        << "step " << step << ":\n"
+        << plain.output;
 }
 
 TEST_F(RunOutput, ResumeWithAChangedScheduleIsExplainedAndFollowsTheChosenOne) {
   const std::string ckpt = (dir_ / "ckpt").string();
-  const std::string base = in_dir("checkpoint.dir", "ckpt") + "checkpoint.every=2 checkpoint.keep=0";
+  const std::string base =
+      in_dir("checkpoint.dir", "ckpt") + "checkpoint.every=2 checkpoint.keep=0";
   ASSERT_EQ(oases::testing::run_command(train("--quiet", base + " train.steps=4")).exit_code, 0);
   fs::remove_all(dir_ / "ckpt/step_4");
   fs::copy(dir_ / "ckpt", dir_ / "ckpt_copy", fs::copy_options::recursive);
@@ -235,7 +237,8 @@ TEST_F(RunOutput, ResumeWithAChangedScheduleIsExplainedAndFollowsTheChosenOne) {
   for (const std::string& part :
        {std::string("train.steps changed from 4 to 8"), std::string("at step 2"),
         fmt::format("the lr at step 3 stays {:.6g}", lr_now(2)),
-        fmt::format("at step 4 it becomes {:.6g} (it would have been {:.6g})", lr_now(3), lr_was(3)),
+        fmt::format("at step 4 it becomes {:.6g} (it would have been {:.6g})", lr_now(3),
+                    lr_was(3)),
         std::string("--lr-schedule config"), std::string("--lr-schedule checkpoint")})
     EXPECT_NE(refused.output.find(part), std::string::npos) << part << "\n" << refused.output;
 
@@ -262,8 +265,8 @@ TEST_F(RunOutput, ResumeWithAChangedScheduleIsExplainedAndFollowsTheChosenOne) {
     EXPECT_NEAR(lrs[static_cast<std::size_t>(s - 2)], lr_was(s), 1e-15) << "step " << s + 1;
   EXPECT_EQ(lrs.back(), 3e-4);
   // Resuming again from its checkpoint with the same config: nothing changed any more.
-  const CommandResult again = oases::testing::run_command(
-      train("--quiet", base + " train.steps=8 checkpoint.resume=true"));
+  const CommandResult again =
+      oases::testing::run_command(train("--quiet", base + " train.steps=8 checkpoint.resume=true"));
   EXPECT_EQ(again.exit_code, 0) << again.output;
 }
 
@@ -296,7 +299,8 @@ TEST_F(RunOutput, UnderMpirunOnlyRankZeroPrintsSummariesAndEvalAgreesWithOneRank
   EXPECT_EQ(count_of(two.output, "nats/token"), 1u) << two.output;
   const CommandResult tp2 = oases::testing::run_command(mpirun + OASES_BINARY + eval + " --tp 2");
   ASSERT_EQ(tp2.exit_code, 0) << tp2.output;
-  const std::regex loss_line(R"(loss (\S+) nats/token \| perplexity (\S+) \| (\S+) bits/byte \| (\d+) tokens \((\d+) bytes\))");
+  const std::regex loss_line(
+      R"(loss (\S+) nats/token \| perplexity (\S+) \| (\S+) bits/byte \| (\d+) tokens \((\d+) bytes\))");
   std::smatch a, b, c;
   ASSERT_TRUE(std::regex_search(one.output, a, loss_line)) << one.output;
   ASSERT_TRUE(std::regex_search(two.output, b, loss_line)) << two.output;
@@ -340,9 +344,11 @@ TEST_F(RunOutput, EvalHasHelpAndRejectsBadOptions) {
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.output.find("--batches"), std::string::npos) << help.output;
   ASSERT_EQ(oases::testing::run_command(
-                train("--quiet", in_dir("checkpoint.dir", "ckpt") + "train.steps=1")).exit_code, 0);
-  const std::string eval = "eval --checkpoint " + (dir_ / "ckpt").string() + " --data " +
-                           (dir_ / "data").string();
+                train("--quiet", in_dir("checkpoint.dir", "ckpt") + "train.steps=1"))
+                .exit_code,
+            0);
+  const std::string eval =
+      "eval --checkpoint " + (dir_ / "ckpt").string() + " --data " + (dir_ / "data").string();
   const CommandResult batches = oases_command(eval + " --batches some");
   EXPECT_EQ(batches.exit_code, 2);
   EXPECT_NE(batches.output.find("--batches = \"some\""), std::string::npos) << batches.output;

@@ -1,7 +1,7 @@
 // The progress line (in place on a terminal, plain lines otherwise) and the error types'
 // messages: a UserError's message carries no source position, which stays in location().
-#include "core/error.h"
 #include "core/log.h"
+#include "core/error.h"
 
 #include <gtest/gtest.h>
 
@@ -77,7 +77,8 @@ TEST(ProgressLine, DebugLinesOnlyWhenAskedFor) {
 TEST(Errors, UserErrorMessageHasNoSourceLocationButKeepsIt) {
   int line = 0;
   try {
-    line = __LINE__; OASES_CHECK(1 + 1 == 3, "train.lr = {} must be positive", -1);
+    line = __LINE__ + 1;  // the check below
+    OASES_CHECK(1 + 1 == 3, "train.lr = {} must be positive", -1);
     FAIL() << "no error";
   } catch (const UserError& e) {
     EXPECT_EQ(std::string(e.what()), "train.lr = -1 must be positive");
@@ -88,7 +89,8 @@ TEST(Errors, UserErrorMessageHasNoSourceLocationButKeepsIt) {
 TEST(Errors, InternalErrorNamesItsLocation) {
   int line = 0;
   try {
-    line = __LINE__; OASES_ASSERT(false, "broken invariant {}", 7);
+    line = __LINE__ + 1;  // the check below
+    OASES_ASSERT(false, "broken invariant {}", 7);
     FAIL() << "no error";
   } catch (const InternalError& e) {
     const std::string location = "log_test.cc:" + std::to_string(line);

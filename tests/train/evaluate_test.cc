@@ -42,7 +42,8 @@ std::string sample_text(std::size_t bytes) {
 
 // A checkpoint of a tiny fp64 GPT trained one step on `prefix`_train.bin.
 std::string train_checkpoint(const TempDir& dir, const std::string& prefix) {
-  RunConfig config = parse_run_config(R"(
+  RunConfig config = parse_run_config(
+      R"(
 [model]
 layers = 1
 hidden = 32
@@ -59,7 +60,9 @@ lr = 1e-2
 precision = "fp64"
 [log]
 peak_tflops = 1.0
-)", "evaluate_test", {"data.path=\"" + prefix + "\"", "checkpoint.dir=\"" + dir.file("ckpt") + "\""});
+)",
+      "evaluate_test",
+      {"data.path=\"" + prefix + "\"", "checkpoint.dir=\"" + dir.file("ckpt") + "\""});
   TrainOptions options;
   options.progress = false;
   return run_training(config, options).last_checkpoint;
@@ -156,7 +159,8 @@ TEST_F(Evaluate, RefusesAShardOfAnotherTokenizerOrShorterThanOneWindow) {
   options.data = prefix_;
   options.split = "test";
   comm::Mesh mesh = comm::Mesh::single_process();
-  expect_user_error([&] { evaluate_checkpoint(options, mesh); }, {"--split", "test", "val", "train"});
+  expect_user_error([&] { evaluate_checkpoint(options, mesh); },
+                    {"--split", "test", "val", "train"});
   options.split = "val";
   options.checkpoint = dir_.file("nothing_here");
   expect_user_error([&] { evaluate_checkpoint(options, mesh); }, {"--checkpoint", "nothing_here"});

@@ -72,7 +72,8 @@ TEST(Threads, OmpNumThreadsIsUsedWhenTrainThreadsIsAutomatic) {
   EXPECT_EQ(c.threads, 3);
   EXPECT_EQ(c.reason, "OMP_NUM_THREADS");
   EXPECT_TRUE(c.warning.empty());
-  expect_mentions(choose_threads(0, 8, h, h).warning, {"OMP_NUM_THREADS = 8", "Unset OMP_NUM_THREADS"});
+  expect_mentions(choose_threads(0, 8, h, h).warning,
+                  {"OMP_NUM_THREADS = 8", "Unset OMP_NUM_THREADS"});
   // train.threads wins over the environment.
   EXPECT_EQ(choose_threads(2, 3, h, h).threads, 2);
 }
