@@ -189,10 +189,12 @@ std::pair<std::string, bool> find_trace(const ReportOptions& options, const RunF
   if (!options.trace.empty()) return {options.trace, true};
   std::error_code ec;
   if (run.config && !run.config->log.trace.empty()) {
+    // By its name in the run folder first: a folder copied or moved elsewhere keeps its own
+    // trace, while the path as written may by now hold another run's.
     const fs::path named = run.config->log.trace;
-    if (fs::is_regular_file(named, ec)) return {named.string(), false};
     const fs::path beside = run.dir / named.filename();
     if (fs::is_regular_file(beside, ec)) return {beside.string(), false};
+    if (fs::is_regular_file(named, ec)) return {named.string(), false};
   }
   const fs::path default_path = run.dir / "trace.json";
   if (fs::is_regular_file(default_path, ec)) return {default_path.string(), false};

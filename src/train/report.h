@@ -25,7 +25,7 @@
 //   metrics: --metrics; else RUN_DIR/metrics.jsonl; else the file named like run.json's
 //            log.metrics in RUN_DIR. Missing, empty or malformed (line number named): UserError.
 //   trace:   --trace (unreadable: UserError); else the config's log.trace when that file exists
-//            (as written, or by its name in RUN_DIR); else RUN_DIR/trace.json. A trace found
+//            (by its name in RUN_DIR, else as written); else RUN_DIR/trace.json. A trace found
 //            this way that cannot be read is a warning, and the page shows no timeline and says
 //            why.
 //   run.json and checkpoints: read when present; unreadable ones are warnings, shown in the page.

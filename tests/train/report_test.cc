@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -215,6 +216,23 @@ TEST_F(ReportOfCompleteRun, FoundTraceThatCannotBeReadIsLeftOutWithAWarning) {
   EXPECT_NE(warnings[0].find("timeline left out"), std::string::npos) << warnings[0];
   EXPECT_NE(warnings[0].find("numeric ts"), std::string::npos) << warnings[0];
   EXPECT_TRUE(any_note_contains(data, "timeline left out"));
+}
+
+TEST_F(ReportOfCompleteRun, TraceNamedByTheConfigIsTakenFromTheRunFolder) {
+  // The run wrote its trace elsewhere and the folder was moved: the file of that name beside
+  // the metrics is the run's, and it wins over trace.json.
+  json run = json::parse(read_bytes(dir_.file("run.json")));
+  run["config"] = config_toml("[log]\ntrace = \"/gone/elsewhere/steps.trace\"\n");
+  write_bytes(dir_.file("run.json"), run.dump());
+  json one_rank = two_rank_trace();
+  json& events = one_rank["traceEvents"];
+  events.erase(std::remove_if(events.begin(), events.end(),
+                              [](const json& e) { return e["pid"] == 1; }),
+               events.end());
+  write_bytes(dir_.file("steps.trace"), one_rank.dump());
+  const json data = oases::train::collect_report_data({dir_.path().string(), "", "", ""}, nullptr);
+  EXPECT_EQ(data["trace"]["path"], dir_.file("steps.trace"));
+  EXPECT_EQ(data["trace"]["ranks"].size(), 1u);
 }
 
 TEST_F(ReportOfCompleteRun, CorruptRunJsonIsLeftOutWithAWarning) {
