@@ -76,12 +76,12 @@ std::string excerpt(std::string_view line) {
 
 struct RunFiles {
   fs::path dir;
-  std::optional<json> run_json;           // run.json, when present and readable
-  std::string config_text;                // the resolved config as TOML; empty: unknown
-  std::string config_source;              // where config_text came from
-  std::optional<RunConfig> config;        // config_text parsed, when it parses
+  std::optional<json> run_json;     // run.json, when present and readable
+  std::string config_text;          // the resolved config as TOML; empty: unknown
+  std::string config_source;        // where config_text came from
+  std::optional<RunConfig> config;  // config_text parsed, when it parses
   std::vector<std::pair<std::int64_t, std::string>> checkpoints;  // (step, folder), by step
-  std::vector<std::string> notes;         // what the page says was missing or unreadable
+  std::vector<std::string> notes;  // what the page says was missing or unreadable
 };
 
 void warn_and_note(RunFiles& run, const ReportWarning& warn, const std::string& message) {
@@ -144,14 +144,15 @@ void find_config(RunFiles& run, const ReportWarning& warn) {
       run.config_text = io::metadata_value(file, "oases_config");
       run.config_source = model_file.string();
     } catch (const std::exception& e) {
-      warn_and_note(run, warn, fmt::format("the config of {} left out: {}", model_file.string(),
-                                           e.what()));
+      warn_and_note(run, warn,
+                    fmt::format("the config of {} left out: {}", model_file.string(), e.what()));
     }
   }
   if (run.config_text.empty()) {
-    run.notes.push_back(fmt::format("no config: neither run.json nor a complete checkpoint in {} "
-                                    "or its subfolders holds one",
-                                    run.dir.string()));
+    run.notes.push_back(
+        fmt::format("no config: neither run.json nor a complete checkpoint in {} "
+                    "or its subfolders holds one",
+                    run.dir.string()));
     return;
   }
   try {
@@ -179,9 +180,10 @@ std::string find_metrics(const ReportOptions& options, const RunFiles& run) {
   std::sort(entries.begin(), entries.end());
   std::string listing;
   for (const std::string& name : entries) listing += (listing.empty() ? "" : ", ") + name;
-  OASES_FAIL("no metrics file in run folder '{}': expected metrics.jsonl (the run's log.metrics "
-             "written there); the folder holds {}; name another file with --metrics PATH",
-             run.dir.string(), listing.empty() ? std::string("nothing") : listing);
+  OASES_FAIL(
+      "no metrics file in run folder '{}': expected metrics.jsonl (the run's log.metrics "
+      "written there); the folder holds {}; name another file with --metrics PATH",
+      run.dir.string(), listing.empty() ? std::string("nothing") : listing);
 }
 
 // The trace to show (empty: none) and whether the user named it.
@@ -273,8 +275,9 @@ void fill_tokens(json& metrics, RunFiles& run) {
   json& columns = metrics["columns"];
   if (columns.contains("tokens")) return;
   if (!run.config) {
-    run.notes.push_back("the metrics hold no token counts and no config says the batch size: "
-                        "charts against tokens are not available");
+    run.notes.push_back(
+        "the metrics hold no token counts and no config says the batch size: "
+        "charts against tokens are not available");
     return;
   }
   const double per_step = static_cast<double>(run.config->train.global_batch) *
@@ -297,8 +300,8 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
   const json parameters = run_json_member(run, "parameters", json::value_t::number_integer);
   if (run.config) {
     const auto& m = run.config->model;
-    const double count = parameters.is_null() ? static_cast<double>(m.parameter_count())
-                                              : parameters.get<double>();
+    const double count =
+        parameters.is_null() ? static_cast<double>(m.parameter_count()) : parameters.get<double>();
     add("model", fmt::format("{}, {} layers, hidden {}, {} heads, seq {}, vocab {}: {} "
                              "parameters, {}",
                              m.arch, m.layers, m.hidden, m.heads, m.seq_len, m.vocab_size,
@@ -315,13 +318,13 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
     };
     const ParallelConfig p = run.config ? run.config->parallel : ParallelConfig{};
     const std::int64_t tp = number("tp", p.tp), dp = number("dp", p.dp), pp = number("pp", p.pp);
-    std::string layout = fmt::format("{} rank(s): tp {} x dp {} x pp {}",
-                                     world.is_null() ? tp * dp * pp : world.get<std::int64_t>(),
-                                     tp, dp, pp);
-    if (run.config)
-      layout += fmt::format(", schedule {}, recompute {}", p.schedule, p.recompute);
+    std::string layout =
+        fmt::format("{} rank(s): tp {} x dp {} x pp {}",
+                    world.is_null() ? tp * dp * pp : world.get<std::int64_t>(), tp, dp, pp);
+    if (run.config) layout += fmt::format(", schedule {}, recompute {}", p.schedule, p.recompute);
     const json threads = run_json_member(run, "threads", json::value_t::number_integer);
-    if (!threads.is_null()) layout += fmt::format(", {} thread(s) per rank", threads.get<std::int64_t>());
+    if (!threads.is_null())
+      layout += fmt::format(", {} thread(s) per rank", threads.get<std::int64_t>());
     add("layout", layout);
   }
   add("host", recorded_text("host"));
@@ -329,26 +332,32 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
   add("started", recorded_text("started"));
 
   const json& steps = metrics["columns"]["step"];
-  std::string steps_text = fmt::format("{} to {} ({} records)", steps.front().get<std::int64_t>(),
-                                       steps.back().get<std::int64_t>(), metrics["count"].get<std::int64_t>());
+  const std::int64_t first_step = steps.front().get<std::int64_t>();
+  const std::int64_t last_step = steps.back().get<std::int64_t>();
+  const std::int64_t records = metrics["count"].get<std::int64_t>();
+  std::string steps_text =
+      records == 1 ? fmt::format("{} (1 record)", first_step)
+                   : fmt::format("{} to {} ({} records)", first_step, last_step, records);
   const json start_step = run_json_member(run, "start_step", json::value_t::number_integer);
   if (!start_step.is_null() && start_step.get<std::int64_t>() > 0)
-    steps_text += fmt::format("; the last start resumed at step {}", start_step.get<std::int64_t>());
+    steps_text +=
+        fmt::format("; the last start resumed at step {}", start_step.get<std::int64_t>());
   add("steps", steps_text);
   if (const auto loss = last_value(metrics, "loss"))
     add("final training loss", fmt::format("{:.4f} at step {}", loss->second, loss->first));
   if (const auto val = last_value(metrics, "val_loss")) {
     const std::vector<double> vals = column_values(metrics, "val_loss");
-    add("final validation loss", fmt::format("{:.4f} at step {} (first {:.4f})", val->second,
-                                             val->first, vals.front()));
+    add("final validation loss",
+        fmt::format("{:.4f} at step {} (first {:.4f})", val->second, val->first, vals.front()));
   }
   if (const auto tokens = last_value(metrics, "tokens"))
-    add("tokens", format_count(tokens->second) +
-                      (metrics.contains("tokens_derived") ? " (step x global batch x seq_len)" : ""));
+    add("tokens",
+        format_count(tokens->second) +
+            (metrics.contains("tokens_derived") ? " (step x global batch x seq_len)" : ""));
   const std::vector<double> step_times = column_values(metrics, "step_time_s");
   if (!step_times.empty()) {
-    std::string time = format_seconds(std::accumulate(step_times.begin(), step_times.end(), 0.0)) +
-                       " in steps";
+    std::string time =
+        format_seconds(std::accumulate(step_times.begin(), step_times.end(), 0.0)) + " in steps";
     const std::vector<double> clock = column_values(metrics, "time");
     if (clock.size() >= 2)
       time += fmt::format(", {} wall clock from first to last record",
@@ -359,11 +368,12 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
   const std::vector<double> rates = column_values(metrics, "tokens_per_s");
   if (!rates.empty())
     add("mean throughput", format_count(std::accumulate(rates.begin(), rates.end(), 0.0) /
-                                        static_cast<double>(rates.size())) + " tokens/s");
+                                        static_cast<double>(rates.size())) +
+                               " tokens/s");
   const std::vector<double> peaks = column_values(metrics, "peak_mem_bytes");
   if (!peaks.empty()) {
-    std::string memory = format_bytes(*std::max_element(peaks.begin(), peaks.end())) +
-                         " resident (rank 0 process)";
+    std::string memory =
+        format_bytes(*std::max_element(peaks.begin(), peaks.end())) + " resident (rank 0 process)";
     const std::vector<double> activations = column_values(metrics, "peak_activation_bytes");
     if (!activations.empty())
       memory += ", " + format_bytes(*std::max_element(activations.begin(), activations.end())) +
@@ -385,9 +395,12 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
 
 const std::vector<std::string>& report_metric_fields() {
   static const std::vector<std::string> fields{
-      "step", "time", "tokens", "loss", "val_loss", "lr", "grad_norm", "step_time_s",
-      "tokens_per_s", "model_tflops", "mfu", "compute_s", "exposed_comm_s", "comm_s",
-      "peak_activation_bytes", "peak_mem_bytes", "loss_scale", "skipped_steps"};
+      "step",           "time",        "tokens",
+      "loss",           "val_loss",    "lr",
+      "grad_norm",      "step_time_s", "tokens_per_s",
+      "model_tflops",   "mfu",         "compute_s",
+      "exposed_comm_s", "comm_s",      "peak_activation_bytes",
+      "peak_mem_bytes", "loss_scale",  "skipped_steps"};
   return fields;
 }
 
@@ -401,39 +414,47 @@ json read_metrics_columns(const std::string& path) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     json record;
     try {
-      record = io::parse_untrusted_json(line, fmt::format("metrics file '{}' line {}", path,
-                                                          line_number));
+      record = io::parse_untrusted_json(
+          line, fmt::format("metrics file '{}' line {}", path, line_number));
     } catch (const json::exception& e) {
       OASES_FAIL("metrics file '{}' line {}: not JSON ({}): {}", path, line_number, e.what(),
                  excerpt(line));
     }
-    OASES_CHECK(record.is_object(), "metrics file '{}' line {}: expected a JSON object per line, "
-                "found: {}", path, line_number, excerpt(line));
-    const auto step = record.contains("step") ? io::json_integer<std::int64_t>(record["step"])
-                                              : std::nullopt;
-    OASES_CHECK(step && *step >= 0, "metrics file '{}' line {}: \"step\" must be an integer >= 0, "
-                "found {}", path, line_number,
+    OASES_CHECK(record.is_object(),
+                "metrics file '{}' line {}: expected a JSON object per line, "
+                "found: {}",
+                path, line_number, excerpt(line));
+    const auto step =
+        record.contains("step") ? io::json_integer<std::int64_t>(record["step"]) : std::nullopt;
+    OASES_CHECK(step && *step >= 0,
+                "metrics file '{}' line {}: \"step\" must be an integer >= 0, "
+                "found {}",
+                path, line_number,
                 record.contains("step") ? record["step"].dump() : std::string("no step"));
     json kept = json::object();
     for (const std::string& field : report_metric_fields()) {
       if (!record.contains(field)) continue;
       const json& value = record[field];
-      OASES_CHECK(value.is_number() || value.is_null(), "metrics file '{}' line {}: \"{}\" must be "
-                  "a number (or null for NaN), found {}", path, line_number, field,
-                  excerpt(value.dump()));
+      OASES_CHECK(value.is_number() || value.is_null(),
+                  "metrics file '{}' line {}: \"{}\" must be "
+                  "a number (or null for NaN), found {}",
+                  path, line_number, field, excerpt(value.dump()));
       kept[field] = value;
     }
     if (by_step.contains(*step)) ++repeated;
     by_step[*step] = std::move(kept);
   }
   OASES_CHECK(!in.bad(), "cannot read metrics file '{}': {}", path, std::strerror(errno));
-  OASES_CHECK(!by_step.empty(), "metrics file '{}' holds no records (a run writes one JSON object "
-              "per line, one line per step); did the run reach its first step?", path);
+  OASES_CHECK(!by_step.empty(),
+              "metrics file '{}' holds no records (a run writes one JSON object "
+              "per line, one line per step); did the run reach its first step?",
+              path);
 
   json columns = json::object();
   for (const std::string& field : report_metric_fields()) {
-    const bool present = std::any_of(by_step.begin(), by_step.end(),
-                                     [&](const auto& entry) { return entry.second.contains(field); });
+    const bool present = std::any_of(by_step.begin(), by_step.end(), [&](const auto& entry) {
+      return entry.second.contains(field);
+    });
     if (!present) continue;
     json column = json::array();
     for (const auto& [step, record] : by_step)
@@ -459,14 +480,22 @@ TraceEventKind trace_event_kind(std::string_view name) {
 
 std::string_view trace_event_kind_name(TraceEventKind kind) {
   switch (kind) {
-    case TraceEventKind::forward: return "forward";
-    case TraceEventKind::recompute: return "recompute";
-    case TraceEventKind::backward: return "backward";
-    case TraceEventKind::all_reduce: return "all-reduce";
-    case TraceEventKind::all_gather: return "all-gather";
-    case TraceEventKind::reduce_grads: return "reduce-grads";
-    case TraceEventKind::optimizer: return "optimizer";
-    case TraceEventKind::other: return "other";
+    case TraceEventKind::forward:
+      return "forward";
+    case TraceEventKind::recompute:
+      return "recompute";
+    case TraceEventKind::backward:
+      return "backward";
+    case TraceEventKind::all_reduce:
+      return "all-reduce";
+    case TraceEventKind::all_gather:
+      return "all-gather";
+    case TraceEventKind::reduce_grads:
+      return "reduce-grads";
+    case TraceEventKind::optimizer:
+      return "optimizer";
+    case TraceEventKind::other:
+      return "other";
   }
   return "other";
 }
@@ -481,8 +510,10 @@ json read_trace_timeline(const std::string& path) {
   }
   const json* events = &trace;
   if (trace.is_object() && trace.contains("traceEvents")) events = &trace["traceEvents"];
-  OASES_CHECK(events->is_array(), "trace '{}' is not a Chrome trace: expected an object with a "
-              "\"traceEvents\" array or an array of events", path);
+  OASES_CHECK(events->is_array(),
+              "trace '{}' is not a Chrome trace: expected an object with a "
+              "\"traceEvents\" array or an array of events",
+              path);
 
   struct Event {
     int rank, lane;
@@ -508,7 +539,8 @@ json read_trace_timeline(const std::string& path) {
     OASES_CHECK(pid >= 0 && tid >= 0 && e.contains("ts") && e["ts"].is_number() &&
                     e.contains("dur") && e["dur"].is_number(),
                 "trace '{}': event {} (\"ph\": \"X\") needs integer pid and tid >= 0 and "
-                "numeric ts and dur, found {}", path, i, excerpt(e.dump()));
+                "numeric ts and dur, found {}",
+                path, i, excerpt(e.dump()));
     complete.push_back({pid, tid, e["ts"].get<double>(), e["dur"].get<double>(),
                         e.contains("name") && e["name"].is_string() ? e["name"].get<std::string>()
                                                                     : std::string()});
@@ -530,9 +562,13 @@ json read_trace_timeline(const std::string& path) {
   json ranks = json::array();
   for (std::size_t i = 0; i < complete.size();) {
     const int rank = complete[i].rank;
-    json r = {{"rank", rank}, {"lanes", lane_names.contains(rank) ? lane_names[rank] : json::object()},
-              {"lane", json::array()}, {"start_us", json::array()}, {"dur_us", json::array()},
-              {"kind", json::array()}, {"name", json::array()}};
+    json r = {{"rank", rank},
+              {"lanes", lane_names.contains(rank) ? lane_names[rank] : json::object()},
+              {"lane", json::array()},
+              {"start_us", json::array()},
+              {"dur_us", json::array()},
+              {"kind", json::array()},
+              {"name", json::array()}};
     for (; i < complete.size() && complete[i].rank == rank; ++i) {
       const Event& e = complete[i];
       r["lane"].push_back(e.lane);
@@ -553,8 +589,10 @@ json collect_report_data(const ReportOptions& options, const ReportWarning& warn
   RunFiles run;
   run.dir = options.run_dir;
   std::error_code ec;
-  OASES_CHECK(fs::is_directory(run.dir, ec), "run folder '{}' is not a directory; pass the folder "
-              "holding the run's metrics.jsonl (its log.metrics)", options.run_dir);
+  OASES_CHECK(fs::is_directory(run.dir, ec),
+              "run folder '{}' is not a directory; pass the folder "
+              "holding the run's metrics.jsonl (its log.metrics)",
+              options.run_dir);
   read_run_json(run, warn);
   find_checkpoints(run);
   find_config(run, warn);
@@ -562,17 +600,19 @@ json collect_report_data(const ReportOptions& options, const ReportWarning& warn
   const std::string metrics_path = find_metrics(options, run);
   json metrics = read_metrics_columns(metrics_path);
   if (metrics["repeated"].get<std::int64_t>() > 0)
-    run.notes.push_back(fmt::format("{} metrics record(s) repeated an earlier step; the later "
-                                    "record of each step is shown",
-                                    metrics["repeated"].get<std::int64_t>()));
+    run.notes.push_back(
+        fmt::format("{} metrics record(s) repeated an earlier step; the later "
+                    "record of each step is shown",
+                    metrics["repeated"].get<std::int64_t>()));
   fill_tokens(metrics, run);
 
   json trace = nullptr;
   const auto [trace_path, trace_named] = find_trace(options, run);
   if (trace_path.empty()) {
-    run.notes.push_back(fmt::format("no trace: the config names no log.trace file that exists and "
-                                    "{} is absent (set log.trace to record one)",
-                                    (run.dir / "trace.json").string()));
+    run.notes.push_back(
+        fmt::format("no trace: the config names no log.trace file that exists and "
+                    "{} is absent (set log.trace to record one)",
+                    (run.dir / "trace.json").string()));
   } else if (trace_named) {
     trace = read_trace_timeline(trace_path);
   } else {

@@ -17,9 +17,11 @@
 // chart-exposed-comm, chart-memory, chart-loss-scale, chart-skipped-steps) whose
 // data-points attribute reads "series:count,series:count" (the points each series has, however
 // many are drawn); the timeline is <svg id="timeline"> with one <g class="rank" data-rank="r"
-// data-events="n"> per rank holding that rank's <rect class="ev"> elements. <body> carries
-// data-ready="true" once the page has drawn and data-errors = the number of script errors it
-// caught (each also shown in a visible box).
+// data-events="n"> per rank holding that rank's <rect class="ev"> elements, one per event (over
+// 20,000 events in all, neighbours within a pixel are drawn as one; data-rects counts them).
+// <body> carries data-ready="true" once the page has drawn and data-errors = the number of
+// script errors it caught (each also shown in a visible box). The address can choose the
+// charts' toggles: report.html#x=tokens&log=1.
 //
 // Which files are read:
 //   metrics: --metrics; else RUN_DIR/metrics.jsonl; else the file named like run.json's
@@ -68,8 +70,16 @@ const std::vector<std::string>& report_metric_fields();
 // "F" forward, "R" recompute, "B<k>" backward, "AR"/"AR-max" all-reduce, "AG" all-gather,
 // "ReduceGrads" reduce-grads, "OptimizerStep" optimizer; anything else (frees, pipeline sends
 // and receives) other.
-enum class TraceEventKind { forward, recompute, backward, all_reduce, all_gather, reduce_grads,
-                            optimizer, other };
+enum class TraceEventKind {
+  forward,
+  recompute,
+  backward,
+  all_reduce,
+  all_gather,
+  reduce_grads,
+  optimizer,
+  other
+};
 inline constexpr int kTraceEventKinds = 8;
 TraceEventKind trace_event_kind(std::string_view event_name);
 std::string_view trace_event_kind_name(TraceEventKind kind);  // "forward", "all-reduce", ...

@@ -119,13 +119,16 @@ path = ")" + (dir / "data").string() + R"("
 [checkpoint]
 dir = ")" + (run / "ckpt").string() + R"("
 [log]
-metrics = ")" + (run / "metrics.jsonl").string() + R"("
-trace = ")" + (run / "trace.json").string() + R"("
+metrics = ")" + (run / "metrics.jsonl").string() +
+                                          R"("
+trace = ")" + (run / "trace.json").string() +
+                                          R"("
 trace_steps = 2
 peak_tflops = 1.0
 )";
-  const auto trained = oases::testing::run_command(oases::testing::mpirun_prefix(2) + OASES_BINARY +
-                                                   " train --quiet --config " + (dir / "tiny.toml").string());
+  const auto trained =
+      oases::testing::run_command(oases::testing::mpirun_prefix(2) + OASES_BINARY +
+                                  " train --quiet --config " + (dir / "tiny.toml").string());
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
 
   const fs::path page = run / "report.html";
@@ -140,8 +143,8 @@ peak_tflops = 1.0
     std::ifstream in(run / "metrics.jsonl");
     for (std::string line; std::getline(in, line);) records.push_back(json::parse(line));
   }
-  ASSERT_EQ(count_numbers(records, "loss"), 4);     // train.steps
-  ASSERT_GE(count_numbers(records, "val_loss"), 2); // steps 2 and 4 at least
+  ASSERT_EQ(count_numbers(records, "loss"), 4);      // train.steps
+  ASSERT_GE(count_numbers(records, "val_loss"), 2);  // steps 2 and 4 at least
   std::map<int, int> events_per_rank;
   const json trace = json::parse(read_text(run / "trace.json"));
   for (const json& e : trace["traceEvents"])
@@ -151,11 +154,12 @@ peak_tflops = 1.0
   const fs::path profile = dir / "chromium-profile";
   const std::string browser =
       "timeout 60 chromium --headless --no-sandbox --disable-gpu --disable-background-networking "
-      "--no-first-run --user-data-dir=" + profile.string() + " --enable-logging=stderr --v=0 ";
+      "--no-first-run --user-data-dir=" +
+      profile.string() + " --enable-logging=stderr --v=0 ";
   const std::string url = "file://" + fs::absolute(page).string();
   const auto dumped = oases::testing::run_command(
-      browser + "--virtual-time-budget=5000 --dump-dom " + url + " > " + (dir / "dom.html").string() +
-      " 2> " + (dir / "chromium.log").string());
+      browser + "--virtual-time-budget=5000 --dump-dom " + url + " > " +
+      (dir / "dom.html").string() + " 2> " + (dir / "chromium.log").string());
   const std::string dom = without_scripts(read_text(dir / "dom.html"));
   const std::string log = read_text(dir / "chromium.log");
   ASSERT_EQ(dumped.exit_code, 0) << dumped.output << log;
@@ -164,16 +168,18 @@ peak_tflops = 1.0
   EXPECT_EQ(attribute(dom, "<body", "data-errors"), "0") << dom.substr(0, 4000);
 
   const std::map<std::string, std::string> expected_points{
-      {"chart-loss", "loss:" + std::to_string(count_numbers(records, "loss")) + ",val_loss:" +
-                         std::to_string(count_numbers(records, "val_loss"))},
+      {"chart-loss", "loss:" + std::to_string(count_numbers(records, "loss")) +
+                         ",val_loss:" + std::to_string(count_numbers(records, "val_loss"))},
       {"chart-lr", "lr:" + std::to_string(count_numbers(records, "lr"))},
       {"chart-grad-norm", "grad_norm:" + std::to_string(count_numbers(records, "grad_norm"))},
-      {"chart-tokens-per-s", "tokens_per_s:" + std::to_string(count_numbers(records, "tokens_per_s"))},
+      {"chart-tokens-per-s",
+       "tokens_per_s:" + std::to_string(count_numbers(records, "tokens_per_s"))},
       {"chart-mfu", "mfu:" + std::to_string(count_numbers(records, "mfu"))},
       {"chart-exposed-comm", "exposed_comm_share:" + std::to_string(count_exposed_share(records))},
-      {"chart-memory", "peak_mem_bytes:" + std::to_string(count_numbers(records, "peak_mem_bytes")) +
-                           ",peak_activation_bytes:" +
-                           std::to_string(count_numbers(records, "peak_activation_bytes"))}};
+      {"chart-memory",
+       "peak_mem_bytes:" + std::to_string(count_numbers(records, "peak_mem_bytes")) +
+           ",peak_activation_bytes:" +
+           std::to_string(count_numbers(records, "peak_activation_bytes"))}};
   for (const auto& [id, points] : expected_points)
     EXPECT_EQ(attribute(dom, "<svg id=\"" + id + "\"", "data-points"), points) << id;
 
@@ -214,7 +220,8 @@ peak_tflops = 1.0
   const fs::path screenshot = artifacts / "report.png";
   fs::remove(screenshot);
   const auto shot = oases::testing::run_command(
-      browser + "--virtual-time-budget=5000 --hide-scrollbars --window-size=1280,4000 --screenshot=" +
+      browser +
+      "--virtual-time-budget=5000 --hide-scrollbars --window-size=1280,4000 --screenshot=" +
       screenshot.string() + " " + url + " 2> " + (dir / "screenshot.log").string());
   ASSERT_EQ(shot.exit_code, 0) << shot.output << read_text(dir / "screenshot.log");
   const std::string png = read_text(screenshot);

@@ -32,15 +32,25 @@ constexpr const char* kDataElement = R"(<script type="application/json" id="repo
 
 std::string config_toml(const std::string& extra = "") {
   return "[model]\nlayers = 3\nhidden = 32\nheads = 4\nffn_hidden = 64\nvocab_size = 50\n"
-         "seq_len = 16\n[train]\nmicro_batch = 2\nglobal_batch = 4\n[parallel]\ntp = 2\n" + extra;
+         "seq_len = 16\n[train]\nmicro_batch = 2\nglobal_batch = 4\n[parallel]\ntp = 2\n" +
+         extra;
 }
 
 // A metrics line as the trainer writes it, at `step`, with the extra members `more`.
 std::string metrics_line(int step, const json& more = json::object()) {
-  json line = {{"step", step}, {"loss", 5.0 - 0.5 * step}, {"lr", 1e-3}, {"grad_norm", 1.5},
-               {"step_time_s", 0.25}, {"tokens_per_s", 256.0}, {"model_tflops", 0.01},
-               {"mfu", 0.1}, {"compute_s", 0.2}, {"exposed_comm_s", 0.05}, {"comm_s", 0.08},
-               {"peak_activation_bytes", 1000 * step}, {"peak_mem_bytes", 1 << 20}};
+  json line = {{"step", step},
+               {"loss", 5.0 - 0.5 * step},
+               {"lr", 1e-3},
+               {"grad_norm", 1.5},
+               {"step_time_s", 0.25},
+               {"tokens_per_s", 256.0},
+               {"model_tflops", 0.01},
+               {"mfu", 0.1},
+               {"compute_s", 0.2},
+               {"exposed_comm_s", 0.05},
+               {"comm_s", 0.08},
+               {"peak_activation_bytes", 1000 * step},
+               {"peak_mem_bytes", 1 << 20}};
   line.update(more);
   return line.dump() + "\n";
 }
@@ -79,11 +89,14 @@ json two_rank_trace() {
   const char* names[] = {"compute", "communication", "optimizer"};
   for (int rank = 0; rank < 2; ++rank) {
     for (int lane = 0; lane < 3; ++lane)
-      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", lane},
+      events.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", rank},
+                        {"tid", lane},
                         {"args", {{"name", names[lane]}}}});
     const auto add = [&](const std::string& name, int lane, double ts, double dur) {
-      events.push_back({{"name", name}, {"ph", "X"}, {"pid", rank}, {"tid", lane}, {"ts", ts},
-                        {"dur", dur}});
+      events.push_back(
+          {{"name", name}, {"ph", "X"}, {"pid", rank}, {"tid", lane}, {"ts", ts}, {"dur", dur}});
     };
     const double offset = 1000.0 + rank;  // the clock of the job, not zero
     add("F attention.0 mb0 sb0", 0, offset + 10, 5);
@@ -102,14 +115,25 @@ class ReportOfCompleteRun : public ::testing::Test {
  protected:
   void SetUp() override {
     config_ = config_toml("[log]\ntrace_steps = 1\n# a comment </script><!-- -->\n");
-    json run = {{"format", 1}, {"config", config_}, {"layer_degrees", {2, 1, 2}},
-                {"world_size", 2}, {"tp", 2}, {"dp", 1}, {"pp", 1}, {"threads", 3},
-                {"started", "2024-05-01T10:00:00Z"}, {"host", "node</script>7"},
-                {"cpu", "Test CPU 9000"}, {"parameters", 123456}, {"start_step", 0},
-                {"memory_bytes", {{"parameters", 4096}, {"gradients", 4096},
-                                  {"optimizer", 8192}, {"activations", 1000}}}};
+    json run = {
+        {"format", 1},
+        {"config", config_},
+        {"layer_degrees", {2, 1, 2}},
+        {"world_size", 2},
+        {"tp", 2},
+        {"dp", 1},
+        {"pp", 1},
+        {"threads", 3},
+        {"started", "2024-05-01T10:00:00Z"},
+        {"host", "node</script>7"},
+        {"cpu", "Test CPU 9000"},
+        {"parameters", 123456},
+        {"start_step", 0},
+        {"memory_bytes",
+         {{"parameters", 4096}, {"gradients", 4096}, {"optimizer", 8192}, {"activations", 1000}}}};
     write_bytes(dir_.file("run.json"), run.dump());
-    std::string metrics = json{{"step", 0}, {"tokens", 0}, {"time", 100.0}, {"val_loss", 6.0}}.dump() + "\n";
+    std::string metrics =
+        json{{"step", 0}, {"tokens", 0}, {"time", 100.0}, {"val_loss", 6.0}}.dump() + "\n";
     for (int step = 1; step <= 4; ++step) {
       json more = {{"time", 100.0 + step}, {"tokens", step * 64}, {"loss_scale", 1024.0}};
       if (step % 2 == 0) more["val_loss"] = 6.0 - step;
@@ -148,13 +172,15 @@ TEST_F(ReportOfCompleteRun, CollectsEveryFileItFinds) {
   EXPECT_EQ(fact(data, "host"), "node</script>7");
   EXPECT_EQ(fact(data, "cpu"), "Test CPU 9000");
   EXPECT_EQ(fact(data, "started"), "2024-05-01T10:00:00Z");
-  EXPECT_NE(fact(data, "model").find("123.5k parameters"), std::string::npos) << fact(data, "model");
+  EXPECT_NE(fact(data, "model").find("123.5k parameters"), std::string::npos)
+      << fact(data, "model");
   EXPECT_NE(fact(data, "layout").find("2 rank(s): tp 2 x dp 1 x pp 1"), std::string::npos);
   EXPECT_NE(fact(data, "layout").find("3 thread(s) per rank"), std::string::npos);
   EXPECT_EQ(fact(data, "steps"), "0 to 4 (5 records)");
   EXPECT_EQ(fact(data, "final training loss"), "3.0000 at step 4");
   EXPECT_EQ(fact(data, "final validation loss"), "2.0000 at step 4 (first 6.0000)");
-  EXPECT_EQ(fact(data, "total time"), "1.00 s in steps, 4.00 s wall clock from first to last record");
+  EXPECT_EQ(fact(data, "total time"),
+            "1.00 s in steps, 4.00 s wall clock from first to last record");
 
   const json& trace = data["trace"];
   ASSERT_TRUE(trace.is_object());
@@ -186,28 +212,39 @@ TEST_F(ReportOfCompleteRun, PageEmbedsTheDataWithoutEndingItsScript) {
   // Nothing fetched at view time.
   for (const char* fetch : {"src=\"http", "href=\"http", "src='http", "@import", "url(http"})
     EXPECT_EQ(count_of(html, fetch), 0u) << fetch;
-  for (const char* id : {"id=\"charts\"", "id=\"timeline-box\"", "id=\"errors\"", "data-errors=\"0\""})
+  for (const char* id :
+       {"id=\"charts\"", "id=\"timeline-box\"", "id=\"errors\"", "data-errors=\"0\""})
     EXPECT_NE(html.find(id), std::string::npos) << id;
   // The atomic write leaves no temporary file behind.
   EXPECT_FALSE(std::filesystem::exists(output + ".tmp"));
 }
 
 TEST_F(ReportOfCompleteRun, DefaultOutputIsInTheRunFolder) {
-  const std::string written = oases::train::write_report({dir_.path().string(), "", "", ""}, nullptr);
+  const std::string written =
+      oases::train::write_report({dir_.path().string(), "", "", ""}, nullptr);
   EXPECT_EQ(written, dir_.file("report.html"));
   EXPECT_EQ(embedded_data(read_bytes(written))["metrics"]["count"], 5);
 }
 
 TEST_F(ReportOfCompleteRun, NamedTraceThatCannotBeReadIsAnError) {
-  expect_user_error([&] { oases::train::collect_report_data({dir_.path().string(), "", "", dir_.file("gone.json")}, nullptr); },
-                    {"cannot read trace", "gone.json"});
+  expect_user_error(
+      [&] {
+        oases::train::collect_report_data({dir_.path().string(), "", "", dir_.file("gone.json")},
+                                          nullptr);
+      },
+      {"cannot read trace", "gone.json"});
   write_bytes(dir_.file("bad.json"), "{\"traceEvents\": [");
-  expect_user_error([&] { oases::train::collect_report_data({dir_.path().string(), "", "", dir_.file("bad.json")}, nullptr); },
-                    {"trace", "bad.json", "is not JSON"});
+  expect_user_error(
+      [&] {
+        oases::train::collect_report_data({dir_.path().string(), "", "", dir_.file("bad.json")},
+                                          nullptr);
+      },
+      {"trace", "bad.json", "is not JSON"});
 }
 
 TEST_F(ReportOfCompleteRun, FoundTraceThatCannotBeReadIsLeftOutWithAWarning) {
-  write_bytes(dir_.file("trace.json"), R"({"traceEvents": [{"ph": "X", "pid": 0, "tid": 0, "ts": "soon"}]})");
+  write_bytes(dir_.file("trace.json"),
+              R"({"traceEvents": [{"ph": "X", "pid": 0, "tid": 0, "ts": "soon"}]})");
   std::vector<std::string> warnings;
   const json data = oases::train::collect_report_data(
       {dir_.path().string(), "", "", ""}, [&](const std::string& w) { warnings.push_back(w); });
@@ -226,9 +263,9 @@ TEST_F(ReportOfCompleteRun, TraceNamedByTheConfigIsTakenFromTheRunFolder) {
   write_bytes(dir_.file("run.json"), run.dump());
   json one_rank = two_rank_trace();
   json& events = one_rank["traceEvents"];
-  events.erase(std::remove_if(events.begin(), events.end(),
-                              [](const json& e) { return e["pid"] == 1; }),
-               events.end());
+  events.erase(
+      std::remove_if(events.begin(), events.end(), [](const json& e) { return e["pid"] == 1; }),
+      events.end());
   write_bytes(dir_.file("steps.trace"), one_rank.dump());
   const json data = oases::train::collect_report_data({dir_.path().string(), "", "", ""}, nullptr);
   EXPECT_EQ(data["trace"]["path"], dir_.file("steps.trace"));
@@ -277,9 +314,9 @@ TEST(Report, OlderRunTakesTheConfigFromTheNewestCheckpoint) {
   EXPECT_EQ(fact(data, "host"), "not recorded");
   EXPECT_NE(fact(data, "checkpoints").find("step_3"), std::string::npos);
   const oases::train::RunConfig config = oases::train::parse_run_config(config_toml(), "test");
-  const std::string expected_model = fmt::format(
-      "gpt, 3 layers, hidden 32, 4 heads, seq 16, vocab 50: {:.1f}k parameters, fp32",
-      static_cast<double>(config.model.parameter_count()) / 1e3);
+  const std::string expected_model =
+      fmt::format("gpt, 3 layers, hidden 32, 4 heads, seq 16, vocab 50: {:.1f}k parameters, fp32",
+                  static_cast<double>(config.model.parameter_count()) / 1e3);
   EXPECT_EQ(fact(data, "model"), expected_model);
   EXPECT_TRUE(any_note_contains(data, "run.json is absent"));
   EXPECT_TRUE(any_note_contains(data, "no trace"));
@@ -292,6 +329,7 @@ TEST(Report, SingleRecordWithoutConfigOrTrace) {
   const json data = embedded_data(read_bytes(page));
   EXPECT_EQ(data["metrics"]["count"], 1);
   EXPECT_EQ(data["metrics"]["columns"]["loss"], json({4.5}));
+  EXPECT_EQ(fact(data, "steps"), "1 (1 record)");
   EXPECT_FALSE(data["metrics"]["columns"].contains("tokens"));
   EXPECT_TRUE(data["config"].is_null());
   EXPECT_TRUE(data["plan"].is_null());
@@ -302,20 +340,29 @@ TEST(Report, SingleRecordWithoutConfigOrTrace) {
 TEST(Report, MetricsFileOptionAndRunJsonLogMetricsName) {
   TempDir dir("report_named_metrics");
   write_bytes(dir.file("steps.jsonl"), metrics_line(1) + metrics_line(2));
-  expect_user_error([&] { oases::train::collect_report_data({dir.path().string(), "", "", ""}, nullptr); },
-                    {"no metrics file", dir.path().string(), "steps.jsonl", "--metrics"});
-  EXPECT_EQ(oases::train::collect_report_data({dir.path().string(), "", dir.file("steps.jsonl"), ""},
-                                              nullptr)["metrics"]["count"], 2);
+  expect_user_error(
+      [&] {
+        oases::train::collect_report_data({dir.path().string(), "", "", ""}, nullptr);
+      },
+      {"no metrics file", dir.path().string(), "steps.jsonl", "--metrics"});
+  EXPECT_EQ(
+      oases::train::collect_report_data({dir.path().string(), "", dir.file("steps.jsonl"), ""},
+                                        nullptr)["metrics"]["count"],
+      2);
   // run.json lives beside the metrics file; its config names that file.
-  write_bytes(dir.file("run.json"),
-              json{{"config", config_toml("[log]\nmetrics = \"/elsewhere/steps.jsonl\"\n")}}.dump());
-  EXPECT_EQ(oases::train::collect_report_data({dir.path().string(), "", "", ""}, nullptr)["metrics"]["count"], 2);
+  write_bytes(
+      dir.file("run.json"),
+      json{{"config", config_toml("[log]\nmetrics = \"/elsewhere/steps.jsonl\"\n")}}.dump());
+  EXPECT_EQ(oases::train::collect_report_data({dir.path().string(), "", "", ""},
+                                              nullptr)["metrics"]["count"],
+            2);
 }
 
 TEST(Report, RepeatedStepsKeepTheLaterRecordAndNullIsAMissingValue) {
   TempDir dir("report_repeated");
   write_bytes(dir.file("metrics.jsonl"), metrics_line(1) + metrics_line(2) + "\n" +
-                                             metrics_line(2, {{"loss", nullptr}}) + metrics_line(3));
+                                             metrics_line(2, {{"loss", nullptr}}) +
+                                             metrics_line(3));
   const json metrics = oases::train::read_metrics_columns(dir.file("metrics.jsonl"));
   EXPECT_EQ(metrics["count"], 3);
   EXPECT_EQ(metrics["repeated"], 1);
@@ -332,12 +379,16 @@ TEST(Report, BadMetricsAreErrorsNamingFileAndLine) {
   write_bytes(path, "\n  \n");
   expect_user_error([&] { oases::train::read_metrics_columns(path); }, {"holds no records"});
   write_bytes(path, metrics_line(1) + metrics_line(2) + "{\"step\": 3, \"loss\": 2.\n");
-  expect_user_error([&] { oases::train::read_metrics_columns(path); }, {path, "line 3", "not JSON"});
+  expect_user_error([&] { oases::train::read_metrics_columns(path); },
+                    {path, "line 3", "not JSON"});
   write_bytes(path, metrics_line(1) + "[1, 2]\n");
   expect_user_error([&] { oases::train::read_metrics_columns(path); }, {"line 2", "a JSON object"});
-  write_bytes(path, R"({"loss": 1.0})" "\n");
-  expect_user_error([&] { oases::train::read_metrics_columns(path); }, {"line 1", "\"step\"", "no step"});
-  write_bytes(path, R"({"step": -1, "loss": 1.0})" "\n");
+  write_bytes(path, R"({"loss": 1.0})"
+                    "\n");
+  expect_user_error([&] { oases::train::read_metrics_columns(path); },
+                    {"line 1", "\"step\"", "no step"});
+  write_bytes(path, R"({"step": -1, "loss": 1.0})"
+                    "\n");
   expect_user_error([&] { oases::train::read_metrics_columns(path); }, {"line 1", ">= 0", "-1"});
   write_bytes(path, metrics_line(1) + metrics_line(2, {{"grad_norm", "big"}}));
   expect_user_error([&] { oases::train::read_metrics_columns(path); },
@@ -346,12 +397,18 @@ TEST(Report, BadMetricsAreErrorsNamingFileAndLine) {
 
 TEST(Report, RunFolderMustExistAndHoldMetrics) {
   TempDir dir("report_folder");
-  expect_user_error([&] { oases::train::collect_report_data({dir.file("nope"), "", "", ""}, nullptr); },
-                    {"nope", "is not a directory"});
+  expect_user_error(
+      [&] {
+        oases::train::collect_report_data({dir.file("nope"), "", "", ""}, nullptr);
+      },
+      {"nope", "is not a directory"});
   write_bytes(dir.file("notes.txt"), "x");
   std::filesystem::create_directories(dir.path() / "ckpt");
-  expect_user_error([&] { oases::train::collect_report_data({dir.path().string(), "", "", ""}, nullptr); },
-                    {"no metrics file", "metrics.jsonl", "ckpt/, notes.txt"});
+  expect_user_error(
+      [&] {
+        oases::train::collect_report_data({dir.path().string(), "", "", ""}, nullptr);
+      },
+      {"no metrics file", "metrics.jsonl", "ckpt/, notes.txt"});
 }
 
 TEST(Report, TraceEventKindsFollowTheRecorderNames) {
@@ -389,7 +446,8 @@ TEST(Report, TraceMayBeABareArrayAndMustBeATrace) {
   write_bytes(dir.file("object.json"), R"({"events": []})");
   expect_user_error([&] { oases::train::read_trace_timeline(dir.file("object.json")); },
                     {"object.json", "traceEvents"});
-  write_bytes(dir.file("no_pid.json"), R"([{"name": "F", "ph": "X", "tid": 0, "ts": 5, "dur": 2}])");
+  write_bytes(dir.file("no_pid.json"),
+              R"([{"name": "F", "ph": "X", "tid": 0, "ts": 5, "dur": 2}])");
   expect_user_error([&] { oases::train::read_trace_timeline(dir.file("no_pid.json")); },
                     {"no_pid.json", "event 0", "pid"});
 }
@@ -400,8 +458,12 @@ TEST(Report, ScriptJsonEscapesEveryLessThanSign) {
   EXPECT_EQ(text.find('<'), std::string::npos) << text;
   EXPECT_EQ(json::parse(text), value);
   // Bytes that are not UTF-8 (a damaged config) do not stop the page.
-  const std::string damaged = oases::train::json_for_script(json{{"text", std::string("a\xff" "b")}});
-  EXPECT_EQ(json::parse(damaged)["text"], "a\xEF\xBF\xBD" "b") << damaged;  // U+FFFD
+  const std::string damaged = oases::train::json_for_script(json{{"text", std::string("a\xff"
+                                                                                      "b")}});
+  EXPECT_EQ(json::parse(damaged)["text"],
+            "a\xEF\xBF\xBD"
+            "b")
+      << damaged;  // U+FFFD
 }
 
 }  // namespace
