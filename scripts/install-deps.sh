@@ -3,14 +3,15 @@
 #   scripts/install-deps.sh          build + demo dependencies
 #   scripts/install-deps.sh --test   also what the test suite needs (PyTorch for parity tests;
 #                                    clang, its libFuzzer and sanitizer runtimes and OpenMP for
-#                                    the fuzz targets)
+#                                    the fuzz targets; chromium, which draws `oases report`'s
+#                                    page in the browser test)
 set -euo pipefail
 
 packages=(git cmake ninja-build g++ pkg-config libopenblas-openmp-dev libtomlplusplus-dev coinor-libcbc-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenmpi-dev openmpi-bin zlib1g-dev fortunes)
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(python3 python3-torch python3-numpy strace clang-14 libclang-rt-14-dev libomp-14-dev)
+  packages+=(python3 python3-torch python3-numpy strace clang-14 libclang-rt-14-dev libomp-14-dev chromium)
 fi
 
 missing=()

@@ -13,6 +13,7 @@
 #include "train/evaluate.h"
 #include "train/generate.h"
 #include "train/profiler.h"
+#include "train/report.h"
 #include "train/threads.h"
 #include "train/trainer.h"
 
@@ -486,6 +487,28 @@ Verb add_plan(CLI::App& app, PlanArgs& a) {
   return {c, [&a] { return run_plan(a); }};
 }
 
+Verb add_report(CLI::App& app, oases::train::ReportOptions& r) {
+  auto* c = app.add_subcommand(
+      "report",
+      "Write one self-contained HTML page about a run: loss and throughput charts, memory, the "
+      "per-rank timeline of its trace, its config and plan; prints the page's path");
+  c->add_option("run_dir", r.run_dir,
+                "The run's folder: metrics.jsonl (its log.metrics), and run.json, a trace and "
+                "checkpoints when present")
+      ->required();
+  c->add_option("--output", r.output, "Where to write the page (default RUN_DIR/report.html)");
+  c->add_option("--metrics", r.metrics, "The metrics file (default RUN_DIR/metrics.jsonl)");
+  c->add_option("--trace", r.trace,
+                "The Chrome trace to draw (default: the config's log.trace, else "
+                "RUN_DIR/trace.json, when present)");
+  return {c, [&r] {
+            const std::string path = oases::train::write_report(
+                r, [](const std::string& warning) { oases::log_warning("{}", warning); });
+            fmt::print("{}\n", path);
+            return 0;
+          }};
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"oases: train transformer language models with overlapped tensor parallelism",
                "oases"};
@@ -498,13 +521,15 @@ int run(int argc, char** argv) {
   PlanArgs plan;
   EvalArgs eval;
   std::string verify_path;
+  oases::train::ReportOptions report;
   const std::vector<Verb> verbs{add_train(app, train),
                                 add_prepare_data(app, prepare),
                                 add_generate(app, generate),
                                 add_profile(app, profile),
                                 add_plan(app, plan),
                                 add_verify_checkpoint(app, verify_path),
-                                add_eval(app, eval)};
+                                add_eval(app, eval),
+                                add_report(app, report)};
   CLI11_PARSE(app, argc, argv);
   for (const Verb& verb : verbs) {
     if (!*verb.command) continue;
