@@ -347,8 +347,8 @@ SentencePieceTrainingSummary train_sentencepiece(const SentencePieceTrainingOpti
     // to a value <= M."
     if (const std::size_t vs = message.find(" vs "); vs != std::string::npos &&
                                                        message.find("required_chars") != std::string::npos)
-      OASES_FAIL("--vocab-size = {} is too small for {}: it needs at least {} pieces, one for "
-                 "each of its characters besides byte fallback's {} (SentencePiece: {})",
+      OASES_FAIL("--vocab-size = {} is too small for {}: it needs at least {} pieces (byte "
+                 "fallback's {} and one for each character of the text) (SentencePiece: {})",
                  o.vocab_size, text, std::atoll(message.c_str() + vs + 4), kReservedPieces,
                  message);
     if (const std::size_t le = message.find("<= "); le != std::string::npos)
