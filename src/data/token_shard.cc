@@ -249,8 +249,8 @@ TokenShard load_token_shard(const std::string& path) {
 PrepareDataSummary prepare_data(const std::vector<std::string>& inputs,
                                 const std::string& output_prefix, double val_fraction,
                                 const std::string& tokenizer_name,
-                                const std::string& tokenizer_dir) {
-  const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(tokenizer_name, tokenizer_dir);
+                                const std::string& tokenizer_model) {
+  const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(tokenizer_name, tokenizer_model);
   OASES_CHECK(val_fraction >= 0.0 && val_fraction < 1.0,
               "--val-fraction = {} is outside [0, 1): it is the share of the tokens kept for "
               "validation (e.g. 0.1; 0 keeps none)",
@@ -308,6 +308,12 @@ PrepareDataSummary prepare_data(const std::vector<std::string>& inputs,
     fs::create_directories(parent, ec);
     OASES_CHECK(!ec, "cannot create the output directory '{}' for --output '{}': {}",
                 parent.string(), output_prefix, ec.message());
+  }
+  // A tokenizer that its name does not determine travels with its shards (written first: the
+  // shards complete the output).
+  if (const std::string model = tokenizer->model_file_contents(); !model.empty()) {
+    summary.tokenizer_model_path = tokenizer_model_beside_shards(output_prefix);
+    write_file_atomically(summary.tokenizer_model_path, model);
   }
   const std::span<const std::int32_t> all(tokens);
   write_token_shard(summary.train_path, summary.tokenizer, summary.vocab_size,

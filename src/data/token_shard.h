@@ -66,19 +66,24 @@ struct PrepareDataSummary {
   std::int64_t val_tokens = 0;
   std::string train_path;  // <prefix>_train.bin
   std::string val_path;    // <prefix>_val.bin
+  // <prefix>_tokenizer.model, the copy of the tokenizer's model file; empty when the
+  // tokenizer's name determines it (Tokenizer::model_file_contents).
+  std::string tokenizer_model_path;
 };
 
 // Tokenizes `inputs` in order, each file on its own, and concatenates their tokens, with the
 // tokenizer's end-of-document token (gpt2: <|endoftext|>) between consecutive files when it has
 // one; writes `<output_prefix>_train.bin` (the first tokens) and `<output_prefix>_val.bin` (the
-// last round(total * val_fraction) tokens). `tokenizer_dir` is where a tokenizer with files
-// finds them (make_tokenizer). Missing parent directories of the prefix are created.
+// last round(total * val_fraction) tokens). `tokenizer_model` is the tokenizer's file or folder
+// (make_tokenizer); a sentencepiece model is copied to `<output_prefix>_tokenizer.model`
+// (tokenizer_model_beside_shards), where training finds it by default. Missing parent
+// directories of the prefix are created.
 // With val_fraction = 0 the validation shard is written empty. Preconditions (UserError
 // otherwise): at least one input; every input an existing non-empty regular file;
 // val_fraction in [0, 1); when val_fraction > 0, both splits non-empty.
 PrepareDataSummary prepare_data(const std::vector<std::string>& inputs,
                                 const std::string& output_prefix, double val_fraction,
                                 const std::string& tokenizer,
-                                const std::string& tokenizer_dir = "");
+                                const std::string& tokenizer_model = "");
 
 }  // namespace oases::data

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "data/gpt2_tokenizer.h"
+#include "data/sentencepiece_tokenizer.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -36,7 +37,7 @@ class ByteTokenizer final : public Tokenizer {
 
 }  // namespace
 
-std::vector<std::string> tokenizer_names() { return {"byte", "gpt2"}; }
+std::vector<std::string> tokenizer_names() { return {"byte", "gpt2", "sentencepiece"}; }
 
 std::optional<std::int64_t> known_vocab_size(std::string_view name) {
   if (name == "byte") return 256;
@@ -44,11 +45,23 @@ std::optional<std::int64_t> known_vocab_size(std::string_view name) {
   return std::nullopt;
 }
 
-std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& files_dir) {
-  if (name == "byte") return std::make_unique<ByteTokenizer>();
-  if (name == "gpt2") return load_gpt2_tokenizer(files_dir);
+std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& model_path) {
+  if (name == "byte") {
+    OASES_CHECK(model_path.empty(),
+                "the byte tokenizer reads no model file, but '{}' was given as its tokenizer "
+                "model; leave the tokenizer model unset, or pick the tokenizer it belongs to "
+                "(gpt2 or sentencepiece)",
+                model_path);
+    return std::make_unique<ByteTokenizer>();
+  }
+  if (name == "gpt2") return load_gpt2_tokenizer(model_path);
+  if (name == kSentencePieceName) return load_sentencepiece_tokenizer(model_path);
   OASES_FAIL("unknown tokenizer '{}'; valid tokenizers: {}", name,
              fmt::join(tokenizer_names(), ", "));
+}
+
+std::string tokenizer_model_beside_shards(const std::string& prefix) {
+  return prefix + "_tokenizer.model";
 }
 
 }  // namespace oases::data

@@ -27,21 +27,34 @@ class Tokenizer {
   // The token generation from an empty prompt starts after: the document separator where
   // there is one, else a token that ends documents in practice.
   virtual std::int32_t end_of_document() const = 0;
+  // The bytes of the model file this tokenizer was loaded from, when its name alone does not
+  // determine it (sentencepiece: the trained .model, which prepare-data copies beside the
+  // shards and every checkpoint carries); empty when the name suffices (byte, gpt2).
+  virtual std::string model_file_contents() const { return {}; }
 };
 
 // The names make_tokenizer accepts, for help texts and error messages.
 std::vector<std::string> tokenizer_names();
 
-// The vocabulary size of the tokenizer called `name`, known without reading any file;
-// nullopt for a name that is not in tokenizer_names().
+// The vocabulary size of the tokenizer called `name` when the name alone determines it (byte,
+// gpt2); nullopt for sentencepiece (its vocabulary is its model file's) and for a name that is
+// not in tokenizer_names().
 std::optional<std::int64_t> known_vocab_size(std::string_view name);
 
 // "byte": token = byte value, vocab 256. It has no document separator (prepare-data
 // concatenates its inputs as they are); its end_of_document() is the newline, which ends the
-// last line of every text file. "gpt2": GPT-2's byte-level BPE, vocab 50257, with
-// <|endoftext|> (50256) between documents, read from encoder.json and vocab.bpe in `files_dir`
-// (empty: default_gpt2_tokenizer_dir(), see data/gpt2_tokenizer.h). Any other name is a
-// UserError listing valid names.
-std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& files_dir = "");
+// last line of every text file; it reads no file (model_path must be empty).
+// "gpt2": GPT-2's byte-level BPE, vocab 50257, with <|endoftext|> (50256) between documents,
+// read from `model_path`: a Hugging Face tokenizer.json, or a folder holding it or encoder.json
+// and vocab.bpe (empty: default_gpt2_tokenizer_dir(); see data/gpt2_tokenizer.h).
+// "sentencepiece": the SentencePiece model file `model_path` (required), vocab = its piece
+// count, its end-of-sentence piece between documents (data/sentencepiece_tokenizer.h).
+// Any other name is a UserError listing valid names.
+std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& model_path = "");
+
+// Where prepare-data keeps the copy of the tokenizer's model file for the shards at `prefix`
+// (`<prefix>_tokenizer.model`), and where training looks for it when data.tokenizer_model is
+// not set.
+std::string tokenizer_model_beside_shards(const std::string& prefix);
 
 }  // namespace oases::data

@@ -25,9 +25,9 @@ const std::regex& step_pattern() {
 }
 
 std::string marker_text(std::int64_t step, const fs::path& folder,
-                        std::initializer_list<const char*> files) {
+                        const std::vector<std::string>& files) {
   std::string text = fmt::format("{}\nstep {}\n", kMarkerHeader, step);
-  for (const char* name : files) {
+  for (const std::string& name : files) {
     const FileChecksum sum = file_checksum((folder / name).string());
     text += fmt::format("file {} {} {:08x}\n", name, sum.bytes, sum.crc32);
   }
@@ -96,7 +96,8 @@ std::vector<std::string> clean_checkpoint_dir(const std::string& dir) {
 
 std::string write_checkpoint(const std::string& dir, std::int64_t step,
                              const SafetensorsWriter& model, const SafetensorsWriter& optimizer,
-                             std::int64_t keep, const CheckpointLog& log) {
+                             std::int64_t keep, const CheckpointLog& log,
+                             const std::vector<CheckpointFile>& extra_files) {
   const fs::path root(dir);
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -105,7 +106,8 @@ std::string write_checkpoint(const std::string& dir, std::int64_t step,
     if (log) log(fmt::format("removed {}, left by an interrupted save or prune", folder));
 
   // Room for this checkpoint: prune before writing when the disk would not hold it.
-  const std::uint64_t needed = model.file_bytes() + optimizer.file_bytes();
+  std::uint64_t needed = model.file_bytes() + optimizer.file_bytes();
+  for (const CheckpointFile& file : extra_files) needed += file.contents.size();
   auto complete = complete_checkpoints(dir);
   while (keep > 0 && !complete.empty() &&
          static_cast<std::int64_t>(complete.size()) >= keep && available_bytes(root) < needed &&
@@ -127,8 +129,16 @@ std::string write_checkpoint(const std::string& dir, std::int64_t step,
   try {
     model.write((partial / kModelFile).string());
     optimizer.write((partial / kOptimizerFile).string());
-    write_file_atomically((partial / kCompleteMarker).string(),
-                          marker_text(step, partial, {kModelFile, kOptimizerFile}));
+    std::vector<std::string> listed = {kModelFile, kOptimizerFile};
+    for (const CheckpointFile& file : extra_files) {
+      OASES_ASSERT(fs::path(file.name).filename() == fs::path(file.name) &&
+                       std::find(listed.begin(), listed.end(), file.name) == listed.end() &&
+                       file.name != kCompleteMarker,
+                   "checkpoint file name '{}' is not a plain file name of its own", file.name);
+      write_file_atomically((partial / file.name).string(), file.contents);
+      listed.push_back(file.name);
+    }
+    write_file_atomically((partial / kCompleteMarker).string(), marker_text(step, partial, listed));
     publish_folder(partial, target);
   } catch (const UserError& e) {
     remove_folder(partial);  // what a failed save wrote must not keep its space

@@ -35,14 +35,22 @@ inline constexpr const char* kCompleteMarker = "COMPLETE";
 // Messages for the log (e.g. "pruned step_3 before writing: ...").
 using CheckpointLog = std::function<void(const std::string&)>;
 
+// A further file of a checkpoint (e.g. the tokenizer's model), written and vouched for by the
+// marker like the two safetensors files. `name` is a plain file name.
+struct CheckpointFile {
+  std::string name;
+  std::string contents;
+};
+
 // Writes step_<step> under dir as above and removes the oldest complete checkpoints beyond
 // `keep` (0 keeps all). Before writing, it cleans leftovers and, when the file system lacks
 // the room for another checkpoint of this size (`model` and `optimizer` bytes) and keep > 0,
 // prunes down to keep - 1 first (saying so through `log`). A failed write removes what it
-// wrote. Returns the checkpoint folder.
+// wrote. `extra_files` join the folder and the marker. Returns the checkpoint folder.
 std::string write_checkpoint(const std::string& dir, std::int64_t step,
                              const SafetensorsWriter& model, const SafetensorsWriter& optimizer,
-                             std::int64_t keep, const CheckpointLog& log = {});
+                             std::int64_t keep, const CheckpointLog& log = {},
+                             const std::vector<CheckpointFile>& extra_files = {});
 
 // Removes leftovers of interrupted saves and prunes from dir: `*.partial` and `*.deleting`
 // folders, and step folders without a marker (empty or incomplete). Returns what it removed.

@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include "core/error.h"
+#include "data/sentencepiece_tokenizer.h"
 #include "io/checkpoint_dir.h"
 #include "io/safetensors.h"
 
@@ -113,8 +114,8 @@ void read_shard(const io::SafetensorsFile& file, const std::string& name,
 
 std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                             const model::Model& model, optim::Optimizer& optimizer,
-                            const TrainingState& state, std::int64_t keep,
-                            comm::Communicator& tp, bool write_files,
+                            const TrainingState& state, const std::string& tokenizer_model,
+                            std::int64_t keep, comm::Communicator& tp, bool write_files,
                             const std::function<void(const std::string&)>& log) {
   const model::ParamLayout& layout = model.layout();
   io::SafetensorsWriter model_file, optimizer_file;
@@ -142,7 +143,10 @@ std::string save_checkpoint(const std::string& dir, const RunConfig& config,
   optimizer_file.set_metadata("seed", std::to_string(state.seed));
   optimizer_file.set_metadata("data_tokens", std::to_string(state.data_tokens));
   optimizer_file.set_metadata("oases_config", config_toml);
-  return io::write_checkpoint(dir, state.step, model_file, optimizer_file, keep, log);
+  std::vector<io::CheckpointFile> extra_files;
+  if (!tokenizer_model.empty()) extra_files.push_back({kTokenizerModelFile, tokenizer_model});
+  return io::write_checkpoint(dir, state.step, model_file, optimizer_file, keep, log,
+                              extra_files);
 }
 
 void add_whole_tensors(io::SafetensorsWriter& writer, const std::string& prefix,
@@ -222,7 +226,9 @@ CheckpointSummary verify_checkpoint(const std::string& checkpoint_dir) {
   OASES_ASSERT(state.step == files.step, "the folder step was checked against both");
   summary.step = state.step;
   summary.checksummed = files.checksummed;
-  config_from_checkpoint(checkpoint_dir);  // the stored configuration parses and validates
+  // The stored configuration parses and validates, and a carried tokenizer loads.
+  if (config_from_checkpoint(checkpoint_dir).data.tokenizer == data::kSentencePieceName)
+    checkpoint_tokenizer(checkpoint_dir);
 
   for (const io::SafetensorsFile* file : {&model_file, &optimizer_file}) {
     for (const std::string& name : file->names()) {
@@ -271,6 +277,38 @@ RunConfig config_from_checkpoint(const std::string& path) {
                                            ~(toml::format_flags::allow_literal_strings |
                                              toml::format_flags::allow_multi_line_strings));
   return parse_run_config(text.str(), model_file + " (oases_config)");
+}
+
+std::unique_ptr<data::Tokenizer> checkpoint_tokenizer(const std::string& checkpoint,
+                                                      const std::string& gpt2_files) {
+  const RunConfig config = config_from_checkpoint(checkpoint);
+  const std::string& name = config.data.tokenizer;
+  if (name != data::kSentencePieceName) {
+    OASES_CHECK(gpt2_files.empty() || name == "gpt2",
+                "checkpoint '{}' was trained with the {} tokenizer, which reads no files, but "
+                "gpt2 tokenizer files '{}' were given; leave them out",
+                checkpoint, name, gpt2_files);
+    return data::make_tokenizer(name, gpt2_files);
+  }
+  OASES_CHECK(gpt2_files.empty(),
+              "checkpoint '{}' was trained with the sentencepiece tokenizer, whose model it "
+              "carries ({}); the gpt2 tokenizer files '{}' do not apply: leave them out",
+              checkpoint, kTokenizerModelFile, gpt2_files);
+  const fs::path folder = fs::path(io::resolve_model_file(checkpoint)).parent_path();
+  const std::string path = (folder / kTokenizerModelFile).string();
+  std::error_code ec;
+  OASES_CHECK(fs::is_regular_file(path, ec),
+              "checkpoint '{}' was trained with the sentencepiece tokenizer but holds no {} (its "
+              "model file, which every checkpoint of such a run carries); it was removed, or the "
+              "checkpoint was copied without it",
+              folder.string(), kTokenizerModelFile);
+  std::unique_ptr<data::Tokenizer> tokenizer = data::load_sentencepiece_tokenizer(path);
+  OASES_CHECK(tokenizer->vocab_size() <= config.model.vocab_size,
+              "checkpoint '{}': its tokenizer {} has {} tokens, more than its model.vocab_size = "
+              "{}; the checkpoint's files do not belong together",
+              folder.string(), kTokenizerModelFile, tokenizer->vocab_size(),
+              config.model.vocab_size);
+  return tokenizer;
 }
 
 }  // namespace oases::train

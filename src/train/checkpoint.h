@@ -6,6 +6,9 @@
 //   optimizer.safetensors  the optimizer's state tensors (AdamW: "exp_avg.<name>",
 //                          "exp_avg_sq.<name>"), whole, same element type; metadata: step,
 //                          seed, data position, format version, the run's TOML
+//   tokenizer.model        for data.tokenizer = "sentencepiece": the run's tokenizer model
+//                          file, byte for byte, so the checkpoint decodes its own tokens
+//                          whatever became of the data folder (see checkpoint_tokenizer)
 //
 // Whole tensors are written whatever the parallel layout, so a run resumes under any other
 // layout, plan or precision (values are converted on reading).
@@ -19,12 +22,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
 namespace oases::train {
 
 inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr const char* kTokenizerModelFile = "tokenizer.model";
 
 struct TrainingState {
   std::int64_t step = 0;           // completed optimizer steps
@@ -37,13 +42,14 @@ struct TrainingState {
 
 // Writes step_<state.step> under dir and removes the oldest complete checkpoints beyond `keep`
 // (0 keeps all), by the protocol of io/checkpoint_dir.h (`log` hears what it cleaned or pruned
-// early). Returns the checkpoint folder. Every rank of the tensor-parallel group `tp` must call
+// early), with `tokenizer_model` (Tokenizer::model_file_contents of the run's tokenizer) as
+// tokenizer.model when it is not empty. Returns the checkpoint folder. Every rank of the tensor-parallel group `tp` must call
 // this (the shards are assembled over it); only the rank with `write_files` writes. A tensor
 // holding a NaN or an infinity is never written: UserError on every rank.
 std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                             const model::Model& model, optim::Optimizer& optimizer,
-                            const TrainingState& state, std::int64_t keep,
-                            comm::Communicator& tp, bool write_files,
+                            const TrainingState& state, const std::string& tokenizer_model,
+                            std::int64_t keep, comm::Communicator& tp, bool write_files,
                             const std::function<void(const std::string&)>& log = {});
 
 // Adds to `writer`, as `prefix` + parameter name, the whole tensor of every parameter of
@@ -86,5 +92,16 @@ CheckpointSummary verify_checkpoint(const std::string& checkpoint_dir);
 // The run configuration stored in a checkpoint's model.safetensors (for `oases generate`),
 // with the [parallel] section at its defaults: one process, whatever trained it.
 RunConfig config_from_checkpoint(const std::string& checkpoint_dir);
+
+// The tokenizer of a checkpoint (a step_N folder, a run's checkpoint.dir or a model.safetensors
+// file, as config_from_checkpoint takes): the tokenizer its stored data.tokenizer names, with
+// the model file the checkpoint carries (sentencepiece: tokenizer.model beside
+// model.safetensors; data.tokenizer_model and the data folder are not consulted). gpt2 reads
+// its files from `gpt2_files` (a tokenizer.json or a folder; empty: its default). Everything
+// that turns a checkpoint's tokens into text or back calls this. UserError when the
+// sentencepiece model is missing, does not load, or has more tokens than model.vocab_size, and
+// when `gpt2_files` is given for a checkpoint whose tokenizer is not gpt2.
+std::unique_ptr<data::Tokenizer> checkpoint_tokenizer(const std::string& checkpoint,
+                                                      const std::string& gpt2_files = "");
 
 }  // namespace oases::train

@@ -150,6 +150,7 @@ const std::map<std::string, SectionFields>& schema() {
       {"data",
        {{"path", bind(&RunConfig::data, &DataConfig::path)},
         {"tokenizer", bind(&RunConfig::data, &DataConfig::tokenizer)},
+        {"tokenizer_model", bind(&RunConfig::data, &DataConfig::tokenizer_model)},
         {"shuffle", bind(&RunConfig::data, &DataConfig::shuffle)}}},
       {"checkpoint",
        {{"dir", bind(&RunConfig::checkpoint, &CheckpointConfig::dir)},
@@ -471,9 +472,15 @@ void RunConfig::validate() const {
   OASES_CHECK(t.eval_steps >= 1, "train.eval_steps = {} must be at least 1", t.eval_steps);
   OASES_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0: automatic, the host's cores shared among its ranks)", t.threads);
 
-  OASES_CHECK(data::known_vocab_size(data.tokenizer).has_value(),
+  const std::vector<std::string> tokenizers = data::tokenizer_names();
+  OASES_CHECK(std::find(tokenizers.begin(), tokenizers.end(), data.tokenizer) != tokenizers.end(),
               "data.tokenizer = \"{}\" is not known; valid: \"{}\"", data.tokenizer,
-              fmt::join(data::tokenizer_names(), "\", \""));
+              fmt::join(tokenizers, "\", \""));
+  OASES_CHECK(data.tokenizer_model.empty() || data.tokenizer != "byte",
+              "data.tokenizer_model = \"{}\" is set, but data.tokenizer = \"{}\" reads no model "
+              "file; unset it, or set data.tokenizer to the tokenizer the file belongs to "
+              "(\"gpt2\" or \"sentencepiece\")",
+              data.tokenizer_model, data.tokenizer);
   OASES_CHECK(checkpoint.every >= 0, "checkpoint.every = {} must be >= 0", checkpoint.every);
   OASES_CHECK(checkpoint.keep >= 0, "checkpoint.keep = {} must be >= 0 (0 keeps all)",
               checkpoint.keep);
@@ -540,6 +547,7 @@ std::string to_toml(const RunConfig& c) {
                                    {"seed", t.seed}, {"eval_every", t.eval_every},
                                    {"eval_steps", t.eval_steps}, {"threads", t.threads}});
   root.insert("data", toml::table{{"path", c.data.path}, {"tokenizer", c.data.tokenizer},
+                                  {"tokenizer_model", c.data.tokenizer_model},
                                   {"shuffle", c.data.shuffle}});
   root.insert("checkpoint", toml::table{{"dir", c.checkpoint.dir}, {"every", c.checkpoint.every},
                                         {"keep", c.checkpoint.keep},
@@ -550,6 +558,34 @@ std::string to_toml(const RunConfig& c) {
   std::ostringstream out;
   out << toml::toml_formatter(root, kRoundTripFormat);
   return out.str();
+}
+
+std::string tokenizer_model_path(const RunConfig& config) {
+  if (!config.data.tokenizer_model.empty()) return config.data.tokenizer_model;
+  if (config.data.tokenizer != "sentencepiece" || config.data.path.empty()) return "";
+  const std::string beside = data::tokenizer_model_beside_shards(config.data.path);
+  std::error_code ec;
+  return std::filesystem::exists(beside, ec) ? beside : "";
+}
+
+std::unique_ptr<data::Tokenizer> load_run_tokenizer(const RunConfig& config) {
+  const std::string path = tokenizer_model_path(config);
+  if (path.empty() && config.data.tokenizer != "sentencepiece") return nullptr;
+  OASES_CHECK(!path.empty(),
+              "data.tokenizer = \"sentencepiece\" needs its model file: set data.tokenizer_model "
+              "to the .model file (made by `oases train-tokenizer`), or run `oases prepare-data "
+              "--tokenizer sentencepiece --tokenizer-model P.model --output {}`, which copies it "
+              "to '{}' where training looks by default",
+              config.data.path.empty() ? std::string("PREFIX") : config.data.path,
+              data::tokenizer_model_beside_shards(
+                  config.data.path.empty() ? std::string("PREFIX") : config.data.path));
+  std::unique_ptr<data::Tokenizer> tokenizer = data::make_tokenizer(config.data.tokenizer, path);
+  OASES_CHECK(config.model.vocab_size >= tokenizer->vocab_size(),
+              "model.vocab_size = {} is smaller than the vocabulary of the {} tokenizer '{}' ({} "
+              "tokens); set model.vocab_size to at least {}",
+              config.model.vocab_size, tokenizer->name(), path, tokenizer->vocab_size(),
+              tokenizer->vocab_size());
+  return tokenizer;
 }
 
 std::vector<int> layer_degrees(const RunConfig& config) {

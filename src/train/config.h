@@ -4,10 +4,12 @@
 // the value found and what is valid.
 #pragma once
 
+#include "data/tokenizer.h"
 #include "model/config.h"
 #include "schedule/schedule.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -57,7 +59,11 @@ struct OptimConfig {
 
 struct DataConfig {
   std::string path;  // shard prefix: reads <path>_train.bin and <path>_val.bin
-  std::string tokenizer = "byte";
+  std::string tokenizer = "byte";  // "byte", "gpt2" or "sentencepiece" (data/tokenizer.h)
+  // The tokenizer's model file: sentencepiece's .model; for gpt2 a tokenizer.json or a folder
+  // (data/gpt2_tokenizer.h). Empty: for sentencepiece, prepare-data's copy beside the shards
+  // (<path>_tokenizer.model); for gpt2, its default folder. Must be empty for byte.
+  std::string tokenizer_model;
   bool shuffle = false;
 };
 
@@ -105,5 +111,18 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 
 // The configuration as TOML (stored with checkpoints, printed by `oases train --print-config`).
 std::string to_toml(const RunConfig& config);
+
+// The tokenizer model file the run reads: data.tokenizer_model when set; else, for
+// sentencepiece, data/tokenizer.h's tokenizer_model_beside_shards(data.path) when that file
+// exists; else empty.
+std::string tokenizer_model_path(const RunConfig& config);
+
+// The run's tokenizer, when training has something to learn from it: for sentencepiece
+// (whose vocabulary only its model file knows) and for any tokenizer given a model file (which
+// is then checked to load); nullptr for byte, and for gpt2 from its default files, whose
+// names say all (known_vocab_size). UserError when sentencepiece has no model file (naming
+// data.tokenizer_model and the default it looked for), when the model does not load, or when
+// model.vocab_size is smaller than the tokenizer's vocabulary.
+std::unique_ptr<data::Tokenizer> load_run_tokenizer(const RunConfig& config);
 
 }  // namespace oases::train

@@ -173,7 +173,7 @@ Generation generate_text(const GenerateOptions& o) {
   config.train.micro_batch = 1;
   config.train.global_batch = 1;
   config.checkpoint = {};
-  const auto tokenizer = data::make_tokenizer(config.data.tokenizer, o.tokenizer_dir);
+  const auto tokenizer = checkpoint_tokenizer(o.checkpoint, o.tokenizer_dir);
   TrainingEngine engine(config);
   load_model_weights(io::resolve_model_file(o.checkpoint), engine.model().layout(),
                      engine.model().params());

@@ -42,7 +42,9 @@ struct GenerateOptions {
   std::uint64_t seed = 0;
   bool kv_cache = true;               // false: full forward over the context for every token
   std::int64_t slide_keep = 0;        // in [0, model.seq_len]; 0: seq_len / 2 (at least 1)
-  std::string tokenizer_dir;    // where the gpt2 tokenizer's files are; empty: its default
+  // gpt2 checkpoints only: the tokenizer's files (a tokenizer.json or a folder); empty: its
+  // default. A sentencepiece checkpoint carries its own model (checkpoint_tokenizer).
+  std::string tokenizer_dir;
 };
 
 struct Generation {
@@ -62,7 +64,8 @@ void validate(const GenerateOptions& options);
 Generation generate(TrainingEngine& engine, const data::Tokenizer& tokenizer,
                     const GenerateOptions& options);
 
-// Loads options.checkpoint (its model, precision and tokenizer) and generates from it.
+// Loads options.checkpoint (its model, precision and, by checkpoint_tokenizer, its tokenizer)
+// and generates from it.
 Generation generate_text(const GenerateOptions& options);
 
 }  // namespace oases::train

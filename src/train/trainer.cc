@@ -51,7 +51,9 @@ std::string format_rate(double per_second) {
   return fmt::format("{:.0f}", per_second);
 }
 
-data::TokenShard load_shard_for(const RunConfig& config, const std::string& split) {
+// `tokenizer`: the run's (load_run_tokenizer), when it was loaded.
+data::TokenShard load_shard_for(const RunConfig& config, const std::string& split,
+                                const data::Tokenizer* tokenizer) {
   OASES_CHECK(!config.data.path.empty(),
               "data.path is not set; run `oases prepare-data --input FILE --output PREFIX` and "
               "pass --set data.path=PREFIX");
@@ -64,11 +66,18 @@ data::TokenShard load_shard_for(const RunConfig& config, const std::string& spli
   OASES_CHECK(shard.tokenizer == config.data.tokenizer,
               "data shard '{}' was made with tokenizer \"{}\" but data.tokenizer = \"{}\"",
               shard.path, shard.tokenizer, config.data.tokenizer);
+  OASES_CHECK(!tokenizer || shard.vocab_size == tokenizer->vocab_size(),
+              "data shard '{}' has a vocabulary of {} tokens, but the tokenizer model '{}' has "
+              "{}: the shards were made with another model; set data.tokenizer_model to that one, "
+              "or run prepare-data again with this one",
+              shard.path, shard.vocab_size, tokenizer_model_path(config),
+              tokenizer ? tokenizer->vocab_size() : 0);
   return shard;
 }
 
 // The training and (when evaluation is on) validation data, and their batch makers.
 struct RunData {
+  std::unique_ptr<data::Tokenizer> tokenizer;  // see load_run_tokenizer; may be null
   data::TokenShard train_shard;
   std::optional<data::DataLoader> train_loader;
   std::optional<BatchMaker> train_batches;
@@ -82,11 +91,12 @@ std::unique_ptr<RunData> load_data(const RunConfig& config) {
   const std::int64_t seq = config.model.seq_len;
   const auto seed = static_cast<std::uint64_t>(t.seed);
   auto d = std::make_unique<RunData>();
-  d->train_shard = load_shard_for(config, "train");
+  d->tokenizer = load_run_tokenizer(config);
+  d->train_shard = load_shard_for(config, "train", d->tokenizer.get());
   d->train_loader.emplace(d->train_shard, seq, t.global_batch, config.data.shuffle, seed);
   d->train_batches.emplace(config, *d->train_loader, d->train_shard.vocab_size);
   if (t.eval_every > 0) {
-    d->val_shard = load_shard_for(config, "val");
+    d->val_shard = load_shard_for(config, "val", d->tokenizer.get());
     d->val_loader.emplace(*d->val_shard, seq, t.global_batch, false, seed);
     d->val_batches.emplace(config, *d->val_loader, d->val_shard->vocab_size);
   }
@@ -614,8 +624,9 @@ class Run {
     // Cleaning and early pruning are rare and change what is on disk: said even with --quiet.
     ProgressLine* progress = progress_ ? &*progress_ : nullptr;
     std::string saved = save_checkpoint(
-        c.dir, config_, engine_.model(), engine_.optimizer(), state, c.keep, mesh_.tp_group(),
-        leader, [progress](const std::string& what) {
+        c.dir, config_, engine_.model(), engine_.optimizer(), state,
+        data_->tokenizer ? data_->tokenizer->model_file_contents() : std::string(), c.keep,
+        mesh_.tp_group(), leader, [progress](const std::string& what) {
           if (progress)
             progress->log(LogLevel::warning, "checkpoint: " + what);
           else

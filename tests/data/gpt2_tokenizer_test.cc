@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -381,7 +382,144 @@ TEST(Gpt2Tokenizer, DamagedFilesAreErrorsNamingTheFileAndWhatIsWrong) {
   expect_user_error([&] { load_with(encoder, replaced(merges, "\nĠ a\n", "\nĠ t\n")); },
                     {"vocab.bpe", "line 3", "repeats", "Ġ t"});
   expect_user_error([&] { load_with(encoder, "#version: 0.2\nĠt he\n"); },
-                    {"vocab.bpe", "line 2", "Ġt", "before a line that makes it"});
+                    {"vocab.bpe", "line 2", "Ġt", "before a merge that makes it"});
+}
+
+// ---------------------------------------------------------------------------------------
+// Hugging Face tokenizer.json
+
+// A tokenizer.json of GPT-2 as Hugging Face writes it, from encoder.json and vocab.bpe;
+// merges as "a b" strings or, with `pair_merges`, as ["a", "b"] pairs.
+nlohmann::json hf_tokenizer_json(const std::string& encoder, const std::string& merges_file,
+                                 bool pair_merges) {
+  nlohmann::json merges = nlohmann::json::array();
+  std::istringstream lines(merges_file);
+  std::string line;
+  std::getline(lines, line);  // #version
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    const std::size_t space = line.find(' ');
+    if (pair_merges)
+      merges.push_back({line.substr(0, space), line.substr(space + 1)});
+    else
+      merges.push_back(line);
+  }
+  nlohmann::json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false},
+                               {"trim_offsets", true}, {"use_regex", true}};
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens",
+           {{{"id", 50256}, {"content", "<|endoftext|>"}, {"single_word", false},
+             {"lstrip", false}, {"rstrip", false}, {"normalized", true}, {"special", true}}}},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", byte_level},
+          {"post_processor", byte_level},
+          {"decoder", byte_level},
+          {"model",
+           {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
+            {"continuing_subword_prefix", ""}, {"end_of_word_suffix", ""}, {"fuse_unk", false},
+            {"vocab", nlohmann::json::parse(encoder)}, {"merges", merges}}}};
+}
+
+TEST(Gpt2Tokenizer, TokenizerJsonGivesTheSameIdsAsEncoderJsonInBothMergeForms) {
+  SKIP_WITHOUT_GPT2_FILES();
+  const fs::path real = default_gpt2_tokenizer_dir();
+  const std::string encoder = read_bytes((real / "encoder.json").string());
+  const std::string merges = read_bytes((real / "vocab.bpe").string());
+  const std::string text = mixed_text(300'000);
+  const std::vector<std::int32_t> expected = gpt2().encode(text);
+  TempDir dir;
+  for (const bool pairs : {false, true}) {
+    SCOPED_TRACE(pairs ? "[\"a\", \"b\"] merges" : "\"a b\" merges");
+    const fs::path folder = dir.path() / (pairs ? "pairs" : "strings");
+    fs::create_directories(folder);
+    write_bytes((folder / "tokenizer.json").string(),
+                hf_tokenizer_json(encoder, merges, pairs).dump());
+    // The file itself, and a folder holding it.
+    for (const fs::path& path : {folder / "tokenizer.json", folder}) {
+      const auto tokenizer = make_tokenizer("gpt2", path.string());
+      EXPECT_EQ(tokenizer->vocab_size(), kGpt2VocabSize);
+      EXPECT_EQ(tokenizer->document_separator(), std::optional<std::int32_t>(kGpt2EndOfText));
+      const std::vector<std::int32_t> tokens = tokenizer->encode(text);
+      ASSERT_EQ(tokens.size(), expected.size());
+      EXPECT_TRUE(tokens == expected) << "the ids differ from the encoder.json route";
+      EXPECT_EQ(tokenizer->decode(tokens), text);
+    }
+  }
+  // prepare-data through --tokenizer-model gives the same shard as through the npm files.
+  write_bytes(dir.file("a.txt"), text.substr(0, 20'000));
+  const PrepareDataSummary from_json = prepare_data(
+      {dir.file("a.txt")}, dir.file("json"), 0.0, "gpt2", (dir.path() / "pairs").string());
+  const PrepareDataSummary from_npm =
+      prepare_data({dir.file("a.txt")}, dir.file("npm"), 0.0, "gpt2");
+  EXPECT_TRUE(from_json.tokenizer_model_path.empty());
+  EXPECT_EQ(load_token_shard(from_json.train_path).tokens,
+            load_token_shard(from_npm.train_path).tokens);
+}
+
+TEST(Gpt2Tokenizer, TokenizerJsonOfAnotherTokenizerIsRejectedSayingWhatItHolds) {
+  TempDir dir;
+  const auto load = [&](const nlohmann::json& json) {
+    write_bytes(dir.file("tokenizer.json"), json.dump());
+    make_tokenizer("gpt2", dir.file("tokenizer.json"));
+  };
+  // A WordPiece model (BERT's kind), checked before any vocabulary is read.
+  nlohmann::json wordpiece = {
+      {"normalizer", {{"type", "BertNormalizer"}}},
+      {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
+      {"model", {{"type", "WordPiece"}, {"unk_token", "[UNK]"}, {"vocab", {{"[UNK]", 0}}}}}};
+  expect_user_error([&] { load(wordpiece); },
+                    {"tokenizer.json", "model of type \"WordPiece\"", "\"BPE\""});
+  expect_user_error([&] { load({{"version", "1.0"}}); }, {"tokenizer.json", "no \"model\""});
+  write_bytes(dir.file("tokenizer.json"), "{\"model\": ");
+  expect_user_error([&] { make_tokenizer("gpt2", dir.path().string()); },
+                    {"tokenizer.json", "not valid JSON"});
+
+  // A BPE model with another pre-tokenizer, a normalizer, or a prefix space.
+  nlohmann::json bpe = {
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", "▁"}}},
+      {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}}}, {"merges", nlohmann::json::array()}}}};
+  expect_user_error([&] { load(bpe); }, {"pre-tokenizer", "Metaspace", "\"ByteLevel\""});
+  bpe["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}};
+  expect_user_error([&] { load(bpe); }, {"add_prefix_space = true", "GPT-2's is false"});
+  bpe["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}};
+  bpe["normalizer"] = {{"type", "NFC"}};
+  expect_user_error([&] { load(bpe); }, {"normalizer", "NFC"});
+  bpe["normalizer"] = nullptr;
+  // GPT-2's settings but not its vocabulary.
+  expect_user_error([&] { load(bpe); },
+                    {"model.vocab", "an object of 1 entries", "50257"});
+  bpe["model"]["merges"] = {{"a", "b", "c"}};
+  expect_user_error([&] { load(bpe); }, {"model.merges entry 0"});
+}
+
+TEST(Gpt2Tokenizer, TokenizerJsonWithAnotherVocabularyIsRejected) {
+  SKIP_WITHOUT_GPT2_FILES();
+  const fs::path real = default_gpt2_tokenizer_dir();
+  nlohmann::json json = hf_tokenizer_json(read_bytes((real / "encoder.json").string()),
+                                          read_bytes((real / "vocab.bpe").string()), true);
+  TempDir dir;
+  const auto load = [&](const nlohmann::json& j) {
+    write_bytes(dir.file("tokenizer.json"), j.dump());
+    make_tokenizer("gpt2", dir.file("tokenizer.json"));
+  };
+  load(json);  // as built, it loads
+  nlohmann::json moved = json;
+  moved["model"]["vocab"]["<|endoftext|>"] = 50255;
+  moved["model"]["vocab"]["\u0120gazed"] = 50256;
+  moved["added_tokens"][0]["id"] = 50255;
+  expect_user_error([&] { load(moved); }, {"model.vocab", "<|endoftext|>", "50255", "50256"});
+  nlohmann::json smaller = json;
+  smaller["model"]["vocab"].erase("\u0120gazed");
+  expect_user_error([&] { load(smaller); }, {"model.vocab", "50256 entries", "50257"});
+  nlohmann::json added = json;
+  added["added_tokens"].push_back({{"id", 50257}, {"content", "<|pad|>"}});
+  expect_user_error([&] { load(added); }, {"adds the token", "<|pad|>"});
+  nlohmann::json reordered = json;
+  std::swap(reordered["model"]["merges"][0], reordered["model"]["merges"][40000]);
+  expect_user_error([&] { load(reordered); }, {"model.merges entry", "before a merge that makes it"});
 }
 
 }  // namespace

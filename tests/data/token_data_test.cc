@@ -176,8 +176,8 @@ TEST(PrepareData, RejectsBadSettingsNamingThem) {
   expect_user_error([&] { prepare_data({dir.path().string()}, prefix, 0.1, "byte"); },
                     {"not a regular file"});
   expect_user_error([&] { prepare_data({}, prefix, 0.1, "byte"); }, {"--input"});
-  expect_user_error([&] { prepare_data({in}, prefix, 0.1, "sentencepiece"); },
-                    {"sentencepiece", "byte"});
+  expect_user_error([&] { prepare_data({in}, prefix, 0.1, "wordpiece"); },
+                    {"wordpiece", "byte", "sentencepiece"});
   EXPECT_FALSE(fs::exists(prefix + "_train.bin"));
 }
 
