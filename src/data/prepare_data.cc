@@ -186,26 +186,37 @@ class ProgressDisplay {
  public:
   ProgressDisplay(bool enabled, std::int64_t total_bytes)
       : enabled_(enabled),
-        meter_(total_bytes, ::isatty(::fileno(stderr)) ? ProgressMeter::Style::redraw
-                                                       : ProgressMeter::Style::lines) {}
+        terminal_(::isatty(::fileno(stderr)) != 0),
+        meter_(total_bytes,
+               terminal_ ? ProgressMeter::Style::redraw : ProgressMeter::Style::lines) {}
+  // An error that ends the run mid-way starts on a line of its own, not after the progress.
+  ~ProgressDisplay() {
+    if (line_open_) std::fputs("\n", stderr);
+  }
+  ProgressDisplay(const ProgressDisplay&) = delete;
+  ProgressDisplay& operator=(const ProgressDisplay&) = delete;
 
   void update(std::int64_t bytes_done, std::int64_t tokens) {
     if (enabled_) show(meter_.update(bytes_done, tokens, clock_.seconds()));
   }
   void finish(std::int64_t bytes_done, std::int64_t tokens) {
     if (enabled_) show(meter_.finish(bytes_done, tokens, clock_.seconds()));
+    line_open_ = false;
   }
 
  private:
-  static void show(const std::string& text) {
+  void show(const std::string& text) {
     if (text.empty()) return;
     std::fputs(text.c_str(), stderr);
     std::fflush(stderr);
+    line_open_ = terminal_ && text.back() != '\n';
   }
 
   bool enabled_;
+  bool terminal_;
   ProgressMeter meter_;
   Stopwatch clock_;
+  bool line_open_ = false;  // a redrawn line is on the terminal without its newline
 };
 
 // Reads and tokenizes every input in order, handing each non-empty document's tokens to
