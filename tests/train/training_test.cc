@@ -2,6 +2,7 @@
 // starting value (ln 256 = 5.55 for an untrained byte-level model).
 #include "train/config.h"
 #include "data/loader.h"
+#include "data/prepare_data.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"
 #include "train/trainer.h"
