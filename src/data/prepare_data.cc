@@ -273,22 +273,28 @@ std::vector<std::int32_t> blend(const std::vector<SourceTokens>& sources,
     weight_sum += weights[i];
     all_tokens += static_cast<std::int64_t>(sources[i].tokens.size());
   }
-  // A source has reached its target at w / W * T tokens, less a relative 1e-12 that absorbs
-  // the rounding of the division (so weights proportional to the sources' sizes take each
-  // source exactly once) and is below one token for any corpus that fits a shard.
   std::vector<double> targets(sources.size());
   for (std::size_t i = 0; i < sources.size(); ++i)
-    targets[i] = weights[i] / weight_sum * static_cast<double>(all_tokens) * (1.0 - 1e-12);
+    targets[i] = weights[i] / weight_sum * static_cast<double>(all_tokens);
 
   std::vector<std::int64_t> emitted(sources.size(), 0);
   std::vector<std::size_t> taken(sources.size(), 0);
+  // A source takes its next document while it has none yet, or while taking it ends nearer
+  // its target than stopping short does (a tie stops). Whole documents are the rule, so this
+  // keeps each source within half a document of its target.
+  const auto wants_more = [&](std::size_t i) {
+    if (taken[i] == 0) return true;
+    const SourceTokens& source = sources[i];
+    const auto length = static_cast<double>(source.document(taken[i] % source.ends.size()).size());
+    return 2.0 * static_cast<double>(emitted[i]) + length < 2.0 * targets[i];
+  };
   std::vector<std::int32_t> stream;
   stream.reserve(static_cast<std::size_t>(all_tokens));
   while (true) {
-    // The source furthest behind its share, among those short of their target.
+    // The source furthest behind its share, among those that want more.
     std::optional<std::size_t> next;
     for (std::size_t i = 0; i < sources.size(); ++i) {
-      if (static_cast<double>(emitted[i]) >= targets[i]) continue;
+      if (!wants_more(i)) continue;
       if (!next || static_cast<double>(emitted[i]) / weights[i] <
                        static_cast<double>(emitted[*next]) / weights[*next])
         next = i;

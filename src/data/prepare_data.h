@@ -22,9 +22,10 @@
 // output holds about T tokens (one epoch of the blend), of which source i contributes its
 // target w_i / W * T: its documents are taken in file order, cycling back to its first
 // document when they run out (a source smaller than its target is repeated, whole documents
-// only), and taking stops once the target is reached or passed (a larger source is cut at a
-// document boundary). So a source's share is never below its target and exceeds it by less
-// than its last document. The sources' documents are interleaved deterministically, without
+// only), and taking stops at the document boundary nearest the target (a larger source is
+// cut there). So a source's tokens are within half a document of its target, except that
+// every source gives at least its first document. The output's size is T give or take those
+// half documents. The sources' documents are interleaved deterministically, without
 // randomness: the next document always comes from the source that is furthest behind its share
 // (least tokens emitted per unit of weight; the earlier input on a tie). Hence every prefix of
 // the stream, and with it both the training and the validation split, holds each source at
