@@ -1,5 +1,6 @@
 // SentencePiece: training (`oases train-tokenizer`), the lossless round trip on text with
 // characters training never saw, prepare-data's shards and model copy, and the errors.
+#include "data/prepare_data.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"

@@ -1,5 +1,6 @@
 // The tokenizer through a run: data.tokenizer_model and its default beside the shards, the
 // vocabulary checks at training start, and the copy every checkpoint carries.
+#include "data/prepare_data.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "data/token_shard.h"
 #include "io/checkpoint_dir.h"
