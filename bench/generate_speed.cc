@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
     config.train.micro_batch = 1;
     config.train.global_batch = 1;
     config.checkpoint = {};
-    const auto tokenizer = data::make_tokenizer(config.data.tokenizer);
+    const auto tokenizer =
+        data::make_tokenizer(config.data.tokenizer, train::tokenizer_model_path(config));
     train::TrainingEngine engine(config);
     train::GenerateOptions options;
     options.prompt = "The ";
