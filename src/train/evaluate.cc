@@ -136,7 +136,14 @@ EvalResult evaluate_checkpoint(const EvalOptions& o, comm::Mesh& mesh) {
               "data shard '{}' has a vocabulary of {} tokens but the checkpoint's model.vocab_size "
               "is {}",
               shard.path, shard.vocab_size, config.model.vocab_size);
-  const auto tokenizer = data::make_tokenizer(config.data.tokenizer, o.tokenizer_dir);
+  // The checkpoint's own tokenizer (sentencepiece: the model file it carries), so that bytes
+  // are counted as the model's tokens decode.
+  const auto tokenizer = checkpoint_tokenizer(folder, o.tokenizer_dir);
+  OASES_CHECK(shard.vocab_size == tokenizer->vocab_size(),
+              "data shard '{}' has a vocabulary of {} tokens but the tokenizer of checkpoint '{}' "
+              "has {}: the shard was made with another {} model; evaluate on data prepared with "
+              "the checkpoint's tokenizer",
+              shard.path, shard.vocab_size, folder, tokenizer->vocab_size(), shard.tokenizer);
 
   TrainingEngine engine(config, parallel_groups(mesh));
   load_model_weights(io::resolve_model_file(folder), engine.model().layout(),

@@ -144,7 +144,11 @@ peak_tflops = 1.0
     for (std::string line; std::getline(in, line);) records.push_back(json::parse(line));
   }
   ASSERT_EQ(count_numbers(records, "loss"), 4);      // train.steps
-  ASSERT_GE(count_numbers(records, "val_loss"), 2);  // steps 2 and 4 at least
+  ASSERT_EQ(count_numbers(records, "val_loss"), 3);  // steps 0 (the initial model), 2 and 4
+  ASSERT_EQ(records.front()["step"], 0);
+  // The run's facts, written by rank 0 beside the metrics.
+  const json facts = json::parse(read_text(run / "run.json"));
+  ASSERT_TRUE(facts["host"].is_string()) << facts.dump();
   std::map<int, int> events_per_rank;
   const json trace = json::parse(read_text(run / "trace.json"));
   for (const json& e : trace["traceEvents"])
@@ -196,6 +200,11 @@ peak_tflops = 1.0
     EXPECT_EQ(rects, events) << "rank " << rank;
     EXPECT_EQ(attribute(dom, group, "data-events"), std::to_string(events)) << "rank " << rank;
   }
+  // The facts and the memory breakdown of run.json are on the page.
+  EXPECT_NE(dom.find("<dd>" + facts["host"].get<std::string>() + "</dd>"), std::string::npos)
+      << "no host in the run facts";
+  EXPECT_NE(dom.find("<table class=\"small\" id=\"memory-table\""), std::string::npos)
+      << "no memory breakdown";
   // Every event names its instruction on hover.
   EXPECT_NE(dom.find("<title>OptimizerStep — "), std::string::npos);
 

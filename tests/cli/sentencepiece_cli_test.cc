@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -106,6 +108,26 @@ peak_tflops = 1.0
   EXPECT_EQ(r.output.rfind("The wise ", 0), 0u) << r.output;
   const Result empty = run("generate --checkpoint " + path("ck") + " --max-new-tokens 5 --seed 2");
   EXPECT_EQ(empty.exit_code, 0) << empty.output;
+  // So does evaluation, which counts the bytes the tokens decode to with that model: bits per
+  // byte = loss x tokens / (bytes x ln 2), as printed (6 significant digits).
+  r = run("eval --checkpoint " + path("ck") + " --data " + path("data/wisdom"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  double loss = 0, perplexity = 0, bits_per_byte = 0;
+  long long tokens = 0, bytes = 0;
+  const std::size_t at = r.output.find("loss ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  ASSERT_EQ(std::sscanf(r.output.c_str() + at,
+                        "loss %lf nats/token | perplexity %lf | %lf bits/byte | %lld tokens (%lld "
+                        "bytes)",
+                        &loss, &perplexity, &bits_per_byte, &tokens, &bytes),
+            5)
+      << r.output;
+  ASSERT_GT(tokens, 0);
+  EXPECT_GT(bytes, tokens);  // sentencepiece pieces hold more than a byte on average
+  EXPECT_NEAR(perplexity, std::exp(loss), 1e-5 * std::exp(loss));
+  const double expected = loss * static_cast<double>(tokens) /
+                          (static_cast<double>(bytes) * std::log(2.0));
+  EXPECT_NEAR(bits_per_byte, expected, 1e-5 * expected);
   // Training again needs the model: the error says where it looked.
   expect_error(run("train --quiet --config " + path("tiny.toml")),
                {"data.tokenizer_model", path("data/wisdom_tokenizer.model")});
