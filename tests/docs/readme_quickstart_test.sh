@@ -19,6 +19,9 @@ fi
 rm -rf "$work"
 mkdir -p "$work/build"
 ln -s "$build" "$work/build/release"
+# The link points back into the build tree: removed at the end so nothing walking that tree
+# goes round in circles; what the commands wrote stays for inspection.
+trap 'rm -f "$work/build/release"' EXIT
 ln -s "$repo/configs" "$work/configs"
 cd "$work"
 echo "---- README quick start, run in $work ----"
