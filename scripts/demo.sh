@@ -24,6 +24,13 @@ build/release/oases train-tokenizer --input "${texts[@]}" --model-prefix data/de
 build/release/oases prepare-data --tokenizer sentencepiece \
   --tokenizer-model data/demo_tokenizer.model --input "${texts[@]}" --output data/demo \
   --val-fraction 0.02
+# Byte-level shards of the fortunes for the other example configs (configs/llama-demo.toml,
+# bert-demo.toml, planner.toml), which train on data/fortunes.
+fortunes=()
+for f in /usr/share/games/fortunes/*; do
+  [[ -f "$f" && ! -L "$f" && "$f" != *.dat ]] && fortunes+=("$f")
+done
+build/release/oases prepare-data --input "${fortunes[@]}" --output data/fortunes --val-fraction 0.05
 build/release/oases train --config configs/demo.toml "$@"
 echo
 echo "---- samples from runs/demo/checkpoints ----"
