@@ -112,8 +112,9 @@ Instruction with_sets(Op op, int segment, TensorSets sets, int mb, int sb) {
   return ins;
 }
 
-// The instruction stream of one (micro-batch, sub-batch) instance of the program.
-Schedule instance_stream(const Program& program, const ScheduleSpec& spec, int mb, int sb) {
+// The forward part of the instruction stream of one (micro-batch, sub-batch) instance of the
+// program (the whole stream when not training).
+Schedule instance_forward(const Program& program, const ScheduleSpec& spec, int mb, int sb) {
   Schedule out;
   const int num_segments = static_cast<int>(program.segments.size());
   const Recompute policy = spec.recompute;
@@ -143,8 +144,14 @@ Schedule instance_stream(const Program& program, const ScheduleSpec& spec, int m
       out.push_back(collective(Op::wait, s, Direction::forward, mb, sb));
     }
   }
-  if (!spec.training) return out;
+  return out;
+}
 
+// Its backward part: recomputation, backward stages with their collectives, and the frees.
+Schedule instance_backward(const Program& program, const ScheduleSpec& spec, int mb, int sb) {
+  Schedule out;
+  const int num_segments = static_cast<int>(program.segments.size());
+  const Recompute policy = spec.recompute;
   for (int s = num_segments - 1; s >= 0; --s) {
     const SegmentShape& shape = shape_of(program, s);
     if (policy == Recompute::full && ends_layer(program, s)) {
@@ -178,6 +185,15 @@ Schedule instance_stream(const Program& program, const ScheduleSpec& spec, int m
     }
     if (shape.sets) out.push_back(with_sets(Op::free, s, shape.sets, mb, sb));
   }
+  return out;
+}
+
+// The whole stream of one instance: forward, then (training) backward.
+Schedule instance_stream(const Program& program, const ScheduleSpec& spec, int mb, int sb) {
+  Schedule out = instance_forward(program, spec, mb, sb);
+  if (!spec.training) return out;
+  Schedule backward = instance_backward(program, spec, mb, sb);
+  out.insert(out.end(), backward.begin(), backward.end());
   return out;
 }
 
@@ -253,6 +269,32 @@ Schedule generate(const Program& program, const ScheduleSpec& spec) {
     interleave(std::move(streams), out);
   }
   if (!spec.training) return out;
+  append_gradient_reductions(program, out);
+  return out;
+}
+
+Schedule micro_batch_forward(const Program& program, const ScheduleSpec& spec, int mb) {
+  check_spec(spec);
+  std::vector<Schedule> streams;
+  for (int sb = 0; sb < spec.sub_batches; ++sb)
+    streams.push_back(instance_forward(program, spec, mb, sb));
+  Schedule out;
+  interleave(std::move(streams), out);
+  return out;
+}
+
+Schedule micro_batch_backward(const Program& program, const ScheduleSpec& spec, int mb) {
+  check_spec(spec);
+  OASES_ASSERT(spec.training, "backward instructions of a forward-only schedule");
+  std::vector<Schedule> streams;
+  for (int sb = 0; sb < spec.sub_batches; ++sb)
+    streams.push_back(instance_backward(program, spec, mb, sb));
+  Schedule out;
+  interleave(std::move(streams), out);
+  return out;
+}
+
+void append_gradient_reductions(const Program& program, Schedule& out) {
   // Each bucket's data-parallel reduction starts right after the last backward that makes it
   // final: the last stage of its segment on the last instance to run it.
   for (int s = 0; s < static_cast<int>(program.segments.size()); ++s) {
@@ -267,7 +309,6 @@ Schedule generate(const Program& program, const ScheduleSpec& spec) {
     out.insert(last.base(), reduce);
   }
   out.push_back(Instruction{Op::optimizer_step});
-  return out;
 }
 
 namespace {

@@ -24,8 +24,8 @@
 // their gradients in backward. Messages match per ordered pair of ranks in issue order: the
 // i-th Send from a to b pairs with the i-th Recv at b from a (NCCL's send/recv rule). A
 // schedule must not deadlock even if every Send and Recv blocks until its partner arrives
-// (rendezvous), the strictest semantics an executor may give them. No generator emits
-// messages yet.
+// (rendezvous), the strictest semantics an executor may give them. schedule/pipeline_lowering.h
+// lowers pipeline orders to schedules with messages.
 #pragma once
 
 #include "ops/program.h"
@@ -116,6 +116,19 @@ void check_spec(const ScheduleSpec& spec);
 
 // The generator for spec.kind.
 Schedule generate(const ops::Program& program, const ScheduleSpec& spec);
+
+// The parts generate() is made of, for passes that place micro-batches themselves (pipeline
+// lowering). micro_batch_forward: the forward instructions of micro-batch mb, every sub-batch,
+// interleaved phase by phase as generate() interleaves them (with frees where the policy drops
+// sets; the whole of the micro-batch's instructions when spec.training is false).
+// micro_batch_backward: its recomputation, backward and frees, interleaved the same way
+// (REQUIRES: spec.training). generate() itself interleaves each micro-batch's forward and
+// backward streams as one, so the two parts concatenated can differ from its order at the seam.
+Schedule micro_batch_forward(const ops::Program& program, const ScheduleSpec& spec, int mb);
+Schedule micro_batch_backward(const ops::Program& program, const ScheduleSpec& spec, int mb);
+// Inserts ReduceGrads(bucket) right after the last backward stage of the segment that makes the
+// bucket final (its last occurrence in `schedule`), then appends OptimizerStep.
+void append_gradient_reductions(const ops::Program& program, Schedule& schedule);
 
 // Checks that the schedule can run: every data dependency is met (a segment's input has been
 // computed and, where a collective reduces it, waited on; backward stages after the following

@@ -1,0 +1,237 @@
+// Pipeline lowering: the stage programs of small GPT and LLaMA models cut into P stages, lowered
+// for GPipe and 1F1B under several within-stage schedules; every rank's schedule verifies alone,
+// the ranks' messages pair up and cannot deadlock under blocking Send/Recv, each rank computes
+// in its pipeline order, and 1F1B keeps less than GPipe on the first rank.
+#include "schedule/pipeline_lowering.h"
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "model/model.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace oases::schedule {
+namespace {
+
+model::ModelConfig config_of(const std::string& arch, int layers) {
+  model::ModelConfig c;
+  c.arch = arch;
+  c.layers = layers;
+  c.hidden = 16;
+  c.heads = 2;
+  c.kv_heads = arch == "llama" ? 1 : 0;
+  c.ffn_hidden = 24;
+  c.vocab_size = 23;
+  c.seq_len = 4;
+  return c;
+}
+
+// The programs of `stages` stages of a model of stages + 1 layers (the last stage holds two),
+// as each pipeline rank builds its own.
+std::vector<ops::Program> stage_programs(const std::string& arch, int stages, int sub_batches) {
+  comm::SelfCommunicator tp;
+  const int layers = stages + 1;
+  std::vector<ops::Program> out;
+  for (int s = 0; s < stages; ++s) {
+    model::ModelOptions o;
+    o.micro_batch = 2;
+    o.sub_batches = sub_batches;
+    o.tp = &tp;
+    o.first_layer = s * layers / stages;
+    o.end_layer = (s + 1) * layers / stages;
+    out.push_back(model::Model(config_of(arch, layers), o).program());
+  }
+  return out;
+}
+
+struct WithinStage {
+  ScheduleKind kind;
+  Recompute recompute;
+  int sub_batches;
+};
+const std::vector<WithinStage> kWithinStage{{ScheduleKind::megatron, Recompute::none, 1},
+                                            {ScheduleKind::megatron, Recompute::full, 1},
+                                            {ScheduleKind::cross_pass, Recompute::full, 2},
+                                            {ScheduleKind::oases, Recompute::fine_grained, 2}};
+
+ScheduleSpec within_spec(const WithinStage& w, int micro_batches) {
+  return {w.kind, w.recompute, micro_batches, w.sub_batches, true};
+}
+PipelineSpec pipeline_spec(PipelineKind kind, int stages, int micro_batches) {
+  PipelineSpec p;
+  p.kind = kind;
+  p.stages = stages;
+  p.micro_batches = micro_batches;
+  return p;
+}
+
+// The compute actions a lowered schedule runs, read back from its instructions: a forward
+// starts with Forward of segment 0 on sub-batch 0, a backward with the first backward stage of
+// the last segment on sub-batch 0.
+std::vector<PipelineAction> actions_of(const ops::Program& program, const Schedule& schedule,
+                                       int chunk) {
+  const int last = static_cast<int>(program.segments.size()) - 1;
+  std::vector<PipelineAction> out;
+  for (const Instruction& ins : schedule) {
+    if (ins.sub_batch != 0) continue;
+    if (ins.op == Op::forward && ins.segment == 0)
+      out.push_back({PipelineAction::forward, chunk, ins.micro_batch});
+    if (ins.op == Op::backward && ins.segment == last && ins.stage == 0)
+      out.push_back({PipelineAction::backward, chunk, ins.micro_batch});
+  }
+  return out;
+}
+
+TEST(PipelineLowering, EveryRankVerifiesFollowsItsOrderAndTheMessagesCannotDeadlock) {
+  int lowered = 0;
+  for (const std::string arch : {"gpt", "llama"}) {
+    for (int stages : {2, 3, 4}) {
+      for (const WithinStage& w : kWithinStage) {
+        const std::vector<ops::Program> programs = stage_programs(arch, stages, w.sub_batches);
+        for (PipelineKind kind : {PipelineKind::gpipe, PipelineKind::one_f_one_b}) {
+          for (int m : {1, stages, 2 * stages + 1}) {
+            const std::string what =
+                fmt::format("{} P={} {} m={} within {}/{} sb={}", arch, stages, name(kind), m,
+                            name(w.kind), name(w.recompute), w.sub_batches);
+            const PipelineSpec pipeline = pipeline_spec(kind, stages, m);
+            const ScheduleSpec spec = within_spec(w, m);
+            const PipelineOrders orders = pipeline_orders(pipeline);
+            std::vector<Schedule> group;
+            for (int rank = 0; rank < stages; ++rank) {
+              const ops::Program& program = programs[static_cast<std::size_t>(rank)];
+              group.push_back(lower_pipeline(program, spec, pipeline, rank));
+              const Schedule& mine = group.back();
+              EXPECT_NO_THROW(verify_schedule(program, spec, mine)) << what << " rank " << rank;
+              EXPECT_EQ(actions_of(program, mine, rank), orders[static_cast<std::size_t>(rank)])
+                  << what << " rank " << rank;
+              // One message per sub-batch of every micro-batch for each direction and neighbour.
+              int sends = 0, recvs = 0;
+              for (const Instruction& ins : mine) {
+                sends += ins.op == Op::send;
+                recvs += ins.op == Op::recv;
+                EXPECT_EQ(ins.chunk, rank) << what;
+              }
+              const int neighbours = (rank > 0) + (rank + 1 < stages);
+              EXPECT_EQ(sends, neighbours * m * w.sub_batches) << what << " rank " << rank;
+              EXPECT_EQ(recvs, neighbours * m * w.sub_batches) << what << " rank " << rank;
+            }
+            EXPECT_NO_THROW(verify_point_to_point(group)) << what;
+            ++lowered;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(lowered, 2 * 3 * 4 * 2 * 3);
+}
+
+// Messages of (mb, sb) use slot mb * sub_batches + sb, and a gradient message leaves right after
+// the backward that computed it, before the rank computes anything else.
+TEST(PipelineLowering, SlotsNameTheMicroBatchAndSubBatchAndGradientsLeaveAtOnce) {
+  const std::vector<ops::Program> programs = stage_programs("gpt", 3, 2);
+  const WithinStage w{ScheduleKind::oases, Recompute::fine_grained, 2};
+  const PipelineSpec pipeline = pipeline_spec(PipelineKind::one_f_one_b, 3, 5);
+  const Schedule s = lower_pipeline(programs[1], within_spec(w, 5), pipeline, 1);
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const Instruction& ins = s[i];
+    if (ins.op != Op::send && ins.op != Op::recv) continue;
+    EXPECT_EQ(ins.slot, ins.micro_batch * 2 + ins.sub_batch) << to_string(ins);
+    const bool to_previous = (ins.op == Op::send) == (ins.payload == Payload::gradient);
+    EXPECT_EQ(ins.peer, to_previous ? 0 : 2) << to_string(ins);
+    if (ins.op == Op::send && ins.payload == Payload::gradient) {
+      // Between the backward that produced it and this Send: only other messages.
+      std::size_t j = i;
+      while (j > 0 && (s[j - 1].op == Op::send || s[j - 1].op == Op::recv)) --j;
+      ASSERT_GT(j, 0u);
+      EXPECT_TRUE(s[j - 1].op == Op::backward || s[j - 1].op == Op::free) << to_string(s[j - 1]);
+      EXPECT_EQ(s[j - 1].micro_batch, ins.micro_batch) << to_string(ins);
+    }
+  }
+}
+
+// With one sub-batch the forward and backward parts of each micro-batch, in turn, followed by
+// the reductions, are exactly what the within-stage generator emits.
+TEST(PipelineLowering, ForwardAndBackwardPartsRebuildTheWithinStageSchedule) {
+  const ops::Program program = stage_programs("llama", 1, 1).front();
+  for (Recompute recompute : {Recompute::none, Recompute::full, Recompute::selective}) {
+    const ScheduleSpec spec{ScheduleKind::megatron, recompute, 3, 1, true};
+    Schedule rebuilt;
+    for (int mb = 0; mb < 3; ++mb) {
+      for (const Schedule& part : {micro_batch_forward(program, spec, mb),
+                                   micro_batch_backward(program, spec, mb)})
+        rebuilt.insert(rebuilt.end(), part.begin(), part.end());
+    }
+    append_gradient_reductions(program, rebuilt);
+    EXPECT_EQ(to_string(rebuilt), to_string(generate(program, spec))) << name(recompute);
+  }
+}
+
+TEST(PipelineLowering, OneFOneBKeepsLessThanGPipeOnTheFirstRank) {
+  for (int stages : {2, 3, 4}) {
+    for (const WithinStage& w : kWithinStage) {
+      const std::vector<ops::Program> programs = stage_programs("gpt", stages, w.sub_batches);
+      const int m = 2 * stages;
+      const ScheduleSpec spec = within_spec(w, m);
+      const auto peak = [&](PipelineKind kind) {
+        return peak_activation_bytes(
+            programs.front(), lower_pipeline(programs.front(), spec, pipeline_spec(kind, stages, m), 0));
+      };
+      const std::size_t gpipe = peak(PipelineKind::gpipe), one_f_one_b = peak(PipelineKind::one_f_one_b);
+      EXPECT_LT(one_f_one_b, gpipe) << "P=" << stages << " " << name(w.kind) << "/"
+                                    << name(w.recompute);
+      if (w.recompute != Recompute::none) continue;
+      // Without recomputation a forward keeps every set of the stage until that micro-batch's
+      // backward frees them: the peak is the most micro-batches in flight times their sets.
+      std::size_t per_micro_batch = 0;
+      for (const ops::SegmentShape& shape : programs.front().segments)
+        for (auto set : {ops::kCheckpoint, ops::kInternals, ops::kCore})
+          if (shape.sets & set) per_micro_batch += ops::bytes_of(shape, set);
+      for (PipelineKind kind : {PipelineKind::gpipe, PipelineKind::one_f_one_b}) {
+        const int in_flight = max_in_flight(pipeline_orders(pipeline_spec(kind, stages, m))).front();
+        EXPECT_EQ(in_flight, kind == PipelineKind::gpipe ? m : stages);
+        EXPECT_EQ(peak(kind), static_cast<std::size_t>(in_flight) * per_micro_batch)
+            << "P=" << stages << " " << name(kind);
+      }
+    }
+  }
+}
+
+TEST(PipelineLowering, RejectsWhatItCannotLowerNamingTheSetting) {
+  const std::vector<ops::Program> programs = stage_programs("gpt", 2, 1);
+  const ScheduleSpec spec{ScheduleKind::megatron, Recompute::none, 4, 1, true};
+  const auto message_of = [&](PipelineSpec pipeline, ScheduleSpec within, int rank) {
+    try {
+      lower_pipeline(programs[rank > 0 ? 1 : 0], within, pipeline, rank);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  PipelineSpec zero_bubble = pipeline_spec(PipelineKind::zero_bubble, 2, 4);
+  EXPECT_NE(message_of(zero_bubble, spec, 0).find("parallel.pipeline = \"zero-bubble\" is not lowered"),
+            std::string::npos);
+  PipelineSpec interleaved = pipeline_spec(PipelineKind::interleaved, 2, 4);
+  interleaved.virtual_stages = 2;
+  EXPECT_NE(message_of(interleaved, spec, 0).find("not lowered to instructions yet"),
+            std::string::npos);
+  EXPECT_NE(message_of(pipeline_spec(PipelineKind::gpipe, 2, 3), spec, 0).find("runs 4 micro-batches"),
+            std::string::npos);
+  ScheduleSpec evaluation = spec;
+  evaluation.training = false;
+  EXPECT_NE(message_of(pipeline_spec(PipelineKind::gpipe, 2, 4), evaluation, 1).find("forward-only"),
+            std::string::npos);
+  EXPECT_NE(message_of(pipeline_spec(PipelineKind::gpipe, 2, 4), spec, 2).find("pipeline rank 2"),
+            std::string::npos);
+  ScheduleSpec sub_batched = spec;
+  sub_batched.sub_batches = 2;
+  EXPECT_NE(message_of(pipeline_spec(PipelineKind::gpipe, 2, 4), sub_batched, 0).find("parallel.sub_batches"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace oases::schedule
