@@ -2,11 +2,18 @@
 
 #include "core/error.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <map>
 #include <set>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace oases::sim {
 namespace {
@@ -46,6 +53,21 @@ class Lanes {
       if (work < 1e-15) work = 0;
     }
     return now_ - began;
+  }
+
+  // Lets the communication lanes run, with compute idle, until the clock reads `time`.
+  void idle_until_time(double time) {
+    while (true) {
+      settle();
+      if (now_ >= time) return;
+      const double dt = next_comm_event(false);
+      if (dt >= time - now_) {
+        advance(time - now_, false);
+        now_ = time;  // exactly, not now_ + (time - now_) rounded
+      } else {
+        advance(dt, false);
+      }
+    }
   }
 
   // Lets the communication lanes run, with compute idle, until `until()` holds.
@@ -99,58 +121,195 @@ class Lanes {
   std::set<CollectiveKey> finished_;
 };
 
-}  // namespace
+// One rank's instructions other than Send and Recv, run in order on its lanes.
+class RankRun {
+ public:
+  explicit RankRun(const CostModel& costs) : costs_(costs), lanes_(costs) {}
 
-SimResult simulate(const schedule::Schedule& schedule, const CostModel& costs) {
-  using schedule::Op;
-  OASES_ASSERT(costs.compute && costs.collective, "cost model without compute or collective costs");
-  SimResult result;
-  Lanes lanes(costs);
-  std::set<CollectiveKey> started;
-  for (const schedule::Instruction& ins : schedule) {
+  Lanes& lanes() { return lanes_; }
+  RankSimResult& result() { return result_; }
+
+  void run(const schedule::Instruction& ins) {
+    using schedule::Op;
     switch (ins.op) {
       case Op::forward:
       case Op::recompute:
       case Op::backward:
-        result.compute_seconds += lanes.compute(costs.compute(ins));
+        result_.compute_seconds += lanes_.compute(costs_.compute(ins));
         break;
       case Op::start: {
-        const double seconds = costs.collective(ins);
-        lanes.start_collective(key_of(ins), seconds);
-        started.insert(key_of(ins));
-        result.comm_seconds += seconds;
+        const double seconds = costs_.collective(ins);
+        lanes_.start_collective(key_of(ins), seconds);
+        started_.insert(key_of(ins));
+        result_.comm_seconds += seconds;
         break;
       }
       case Op::wait: {
         const CollectiveKey key = key_of(ins);
-        OASES_ASSERT(started.erase(key) == 1, "wait on a collective never started: {}",
+        OASES_ASSERT(started_.erase(key) == 1, "wait on a collective never started: {}",
                      schedule::to_string(ins));
-        const double before = lanes.now();
-        lanes.idle_until([&] { return lanes.done(key); });
-        result.exposed_comm_seconds += lanes.now() - before;
-        lanes.forget(key);
+        const double before = lanes_.now();
+        lanes_.idle_until([&] { return lanes_.done(key); });
+        result_.exposed_comm_seconds += lanes_.now() - before;
+        lanes_.forget(key);
         break;
       }
       case Op::reduce_grads:
-        if (costs.reduce_grads) lanes.start_reduction(costs.reduce_grads(ins.bucket));
+        if (costs_.reduce_grads) lanes_.start_reduction(costs_.reduce_grads(ins.bucket));
         break;
       case Op::optimizer_step: {
-        const double before = lanes.now();
-        lanes.idle_until([&] { return lanes.reductions_done(); });
-        result.exposed_comm_seconds += lanes.now() - before;
-        lanes.compute(costs.optimizer_step);
+        const double before = lanes_.now();
+        lanes_.idle_until([&] { return lanes_.reductions_done(); });
+        result_.exposed_comm_seconds += lanes_.now() - before;
+        lanes_.compute(costs_.optimizer_step);
         break;
       }
       case Op::free:
         break;
       case Op::send:
       case Op::recv:
-        OASES_ASSERT(false, "Send/Recv ({}) is not supported by this simulator yet",
+        OASES_ASSERT(false, "Send/Recv ({}) needs the other ranks: simulate_ranks prices them",
                      schedule::to_string(ins));
         break;
     }
   }
-  result.step_seconds = lanes.now();
+
+  // Ends the step at the end of the last instruction.
+  void finish() { result_.step_seconds = lanes_.now(); }
+
+ private:
+  const CostModel& costs_;
+  Lanes lanes_;
+  RankSimResult result_;
+  std::set<CollectiveKey> started_;
+};
+
+void check_costs(const CostModel& costs) {
+  OASES_ASSERT(costs.compute && costs.collective, "cost model without compute or collective costs");
+}
+
+// The point-to-point link from one rank to another: its messages in issue order.
+struct Link {
+  struct Message {
+    std::size_t send_position;
+    double arrival;
+  };
+  double free_at = 0;               // when the last message issued leaves the link
+  std::deque<Message> undelivered;  // sent, not yet received
+  int sent = 0, received = 0;
+};
+
+std::string describe(int rank, std::size_t position, const schedule::Schedule& schedule) {
+  return fmt::format("rank {} instruction {} ({})", rank, position,
+                     schedule::to_string(schedule[position]));
+}
+
+}  // namespace
+
+SimResult simulate(const schedule::Schedule& schedule, const CostModel& costs) {
+  check_costs(costs);
+  RankRun rank(costs);
+  for (const schedule::Instruction& ins : schedule) rank.run(ins);
+  rank.finish();
+  return rank.result();
+}
+
+MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
+                               const CostModel& costs) {
+  using schedule::Op;
+  check_costs(costs);
+  const int group = static_cast<int>(schedules.size());
+  std::vector<RankRun> ranks(schedules.size(), RankRun(costs));
+  std::vector<std::size_t> next(schedules.size(), 0);  // each rank's next instruction
+  std::map<std::pair<int, int>, Link> links;           // (sender, receiver)
+
+  auto peer_of = [&](int rank, std::size_t position) {
+    const int peer = schedules[rank][position].peer;
+    OASES_ASSERT(peer >= 0 && peer < group && peer != rank,
+                 "{} names peer {}: not another rank of the group of {}",
+                 describe(rank, position, schedules[rank]), peer, group);
+    return peer;
+  };
+
+  // Runs `rank` until its end or a Recv whose message has not been sent yet. Each rank's clock
+  // is its own: ranks touch only through messages, whose arrival is fixed when they are sent,
+  // so the order in which ranks advance does not change the result.
+  auto advance = [&](int rank) {
+    const schedule::Schedule& schedule = schedules[rank];
+    RankRun& run = ranks[rank];
+    bool moved = false;
+    for (; next[rank] < schedule.size(); ++next[rank], moved = true) {
+      const std::size_t position = next[rank];
+      const schedule::Instruction& ins = schedule[position];
+      if (ins.op == Op::send) {
+        Link& link = links[{rank, peer_of(rank, position)}];
+        const double seconds = costs.p2p ? costs.p2p(ins) : 0.0;
+        link.free_at = std::max(link.free_at, run.lanes().now()) + seconds;
+        link.undelivered.push_back({position, link.free_at});
+        ++link.sent;
+        run.result().p2p_seconds += seconds;
+      } else if (ins.op == Op::recv) {
+        const int peer = peer_of(rank, position);
+        Link& link = links[{peer, rank}];
+        if (link.undelivered.empty()) break;  // blocked until the peer sends
+        const Link::Message message = link.undelivered.front();
+        const schedule::Instruction& sent = schedules[peer][message.send_position];
+        OASES_ASSERT(sent.payload == ins.payload && sent.micro_batch == ins.micro_batch &&
+                         sent.sub_batch == ins.sub_batch && sent.slot == ins.slot,
+                     "message {} from rank {} to rank {} does not match: {} meets {}",
+                     link.received, peer, rank,
+                     describe(peer, message.send_position, schedules[peer]),
+                     describe(rank, position, schedule));
+        link.undelivered.pop_front();
+        ++link.received;
+        const double before = run.lanes().now();
+        run.lanes().idle_until_time(message.arrival);
+        run.result().bubble_seconds += run.lanes().now() - before;
+      } else {
+        run.run(ins);
+      }
+    }
+    return moved;
+  };
+
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int rank = 0; rank < group; ++rank) progress |= advance(rank);
+  }
+
+  std::vector<std::string> blocked;
+  for (int rank = 0; rank < group; ++rank) {
+    if (next[rank] == schedules[rank].size()) continue;
+    const std::size_t position = next[rank];
+    const int peer = schedules[rank][position].peer;
+    const Link& link = links[{peer, rank}];
+    const std::string peer_state =
+        next[peer] == schedules[peer].size()
+            ? fmt::format("which ended after sending it {} message{}", link.sent,
+                          link.sent == 1 ? "" : "s")
+            : fmt::format("which waits at {}", describe(peer, next[peer], schedules[peer]));
+    blocked.push_back(fmt::format("{} waits for message {} from rank {}, {}",
+                                  describe(rank, position, schedules[rank]), link.received,
+                                  peer, peer_state));
+  }
+  OASES_ASSERT(blocked.empty(), "the ranks cannot finish: a Recv waits for a Send that never "
+               "comes: {}", fmt::join(blocked, "; "));
+  for (const auto& [pair, link] : links) {
+    OASES_ASSERT(link.undelivered.empty(),
+                 "rank {} sends {} messages to rank {}, which receives {}; the first not "
+                 "received is {}",
+                 pair.first, link.sent, pair.second, link.received,
+                 describe(pair.first, link.undelivered.front().send_position,
+                          schedules[pair.first]));
+  }
+
+  MultiRankResult result;
+  for (RankRun& run : ranks) {
+    run.finish();
+    result.ranks.push_back(run.result());
+    result.step_seconds = std::max(result.step_seconds, run.result().step_seconds);
+  }
   return result;
 }
 

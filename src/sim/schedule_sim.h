@@ -12,11 +12,22 @@
 // waits for a core); and with `shared_link` the two communication lanes split the link's
 // bandwidth while both are busy. Time advances from one completion to the next, so only the
 // overlapping parts of two activities slow down.
+//
+// simulate_ranks runs the schedules of a pipeline's ranks together, each with the semantics
+// above, and prices their Send/Recv. A Send puts the message on the point-to-point link from
+// the sender to its peer and the sender goes on; the messages of one ordered pair of ranks
+// cross their link one at a time, in issue order, and links between different pairs run at
+// once. A Recv holds the receiver's compute lane until its message has arrived (nothing if it
+// already has) while the receiver's collectives and reductions in flight go on; that wait is
+// the rank's pipeline bubble. Messages match as the runtime matches them: the i-th Send from
+// a to b with the i-th Recv at b from a. Point-to-point transfers neither slow nor are slowed
+// by the other lanes: their cost is what the link takes alone.
 #pragma once
 
 #include "schedule/schedule.h"
 
 #include <functional>
+#include <vector>
 
 namespace oases::sim {
 
@@ -33,6 +44,8 @@ struct CostModel {
   // The data-parallel reductions use the same link as the tensor-parallel collectives (the
   // replicas of a layer inside the tensor-parallel group).
   bool shared_link = false;
+  // Seconds a point-to-point message (a Send instruction's) spends on its link; null: none.
+  std::function<double(const schedule::Instruction&)> p2p;
 };
 
 struct SimResult {
@@ -42,6 +55,27 @@ struct SimResult {
   double comm_seconds = 0;          // tensor-parallel lane busy
 };
 
+// One rank's schedule, which must have no Send or Recv (InternalError otherwise).
 SimResult simulate(const schedule::Schedule& schedule, const CostModel& costs);
+
+struct RankSimResult : SimResult {
+  // step_seconds: when this rank's last instruction ends.
+  double bubble_seconds = 0;  // compute lane waiting on a Recv
+  double p2p_seconds = 0;     // this rank's outgoing messages on their links
+};
+
+struct MultiRankResult {
+  double step_seconds = 0;           // the slowest rank's
+  std::vector<RankSimResult> ranks;  // ranks[r]: schedules[r]'s
+};
+
+// The ranks of one point-to-point group run together: schedules[r] is rank r's and its peers
+// are indices into `schedules`. One rank without Send and Recv gives simulate()'s result.
+// InternalError when the messages cannot be delivered: a peer outside the group or the rank
+// itself, a Send and its matching Recv that disagree on payload, micro-batch, sub-batch or
+// slot, a Send nobody receives, or Recvs that wait forever (each blocked rank named with its
+// position and what it waits for).
+MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
+                               const CostModel& costs);
 
 }  // namespace oases::sim
