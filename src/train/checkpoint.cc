@@ -8,7 +8,11 @@
 #include <toml++/toml.h>
 
 #include <cmath>
+#include <algorithm>
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
 #include <sstream>
 #include <type_traits>
 #include <vector>
@@ -82,6 +86,56 @@ void add_whole(io::SafetensorsWriter& writer, const std::string& name,
   });
 }
 
+// Adds every parameter's whole tensor (to `model_file`) and its optimizer state (to
+// `optimizer_file`) of every pipeline stage: stage s assembles its tensors over its
+// tensor-parallel group and broadcasts them over the pipeline group `pp`; each name is taken
+// from the first stage that holds it.
+void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
+                                 io::SafetensorsWriter& optimizer_file, const RunConfig& config,
+                                 const model::Model& model, optim::Optimizer& optimizer,
+                                 comm::Communicator& tp, comm::Communicator& pp, bool write) {
+  const model::ParamLayout& mine = model.layout();
+  // The state tensors of a parameter are named <prefix><parameter name> (AdamW: "exp_avg.",
+  // "exp_avg_sq."); every stage's optimizer has the same prefixes.
+  std::vector<std::string> prefixes;
+  std::map<std::string, Tensor> states;
+  for (const optim::StateTensor& st : optimizer.state_tensors()) {
+    OASES_ASSERT(st.elementwise, "state tensor {} is not shaped like its parameter", st.name);
+    OASES_ASSERT(st.name.ends_with(st.param), "state tensor {} does not end with {}", st.name,
+                 st.param);
+    const std::string prefix = st.name.substr(0, st.name.size() - st.param.size());
+    if (std::ranges::find(prefixes, prefix) == prefixes.end()) prefixes.push_back(prefix);
+    states.emplace(st.name, st.view);
+  }
+  std::set<std::string> done;
+  for (int stage = 0; stage < pp.size(); ++stage) {
+    const auto [first, end] = stage_layer_range(config, stage);
+    const model::ParamLayout layout = model::model_param_layout(
+        config.model, tp.rank(), tp.size(), layer_degrees(config), first, end);
+    for (const model::ParamSpec& p : layout.params()) {
+      if (!done.insert(p.name).second) continue;
+      const auto share = [&](io::SafetensorsWriter& writer, const std::string& name,
+                             const std::function<Tensor()>& local) {
+        by_dtype(model.dtype(), [&](auto zero) {
+          using T = decltype(zero);
+          std::vector<T> whole(static_cast<std::size_t>(p.full_shape.numel()), T(0));
+          if (pp.rank() == stage) whole = whole_tensor(mine, mine.find(p.name), local().template data<T>(), tp);
+          pp.broadcast(Tensor::of(whole.data(), {static_cast<std::int64_t>(whole.size())}), stage);
+          const std::int64_t bad = count_non_finite(whole.data(), whole.size());
+          OASES_CHECK(bad == 0,
+                      "refusing to checkpoint '{}': {} of its {} values are NaN or infinite; "
+                      "training diverged (lower train.lr or raise train.warmup_steps)",
+                      name, bad, whole.size());
+          if (write) writer.add_copy(name, model.dtype(), p.full_shape.to_vector(), whole.data());
+        });
+      };
+      share(model_file, p.name, [&] { return mine.view(model.params(), mine.find(p.name)); });
+      for (const std::string& prefix : prefixes)
+        share(optimizer_file, prefix + p.name, [&] { return states.at(prefix + p.name); });
+    }
+  }
+}
+
 // Reads tensor `name` (whole shape spec.full_shape) and keeps this rank's shard of it.
 void read_shard(const io::SafetensorsFile& file, const std::string& name,
                 const model::ParamLayout& layout, const model::ParamSpec& spec,
@@ -115,15 +169,21 @@ void read_shard(const io::SafetensorsFile& file, const std::string& name,
 std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                             const model::Model& model, optim::Optimizer& optimizer,
                             const TrainingState& state, const std::string& tokenizer_model,
-                            std::int64_t keep, comm::Communicator& tp, bool write_files,
+                            std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
+                            bool write_files,
                             const std::function<void(const std::string&)>& log) {
   const model::ParamLayout& layout = model.layout();
   io::SafetensorsWriter model_file, optimizer_file;
   try {
-    add_whole_tensors(model_file, "", layout, model.params(), tp, write_files);
-    for (const optim::StateTensor& s : optimizer.state_tensors()) {
-      OASES_ASSERT(s.elementwise, "state tensor {} is not shaped like its parameter", s.name);
-      add_whole(optimizer_file, s.name, layout, layout.find(s.param), s.view, tp, write_files);
+    if (pp.size() > 1) {
+      add_whole_tensors_of_stages(model_file, optimizer_file, config, model, optimizer, tp, pp,
+                                  write_files);
+    } else {
+      add_whole_tensors(model_file, "", layout, model.params(), tp, write_files);
+      for (const optim::StateTensor& s : optimizer.state_tensors()) {
+        OASES_ASSERT(s.elementwise, "state tensor {} is not shaped like its parameter", s.name);
+        add_whole(optimizer_file, s.name, layout, layout.find(s.param), s.view, tp, write_files);
+      }
     }
   } catch (const UserError& e) {
     throw UserError(fmt::format("after step {}: {}; every checkpoint already written stays "

@@ -44,12 +44,17 @@ struct TrainingState {
 // (0 keeps all), by the protocol of io/checkpoint_dir.h (`log` hears what it cleaned or pruned
 // early), with `tokenizer_model` (Tokenizer::model_file_contents of the run's tokenizer) as
 // tokenizer.model when it is not empty. Returns the checkpoint folder. Every rank of the tensor-parallel group `tp` must call
-// this (the shards are assembled over it); only the rank with `write_files` writes. A tensor
-// holding a NaN or an infinity is never written: UserError on every rank.
+// this (the shards are assembled over it); only the rank with `write_files` writes. Under
+// pipeline parallelism every rank of the pipeline group `pp` calls it too: `model` and
+// `optimizer` hold one stage's parameters (stage_layer_range(config, pp.rank())), and each
+// stage's whole tensors are broadcast over `pp` (a parameter several stages hold, GPT's tied
+// word embedding, from the first of them), so the writer, on stage 0, writes every tensor
+// once. A tensor holding a NaN or an infinity is never written: UserError on every rank.
 std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                             const model::Model& model, optim::Optimizer& optimizer,
                             const TrainingState& state, const std::string& tokenizer_model,
-                            std::int64_t keep, comm::Communicator& tp, bool write_files,
+                            std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
+                            bool write_files,
                             const std::function<void(const std::string&)>& log = {});
 
 // Adds to `writer`, as `prefix` + parameter name, the whole tensor of every parameter of

@@ -3,6 +3,8 @@
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "planner/planner.h"
+#include "planner/stage_partition.h"
+#include "schedule/pipeline.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -120,6 +122,8 @@ const std::map<std::string, SectionFields>& schema() {
        {{"tp", bind(&RunConfig::parallel, &ParallelConfig::tp)},
         {"dp", bind(&RunConfig::parallel, &ParallelConfig::dp)},
         {"pp", bind(&RunConfig::parallel, &ParallelConfig::pp)},
+        {"pipeline", bind(&RunConfig::parallel, &ParallelConfig::pipeline)},
+        {"pipeline_layers", bind(&RunConfig::parallel, &ParallelConfig::pipeline_layers)},
         {"schedule", bind(&RunConfig::parallel, &ParallelConfig::schedule)},
         {"recompute", bind(&RunConfig::parallel, &ParallelConfig::recompute)},
         {"sub_batches", bind(&RunConfig::parallel, &ParallelConfig::sub_batches)},
@@ -404,14 +408,47 @@ schedule::ScheduleSpec schedule_spec(const RunConfig& config) {
   return spec;
 }
 
+std::vector<int> stage_layer_counts(const RunConfig& config) {
+  const std::string& text = config.parallel.pipeline_layers;
+  OASES_CHECK(config.model.layers <= std::numeric_limits<int>::max(),
+              "model.layers = {} is too many to split into pipeline stages; at most {}",
+              config.model.layers, std::numeric_limits<int>::max());
+  const auto layers = static_cast<int>(config.model.layers);
+  const auto stages = static_cast<int>(config.parallel.pp);
+  OASES_CHECK(text != "auto",
+              "parallel.pipeline_layers = \"auto\" is not available yet; valid: \"uniform\" or "
+              "one layer count per stage (e.g. \"{}\")",
+              planner::format_pipeline_layers(planner::uniform_pipeline_layers(layers, stages)));
+  if (text == "uniform") return planner::uniform_pipeline_layers(layers, stages);
+  return planner::parse_pipeline_layers(text, layers, stages);
+}
+
+std::pair<std::int64_t, std::int64_t> stage_layer_range(const RunConfig& config, int stage) {
+  if (config.parallel.pp == 1) return {0, -1};
+  const std::vector<int> counts = stage_layer_counts(config);
+  OASES_ASSERT(stage >= 0 && stage < static_cast<int>(counts.size()), "stage {} of {}", stage,
+               counts.size());
+  std::int64_t first = 0;
+  for (int s = 0; s < stage; ++s) first += counts[static_cast<std::size_t>(s)];
+  return {first, first + counts[static_cast<std::size_t>(stage)]};
+}
+
 void RunConfig::validate() const {
   model.validate();
   const auto& p = parallel;
   OASES_CHECK(p.tp >= 1 && p.dp >= 1 && p.pp >= 1,
               "parallel.tp, dp, pp must be at least 1 (found tp={}, dp={}, pp={})", p.tp, p.dp,
               p.pp);
-  OASES_CHECK(p.pp == 1,
-              "parallel.pp = {}: pipeline parallelism is not available yet; valid: 1", p.pp);
+  const schedule::PipelineKind pipeline_kind =
+      schedule::parse_pipeline_kind(p.pipeline, "parallel.pipeline");
+  OASES_CHECK(pipeline_kind == schedule::PipelineKind::one_f_one_b ||
+                  pipeline_kind == schedule::PipelineKind::gpipe,
+              "parallel.pipeline = \"{}\" is not available yet; valid: \"1f1b\", \"gpipe\"",
+              p.pipeline);
+  OASES_CHECK(p.pp <= model.layers,
+              "parallel.pp = {} is more than model.layers = {}: each pipeline stage needs at "
+              "least one layer; valid: 1 to {}",
+              p.pp, model.layers, model.layers);
   model.validate_tensor_parallel(p.tp);
   if (p.plan != "uniform" && p.plan != "auto") {
     // Degrees listed inline are checked here; a plan file when it is read (layer_degrees).
@@ -424,6 +461,7 @@ void RunConfig::validate() const {
                   "like \"1,2,2,1\", nor an existing plan file",
                   p.plan);
   }
+  if (p.pp > 1 || p.pipeline_layers != "uniform") stage_layer_counts(*this);
   OASES_CHECK(p.memory_limit >= 0, "parallel.memory_limit = {} must be >= 0 bytes", p.memory_limit);
   OASES_CHECK(p.comm_timeout_s >= 0, "parallel.comm_timeout_s = {} must be >= 0 seconds (0: no timeout)",
               p.comm_timeout_s);
@@ -469,6 +507,10 @@ void RunConfig::validate() const {
               t.precision);
   OASES_CHECK(t.seed >= 0, "train.seed = {} must be >= 0", t.seed);
   OASES_CHECK(t.eval_every >= 0, "train.eval_every = {} must be >= 0 (0: never)", t.eval_every);
+  OASES_CHECK(t.eval_every == 0 || p.pp == 1,
+              "train.eval_every = {} with parallel.pp = {}: validation under pipeline "
+              "parallelism is not available yet; valid: train.eval_every = 0 or parallel.pp = 1",
+              t.eval_every, p.pp);
   OASES_CHECK(t.eval_steps >= 1, "train.eval_steps = {} must be at least 1", t.eval_steps);
   OASES_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0: automatic, the host's cores shared among its ranks)", t.threads);
 
@@ -528,7 +570,9 @@ std::string to_toml(const RunConfig& c) {
                                    {"norm_eps", c.model.norm_epsilon()},
                                    {"rope_theta", c.model.rope_theta}});
   root.insert("parallel", toml::table{{"tp", c.parallel.tp}, {"dp", c.parallel.dp},
-                                      {"pp", c.parallel.pp}, {"schedule", c.parallel.schedule},
+                                      {"pp", c.parallel.pp}, {"pipeline", c.parallel.pipeline},
+                                      {"pipeline_layers", c.parallel.pipeline_layers},
+                                      {"schedule", c.parallel.schedule},
                                       {"recompute", c.parallel.recompute},
                                       {"sub_batches", c.parallel.sub_batches},
                                       {"plan", c.parallel.plan},

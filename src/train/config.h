@@ -11,12 +11,19 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace oases::train {
 
 struct ParallelConfig {
   std::int64_t tp = 1, dp = 1, pp = 1;
+  // Pipeline schedule when pp > 1: "1f1b" or "gpipe" (schedule/pipeline.h; the others are
+  // not available yet).
+  std::string pipeline = "1f1b";
+  // Transformer layers per pipeline stage: "uniform" (planner::uniform_pipeline_layers) or
+  // one count per stage ("3,4,4,5", summing to model.layers).
+  std::string pipeline_layers = "uniform";
   // "auto": "oases" when tp > 1, else "megatron". See schedule/schedule.h for all of them.
   std::string schedule = "auto";
   // "auto": the schedule's own policy (megatron: none, fine-grained and oases: fine-grained,
@@ -98,6 +105,13 @@ struct RunConfig {
 // cannot run, naming the settings and the valid values). micro_batches is the number of
 // micro-batches per optimizer step on one data-parallel rank.
 schedule::ScheduleSpec schedule_spec(const RunConfig& config);
+
+// The transformer layers of each pipeline stage (parallel.pp counts, summing to model.layers)
+// that parallel.pipeline_layers gives.
+std::vector<int> stage_layer_counts(const RunConfig& config);
+// The layers [first, end) pipeline stage `stage` holds: {0, -1} (the whole model, as
+// model::ModelOptions spells it) when parallel.pp = 1.
+std::pair<std::int64_t, std::int64_t> stage_layer_range(const RunConfig& config, int stage);
 
 // The per-layer degrees parallel.plan names: empty for "uniform" (every layer at tp); the
 // listed or planned degrees otherwise. "auto" must have been resolved to a plan file first.

@@ -1,14 +1,18 @@
 #include "train/engine.h"
 
+#include "core/buffer.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "kernels/kernels.h"
 #include "optim/clip.h"
+#include "planner/stage_partition.h"
+#include "schedule/pipeline_lowering.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 namespace oases::train {
 
@@ -28,7 +32,8 @@ optim::FlatLayout flat_layout(const model::ParamLayout& layout, DType dtype) {
 namespace {
 
 model::ModelOptions model_options(const RunConfig& config, const schedule::ScheduleSpec& spec,
-                                  comm::Communicator& tp, const ParallelGroups& groups) {
+                                  comm::Communicator& tp, comm::Communicator& pp,
+                                  const ParallelGroups& groups) {
   model::ModelOptions o;
   o.dtype = compute_dtype(config);
   o.micro_batch = config.train.micro_batch;
@@ -37,6 +42,7 @@ model::ModelOptions model_options(const RunConfig& config, const schedule::Sched
   o.tp = &tp;
   o.layer_degrees = layer_degrees(config);
   o.tp_subgroup = groups.tp_subgroup;
+  std::tie(o.first_layer, o.end_layer) = stage_layer_range(config, pp.rank());
   return o;
 }
 
@@ -61,9 +67,10 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
     : config_(config),
       tp_(groups.tp ? groups.tp : &self_tp_),
       dp_(groups.dp ? groups.dp : &self_dp_),
+      pp_(groups.pp ? groups.pp : &self_pp_),
       tp_replica_group_(groups.tp_replica_group),
       spec_(train::schedule_spec(config)),
-      model_(config.model, model_options(config, spec_, *tp_, groups)),
+      model_(config.model, model_options(config, spec_, *tp_, *pp_, groups)),
       optimizer_(optim::make_optimizer(optimizer_config(config.train),
                                        flat_layout(model_.layout(), model_.dtype()))),
       lr_schedule_{config.train.lr, config.train.min_lr, config.train.warmup_steps,
@@ -73,6 +80,21 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
   OASES_CHECK(config.train.global_batch % (config.train.micro_batch * dp_->size()) == 0,
               "train.global_batch = {} must be a multiple of train.micro_batch x dp = {} x {}",
               config.train.global_batch, config.train.micro_batch, dp_->size());
+  OASES_CHECK(pp_->size() == config.parallel.pp,
+              "the pipeline group has {} ranks but parallel.pp = {}", pp_->size(),
+              config.parallel.pp);
+  if (pp_->size() > 1) {
+    executor_.set_point_to_point(pp_);
+    const auto first = stage_layer_range(config, 0), last = stage_layer_range(config, pp_->size() - 1);
+    const model::ParamLayout first_stage = model::model_param_layout(
+        config.model, tp_->rank(), tp_->size(), layer_degrees(config), first.first, first.second);
+    const model::ParamLayout last_stage = model::model_param_layout(
+        config.model, tp_->rank(), tp_->size(), layer_degrees(config), last.first, last.second);
+    for (const auto& p : first_stage.params()) {
+      for (const auto& q : last_stage.params())
+        if (p.name == q.name) tied_params_.push_back(p.name);
+    }
+  }
 }
 
 const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, bool training) {
@@ -82,7 +104,18 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
   schedule::ScheduleSpec spec = spec_;
   spec.micro_batches = static_cast<int>(sequences / model_.micro_batch());
   spec.training = training;
-  schedule::Schedule schedule = schedule::generate(model_.program(), spec);
+  schedule::Schedule schedule;
+  if (pp_->size() > 1) {
+    OASES_CHECK(training, "forward-only steps (validation, evaluation, generation) under "
+                "parallel.pp = {} are not available yet; valid: parallel.pp = 1", pp_->size());
+    schedule::PipelineSpec pipeline;
+    pipeline.kind = schedule::parse_pipeline_kind(config_.parallel.pipeline, "parallel.pipeline");
+    pipeline.stages = pp_->size();
+    pipeline.micro_batches = spec.micro_batches;
+    schedule = schedule::lower_pipeline(model_.program(), spec, pipeline, pp_->rank());
+  } else {
+    schedule = schedule::generate(model_.program(), spec);
+  }
   schedule::verify_schedule(model_.program(), spec, schedule);
   return schedules_.emplace(key, std::move(schedule)).first->second;
 }
@@ -117,7 +150,8 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
     result->peak_activation_bytes = std::max(result->peak_activation_bytes, stats.peak_activation_bytes);
   }
   const auto& loss = model_.loss();
-  OASES_ASSERT(loss.count == counted_targets(targets, sequences * seq),
+  // Only the last pipeline stage holds the head and so the loss.
+  OASES_ASSERT(!model_.has_head() || loss.count == counted_targets(targets, sequences * seq),
                "loss counted {} targets, expected {}", loss.count,
                counted_targets(targets, sequences * seq));
   return loss.sum;
@@ -133,6 +167,9 @@ double TrainingEngine::compute_gradients(std::int64_t step, const std::int32_t* 
 
 double TrainingEngine::evaluate(const std::int32_t* inputs, const std::int32_t* targets,
                                 std::int64_t sequences) {
+  OASES_CHECK(pp_->size() == 1, "evaluating under parallel.pp = {} is not available yet; "
+              "valid: parallel.pp = 1 (set train.eval_every = 0 to train without validation)",
+              pp_->size());
   const double local = run_batches(0, inputs, targets, sequences, dp_->rank() * sequences, 1.0,
                                    ops::HeadMode::eval, {}, nullptr);
   const double count = sum_over(*dp_, static_cast<double>(model_.loss().count));
@@ -161,6 +198,7 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   hooks.optimizer_step = [&] {
     const Stopwatch waited;
     for (auto& work : reductions) work->wait();
+    sum_tied_gradients();
     result.exposed_comm_seconds += waited.seconds();
     result.grad_norm = clip_gradients();
     // Every rank holds the same reduced norm, so every rank stops here alike, before any
@@ -184,6 +222,7 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   OASES_ASSERT(reductions.size() == expected, "{} gradient buckets reduced of {}",
                reductions.size(), expected);
   result.loss = counted > 0 ? sum_over(*dp_, local) / counted : 0.0;
+  if (pp_->size() > 1) pp_->broadcast(Tensor::of(&result.loss, {1}), pp_->size() - 1);
   return result;
 }
 
@@ -219,6 +258,25 @@ std::unique_ptr<comm::Work> TrainingEngine::reduce_bucket(int bucket) {
   return dp_->all_reduce_async(grads, comm::ReduceOp::sum);
 }
 
+void TrainingEngine::sum_tied_gradients() {
+  const int last = pp_->size() - 1;
+  if (tied_params_.empty() || (pp_->rank() != 0 && pp_->rank() != last)) return;
+  const int peer = pp_->rank() == 0 ? last : 0;
+  // Both stages add the other's copy to their own: a + b and b + a are the same number, so the
+  // copies stay identical.
+  for (std::size_t i = 0; i < tied_params_.size(); ++i) {
+    const Tensor mine = model_.layout().view(model_.grads(), model_.layout().find(tied_params_[i]));
+    Buffer storage(mine.nbytes());
+    const Tensor theirs(storage.data(), mine.dtype(), mine.shape());
+    const int tag = static_cast<int>(i);
+    auto sent = pp_->send_async(mine, peer, tag);
+    auto received = pp_->recv_async(theirs, peer, tag);
+    received->wait();
+    sent->wait();
+    kernels::add(mine, theirs, mine);
+  }
+}
+
 double TrainingEngine::clip_gradients() {
   const Tensor grads = model_.grads();
   // Every rank of the tensor-parallel group holds the same gradient for a parameter with one
@@ -227,12 +285,18 @@ double TrainingEngine::clip_gradients() {
   // sums.
   double sharded = 0, replicated = 0;
   for (const auto& p : model_.layout().params()) {
+    // A tied parameter's copies on the first and last stage hold the same summed gradient:
+    // the first stage counts it.
+    if (pp_->rank() > 0 && std::ranges::find(tied_params_, p.name) != tied_params_.end())
+      continue;
     const double squares = p.parts == 1 || tp_->rank() < p.parts
                                ? optim::sum_of_squares(grads, p.offset, p.offset + p.numel())
                                : 0.0;
     (p.parts == 1 ? replicated : sharded) += squares;
   }
-  const double norm = std::sqrt(sum_over(*tp_, sharded) + replicated);
+  double squares = sum_over(*tp_, sharded) + replicated;
+  if (pp_->size() > 1) squares = sum_over(*pp_, squares);
+  const double norm = std::sqrt(squares);
   if (config_.train.grad_clip > 0)
     optim::scale(grads, optim::clip_coefficient(norm, config_.train.grad_clip));
   return norm;

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace oases::train {
@@ -38,6 +39,10 @@ struct ParallelGroups {
   // a degree below tp.
   ops::TpSubgroups tp_subgroup;
   std::function<comm::Communicator&(int degree)> tp_replica_group;
+  // Pipeline group (parallel.pp > 1): the stages of this rank's model replica, ordered by
+  // stage; it carries the activations and gradients between stages (Send/Recv), the sum of
+  // GPT's tied word embedding gradient, the gradient norm and the loss.
+  comm::Communicator* pp = nullptr;
 };
 
 // The element type train.precision computes in.
@@ -52,6 +57,7 @@ class TrainingEngine {
 
   comm::Communicator& tp() { return *tp_; }
   comm::Communicator& dp() { return *dp_; }
+  comm::Communicator& pp() { return *pp_; }
   // Sequences of each global batch this data-parallel rank processes, and the global index of
   // its first one.
   std::int64_t local_batch() const { return config_.train.global_batch / dp_->size(); }
@@ -70,7 +76,9 @@ class TrainingEngine {
   // warmup_steps, then cosine decay to min_lr over the remaining lr_decay_steps (or steps).
   double learning_rate(std::int64_t step) const { return lr_schedule_.at(step); }
 
-  // One optimizer step. `inputs`/`targets` are this data-parallel rank's local_batch()
+  // One optimizer step. Under pipeline parallelism every stage gets the same arguments (the
+  // first stage reads the inputs, the last the targets) and returns the same result: the loss
+  // is computed on the last stage and broadcast over the pipeline group. `inputs`/`targets` are this data-parallel rank's local_batch()
   // sequences ([local_batch, seq]) of the global batch; a negative target is not counted
   // (masked-language modelling). Forward and backward accumulate gradients over
   // micro-batches, the data-parallel group sums them, then gradient clipping and one optimizer
@@ -86,7 +94,8 @@ class TrainingEngine {
                            const std::int32_t* targets, std::int64_t sequences);
 
   // Mean loss over `sequences` local rows per data-parallel rank (the mean over all ranks'
-  // counted targets), without dropout or gradients.
+  // counted targets), without dropout or gradients. UserError under pipeline parallelism
+  // (forward-only pipeline steps are not lowered yet).
   double evaluate(const std::int32_t* inputs, const std::int32_t* targets,
                   std::int64_t sequences);
 
@@ -112,6 +121,9 @@ class TrainingEngine {
                      std::int64_t sequences, std::int64_t first_sample, double loss_scale,
                      ops::HeadMode mode, const runtime::StepHooks& hooks, StepResult* result);
   double clip_gradients();  // returns the global norm before clipping
+  // Sums the gradients of parameters held by both the first and the last pipeline stage (GPT's
+  // tied word embedding) between those two stages, so that both copies take the same update.
+  void sum_tied_gradients();
   // UserError: the gradient norm of optimizer step `step` (0-based) is NaN or infinite; names
   // the first parameter whose gradient is and gives advice that fits the settings.
   [[noreturn]] void stop_on_non_finite_gradient(std::int64_t step, double norm) const;
@@ -123,8 +135,13 @@ class TrainingEngine {
   RunConfig config_;
   comm::SelfCommunicator self_tp_{"tp"};
   comm::SelfCommunicator self_dp_{"dp"};
+  comm::SelfCommunicator self_pp_{"pp"};
   comm::Communicator* tp_;
   comm::Communicator* dp_;
+  comm::Communicator* pp_;
+  // Names of the parameters both the first and the last pipeline stage hold, in layout order
+  // (empty when pp = 1).
+  std::vector<std::string> tied_params_;
   std::function<comm::Communicator&(int degree)> tp_replica_group_;
   schedule::ScheduleSpec spec_;
   model::Model model_;

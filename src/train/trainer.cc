@@ -626,7 +626,7 @@ class Run {
     std::string saved = save_checkpoint(
         c.dir, config_, engine_.model(), engine_.optimizer(), state,
         data_->tokenizer ? data_->tokenizer->model_file_contents() : std::string(), c.keep,
-        mesh_.tp_group(), leader, [progress](const std::string& what) {
+        mesh_.tp_group(), mesh_.pp_group(), leader, [progress](const std::string& what) {
           if (progress)
             progress->log(LogLevel::warning, "checkpoint: " + what);
           else
@@ -658,7 +658,8 @@ ParallelGroups parallel_groups(comm::Mesh& mesh) {
                         },
                         [&mesh](int degree) -> comm::Communicator& {
                           return mesh.tp_replica_group(degree);
-                        }};
+                        },
+                        &mesh.pp_group()};
 }
 
 TrainSummary run_training(const RunConfig& config, const TrainOptions& options) {

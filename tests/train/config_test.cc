@@ -32,6 +32,36 @@ TEST(RunConfig, IntegersAreAcceptedWhereNumbersAreExpected) {
   EXPECT_DOUBLE_EQ(parse_run_config("[train]\nlr = 1\nmin_lr = 0\n", "t").train.lr, 1.0);
 }
 
+TEST(RunConfig, PipelineSettingsParseRoundTripAndNameTheirErrors) {
+  const RunConfig a = parse_run_config(
+      "[model]\nlayers = 5\n[parallel]\npp = 2\npipeline = \"gpipe\"\npipeline_layers = \"3, 2\"\n", "t");
+  EXPECT_EQ(stage_layer_counts(a), (std::vector<int>{3, 2}));
+  EXPECT_EQ(stage_layer_range(a, 1), (std::pair<std::int64_t, std::int64_t>{3, 5}));
+  const RunConfig b = parse_run_config(to_toml(a), "round trip");
+  EXPECT_EQ(b.parallel.pipeline, "gpipe");
+  EXPECT_EQ(stage_layer_counts(b), (std::vector<int>{3, 2}));
+  const RunConfig uniform = parse_run_config("[model]\nlayers = 5\n[parallel]\npp = 2\n", "t");
+  EXPECT_EQ(uniform.parallel.pipeline, "1f1b");
+  EXPECT_EQ(stage_layer_counts(uniform), (std::vector<int>{2, 3}));
+  EXPECT_EQ(stage_layer_range(parse_run_config("", "t"), 0), (std::pair<std::int64_t, std::int64_t>{0, -1}));
+
+  EXPECT_NE(error_of("[parallel]\npp = 2\npipeline_layers = \"1,2\"\n")
+                .find("parallel.pipeline_layers = \"1,2\" sums to 3 layers but model.layers = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of("[parallel]\npp = 2\npipeline_layers = \"1,1,2\"\n").find("parallel.pipeline_layers = \"1,1,2\" has 3 counts"),
+            std::string::npos);
+  EXPECT_NE(error_of("[parallel]\npp = 2\npipeline_layers = \"auto\"\n").find("not available yet"),
+            std::string::npos);
+  EXPECT_NE(error_of("[parallel]\npipeline = \"zigzag\"\n").find("parallel.pipeline = \"zigzag\" is not a known pipeline schedule; valid: "),
+            std::string::npos);
+  for (const std::string kind : {"interleaved", "zero-bubble", "2bw"})
+    EXPECT_NE(error_of("[parallel]\npp = 2\npipeline = \"" + kind + "\"\n")
+                  .find("parallel.pipeline = \"" + kind + "\" is not available yet; valid: \"1f1b\", \"gpipe\""),
+              std::string::npos) << kind;
+  EXPECT_NE(error_of("[parallel]\npp = 2\n[train]\neval_every = 10\n").find("train.eval_every = 10 with parallel.pp = 2"),
+            std::string::npos);
+}
+
 TEST(RunConfig, RoundTripsThroughToml) {
   const RunConfig a = parse_run_config("[model]\nlayers = 7\nhidden = 96\nheads = 3\n[log]\nmetrics = \"m.jsonl\"\n", "t");
   const RunConfig b = parse_run_config(to_toml(a), "round trip");
@@ -97,7 +127,7 @@ TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
   EXPECT_NE(error_of("", {"lr=3"}).find("section.key"), std::string::npos);
   EXPECT_NE(error_of("[model\n").find("not valid TOML"), std::string::npos);
   EXPECT_NE(error_of("[parallel]\ntp = 3\n").find("parallel.tp = 3 must divide model.heads = 4"), std::string::npos);
-  EXPECT_NE(error_of("[parallel]\npp = 2\n").find("parallel.pp = 2"), std::string::npos);
+  EXPECT_NE(error_of("[parallel]\npp = 5\n").find("parallel.pp = 5 is more than model.layers = 4"), std::string::npos);
   EXPECT_NE(error_of("[train]\nprecision = \"bf16\"\n").find("train.precision = \"bf16\""), std::string::npos);
   EXPECT_NE(error_of("[checkpoint]\nresume = true\n").find("checkpoint.dir"), std::string::npos);
 }
