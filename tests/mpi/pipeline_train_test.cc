@@ -2,7 +2,8 @@
 // GPipe and 1F1B schedules gives the losses, parameters and optimizer state of the
 // single-process run, for GPT (whose word embedding, tied to the head, lives on both the first
 // and the last stage) and LLaMA, alone and together with tensor parallelism; a checkpoint
-// written by a pipeline run resumes in one process with the same next losses; bad pipeline
+// written by a pipeline run resumes in one process and under another split of the layers with
+// the same next losses; bad pipeline
 // settings are errors that name the setting, the value and what is valid.
 //
 // In fp64 with dropout, from random weights with nonzero biases and norm parameters (see
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -67,17 +69,17 @@ peak_tflops = 1.0
     }
   }
 
-  // Runs `arch` over tp x pp ranks (pp = 1: the plain engine) with `extra` settings; returns
-  // the run's folder (metrics.jsonl, ckpt/).
+  // Runs `arch` over tp x pp x dp ranks (pp = 1: the plain engine) with `extra` settings;
+  // returns the run's folder (metrics.jsonl, ckpt/).
   static fs::path train(const std::string& arch, int tp, int pp, const std::string& name,
-                        const std::string& extra = "") {
+                        const std::string& extra = "", int dp = 1) {
     const fs::path out = dir_ / name;
-    const int ranks = tp * pp;
+    const int ranks = tp * pp * dp;
     const std::string command =
         (ranks > 1 ? oases::testing::mpirun_prefix(ranks) : std::string()) + OASES_BINARY +
         " train --quiet --config " + (dir_ / (arch + ".toml")).string() + " --init-from " +
         (dir_ / (arch + "_init.safetensors")).string() + " --set parallel.tp=" +
-        std::to_string(tp) + " parallel.pp=" + std::to_string(pp) + " log.metrics=" +
+        std::to_string(tp) + " parallel.pp=" + std::to_string(pp) + " parallel.dp=" + std::to_string(dp) + " log.metrics=" +
         quoted((out / "metrics.jsonl").string()) + " checkpoint.dir=" +
         quoted((out / "ckpt").string()) + " " + extra;
     const Result r = run_command(command);
@@ -121,24 +123,30 @@ TEST_F(PipelineTraining, GPipeAnd1F1BMatchTheSingleProcessRun) {
   }
 }
 
-TEST_F(PipelineTraining, PipelineWithTensorParallelismMatchesTheSingleProcessRun) {
+TEST_F(PipelineTraining, PipelineWithTensorOrDataParallelismMatchesTheSingleProcessRun) {
   const fs::path reference = train("gpt", 1, 1, "gpt_pp1");
   expect_same_run(train("gpt", 2, 2, "gpt_tp2_pp2"), reference, "tp=2 pp=2");
+  expect_same_run(train("gpt", 1, 2, "gpt_dp2_pp2", "parallel.pipeline=" + quoted("gpipe"), 2),
+                  reference, "dp=2 pp=2");
 }
 
-TEST_F(PipelineTraining, CheckpointFromPipelineRunResumesInOneProcess) {
+TEST_F(PipelineTraining, CheckpointFromPipelineRunResumesUnderAnotherSplit) {
   const fs::path source =
       train("gpt", 1, 2, "source", "train.steps=6 checkpoint.every=3 checkpoint.keep=0");
   const auto source_losses = losses(source);
   ASSERT_EQ(source_losses.size(), 6u);
-  const fs::path resumed = dir_ / "resumed";
-  fs::create_directories(resumed / "ckpt");
-  fs::copy(source / "ckpt/step_3", resumed / "ckpt/step_3", fs::copy_options::recursive);
-  train("gpt", 1, 1, "resumed", "train.steps=6 checkpoint.resume=true");
-  expect_same_losses(losses(resumed), {source_losses.begin() + 3, source_losses.end()},
-                     "resumed at pp=1");
-  expect_same_tensors(resumed / "ckpt/step_6/model.safetensors",
-                      source / "ckpt/step_6/model.safetensors", "resumed at pp=1");
+  // In one process, and at pp = 2 with the layers split the other way.
+  for (const auto& [pp, split] : std::vector<std::pair<int, std::string>>{{1, "uniform"}, {2, "2,1"}}) {
+    const std::string name = "resumed_pp" + std::to_string(pp);
+    const fs::path resumed = dir_ / name;
+    fs::create_directories(resumed / "ckpt");
+    fs::copy(source / "ckpt/step_3", resumed / "ckpt/step_3", fs::copy_options::recursive);
+    train("gpt", 1, pp, name,
+          "train.steps=6 checkpoint.resume=true parallel.pipeline_layers=" + quoted(split));
+    expect_same_losses(losses(resumed), {source_losses.begin() + 3, source_losses.end()}, name);
+    expect_same_tensors(resumed / "ckpt/step_6/model.safetensors",
+                        source / "ckpt/step_6/model.safetensors", name);
+  }
 }
 
 TEST_F(PipelineTraining, BadPipelineSettingsAreClearErrors) {
