@@ -462,6 +462,12 @@ void RunConfig::validate() const {
                   p.plan);
   }
   if (p.pp > 1 || p.pipeline_layers != "uniform") stage_layer_counts(*this);
+  // The stages' boundary messages are shaped for layers at the full degree tp.
+  OASES_CHECK(p.pp == 1 || p.plan == "uniform",
+              "parallel.plan = \"{}\" with parallel.pp = {}: per-layer tensor-parallel degrees "
+              "under pipeline parallelism are not available yet; valid: parallel.plan = "
+              "\"uniform\" or parallel.pp = 1",
+              p.plan, p.pp);
   OASES_CHECK(p.memory_limit >= 0, "parallel.memory_limit = {} must be >= 0 bytes", p.memory_limit);
   OASES_CHECK(p.comm_timeout_s >= 0, "parallel.comm_timeout_s = {} must be >= 0 seconds (0: no timeout)",
               p.comm_timeout_s);

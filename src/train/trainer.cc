@@ -10,6 +10,7 @@
 #include "io/checkpoint_dir.h"
 #include "kernels/cpu/peak_flops.h"
 #include "optim/lr_schedule.h"
+#include "planner/stage_partition.h"
 #include "runtime/trace.h"
 #include "train/batches.h"
 #include "train/checkpoint.h"
@@ -403,6 +404,10 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
   if (mesh.world_size() > 1)
     log_info("parallel: {} ranks = tp {} x dp {} x pp {}", mesh.world_size(), mesh.tp_size(),
              mesh.dp_size(), mesh.pp_size());
+  if (mesh.pp_size() > 1)
+    log_info("pipeline: {} over {} stages, transformer layers per stage {}",
+             config.parallel.pipeline, mesh.pp_size(),
+             planner::format_pipeline_layers(stage_layer_counts(config)));
   if (config.parallel.plan != "uniform") {
     std::string degrees;
     for (std::int64_t l = 0; l < m.layers; ++l)

@@ -58,6 +58,8 @@ TEST(RunConfig, PipelineSettingsParseRoundTripAndNameTheirErrors) {
     EXPECT_NE(error_of("[parallel]\npp = 2\npipeline = \"" + kind + "\"\n")
                   .find("parallel.pipeline = \"" + kind + "\" is not available yet; valid: \"1f1b\", \"gpipe\""),
               std::string::npos) << kind;
+  EXPECT_NE(error_of("[parallel]\npp = 2\ntp = 2\nplan = \"1,2,2,2\"\n").find("parallel.plan = \"1,2,2,2\" with parallel.pp = 2"),
+            std::string::npos);
   EXPECT_NE(error_of("[parallel]\npp = 2\n[train]\neval_every = 10\n").find("train.eval_every = 10 with parallel.pp = 2"),
             std::string::npos);
 }
