@@ -513,10 +513,6 @@ void RunConfig::validate() const {
               t.precision);
   OASES_CHECK(t.seed >= 0, "train.seed = {} must be >= 0", t.seed);
   OASES_CHECK(t.eval_every >= 0, "train.eval_every = {} must be >= 0 (0: never)", t.eval_every);
-  OASES_CHECK(t.eval_every == 0 || p.pp == 1,
-              "train.eval_every = {} with parallel.pp = {}: validation under pipeline "
-              "parallelism is not available yet; valid: train.eval_every = 0 or parallel.pp = 1",
-              t.eval_every, p.pp);
   OASES_CHECK(t.eval_steps >= 1, "train.eval_steps = {} must be at least 1", t.eval_steps);
   OASES_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0: automatic, the host's cores shared among its ranks)", t.threads);
 

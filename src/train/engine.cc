@@ -46,6 +46,53 @@ model::ModelOptions model_options(const RunConfig& config, const schedule::Sched
   return o;
 }
 
+// A forward-only step (validation) of pipeline stage `stage` of `stages`: micro-batch after
+// micro-batch, the stage receives its input from the previous stage, runs the micro-batch's
+// forward instructions and sends its output to the next stage. The within-stage generator
+// frees the output of the stage's last segment once it is computed; each Send goes right before
+// the first Free of that segment's sub-batch, while the output is still there. Every stage
+// passes its messages in micro-batch order, so blocking sends and receives cannot deadlock.
+schedule::Schedule forward_only_pipeline(const ops::Program& program,
+                                         const schedule::ScheduleSpec& spec, int stage,
+                                         int stages) {
+  using schedule::Instruction;
+  using schedule::Op;
+  const int last_segment = static_cast<int>(program.segments.size()) - 1;
+  const auto message = [&](Op op, int segment, int mb, int sb, int peer) {
+    Instruction ins{op};
+    ins.payload = schedule::Payload::activation;
+    ins.segment = segment;
+    ins.micro_batch = mb;
+    ins.sub_batch = sb;
+    ins.peer = peer;
+    ins.slot = mb * spec.sub_batches + sb;
+    ins.chunk = stage;
+    return ins;
+  };
+  schedule::Schedule out;
+  for (int mb = 0; mb < spec.micro_batches; ++mb) {
+    if (stage > 0) {
+      for (int sb = 0; sb < spec.sub_batches; ++sb)
+        out.push_back(message(Op::recv, 0, mb, sb, stage - 1));
+    }
+    std::vector<bool> sent(static_cast<std::size_t>(spec.sub_batches), stage == stages - 1);
+    for (Instruction ins : schedule::micro_batch_forward(program, spec, mb)) {
+      const auto sb = static_cast<std::size_t>(ins.sub_batch);
+      if (ins.op == Op::free && ins.segment == last_segment && !sent[sb]) {
+        out.push_back(message(Op::send, last_segment, mb, ins.sub_batch, stage + 1));
+        sent[sb] = true;
+      }
+      ins.chunk = stage;
+      out.push_back(ins);
+    }
+    for (int sb = 0; sb < spec.sub_batches; ++sb) {
+      if (!sent[static_cast<std::size_t>(sb)])
+        out.push_back(message(Op::send, last_segment, mb, sb, stage + 1));
+    }
+  }
+  return out;
+}
+
 optim::OptimizerConfig optimizer_config(const OptimConfig& t) {
   return {t.optimizer, t.beta1, t.beta2, t.eps, t.weight_decay};
 }
@@ -106,8 +153,11 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
   spec.training = training;
   schedule::Schedule schedule;
   if (pp_->size() > 1) {
-    OASES_CHECK(training, "forward-only steps (validation, evaluation, generation) under "
-                "parallel.pp = {} are not available yet; valid: parallel.pp = 1", pp_->size());
+    if (!training) {
+      schedule = forward_only_pipeline(model_.program(), spec, pp_->rank(), pp_->size());
+      schedule::verify_schedule(model_.program(), spec, schedule);
+      return schedules_.emplace(key, std::move(schedule)).first->second;
+    }
     schedule::PipelineSpec pipeline;
     pipeline.kind = schedule::parse_pipeline_kind(config_.parallel.pipeline, "parallel.pipeline");
     pipeline.stages = pp_->size();
@@ -167,13 +217,13 @@ double TrainingEngine::compute_gradients(std::int64_t step, const std::int32_t* 
 
 double TrainingEngine::evaluate(const std::int32_t* inputs, const std::int32_t* targets,
                                 std::int64_t sequences) {
-  OASES_CHECK(pp_->size() == 1, "evaluating under parallel.pp = {} is not available yet; "
-              "valid: parallel.pp = 1 (set train.eval_every = 0 to train without validation)",
-              pp_->size());
   const double local = run_batches(0, inputs, targets, sequences, dp_->rank() * sequences, 1.0,
                                    ops::HeadMode::eval, {}, nullptr);
   const double count = sum_over(*dp_, static_cast<double>(model_.loss().count));
-  return count > 0 ? sum_over(*dp_, local) / count : 0.0;
+  double loss = count > 0 ? sum_over(*dp_, local) / count : 0.0;
+  // Only the last pipeline stage computes the loss.
+  if (pp_->size() > 1) pp_->broadcast(Tensor::of(&loss, {1}), pp_->size() - 1);
+  return loss;
 }
 
 void TrainingEngine::logits(const std::int32_t* inputs, const Tensor& out) {

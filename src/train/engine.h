@@ -94,8 +94,8 @@ class TrainingEngine {
                            const std::int32_t* targets, std::int64_t sequences);
 
   // Mean loss over `sequences` local rows per data-parallel rank (the mean over all ranks'
-  // counted targets), without dropout or gradients. UserError under pipeline parallelism
-  // (forward-only pipeline steps are not lowered yet).
+  // counted targets), without dropout or gradients. Under pipeline parallelism every stage
+  // calls it alike and gets the last stage's loss.
   double evaluate(const std::int32_t* inputs, const std::int32_t* targets,
                   std::int64_t sequences);
 

@@ -60,8 +60,6 @@ TEST(RunConfig, PipelineSettingsParseRoundTripAndNameTheirErrors) {
               std::string::npos) << kind;
   EXPECT_NE(error_of("[parallel]\npp = 2\ntp = 2\nplan = \"1,2,2,2\"\n").find("parallel.plan = \"1,2,2,2\" with parallel.pp = 2"),
             std::string::npos);
-  EXPECT_NE(error_of("[parallel]\npp = 2\n[train]\neval_every = 10\n").find("train.eval_every = 10 with parallel.pp = 2"),
-            std::string::npos);
 }
 
 TEST(RunConfig, RoundTripsThroughToml) {
