@@ -237,6 +237,23 @@ bool is_utf8(std::string_view text) {
   return true;
 }
 
+// "2,4" or "1, 1, 2, 2": non-negative integers separated by commas (two or more).
+bool is_count_list(std::string_view text) {
+  bool digit_before = false, saw_comma = false;
+  for (const char c : text) {
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      digit_before = true;
+    } else if (c == ',') {
+      if (!digit_before) return false;
+      digit_before = false;
+      saw_comma = true;
+    } else if (c != ' ') {
+      return false;
+    }
+  }
+  return saw_comma && digit_before;
+}
+
 void apply_override(toml::table& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
   OASES_CHECK(eq != std::string::npos && eq > 0,
@@ -255,8 +272,11 @@ void apply_override(toml::table& root, const std::string& assignment) {
   } catch (const toml::parse_error& e) {
     // A bare word or path is a string; something that starts like a number but is not a
     // valid TOML value (too large an integer, a malformed float) is an error.
-    const bool numeric = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) ||
-                                            value[0] == '+' || value[0] == '-' || value[0] == '.');
+    // A list of counts such as 1,1,2,2 (parallel.plan, parallel.pipeline_layers) is a string
+    // too: TOML reads it as nothing else.
+    const bool numeric = !value.empty() && !is_count_list(value) &&
+                         (std::isdigit(static_cast<unsigned char>(value[0])) || value[0] == '+' ||
+                          value[0] == '-' || value[0] == '.');
     OASES_CHECK(!numeric, "--set {}: '{}' is not a valid value: {} (integers must fit in 64 bits)",
                 assignment, value, std::string(e.description()));
     // A bare word: a string, which like any TOML text must be UTF-8 (the configuration is

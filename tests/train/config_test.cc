@@ -28,6 +28,26 @@ TEST(RunConfig, ParsesSectionsAndOverrides) {
   EXPECT_EQ(c.checkpoint.dir, "runs/a");
 }
 
+// Per-layer counts pass through --set as they are typed on a command line, unquoted.
+TEST(RunConfig, CountListOverridesAreStrings) {
+  const RunConfig c = parse_run_config("[model]\nlayers = 6\n[parallel]\npp = 2\n", "t",
+                                       {"parallel.pipeline_layers=2,4"});
+  EXPECT_EQ(c.parallel.pipeline_layers, "2,4");
+  const RunConfig plan = parse_run_config("[model]\nlayers = 6\n[parallel]\ntp = 2\n", "t",
+                                          {"parallel.plan=1, 2,2,1,2,2"});
+  EXPECT_EQ(plan.parallel.plan, "1, 2,2,1,2,2");
+  // Anything else that starts like a number and is not TOML stays an error.
+  for (const std::string bad : {"2,", "2,,4", "2;4", "2,4x", "1e999999"}) {
+    bool threw = false;
+    try {
+      parse_run_config("", "t", {"parallel.pipeline_layers=" + bad});
+    } catch (const UserError& e) {
+      threw = std::string(e.what()).find("is not a valid value") != std::string::npos;
+    }
+    EXPECT_TRUE(threw) << bad;
+  }
+}
+
 TEST(RunConfig, IntegersAreAcceptedWhereNumbersAreExpected) {
   EXPECT_DOUBLE_EQ(parse_run_config("[train]\nlr = 1\nmin_lr = 0\n", "t").train.lr, 1.0);
 }
