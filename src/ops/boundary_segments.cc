@@ -68,7 +68,9 @@ class ReshardSegment final : public Segment {
   }
   void backward(const StepContext& ctx, int mb, int sb, int stage) override {
     const Tensor residual_grad = m_.slot(Slot::residual_grad, sb);
-    const Tensor reshard = m_.slot(Slot::reshard, sb);
+    // Gradients are gathered in a gradient slot, never in the forward reshard slot, which the
+    // next micro-batch's forward may be filling meanwhile (oases-interleaved).
+    const Tensor gathered = m_.slot(kBackwardGatherSlot, sb);
     const std::int64_t from_tokens = spec_.from.rows * m_.seq_len;
     const Tensor from_grad = residual_grad.rows(0, from_tokens);
     if (rises_) {
@@ -81,16 +83,22 @@ class ReshardSegment final : public Segment {
     }
     if (stage == 0) {
       const std::int64_t to_tokens = spec_.to.rows * m_.seq_len;
-      kernels::copy(residual_grad.rows(0, to_tokens), own_block(reshard));
+      kernels::copy(residual_grad.rows(0, to_tokens), own_block(gathered));
       return;
     }
-    kernels::copy(reshard.rows(0, from_tokens), from_grad);
+    kernels::copy(gathered.rows(0, from_tokens), from_grad);
     run_epilogue_backward(ctx, mb, sb, from_grad);
   }
-  CollectiveCall forward_collective(int, int sb) override { return gather(sb); }
-  CollectiveCall backward_collective(int, int sb) override { return gather(sb); }
+  CollectiveCall forward_collective(int, int sb) override { return gather(Slot::reshard, sb); }
+  CollectiveCall backward_collective(int, int sb) override {
+    return gather(kBackwardGatherSlot, sb);
+  }
 
  private:
+  // Free between this segment's backward stages: the following segment's backward has consumed
+  // it and the preceding one's has not started.
+  static constexpr Slot kBackwardGatherSlot = Slot::input_grad;
+
   const Placement& small() const { return rises_ ? spec_.from : spec_.to; }
   const Placement& large() const { return rises_ ? spec_.to : spec_.from; }
   // Token offset of this rank's block (the smaller group's rows) within the larger group's.
@@ -98,8 +106,8 @@ class ReshardSegment final : public Segment {
   Tensor own_block(const Tensor& slot) const {
     return slot.rows(own_offset(), own_offset() + small().rows * m_.seq_len);
   }
-  CollectiveCall gather(int sb) const {
-    const Tensor reshard = m_.slot(Slot::reshard, sb);
+  CollectiveCall gather(Slot slot, int sb) const {
+    const Tensor reshard = m_.slot(slot, sb);
     const Tensor whole = reshard.rows(0, large().rows * m_.seq_len);
     return {CollectiveKind::all_gather, comm::ReduceOp::sum, spec_.gather_group,
             whole.reshaped({whole.numel()}), own_block(reshard).reshaped({small().rows * m_.seq_len * m_.hidden})};

@@ -25,8 +25,9 @@ enum class Slot : std::uint8_t {
                   // the partial sums its forward collective reduces
   output_grad,    // gradient with respect to `output` (whole on every rank of its group)
   residual_grad,  // gradient flowing along the residual stream
-  input_grad,     // partial gradient of a block's input (the backward collective's buffer)
-  reshard,        // rows a reshard gathers (present only where the degree changes)
+  input_grad,     // partial gradient of a block's input (the backward collective's buffer);
+                  // also the gradient rows a reshard gathers in backward
+  reshard,        // rows a reshard gathers in forward (present only where the degree changes)
 };
 inline constexpr int kSlotCount = 5;
 

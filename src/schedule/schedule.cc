@@ -22,11 +22,12 @@ using ops::TensorSets;
 
 namespace {
 
-constexpr std::array<std::pair<ScheduleKind, std::string_view>, 4> kKindNames{{
+constexpr std::array<std::pair<ScheduleKind, std::string_view>, 5> kKindNames{{
     {ScheduleKind::megatron, "megatron"},
     {ScheduleKind::fine_grained, "fine-grained"},
     {ScheduleKind::cross_pass, "cross-pass"},
     {ScheduleKind::oases, "oases"},
+    {ScheduleKind::oases_interleaved, "oases-interleaved"},
 }};
 constexpr std::array<std::pair<Recompute, std::string_view>, 4> kRecomputeNames{{
     {Recompute::none, "none"},
@@ -243,25 +244,52 @@ Recompute parse_recompute(std::string_view text, std::string_view setting) {
 
 void check_spec(const ScheduleSpec& spec) {
   OASES_ASSERT(spec.micro_batches >= 1 && spec.sub_batches >= 1, "bad schedule spec");
-  const bool implies_fine_grained =
-      spec.kind == ScheduleKind::fine_grained || spec.kind == ScheduleKind::oases;
+  const bool implies_fine_grained = spec.kind == ScheduleKind::fine_grained ||
+                                    spec.kind == ScheduleKind::oases ||
+                                    spec.kind == ScheduleKind::oases_interleaved;
   OASES_CHECK(!implies_fine_grained || spec.recompute == Recompute::fine_grained,
               "parallel.recompute = \"{}\" does not go with parallel.schedule = \"{}\", which "
               "recomputes fine-grained; valid: recompute = \"fine-grained\", or schedule = "
               "\"{}\" for another policy",
               name(spec.recompute), name(spec.kind),
-              spec.kind == ScheduleKind::oases ? "cross-pass" : "megatron");
-  const bool overlapped = spec.kind == ScheduleKind::cross_pass || spec.kind == ScheduleKind::oases;
+              spec.kind == ScheduleKind::fine_grained ? "megatron" : "cross-pass");
+  const bool overlapped = spec.kind == ScheduleKind::cross_pass ||
+                          spec.kind == ScheduleKind::oases ||
+                          spec.kind == ScheduleKind::oases_interleaved;
   OASES_CHECK(overlapped || spec.sub_batches == 1,
               "parallel.sub_batches = {} needs an overlapped schedule; parallel.schedule = \"{}\" "
-              "runs whole micro-batches (valid: sub_batches = 1, or schedule = \"cross-pass\" or "
-              "\"oases\")",
+              "runs whole micro-batches (valid: sub_batches = 1, or schedule = \"cross-pass\", "
+              "\"oases\" or \"oases-interleaved\")",
               spec.sub_batches, name(spec.kind));
 }
 
 Schedule generate(const Program& program, const ScheduleSpec& spec) {
   check_spec(spec);
   Schedule out;
+  if (spec.kind == ScheduleKind::oases_interleaved && spec.training && spec.micro_batches > 1) {
+    // The forward of micro-batch 0 alone; then the backward streams of k interleaved phase by
+    // phase with the forward streams of k + 1; then the last backward alone. (One micro-batch
+    // has nothing to interleave: oases' order.) A forward phase computes little (a third of the
+    // backward's compute behind as many collectives), so each forward collective now has a
+    // round of backward compute to hide behind. Forward phases go first in each round: theirs
+    // are the collectives the compute lane would otherwise wait on, and issued early they are
+    // off the wire before their Waits come round.
+    std::vector<Schedule> streams;
+    for (int sb = 0; sb < spec.sub_batches; ++sb)
+      streams.push_back(instance_forward(program, spec, 0, sb));
+    interleave(std::move(streams), out);
+    for (int mb = 0; mb < spec.micro_batches; ++mb) {
+      streams.clear();
+      if (mb + 1 < spec.micro_batches)
+        for (int sb = 0; sb < spec.sub_batches; ++sb)
+          streams.push_back(instance_forward(program, spec, mb + 1, sb));
+      for (int sb = 0; sb < spec.sub_batches; ++sb)
+        streams.push_back(instance_backward(program, spec, mb, sb));
+      interleave(std::move(streams), out);
+    }
+    append_gradient_reductions(program, out);
+    return out;
+  }
   for (int mb = 0; mb < spec.micro_batches; ++mb) {
     std::vector<Schedule> streams;
     for (int sb = 0; sb < spec.sub_batches; ++sb)

@@ -9,13 +9,28 @@
 // regenerated before Backward. The streams of the sub-batches of a micro-batch are then cut
 // after every collective Start into phases and interleaved phase by phase, so the collective
 // of one sub-batch is in flight while the others compute (with one sub-batch this is the
-// plain blocking order). Micro-batches run one after another.
+// plain blocking order). Micro-batches run one after another, except under
+// oases-interleaved: there the forward of micro-batch k + 1 is cut into phases too and
+// interleaved with the backward of micro-batch k (every sub-batch of both), so that a forward
+// collective, which has little forward compute to hide behind, is in flight while backward
+// compute runs, and the other way round. Backward instructions keep their relative order, so
+// gradients accumulate in the same order as under oases and the results are equal bit for bit;
+// two micro-batches' activations are live at once instead of one.
 //
-//   schedule       recompute                     ARs per layer fwd/recompute/bwd   overlap
-//   megatron       none | full | selective       2 / 0|2|0 / 2                     no
-//   fine-grained   fine-grained                  2 / 0 / 2                         no
-//   cross-pass     full (default) | any          2 / 2 / 2 with full               yes
-//   oases          fine-grained                  2 / 0 / 2                         yes
+//   schedule            recompute                ARs per layer fwd/recompute/bwd   overlap
+//   megatron            none | full | selective  2 / 0|2|0 / 2                     no
+//   fine-grained        fine-grained             2 / 0 / 2                         no
+//   cross-pass          full (default) | any     2 / 2 / 2 with full               yes
+//   oases               fine-grained             2 / 0 / 2                         yes
+//   oases-interleaved   fine-grained             2 / 0 / 2                         yes, across
+//                                                                                  micro-batches
+//
+// Interleaving micro-batches is sound because a segment's forward instructions touch only
+// forward slots (ops::Slot::output, reshard) and the (mb, sb)-keyed activation store, and its
+// backward instructions only gradient slots and the store: the forward of k + 1 never
+// overwrites what the backward of k still reads in the same sub-batch's slots. Recomputation
+// that regenerates a segment's output (full) would write the forward slot during backward,
+// which is why the interleaved kind implies fine-grained recomputation.
 //
 // Pipelines. A pipeline cuts the model into chunks (stages) on different ranks. Each rank's
 // Program holds the segments of its own chunks, numbered locally; a chunk that does not start
@@ -92,10 +107,11 @@ struct Instruction {
 
 using Schedule = std::vector<Instruction>;
 
-enum class ScheduleKind { megatron, fine_grained, cross_pass, oases };
+enum class ScheduleKind { megatron, fine_grained, cross_pass, oases, oases_interleaved };
 enum class Recompute { none, full, selective, fine_grained };
 
-std::string_view name(ScheduleKind kind);  // "megatron", "fine-grained", "cross-pass", "oases"
+// "megatron", "fine-grained", "cross-pass", "oases", "oases-interleaved"
+std::string_view name(ScheduleKind kind);
 std::string_view name(Recompute policy);   // "none", "full", "selective", "fine-grained"
 std::string_view name(Payload payload);    // "activation", "gradient"
 // Parse the names above; UserError naming `setting`, the value and the valid names.
@@ -110,8 +126,8 @@ struct ScheduleSpec {
   bool training = true;  // false: forward passes only (evaluation, generation)
 };
 
-// UserError when the combination cannot run: fine-grained and oases imply fine-grained
-// recomputation; megatron and fine-grained run whole micro-batches (one sub-batch).
+// UserError when the combination cannot run: fine-grained, oases and oases-interleaved imply
+// fine-grained recomputation; megatron and fine-grained run whole micro-batches (one sub-batch).
 void check_spec(const ScheduleSpec& spec);
 
 // The generator for spec.kind.
@@ -123,7 +139,9 @@ Schedule generate(const ops::Program& program, const ScheduleSpec& spec);
 // sets; the whole of the micro-batch's instructions when spec.training is false).
 // micro_batch_backward: its recomputation, backward and frees, interleaved the same way
 // (REQUIRES: spec.training). generate() itself interleaves each micro-batch's forward and
-// backward streams as one, so the two parts concatenated can differ from its order at the seam.
+// backward streams as one (oases-interleaved: the backward of mb with the forward of mb + 1), so
+// the two parts concatenated can differ from its order at the seam. A pipeline places the parts
+// itself, so there oases-interleaved orders each micro-batch as oases does.
 Schedule micro_batch_forward(const ops::Program& program, const ScheduleSpec& spec, int mb);
 Schedule micro_batch_backward(const ops::Program& program, const ScheduleSpec& spec, int mb);
 // Inserts ReduceGrads(bucket) right after the last backward stage of the segment that makes the

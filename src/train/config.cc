@@ -390,6 +390,7 @@ schedule::ScheduleSpec schedule_spec(const RunConfig& config) {
       case schedule::ScheduleKind::cross_pass: spec.recompute = schedule::Recompute::full; break;
       case schedule::ScheduleKind::fine_grained:
       case schedule::ScheduleKind::oases:
+      case schedule::ScheduleKind::oases_interleaved:
         spec.recompute = schedule::Recompute::fine_grained;
         break;
     }
@@ -397,7 +398,8 @@ schedule::ScheduleSpec schedule_spec(const RunConfig& config) {
     spec.recompute = schedule::parse_recompute(p.recompute, "parallel.recompute");
   }
   const bool overlapped = spec.kind == schedule::ScheduleKind::cross_pass ||
-                          spec.kind == schedule::ScheduleKind::oases;
+                          spec.kind == schedule::ScheduleKind::oases ||
+                          spec.kind == schedule::ScheduleKind::oases_interleaved;
   const std::int64_t micro = config.train.micro_batch;
   OASES_CHECK(p.sub_batches >= 0, "parallel.sub_batches = {} must be >= 1 (or 0: automatic)",
               p.sub_batches);

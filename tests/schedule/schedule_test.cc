@@ -29,10 +29,12 @@ std::vector<std::pair<ScheduleKind, Recompute>> valid_pairs() {
   return {{ScheduleKind::megatron, Recompute::none},       {ScheduleKind::megatron, Recompute::full},
           {ScheduleKind::megatron, Recompute::selective},  {ScheduleKind::fine_grained, Recompute::fine_grained},
           {ScheduleKind::cross_pass, Recompute::full},     {ScheduleKind::cross_pass, Recompute::none},
-          {ScheduleKind::cross_pass, Recompute::selective}, {ScheduleKind::oases, Recompute::fine_grained}};
+          {ScheduleKind::cross_pass, Recompute::selective}, {ScheduleKind::oases, Recompute::fine_grained},
+          {ScheduleKind::oases_interleaved, Recompute::fine_grained}};
 }
 bool overlapped(ScheduleKind kind) {
-  return kind == ScheduleKind::cross_pass || kind == ScheduleKind::oases;
+  return kind == ScheduleKind::cross_pass || kind == ScheduleKind::oases ||
+         kind == ScheduleKind::oases_interleaved;
 }
 
 TEST(Generators, EveryScheduleVerifiesForEveryDegreeSubBatchCountAndDepth) {
@@ -261,6 +263,72 @@ TEST(Generators, OasesForwardRunsSubBatchesOffsetByOneSegment) {
       << text;
 }
 
+// oases-interleaved runs the same instructions as oases; its backward (and with it every
+// gradient accumulation) and its forward (the loss sums) keep oases' relative order, so the
+// results are equal bit for bit; only the forward of micro-batch k + 1 moves into the backward
+// of k, at the price of a second micro-batch's activations.
+TEST(Generators, OasesInterleavedRunsTheNextForwardDuringTheBackwardInOasesGradientOrder) {
+  const auto only = [](const Schedule& s, auto keep) {
+    Schedule out;
+    std::copy_if(s.begin(), s.end(), std::back_inserter(out), keep);
+    return out;
+  };
+  const auto gradient_path = [](const Instruction& x) {
+    return x.op == Op::backward || x.op == Op::reduce_grads || x.op == Op::optimizer_step ||
+           (x.op == Op::start && x.direction == Direction::backward);
+  };
+  const auto forward_path = [](const Instruction& x) { return x.op == Op::forward; };
+  const auto key = [](const Instruction& x) { return to_string(x); };
+  for (int layers : {1, 3}) {
+    for (int tp : {1, 2}) {
+      for (int micro_batches : {1, 2, 3}) {
+        for (int sub_batches : {1, 2}) {
+          const std::string what = "layers=" + std::to_string(layers) + " tp=" + std::to_string(tp) +
+                                   " mb=" + std::to_string(micro_batches) +
+                                   " sb=" + std::to_string(sub_batches);
+          const ops::Program program = gpt_program(layers, tp);
+          const Schedule oases = generate(
+              program, spec_of(ScheduleKind::oases, Recompute::fine_grained, micro_batches, sub_batches));
+          const Schedule interleaved =
+              generate(program, spec_of(ScheduleKind::oases_interleaved, Recompute::fine_grained,
+                                        micro_batches, sub_batches));
+          std::vector<std::string> a, b;
+          std::transform(oases.begin(), oases.end(), std::back_inserter(a), key);
+          std::transform(interleaved.begin(), interleaved.end(), std::back_inserter(b), key);
+          std::sort(a.begin(), a.end());
+          std::sort(b.begin(), b.end());
+          EXPECT_EQ(a, b) << what << ": not the same instructions";
+          EXPECT_EQ(only(interleaved, gradient_path), only(oases, gradient_path)) << what;
+          EXPECT_EQ(only(interleaved, forward_path), only(oases, forward_path)) << what;
+          // Every micro-batch after the first starts its forward while the previous one's
+          // backward still has work left: a Forward of k + 1 lies between two Backwards of k.
+          for (int k = 0; k + 1 < micro_batches; ++k) {
+            std::size_t first = interleaved.size(), last = 0;
+            for (std::size_t i = 0; i < interleaved.size(); ++i)
+              if (interleaved[i].op == Op::backward && interleaved[i].micro_batch == k) {
+                first = std::min(first, i);
+                last = i;
+              }
+            const auto inside = std::find_if(
+                interleaved.begin() + static_cast<std::ptrdiff_t>(first),
+                interleaved.begin() + static_cast<std::ptrdiff_t>(last), [&](const Instruction& x) {
+                  return x.op == Op::forward && x.micro_batch == k + 1;
+                });
+            EXPECT_NE(inside, interleaved.begin() + static_cast<std::ptrdiff_t>(last))
+                << what << ": micro-batch " << k + 1 << " waits for the backward of " << k;
+          }
+          if (micro_batches == 1) continue;
+          EXPECT_GT(peak_activation_bytes(program, interleaved), peak_activation_bytes(program, oases))
+              << what << ": two micro-batches' activations are live at once";
+          EXPECT_LE(peak_activation_bytes(program, interleaved),
+                    2 * peak_activation_bytes(program, oases))
+              << what;
+        }
+      }
+    }
+  }
+}
+
 TEST(Generators, IncompatibleCombinationsAreRejectedWithTheValidValues) {
   const ops::Program program = gpt_program(1);
   try {
@@ -276,8 +344,10 @@ TEST(Generators, IncompatibleCombinationsAreRejectedWithTheValidValues) {
     parse_schedule_kind("zero-bubble", "parallel.schedule");
     FAIL();
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("valid: \"megatron\", \"fine-grained\", \"cross-pass\", \"oases\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("valid: \"megatron\", \"fine-grained\", \"cross-pass\", \"oases\", \"oases-interleaved\""), std::string::npos) << e.what();
   }
+  EXPECT_THROW(generate(program, spec_of(ScheduleKind::oases_interleaved, Recompute::full, 2, 2)),
+               UserError);
 }
 
 // Predicted peaks: fine-grained checkpoints cost one residual per segment, so oases stays
