@@ -10,6 +10,7 @@
 #   STEPS       steps per run; medians are over the steps after the first [5]
 #   PROBE_MBIT  rate of the calibration run, Mbit/s [400]
 #   CONFIG      [configs/overlap.toml]
+#   MICRO_BATCHES  micro-batches per step (train.global_batch = 4 x this) [the config's]
 #   SKIP_BUILD  1: use the existing build/release/oases as it is [0]
 #   KEEP_WORK   1: keep the temporary folder with every run's log and metrics [0]
 # All of it takes about 14 minutes on the 2-core reference machine; a quick check of the
@@ -18,13 +19,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The compared schedules, in table order, each with the --set overrides that select it.
-schedule_names=(megatron-full megatron-none fine-grained cross-pass oases)
+schedule_names=(megatron-full megatron-none fine-grained cross-pass oases oases-interleaved)
 declare -A schedule_sets=(
   [megatron-full]='parallel.schedule="megatron" parallel.recompute="full"'
   [megatron-none]='parallel.schedule="megatron" parallel.recompute="none"'
   [fine-grained]='parallel.schedule="fine-grained"'
   [cross-pass]='parallel.schedule="cross-pass" parallel.sub_batches=2'
   [oases]='parallel.schedule="oases" parallel.sub_batches=2'
+  [oases-interleaved]='parallel.schedule="oases-interleaved" parallel.sub_batches=2'
 )
 
 IFS=', ' read -r -a selected <<<"${SCHEDULES:-${schedule_names[*]}}"
@@ -45,7 +47,7 @@ fi
 oases=$PWD/build/release/oases
 
 env_used=""
-for v in SCHEDULES RATIOS STEPS PROBE_MBIT CONFIG SKIP_BUILD; do
+for v in SCHEDULES RATIOS STEPS PROBE_MBIT CONFIG MICRO_BATCHES SKIP_BUILD; do
   if [[ -n ${!v:-} ]]; then env_used+="$v=\"${!v}\" "; fi
 done
 echo "# command: ${env_used}bash bench/run_overlap_bench.sh"
@@ -88,6 +90,8 @@ cap() {  # cap RATE_KBIT
 }
 
 common=(--quiet --config "$config" --set train.steps="$steps" train.threads=1 data.path="\"$work/data\"")
+# More micro-batches per step give oases-interleaved forwards to run during backwards.
+[[ -n ${MICRO_BATCHES:-} ]] && common+=(train.global_batch=$((4 * MICRO_BATCHES)))
 # The uncapped baseline uses shared memory; capped runs must use TCP only, never vader, so the
 # cap applies to all traffic (OpenMPI excludes loopback from TCP unless told to include it).
 mpi_common=(--allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1)
