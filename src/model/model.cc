@@ -220,15 +220,16 @@ class Model::Builder final : public ParamResolver {
                               m_.segments_);
   }
 
+  // The stage sends r_end in the placement of the next stage's first layer, resharding first
+  // where the degree changes at the cut, so that each rank's message is exactly the rows its
+  // peer (same tensor-parallel rank) receives.
   void add_stage_output() {
-    const std::int64_t last = m_.options_.end_layer - 1;
-    const int previous = next_id() - 1;
-    begin_segment();
+    const std::int64_t next = m_.options_.end_layer;
+    ops::ResidualEpilogue epilogue = epilogue_into(next);
     ops::StageOutputSpec output;
     output.name = "stage_output";
-    output.at = placement(last);
-    output.epilogue =
-        ops::ResidualEpilogue(arch_.epilogue_into_layer(last + 1, previous, *this));
+    output.at = placement(next);
+    output.epilogue = std::move(epilogue);
     m_.segments_.push_back(ops::make_stage_output_segment(next_id(), context(), std::move(output)));
   }
 

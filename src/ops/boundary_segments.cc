@@ -154,8 +154,9 @@ class StageOutputSegment final : public Segment {
   }
   void forward(const StepContext& ctx, int mb, int sb) override {
     const Tensor block = store().acquire(key(mb, sb, kCheckpoint), m_.dtype, checkpoint_.elements());
+    const Slot input = spec_.epilogue.spec().copies_input ? Slot::reshard : Slot::output;
     spec_.epilogue.forward(m_, ctx, mb, sb, spec_.at.rows, spec_.at.first_row,
-                           m_.slot_rows(Slot::output, sb, spec_.at.rows),
+                           m_.slot_rows(input, sb, spec_.at.rows),
                            previous_checkpoint(store(), spec_.epilogue, mb, sb, tokens_, m_.hidden),
                            output(block), kept(block));
   }

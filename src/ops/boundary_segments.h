@@ -9,7 +9,10 @@
 //                       segment's epilogue copies the reshard slot.
 //   StageOutputSegment  r = epilogue(last output of the stage), kept and sent to the next
 //                       stage (Send(activation)); backward starts from the received gradient
-//                       of r (Recv(gradient)) and runs the epilogue's backward.
+//                       of r (Recv(gradient)) and runs the epilogue's backward. Its placement
+//                       is that of the next stage's first layer: where that degree differs
+//                       from the stage's last layer, a ReshardSegment precedes it and its
+//                       epilogue copies the reshard slot.
 #pragma once
 
 #include "ops/context.h"

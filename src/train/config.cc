@@ -484,12 +484,18 @@ void RunConfig::validate() const {
                   p.plan);
   }
   if (p.pp > 1 || p.pipeline_layers != "uniform") stage_layer_counts(*this);
-  // The stages' boundary messages are shaped for layers at the full degree tp.
-  OASES_CHECK(p.pp == 1 || p.plan == "uniform",
-              "parallel.plan = \"{}\" with parallel.pp = {}: per-layer tensor-parallel degrees "
-              "under pipeline parallelism are not available yet; valid: parallel.plan = "
-              "\"uniform\" or parallel.pp = 1",
-              p.plan, p.pp);
+  // The planner profiles and solves one whole model on tp x dp ranks; it has no notion of
+  // stages yet. Explicit degrees (a list or a plan file) do run under a pipeline.
+  OASES_CHECK(p.pp == 1 || p.plan != "auto",
+              "parallel.plan = \"auto\" with parallel.pp = {}: the planner does not plan "
+              "pipeline stages yet; valid: parallel.plan = \"uniform\", explicit degrees per "
+              "layer (e.g. \"{}{}\") or a plan file, or parallel.pp = 1 with \"auto\"",
+              p.pp,
+              fmt::join(std::vector<std::int64_t>(
+                            static_cast<std::size_t>(std::clamp<std::int64_t>(model.layers, 1, 8)),
+                            p.tp),
+                        ","),
+              model.layers > 8 ? ",..." : "");
   OASES_CHECK(p.memory_limit >= 0, "parallel.memory_limit = {} must be >= 0 bytes", p.memory_limit);
   OASES_CHECK(p.comm_timeout_s >= 0, "parallel.comm_timeout_s = {} must be >= 0 seconds (0: no timeout)",
               p.comm_timeout_s);
