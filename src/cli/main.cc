@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <cstdio>
@@ -413,10 +414,21 @@ Verb add_generate(CLI::App& app, oases::train::GenerateOptions& g) {
 struct EvalArgs {
   oases::train::EvalOptions options;
   std::string batches = "all";
-  std::int64_t tp = 1;
+  int tp = 0, pp = 0;  // 0: the checkpoint's (oases::train::eval_layout)
+  bool json = false;
 };
 
-void print_evaluation(const oases::train::EvalResult& r) {
+void print_evaluation(const oases::train::EvalResult& r, bool json) {
+  if (json) {
+    // Full precision, for scripts and for comparing layouts.
+    const nlohmann::json record = {
+        {"checkpoint", r.checkpoint}, {"shard", r.shard},       {"seq_len", r.seq_len},
+        {"windows", r.windows},       {"tokens", r.tokens},     {"bytes", r.bytes},
+        {"loss", r.loss},             {"perplexity", r.perplexity},
+        {"bits_per_byte", r.bits_per_byte}};
+    fmt::print("{}\n", record.dump());
+    return;
+  }
   fmt::print("{}: {} windows of {} tokens from {}\n", r.checkpoint, r.windows, r.seq_len,
              r.shard);
   fmt::print("loss {:.6f} nats/token | perplexity {:.4f} | {:.6f} bits/byte | {} tokens ({} "
@@ -438,25 +450,26 @@ int run_eval(EvalArgs& a) {
                 "--batches = \"{}\" must be a positive number of batches or \"all\"", a.batches);
     a.options.batches = parsed;
   }
-  OASES_CHECK(a.tp >= 1, "--tp = {} must be >= 1", a.tp);
   if (!oases::comm::launched_by_mpi()) {
-    OASES_CHECK(a.tp == 1, "--tp = {} needs {} processes: launch with `mpirun -np {} oases eval ...`",
-                a.tp, a.tp, a.tp);
+    // One process: the checkpoint's layout cannot apply, so it is never the default here.
+    oases::train::eval_layout(a.options.checkpoint, 1, a.tp == 0 ? 1 : a.tp,
+                              a.pp == 0 ? 1 : a.pp);
     oases::comm::Mesh mesh = oases::comm::Mesh::single_process();
-    print_evaluation(oases::train::evaluate_checkpoint(a.options, mesh));
+    print_evaluation(oases::train::evaluate_checkpoint(a.options, mesh), a.json);
     return 0;
   }
   oases::train::ParallelConfig parallel;
   return run_on_every_rank(parallel, [&](auto& runtime, const auto& comm_options, auto& mesh) {
-    const int world = runtime.world_size();
-    OASES_CHECK(world % a.tp == 0,
-                "--tp = {} must divide the {} ranks of the job (the rest are data-parallel)",
-                a.tp, world);
+    const oases::train::EvalLayout layout =
+        oases::train::eval_layout(a.options.checkpoint, runtime.world_size(), a.tp, a.pp);
+    if (runtime.world_rank() == 0)
+      oases::log_info("evaluating on {} ranks = tp {} x dp {} x pp {}", runtime.world_size(),
+                      layout.tp, layout.dp, layout.pp);
     oases::train::use_threads(0, runtime.placement(), runtime.most_crowded_placement());
-    mesh.emplace(oases::comm::Mesh::create(runtime, static_cast<int>(a.tp),
-                                           world / static_cast<int>(a.tp), 1, comm_options));
+    mesh.emplace(
+        oases::comm::Mesh::create(runtime, layout.tp, layout.dp, layout.pp, comm_options));
     const auto result = oases::train::evaluate_checkpoint(a.options, *mesh);
-    if (runtime.world_rank() == 0) print_evaluation(result);
+    if (runtime.world_rank() == 0) print_evaluation(result, a.json);
   });
 }
 
@@ -464,7 +477,7 @@ Verb add_eval(CLI::App& app, EvalArgs& a) {
   auto* c = app.add_subcommand(
       "eval",
       "Loss, perplexity and bits per byte of a checkpoint on a token shard (non-overlapping "
-      "windows of model.seq_len); under mpirun, over tp x dp ranks");
+      "windows of model.seq_len); under mpirun, over tp x dp x pp ranks");
   c->add_option("--checkpoint", a.options.checkpoint,
                 "A step_N checkpoint folder or a run's checkpoint.dir (newest is used)")
       ->required();
@@ -477,9 +490,15 @@ Verb add_eval(CLI::App& app, EvalArgs& a) {
   c->add_option("--batch-size", a.options.batch_size,
                 "Windows per batch over all ranks (default: the checkpoint's train.micro_batch "
                 "x data-parallel ranks)");
-  c->add_option("--tp", a.tp, "Tensor-parallel degree under mpirun (the other ranks split the "
-                "windows)")
-      ->capture_default_str();
+  c->add_option("--tp", a.tp,
+                "Tensor-parallel degree under mpirun (default: the checkpoint's, where the "
+                "ranks allow it; ranks beyond tp x pp split the windows)");
+  c->add_option("--pp", a.pp,
+                "Pipeline stages under mpirun (default: the checkpoint's, where the ranks allow "
+                "it; layers split uniformly)");
+  c->add_flag("--json", a.json,
+              "Print the result as one JSON object (loss, perplexity, bits_per_byte, ... at "
+              "full precision)");
   c->add_option("--tokenizer-dir", a.options.tokenizer_dir,
                 "Folder holding gpt2's encoder.json and vocab.bpe, for a checkpoint trained on "
                 "gpt2 data (default: $OASES_TOKENIZER_DIR or the npm cache of install-deps.sh)");

@@ -2,8 +2,11 @@
 
 #include "core/error.h"
 #include "io/checkpoint_dir.h"
+#include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
+
+#include <toml++/toml.h>
 
 #include <algorithm>
 #include <cmath>
@@ -32,7 +35,50 @@ std::string checkpoint_folder(const std::string& path) {
   return *latest;
 }
 
+// parallel.<key> of the run that wrote the checkpoint in `folder` (1 where not recorded).
+std::int64_t stored_degree(const std::string& folder, const char* key) {
+  const std::string model_file = io::resolve_model_file(folder);
+  const io::SafetensorsFile file = io::SafetensorsFile::open(model_file);
+  toml::table stored;
+  try {
+    stored = toml::parse(io::metadata_value(file, "oases_config"));
+  } catch (const toml::parse_error& e) {
+    OASES_FAIL("{}: the stored run configuration is not valid TOML: {}", model_file,
+               std::string(e.description()));
+  }
+  return stored["parallel"][key].value_or<std::int64_t>(1);
+}
+
 }  // namespace
+
+EvalLayout eval_layout(const std::string& checkpoint, int world_size, int tp, int pp) {
+  OASES_CHECK(tp >= 0, "--tp = {} must be >= 1", tp);
+  OASES_CHECK(pp >= 0, "--pp = {} must be >= 1", pp);
+  const std::string folder = checkpoint_folder(checkpoint);
+  // A stored degree is a default only where the job's ranks can hold it.
+  const auto stored_or_one = [&](const char* key, int other) {
+    const std::int64_t degree = stored_degree(folder, key);
+    return degree >= 1 && world_size % (degree * std::max(other, 1)) == 0
+               ? static_cast<int>(degree)
+               : 1;
+  };
+  EvalLayout layout;
+  layout.tp = tp > 0 ? tp : stored_or_one("tp", pp);
+  layout.pp = pp > 0 ? pp : stored_or_one("pp", layout.tp);
+  const int grid = layout.tp * layout.pp;
+  OASES_CHECK(world_size % grid == 0,
+              "--tp = {} x --pp = {} = {} ranks per model replica must divide the {} ranks of "
+              "the job (the rest are data-parallel); launch a multiple of {} processes "
+              "(mpirun -np {} oases eval ...)",
+              layout.tp, layout.pp, grid, world_size, grid, grid);
+  const std::int64_t layers = config_from_checkpoint(folder).model.layers;
+  OASES_CHECK(layout.pp <= layers,
+              "--pp = {} is more than the checkpoint's model.layers = {}: each pipeline stage "
+              "needs at least one layer; valid: 1 to {}",
+              layout.pp, layers, layers);
+  layout.dp = world_size / grid;
+  return layout;
+}
 
 EvalResult evaluate_shard(TrainingEngine& engine, const data::TokenShard& shard,
                           const data::Tokenizer& tokenizer, std::int64_t max_batches) {
@@ -108,19 +154,25 @@ EvalResult evaluate_checkpoint(const EvalOptions& o, comm::Mesh& mesh) {
               "--batch-size = {} must be >= 1 (0: the checkpoint's "
               "train.micro_batch x data-parallel ranks)",
               o.batch_size);
-  OASES_CHECK(mesh.pp_size() == 1, "evaluation runs without pipeline stages; launch tp x dp ranks");
   const std::string folder = checkpoint_folder(o.checkpoint);
   RunConfig config = config_from_checkpoint(folder);
-  const std::int64_t dp = mesh.dp_size();
-  const std::int64_t batch = o.batch_size > 0 ? o.batch_size : config.train.micro_batch * dp;
+  const std::int64_t dp = mesh.dp_size(), pp = mesh.pp_size();
+  const std::int64_t trained_micro_batch = config.train.micro_batch;
+  const std::int64_t batch =
+      o.batch_size > 0 ? o.batch_size : trained_micro_batch * dp * (pp > 1 ? pp : 1);
   OASES_CHECK(batch % dp == 0,
               "--batch-size = {} must be a multiple of the {} data-parallel ranks (each "
               "evaluates as many windows)",
               batch, dp);
+  const std::int64_t local = batch / dp;
   config.parallel = ParallelConfig{};
   config.parallel.tp = mesh.tp_size();
   config.parallel.dp = dp;
-  config.train.micro_batch = batch / dp;
+  config.parallel.pp = pp;
+  // Stages pass micro-batches along: several per batch keep more than one stage busy. In one
+  // stage a batch is one micro-batch.
+  config.train.micro_batch =
+      pp > 1 && local % trained_micro_batch == 0 ? trained_micro_batch : local;
   config.train.global_batch = batch;
   config.train.eval_every = 0;
   config.checkpoint = {};

@@ -31,7 +31,8 @@ struct EvalOptions {
   std::string split = "val";  // "val" or "train"
   std::int64_t batches = 0;   // batches to evaluate from the start of the shard; 0: all
   // Windows per batch over all data-parallel ranks (a multiple of dp); 0: the checkpoint's
-  // train.micro_batch x dp.
+  // train.micro_batch x dp, times pp under pipeline stages (one micro-batch in flight per
+  // stage).
   std::int64_t batch_size = 0;
   std::string tokenizer_dir;  // where the gpt2 tokenizer's files are; empty: its default
 };
@@ -55,8 +56,22 @@ struct EvalResult {
 EvalResult evaluate_shard(TrainingEngine& engine, const data::TokenShard& shard,
                           const data::Tokenizer& tokenizer, std::int64_t max_batches);
 
-// Loads the checkpoint (its model and tokenizer) on the ranks of `mesh` (tp and dp from the
-// mesh, pp = 1; any layout, whatever trained the checkpoint) and evaluates it on the shard.
+// The process grid of an evaluation: tp x dp x pp ranks.
+struct EvalLayout {
+  int tp = 1, dp = 1, pp = 1;
+};
+
+// The layout `oases eval` runs on `world_size` ranks. `tp` and `pp` are the ones asked for (0:
+// not given). A degree not given is the one the checkpoint was trained with (its stored
+// parallel.tp or parallel.pp) when the job's ranks are a multiple of it times the other
+// degree, else 1; the remaining ranks are data-parallel. UserError when the degrees asked for
+// do not divide world_size, or pp exceeds the checkpoint's model.layers.
+EvalLayout eval_layout(const std::string& checkpoint, int world_size, int tp, int pp);
+
+// Loads the checkpoint (its model and tokenizer) on the ranks of `mesh` (tp, dp and pp from
+// the mesh, layers split uniformly over the stages; any layout, whatever trained the
+// checkpoint) and evaluates it on the shard. Under pipeline stages each batch runs as
+// forward-only pipeline steps and every rank gets the last stage's result.
 // UserError for a bad option (naming it, the value and what is valid), a shard made with
 // another tokenizer than the checkpoint's, or a shard shorter than one window.
 EvalResult evaluate_checkpoint(const EvalOptions& options, comm::Mesh& mesh);
