@@ -78,7 +78,13 @@ TEST(RunConfig, PipelineSettingsParseRoundTripAndNameTheirErrors) {
     EXPECT_NE(error_of("[parallel]\npp = 2\npipeline = \"" + kind + "\"\n")
                   .find("parallel.pipeline = \"" + kind + "\" is not available yet; valid: \"1f1b\", \"gpipe\""),
               std::string::npos) << kind;
-  EXPECT_NE(error_of("[parallel]\npp = 2\ntp = 2\nplan = \"1,2,2,2\"\n").find("parallel.plan = \"1,2,2,2\" with parallel.pp = 2"),
+  // Explicit per-layer degrees run under a pipeline; the planner ("auto") does not plan stages.
+  EXPECT_EQ(parse_run_config("[parallel]\npp = 2\ntp = 2\nplan = \"1,2,2,2\"\n", "t").parallel.plan,
+            "1,2,2,2");
+  EXPECT_NE(error_of("[parallel]\npp = 2\ntp = 2\nplan = \"auto\"\n")
+                .find("parallel.plan = \"auto\" with parallel.pp = 2: the planner does not plan "
+                      "pipeline stages yet; valid: parallel.plan = \"uniform\", explicit degrees "
+                      "per layer (e.g. \"2,2,2,2\")"),
             std::string::npos);
 }
 
