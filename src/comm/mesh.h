@@ -21,8 +21,8 @@
 //               gathering over it turns the rows of a layer at degree a into those at degree b
 // Mesh::create makes every such group once (collectively), so any plan can use them.
 // tp_replica_group(k) holds every rank with the same shard of a layer at degree k: the tp / k
-// ranks of (tp, k) in each data-parallel replica, over all dp replicas (the dp group itself
-// when k == tp). A layer's gradients are summed there in one all-reduce; it is a communicator
+// ranks of (tp, k) in each data-parallel replica, over all dp replicas of one pipeline stage
+// (the dp group itself when k == tp). A layer's gradients are summed there in one all-reduce; it is a communicator
 // of its own, so those reductions do not queue (in issue order, one FIFO per communicator) in
 // front of the activation collectives the next layers wait for.
 //

@@ -75,16 +75,18 @@ peak_tflops = 1.0
     oases::testing::write_random_init(dir_ / "gpt.toml", dir_ / "init.safetensors", 57);
   }
 
-  // Trains over tp x pp ranks (one process when both are 1) with `extra` settings; returns the
-  // run's folder (metrics.jsonl, ckpt/).
-  static fs::path train(const std::string& name, int tp, int pp, const std::string& extra) {
+  // Trains over tp x pp x dp ranks (one process when all are 1) with `extra` settings; returns
+  // the run's folder (metrics.jsonl, ckpt/).
+  static fs::path train(const std::string& name, int tp, int pp, const std::string& extra,
+                        int dp = 1) {
     const fs::path out = dir_ / name;
-    const int ranks = tp * pp;
+    const int ranks = tp * pp * dp;
     const std::string command =
         (ranks > 1 ? oases::testing::mpirun_prefix(ranks) : std::string()) + OASES_BINARY +
         " train --quiet --config " + (dir_ / "gpt.toml").string() + " --init-from " +
         (dir_ / "init.safetensors").string() + " --set parallel.tp=" + std::to_string(tp) +
-        " parallel.pp=" + std::to_string(pp) + " log.metrics=" +
+        " parallel.pp=" + std::to_string(pp) + " parallel.dp=" + std::to_string(dp) +
+        " log.metrics=" +
         quoted((out / "metrics.jsonl").string()) + " checkpoint.dir=" +
         quoted((out / "ckpt").string()) + " " + extra;
     const Result r = run_command(command);
@@ -165,10 +167,13 @@ TEST_F(PipelineComposition, PerLayerDegreesInsideAStageAndAcrossTheCutMatchTheSi
   const fs::path reference = train("reference", 1, 1, kValidation);
   struct Case {
     std::string name, settings;
+    int tp = 2, dp = 1;
   };
-  // Two layers per stage. 1,2,2,1: a reshard inside each stage, the same degree on both sides of
-  // the cut. 1,2,1,2: the degree falls at the cut; 2,1,2,1: it rises there. A layer at degree 1
-  // splits each sub-batch over its 2 replicas, hence micro-batches of 4 with two sub-batches.
+  // Two layers per stage unless split otherwise. 1,2,2,1: a reshard inside each stage, the same
+  // degree on both sides of the cut. 1,2,1,2: the degree falls at the cut; 2,1,2,1: it rises
+  // there. A layer at degree k < tp splits each sub-batch over its tp / k replicas, hence
+  // micro-batches of 4 with two sub-batches. With dp = 2 a layer's replicas sum gradients over
+  // both data-parallel replicas of their stage; at tp = 4 the cut joins degrees 2 and 4.
   const std::vector<Case> cases = {
       {"plan_1221_oases_1f1b", "parallel.plan=1,2,2,1 parallel.schedule=" + quoted("oases") +
                                " parallel.sub_batches=2 train.micro_batch=4 parallel.pipeline=" +
@@ -179,9 +184,14 @@ TEST_F(PipelineComposition, PerLayerDegreesInsideAStageAndAcrossTheCutMatchTheSi
                                     quoted("cross-pass") +
                                     " parallel.sub_batches=2 train.micro_batch=4 "
                                     "parallel.pipeline=" + quoted("1f1b")},
+      {"plan_2112_dp2_layers_1_3", "parallel.plan=2,1,1,2 parallel.pipeline_layers=1,3 "
+                                   "parallel.schedule=" + quoted("megatron") +
+                                   " parallel.pipeline=" + quoted("1f1b"), 2, 2},
+      {"plan_1242_tp4_gpipe", "parallel.plan=1,2,4,2 parallel.schedule=" + quoted("megatron") +
+                              " train.micro_batch=4 parallel.pipeline=" + quoted("gpipe"), 4, 1},
   };
   for (const Case& c : cases) {
-    const fs::path run = train(c.name, 2, 2, c.settings + kValidation);
+    const fs::path run = train(c.name, c.tp, 2, c.settings + kValidation, c.dp);
     expect_same_run(run, reference, c.name);
     expect_same_validation(run, reference, c.name);
   }
