@@ -489,7 +489,7 @@ Verb add_eval(CLI::App& app, EvalArgs& a) {
       ->capture_default_str();
   c->add_option("--batch-size", a.options.batch_size,
                 "Windows per batch over all ranks (default: the checkpoint's train.micro_batch "
-                "x data-parallel ranks)");
+                "x data-parallel ranks, x pp under pipeline stages)");
   c->add_option("--tp", a.tp,
                 "Tensor-parallel degree under mpirun (default: the checkpoint's, where the "
                 "ranks allow it; ranks beyond tp x pp split the windows)");
