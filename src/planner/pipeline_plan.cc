@@ -263,14 +263,14 @@ std::string format_pipeline_options(const std::vector<PipelineOption>& options,
     std::string kind(schedule::name(o.kind));
     if (o.virtual_stages > 1) kind += fmt::format(" (v = {})", o.virtual_stages);
     if (!o.unavailable.empty()) {
-      out += fmt::format("  {:<18} no prediction: {}\n", kind, o.unavailable);
+      out += fmt::format("  {:<20} no prediction: {}\n", kind, o.unavailable);
       continue;
     }
     std::string stages;
     for (std::size_t r = 0; r < o.bubble_seconds.size(); ++r)
       stages += fmt::format("{}{:.2f}", r ? " " : "", 1e3 * o.bubble_seconds[r]);
     out += fmt::format(
-        "  {:<18} step {:.2f} ms, bubble {:.2f} ms per stage ({:.1f}% of the step); bubble "
+        "  {:<20} step {:.2f} ms, bubble {:.2f} ms per stage ({:.1f}% of the step); bubble "
         "per stage [{}] ms\n",
         kind, 1e3 * o.step_seconds, 1e3 * o.mean_bubble_seconds(),
         o.step_seconds > 0 ? 100.0 * o.mean_bubble_seconds() / o.step_seconds : 0.0, stages);

@@ -125,11 +125,11 @@ TEST_F(PipelineObservability, AutoSplitBubbleMetricsStartUpLinesAndTrace) {
   // Four micro-batches of one sub-batch (global batch 8, micro-batch 2), one step traced.
   std::multiset<std::string> want0, want1;
   for (int mb = 0; mb < 4; ++mb) {
-    const std::string at = " mb" + std::to_string(mb) + " sb0 ";
-    want0.insert("Send act" + at + "-> 1");
-    want0.insert("Recv grad" + at + "<- 1");
-    want1.insert("Recv act" + at + "<- 0");
-    want1.insert("Send grad" + at + "-> 0");
+    const std::string where = " mb" + std::to_string(mb) + " sb0 ";
+    want0.insert("Send act" + where + "-> 1");
+    want0.insert("Recv grad" + where + "<- 1");
+    want1.insert("Recv act" + where + "<- 0");
+    want1.insert("Send grad" + where + "-> 0");
   }
   EXPECT_EQ(messages[0], want0);
   EXPECT_EQ(messages[1], want1);
