@@ -402,7 +402,7 @@ std::vector<double> stage_activation_bytes(TrainingEngine& engine, comm::Mesh& m
   return bytes;
 }
 
-// "stage 0: layers 0-1 + embedding, activations 3.2 MiB | stage 1: layers 2-3 + head, ..."
+// "stage 0: layers 0-1 + embedding, peak activations 3.2 MiB | stage 1: layers 2-3 + head, ..."
 std::string describe_stages(const RunConfig& config, const std::vector<double>& activation_bytes) {
   const std::vector<int> counts = stage_layer_counts(config);
   std::string text;
