@@ -9,11 +9,14 @@
 #include "data/token_shard.h"
 #include "kernels/cpu/blas_runtime.h"
 #include "io/checkpoint_dir.h"
+#include "planner/pipeline_plan.h"
 #include "planner/planner.h"
+#include "planner/stage_partition.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/evaluate.h"
 #include "train/generate.h"
+#include "train/pipeline_split.h"
 #include "train/profiler.h"
 #include "train/report.h"
 #include "train/threads.h"
@@ -135,6 +138,19 @@ int train_on_mpi_ranks(const oases::train::RunConfig& config,
                 return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
               },
               auto_plan_path(config));
+        }
+        if (config.parallel.pipeline_layers == "auto") {
+          oases::train::use_threads(config.train.threads, runtime.placement(),
+                                    runtime.most_crowded_placement());
+          oases::train::ProfileOptions auto_profile;
+          auto_profile.progress = options.progress && runtime.world_rank() == 0;
+          const int world = runtime.world_size();
+          run_config = oases::train::split_pipeline_automatically(
+              run_config, auto_profile,
+              [&](int tp) {
+                return oases::comm::Mesh::create(runtime, tp, world / tp, 1, comm_options);
+              },
+              static_cast<int>(config.parallel.pp));
         }
         mesh.emplace(oases::comm::Mesh::create(
             runtime, static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.dp),
@@ -552,7 +568,43 @@ Verb add_profile(CLI::App& app, ProfileArgs& a) {
 struct PlanArgs {
   std::string config, profile, output;
   std::vector<std::string> overrides;
+  double link_gbps = 0;
 };
+
+// parallel.pp > 1: the stage split (resolving "auto" from the profile) and every pipeline
+// schedule's predicted step and bubble.
+int run_pipeline_plan(const PlanArgs& a, const oases::train::RunConfig& config,
+                      const oases::planner::Profile& measured,
+                      const oases::schedule::ScheduleSpec& spec) {
+  OASES_CHECK(a.output.empty(),
+              "--output {}: with parallel.pp = {} there is no plan file to write (per-layer "
+              "tensor-parallel degrees do not combine with pipelines); drop --output",
+              a.output, config.parallel.pp);
+  OASES_CHECK(a.link_gbps >= 0, "--p2p-gbps = {} must be >= 0 (0: transfers not priced)",
+              a.link_gbps);
+  oases::planner::PipelinePredictionOptions options;
+  options.stages = static_cast<int>(config.parallel.pp);
+  options.micro_batches = spec.micro_batches;
+  options.link_bytes_per_second = a.link_gbps * 1e9;
+  if (config.parallel.pipeline_layers == "auto") {
+    oases::schedule::PipelineSpec pipeline;
+    pipeline.kind =
+        oases::schedule::parse_pipeline_kind(config.parallel.pipeline, "parallel.pipeline");
+    pipeline.stages = options.stages;
+    pipeline.micro_batches = spec.micro_batches;
+    options.layers_per_stage = oases::planner::auto_pipeline_layers(
+        measured, spec, pipeline, config.train.micro_batch, config.parallel.memory_limit);
+    fmt::print("parallel.pipeline_layers = \"auto\": layers per stage {}\n",
+               oases::planner::format_pipeline_layers(options.layers_per_stage));
+  } else {
+    options.layers_per_stage = oases::train::stage_layer_counts(config);
+  }
+  fmt::print("{}", oases::planner::format_pipeline_options(
+                       oases::planner::predict_pipelines(measured, spec, config.train.micro_batch,
+                                                         options),
+                       options));
+  return 0;
+}
 
 int run_plan(const PlanArgs& a) {
   const auto config = oases::train::load_run_config(a.config, a.overrides);
@@ -562,6 +614,7 @@ int run_plan(const PlanArgs& a) {
   for (int k = 1; k <= config.parallel.tp; k *= 2) degrees.push_back(k);
   oases::planner::check_profile_matches(measured, config.model, config.train.micro_batch,
                                         spec.sub_batches, degrees, a.profile);
+  if (config.parallel.pp > 1) return run_pipeline_plan(a, config, measured, spec);
   const auto report = oases::planner::make_plan(measured, spec, config.train.micro_batch,
                                                 config.parallel.memory_limit);
   fmt::print("{}", oases::planner::format_plan_report(report, spec, config.parallel.memory_limit));
@@ -579,6 +632,10 @@ Verb add_plan(CLI::App& app, PlanArgs& a) {
   c->add_option("--set", a.overrides, "Override config keys, as for train");
   c->add_option("--profile", a.profile, "Profile written by oases profile")->required();
   c->add_option("--output", a.output, "Where to write the chosen plan (JSON)");
+  c->add_option("--p2p-gbps", a.link_gbps,
+                "With parallel.pp > 1: GB/s of the links between pipeline stages, to price "
+                "activations and gradients crossing them (0: not priced)")
+      ->capture_default_str();
   return {c, [&a] { return run_plan(a); }};
 }
 

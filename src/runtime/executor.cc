@@ -10,6 +10,7 @@ namespace oases::runtime {
 ExecutionStats& ExecutionStats::operator+=(const ExecutionStats& other) {
   compute_seconds += other.compute_seconds;
   exposed_comm_seconds += other.exposed_comm_seconds;
+  bubble_seconds += other.bubble_seconds;
   comm_seconds += other.comm_seconds;
   collectives += other.collectives;
   peak_activation_bytes = std::max(peak_activation_bytes, other.peak_activation_bytes);
@@ -109,10 +110,11 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         OASES_ASSERT(peers_ != nullptr, "{}: no point-to-point group", schedule::to_string(ins));
         const Tensor buffer = segment->recv_buffer(ins.payload, ins.micro_batch, ins.sub_batch);
         peers_->recv_async(buffer, ins.peer, ins.slot)->wait();
-        stats.exposed_comm_seconds += seconds(Clock::now() - began);
+        const Clock::time_point arrived = Clock::now();
+        stats.bubble_seconds += seconds(arrived - began);
         if (listener) {
           InstructionRecord record{ins, shape, ops::CollectiveKind::all_reduce,
-                                   comm::ReduceOp::sum, Lane::communication, began, Clock::now()};
+                                   comm::ReduceOp::sum, Lane::compute, began, arrived};
           listener->record(record);
         }
         break;
@@ -163,7 +165,7 @@ void Executor::finish_send(Staged& staged, InstructionListener* listener) {
         staged.in_flight->timing().value_or(comm::WorkTiming{staged.issued, Clock::now()});
     InstructionRecord record{staged.instruction, &program_.segments[static_cast<std::size_t>(staged.instruction.segment)],
                              ops::CollectiveKind::all_reduce, comm::ReduceOp::sum,
-                             Lane::communication, timing.began, timing.finished};
+                             Lane::point_to_point, timing.began, timing.finished};
     listener->record(record);
   }
   staged.in_flight.reset();

@@ -6,8 +6,8 @@
 // of the schedule.
 //
 // Per run it reports the compute lane's busy time, the time it stood idle waiting on
-// collectives (exposed communication), how long collectives were on the wire, and the peak
-// activation memory. A listener receives one structured record per instruction (what ran,
+// collectives (exposed communication) and on pipeline Recvs (the bubble), how long collectives
+// were on the wire, and the peak activation memory. A listener receives one structured record per instruction (what ran,
 // which segment, on which lane, from when to when): the trace and the profiler are listeners.
 #pragma once
 
@@ -34,7 +34,10 @@ struct StepHooks {
 
 struct ExecutionStats {
   double compute_seconds = 0;        // Forward, Recompute and Backward instructions
-  double exposed_comm_seconds = 0;   // compute lane blocked on collectives
+  double exposed_comm_seconds = 0;   // compute lane blocked on collectives (and on Sends at the end)
+  // Compute lane blocked on a pipeline Recv: this rank's share of the pipeline bubble, kept
+  // apart from exposed communication as sim::RankSimResult keeps it.
+  double bubble_seconds = 0;
   double comm_seconds = 0;           // collectives in flight on the wire (union of intervals)
   int collectives = 0;               // collectives issued by the schedule
   std::size_t peak_activation_bytes = 0;  // slots and scratch + peak of the activation store
@@ -42,12 +45,14 @@ struct ExecutionStats {
   ExecutionStats& operator+=(const ExecutionStats& other);
 };
 
-enum class Lane { compute = 0, communication = 1, optimizer = 2 };
+// point_to_point: pipeline Sends, from their issue to their completion.
+enum class Lane { compute = 0, communication = 1, optimizer = 2, point_to_point = 3 };
 
 // One instruction as it ran. Compute instructions: their run on the compute lane; collectives
 // (reported at their Wait): their time on the wire, as the communicator measured it;
-// ReduceGrads and OptimizerStep: the hook's run on the optimizer lane. Waits and Frees are not
-// reported (a Wait's blocking shows in the stats).
+// ReduceGrads and OptimizerStep: the hook's run on the optimizer lane; a Recv: its wait on the
+// compute lane (the lane can do nothing else meanwhile); a Send: its time on the wire on the
+// point-to-point lane. Waits and Frees are not reported (a Wait's blocking shows in the stats).
 struct InstructionRecord {
   using Clock = std::chrono::steady_clock;
   schedule::Instruction instruction;
@@ -85,7 +90,7 @@ class Executor {
   // Send copies the segment's send_buffer into the staging buffer of its slot (waiting first
   // for the slot's previous send to complete) and sends it asynchronously, with the slot as
   // the message tag; Recv receives into the segment's recv_buffer and waits for it (blocking,
-  // counted as exposed communication). Every send has completed when run() returns.
+  // counted as bubble_seconds). Every send has completed when run() returns.
   ExecutionStats run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
                      const StepHooks& hooks, InstructionListener* listener = nullptr);
 

@@ -13,14 +13,22 @@
 namespace oases::runtime {
 
 namespace {
-nlohmann::json event_array(const std::vector<TraceRecorder::Event>& recorded, int rank) {
+nlohmann::json event_array(const std::vector<TraceRecorder::Event>& recorded, int rank,
+                           int pipeline_stage) {
   nlohmann::json events = nlohmann::json::array();
-  const char* lane_names[] = {"compute", "communication", "optimizer"};
-  for (int lane = 0; lane < 3; ++lane)
+  const char* lane_names[] = {"compute", "communication", "optimizer", "point-to-point"};
+  // The point-to-point lane is named only where there is a pipeline, so other traces keep
+  // their three lanes.
+  const int lanes = pipeline_stage >= 0 ? 4 : 3;
+  for (int lane = 0; lane < lanes; ++lane)
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", lane},
                       {"args", {{"name", lane_names[lane]}}}});
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
-                    {"args", {{"name", "rank " + std::to_string(rank)}}}});
+  events.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+       {"args", {{"name", "rank " + std::to_string(rank) +
+                              (pipeline_stage >= 0
+                                   ? fmt::format(", stage {}", pipeline_stage)
+                                   : std::string())}}}});
   for (const TraceRecorder::Event& e : recorded)
     events.push_back({{"name", e.name}, {"ph", "X"}, {"pid", rank},
                       {"tid", static_cast<int>(e.lane)}, {"ts", e.start_us},
@@ -60,7 +68,11 @@ std::string trace_name(const InstructionRecord& record) {
                          ops::tensor_sets_name(ins.sets));
     case Op::reduce_grads: return fmt::format("ReduceGrads bucket{}", ins.bucket);
     case Op::send:
-    case Op::recv: return schedule::to_string(ins);
+    case Op::recv:
+      return fmt::format("{} {} mb{} sb{} {} {}", ins.op == Op::send ? "Send" : "Recv",
+                         ins.payload == ops::Payload::activation ? "act" : "grad",
+                         ins.micro_batch, ins.sub_batch, ins.op == Op::send ? "->" : "<-",
+                         ins.peer);
     case Op::optimizer_step: return "OptimizerStep";
   }
   return "?";
@@ -71,11 +83,11 @@ void TraceRecorder::record(const InstructionRecord& r) {
 }
 
 std::string TraceRecorder::to_json(int rank) const {
-  return nlohmann::json{{"traceEvents", event_array(events_, rank)}, {"displayTimeUnit", "ms"}}
+  return nlohmann::json{{"traceEvents", event_array(events_, rank, pipeline_stage_)}, {"displayTimeUnit", "ms"}}
       .dump();
 }
 
-std::string TraceRecorder::events_json(int rank) const { return event_array(events_, rank).dump(); }
+std::string TraceRecorder::events_json(int rank) const { return event_array(events_, rank, pipeline_stage_).dump(); }
 
 void TraceRecorder::write(const std::string& path, int rank) const { write_text(path, to_json(rank)); }
 

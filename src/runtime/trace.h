@@ -2,10 +2,13 @@
 // microseconds). Open the written file in Perfetto or chrome://tracing. Lanes: the compute
 // lane runs segments; the communication lane shows each collective from the moment the
 // communicator began it to its completion; the optimizer lane the gradient reductions' issue
-// and the optimizer step. It listens to the executor (runtime/executor.h) and names each
-// event after its instruction: "F attention.3 mb0 sb1", "R mlp.0 mb0 sb0 [internals]",
-// "B1 head mb0 sb0", "AR fwd head_softmax mb0 sb0", "AR-max fwd head mb0 sb0",
-// "AG bwd reshard.2 mb0 sb0", "ReduceGrads bucket3", "OptimizerStep".
+// and the optimizer step. Under pipeline parallelism the compute lane also shows each Recv's
+// wait (the bubble) and the point-to-point lane each Send on the wire. It listens to the
+// executor (runtime/executor.h) and names each event after its instruction:
+// "F attention.3 mb0 sb1", "R mlp.0 mb0 sb0 [internals]", "B1 head mb0 sb0",
+// "AR fwd head_softmax mb0 sb0", "AR-max fwd head mb0 sb0", "AG bwd reshard.2 mb0 sb0",
+// "ReduceGrads bucket3", "OptimizerStep", "Send act mb2 sb0 -> 1", "Recv grad mb1 sb0 <- 1"
+// (peers are pipeline stages).
 #pragma once
 
 #include "runtime/executor.h"
@@ -40,6 +43,8 @@ class TraceRecorder final : public InstructionListener {
     events_.push_back({std::move(name), lane, start_us, end_us - start_us});
   }
   const std::vector<Event>& events() const { return events_; }
+  // This rank's pipeline stage: its process is then named "rank 3, stage 1" (unset: "rank 3").
+  void set_pipeline_stage(int stage) { pipeline_stage_ = stage; }
 
   // Chrome trace JSON; `rank` becomes the process id so traces of several ranks can be merged.
   std::string to_json(int rank) const;
@@ -54,6 +59,7 @@ class TraceRecorder final : public InstructionListener {
  private:
   std::chrono::steady_clock::time_point origin_;
   std::vector<Event> events_;
+  int pipeline_stage_ = -1;  // -1: none
 };
 
 // The event name of an instruction record (above).

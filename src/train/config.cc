@@ -437,8 +437,12 @@ std::vector<int> stage_layer_counts(const RunConfig& config) {
               config.model.layers, std::numeric_limits<int>::max());
   const auto layers = static_cast<int>(config.model.layers);
   const auto stages = static_cast<int>(config.parallel.pp);
+  // "auto" is measured and balanced at start-up (train/pipeline_split.h), which needs the
+  // run's ranks; one stage has nothing to balance.
+  if (text == "auto" && stages == 1) return {layers};
   OASES_CHECK(text != "auto",
-              "parallel.pipeline_layers = \"auto\" is not available yet; valid: \"uniform\" or "
+              "parallel.pipeline_layers = \"auto\" is resolved by `oases train` and `oases "
+              "plan` (from measured layer costs); here it needs explicit counts: \"uniform\" or "
               "one layer count per stage (e.g. \"{}\")",
               planner::format_pipeline_layers(planner::uniform_pipeline_layers(layers, stages)));
   if (text == "uniform") return planner::uniform_pipeline_layers(layers, stages);
@@ -483,7 +487,8 @@ void RunConfig::validate() const {
                   "like \"1,2,2,1\", nor an existing plan file",
                   p.plan);
   }
-  if (p.pp > 1 || p.pipeline_layers != "uniform") stage_layer_counts(*this);
+  if ((p.pp > 1 || p.pipeline_layers != "uniform") && p.pipeline_layers != "auto")
+    stage_layer_counts(*this);
   // The planner profiles and solves one whole model on tp x dp ranks; it has no notion of
   // stages yet. Explicit degrees (a list or a plan file) do run under a pipeline.
   OASES_CHECK(p.pp == 1 || p.plan != "auto",

@@ -196,6 +196,7 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
   if (result) {
     result->compute_seconds += stats.compute_seconds;
     result->exposed_comm_seconds += stats.exposed_comm_seconds;
+    result->bubble_seconds += stats.bubble_seconds;
     result->comm_seconds += stats.comm_seconds;
     result->peak_activation_bytes = std::max(result->peak_activation_bytes, stats.peak_activation_bytes);
   }

@@ -27,6 +27,7 @@ struct StepResult {
   double compute_seconds = 0;       // compute lane busy with segments
   double exposed_comm_seconds = 0;  // compute lane waiting on collectives (TP and DP)
   double comm_seconds = 0;          // tensor-parallel collectives in flight
+  double bubble_seconds = 0;        // compute lane waiting on pipeline Recvs (this rank's)
   std::size_t peak_activation_bytes = 0;
 };
 

@@ -400,7 +400,8 @@ const std::vector<std::string>& report_metric_fields() {
       "grad_norm",      "step_time_s", "tokens_per_s",
       "model_tflops",   "mfu",         "compute_s",
       "exposed_comm_s", "comm_s",      "peak_activation_bytes",
-      "peak_mem_bytes", "loss_scale",  "skipped_steps"};
+      "peak_mem_bytes", "loss_scale",  "skipped_steps",
+      "bubble_s"};
   return fields;
 }
 

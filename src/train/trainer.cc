@@ -391,8 +391,37 @@ void write_run_description(const RunConfig& config, TrainingEngine& engine, comm
   write_file_atomically((metrics.parent_path() / "run.json").string(), run.dump(2) + "\n");
 }
 
+// Each pipeline stage's predicted peak activation bytes (engine.activation_bytes(): the
+// static buffers plus the peak of its lowered schedule), gathered over this rank's pipeline
+// group; empty without a pipeline. Collective over the pipeline group.
+std::vector<double> stage_activation_bytes(TrainingEngine& engine, comm::Mesh& mesh) {
+  if (mesh.pp_size() == 1) return {};
+  std::vector<double> bytes(static_cast<std::size_t>(mesh.pp_size()), 0.0);
+  bytes[static_cast<std::size_t>(mesh.pp_rank())] = static_cast<double>(engine.activation_bytes());
+  engine.pp().all_reduce(Tensor::of(bytes.data(), {static_cast<std::int64_t>(bytes.size())}));
+  return bytes;
+}
+
+// "stage 0: layers 0-1 + embedding, peak activations 3.2 MiB | stage 1: layers 2-3 + head, ..."
+std::string describe_stages(const RunConfig& config, const std::vector<double>& activation_bytes) {
+  const std::vector<int> counts = stage_layer_counts(config);
+  std::string text;
+  int first = 0;
+  for (std::size_t s = 0; s < counts.size(); ++s) {
+    const int last = first + counts[s] - 1;
+    text += fmt::format("{}stage {}: layer{} {}{}{}, peak activations {:.1f} MiB", s ? " | " : "",
+                        s, counts[s] > 1 ? "s" : "",
+                        counts[s] > 1 ? fmt::format("{}-{}", first, last) : std::to_string(first),
+                        s == 0 ? " + embedding" : "", s + 1 == counts.size() ? " + head" : "",
+                        activation_bytes.at(s) / (1 << 20));
+    first = last + 1;
+  }
+  return text;
+}
+
 void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh,
-               std::int64_t train_tokens, const ThreadChoice& threads) {
+               std::int64_t train_tokens, const ThreadChoice& threads,
+               const std::vector<double>& stage_activations) {
   const auto& t = config.train;
   const auto& m = config.model;
   log_info("model: {} {} layers, hidden {}, heads {}, seq {}, vocab {}: {:.2f}M parameters, {}",
@@ -404,10 +433,12 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
   if (mesh.world_size() > 1)
     log_info("parallel: {} ranks = tp {} x dp {} x pp {}", mesh.world_size(), mesh.tp_size(),
              mesh.dp_size(), mesh.pp_size());
-  if (mesh.pp_size() > 1)
+  if (mesh.pp_size() > 1) {
     log_info("pipeline: {} over {} stages, transformer layers per stage {}",
              config.parallel.pipeline, mesh.pp_size(),
              planner::format_pipeline_layers(stage_layer_counts(config)));
+    log_info("pipeline stages: {}", describe_stages(config, stage_activations));
+  }
   if (config.parallel.plan != "uniform") {
     std::string degrees;
     for (std::int64_t l = 0; l < m.layers; ++l)
@@ -437,6 +468,10 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
 struct StepFigures {
   StepRecord record;
   StepResult result;
+  // With a pipeline: the most any stage of rank 0's pipeline group waited on Recvs this step
+  // (StepResult::bubble_seconds, maximum over the group): the step can end no sooner than that
+  // stage's compute and bubble.
+  std::optional<double> bubble_seconds;
   double tokens_per_s = 0;
   double model_flops = 0;  // per second
   double mfu = 0;
@@ -459,6 +494,7 @@ void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::
                          {"peak_mem_bytes", peak_resident_bytes()},
                          {"time", unix_time_now()},
                          {"tokens", tokens}};
+  if (f.bubble_seconds) line["bubble_s"] = *f.bubble_seconds;
   if (f.record.val_loss) line["val_loss"] = *f.record.val_loss;
   metrics->append(line.dump());
 }
@@ -480,6 +516,8 @@ std::string progress_text(const StepFigures& f, std::int64_t steps, double eta_s
   if (distributed)
     line += fmt::format(" | waited on comm {:.0f}%",
                         100.0 * f.result.exposed_comm_seconds / f.record.step_time_s);
+  if (f.bubble_seconds)
+    line += fmt::format(" | bubble {:.0f}%", 100.0 * *f.bubble_seconds / f.record.step_time_s);
   if (f.record.val_loss) line += fmt::format(" | val_loss {:.4f}", *f.record.val_loss);
   return line;
 }
@@ -495,6 +533,7 @@ class TraceSession {
     std::int64_t origin_ns = std::chrono::steady_clock::now().time_since_epoch().count();
     mesh.world().broadcast(Tensor::of(&origin_ns, {1}), 0);
     trace_.emplace(std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(origin_ns)));
+    if (mesh.pp_size() > 1) trace_->set_pipeline_stage(mesh.pp_rank());
     engine.set_listener(&*trace_);
   }
   // After `done` steps of this run (`last`: the run's last step).
@@ -554,8 +593,9 @@ class Run {
     std::optional<LineFile> metrics = open_metrics(config_, leader, summary.start_step);
     if (leader)
       write_run_description(config_, engine_, mesh_, summary.start_step, threads_.threads);
+    const std::vector<double> stage_activations = stage_activation_bytes(engine_, mesh_);
     if (options_.progress)
-      log_start(config_, engine_, mesh_, data_->train_shard.size(), threads_);
+      log_start(config_, engine_, mesh_, data_->train_shard.size(), threads_, stage_activations);
     if (summary.start_step == 0) {
       if (data_->val_batches) {
         summary.initial_val_loss = validation_loss(engine_, *data_->val_batches, t.eval_steps);
@@ -605,6 +645,11 @@ class Run {
                 "the loss {} at step {} exceeds train.max_loss = {}: the run stops before "
                 "writing this step's checkpoint; lower train.lr (now {}) or raise the limit",
                 f.result.loss, step + 1, t.max_loss, t.lr);
+    if (mesh_.pp_size() > 1) {
+      double bubble = f.result.bubble_seconds;
+      engine_.pp().all_reduce(Tensor::of(&bubble, {1}), comm::ReduceOp::max);
+      f.bubble_seconds = bubble;
+    }
     f.record = {step + 1, f.result.loss, engine_.learning_rate(step), f.result.grad_norm,
                 clock.seconds(), std::nullopt};
     const bool last = step + 1 == t.steps;

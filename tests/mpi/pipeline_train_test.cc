@@ -169,10 +169,6 @@ TEST_F(PipelineTraining, BadPipelineSettingsAreClearErrors) {
   EXPECT_NE(out.find("parallel.pipeline_layers"), std::string::npos) << out;
   EXPECT_NE(out.find("1,1,1"), std::string::npos) << out;
 
-  out = failing("parallel.pipeline_layers=" + quoted("auto"));
-  EXPECT_NE(out.find("parallel.pipeline_layers = \"auto\" is not available yet"),
-            std::string::npos) << out;
-
   out = failing("parallel.pipeline=" + quoted("zigzag"));
   EXPECT_NE(out.find("parallel.pipeline"), std::string::npos) << out;
   EXPECT_NE(out.find("zigzag"), std::string::npos) << out;
