@@ -194,22 +194,32 @@ TEST_F(PipelineTraining, InterleavedMatchesTheSingleProcessRun) {
   }
 }
 
-TEST_F(PipelineTraining, CheckpointFromInterleavedRunResumesInOneProcess) {
-  const fs::path source = train("gpt4", 1, 2, "source",
-                                "parallel.pipeline=" + quoted("interleaved") +
-                                    " parallel.virtual_stages=2 train.steps=6 checkpoint.every=3 "
-                                    "checkpoint.keep=0");
-  const auto source_losses = losses(source);
-  ASSERT_EQ(source_losses.size(), 6u);
-  const fs::path resumed = dir_ / "resumed_pp1";
-  fs::create_directories(resumed / "ckpt");
-  fs::copy(source / "ckpt/step_3", resumed / "ckpt/step_3", fs::copy_options::recursive);
-  train("gpt4", 1, 1, "resumed_pp1", "train.steps=6 checkpoint.resume=true");
-  expect_same_losses(losses(resumed), {source_losses.begin() + 3, source_losses.end()}, "pp=1");
-  expect_same_tensors(resumed / "ckpt/step_6/model.safetensors",
-                      source / "ckpt/step_6/model.safetensors", "pp=1");
-  expect_same_tensors(resumed / "ckpt/step_6/optimizer.safetensors",
-                      source / "ckpt/step_6/optimizer.safetensors", "pp=1 optimizer");
+// A checkpoint of an interleaved run resumes in one process, and one of a single process
+// resumes interleaved, each with the next losses and final state of the run it came from.
+TEST_F(PipelineTraining, CheckpointFromInterleavedRunResumesInOneProcessAndTheReverse) {
+  const std::string interleaved =
+      "parallel.pipeline=" + quoted("interleaved") + " parallel.virtual_stages=2 ";
+  const std::string six_steps = "train.steps=6 checkpoint.every=3 checkpoint.keep=0";
+  struct Resume {
+    std::string name;
+    int source_pp, resumed_pp;
+  };
+  for (const Resume& r : {Resume{"pp2_v2_to_pp1", 2, 1}, Resume{"pp1_to_pp2_v2", 1, 2}}) {
+    const fs::path source = train("gpt4", 1, r.source_pp, r.name + "_source",
+                                  (r.source_pp > 1 ? interleaved : "") + six_steps);
+    const auto source_losses = losses(source);
+    ASSERT_EQ(source_losses.size(), 6u) << r.name;
+    const fs::path resumed = dir_ / r.name;
+    fs::create_directories(resumed / "ckpt");
+    fs::copy(source / "ckpt/step_3", resumed / "ckpt/step_3", fs::copy_options::recursive);
+    train("gpt4", 1, r.resumed_pp, r.name,
+          (r.resumed_pp > 1 ? interleaved : "") + "train.steps=6 checkpoint.resume=true");
+    expect_same_losses(losses(resumed), {source_losses.begin() + 3, source_losses.end()}, r.name);
+    expect_same_tensors(resumed / "ckpt/step_6/model.safetensors",
+                        source / "ckpt/step_6/model.safetensors", r.name);
+    expect_same_tensors(resumed / "ckpt/step_6/optimizer.safetensors",
+                        source / "ckpt/step_6/optimizer.safetensors", r.name + " optimizer");
+  }
 }
 
 TEST_F(PipelineTraining, BadPipelineSettingsAreClearErrors) {

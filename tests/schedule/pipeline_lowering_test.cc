@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <set>
 #include <tuple>
@@ -176,8 +177,12 @@ TEST(PipelineLowering, InterleavedRanksVerifyFollowTheirOrderAndTheMessagesCanno
   for (const std::string arch : {"gpt", "llama"}) {
     for (int stages : {2, 3, 4}) {
       for (int v : {2, 4}) {
+        // Built once per number of sub-batches: building a model costs more than lowering.
+        std::map<int, std::vector<ops::Program>> programs_of;
+        for (int sub_batches : {1, 2})
+          programs_of[sub_batches] = interleaved_programs(arch, stages, v, sub_batches);
         for (const WithinStage& w : kWithinStage) {
-          const std::vector<ops::Program> programs = interleaved_programs(arch, stages, v, w.sub_batches);
+          const std::vector<ops::Program>& programs = programs_of.at(w.sub_batches);
           for (int m : {stages, 2 * stages}) {
             const std::string what = fmt::format("{} P={} v={} m={} within {}/{} sb={}", arch,
                                                  stages, v, m, name(w.kind), name(w.recompute),
