@@ -150,7 +150,7 @@ int train_on_mpi_ranks(const oases::train::RunConfig& config,
               [&](int tp) {
                 return oases::comm::Mesh::create(runtime, tp, world / tp, 1, comm_options);
               },
-              static_cast<int>(config.parallel.pp));
+              static_cast<int>(config.parallel.pp * config.parallel.virtual_stages));
         }
         mesh.emplace(oases::comm::Mesh::create(
             runtime, static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.dp),

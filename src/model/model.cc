@@ -23,22 +23,33 @@ ParamLayout model_param_layout(const ModelConfig& config, int tp_rank, int tp_si
                                const std::vector<int>& layer_degrees, std::int64_t first_layer,
                                std::int64_t end_layer) {
   if (end_layer < 0) end_layer = config.layers;
+  return model_param_layout(config, tp_rank, tp_size, layer_degrees,
+                            {LayerRange{first_layer, end_layer}});
+}
+
+ParamLayout model_param_layout(const ModelConfig& config, int tp_rank, int tp_size,
+                               const std::vector<int>& layer_degrees,
+                               const std::vector<LayerRange>& layer_ranges) {
+  OASES_ASSERT(!layer_ranges.empty(), "a model instance holds at least one chunk");
   const auto architecture = make_architecture(config);
   const auto degree = [&](std::int64_t l) {
     return layer_degrees.empty() ? tp_size : layer_degrees[static_cast<std::size_t>(l)];
   };
+  const bool embedding = layer_ranges.front().begin == 0;
   ParamLayout layout(tp_rank, tp_size);
-  if (first_layer == 0) {
+  if (embedding) {
     layout.begin_group(0);
     architecture->add_embedding_parameters(layout);
   }
-  for (std::int64_t l = first_layer; l < end_layer; ++l) {
-    layout.begin_group(static_cast<int>(1 + l));
-    architecture->add_layer_parameters(layout, l, degree(l));
+  for (const LayerRange& range : layer_ranges) {
+    for (std::int64_t l = range.begin; l < range.end; ++l) {
+      layout.begin_group(static_cast<int>(1 + l));
+      architecture->add_layer_parameters(layout, l, degree(l));
+    }
   }
-  if (end_layer == config.layers) {
+  if (layer_ranges.back().end == config.layers) {
     layout.begin_group(static_cast<int>(config.layers + 1));
-    architecture->add_head_parameters(layout, first_layer == 0);
+    architecture->add_head_parameters(layout, embedding);
   }
   return layout;
 }
@@ -61,8 +72,14 @@ void check_options(const ModelConfig& config, const ModelOptions& o) {
   OASES_CHECK(o.sub_batches >= 1 && o.micro_batch % o.sub_batches == 0,
               "parallel.sub_batches = {} must divide train.micro_batch = {}", o.sub_batches,
               o.micro_batch);
-  OASES_ASSERT(0 <= o.first_layer && o.first_layer < o.end_layer && o.end_layer <= config.layers,
-               "stage layers [{}, {}) of {}", o.first_layer, o.end_layer, config.layers);
+  std::int64_t previous_end = 0;
+  for (const LayerRange& range : o.layer_ranges) {
+    OASES_ASSERT(
+        previous_end <= range.begin && range.begin < range.end && range.end <= config.layers,
+        "chunk layers [{}, {}) after layer {} of {}", range.begin, range.end, previous_end,
+        config.layers);
+    previous_end = range.end;
+  }
   const int T = o.tp->size();
   if (o.layer_degrees.empty()) return;
   OASES_CHECK(static_cast<std::int64_t>(o.layer_degrees.size()) == config.layers,
@@ -107,11 +124,14 @@ class Model::Builder final : public ParamResolver {
       rope_sin_ = m_.arena_.allocate(ctx.dtype, {c_.seq_len, half});
       kernels::rotary_tables(c_.seq_len, c_.head_dim(), c_.rope_theta, rope_cos_, rope_sin_);
     }
-    const ModelOptions& o = m_.options_;
     if (m_.has_embedding()) add_embedding();
-    for (std::int64_t l = o.first_layer; l < o.end_layer; ++l) add_layer(l);
-    if (m_.has_head()) add_head();
-    else add_stage_output();
+    for (const LayerRange& range : m_.options_.layer_ranges) {
+      for (std::int64_t l = range.begin; l < range.end; ++l) add_layer(l, range.begin);
+      if (range.end == c_.layers)
+        add_head();
+      else
+        add_stage_output(range.end - 1);
+    }
     ctx.scratch_narrow = m_.arena_.allocate(ctx.dtype, {ctx.tokens(), c_.hidden});
     ctx.scratch_wide = m_.arena_.allocate(ctx.dtype, {scratch_wide_});
     describe_program();
@@ -135,13 +155,18 @@ class Model::Builder final : public ParamResolver {
   }
 
   void allocate_slots() {
-    const ModelOptions& o = m_.options_;
     bool reshards = false;
-    for (std::int64_t l = o.first_layer; l <= o.end_layer; ++l) {
-      const bool joins = (l > o.first_layer || m_.has_embedding()) && (l < c_.layers || m_.has_head());
-      reshards = reshards || (joins && m_.layer_degree(l - 1) != m_.layer_degree(l));
+    for (const LayerRange& range : m_.options_.layer_ranges) {
+      // Layer l - 1 meets layer l inside a chunk, at its start where the chunk holds the
+      // embedding, and at its end: before the head, or in the stage output, which hands the next
+      // chunk its input in the placement of that chunk's first layer.
+      for (std::int64_t l = range.begin; l <= range.end; ++l) {
+        const bool joins = l > range.begin || l == 0;
+        reshards = reshards || (joins && m_.layer_degree(l - 1) != m_.layer_degree(l));
+      }
     }
-    OASES_ASSERT(!reshards || o.tp_subgroup, "per-layer degrees need the tensor-parallel sub-groups");
+    OASES_ASSERT(!reshards || m_.options_.tp_subgroup,
+                 "per-layer degrees need the tensor-parallel sub-groups");
     ops::ModelContext& ctx = m_.context_;
     ctx.slots.allocate(m_.arena_, ctx.dtype, ctx.sub_batches, ctx.tokens(), c_.hidden, reshards);
   }
@@ -175,10 +200,11 @@ class Model::Builder final : public ParamResolver {
     return ops::ResidualEpilogue(copy);
   }
 
-  void add_layer(std::int64_t layer) {
+  // Layer `layer` of the chunk whose first layer is `chunk_begin`.
+  void add_layer(std::int64_t layer, std::int64_t chunk_begin) {
     const ops::Placement at = placement(layer);
     BlockContext block{layer, at, &context(), this, rope_cos_, rope_sin_};
-    const bool from_peer = layer == m_.options_.first_layer && !m_.has_embedding();
+    const bool from_peer = layer == chunk_begin && layer > 0;
     ops::ResidualEpilogue epilogue;
     if (from_peer) {
       begin_segment();
@@ -220,11 +246,11 @@ class Model::Builder final : public ParamResolver {
                               m_.segments_);
   }
 
-  // The stage sends r_end in the placement of the next stage's first layer, resharding first
-  // where the degree changes at the cut, so that each rank's message is exactly the rows its
-  // peer (same tensor-parallel rank) receives.
-  void add_stage_output() {
-    const std::int64_t next = m_.options_.end_layer;
+  // Ends the chunk whose last layer is `last`. The chunk sends r_{last + 1} in the placement of
+  // the next chunk's first layer, resharding first where the degree changes at the cut, so that
+  // each rank's message is exactly the rows its peer (same tensor-parallel rank) receives.
+  void add_stage_output(std::int64_t last) {
+    const std::int64_t next = last + 1;
     ops::ResidualEpilogue epilogue = epilogue_into(next);
     ops::StageOutputSpec output;
     output.name = "stage_output";
@@ -269,11 +295,15 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   OASES_ASSERT(options_.tp != nullptr, "a model needs its tensor-parallel group");
   config_.validate_tensor_parallel(options_.tp->size());
   if (options_.end_layer < 0) options_.end_layer = config_.layers;
+  if (options_.layer_ranges.empty())
+    options_.layer_ranges.push_back({options_.first_layer, options_.end_layer});
+  options_.first_layer = options_.layer_ranges.front().begin;
+  options_.end_layer = options_.layer_ranges.back().end;
   check_options(config_, options_);
   architecture_ = make_architecture(config_);
 
   layout_ = model_param_layout(config_, options_.tp->rank(), options_.tp->size(),
-                               options_.layer_degrees, options_.first_layer, options_.end_layer);
+                               options_.layer_degrees, options_.layer_ranges);
   const auto bytes = static_cast<std::size_t>(layout_.total_numel()) * dtype_size(options_.dtype);
   param_buffer_ = Buffer(bytes);
   grad_buffer_ = Buffer(bytes);

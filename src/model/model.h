@@ -5,10 +5,13 @@
 // model/llama, model/bert).
 //
 // The builder places every layer (its tensor-parallel degree and rows), inserts a reshard
-// segment wherever consecutive degrees differ, and at a pipeline-stage boundary ends the stage
+// segment wherever consecutive degrees differ, and at a pipeline-chunk boundary ends the chunk
 // with a StageOutputSegment and starts the next with a segment whose input arrives from the
-// peer. Each parameter group (embedding, layer l, head) is a gradient bucket, final once the
-// backward pass of the first segment that uses it has run on every instance.
+// peer. An instance may hold several chunks (an interleaved pipeline: layer ranges with gaps
+// between them); their segments follow one another in model order in one Program, each chunk
+// cut off from the next by such a boundary. Each parameter group (embedding, layer l, head) is
+// a gradient bucket, final once the backward pass of the first segment that uses it has run on
+// every instance.
 #pragma once
 
 #include "comm/communicator.h"
@@ -26,6 +29,13 @@
 
 namespace oases::model {
 
+// Transformer layers [begin, end) of one model chunk.
+struct LayerRange {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  bool operator==(const LayerRange&) const = default;
+};
+
 struct ModelOptions {
   DType dtype = DType::f32;         // parameters, gradients and activations (f32 or f64)
   std::int64_t micro_batch = 1;     // sequences per micro-batch
@@ -42,6 +52,9 @@ struct ModelOptions {
   // instance holding layer 0 has the embedding, the one holding the last layer the head.
   std::int64_t first_layer = 0;
   std::int64_t end_layer = -1;
+  // The chunks this instance holds, in model order, each non-empty and after the one before
+  // (gaps allowed): replaces first_layer and end_layer when not empty.
+  std::vector<LayerRange> layer_ranges;
 };
 
 class Model {
@@ -54,10 +67,13 @@ class Model {
   DType dtype() const { return options_.dtype; }
   std::int64_t micro_batch() const { return options_.micro_batch; }
   int sub_batches() const { return options_.sub_batches; }
-  std::int64_t first_layer() const { return options_.first_layer; }
-  std::int64_t end_layer() const { return options_.end_layer; }
-  bool has_embedding() const { return options_.first_layer == 0; }
-  bool has_head() const { return options_.end_layer == config_.layers; }
+  // The first layer of the first chunk and the end of the last.
+  std::int64_t first_layer() const { return options_.layer_ranges.front().begin; }
+  std::int64_t end_layer() const { return options_.layer_ranges.back().end; }
+  // The layers of each chunk this instance holds, in model order (one range without chunks).
+  const std::vector<LayerRange>& layer_ranges() const { return options_.layer_ranges; }
+  bool has_embedding() const { return first_layer() == 0; }
+  bool has_head() const { return end_layer() == config_.layers; }
   // Tensor-parallel degree of layer l (the embedding and head: the group size).
   int layer_degree(std::int64_t layer) const;
 
@@ -112,6 +128,12 @@ class Model {
 ParamLayout model_param_layout(const ModelConfig& config, int tp_rank = 0, int tp_size = 1,
                                const std::vector<int>& layer_degrees = {},
                                std::int64_t first_layer = 0, std::int64_t end_layer = -1);
+// The same for the layers of several chunks (ranges in model order, as
+// ModelOptions::layer_ranges): the embedding group when the first range starts at layer 0, each
+// range's layer groups in order, the head group when the last range ends at the last layer.
+ParamLayout model_param_layout(const ModelConfig& config, int tp_rank, int tp_size,
+                               const std::vector<int>& layer_degrees,
+                               const std::vector<LayerRange>& layer_ranges);
 
 // The first and last rows of the vocabulary this rank of `tp` ranks holds, and how many of
 // them are real tokens.

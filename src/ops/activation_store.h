@@ -20,6 +20,10 @@ namespace oases::ops {
 // Besides the schedule's sets, a segment that starts a pipeline stage keeps the activation it
 // received under this key until its Forward has consumed it.
 inline constexpr std::uint8_t kReceivedInput = 16;
+// And a segment that ends a stage keeps the gradient of its output it received under this key
+// until its backward has consumed it: the sub-batch's gradient slot may still hold the gradient
+// the rank has yet to send to the previous stage (an interleaved pipeline's ring).
+inline constexpr std::uint8_t kReceivedGradient = 32;
 
 struct ActivationKey {
   int segment = 0;

@@ -162,6 +162,10 @@ class StageOutputSegment final : public Segment {
   }
   void backward(const StepContext& ctx, int mb, int sb, int) override {
     const Tensor block = store().get(key(mb, sb, kCheckpoint));
+    const ActivationKey received = key(mb, sb, kReceivedGradient);
+    kernels::copy(store().get(received).reshaped({tokens_, m_.hidden}),
+                  m_.slot_rows(Slot::residual_grad, sb, spec_.at.rows));
+    store().release(received);
     spec_.epilogue.backward(m_, ctx, mb, sb, spec_.at.rows, spec_.at.first_row,
                             m_.slot_rows(Slot::residual_grad, sb, spec_.at.rows),
                             m_.slot_rows(Slot::output_grad, sb, spec_.at.rows), kept(block),
@@ -171,9 +175,11 @@ class StageOutputSegment final : public Segment {
     OASES_ASSERT(payload == Payload::activation, "{} sends activations only", name());
     return output(store().get(key(mb, sb, kCheckpoint)));
   }
-  Tensor recv_buffer(Payload payload, int, int sb) override {
+  Tensor recv_buffer(Payload payload, int mb, int sb) override {
     OASES_ASSERT(payload == Payload::gradient, "{} receives gradients only", name());
-    return m_.slot_rows(Slot::residual_grad, sb, spec_.at.rows);
+    return store()
+        .acquire(key(mb, sb, kReceivedGradient), m_.dtype, tokens_ * m_.hidden)
+        .reshaped({tokens_, m_.hidden});
   }
 
  private:

@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <deque>
+#include <map>
 #include <set>
 #include <string>
 #include <tuple>
@@ -14,12 +16,13 @@
 namespace oases::schedule {
 namespace {
 
-// One point-to-point message between neighbouring ranks.
+// One point-to-point message between the ranks of neighbouring chunks.
 struct Message {
   Payload payload = Payload::activation;
-  int from = 0, to = 0;
+  int from = 0, to = 0;  // ranks
+  int chunk = 0;         // the chunk that sends it
   int micro_batch = 0, sub_batch = 0;
-  auto key() const { return std::tie(payload, from, to, micro_batch, sub_batch); }
+  auto key() const { return std::tie(payload, from, to, chunk, micro_batch, sub_batch); }
   bool operator<(const Message& other) const { return key() < other.key(); }
 };
 
@@ -32,18 +35,20 @@ struct Event {
 };
 
 // The messages an action needs before it runs (needs) or produces when it has run.
-std::vector<Message> messages_of(const PipelineSpec& spec, int rank, const PipelineAction& action,
+std::vector<Message> messages_of(const PipelineSpec& spec, const PipelineAction& action,
                                  int sub_batches, bool needs) {
   const bool forward = action.kind == PipelineAction::forward;
-  // A forward receives from the previous rank and sends to the next; a backward the reverse.
-  const int peer = (forward == needs) ? rank - 1 : rank + 1;
+  // A forward receives from the previous chunk and sends to the next; a backward the reverse.
+  const int peer_chunk = (forward == needs) ? action.chunk - 1 : action.chunk + 1;
   std::vector<Message> out;
-  if (peer < 0 || peer >= spec.stages) return out;
+  if (peer_chunk < 0 || peer_chunk >= spec.chunks()) return out;
+  const int rank = spec.rank_of_chunk(action.chunk), peer = spec.rank_of_chunk(peer_chunk);
   for (int sb = 0; sb < sub_batches; ++sb) {
     Message m;
     m.payload = forward ? Payload::activation : Payload::gradient;
     m.from = needs ? peer : rank;
     m.to = needs ? rank : peer;
+    m.chunk = needs ? peer_chunk : action.chunk;
     m.micro_batch = action.micro_batch;
     m.sub_batch = sb;
     out.push_back(m);
@@ -69,11 +74,15 @@ std::vector<std::vector<Event>> merge_orders(const PipelineSpec& spec, const Pip
   const auto needed_next = [&](int rank) {
     const RankState& s = at(rank);
     if (s.next == order_of(rank).size()) return std::vector<Message>{};
-    return messages_of(spec, rank, order_of(rank)[s.next], sub_batches, true);
+    return messages_of(spec, order_of(rank)[s.next], sub_batches, true);
   };
 
-  bool progressed = true;
-  while (progressed) {
+  const auto pass = [&](const Message& m) {
+    events[static_cast<std::size_t>(m.from)].push_back({Event::send, {}, m});
+    events[static_cast<std::size_t>(m.to)].push_back({Event::recv, {}, m});
+    at(m.to).received.insert(m);
+  };
+  for (bool progressed = true; progressed;) {
     progressed = false;
     for (int rank = 0; rank < ranks; ++rank) {
       RankState& s = at(rank);
@@ -85,7 +94,7 @@ std::vector<std::vector<Event>> merge_orders(const PipelineSpec& spec, const Pip
         for (const Message& m : needs) s.received.erase(m);
         const PipelineAction& action = order_of(rank)[s.next++];
         events[static_cast<std::size_t>(rank)].push_back({Event::compute, action, {}});
-        for (const Message& m : messages_of(spec, rank, action, sub_batches, false))
+        for (const Message& m : messages_of(spec, action, sub_batches, false))
           s.unsent.push_back(m);
         progressed = true;
       }
@@ -99,12 +108,21 @@ std::vector<std::vector<Event>> merge_orders(const PipelineSpec& spec, const Pip
               return w.key() == m.key();
             }) == wanted.end())
           break;
-        events[static_cast<std::size_t>(m.from)].push_back({Event::send, {}, m});
-        events[static_cast<std::size_t>(m.to)].push_back({Event::recv, {}, m});
-        at(m.to).received.insert(m);
+        pass(m);
         s.unsent.pop_front();
         progressed = true;
       }
+    }
+    if (progressed) continue;
+    // Every rank waits: for a message, or for a receiver to need what it holds. In an
+    // interleaved order two ranks can each hold what the other needs only after its next
+    // action; the first held message then passes early (see the header).
+    for (int rank = 0; rank < ranks && !progressed; ++rank) {
+      RankState& s = at(rank);
+      if (s.unsent.empty()) continue;
+      pass(s.unsent.front());
+      s.unsent.pop_front();
+      progressed = true;
     }
   }
 
@@ -115,42 +133,128 @@ std::vector<std::vector<Event>> merge_orders(const PipelineSpec& spec, const Pip
     stuck += fmt::format("{}rank {} at action {}{}", stuck.empty() ? "" : "; ", rank, s.next,
                          s.unsent.empty() ? "" : " with unsent messages");
   }
-  OASES_ASSERT(stuck.empty(), "{} pipeline orders cannot be merged into messages: {}",
-               name(spec.kind), stuck);
+  OASES_ASSERT(stuck.empty(),
+               "{} pipeline orders (P = {}, v = {}) cannot be merged into "
+               "messages: {}",
+               name(spec.kind), spec.stages, spec.virtual_stages, stuck);
   return events;
 }
 
-Instruction message_instruction(const Event& event, int rank, int last_segment,
-                                int sub_batches) {
-  const Message& m = event.message;
-  const bool sending = event.kind == Event::send;
+// The program's chunks, checked against the chunks rank `rank` holds.
+std::vector<SegmentRange> checked_chunks(const ops::Program& program, const PipelineSpec& spec,
+                                         int rank) {
+  OASES_ASSERT(!program.segments.empty(), "empty stage program");
+  const std::vector<SegmentRange> chunks = chunk_segment_ranges(program);
+  OASES_ASSERT(static_cast<int>(chunks.size()) == spec.virtual_stages,
+               "the program of pipeline rank {} holds {} chunks; the pipeline gives each rank {}",
+               rank, chunks.size(), spec.virtual_stages);
+  for (std::size_t k = 0; k < chunks.size(); ++k) {
+    const int chunk = rank + static_cast<int>(k) * spec.stages;
+    const bool first = chunk == 0, last = chunk == spec.chunks() - 1;
+    const ops::SegmentShape& begin = program.segments[static_cast<std::size_t>(chunks[k].begin)];
+    const ops::SegmentShape& end = program.segments[static_cast<std::size_t>(chunks[k].end - 1)];
+    OASES_ASSERT(begin.input_from_peer == !first && end.output_to_peer == !last,
+                 "chunk {} of {} (local chunk {} of pipeline rank {}) must {}start with an "
+                 "input_from_peer segment and {}end with an output_to_peer segment",
+                 chunk, spec.chunks(), k, rank, first ? "not " : "", last ? "not " : "");
+  }
+  return chunks;
+}
+
+Instruction message_instruction(const Message& m, bool sending, const PipelineSpec& spec,
+                                const std::vector<SegmentRange>& chunks, int sub_batches) {
   Instruction ins{sending ? Op::send : Op::recv};
+  // This rank's chunk: the sender, or the chunk one step along from it.
+  const int step = m.payload == Payload::activation ? 1 : -1;
+  const int chunk = sending ? m.chunk : m.chunk + step;
+  const SegmentRange& range = chunks[static_cast<std::size_t>(chunk / spec.stages)];
   ins.payload = m.payload;
-  // Activations leave through the last segment and enter through segment 0; gradients the
-  // reverse.
+  // Activations leave through a chunk's last segment and enter through its first; gradients
+  // the reverse.
   const bool at_output = (m.payload == Payload::activation) == sending;
-  ins.segment = at_output ? last_segment : 0;
+  ins.segment = at_output ? range.end - 1 : range.begin;
   ins.micro_batch = m.micro_batch;
   ins.sub_batch = m.sub_batch;
   ins.peer = sending ? m.to : m.from;
-  ins.slot = m.micro_batch * sub_batches + m.sub_batch;
-  ins.chunk = rank;
+  ins.slot =
+      (m.chunk / spec.stages * spec.micro_batches + m.micro_batch) * sub_batches + m.sub_batch;
+  ins.chunk = chunk;
   return ins;
+}
+
+// Rank `rank`'s instructions from its merged events: each action's part over its chunk's
+// segments, and the messages between them. In a forward-only step the Frees of a chunk's
+// output segment wait for the Send that reads the output.
+Schedule assemble(const ops::Program& program, const ScheduleSpec& within_stage,
+                  const PipelineSpec& spec, const std::vector<SegmentRange>& chunks,
+                  const std::vector<Event>& events) {
+  std::map<std::tuple<int, int, int>, Schedule> held_frees;  // (segment, mb, sb)
+  Schedule out;
+  for (const Event& event : events) {
+    if (event.kind != Event::compute) {
+      const Instruction ins = message_instruction(event.message, event.kind == Event::send, spec,
+                                                  chunks, within_stage.sub_batches);
+      out.push_back(ins);
+      if (ins.op == Op::send && ins.payload == Payload::activation) {
+        const auto held = held_frees.find({ins.segment, ins.micro_batch, ins.sub_batch});
+        if (held != held_frees.end()) {
+          out.insert(out.end(), held->second.begin(), held->second.end());
+          held_frees.erase(held);
+        }
+      }
+      continue;
+    }
+    const PipelineAction& action = event.action;
+    const SegmentRange& range = chunks[static_cast<std::size_t>(action.chunk / spec.stages)];
+    const int output = range.end - 1;
+    const bool sends_output = program.segments[static_cast<std::size_t>(output)].output_to_peer;
+    const Schedule part =
+        action.kind == PipelineAction::forward
+            ? micro_batch_forward(program, within_stage, action.micro_batch, range)
+            : micro_batch_backward(program, within_stage, action.micro_batch, range);
+    for (Instruction ins : part) {
+      ins.chunk = action.chunk;
+      if (!within_stage.training && sends_output && ins.op == Op::free && ins.segment == output)
+        held_frees[{ins.segment, ins.micro_batch, ins.sub_batch}].push_back(ins);
+      else
+        out.push_back(ins);
+    }
+  }
+  OASES_ASSERT(held_frees.empty(), "a chunk's output was freed but never sent");
+  return out;
 }
 
 }  // namespace
 
+std::vector<SegmentRange> chunk_segment_ranges(const ops::Program& program) {
+  std::vector<SegmentRange> out;
+  const int segments = static_cast<int>(program.segments.size());
+  int begin = 0;
+  for (int s = 0; s < segments; ++s) {
+    if (s + 1 < segments && !program.segments[static_cast<std::size_t>(s)].output_to_peer) continue;
+    out.push_back({begin, s + 1});
+    begin = s + 1;
+  }
+  return out;
+}
+
 Schedule lower_pipeline(const ops::Program& stage_program, const ScheduleSpec& within_stage,
                         const PipelineSpec& pipeline, int rank) {
+  if (!within_stage.training) {
+    return lower_forward_only_pipeline(stage_program, within_stage, pipeline.stages,
+                                       pipeline.virtual_stages, rank);
+  }
   check_pipeline_spec(pipeline);
   check_spec(within_stage);
-  OASES_CHECK(pipeline.kind == PipelineKind::gpipe || pipeline.kind == PipelineKind::one_f_one_b,
-              "parallel.pipeline = \"{}\" is not lowered to instructions yet; valid: \"gpipe\", "
-              "\"1f1b\"",
-              name(pipeline.kind));
-  OASES_CHECK(within_stage.training,
-              "forward-only pipeline steps (evaluation, generation) are not lowered to "
-              "instructions yet; valid: a training step");
+  // The kinds lowered to instructions so far, and their names for the message.
+  constexpr std::array kLowered{PipelineKind::gpipe, PipelineKind::one_f_one_b,
+                                PipelineKind::interleaved};
+  std::string lowered;
+  for (PipelineKind kind : kLowered)
+    lowered += fmt::format("{}\"{}\"", lowered.empty() ? "" : ", ", name(kind));
+  OASES_CHECK(std::find(kLowered.begin(), kLowered.end(), pipeline.kind) != kLowered.end(),
+              "parallel.pipeline = \"{}\" is not lowered to instructions yet; valid: {}",
+              name(pipeline.kind), lowered);
   OASES_CHECK(within_stage.micro_batches == pipeline.micro_batches,
               "the within-stage schedule runs {} micro-batches but the pipeline {}; valid: the "
               "same number of micro-batches per step",
@@ -158,34 +262,54 @@ Schedule lower_pipeline(const ops::Program& stage_program, const ScheduleSpec& w
   OASES_CHECK(rank >= 0 && rank < pipeline.stages,
               "pipeline rank {} is outside the pipeline; valid: 0 to {}", rank,
               pipeline.stages - 1);
-  OASES_ASSERT(!stage_program.segments.empty(), "empty stage program");
-  OASES_ASSERT(stage_program.segments.front().input_from_peer == (rank > 0) &&
-                   stage_program.segments.back().output_to_peer == (rank + 1 < pipeline.stages),
-               "the program of pipeline rank {} of {} must {}start with an input_from_peer "
-               "segment and {}end with an output_to_peer segment",
-               rank, pipeline.stages, rank > 0 ? "" : "not ",
-               rank + 1 < pipeline.stages ? "" : "not ");
+  const std::vector<SegmentRange> chunks = checked_chunks(stage_program, pipeline, rank);
 
   const PipelineOrders orders = pipeline_orders(pipeline);
   const std::vector<std::vector<Event>> events =
       merge_orders(pipeline, orders, within_stage.sub_batches);
-  const int last_segment = static_cast<int>(stage_program.segments.size()) - 1;
-
-  Schedule out;
-  for (const Event& event : events[static_cast<std::size_t>(rank)]) {
-    if (event.kind != Event::compute) {
-      out.push_back(message_instruction(event, rank, last_segment, within_stage.sub_batches));
-      continue;
-    }
-    const int mb = event.action.micro_batch;
-    const Schedule part = event.action.kind == PipelineAction::forward
-                              ? micro_batch_forward(stage_program, within_stage, mb)
-                              : micro_batch_backward(stage_program, within_stage, mb);
-    out.insert(out.end(), part.begin(), part.end());
-  }
+  Schedule out = assemble(stage_program, within_stage, pipeline, chunks,
+                          events[static_cast<std::size_t>(rank)]);
   append_gradient_reductions(stage_program, out);
-  for (Instruction& ins : out) ins.chunk = rank;
+  // A reduction belongs to the chunk whose backward made its bucket final.
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (out[i].op == Op::reduce_grads && i > 0) out[i].chunk = out[i - 1].chunk;
+    if (out[i].op == Op::optimizer_step) out[i].chunk = rank;
+  }
   return out;
+}
+
+Schedule lower_forward_only_pipeline(const ops::Program& stage_program,
+                                     const ScheduleSpec& within_stage, int stages,
+                                     int virtual_stages, int rank) {
+  OASES_ASSERT(!within_stage.training, "a forward-only pipeline of a training step");
+  check_spec(within_stage);
+  OASES_CHECK(stages >= 1 && virtual_stages >= 1,
+              "parallel.pp = {} and parallel.virtual_stages = {} must be at least 1", stages,
+              virtual_stages);
+  OASES_CHECK(rank >= 0 && rank < stages,
+              "pipeline rank {} is outside the pipeline; valid: 0 to {}", rank, stages - 1);
+  PipelineSpec spec;
+  spec.kind = virtual_stages > 1 ? PipelineKind::interleaved : PipelineKind::gpipe;
+  spec.stages = stages;
+  spec.virtual_stages = virtual_stages;
+  spec.micro_batches = within_stage.micro_batches;
+  const std::vector<SegmentRange> chunks = checked_chunks(stage_program, spec, rank);
+
+  const int m = within_stage.micro_batches;
+  PipelineOrders orders(static_cast<std::size_t>(stages));
+  for (int r = 0; r < stages; ++r) {
+    for (int group = 0; group < m; group += stages) {
+      for (int k = 0; k < virtual_stages; ++k) {
+        for (int mb = group; mb < std::min(group + stages, m); ++mb)
+          orders[static_cast<std::size_t>(r)].push_back(
+              {PipelineAction::forward, r + k * stages, mb});
+      }
+    }
+  }
+  const std::vector<std::vector<Event>> events =
+      merge_orders(spec, orders, within_stage.sub_batches);
+  return assemble(stage_program, within_stage, spec, chunks,
+                  events[static_cast<std::size_t>(rank)]);
 }
 
 }  // namespace oases::schedule

@@ -2,59 +2,93 @@
 // order of every rank (pipeline.h) and the within-stage schedule (megatron, fine-grained,
 // cross-pass, oases) that runs each micro-batch on the stage.
 //
-// Compute. Rank r runs its order's actions in order. F(chunk r, mb) becomes micro-batch mb's
-// forward instructions and B(chunk r, mb) its backward instructions, each over all sub-batches,
-// interleaved phase by phase as the within-stage generator interleaves them
-// (micro_batch_forward / micro_batch_backward); recomputation and frees are the within-stage
-// policy's. After the last action each bucket's ReduceGrads follows the last backward stage that
-// makes it final, and OptimizerStep ends the list. Every instruction names chunk r.
+// Chunks. Rank r holds chunks r, r + P, ..., r + (v - 1) P (v = 1: chunk r alone). Its Program
+// holds their segments one after another in model order; chunk_segment_ranges cuts it after
+// every output_to_peer segment, so local chunk k (global chunk r + k P) is the k-th range.
 //
-// Messages (v = 1: rank r holds chunk r; peers are ranks of the point-to-point group):
-//   F on r > 0       Recv(activation, segment 0 (input_from_peer), mb, sb) from r - 1
-//   F on r < P - 1   Send(activation, last segment (output_to_peer), mb, sb) to r + 1
-//   B on r < P - 1   Recv(gradient, last segment, mb, sb) from r + 1
-//   B on r > 0       Send(gradient, segment 0, mb, sb) to r - 1
-// for every sub-batch sb in order. Recvs precede the action that needs them and Sends follow the
-// action that produced them, before the rank's next action: a Send reads its sub-batch's
-// buffers, which the next action overwrites, and a gradient Recv fills the sub-batch's gradient
-// buffer, which only the action it feeds may read.
+// Compute. Rank r runs its order's actions in order. F(c, mb) becomes micro-batch mb's forward
+// instructions over the segments of local chunk c / P and B(c, mb) its backward instructions,
+// each over all sub-batches, interleaved phase by phase as the within-stage generator
+// interleaves them (micro_batch_forward / micro_batch_backward over a SegmentRange);
+// recomputation and frees are the within-stage policy's. After the last action each bucket's
+// ReduceGrads follows the last backward stage that makes it final, and OptimizerStep ends the
+// list. Every instruction of an action names its global chunk c; a ReduceGrads names the chunk
+// of the backward it follows, OptimizerStep chunk r.
+//
+// Messages (peers are ranks of the point-to-point group):
+//   F(c, mb), c > 0          Recv(activation, first segment of c, mb, sb) from rank of c - 1
+//   F(c, mb), c < C - 1      Send(activation, last segment of c, mb, sb) to rank of c + 1
+//   B(c, mb), c < C - 1      Recv(gradient, last segment of c, mb, sb) from rank of c + 1
+//   B(c, mb), c > 0          Send(gradient, first segment of c, mb, sb) to rank of c - 1
+// for every sub-batch sb in order (the rank of chunk c is c % P: the next rank, or rank 0 after
+// rank P - 1). Recvs precede the action that needs them and Sends follow the action that
+// produced them, before the rank's next action: a Send reads its sub-batch's buffers, which the
+// next action overwrites. A Recv fills a buffer of its own (ops::Segment::recv_buffer), so it
+// may come while an output of the previous action still waits to be sent.
 //
 // Order of messages. Rank r's messages are placed by running every rank's order together:
 // a rank runs its next action once every message it needs has arrived and it has no unsent
 // output; a message passes (its Send appended to the sender's list and its Recv to the
 // receiver's, at once) when its sender holds it and the receiver's next action needs it. A rank
 // holding unsent outputs may still receive what its next action needs (1F1B's steady state:
-// the gradient for B(i) arrives before the activation of F(w + i) leaves). Since messages pass in
-// one global sequence and each rank issues its messages in that sequence, the schedules cannot
-// deadlock even when every Send and Recv blocks until its partner arrives (the globally first
-// message not yet passed has both ends waiting at it), and every rank computes the same lists.
+// the gradient for B(i) arrives before the activation of F(w + i) leaves). When no rank can
+// move on that way, the held message of the lowest rank that holds one passes early, its Recv
+// placed before the receiver's next action although a later action needs it: an interleaved
+// order can leave two ranks each holding what the other needs only after its next action
+// (Megatron-LM exchanges such pairs with one batched send and receive); GPipe and 1F1B orders
+// never need it. Since
+// messages pass in one global sequence and each rank issues its messages in that sequence, the
+// schedules cannot deadlock even when every Send and Recv blocks until its partner arrives (the
+// globally first message not yet passed has both ends waiting at it), and every rank computes
+// the same lists. Interleaved orders send activations around the ring (rank P - 1 to rank 0
+// between rounds of chunks); the same argument covers them.
 //
-// Slots. The message of (mb, sb) uses slot mb * sub_batches + sb in both directions: a tag
-// unique within a step for each payload and pair of ranks, so a message is named by its slot in
-// traces. (The executor stages sends per slot, so a step holds one send buffer per
-// micro-batch and sub-batch at each cut.)
+// Slots. The message that chunk c sends for (mb, sb) uses slot (c / P * m + mb) * sub_batches
+// + sb in its direction (v = 1: mb * sub_batches + sb): a tag unique within a step for each
+// payload and pair of ranks, so a message is named by its slot in traces. (The executor stages
+// sends per slot, so a step holds one send buffer per chunk, micro-batch and sub-batch at each
+// cut.)
 //
-// Not lowered yet (UserError "not lowered yet"): interleaved (v > 1) and zero-bubble. A
-// segment's backward stages are cut at its backward collective, not into an input-gradient part
-// and a weight-gradient part, so the zero-bubble split into I and W cannot be expressed; nor are
-// forward-only (evaluation) steps, where the stage's output is freed as soon as it is computed.
+// Forward-only steps (evaluation, generation). lower_forward_only_pipeline runs, on each rank,
+// the micro-batches in groups of P (the last group may be smaller): every local chunk in turn
+// takes the whole group, F(r + k P, mb) for k = 0..v - 1 and mb in the group. Messages are
+// merged as above. The within-stage generator frees a chunk's output as soon as it is computed;
+// that Free waits until the Send of its sub-batch has read the output.
+//
+// Not lowered yet (UserError "not lowered yet"): zero-bubble. A segment's backward stages are
+// cut at its backward collective, not into an input-gradient part and a weight-gradient part,
+// so the zero-bubble split into I and W cannot be expressed.
 #pragma once
 
 #include "ops/program.h"
 #include "schedule/pipeline.h"
 #include "schedule/schedule.h"
 
+#include <vector>
+
 namespace oases::schedule {
 
-// Rank `rank`'s schedule for pipeline.kind over `stage_program` (the program of chunk `rank`:
-// starting with an input_from_peer segment unless rank is 0, ending with an output_to_peer
-// segment unless rank is P - 1), each micro-batch run by `within_stage`. The result passes
-// verify_schedule(stage_program, within_stage, ...), and the ranks' schedules together pass
-// verify_point_to_point.
-// UserError: a spec check_pipeline_spec or check_spec rejects; a pipeline kind or v not lowered
-// yet (above); within_stage.training false; within_stage.micro_batches != pipeline.micro_batches;
-// rank outside [0, P).
+// The chunks of a rank's program, in order: cut after every output_to_peer segment.
+std::vector<SegmentRange> chunk_segment_ranges(const ops::Program& program);
+
+// Rank `rank`'s schedule for pipeline.kind over `stage_program` (the program of the rank's
+// chunks: chunk_segment_ranges gives v of them, each starting with an input_from_peer segment
+// unless it is chunk 0 and ending with an output_to_peer segment unless it is chunk P v - 1),
+// each micro-batch run by `within_stage`. With within_stage.training false: the forward-only
+// schedule (lower_forward_only_pipeline; pipeline.kind and micro_batches are not read). The
+// result passes verify_schedule(stage_program, within_stage, ...), and the ranks' schedules
+// together pass verify_point_to_point.
+// UserError: a spec check_pipeline_spec or check_spec rejects; a pipeline kind not lowered yet
+// (above); within_stage.micro_batches != pipeline.micro_batches; rank outside [0, P).
 Schedule lower_pipeline(const ops::Program& stage_program, const ScheduleSpec& within_stage,
                         const PipelineSpec& pipeline, int rank);
+
+// Rank `rank`'s forward-only schedule (see above) of within_stage.micro_batches micro-batches
+// through a pipeline of `stages` ranks holding `virtual_stages` chunks each. REQUIRES:
+// within_stage.training false; the program's chunks as for lower_pipeline. UserError: a spec
+// check_spec rejects; stages or virtual_stages below 1; rank outside [0, stages).
+Schedule lower_forward_only_pipeline(const ops::Program& stage_program,
+                                     const ScheduleSpec& within_stage, int stages,
+                                     int virtual_stages, int rank);
 
 }  // namespace oases::schedule

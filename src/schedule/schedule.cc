@@ -322,6 +322,45 @@ Schedule micro_batch_backward(const Program& program, const ScheduleSpec& spec, 
   return out;
 }
 
+namespace {
+
+// The segments of `chunk` as a program of their own (reads_sets_of renumbered).
+Program chunk_program(const Program& program, SegmentRange chunk) {
+  OASES_ASSERT(0 <= chunk.begin && chunk.begin < chunk.end &&
+                   chunk.end <= static_cast<int>(program.segments.size()),
+               "segment range [{}, {}) of a program of {} segments", chunk.begin, chunk.end,
+               program.segments.size());
+  Program part;
+  for (int s = chunk.begin; s < chunk.end; ++s) {
+    SegmentShape shape = shape_of(program, s);
+    for (int& owner : shape.reads_sets_of) {
+      OASES_ASSERT(owner >= chunk.begin && owner < s,
+                   "segment {} reads the sets of segment {}, outside its chunk [{}, {})", s, owner,
+                   chunk.begin, chunk.end);
+      owner -= chunk.begin;
+    }
+    part.segments.push_back(std::move(shape));
+  }
+  return part;
+}
+
+Schedule renumbered(Schedule schedule, SegmentRange chunk) {
+  for (Instruction& ins : schedule) ins.segment += chunk.begin;
+  return schedule;
+}
+
+}  // namespace
+
+Schedule micro_batch_forward(const Program& program, const ScheduleSpec& spec, int mb,
+                             SegmentRange chunk) {
+  return renumbered(micro_batch_forward(chunk_program(program, chunk), spec, mb), chunk);
+}
+
+Schedule micro_batch_backward(const Program& program, const ScheduleSpec& spec, int mb,
+                              SegmentRange chunk) {
+  return renumbered(micro_batch_backward(chunk_program(program, chunk), spec, mb), chunk);
+}
+
 void append_gradient_reductions(const Program& program, Schedule& out) {
   // Each bucket's data-parallel reduction starts right after the last backward that makes it
   // final: the last stage of its segment on the last instance to run it.

@@ -144,6 +144,21 @@ Schedule generate(const ops::Program& program, const ScheduleSpec& spec);
 // itself, so there oases-interleaved orders each micro-batch as oases does.
 Schedule micro_batch_forward(const ops::Program& program, const ScheduleSpec& spec, int mb);
 Schedule micro_batch_backward(const ops::Program& program, const ScheduleSpec& spec, int mb);
+// Segments [begin, end) of a program: one model chunk of a rank that holds several (an
+// interleaved pipeline), from an input_from_peer segment or segment 0 to an output_to_peer
+// segment or the last one.
+struct SegmentRange {
+  int begin = 0;
+  int end = 0;
+};
+// The parts above for the segments of `chunk` alone, generated as if they were the whole
+// program (so a forward-only chunk frees its sets by its own last segment); instructions name
+// the segments by their index in `program`. REQUIRES: chunk within the program, non-empty, and
+// no segment of it reads the sets of a segment outside it.
+Schedule micro_batch_forward(const ops::Program& program, const ScheduleSpec& spec, int mb,
+                             SegmentRange chunk);
+Schedule micro_batch_backward(const ops::Program& program, const ScheduleSpec& spec, int mb,
+                              SegmentRange chunk);
 // Inserts ReduceGrads(bucket) right after the last backward stage of the segment that makes the
 // bucket final (its last occurrence in `schedule`), then appends OptimizerStep.
 void append_gradient_reductions(const ops::Program& program, Schedule& schedule);

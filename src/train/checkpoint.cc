@@ -109,9 +109,12 @@ void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
   }
   std::set<std::string> done;
   for (int stage = 0; stage < pp.size(); ++stage) {
-    const auto [first, end] = stage_layer_range(config, stage);
-    const model::ParamLayout layout = model::model_param_layout(
-        config.model, tp.rank(), tp.size(), layer_degrees(config), first, end);
+    // The stage's layers: one range, or several chunks with gaps between them.
+    std::vector<model::LayerRange> ranges;
+    for (const auto& [begin, end] : stage_layer_ranges(config, stage))
+      ranges.push_back({begin, end});
+    const model::ParamLayout layout = model::model_param_layout(config.model, tp.rank(), tp.size(),
+                                                                layer_degrees(config), ranges);
     for (const model::ParamSpec& p : layout.params()) {
       if (!done.insert(p.name).second) continue;
       const auto share = [&](io::SafetensorsWriter& writer, const std::string& name,

@@ -46,7 +46,7 @@ struct TrainingState {
 // tokenizer.model when it is not empty. Returns the checkpoint folder. Every rank of the tensor-parallel group `tp` must call
 // this (the shards are assembled over it); only the rank with `write_files` writes. Under
 // pipeline parallelism every rank of the pipeline group `pp` calls it too: `model` and
-// `optimizer` hold one stage's parameters (stage_layer_range(config, pp.rank())), and each
+// `optimizer` hold one stage's parameters (stage_layer_ranges(config, pp.rank())), and each
 // stage's whole tensors are broadcast over `pp` (a parameter several stages hold, GPT's tied
 // word embedding, from the first of them), so the writer, on stage 0, writes every tensor
 // once. A tensor holding a NaN or an infinity is never written: UserError on every rank.

@@ -11,6 +11,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
@@ -123,6 +124,7 @@ const std::map<std::string, SectionFields>& schema() {
         {"dp", bind(&RunConfig::parallel, &ParallelConfig::dp)},
         {"pp", bind(&RunConfig::parallel, &ParallelConfig::pp)},
         {"pipeline", bind(&RunConfig::parallel, &ParallelConfig::pipeline)},
+        {"virtual_stages", bind(&RunConfig::parallel, &ParallelConfig::virtual_stages)},
         {"pipeline_layers", bind(&RunConfig::parallel, &ParallelConfig::pipeline_layers)},
         {"schedule", bind(&RunConfig::parallel, &ParallelConfig::schedule)},
         {"recompute", bind(&RunConfig::parallel, &ParallelConfig::recompute)},
@@ -436,21 +438,26 @@ std::vector<int> stage_layer_counts(const RunConfig& config) {
               "model.layers = {} is too many to split into pipeline stages; at most {}",
               config.model.layers, std::numeric_limits<int>::max());
   const auto layers = static_cast<int>(config.model.layers);
-  const auto stages = static_cast<int>(config.parallel.pp);
+  const auto chunks = static_cast<int>(config.parallel.pp * config.parallel.virtual_stages);
   // "auto" is measured and balanced at start-up (train/pipeline_split.h), which needs the
-  // run's ranks; one stage has nothing to balance.
-  if (text == "auto" && stages == 1) return {layers};
+  // run's ranks; one chunk has nothing to balance.
+  if (text == "auto" && chunks == 1) return {layers};
   OASES_CHECK(text != "auto",
               "parallel.pipeline_layers = \"auto\" is resolved by `oases train` and `oases "
               "plan` (from measured layer costs); here it needs explicit counts: \"uniform\" or "
-              "one layer count per stage (e.g. \"{}\")",
-              planner::format_pipeline_layers(planner::uniform_pipeline_layers(layers, stages)));
-  if (text == "uniform") return planner::uniform_pipeline_layers(layers, stages);
-  return planner::parse_pipeline_layers(text, layers, stages);
+              "one layer count per chunk, parallel.pp x parallel.virtual_stages = {} of them "
+              "(e.g. \"{}\")",
+              chunks,
+              planner::format_pipeline_layers(planner::uniform_pipeline_layers(layers, chunks)));
+  if (text == "uniform") return planner::uniform_pipeline_layers(layers, chunks);
+  return planner::parse_pipeline_layers(text, layers, chunks);
 }
 
 std::pair<std::int64_t, std::int64_t> stage_layer_range(const RunConfig& config, int stage) {
   if (config.parallel.pp == 1) return {0, -1};
+  OASES_ASSERT(config.parallel.virtual_stages == 1,
+               "stage {} holds {} chunks: its layers are no single range", stage,
+               config.parallel.virtual_stages);
   const std::vector<int> counts = stage_layer_counts(config);
   OASES_ASSERT(stage >= 0 && stage < static_cast<int>(counts.size()), "stage {} of {}", stage,
                counts.size());
@@ -458,6 +465,84 @@ std::pair<std::int64_t, std::int64_t> stage_layer_range(const RunConfig& config,
   for (int s = 0; s < stage; ++s) first += counts[static_cast<std::size_t>(s)];
   return {first, first + counts[static_cast<std::size_t>(stage)]};
 }
+
+std::vector<std::pair<std::int64_t, std::int64_t>> stage_layer_ranges(const RunConfig& config,
+                                                                      int stage) {
+  if (config.parallel.pp == 1) return {{0, config.model.layers}};
+  const std::vector<int> counts = stage_layer_counts(config);
+  const auto stages = static_cast<int>(config.parallel.pp);
+  OASES_ASSERT(stage >= 0 && stage < stages, "stage {} of {}", stage, stages);
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  std::int64_t first = 0;
+  for (int chunk = 0; chunk < static_cast<int>(counts.size()); ++chunk) {
+    const int count = counts[static_cast<std::size_t>(chunk)];
+    if (chunk % stages == stage) out.emplace_back(first, first + count);
+    first += count;
+  }
+  return out;
+}
+
+namespace {
+
+// Pipeline settings beyond the names: virtual stages, the number of chunks, and the
+// micro-batches an interleaved pipeline needs.
+void check_pipeline_settings(const RunConfig& config, schedule::PipelineKind kind) {
+  const ParallelConfig& p = config.parallel;
+  const std::int64_t v = p.virtual_stages;
+  // The pipeline kinds training can run so far; the others are named but not available yet.
+  constexpr std::array kAvailable{schedule::PipelineKind::one_f_one_b,
+                                  schedule::PipelineKind::gpipe,
+                                  schedule::PipelineKind::interleaved};
+  std::string available;
+  for (schedule::PipelineKind k : kAvailable)
+    available += fmt::format("{}\"{}\"", available.empty() ? "" : ", ", schedule::name(k));
+  OASES_CHECK(std::find(kAvailable.begin(), kAvailable.end(), kind) != kAvailable.end(),
+              "parallel.pipeline = \"{}\" is not available yet; valid: {}", p.pipeline, available);
+  const bool interleaved = kind == schedule::PipelineKind::interleaved;
+  OASES_CHECK(v >= 1, "parallel.virtual_stages = {} must be at least 1", v);
+  OASES_CHECK(v == 1 || interleaved,
+              "parallel.virtual_stages = {} needs parallel.pipeline = \"interleaved\" (found "
+              "\"{}\"); valid: virtual_stages = 1, or pipeline = \"interleaved\"",
+              v, p.pipeline);
+  if (p.pp == 1) {
+    OASES_CHECK(v == 1,
+                "parallel.virtual_stages = {} needs a pipeline to interleave; valid: "
+                "virtual_stages = 1 with parallel.pp = 1, or parallel.pp of 2 or more",
+                v);
+    return;
+  }
+  OASES_CHECK(!interleaved || v >= 2,
+              "parallel.pipeline = \"interleaved\" needs parallel.virtual_stages of 2 or more "
+              "model chunks per rank (found {}); valid: virtual_stages = 2, 3, ..., or pipeline = "
+              "\"1f1b\" for one chunk per rank",
+              v);
+  std::int64_t chunks = 0;
+  OASES_CHECK(!__builtin_mul_overflow(p.pp, v, &chunks) && chunks <= config.model.layers,
+              "parallel.pp x parallel.virtual_stages = {} x {} chunks is more than model.layers "
+              "= {}: each chunk needs at least one layer; valid: virtual_stages up to {}",
+              p.pp, v, config.model.layers, std::max<std::int64_t>(1, config.model.layers / p.pp));
+  if (!interleaved) return;
+  const OptimConfig& t = config.train;
+  std::int64_t micro_dp = 0;
+  if (t.global_batch < 1 || __builtin_mul_overflow(t.micro_batch, p.dp, &micro_dp) ||
+      micro_dp <= 0 || t.global_batch % micro_dp != 0)
+    return;  // the batch arithmetic's own error comes later
+  const std::int64_t micro_batches = t.global_batch / micro_dp;
+  if (micro_batches % p.pp == 0) return;
+  // Interleaved runs micro-batches through each chunk in groups of pp.
+  const std::int64_t group = micro_dp * p.pp;
+  const std::int64_t below = t.global_batch / group * group, above = below + group;
+  OASES_FAIL(
+      "parallel.pipeline = \"interleaved\" needs the micro-batches per step, "
+      "train.global_batch / (train.micro_batch x parallel.dp) = {} / ({} x {}) = {}, to "
+      "be a multiple of parallel.pp = {}; valid: train.global_batch = {}{} (multiples of "
+      "{} x {} x {} = {})",
+      t.global_batch, t.micro_batch, p.dp, micro_batches, p.pp,
+      below > 0 ? fmt::format("{} or ", below) : std::string(), above, t.micro_batch, p.dp, p.pp,
+      group);
+}
+
+}  // namespace
 
 void RunConfig::validate() const {
   model.validate();
@@ -467,14 +552,11 @@ void RunConfig::validate() const {
               p.pp);
   const schedule::PipelineKind pipeline_kind =
       schedule::parse_pipeline_kind(p.pipeline, "parallel.pipeline");
-  OASES_CHECK(pipeline_kind == schedule::PipelineKind::one_f_one_b ||
-                  pipeline_kind == schedule::PipelineKind::gpipe,
-              "parallel.pipeline = \"{}\" is not available yet; valid: \"1f1b\", \"gpipe\"",
-              p.pipeline);
   OASES_CHECK(p.pp <= model.layers,
               "parallel.pp = {} is more than model.layers = {}: each pipeline stage needs at "
               "least one layer; valid: 1 to {}",
               p.pp, model.layers, model.layers);
+  check_pipeline_settings(*this, pipeline_kind);
   model.validate_tensor_parallel(p.tp);
   if (p.plan != "uniform" && p.plan != "auto") {
     // Degrees listed inline are checked here; a plan file when it is read (layer_degrees).
@@ -604,8 +686,11 @@ std::string to_toml(const RunConfig& c) {
                                    {"tie_embeddings", c.model.tied_embeddings()},
                                    {"norm_eps", c.model.norm_epsilon()},
                                    {"rope_theta", c.model.rope_theta}});
-  root.insert("parallel", toml::table{{"tp", c.parallel.tp}, {"dp", c.parallel.dp},
-                                      {"pp", c.parallel.pp}, {"pipeline", c.parallel.pipeline},
+  root.insert("parallel", toml::table{{"tp", c.parallel.tp},
+                                      {"dp", c.parallel.dp},
+                                      {"pp", c.parallel.pp},
+                                      {"pipeline", c.parallel.pipeline},
+                                      {"virtual_stages", c.parallel.virtual_stages},
                                       {"pipeline_layers", c.parallel.pipeline_layers},
                                       {"schedule", c.parallel.schedule},
                                       {"recompute", c.parallel.recompute},

@@ -18,11 +18,15 @@ namespace oases::train {
 
 struct ParallelConfig {
   std::int64_t tp = 1, dp = 1, pp = 1;
-  // Pipeline schedule when pp > 1: "1f1b" or "gpipe" (schedule/pipeline.h; the others are
-  // not available yet).
+  // Pipeline schedule when pp > 1: "1f1b", "gpipe" or "interleaved" (schedule/pipeline.h;
+  // "zero-bubble" and "2bw" are not available yet).
   std::string pipeline = "1f1b";
-  // Transformer layers per pipeline stage: "uniform" (planner::uniform_pipeline_layers) or
-  // one count per stage ("3,4,4,5", summing to model.layers).
+  // Model chunks per pipeline rank, v: 1, or v >= 2 with pipeline = "interleaved", which cuts
+  // the model into C = pp x v chunks (chunk c on rank c % pp) and needs the micro-batches per
+  // step (train.global_batch / (train.micro_batch x dp)) to be a multiple of pp.
+  std::int64_t virtual_stages = 1;
+  // Transformer layers per pipeline chunk: "uniform" (planner::uniform_pipeline_layers) or
+  // one count per chunk, pp x virtual_stages of them ("3,4,4,5", summing to model.layers).
   std::string pipeline_layers = "uniform";
   // "auto": "oases" when tp > 1, else "megatron". See schedule/schedule.h for all of them.
   std::string schedule = "auto";
@@ -106,12 +110,17 @@ struct RunConfig {
 // micro-batches per optimizer step on one data-parallel rank.
 schedule::ScheduleSpec schedule_spec(const RunConfig& config);
 
-// The transformer layers of each pipeline stage (parallel.pp counts, summing to model.layers)
-// that parallel.pipeline_layers gives.
+// The transformer layers of each pipeline chunk in model order (parallel.pp x
+// parallel.virtual_stages counts, summing to model.layers) that parallel.pipeline_layers gives.
 std::vector<int> stage_layer_counts(const RunConfig& config);
 // The layers [first, end) pipeline stage `stage` holds: {0, -1} (the whole model, as
-// model::ModelOptions spells it) when parallel.pp = 1.
+// model::ModelOptions spells it) when parallel.pp = 1. REQUIRES: parallel.virtual_stages = 1
+// (else stage_layer_ranges).
 std::pair<std::int64_t, std::int64_t> stage_layer_range(const RunConfig& config, int stage);
+// The layers [first, end) of each chunk pipeline stage `stage` holds, in model order: chunks
+// stage, stage + pp, ... ({{0, model.layers}} when parallel.pp = 1).
+std::vector<std::pair<std::int64_t, std::int64_t>> stage_layer_ranges(const RunConfig& config,
+                                                                      int stage);
 
 // The per-layer degrees parallel.plan names: empty for "uniform" (every layer at tp); the
 // listed or planned degrees otherwise. "auto" must have been resolved to a plan file first.

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <tuple>
 
 namespace oases::train {
 
@@ -42,55 +41,9 @@ model::ModelOptions model_options(const RunConfig& config, const schedule::Sched
   o.tp = &tp;
   o.layer_degrees = layer_degrees(config);
   o.tp_subgroup = groups.tp_subgroup;
-  std::tie(o.first_layer, o.end_layer) = stage_layer_range(config, pp.rank());
+  for (const auto& [begin, end] : stage_layer_ranges(config, pp.rank()))
+    o.layer_ranges.push_back({begin, end});
   return o;
-}
-
-// A forward-only step (validation) of pipeline stage `stage` of `stages`: micro-batch after
-// micro-batch, the stage receives its input from the previous stage, runs the micro-batch's
-// forward instructions and sends its output to the next stage. The within-stage generator
-// frees the output of the stage's last segment once it is computed; each Send goes right before
-// the first Free of that segment's sub-batch, while the output is still there. Every stage
-// passes its messages in micro-batch order, so blocking sends and receives cannot deadlock.
-schedule::Schedule forward_only_pipeline(const ops::Program& program,
-                                         const schedule::ScheduleSpec& spec, int stage,
-                                         int stages) {
-  using schedule::Instruction;
-  using schedule::Op;
-  const int last_segment = static_cast<int>(program.segments.size()) - 1;
-  const auto message = [&](Op op, int segment, int mb, int sb, int peer) {
-    Instruction ins{op};
-    ins.payload = schedule::Payload::activation;
-    ins.segment = segment;
-    ins.micro_batch = mb;
-    ins.sub_batch = sb;
-    ins.peer = peer;
-    ins.slot = mb * spec.sub_batches + sb;
-    ins.chunk = stage;
-    return ins;
-  };
-  schedule::Schedule out;
-  for (int mb = 0; mb < spec.micro_batches; ++mb) {
-    if (stage > 0) {
-      for (int sb = 0; sb < spec.sub_batches; ++sb)
-        out.push_back(message(Op::recv, 0, mb, sb, stage - 1));
-    }
-    std::vector<bool> sent(static_cast<std::size_t>(spec.sub_batches), stage == stages - 1);
-    for (Instruction ins : schedule::micro_batch_forward(program, spec, mb)) {
-      const auto sb = static_cast<std::size_t>(ins.sub_batch);
-      if (ins.op == Op::free && ins.segment == last_segment && !sent[sb]) {
-        out.push_back(message(Op::send, last_segment, mb, ins.sub_batch, stage + 1));
-        sent[sb] = true;
-      }
-      ins.chunk = stage;
-      out.push_back(ins);
-    }
-    for (int sb = 0; sb < spec.sub_batches; ++sb) {
-      if (!sent[static_cast<std::size_t>(sb)])
-        out.push_back(message(Op::send, last_segment, mb, sb, stage + 1));
-    }
-  }
-  return out;
 }
 
 optim::OptimizerConfig optimizer_config(const OptimConfig& t) {
@@ -132,11 +85,15 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
               config.parallel.pp);
   if (pp_->size() > 1) {
     executor_.set_point_to_point(pp_);
-    const auto first = stage_layer_range(config, 0), last = stage_layer_range(config, pp_->size() - 1);
-    const model::ParamLayout first_stage = model::model_param_layout(
-        config.model, tp_->rank(), tp_->size(), layer_degrees(config), first.first, first.second);
-    const model::ParamLayout last_stage = model::model_param_layout(
-        config.model, tp_->rank(), tp_->size(), layer_degrees(config), last.first, last.second);
+    const auto layout_of_stage = [&](int stage) {
+      std::vector<model::LayerRange> ranges;
+      for (const auto& [begin, end] : stage_layer_ranges(config, stage))
+        ranges.push_back({begin, end});
+      return model::model_param_layout(config.model, tp_->rank(), tp_->size(),
+                                       layer_degrees(config), ranges);
+    };
+    const model::ParamLayout first_stage = layout_of_stage(0);
+    const model::ParamLayout last_stage = layout_of_stage(pp_->size() - 1);
     for (const auto& p : first_stage.params()) {
       for (const auto& q : last_stage.params())
         if (p.name == q.name) tied_params_.push_back(p.name);
@@ -153,16 +110,18 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
   spec.training = training;
   schedule::Schedule schedule;
   if (pp_->size() > 1) {
-    if (!training) {
-      schedule = forward_only_pipeline(model_.program(), spec, pp_->rank(), pp_->size());
-      schedule::verify_schedule(model_.program(), spec, schedule);
-      return schedules_.emplace(key, std::move(schedule)).first->second;
+    const auto virtual_stages = static_cast<int>(config_.parallel.virtual_stages);
+    if (training) {
+      schedule::PipelineSpec pipeline;
+      pipeline.kind = schedule::parse_pipeline_kind(config_.parallel.pipeline, "parallel.pipeline");
+      pipeline.stages = pp_->size();
+      pipeline.virtual_stages = virtual_stages;
+      pipeline.micro_batches = spec.micro_batches;
+      schedule = schedule::lower_pipeline(model_.program(), spec, pipeline, pp_->rank());
+    } else {
+      schedule = schedule::lower_forward_only_pipeline(model_.program(), spec, pp_->size(),
+                                                       virtual_stages, pp_->rank());
     }
-    schedule::PipelineSpec pipeline;
-    pipeline.kind = schedule::parse_pipeline_kind(config_.parallel.pipeline, "parallel.pipeline");
-    pipeline.stages = pp_->size();
-    pipeline.micro_batches = spec.micro_batches;
-    schedule = schedule::lower_pipeline(model_.program(), spec, pipeline, pp_->rank());
   } else {
     schedule = schedule::generate(model_.program(), spec);
   }

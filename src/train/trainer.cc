@@ -402,19 +402,26 @@ std::vector<double> stage_activation_bytes(TrainingEngine& engine, comm::Mesh& m
   return bytes;
 }
 
-// "stage 0: layers 0-1 + embedding, peak activations 3.2 MiB | stage 1: layers 2-3 + head, ..."
+// "stage 0: layers 0-1 + embedding, peak activations 3.2 MiB | stage 1: layers 2-3 + head, ...";
+// with several chunks per rank (interleaved) a stage lists its chunks' layers, "layers 0, 4-5".
 std::string describe_stages(const RunConfig& config, const std::vector<double>& activation_bytes) {
   const std::vector<int> counts = stage_layer_counts(config);
-  std::string text;
+  const std::size_t stages = activation_bytes.size();
+  std::vector<std::string> layers(stages);
   int first = 0;
-  for (std::size_t s = 0; s < counts.size(); ++s) {
-    const int last = first + counts[s] - 1;
-    text += fmt::format("{}stage {}: layer{} {}{}{}, peak activations {:.1f} MiB", s ? " | " : "",
-                        s, counts[s] > 1 ? "s" : "",
-                        counts[s] > 1 ? fmt::format("{}-{}", first, last) : std::to_string(first),
-                        s == 0 ? " + embedding" : "", s + 1 == counts.size() ? " + head" : "",
-                        activation_bytes.at(s) / (1 << 20));
+  for (std::size_t c = 0; c < counts.size(); ++c) {
+    const int last = first + counts[c] - 1;
+    std::string& text = layers[c % stages];
+    text += fmt::format("{}{}", text.empty() ? "" : ", ",
+                        counts[c] > 1 ? fmt::format("{}-{}", first, last) : std::to_string(first));
     first = last + 1;
+  }
+  std::string text;
+  for (std::size_t s = 0; s < stages; ++s) {
+    const bool several = counts.size() > stages || counts[s] > 1;
+    text += fmt::format("{}stage {}: layer{} {}{}{}, peak activations {:.1f} MiB", s ? " | " : "",
+                        s, several ? "s" : "", layers[s], s == 0 ? " + embedding" : "",
+                        s + 1 == stages ? " + head" : "", activation_bytes[s] / (1 << 20));
   }
   return text;
 }
@@ -434,9 +441,14 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
     log_info("parallel: {} ranks = tp {} x dp {} x pp {}", mesh.world_size(), mesh.tp_size(),
              mesh.dp_size(), mesh.pp_size());
   if (mesh.pp_size() > 1) {
-    log_info("pipeline: {} over {} stages, transformer layers per stage {}",
-             config.parallel.pipeline, mesh.pp_size(),
-             planner::format_pipeline_layers(stage_layer_counts(config)));
+    if (config.parallel.virtual_stages > 1)
+      log_info("pipeline: {} over {} stages x {} chunks each, transformer layers per chunk {}",
+               config.parallel.pipeline, mesh.pp_size(), config.parallel.virtual_stages,
+               planner::format_pipeline_layers(stage_layer_counts(config)));
+    else
+      log_info("pipeline: {} over {} stages, transformer layers per stage {}",
+               config.parallel.pipeline, mesh.pp_size(),
+               planner::format_pipeline_layers(stage_layer_counts(config)));
     log_info("pipeline stages: {}", describe_stages(config, stage_activations));
   }
   if (config.parallel.plan != "uniform") {

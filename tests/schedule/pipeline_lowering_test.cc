@@ -1,7 +1,9 @@
-// Pipeline lowering: the stage programs of small GPT and LLaMA models cut into P stages, lowered
-// for GPipe and 1F1B under several within-stage schedules; every rank's schedule verifies alone,
-// the ranks' messages pair up and cannot deadlock under blocking Send/Recv, each rank computes
-// in its pipeline order, and 1F1B keeps less than GPipe on the first rank.
+// Pipeline lowering: the stage programs of small GPT and LLaMA models cut into P stages (or
+// P x v chunks, v per rank, for the interleaved pipeline), lowered for GPipe, 1F1B and
+// interleaved 1F1B under several within-stage schedules, and for forward-only steps; every
+// rank's schedule verifies alone, the ranks' messages pair up and cannot deadlock under blocking
+// Send/Recv, each rank computes in its pipeline order, and 1F1B keeps less than GPipe on the
+// first rank.
 #include "schedule/pipeline_lowering.h"
 
 #include "comm/communicator.h"
@@ -11,7 +13,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
+#include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -44,6 +49,25 @@ std::vector<ops::Program> stage_programs(const std::string& arch, int stages, in
     o.tp = &tp;
     o.first_layer = s * layers / stages;
     o.end_layer = (s + 1) * layers / stages;
+    out.push_back(model::Model(config_of(arch, layers), o).program());
+  }
+  return out;
+}
+
+// The programs of the P ranks of an interleaved pipeline over P x v chunks of a model of
+// P v + 1 layers (the last chunk holds two): rank r builds chunks r, r + P, ... in one model.
+std::vector<ops::Program> interleaved_programs(const std::string& arch, int stages,
+                                               int virtual_stages, int sub_batches) {
+  comm::SelfCommunicator tp;
+  const int chunks = stages * virtual_stages, layers = chunks + 1;
+  std::vector<ops::Program> out;
+  for (int r = 0; r < stages; ++r) {
+    model::ModelOptions o;
+    o.micro_batch = 2;
+    o.sub_batches = sub_batches;
+    o.tp = &tp;
+    for (int c = r; c < chunks; c += stages)
+      o.layer_ranges.push_back({c * layers / chunks, (c + 1) * layers / chunks});
     out.push_back(model::Model(config_of(arch, layers), o).program());
   }
   return out;
@@ -128,6 +152,128 @@ TEST(PipelineLowering, EveryRankVerifiesFollowsItsOrderAndTheMessagesCannotDeadl
     }
   }
   EXPECT_EQ(lowered, 2 * 3 * 4 * 2 * 3);
+}
+
+// The compute actions of a schedule whose rank holds several chunks: a forward starts with
+// Forward of the chunk's first segment on sub-batch 0, a backward with the first backward stage
+// of its last segment; the chunk is the one the instruction names.
+std::vector<PipelineAction> chunk_actions_of(const ops::Program& program, const Schedule& schedule) {
+  const std::vector<SegmentRange> chunks = chunk_segment_ranges(program);
+  std::vector<PipelineAction> out;
+  for (const Instruction& ins : schedule) {
+    if (ins.sub_batch != 0 || (ins.op != Op::forward && ins.op != Op::backward)) continue;
+    for (const SegmentRange& range : chunks) {
+      if (ins.op == Op::forward && ins.segment == range.begin)
+        out.push_back({PipelineAction::forward, ins.chunk, ins.micro_batch});
+      if (ins.op == Op::backward && ins.segment == range.end - 1 && ins.stage == 0)
+        out.push_back({PipelineAction::backward, ins.chunk, ins.micro_batch});
+    }
+  }
+  return out;
+}
+
+TEST(PipelineLowering, InterleavedRanksVerifyFollowTheirOrderAndTheMessagesCannotDeadlock) {
+  int lowered = 0;
+  for (const std::string arch : {"gpt", "llama"}) {
+    for (int stages : {2, 3, 4}) {
+      for (int v : {2, 4}) {
+        // Built once per number of sub-batches: building a model costs more than lowering.
+        std::map<int, std::vector<ops::Program>> programs_of;
+        for (int sub_batches : {1, 2})
+          programs_of[sub_batches] = interleaved_programs(arch, stages, v, sub_batches);
+        for (const WithinStage& w : kWithinStage) {
+          const std::vector<ops::Program>& programs = programs_of.at(w.sub_batches);
+          for (int m : {stages, 2 * stages}) {
+            const std::string what = fmt::format("{} P={} v={} m={} within {}/{} sb={}", arch,
+                                                 stages, v, m, name(w.kind), name(w.recompute),
+                                                 w.sub_batches);
+            PipelineSpec pipeline = pipeline_spec(PipelineKind::interleaved, stages, m);
+            pipeline.virtual_stages = v;
+            const ScheduleSpec spec = within_spec(w, m);
+            const PipelineOrders orders = pipeline_orders(pipeline);
+            std::vector<Schedule> group;
+            for (int rank = 0; rank < stages; ++rank) {
+              const ops::Program& program = programs[static_cast<std::size_t>(rank)];
+              ASSERT_EQ(chunk_segment_ranges(program).size(), static_cast<std::size_t>(v)) << what;
+              group.push_back(lower_pipeline(program, spec, pipeline, rank));
+              const Schedule& mine = group.back();
+              EXPECT_NO_THROW(verify_schedule(program, spec, mine)) << what << " rank " << rank;
+              EXPECT_EQ(chunk_actions_of(program, mine), orders[static_cast<std::size_t>(rank)])
+                  << what << " rank " << rank;
+              // Every chunk boundary of the rank carries one message per (mb, sb) each way: a
+              // chunk receives unless it is chunk 0 and sends unless it is the last, both ways.
+              int sends = 0, recvs = 0;
+              std::set<std::tuple<Payload, int>> slots;
+              for (const Instruction& ins : mine) {
+                EXPECT_EQ(ins.chunk % stages, rank) << what << " " << to_string(ins);
+                if (ins.op == Op::send) {
+                  ++sends;
+                  EXPECT_TRUE(slots.insert({ins.payload, ins.slot}).second)
+                      << what << " slot reused: " << to_string(ins);
+                  const int next = ins.payload == Payload::activation ? rank + 1 : rank - 1;
+                  EXPECT_EQ(ins.peer, (next + stages) % stages) << what << " " << to_string(ins);
+                  EXPECT_EQ(ins.slot, ((ins.chunk / stages) * m + ins.micro_batch) * w.sub_batches +
+                                          ins.sub_batch)
+                      << what << " " << to_string(ins);
+                }
+                recvs += ins.op == Op::recv;
+              }
+              const int boundaries = (v - (rank == 0)) + (v - (rank == stages - 1));
+              EXPECT_EQ(sends, boundaries * m * w.sub_batches) << what << " rank " << rank;
+              EXPECT_EQ(recvs, boundaries * m * w.sub_batches) << what << " rank " << rank;
+            }
+            EXPECT_NO_THROW(verify_point_to_point(group)) << what;
+            ++lowered;
+          }
+          // Forward-only steps (validation) of any number of micro-batches.
+          for (int m : {1, stages + 1}) {
+            const std::string what = fmt::format("forward-only {} P={} v={} m={} sb={}", arch,
+                                                 stages, v, m, w.sub_batches);
+            ScheduleSpec spec = within_spec(w, m);
+            spec.training = false;
+            std::vector<Schedule> group;
+            for (int rank = 0; rank < stages; ++rank) {
+              const ops::Program& program = programs[static_cast<std::size_t>(rank)];
+              group.push_back(lower_forward_only_pipeline(program, spec, stages, v, rank));
+              EXPECT_NO_THROW(verify_schedule(program, spec, group.back())) << what << " rank " << rank;
+              int forwards = 0;
+              for (const Instruction& ins : group.back())
+                forwards += ins.op == Op::forward && ins.sub_batch == 0;
+              EXPECT_EQ(forwards, static_cast<int>(program.segments.size()) * m) << what;
+            }
+            EXPECT_NO_THROW(verify_point_to_point(group)) << what;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(lowered, 2 * 3 * 2 * 4 * 2);
+}
+
+// A range over a whole program of one chunk gives what the plain parts give; over a later chunk
+// it names that chunk's segments, generated as its own program.
+TEST(PipelineLowering, SegmentRangePartsAreThePartsOfTheChunkAlone) {
+  const std::vector<ops::Program> programs = interleaved_programs("gpt", 2, 2, 2);
+  const ops::Program& program = programs[1];
+  const std::vector<SegmentRange> chunks = chunk_segment_ranges(program);
+  ASSERT_EQ(chunks.size(), 2u);
+  ops::Program second;
+  second.segments.assign(program.segments.begin() + chunks[1].begin, program.segments.end());
+  for (bool training : {true, false}) {
+    const ScheduleSpec spec{ScheduleKind::oases, Recompute::fine_grained, 2, 2, training};
+    Schedule expected = micro_batch_forward(second, spec, 1);
+    for (Instruction& ins : expected) ins.segment += chunks[1].begin;
+    EXPECT_EQ(to_string(micro_batch_forward(program, spec, 1, chunks[1])), to_string(expected));
+    if (!training) continue;
+    expected = micro_batch_backward(second, spec, 1);
+    for (Instruction& ins : expected) ins.segment += chunks[1].begin;
+    EXPECT_EQ(to_string(micro_batch_backward(program, spec, 1, chunks[1])), to_string(expected));
+  }
+  const ops::Program whole = stage_programs("gpt", 1, 1).front();
+  const ScheduleSpec spec{ScheduleKind::megatron, Recompute::selective, 2, 1, true};
+  const SegmentRange all{0, static_cast<int>(whole.segments.size())};
+  EXPECT_EQ(to_string(micro_batch_forward(whole, spec, 1, all)), to_string(micro_batch_forward(whole, spec, 1)));
+  EXPECT_EQ(to_string(micro_batch_backward(whole, spec, 1, all)), to_string(micro_batch_backward(whole, spec, 1)));
 }
 
 // Messages of (mb, sb) use slot mb * sub_batches + sb, and a gradient message leaves right after
@@ -215,16 +361,25 @@ TEST(PipelineLowering, RejectsWhatItCannotLowerNamingTheSetting) {
   PipelineSpec zero_bubble = pipeline_spec(PipelineKind::zero_bubble, 2, 4);
   EXPECT_NE(message_of(zero_bubble, spec, 0).find("parallel.pipeline = \"zero-bubble\" is not lowered"),
             std::string::npos);
-  PipelineSpec interleaved = pipeline_spec(PipelineKind::interleaved, 2, 4);
+  // Interleaved runs micro-batches in groups of P.
+  const std::vector<ops::Program> interleaved_programs_of = interleaved_programs("gpt", 2, 2, 1);
+  PipelineSpec interleaved = pipeline_spec(PipelineKind::interleaved, 2, 3);
   interleaved.virtual_stages = 2;
-  EXPECT_NE(message_of(interleaved, spec, 0).find("not lowered to instructions yet"),
-            std::string::npos);
+  ScheduleSpec three = spec;
+  three.micro_batches = 3;
+  try {
+    lower_pipeline(interleaved_programs_of[0], three, interleaved, 0);
+    ADD_FAILURE() << "3 micro-batches over 2 ranks lowered";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("a multiple of 2"), std::string::npos) << e.what();
+  }
   EXPECT_NE(message_of(pipeline_spec(PipelineKind::gpipe, 2, 3), spec, 0).find("runs 4 micro-batches"),
             std::string::npos);
+  // A forward-only step is the forward-only pipeline, whatever the kind.
   ScheduleSpec evaluation = spec;
   evaluation.training = false;
-  EXPECT_NE(message_of(pipeline_spec(PipelineKind::gpipe, 2, 4), evaluation, 1).find("forward-only"),
-            std::string::npos);
+  EXPECT_EQ(to_string(lower_pipeline(programs[1], evaluation, pipeline_spec(PipelineKind::gpipe, 2, 7), 1)),
+            to_string(lower_forward_only_pipeline(programs[1], evaluation, 2, 1, 1)));
   EXPECT_NE(message_of(pipeline_spec(PipelineKind::gpipe, 2, 4), spec, 2).find("pipeline rank 2"),
             std::string::npos);
   ScheduleSpec sub_batched = spec;

@@ -87,9 +87,9 @@ TEST(RunConfig, PipelineSettingsParseRoundTripAndNameTheirErrors) {
             std::string::npos);
   EXPECT_NE(error_of("[parallel]\npipeline = \"zigzag\"\n").find("parallel.pipeline = \"zigzag\" is not a known pipeline schedule; valid: "),
             std::string::npos);
-  for (const std::string kind : {"interleaved", "zero-bubble", "2bw"})
+  for (const std::string kind : {"zero-bubble", "2bw"})
     EXPECT_NE(error_of("[parallel]\npp = 2\npipeline = \"" + kind + "\"\n")
-                  .find("parallel.pipeline = \"" + kind + "\" is not available yet; valid: \"1f1b\", \"gpipe\""),
+                  .find("parallel.pipeline = \"" + kind + "\" is not available yet; valid: \"1f1b\", \"gpipe\", \"interleaved\""),
               std::string::npos) << kind;
   // Explicit per-layer degrees run under a pipeline; the planner ("auto") does not plan stages.
   EXPECT_EQ(parse_run_config("[parallel]\npp = 2\ntp = 2\nplan = \"1,2,2,2\"\n", "t").parallel.plan,
@@ -99,6 +99,73 @@ TEST(RunConfig, PipelineSettingsParseRoundTripAndNameTheirErrors) {
                       "pipeline stages yet; valid: parallel.plan = \"uniform\", explicit degrees "
                       "per layer (e.g. \"2,2,2,2\")"),
             std::string::npos);
+}
+
+// parallel.virtual_stages = v cuts the model into pp x v chunks; rank r holds chunks r, r + pp, ...
+TEST(RunConfig, InterleavedPipelineSettingsParseRoundTripAndGiveEachRankItsChunks) {
+  const std::string interleaved =
+      "[model]\nlayers = 9\n[parallel]\npp = 2\npipeline = \"interleaved\"\n"
+      "[train]\nmicro_batch = 1\nglobal_batch = 4\n";
+  const RunConfig a = parse_run_config(interleaved, "t", {"parallel.virtual_stages=2"});
+  EXPECT_EQ(a.parallel.virtual_stages, 2);
+  // Uniform over 4 chunks: the extra layer goes to the last chunk.
+  EXPECT_EQ(stage_layer_counts(a), (std::vector<int>{2, 2, 2, 3}));
+  using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  EXPECT_EQ(stage_layer_ranges(a, 0), (Ranges{{0, 2}, {4, 6}}));
+  EXPECT_EQ(stage_layer_ranges(a, 1), (Ranges{{2, 4}, {6, 9}}));
+  const RunConfig b = parse_run_config(to_toml(a), "round trip");
+  EXPECT_EQ(b.parallel.virtual_stages, 2);
+  EXPECT_EQ(to_toml(a), to_toml(b));
+  // Explicit counts, one per chunk.
+  const RunConfig c = parse_run_config(interleaved, "t",
+                                       {"parallel.virtual_stages=2", "parallel.pipeline_layers=1,3,4,1"});
+  EXPECT_EQ(stage_layer_ranges(c, 0), (Ranges{{0, 1}, {4, 8}}));
+  EXPECT_EQ(stage_layer_ranges(c, 1), (Ranges{{1, 4}, {8, 9}}));
+  // Without a pipeline, one range of every layer; with one chunk per rank, the stage's range.
+  EXPECT_EQ(stage_layer_ranges(parse_run_config("[model]\nlayers = 3\n", "t"), 0), (Ranges{{0, 3}}));
+  const RunConfig one = parse_run_config("[model]\nlayers = 5\n[parallel]\npp = 2\n", "t");
+  EXPECT_EQ(stage_layer_ranges(one, 1), (Ranges{{2, 5}}));
+  EXPECT_EQ(one.parallel.virtual_stages, 1);
+}
+
+TEST(RunConfig, BadInterleavedSettingsNameTheSettingTheValueAndWhatIsValid) {
+  const std::string base = "[model]\nlayers = 8\n[parallel]\npp = 2\n[train]\nmicro_batch = 2\n";
+  // virtual_stages > 1 needs the interleaved pipeline.
+  std::string e = error_of(base, {"parallel.virtual_stages=2", "train.global_batch=8"});
+  EXPECT_NE(e.find("parallel.virtual_stages = 2 needs parallel.pipeline = \"interleaved\" (found "
+                   "\"1f1b\")"),
+            std::string::npos) << e;
+  // interleaved needs virtual_stages >= 2.
+  e = error_of(base, {"parallel.pipeline=interleaved", "train.global_batch=8"});
+  EXPECT_NE(e.find("parallel.pipeline = \"interleaved\" needs parallel.virtual_stages of 2 or more "
+                   "model chunks per rank (found 1)"),
+            std::string::npos) << e;
+  // No pipeline to interleave.
+  e = error_of("[parallel]\nvirtual_stages = 2\npipeline = \"interleaved\"\n");
+  EXPECT_NE(e.find("parallel.virtual_stages = 2 needs a pipeline"), std::string::npos) << e;
+  EXPECT_NE(e.find("parallel.pp of 2 or more"), std::string::npos) << e;
+  // 3 micro-batches per step (6 / (2 x 1)) over 2 ranks: the nearest valid batches are 4 and 8.
+  e = error_of(base, {"parallel.pipeline=interleaved", "parallel.virtual_stages=2",
+                      "train.global_batch=6"});
+  EXPECT_NE(e.find("train.global_batch / (train.micro_batch x parallel.dp) = 6 / (2 x 1) = 3, to "
+                   "be a multiple of parallel.pp = 2; valid: train.global_batch = 4 or 8"),
+            std::string::npos) << e;
+  // Explicit counts name the number of chunks, pp x virtual_stages.
+  e = error_of(base, {"parallel.pipeline=interleaved", "parallel.virtual_stages=2",
+                      "train.global_batch=8", "parallel.pipeline_layers=4,4"});
+  EXPECT_NE(e.find("parallel.pipeline_layers = \"4,4\" has 2 counts but parallel.pp x "
+                   "parallel.virtual_stages = 4 chunks"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("2,2,2,2"), std::string::npos) << e;  // the valid uniform split
+  // More chunks than layers.
+  e = error_of(base, {"parallel.pipeline=interleaved", "parallel.virtual_stages=5",
+                      "train.global_batch=8"});
+  EXPECT_NE(e.find("parallel.pp x parallel.virtual_stages = 2 x 5 chunks is more than model.layers "
+                   "= 8"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("virtual_stages up to 4"), std::string::npos) << e;
+  e = error_of(base, {"parallel.virtual_stages=0"});
+  EXPECT_NE(e.find("parallel.virtual_stages = 0 must be at least 1"), std::string::npos) << e;
 }
 
 TEST(RunConfig, RoundTripsThroughToml) {
