@@ -20,6 +20,9 @@ namespace oases::ops {
 // Besides the schedule's sets, a segment that starts a pipeline stage keeps the activation it
 // received under this key until its Forward has consumed it.
 inline constexpr std::uint8_t kReceivedInput = 16;
+// An input-only backward (SegmentShape::has_weight_part) stashes the output gradients its
+// deferred weight-gradient GEMMs need under this key until the instance's weight part runs.
+inline constexpr std::uint8_t kDeferredGradients = 32;
 
 struct ActivationKey {
   int segment = 0;

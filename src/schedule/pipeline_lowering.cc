@@ -35,10 +35,11 @@ struct Event {
 std::vector<Message> messages_of(const PipelineSpec& spec, int rank, const PipelineAction& action,
                                  int sub_batches, bool needs) {
   const bool forward = action.kind == PipelineAction::forward;
-  // A forward receives from the previous rank and sends to the next; a backward the reverse.
+  // A forward receives from the previous rank and sends to the next; a backward (or its input
+  // part) the reverse. A weight part talks to nobody.
   const int peer = (forward == needs) ? rank - 1 : rank + 1;
   std::vector<Message> out;
-  if (peer < 0 || peer >= spec.stages) return out;
+  if (peer < 0 || peer >= spec.stages || action.kind == PipelineAction::backward_weight) return out;
   for (int sb = 0; sb < sub_batches; ++sb) {
     Message m;
     m.payload = forward ? Payload::activation : Payload::gradient;
@@ -138,15 +139,31 @@ Instruction message_instruction(const Event& event, int rank, int last_segment,
   return ins;
 }
 
+// The compute instructions of one action of this rank (every sub-batch).
+Schedule action_instructions(const ops::Program& program, const ScheduleSpec& within_stage,
+                             const PipelineAction& action) {
+  const int mb = action.micro_batch;
+  switch (action.kind) {
+    case PipelineAction::forward: return micro_batch_forward(program, within_stage, mb);
+    case PipelineAction::backward: return micro_batch_backward(program, within_stage, mb);
+    case PipelineAction::backward_input: return micro_batch_backward_input(program, within_stage, mb);
+    case PipelineAction::backward_weight:
+      return micro_batch_backward_weight(program, within_stage, mb);
+  }
+  OASES_ASSERT(false, "unknown pipeline action {}", to_string(action));
+  __builtin_unreachable();
+}
+
 }  // namespace
 
 Schedule lower_pipeline(const ops::Program& stage_program, const ScheduleSpec& within_stage,
                         const PipelineSpec& pipeline, int rank) {
   check_pipeline_spec(pipeline);
   check_spec(within_stage);
-  OASES_CHECK(pipeline.kind == PipelineKind::gpipe || pipeline.kind == PipelineKind::one_f_one_b,
+  OASES_CHECK(pipeline.kind == PipelineKind::gpipe || pipeline.kind == PipelineKind::one_f_one_b ||
+                  pipeline.kind == PipelineKind::zero_bubble,
               "parallel.pipeline = \"{}\" is not lowered to instructions yet; valid: \"gpipe\", "
-              "\"1f1b\"",
+              "\"1f1b\", \"zero-bubble\"",
               name(pipeline.kind));
   OASES_CHECK(within_stage.training,
               "forward-only pipeline steps (evaluation, generation) are not lowered to "
@@ -177,10 +194,7 @@ Schedule lower_pipeline(const ops::Program& stage_program, const ScheduleSpec& w
       out.push_back(message_instruction(event, rank, last_segment, within_stage.sub_batches));
       continue;
     }
-    const int mb = event.action.micro_batch;
-    const Schedule part = event.action.kind == PipelineAction::forward
-                              ? micro_batch_forward(stage_program, within_stage, mb)
-                              : micro_batch_backward(stage_program, within_stage, mb);
+    const Schedule part = action_instructions(stage_program, within_stage, event.action);
     out.insert(out.end(), part.begin(), part.end());
   }
   append_gradient_reductions(stage_program, out);

@@ -6,8 +6,12 @@
 // forward instructions and B(chunk r, mb) its backward instructions, each over all sub-batches,
 // interleaved phase by phase as the within-stage generator interleaves them
 // (micro_batch_forward / micro_batch_backward); recomputation and frees are the within-stage
-// policy's. After the last action each bucket's ReduceGrads follows the last backward stage that
-// makes it final, and OptimizerStep ends the list. Every instruction names chunk r.
+// policy's. Zero-bubble's I(chunk r, mb) becomes the backward run input-only
+// (micro_batch_backward_input: what the previous chunk waits for; its gradient Sends follow it)
+// and W(chunk r, mb) the deferred weight parts of every segment and sub-batch, with the Frees of
+// the sets they read (micro_batch_backward_weight). After the last action each bucket's
+// ReduceGrads follows the last backward stage or weight part that makes it final, and
+// OptimizerStep ends the list. Every instruction names chunk r.
 //
 // Messages (v = 1: rank r holds chunk r; peers are ranks of the point-to-point group):
 //   F on r > 0       Recv(activation, segment 0 (input_from_peer), mb, sb) from r - 1
@@ -34,10 +38,8 @@
 // traces. (The executor stages sends per slot, so a step holds one send buffer per
 // micro-batch and sub-batch at each cut.)
 //
-// Not lowered yet (UserError "not lowered yet"): interleaved (v > 1) and zero-bubble. A
-// segment's backward stages are cut at its backward collective, not into an input-gradient part
-// and a weight-gradient part, so the zero-bubble split into I and W cannot be expressed; nor are
-// forward-only (evaluation) steps, where the stage's output is freed as soon as it is computed.
+// Not lowered yet (UserError "not lowered yet"): interleaved (v > 1), and forward-only
+// (evaluation) steps, where the stage's output is freed as soon as it is computed.
 #pragma once
 
 #include "ops/program.h"

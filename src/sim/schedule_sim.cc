@@ -135,6 +135,7 @@ class RankRun {
       case Op::forward:
       case Op::recompute:
       case Op::backward:
+      case Op::backward_weight:
         result_.compute_seconds += lanes_.compute(costs_.compute(ins));
         break;
       case Op::start: {

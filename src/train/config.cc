@@ -464,8 +464,10 @@ void RunConfig::validate() const {
   const schedule::PipelineKind pipeline_kind =
       schedule::parse_pipeline_kind(p.pipeline, "parallel.pipeline");
   OASES_CHECK(pipeline_kind == schedule::PipelineKind::one_f_one_b ||
-                  pipeline_kind == schedule::PipelineKind::gpipe,
-              "parallel.pipeline = \"{}\" is not available yet; valid: \"1f1b\", \"gpipe\"",
+                  pipeline_kind == schedule::PipelineKind::gpipe ||
+                  pipeline_kind == schedule::PipelineKind::zero_bubble,
+              "parallel.pipeline = \"{}\" is not available yet; valid: \"1f1b\", \"gpipe\", "
+              "\"zero-bubble\"",
               p.pipeline);
   OASES_CHECK(p.pp <= model.layers,
               "parallel.pp = {} is more than model.layers = {}: each pipeline stage needs at "
