@@ -41,6 +41,12 @@
 // schedule must not deadlock even if every Send and Recv blocks until its partner arrives
 // (rendezvous), the strictest semantics an executor may give them. schedule/pipeline_lowering.h
 // lowers pipeline orders to schedules with messages.
+//
+// Zero-bubble pipelines split a backward pass: Backward(input_only) runs a segment's stages
+// without the weight gradients it can defer (ops::SegmentShape::has_weight_part), which is all
+// the previous segment and the previous chunk wait for; BackwardWeight runs them later, once
+// per instance. The sets it reads stay live until then and its stashed output gradients count
+// as activations; gradient buckets become final only after their weight parts.
 #pragma once
 
 #include "ops/program.h"
