@@ -1,8 +1,8 @@
 // Schedule simulator: runs a Schedule on a cost model instead of devices, with the executor's
-// semantics. One compute lane runs Forward, Recompute, Backward and BackwardWeight back to back; the
-// tensor-parallel collectives run on a communication lane in issue order (a collective begins
-// when it is issued and the ones before it are done), so Start never blocks and Wait holds the
-// compute lane until that collective ends. Data-parallel gradient reductions run on a lane of
+// semantics. One compute lane runs Forward, Recompute, Backward and BackwardWeight back to
+// back; the tensor-parallel collectives run on a communication lane in issue order (a
+// collective begins when it is issued and the ones before it are done), so Start never blocks
+// and Wait holds the compute lane until that collective ends. Data-parallel gradient reductions run on a lane of
 // their own and the optimizer step waits for all of them.
 //
 // Lanes running at once slow each other, as they do on shared hardware: compute runs at

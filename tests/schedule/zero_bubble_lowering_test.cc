@@ -62,10 +62,11 @@ PipelineSpec zero_bubble(int stages, int micro_batches) {
   return p;
 }
 
-// Whole micro-batches under megatron, or two sub-batches under oases.
-ScheduleSpec within_spec(int sub_batches, int micro_batches) {
-  if (sub_batches == 1)
-    return {ScheduleKind::megatron, Recompute::none, micro_batches, 1, true};
+// Whole micro-batches under megatron (without recomputation, or with whole layers recomputed),
+// or two sub-batches under oases.
+ScheduleSpec within_spec(int sub_batches, int micro_batches,
+                         Recompute recompute = Recompute::none) {
+  if (sub_batches == 1) return {ScheduleKind::megatron, recompute, micro_batches, 1, true};
   return {ScheduleKind::oases, Recompute::fine_grained, micro_batches, sub_batches, true};
 }
 
@@ -104,13 +105,15 @@ TEST(ZeroBubbleLowering, EveryRankVerifiesFollowsItsOrderAndTheMessagesCannotDea
   int lowered = 0;
   for (const std::string arch : {"gpt", "llama"}) {
     for (int stages : {2, 3, 4}) {
-      for (int sub_batches : {1, 2}) {
+      for (const auto& [sub_batches, recompute] :
+           {std::pair{1, Recompute::none}, std::pair{1, Recompute::full},
+            std::pair{2, Recompute::fine_grained}}) {
         const std::vector<ops::Program> programs = stage_programs(arch, stages, sub_batches);
         for (int m : {stages, 2 * stages, 4 * stages + 1}) {
-          const std::string what =
-              fmt::format("{} P={} m={} sb={}", arch, stages, m, sub_batches);
+          const std::string what = fmt::format("{} P={} m={} sb={} recompute {}", arch, stages, m,
+                                               sub_batches, name(recompute));
           const PipelineSpec pipeline = zero_bubble(stages, m);
-          const ScheduleSpec spec = within_spec(sub_batches, m);
+          const ScheduleSpec spec = within_spec(sub_batches, m, recompute);
           const PipelineOrders orders = pipeline_orders(pipeline);
           std::vector<Schedule> group;
           for (int rank = 0; rank < stages; ++rank) {
@@ -145,7 +148,7 @@ TEST(ZeroBubbleLowering, EveryRankVerifiesFollowsItsOrderAndTheMessagesCannotDea
       }
     }
   }
-  EXPECT_EQ(lowered, 2 * 3 * 2 * 3);
+  EXPECT_EQ(lowered, 2 * 3 * 3 * 3);
 }
 
 // The vocab-parallel head's head_loss defers the vocabulary GEMM, reading the logits the head
