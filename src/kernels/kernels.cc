@@ -102,7 +102,7 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, WeightL
     using T = decltype(zero);
     cpu::linear_backward<T>(dy.data<T>(), dy.stride(0), x.data<T>(), x.stride(0), w.data<T>(),
                             cpu_layout(layout), ptr<T>(dx), dx.empty() ? in : dx.stride(0),
-                            accumulate_dx, dw.data<T>(), ptr<T>(db), n, in, out);
+                            accumulate_dx, ptr<T>(dw), ptr<T>(db), n, in, out);
   });
 }
 

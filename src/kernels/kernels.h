@@ -35,8 +35,10 @@ void linear_forward(const Tensor& x, const Tensor& w, WeightLayout layout, const
                     const Tensor& y, bool accumulate = false);
 
 // Gradients of linear_forward: dx[n, in] = dy @ W^T (overwritten, or added with
-// accumulate_dx; skipped when dx is empty), dw += x^T @ dy, db += column sums of dy (skipped
-// when empty; formed in double in row order). dy, x and dx may be strided. (cpu/gemm.h)
+// accumulate_dx; skipped when dx is empty), dw += x^T @ dy (skipped when empty), db += column
+// sums of dy (skipped when empty; formed in double in row order). dy, x and dx may be strided.
+// The input gradient (dx alone) and the weight gradient (dw, db) may be formed by two calls,
+// with the same results as one. (cpu/gemm.h)
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, WeightLayout layout,
                      const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db);
 

@@ -24,6 +24,9 @@ inline constexpr std::uint8_t kReceivedInput = 16;
 // until its backward has consumed it: the sub-batch's gradient slot may still hold the gradient
 // the rank has yet to send to the previous stage (an interleaved pipeline's ring).
 inline constexpr std::uint8_t kReceivedGradient = 32;
+// An input-only backward (SegmentShape::has_weight_part) stashes the output gradients its
+// deferred weight-gradient GEMMs need under this key until the instance's weight part runs.
+inline constexpr std::uint8_t kDeferredGradients = 64;
 
 struct ActivationKey {
   int segment = 0;

@@ -331,6 +331,9 @@ class HeadLossSegment final : public Segment {
   SegmentShape shape() const override {
     SegmentShape shape = head_shape(m_, name_);
     shape.reads_sets_of = {head_.id()};
+    // The vocabulary GEMM's weight gradient can wait: it reads the logits' gradient and the
+    // features, which the head keeps anyway.
+    shape.has_weight_part = true;
     return shape;
   }
   void forward(const StepContext& ctx, int mb, int sb) override {
@@ -346,18 +349,30 @@ class HeadLossSegment final : public Segment {
     HeadBody::accumulate_loss(losses, targets, loss_);
   }
   void backward(const StepContext& ctx, int mb, int sb, int) override {
-    OASES_ASSERT(ctx.head_mode == HeadMode::train, "backward needs HeadMode::train");
-    const Tensor block = head_.internals(mb, sb);
-    const HeadSpec& spec = head_.spec();
-    // This rank's vocabulary block contributes a partial d(features); the head's backward
-    // collective sums it.
-    kernels::linear_backward(head_.logits(block), head_.features(block), spec.vocab_weight.value,
-                             kernels::WeightLayout::out_in, m_.slot(Slot::input_grad, sb), false,
-                             spec.vocab_weight.grad, spec.vocab_bias.grad);
+    vocab_backward(ctx, mb, sb, true, true);
+  }
+  void backward_input(const StepContext& ctx, int mb, int sb, int) override {
+    vocab_backward(ctx, mb, sb, true, false);
+  }
+  void backward_weight(const StepContext& ctx, int mb, int sb) override {
+    vocab_backward(ctx, mb, sb, false, true);
   }
 
  private:
   const ModelContext& m_;
+  // This rank's vocabulary block contributes a partial d(features) (`input`; the head's
+  // backward collective sums it) and the gradients of its rows of the weight and bias (`weight`).
+  void vocab_backward(const StepContext& ctx, int mb, int sb, bool input, bool weight) const {
+    OASES_ASSERT(ctx.head_mode == HeadMode::train, "backward needs HeadMode::train");
+    const Tensor block = head_.internals(mb, sb);
+    const HeadSpec& spec = head_.spec();
+    kernels::linear_backward(head_.logits(block), head_.features(block), spec.vocab_weight.value,
+                             kernels::WeightLayout::out_in,
+                             input ? m_.slot(Slot::input_grad, sb) : Tensor(), false,
+                             weight ? spec.vocab_weight.grad : Tensor(),
+                             weight ? spec.vocab_bias.grad : Tensor());
+  }
+
   const VocabParallelHeadSegment& head_;
   LossAccumulator& loss_;
   std::string name_ = "head_loss";

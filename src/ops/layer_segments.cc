@@ -19,8 +19,10 @@ class LayerSegment : public Segment {
         tokens_(spec.at.rows * model.seq_len),
         checkpoint_(model.dtype),
         internals_(model.dtype),
-        core_(model.dtype) {
+        core_(model.dtype),
+        deferred_(model.dtype) {
     const std::int64_t C = model.hidden;
+    stash_output_grad_ = deferred_.add(tokens_ * C);
     residual_ = checkpoint_.add(tokens_ * C);
     epilogue_kept_ = checkpoint_.add(spec.epilogue.kept_elements(tokens_, C));
     if (spec.pre_norm.present()) {
@@ -32,6 +34,12 @@ class LayerSegment : public Segment {
 
   void forward(const StepContext& ctx, int mb, int sb) override {
     run(ctx, mb, sb, kCheckpoint | kInternals | kCore | kOutput);
+  }
+  void backward(const StepContext& ctx, int mb, int sb, int stage) override {
+    run_backward(ctx, mb, sb, stage, false);
+  }
+  void backward_input(const StepContext& ctx, int mb, int sb, int stage) override {
+    run_backward(ctx, mb, sb, stage, true);
   }
   void recompute(const StepContext& ctx, int mb, int sb, TensorSets sets) override {
     run(ctx, mb, sb, sets);
@@ -56,10 +64,37 @@ class LayerSegment : public Segment {
   }
 
  protected:
+  // Which gradients of a GEMM a backward forms: both, the input's, or the weight's.
+  enum class Part { whole, input, weight };
+
   virtual void run(const StepContext& ctx, int mb, int sb, TensorSets parts) = 0;
+  // Stage 0 of the body's backward; with `defer`, without the GEMMs' weight gradients, whose
+  // output gradients go to the stash instead.
+  virtual void backward_body(const StepContext& ctx, int mb, int sb, bool defer) = 0;
+
+  void run_backward(const StepContext& ctx, int mb, int sb, int stage, bool defer) {
+    if (stage == 0) return backward_body(ctx, mb, sb, defer);
+    backward_to_previous(ctx, mb, sb, store().get(key(mb, sb, kCheckpoint)),
+                         store().get(key(mb, sb, kInternals)));
+  }
+  // The stash of an input-only backward: acquired by stage 0, released by the weight part.
+  Tensor acquire_stash(int mb, int sb) {
+    return store().acquire(key(mb, sb, kDeferredGradients), deferred_.dtype(), deferred_.elements());
+  }
+  // The output's gradient, where stage 0 reads it: its slot, or (deferring) its copy in the
+  // stash, which the weight part reads later.
+  Tensor output_grad(int sb, const Tensor& stash) const {
+    const Tensor slot = rows_of(Slot::output_grad, sb);
+    if (stash.empty()) return slot;
+    const Tensor copy = matrix(stash, stash_output_grad_, m_.hidden);
+    kernels::copy(slot, copy);
+    return copy;
+  }
 
   SegmentShape layer_shape(TensorSets sets) const {
     SegmentShape shape;
+    shape.has_weight_part = true;
+    shape.deferred_gradient_bytes = deferred_.bytes();
     shape.name = layer_.name;
     shape.has_forward_collective = shape.has_backward_collective = true;
     shape.backward_stages = 2;
@@ -138,7 +173,10 @@ class LayerSegment : public Segment {
   const ModelContext& m_;
   LayerSpec layer_;
   std::int64_t tokens_;
-  SetLayout checkpoint_, internals_, core_;
+  // deferred_: the stash of an input-only backward (the output gradient, then what the
+  // segment adds).
+  SetLayout checkpoint_, internals_, core_, deferred_;
+  std::int64_t stash_output_grad_ = 0;             // in deferred_
   std::int64_t residual_ = 0, epilogue_kept_ = 0;  // in checkpoint
   std::int64_t norm_out_ = 0, norm_stats_ = 0;     // in internals
 };
@@ -155,39 +193,62 @@ class AttentionSegment final : public LayerSegment {
     qkv_ = internals_.add(tokens_ * a.qkv_width());
     attn_out_ = core_.add(tokens_ * a.out_width());
     lse_ = core_.add(a.lse_elements());
+    stash_d_qkv_ = deferred_.add(tokens_ * a.qkv_width());
   }
   SegmentShape shape() const override { return layer_shape(kCheckpoint | kInternals | kCore); }
 
-  void backward(const StepContext& ctx, int mb, int sb, int stage) override {
+  void backward_weight(const StepContext&, int mb, int sb) override {
+    const CoreAttention& a = spec_.attention;
     const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
     const Tensor internals = store().get(key(mb, sb, kInternals));
-    if (stage == 1) return backward_to_previous(ctx, mb, sb, checkpoint, internals);
+    const Tensor core = store().get(key(mb, sb, kCore));
+    const Tensor stash = store().get(key(mb, sb, kDeferredGradients));
+    spec_.out_proj.backward_weight(matrix(stash, stash_output_grad_, m_.hidden),
+                                   matrix(core, attn_out_, a.out_width()));
+    project_qkv_back(matrix(stash, stash_d_qkv_, a.qkv_width()), body_input(checkpoint, internals),
+                     Tensor(), Part::weight);
+    store().release(key(mb, sb, kDeferredGradients));
+  }
+
+ private:
+  void backward_body(const StepContext&, int mb, int sb, bool defer) override {
+    const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
+    const Tensor internals = store().get(key(mb, sb, kInternals));
     const CoreAttention& a = spec_.attention;
     const Tensor core = store().get(key(mb, sb, kCore));
     const Tensor qkv = matrix(internals, qkv_, a.qkv_width());
     const Tensor attn_out = matrix(core, attn_out_, a.out_width());
+    const Tensor stash = defer ? acquire_stash(mb, sb) : Tensor();
     // The output's gradient is whole on every rank of the group.
+    const Tensor d_output = output_grad(sb, stash);
     const Tensor d_attn = m_.scratch_narrow.view(0, {tokens_, a.out_width()});
-    spec_.out_proj.backward(rows_of(Slot::output_grad, sb), attn_out, d_attn);
-    const Tensor d_qkv = m_.scratch_wide.view(0, {tokens_, a.qkv_width()});
+    if (defer) spec_.out_proj.backward_input(d_output, attn_out, d_attn);
+    else spec_.out_proj.backward(d_output, attn_out, d_attn);
+    const Tensor d_qkv = defer ? matrix(stash, stash_d_qkv_, a.qkv_width())
+                               : m_.scratch_wide.view(0, {tokens_, a.qkv_width()});
     a.backward(d_attn, qkv, attn_out, core.view(lse_, {a.lse_elements()}), d_qkv);
     // This rank's heads contribute a partial gradient of the input; the group sums it.
-    const Tensor x = body_input(checkpoint, internals);
-    const Tensor d_x = rows_of(Slot::input_grad, sb);
-    if (spec_.qkv.size() == 1) {
-      spec_.qkv[0].backward(d_qkv, x, d_x, false);
-    } else {
-      std::int64_t column = 0;
-      for (std::size_t i = 0; i < 3; ++i) {
-        const std::int64_t width = spec_.qkv[i].local_out();
-        spec_.qkv[i].backward(d_qkv.columns(column, column + width), x, d_x, i > 0);
-        column += width;
+    project_qkv_back(d_qkv, body_input(checkpoint, internals), rows_of(Slot::input_grad, sb),
+                     defer ? Part::input : Part::whole);
+  }
+  // The QKV projections' backward from d_qkv [tokens, qkv width] and their input x: d_x (whole,
+  // input), the parameters' gradients (whole, weight).
+  void project_qkv_back(const Tensor& d_qkv, const Tensor& x, const Tensor& d_x, Part part) const {
+    std::int64_t column = 0;
+    for (std::size_t i = 0; i < spec_.qkv.size(); ++i) {
+      const ColumnParallelLinear& projection = spec_.qkv[i];
+      const std::int64_t width = projection.local_out();
+      const Tensor dy = spec_.qkv.size() == 1 ? d_qkv : d_qkv.columns(column, column + width);
+      switch (part) {
+        case Part::whole: projection.backward(dy, x, d_x, i > 0); break;
+        case Part::input: projection.backward_input(dy, x, d_x, i > 0); break;
+        case Part::weight: projection.backward_weight(dy, x); break;
       }
+      column += width;
     }
-    if (!spec_.key_bias_grad.empty()) kernels::zero(spec_.key_bias_grad);
+    if (part != Part::input && !spec_.key_bias_grad.empty()) kernels::zero(spec_.key_bias_grad);
   }
 
- private:
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) override {
     const CoreAttention& a = spec_.attention;
     const Tensor checkpoint = acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_);
@@ -219,6 +280,7 @@ class AttentionSegment final : public LayerSegment {
   AttentionSpec spec_;
   std::int64_t qkv_ = 0;                 // in internals
   std::int64_t attn_out_ = 0, lse_ = 0;  // in core
+  std::int64_t stash_d_qkv_ = 0;         // in deferred_
 };
 
 class MlpSegment final : public LayerSegment {
@@ -229,34 +291,61 @@ class MlpSegment final : public LayerSegment {
                  spec_.up.size());
     pre_ = internals_.add(tokens_ * spec_.activation.input_width());
     act_ = internals_.add(tokens_ * spec_.activation.width());
+    stash_d_pre_ = deferred_.add(tokens_ * spec_.activation.input_width());
   }
   SegmentShape shape() const override { return layer_shape(kCheckpoint | kInternals); }
 
-  void backward(const StepContext& ctx, int mb, int sb, int stage) override {
+  void backward_weight(const StepContext&, int mb, int sb) override {
+    const MlpActivation& act = spec_.activation;
     const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
     const Tensor internals = store().get(key(mb, sb, kInternals));
-    if (stage == 1) return backward_to_previous(ctx, mb, sb, checkpoint, internals);
-    const MlpActivation& act = spec_.activation;
-    const std::int64_t F = act.width(), in_width = act.input_width();
-    const Tensor pre = matrix(internals, pre_, in_width);
-    const Tensor d_act = m_.scratch_wide.view(0, {tokens_, F});
-    spec_.down.backward(rows_of(Slot::output_grad, sb), matrix(internals, act_, F), d_act);
-    // The GeLU forms work in place; SwiGLU writes gate and up gradients beside d(act).
-    const Tensor d_pre = act.kind() == Activation::swiglu
-                             ? m_.scratch_wide.view(tokens_ * F, {tokens_, in_width})
-                             : d_act;
-    act.backward(pre, d_act, d_pre);
-    const Tensor x = body_input(checkpoint, internals);
-    const Tensor d_x = rows_of(Slot::input_grad, sb);
-    if (spec_.up.size() == 1) {
-      spec_.up[0].backward(d_pre, x, d_x, false);
-    } else {
-      spec_.up[0].backward(d_pre.columns(0, F), x, d_x, false);
-      spec_.up[1].backward(d_pre.columns(F, 2 * F), x, d_x, true);
-    }
+    const Tensor stash = store().get(key(mb, sb, kDeferredGradients));
+    spec_.down.backward_weight(matrix(stash, stash_output_grad_, m_.hidden),
+                               matrix(internals, act_, act.width()));
+    project_up_back(matrix(stash, stash_d_pre_, act.input_width()),
+                    body_input(checkpoint, internals), Tensor(), Part::weight);
+    store().release(key(mb, sb, kDeferredGradients));
   }
 
  private:
+  void backward_body(const StepContext&, int mb, int sb, bool defer) override {
+    const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
+    const Tensor internals = store().get(key(mb, sb, kInternals));
+    const MlpActivation& act = spec_.activation;
+    const std::int64_t F = act.width(), in_width = act.input_width();
+    const Tensor pre = matrix(internals, pre_, in_width);
+    const Tensor stash = defer ? acquire_stash(mb, sb) : Tensor();
+    const Tensor d_output = output_grad(sb, stash);
+    const Tensor d_act = m_.scratch_wide.view(0, {tokens_, F});
+    if (defer) spec_.down.backward_input(d_output, matrix(internals, act_, F), d_act);
+    else spec_.down.backward(d_output, matrix(internals, act_, F), d_act);
+    // The GeLU forms work in place; SwiGLU writes gate and up gradients beside d(act). The
+    // stash keeps d(pre) for the weight part.
+    const Tensor d_pre = defer ? matrix(stash, stash_d_pre_, in_width)
+                         : act.kind() == Activation::swiglu
+                             ? m_.scratch_wide.view(tokens_ * F, {tokens_, in_width})
+                             : d_act;
+    act.backward(pre, d_act, d_pre);
+    project_up_back(d_pre, body_input(checkpoint, internals), rows_of(Slot::input_grad, sb),
+                    defer ? Part::input : Part::whole);
+  }
+  // FC1 (or gate and up) backward from d_pre [tokens, input width] and their input x.
+  void project_up_back(const Tensor& d_pre, const Tensor& x, const Tensor& d_x, Part part) const {
+    const std::int64_t F = spec_.activation.width();
+    for (std::size_t i = 0; i < spec_.up.size(); ++i) {
+      const ColumnParallelLinear& projection = spec_.up[i];
+      const Tensor dy = spec_.up.size() == 1
+                            ? d_pre
+                            : d_pre.columns(static_cast<std::int64_t>(i) * F,
+                                            static_cast<std::int64_t>(i + 1) * F);
+      switch (part) {
+        case Part::whole: projection.backward(dy, x, d_x, i > 0); break;
+        case Part::input: projection.backward_input(dy, x, d_x, i > 0); break;
+        case Part::weight: projection.backward_weight(dy, x); break;
+      }
+    }
+  }
+
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) override {
     const MlpActivation& act = spec_.activation;
     const std::int64_t F = act.width();
@@ -281,6 +370,7 @@ class MlpSegment final : public LayerSegment {
 
   MlpSpec spec_;
   std::int64_t pre_ = 0, act_ = 0;  // in internals
+  std::int64_t stash_d_pre_ = 0;    // in deferred_
 };
 
 }  // namespace

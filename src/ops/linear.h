@@ -10,6 +10,9 @@
 //                         bias is added after that reduction, by the next segment's epilogue,
 //                         so it is not part of this op.
 // Gradients of the weight (and bias) accumulate: they sum over micro-batches and sub-batches.
+// backward() forms the input gradient and the parameters' together; a zero-bubble pipeline
+// calls backward_input() first and backward_weight() later with the same dy and x, which gives
+// the same results (the caller keeps dy and x alive in between).
 #pragma once
 
 #include "kernels/kernels.h"
@@ -34,6 +37,14 @@ class ColumnParallelLinear {
     kernels::linear_backward(dy, x, weight_.value, layout_, dx, accumulate_dx, weight_.grad,
                              bias_.grad);
   }
+  // The dx part of backward() alone; then the weight's and bias's part alone.
+  void backward_input(const Tensor& dy, const Tensor& x, const Tensor& dx, bool accumulate_dx) const {
+    kernels::linear_backward(dy, x, weight_.value, layout_, dx, accumulate_dx, Tensor(), Tensor());
+  }
+  void backward_weight(const Tensor& dy, const Tensor& x) const {
+    kernels::linear_backward(dy, x, weight_.value, layout_, Tensor(), false, weight_.grad,
+                             bias_.grad);
+  }
   std::int64_t local_out() const {
     return layout_ == WeightLayout::in_out ? weight_.value.dim(1) : weight_.value.dim(0);
   }
@@ -56,6 +67,13 @@ class RowParallelLinear {
   // dy [n, out] is the gradient of the reduced output (whole); dx [n, local in] overwritten.
   void backward(const Tensor& dy, const Tensor& x, const Tensor& dx) const {
     kernels::linear_backward(dy, x, weight_.value, layout_, dx, false, weight_.grad, Tensor());
+  }
+  void backward_input(const Tensor& dy, const Tensor& x, const Tensor& dx) const {
+    kernels::linear_backward(dy, x, weight_.value, layout_, dx, false, Tensor(), Tensor());
+  }
+  void backward_weight(const Tensor& dy, const Tensor& x) const {
+    kernels::linear_backward(dy, x, weight_.value, layout_, Tensor(), false, weight_.grad,
+                             Tensor());
   }
 
  private:

@@ -85,6 +85,15 @@ struct SegmentShape {
   // run on every micro-batch and sub-batch (-1: none). Lets the data-parallel reduction of later
   // layers overlap the backward pass of earlier ones.
   int ready_bucket = -1;
+  // Zero-bubble split of the backward pass (schedule/schedule.h: Backward with input_only,
+  // BackwardWeight). With has_weight_part, the segment's backward stages can run as their input
+  // part alone (everything the previous segment and a previous pipeline chunk wait for), leaving
+  // weight gradients to one BackwardWeight per instance. BackwardWeight reads every kept set
+  // of the segment and of its reads_sets_of owners, so those stay live until it has run; the
+  // input part's stage 0 stashes deferred_gradient_bytes (the output gradients of the deferred
+  // GEMMs) with the instance, and BackwardWeight releases them.
+  bool has_weight_part = false;
+  std::size_t deferred_gradient_bytes = 0;
   // Pipeline chunk boundaries (schedule/schedule.h). A rank's Program holds the segments of its
   // chunks; where consecutive segments belong to different chunks the first is output_to_peer
   // and the second input_from_peer.

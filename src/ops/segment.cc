@@ -29,6 +29,14 @@ void Segment::recompute(const StepContext&, int, int, TensorSets sets) {
                tensor_sets_name(sets));
 }
 
+void Segment::backward_input(const StepContext& ctx, int mb, int sb, int stage) {
+  backward(ctx, mb, sb, stage);
+}
+
+void Segment::backward_weight(const StepContext&, int, int) {
+  OASES_ASSERT(false, "segment {} has no weight part to run on its own", name());
+}
+
 void Segment::release(int mb, int sb, TensorSets sets) {
   for (TensorSet set : {kCheckpoint, kInternals, kCore})
     if (sets & set) store_.release(key(mb, sb, set));

@@ -13,6 +13,23 @@
 //                                  Needs every set live.
 //   release(mb, sb, sets)          frees sets
 //
+// Zero-bubble pipelines split the backward pass of segments with SegmentShape::has_weight_part:
+//
+//   backward_input(ctx, mb, sb, stage)   the stage without the weight gradients of the
+//                                        segment's GEMMs (input gradients, and the gradients
+//                                        of norm parameters and of biases added by epilogues,
+//                                        which come out of the same kernels); stage 0 stashes
+//                                        the GEMMs' output gradients under kDeferredGradients
+//   backward_weight(ctx, mb, sb)         after the last input stage: those GEMMs' weight (and
+//                                        bias) gradients from the stash and the kept sets,
+//                                        which must still be live; releases the stash
+//
+// Run in that order they give the same gradients as backward(). Which segments defer what:
+// attention (QKV and output projections), MLP (its input and output projections) and the
+// vocab-parallel head_loss (the vocabulary projection, from the logits' gradient the head keeps
+// anyway). The embedding's scatter-add, the head's features and the single-rank head (whose
+// vocabulary gradient is formed in forward, chunk by chunk) have nothing to defer.
+//
 // A segment instance works on `rows` sequences: sub-batch sb of micro-batch mb is rows
 // [sb * rows, (sb + 1) * rows) of that micro-batch. Collective buffers are per sub-batch (or
 // kept with the instance), so the collective of one sub-batch can be in flight while another
@@ -71,6 +88,9 @@ class Segment {
   // Default: a segment without recomputable sets has nothing to regenerate.
   virtual void recompute(const StepContext& ctx, int mb, int sb, TensorSets sets);
   virtual void backward(const StepContext& ctx, int mb, int sb, int stage) = 0;
+  // Default (no weight part): backward_input is backward, backward_weight is an error.
+  virtual void backward_input(const StepContext& ctx, int mb, int sb, int stage);
+  virtual void backward_weight(const StepContext& ctx, int mb, int sb);
   void release(int mb, int sb, TensorSets sets);
 
   // A collective of instance (mb, sb): what it does, over which group, on which buffer.

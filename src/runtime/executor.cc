@@ -38,7 +38,7 @@ double union_seconds(std::vector<std::pair<Clock::time_point, Clock::time_point>
 
 bool is_compute(schedule::Op op) {
   return op == schedule::Op::forward || op == schedule::Op::recompute ||
-         op == schedule::Op::backward;
+         op == schedule::Op::backward || op == schedule::Op::backward_weight;
 }
 
 }  // namespace
@@ -63,7 +63,11 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         segment->recompute(ctx, ins.micro_batch, ins.sub_batch, ins.sets);
         break;
       case Op::backward:
-        segment->backward(ctx, ins.micro_batch, ins.sub_batch, ins.stage);
+        if (ins.input_only) segment->backward_input(ctx, ins.micro_batch, ins.sub_batch, ins.stage);
+        else segment->backward(ctx, ins.micro_batch, ins.sub_batch, ins.stage);
+        break;
+      case Op::backward_weight:
+        segment->backward_weight(ctx, ins.micro_batch, ins.sub_batch);
         break;
       case Op::free: segment->release(ins.micro_batch, ins.sub_batch, ins.sets); break;
       case Op::start: {

@@ -54,6 +54,8 @@ std::string trace_name(const InstructionRecord& record) {
                          ops::tensor_sets_name(ins.sets));
     case Op::backward:
       return fmt::format("B{} {} mb{} sb{}", ins.stage, segment, ins.micro_batch, ins.sub_batch);
+    case Op::backward_weight:
+      return fmt::format("W {} mb{} sb{}", segment, ins.micro_batch, ins.sub_batch);
     case Op::start:
     case Op::wait: {
       const char* kind = record.collective == ops::CollectiveKind::all_gather ? "AG"

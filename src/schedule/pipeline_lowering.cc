@@ -38,10 +38,13 @@ struct Event {
 std::vector<Message> messages_of(const PipelineSpec& spec, const PipelineAction& action,
                                  int sub_batches, bool needs) {
   const bool forward = action.kind == PipelineAction::forward;
-  // A forward receives from the previous chunk and sends to the next; a backward the reverse.
+  // A forward receives from the previous chunk and sends to the next; a backward (or its input
+  // part) the reverse. A weight part talks to nobody.
   const int peer_chunk = (forward == needs) ? action.chunk - 1 : action.chunk + 1;
   std::vector<Message> out;
-  if (peer_chunk < 0 || peer_chunk >= spec.chunks()) return out;
+  if (peer_chunk < 0 || peer_chunk >= spec.chunks() ||
+      action.kind == PipelineAction::backward_weight)
+    return out;
   const int rank = spec.rank_of_chunk(action.chunk), peer = spec.rank_of_chunk(peer_chunk);
   for (int sb = 0; sb < sub_batches; ++sb) {
     Message m;
@@ -182,6 +185,22 @@ Instruction message_instruction(const Message& m, bool sending, const PipelineSp
   return ins;
 }
 
+// The compute instructions of one action (every sub-batch) over its chunk's segments.
+Schedule action_instructions(const ops::Program& program, const ScheduleSpec& within_stage,
+                             const PipelineAction& action, SegmentRange range) {
+  const int mb = action.micro_batch;
+  switch (action.kind) {
+    case PipelineAction::forward: return micro_batch_forward(program, within_stage, mb, range);
+    case PipelineAction::backward: return micro_batch_backward(program, within_stage, mb, range);
+    case PipelineAction::backward_input:
+      return micro_batch_backward_input(program, within_stage, mb, range);
+    case PipelineAction::backward_weight:
+      return micro_batch_backward_weight(program, within_stage, mb, range);
+  }
+  OASES_ASSERT(false, "unknown pipeline action {}", to_string(action));
+  __builtin_unreachable();
+}
+
 // Rank `rank`'s instructions from its merged events: each action's part over its chunk's
 // segments, and the messages between them. In a forward-only step the Frees of a chunk's
 // output segment wait for the Send that reads the output.
@@ -208,10 +227,7 @@ Schedule assemble(const ops::Program& program, const ScheduleSpec& within_stage,
     const SegmentRange& range = chunks[static_cast<std::size_t>(action.chunk / spec.stages)];
     const int output = range.end - 1;
     const bool sends_output = program.segments[static_cast<std::size_t>(output)].output_to_peer;
-    const Schedule part =
-        action.kind == PipelineAction::forward
-            ? micro_batch_forward(program, within_stage, action.micro_batch, range)
-            : micro_batch_backward(program, within_stage, action.micro_batch, range);
+    const Schedule part = action_instructions(program, within_stage, action, range);
     for (Instruction ins : part) {
       ins.chunk = action.chunk;
       if (!within_stage.training && sends_output && ins.op == Op::free && ins.segment == output)
@@ -248,7 +264,7 @@ Schedule lower_pipeline(const ops::Program& stage_program, const ScheduleSpec& w
   check_spec(within_stage);
   // The kinds lowered to instructions so far, and their names for the message.
   constexpr std::array kLowered{PipelineKind::gpipe, PipelineKind::one_f_one_b,
-                                PipelineKind::interleaved};
+                                PipelineKind::interleaved, PipelineKind::zero_bubble};
   std::string lowered;
   for (PipelineKind kind : kLowered)
     lowered += fmt::format("{}\"{}\"", lowered.empty() ? "" : ", ", name(kind));

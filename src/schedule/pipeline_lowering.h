@@ -10,9 +10,12 @@
 // instructions over the segments of local chunk c / P and B(c, mb) its backward instructions,
 // each over all sub-batches, interleaved phase by phase as the within-stage generator
 // interleaves them (micro_batch_forward / micro_batch_backward over a SegmentRange);
-// recomputation and frees are the within-stage policy's. After the last action each bucket's
-// ReduceGrads follows the last backward stage that makes it final, and OptimizerStep ends the
-// list. Every instruction of an action names its global chunk c; a ReduceGrads names the chunk
+// recomputation and frees are the within-stage policy's. Zero-bubble's I(c, mb) becomes the
+// backward run input-only (micro_batch_backward_input: what the previous chunk waits for; its
+// gradient Sends follow it) and W(c, mb) the deferred weight parts of every segment and
+// sub-batch, with the Frees of the sets they read (micro_batch_backward_weight); a W sends and
+// receives nothing. After the last action each bucket's ReduceGrads follows the last backward
+// stage or weight part that makes it final, and OptimizerStep ends the list. Every instruction of an action names its global chunk c; a ReduceGrads names the chunk
 // of the backward it follows, OptimizerStep chunk r.
 //
 // Messages (peers are ranks of the point-to-point group):
@@ -54,10 +57,6 @@
 // takes the whole group, F(r + k P, mb) for k = 0..v - 1 and mb in the group. Messages are
 // merged as above. The within-stage generator frees a chunk's output as soon as it is computed;
 // that Free waits until the Send of its sub-batch has read the output.
-//
-// Not lowered yet (UserError "not lowered yet"): zero-bubble. A segment's backward stages are
-// cut at its backward collective, not into an input-gradient part and a weight-gradient part,
-// so the zero-bubble split into I and W cannot be expressed.
 #pragma once
 
 #include "ops/program.h"

@@ -148,8 +148,25 @@ Schedule instance_forward(const Program& program, const ScheduleSpec& spec, int 
   return out;
 }
 
+// The segments whose BackwardWeight reads `owner`'s sets: the owner itself if it has a weight
+// part, and segments with a weight part that read its sets (reads_sets_of).
+std::vector<int> weight_readers(const Program& program, int owner) {
+  std::vector<int> readers;
+  for (int t = owner; t < static_cast<int>(program.segments.size()); ++t) {
+    const SegmentShape& shape = shape_of(program, t);
+    if (!shape.has_weight_part) continue;
+    if (t == owner || std::find(shape.reads_sets_of.begin(), shape.reads_sets_of.end(), owner) !=
+                          shape.reads_sets_of.end())
+      readers.push_back(t);
+  }
+  return readers;
+}
+
 // Its backward part: recomputation, backward stages with their collectives, and the frees.
-Schedule instance_backward(const Program& program, const ScheduleSpec& spec, int mb, int sb) {
+// With `input_only`, segments with a weight part run their input part alone and the sets a
+// BackwardWeight reads are not freed (instance_weight frees them).
+Schedule instance_backward(const Program& program, const ScheduleSpec& spec, int mb, int sb,
+                           bool input_only = false) {
   Schedule out;
   const int num_segments = static_cast<int>(program.segments.size());
   const Recompute policy = spec.recompute;
@@ -178,13 +195,35 @@ Schedule instance_backward(const Program& program, const ScheduleSpec& spec, int
       Instruction ins = make(Op::backward, s, mb, sb);
       ins.stage = stage;
       ins.direction = Direction::backward;
+      ins.input_only = input_only && shape.has_weight_part;
       out.push_back(ins);
       if (stage == 0 && shape.has_backward_collective) {
         out.push_back(collective(Op::start, s, Direction::backward, mb, sb));
         out.push_back(collective(Op::wait, s, Direction::backward, mb, sb));
       }
     }
-    if (shape.sets) out.push_back(with_sets(Op::free, s, shape.sets, mb, sb));
+    const bool kept_for_weight = input_only && !weight_readers(program, s).empty();
+    if (shape.sets && !kept_for_weight) out.push_back(with_sets(Op::free, s, shape.sets, mb, sb));
+  }
+  return out;
+}
+
+// The weight part of an instance whose backward ran input-only: each BackwardWeight, last
+// segment first, then the sets whose last reader it was.
+Schedule instance_weight(const Program& program, int mb, int sb) {
+  Schedule out;
+  const int num_segments = static_cast<int>(program.segments.size());
+  for (int s = num_segments - 1; s >= 0; --s) {
+    if (!shape_of(program, s).has_weight_part) continue;
+    Instruction ins = make(Op::backward_weight, s, mb, sb);
+    out.push_back(ins);
+    // Readers run last segment first: an owner's last reader is its first one.
+    for (int owner = 0; owner <= s; ++owner) {
+      const std::vector<int> readers = weight_readers(program, owner);
+      const TensorSets sets = shape_of(program, owner).sets;
+      if (sets && !readers.empty() && readers.front() == s)
+        out.push_back(with_sets(Op::free, owner, sets, mb, sb));
+    }
   }
   return out;
 }
@@ -361,14 +400,49 @@ Schedule micro_batch_backward(const Program& program, const ScheduleSpec& spec, 
   return renumbered(micro_batch_backward(chunk_program(program, chunk), spec, mb), chunk);
 }
 
+Schedule micro_batch_backward_input(const Program& program, const ScheduleSpec& spec, int mb) {
+  check_spec(spec);
+  OASES_ASSERT(spec.training, "backward instructions of a forward-only schedule");
+  std::vector<Schedule> streams;
+  for (int sb = 0; sb < spec.sub_batches; ++sb)
+    streams.push_back(instance_backward(program, spec, mb, sb, true));
+  Schedule out;
+  interleave(std::move(streams), out);
+  return out;
+}
+
+Schedule micro_batch_backward_weight(const Program& program, const ScheduleSpec& spec, int mb) {
+  check_spec(spec);
+  OASES_ASSERT(spec.training, "backward instructions of a forward-only schedule");
+  Schedule out;
+  for (int sb = 0; sb < spec.sub_batches; ++sb) {
+    const Schedule part = instance_weight(program, mb, sb);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+Schedule micro_batch_backward_input(const Program& program, const ScheduleSpec& spec, int mb,
+                                    SegmentRange chunk) {
+  return renumbered(micro_batch_backward_input(chunk_program(program, chunk), spec, mb), chunk);
+}
+
+Schedule micro_batch_backward_weight(const Program& program, const ScheduleSpec& spec, int mb,
+                                     SegmentRange chunk) {
+  return renumbered(micro_batch_backward_weight(chunk_program(program, chunk), spec, mb), chunk);
+}
+
 void append_gradient_reductions(const Program& program, Schedule& out) {
   // Each bucket's data-parallel reduction starts right after the last backward that makes it
-  // final: the last stage of its segment on the last instance to run it.
+  // final: the last stage of its segment on the last instance to run it, or a later deferred
+  // weight part of that segment or of one after it.
   for (int s = 0; s < static_cast<int>(program.segments.size()); ++s) {
     const SegmentShape& shape = shape_of(program, s);
     if (shape.ready_bucket < 0) continue;
     const auto last = std::find_if(out.rbegin(), out.rend(), [&](const Instruction& ins) {
-      return ins.op == Op::backward && ins.segment == s && ins.stage == shape.backward_stages - 1;
+      return (ins.op == Op::backward && ins.segment == s &&
+              ins.stage == shape.backward_stages - 1) ||
+             (ins.op == Op::backward_weight && ins.segment >= s);
     });
     OASES_ASSERT(last != out.rend(), "segment {} never runs backward", s);
     Instruction reduce{Op::reduce_grads};
@@ -399,6 +473,7 @@ class Verifier {
     check(ins.op == Op::reduce_grads || ins.bucket == -1, "only ReduceGrads names a bucket");
     check(ins.op == Op::send || ins.op == Op::recv || (ins.peer == -1 && ins.slot == -1),
           "only Send and Recv name a peer and a slot");
+    check(ins.op == Op::backward || !ins.input_only, "only Backward runs input-only");
     if (ins.op == Op::optimizer_step) return optimizer_step();
     if (ins.op == Op::reduce_grads) return reduce_grads(ins);
     check(ins.segment >= 0 && ins.segment < num_segments(), "no such segment");
@@ -454,7 +529,26 @@ class Verifier {
         if (ins.stage == 1 && shape.has_backward_collective)
           check(inst.backward_collective == CollState::waited,
                 "stage 1 before its backward collective completed");
+        check(!ins.input_only || shape.has_weight_part,
+              "an input-only backward of a segment without a weight part");
+        if (ins.stage > 0)
+          check(inst.input_only == ins.input_only,
+                "the backward stages of the instance disagree on input-only");
+        inst.input_only = ins.input_only;
         inst.stages_done = ins.stage + 1;
+        break;
+      }
+      case Op::backward_weight: {
+        check(ins.stage == 0, "BackwardWeight names a stage");
+        check(shape.has_weight_part, "the segment has no weight part");
+        check(!inst.weight_done, "weight part twice");
+        check(inst.input_only && inst.stages_done == shape.backward_stages,
+              inst.input_only || inst.stages_done == 0
+                  ? "weight part before the instance's input-only backward has finished"
+                  : "weight part of an instance whose backward was whole");
+        for (auto set : {kCheckpoint, kInternals, kCore}) read(inst, set, shape);
+        read_other_sets(ins, shape);
+        inst.weight_done = true;
         break;
       }
       case Op::start: {
@@ -500,6 +594,7 @@ class Verifier {
                 fmt::format("frees {}, which is not live", ops::tensor_sets_name(set)));
           inst.sets[set] = SetState::freed;
         }
+        check_no_pending_weight_reader(ins);
         break;
       default:
         break;
@@ -526,6 +621,7 @@ class Verifier {
               fmt::format("{}: {} is still live", who, ops::tensor_sets_name(set)));
       if (spec_.training)
         check(inst.stages_done == shape.backward_stages, who + ": backward incomplete");
+      check(!inst.input_only || inst.weight_done, who + ": its weight part never ran");
     }
     const std::size_t expected = program_.segments.size() *
                                  static_cast<std::size_t>(spec_.micro_batches * spec_.sub_batches);
@@ -550,6 +646,8 @@ class Verifier {
     // The instance's point-to-point messages at chunk boundaries.
     bool activation_received = false, activation_sent = false;
     bool gradient_received = false, gradient_sent = false;
+    // Zero-bubble: the backward ran input-only; its weight part has run.
+    bool input_only = false, weight_done = false;
   };
   // The forward collective buffer of a sub-batch: one segment's output at a time.
   struct Port {
@@ -612,6 +710,21 @@ class Verifier {
     check(port.state != PortState::in_flight, "overwrites a collective buffer in flight");
     port = {ins.segment, ins.micro_batch, PortState::written};
   }
+  // A Free of a segment's sets while a deferred weight part that reads them is still to run.
+  void check_no_pending_weight_reader(const Instruction& ins) {
+    for (int t = ins.segment; t < num_segments(); ++t) {
+      const SegmentShape& reader = shape_of(program_, t);
+      if (!reader.has_weight_part) continue;
+      const bool reads = t == ins.segment ||
+                         std::find(reader.reads_sets_of.begin(), reader.reads_sets_of.end(),
+                                   ins.segment) != reader.reads_sets_of.end();
+      const Instance& inst = instance(t, ins.micro_batch, ins.sub_batch);
+      if (reads && inst.input_only && !inst.weight_done)
+        fail(fmt::format("frees {} of segment {}, which the pending weight part of segment {} "
+                         "({}) still reads",
+                         ops::tensor_sets_name(ins.sets), ins.segment, t, reader.name));
+    }
+  }
   void reduce_grads(const Instruction& ins) {
     check(ins.segment == -1, "ReduceGrads names a segment (its bucket goes in `bucket`)");
     const int bucket = ins.bucket;
@@ -624,10 +737,15 @@ class Verifier {
     check(!reduced_.contains(bucket), "bucket reduced twice");
     for (int s = ready; s < num_segments(); ++s)
       for (int mb = 0; mb < spec_.micro_batches; ++mb)
-        for (int sb = 0; sb < spec_.sub_batches; ++sb)
-          check(instance(s, mb, sb).stages_done == shape_of(program_, s).backward_stages,
+        for (int sb = 0; sb < spec_.sub_batches; ++sb) {
+          const Instance& inst = instance(s, mb, sb);
+          check(inst.stages_done == shape_of(program_, s).backward_stages,
                 fmt::format("bucket {} is not final: segment {} mb {} sb {} has not finished "
                             "backward", bucket, s, mb, sb));
+          check(!inst.input_only || inst.weight_done,
+                fmt::format("bucket {} is not final: the weight part of segment {} mb {} sb {} "
+                            "has not run", bucket, s, mb, sb));
+        }
     reduced_.insert(bucket);
   }
   // Sending an activation reads the output from the sub-batch's collective buffer, as the next
@@ -873,7 +991,11 @@ std::size_t peak_activation_bytes(const Program& program, const Schedule& schedu
     if (ins.op == Op::forward) live += sets_bytes(ins.segment, shape_of(program, ins.segment).sets);
     else if (ins.op == Op::recompute) live += sets_bytes(ins.segment, ins.sets);
     else if (ins.op == Op::free) live -= sets_bytes(ins.segment, ins.sets);
+    else if (ins.op == Op::backward && ins.input_only && ins.stage == 0)
+      live += shape_of(program, ins.segment).deferred_gradient_bytes;
     peak = std::max(peak, live);
+    // The weight part releases its stash at its end.
+    if (ins.op == Op::backward_weight) live -= shape_of(program, ins.segment).deferred_gradient_bytes;
   }
   return peak;
 }
@@ -891,8 +1013,12 @@ std::string to_string(const Instruction& ins) {
       return fmt::format("Recompute(seg={}, {}, mb={}, sb={}{})", ins.segment,
                          ops::tensor_sets_name(ins.sets), ins.micro_batch, ins.sub_batch, chunk);
     case Op::backward:
-      return fmt::format("Backward(seg={}, stage={}, mb={}, sb={}{})", ins.segment, ins.stage,
-                         ins.micro_batch, ins.sub_batch, chunk);
+      return fmt::format("Backward(seg={}, stage={}, mb={}, sb={}{}{})", ins.segment, ins.stage,
+                         ins.micro_batch, ins.sub_batch, ins.input_only ? ", input-only" : "",
+                         chunk);
+    case Op::backward_weight:
+      return fmt::format("BackwardWeight(seg={}, mb={}, sb={}{})", ins.segment, ins.micro_batch,
+                         ins.sub_batch, chunk);
     case Op::start:
       return fmt::format("Start({}, seg={}, mb={}, sb={}{}{})", dir, ins.segment, ins.micro_batch,
                          ins.sub_batch, replay, chunk);

@@ -41,6 +41,12 @@
 // schedule must not deadlock even if every Send and Recv blocks until its partner arrives
 // (rendezvous), the strictest semantics an executor may give them. schedule/pipeline_lowering.h
 // lowers pipeline orders to schedules with messages.
+//
+// Zero-bubble pipelines split a backward pass: Backward(input_only) runs a segment's stages
+// without the weight gradients it can defer (ops::SegmentShape::has_weight_part), which is all
+// the previous segment and the previous chunk wait for; BackwardWeight runs them later, once
+// per instance. The sets it reads stay live until then and its stashed output gradients count
+// as activations; gradient buckets become final only after their weight parts.
 #pragma once
 
 #include "ops/program.h"
@@ -57,7 +63,10 @@ enum class Op : std::uint8_t {
   forward,         // Forward(s, mb, sb): run segment s; all its tensor sets become live and its
                    //   output fills the sub-batch's collective buffer
   recompute,       // Recompute(s, sets, mb, sb): regenerate `sets` (kOutput: and the output)
-  backward,        // Backward(s, stage, mb, sb)
+  backward,        // Backward(s, stage, mb, sb); input_only: the stage's input part alone
+                   //   (zero-bubble; s has a weight part, ops::SegmentShape::has_weight_part)
+  backward_weight, // BackwardWeight(s, mb, sb): the weight part an input-only backward of
+                   //   (s, mb, sb) deferred; once, after its last backward stage
   start,           // Start(collective of s in direction, mb, sb): issue asynchronously
   wait,            // Wait(...): later instructions may use the reduced buffer
   free,            // Free(s, sets, mb, sb)
@@ -93,6 +102,9 @@ struct Instruction {
   int sub_batch = 0;
   ops::TensorSets sets = 0;  // recompute: sets regenerated; free: sets freed
   bool replay = false;       // start/wait: a forward collective replayed by a recomputation
+  // backward: the stage runs its input part only, deferring the segment's weight gradients to
+  // a BackwardWeight of the instance. All stages of an instance agree.
+  bool input_only = false;
   // Model chunk (pipeline stage, numbered along the model) the instruction belongs to. Every
   // instruction of a segment names the same chunk.
   int chunk = 0;
@@ -159,8 +171,26 @@ Schedule micro_batch_forward(const ops::Program& program, const ScheduleSpec& sp
                              SegmentRange chunk);
 Schedule micro_batch_backward(const ops::Program& program, const ScheduleSpec& spec, int mb,
                               SegmentRange chunk);
-// Inserts ReduceGrads(bucket) right after the last backward stage of the segment that makes the
-// bucket final (its last occurrence in `schedule`), then appends OptimizerStep.
+// Zero-bubble's split of micro_batch_backward (REQUIRES: spec.training):
+// micro_batch_backward_input: the same instructions, except that segments with a weight part
+// (ops::SegmentShape::has_weight_part) run their backward stages input_only and the Frees of
+// sets a BackwardWeight will read (the segment's own, and those of its reads_sets_of owners)
+// are left out. micro_batch_backward_weight: for every sub-batch in turn, BackwardWeight of each
+// segment with a weight part, last segment first, each followed by the Frees left out above
+// whose last reader it is. Running the input part, then (any time later) the weight part, gives
+// the gradients micro_batch_backward gives; each weight gradient accumulates over the
+// instances in the order their weight parts run.
+Schedule micro_batch_backward_input(const ops::Program& program, const ScheduleSpec& spec, int mb);
+Schedule micro_batch_backward_weight(const ops::Program& program, const ScheduleSpec& spec, int mb);
+// The two parts for the segments of `chunk` alone, as the SegmentRange variants above.
+Schedule micro_batch_backward_input(const ops::Program& program, const ScheduleSpec& spec, int mb,
+                                    SegmentRange chunk);
+Schedule micro_batch_backward_weight(const ops::Program& program, const ScheduleSpec& spec, int mb,
+                                     SegmentRange chunk);
+// Inserts ReduceGrads(bucket) right after the instruction that makes the bucket final: the later
+// of the last backward stage of the segment that makes it final (its last occurrence in
+// `schedule`) and the last BackwardWeight of that or a later segment. Then appends
+// OptimizerStep.
 void append_gradient_reductions(const ops::Program& program, Schedule& schedule);
 
 // Checks that the schedule can run: every data dependency is met (a segment's input has been
@@ -177,6 +207,11 @@ void append_gradient_reductions(const ops::Program& program, Schedule& schedule)
 // on segments with the matching flag, with peer >= 0 and slot >= 0, and by the end all have
 // happened (only the activations in a forward-only schedule). Every instruction of a segment
 // names one chunk, shared with its neighbours unless a chunk boundary lies between them.
+// Zero-bubble: an input_only backward names a segment with a weight part, and every stage of
+// the instance is input_only; its BackwardWeight runs exactly once, after the instance's last
+// backward stage, while every set it reads is live (a Free of such a set before it is
+// rejected at the Free); a bucket is final only once the BackwardWeights of its segments (from
+// its ready segment on) have run too.
 // Throws InternalError naming the first violating instruction (its index and text).
 void verify_schedule(const ops::Program& program, const ScheduleSpec& spec,
                      const Schedule& schedule);
@@ -200,7 +235,8 @@ void verify_collective_order(const std::vector<Schedule>& schedules_of_group);
 void verify_point_to_point(const std::vector<Schedule>& schedules_of_group);
 
 // Peak bytes of tensor sets live at once when `schedule` runs (what the executor's activation
-// store will report), from the set sizes in the program.
+// store will report), from the set sizes in the program; an input-only backward stage 0 adds
+// the segment's deferred_gradient_bytes (its stash), which its BackwardWeight releases.
 std::size_t peak_activation_bytes(const ops::Program& program, const Schedule& schedule);
 
 std::string to_string(const Instruction& instruction);

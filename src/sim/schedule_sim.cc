@@ -135,7 +135,8 @@ class RankRun {
       case Op::forward:
       case Op::recompute:
       case Op::backward:
-        result_.compute_seconds += lanes_.compute(costs_.compute(ins));
+      case Op::backward_weight:
+        result_.compute_seconds += lanes_.compute(compute_seconds(ins));
         break;
       case Op::start: {
         const double seconds = costs_.collective(ins);
@@ -178,6 +179,24 @@ class RankRun {
   void finish() { result_.step_seconds = lanes_.now(); }
 
  private:
+  // A compute instruction's price; with a weight-gradient share, split backwards are priced
+  // from the whole stages (CostModel::weight_gradient_share).
+  double compute_seconds(const schedule::Instruction& ins) const {
+    using schedule::Op;
+    const double share = costs_.weight_gradient_share;
+    if (share <= 0 || (ins.op != Op::backward_weight && !ins.input_only))
+      return costs_.compute(ins);
+    schedule::Instruction whole = ins;
+    whole.op = Op::backward;
+    whole.input_only = false;
+    whole.direction = schedule::Direction::backward;
+    if (ins.op == Op::backward_weight) {
+      whole.stage = 0;
+      return share * costs_.compute(whole);
+    }
+    return (ins.stage == 0 ? 1 - share : 1.0) * costs_.compute(whole);
+  }
+
   const CostModel& costs_;
   Lanes lanes_;
   RankSimResult result_;

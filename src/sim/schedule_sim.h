@@ -1,8 +1,8 @@
 // Schedule simulator: runs a Schedule on a cost model instead of devices, with the executor's
-// semantics. One compute lane runs Forward, Recompute and Backward back to back; the
-// tensor-parallel collectives run on a communication lane in issue order (a collective begins
-// when it is issued and the ones before it are done), so Start never blocks and Wait holds the
-// compute lane until that collective ends. Data-parallel gradient reductions run on a lane of
+// semantics. One compute lane runs Forward, Recompute, Backward and BackwardWeight back to
+// back; the tensor-parallel collectives run on a communication lane in issue order (a
+// collective begins when it is issued and the ones before it are done), so Start never blocks
+// and Wait holds the compute lane until that collective ends. Data-parallel gradient reductions run on a lane of
 // their own and the optimizer step waits for all of them.
 //
 // Lanes running at once slow each other, as they do on shared hardware: compute runs at
@@ -46,6 +46,14 @@ struct CostModel {
   bool shared_link = false;
   // Seconds a point-to-point message (a Send instruction's) spends on its link; null: none.
   std::function<double(const schedule::Instruction&)> p2p;
+  // Zero-bubble's split backward, for costs that time whole backward stages (profiles do): the
+  // fraction of a stage 0 that is weight-gradient work (the deferred GEMMs: about half of a
+  // layer's stage 0, whose GEMMs dominate it, each weight gradient costing what its input
+  // gradient does). When positive, an input-only stage 0 costs (1 - share) x compute() of the
+  // whole stage, later input-only stages what the whole stage costs, and a BackwardWeight
+  // share x compute() of its segment's whole stage 0; compute() is never asked about either.
+  // 0: compute() prices input-only stages and BackwardWeight itself.
+  double weight_gradient_share = 0;
 };
 
 struct SimResult {

@@ -492,7 +492,8 @@ void check_pipeline_settings(const RunConfig& config, schedule::PipelineKind kin
   // The pipeline kinds training can run so far; the others are named but not available yet.
   constexpr std::array kAvailable{schedule::PipelineKind::one_f_one_b,
                                   schedule::PipelineKind::gpipe,
-                                  schedule::PipelineKind::interleaved};
+                                  schedule::PipelineKind::interleaved,
+                                  schedule::PipelineKind::zero_bubble};
   std::string available;
   for (schedule::PipelineKind k : kAvailable)
     available += fmt::format("{}\"{}\"", available.empty() ? "" : ", ", schedule::name(k));

@@ -156,25 +156,26 @@ void linear_forward(const T* x, std::int64_t ldx, const T* w, WeightLayout layou
 template <class T>
 void linear_backward(const T* dy, std::int64_t lddy, const T* x, std::int64_t ldx, const T* w,
                      WeightLayout layout, std::type_identity_t<T>* dx, std::int64_t lddx,
-                     bool accumulate_dx, T* dw, std::type_identity_t<T>* db, std::int64_t n,
-                     std::int64_t in, std::int64_t out) {
+                     bool accumulate_dx, std::type_identity_t<T>* dw, std::type_identity_t<T>* db,
+                     std::int64_t n, std::int64_t in, std::int64_t out) {
   OASES_ASSERT(n >= 0 && in >= 0 && out >= 0, "linear_backward: negative size n={} in={} out={}", n,
                in, out);
   OASES_ASSERT(lddy >= out && ldx >= in && (dx == nullptr || lddx >= in),
                "linear_backward: row strides lddy={} ldx={} lddx={} below in={} out={}", lddy, ldx,
                lddx, in, out);
-  OASES_ASSERT(dw != nullptr, "linear_backward: dw is required");
   const T dx_beta = accumulate_dx ? T(1) : T(0);
   if (layout == WeightLayout::in_out) {
     // dx[n, in] (+)= dy[n, out] @ w[in, out]^T;  dw[in, out] += x[n, in]^T @ dy[n, out]
     if (dx != nullptr)
       gemm<T>(Trans::no, Trans::yes, n, in, out, T(1), dy, lddy, w, out, dx_beta, dx, lddx);
-    gemm<T>(Trans::yes, Trans::no, in, out, n, T(1), x, ldx, dy, lddy, T(1), dw, out);
+    if (dw != nullptr)
+      gemm<T>(Trans::yes, Trans::no, in, out, n, T(1), x, ldx, dy, lddy, T(1), dw, out);
   } else {
     // dx[n, in] (+)= dy[n, out] @ w[out, in];  dw[out, in] += dy[n, out]^T @ x[n, in]
     if (dx != nullptr)
       gemm<T>(Trans::no, Trans::no, n, in, out, T(1), dy, lddy, w, in, dx_beta, dx, lddx);
-    gemm<T>(Trans::yes, Trans::no, out, in, n, T(1), dy, lddy, x, ldx, T(1), dw, in);
+    if (dw != nullptr)
+      gemm<T>(Trans::yes, Trans::no, out, in, n, T(1), dy, lddy, x, ldx, T(1), dw, in);
   }
   if (db != nullptr) accumulate_column_sums(dy, n, out, lddy, db);
 }

@@ -59,16 +59,17 @@ void linear_forward(const T* x, std::int64_t ldx, const T* w, WeightLayout layou
 //   dx[n, in]  = dy @ W^T   (overwritten, or added onto dx when accumulate_dx; skipped when dx
 //                            is null; rows at stride lddx >= in)
 //   dw        += the gradient of w in its own layout: x^T @ dy ([in, out]) or dy^T @ x
-//                ([out, in]); accumulated (gradients sum over micro-batches); required, and
-//                contiguous
+//                ([out, in]); accumulated (gradients sum over micro-batches); contiguous;
+//                skipped when dw is null (an input-gradient-only pass, whose weight gradient
+//                a later call with dx null forms)
 //   db[out]   += sum_n dy    (accumulated; skipped when db is null). The sum over rows is formed
 //                             in double in row order, whatever the thread count.
 // dy rows at stride lddy >= out, x rows at stride ldx >= in. dx must not overlap the inputs.
 template <class T>
 void linear_backward(const T* dy, std::int64_t lddy, const T* x, std::int64_t ldx, const T* w,
                      WeightLayout layout, std::type_identity_t<T>* dx, std::int64_t lddx,
-                     bool accumulate_dx, T* dw, std::type_identity_t<T>* db, std::int64_t n,
-                     std::int64_t in, std::int64_t out);
+                     bool accumulate_dx, std::type_identity_t<T>* dw, std::type_identity_t<T>* db,
+                     std::int64_t n, std::int64_t in, std::int64_t out);
 
 // Contiguous rows and the GPT-2 "Conv1D" layout [in, out]:
 //   y[n, out] = x[n, in] @ w[in, out] + b[out]       (b may be null: no bias)
