@@ -18,6 +18,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -77,14 +78,17 @@ peak_tflops = 1.0
 
   // Trains over tp x pp x dp ranks (one process when all are 1) with `extra` settings; returns
   // the run's folder (metrics.jsonl, ckpt/).
+  // `model` names the config and initial weights: "gpt" (gpt.toml, init.safetensors) or one a
+  // test wrote with write_model.
   static fs::path train(const std::string& name, int tp, int pp, const std::string& extra,
-                        int dp = 1) {
+                        int dp = 1, const std::string& model = "gpt") {
     const fs::path out = dir_ / name;
     const int ranks = tp * pp * dp;
+    const std::string init = model == "gpt" ? "init" : "init_" + model;
     const std::string command =
         (ranks > 1 ? oases::testing::mpirun_prefix(ranks) : std::string()) + OASES_BINARY +
-        " train --quiet --config " + (dir_ / "gpt.toml").string() + " --init-from " +
-        (dir_ / "init.safetensors").string() + " --set parallel.tp=" + std::to_string(tp) +
+        " train --quiet --config " + (dir_ / (model + ".toml")).string() + " --init-from " +
+        (dir_ / (init + ".safetensors")).string() + " --set parallel.tp=" + std::to_string(tp) +
         " parallel.pp=" + std::to_string(pp) + " parallel.dp=" + std::to_string(dp) +
         " log.metrics=" +
         quoted((out / "metrics.jsonl").string()) + " checkpoint.dir=" +
@@ -205,6 +209,49 @@ TEST_F(PipelineComposition, FourStagesUnderGPipeAnd1F1BMatchTheSingleProcessRun)
     expect_same_run(run, reference, name);
     expect_same_validation(run, reference, name);
   }
+}
+
+TEST_F(PipelineComposition, InterleavedAndZeroBubbleOverFourStagesAndAroundOasesStagesMatchTheSingleProcessRun) {
+  const fs::path reference = train("reference", 1, 1, kValidation);
+  // Zero-bubble over four stages of one layer each.
+  const fs::path zero_bubble =
+      train("pp4_zero_bubble", 1, 4, "parallel.pipeline=" + quoted("zero-bubble") + kValidation);
+  expect_same_run(zero_bubble, reference, "pp4 zero-bubble");
+  expect_same_validation(zero_bubble, reference, "pp4 zero-bubble");
+  // Interleaved and zero-bubble around the oases schedule (two sub-batches, fine-grained
+  // recomputation) inside tensor-parallel stages.
+  for (const std::string pipeline : {"interleaved", "zero-bubble"}) {
+    const std::string name = "tp2_pp2_oases_" + pipeline;
+    const std::string chunks = pipeline == "interleaved" ? " parallel.virtual_stages=2" : "";
+    const fs::path run = train(name, 2, 2,
+                               "parallel.schedule=" + quoted("oases") +
+                                   " parallel.sub_batches=2 parallel.pipeline=" + quoted(pipeline) +
+                                   chunks + kValidation);
+    expect_same_run(run, reference, name);
+    expect_same_validation(run, reference, name);
+  }
+  // Interleaved with data parallelism: two micro-batches per replica and step.
+  const fs::path data_parallel =
+      train("dp2_pp2_interleaved", 1, 2,
+            "parallel.pipeline=" + quoted("interleaved") + " parallel.virtual_stages=2", 2);
+  expect_same_run(data_parallel, reference, "dp2 pp2 v2 interleaved");
+  // Interleaved over four stages needs eight chunks, so eight layers of one each.
+  {
+    std::ifstream four(dir_ / "gpt.toml");
+    std::string text((std::istreambuf_iterator<char>(four)), std::istreambuf_iterator<char>());
+    const std::string layers = "layers = 4";
+    text.replace(text.find(layers), layers.size(), "layers = 8");
+    std::ofstream(dir_ / "gpt8.toml") << text;
+  }
+  oases::testing::write_random_init(dir_ / "gpt8.toml", dir_ / "init_gpt8.safetensors", 58);
+  const fs::path reference8 = train("reference8", 1, 1, kValidation, 1, "gpt8");
+  const fs::path interleaved =
+      train("pp4_interleaved", 1, 4,
+            "parallel.pipeline=" + quoted("interleaved") + " parallel.virtual_stages=2" +
+                kValidation,
+            1, "gpt8");
+  expect_same_run(interleaved, reference8, "pp4 v2 interleaved");
+  expect_same_validation(interleaved, reference8, "pp4 v2 interleaved");
 }
 
 TEST_F(PipelineComposition, CheckpointFromTwoStagesResumesInOneProcessAndOverFourStages) {
