@@ -232,6 +232,12 @@ TEST_F(PipelineTraining, BadPipelineSettingsAreClearErrors) {
   EXPECT_NE(out.find("parallel.pipeline_layers"), std::string::npos) << out;
   EXPECT_NE(out.find("1,1,1"), std::string::npos) << out;
 
+  // Three stages on two processes.
+  out = failing("parallel.pp=3");
+  EXPECT_NE(out.find("parallel.tp * parallel.dp * parallel.pp = 1 * 1 * 3 = 3 must equal the "
+                     "number of processes, 2"),
+            std::string::npos) << out;
+
   out = failing("parallel.pipeline=" + quoted("zigzag"));
   EXPECT_NE(out.find("parallel.pipeline"), std::string::npos) << out;
   EXPECT_NE(out.find("zigzag"), std::string::npos) << out;
