@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline schedules measured against the simulator, in one run: a small byte-level GPT (fp32,
 # 1 thread per rank) trained with pp=2 under each pipeline schedule at MICRO_BATCHES
-# micro-batches per step, over shared memory; its step time and measured bubble (bubble_s: the
-# most any stage waited on a Recv) side by side with `oases plan`'s prediction (sim::simulate_ranks
+# micro-batches per step, over shared memory; its step time and measured bubble (bubble_s: what
+# the first stage waited on Recvs) side by side with `oases plan`'s prediction (sim::simulate_ranks
 # over every rank's lowered schedule, from an `oases profile` of the same model taken in the
 # same run). Then, unless TP_CAPPED=0, pp=2 x tp=2 (4 ranks) over TCP on the loopback of a
 # private network namespace capped with tc (as bench/run_overlap_bench.sh does), predicted from
@@ -160,7 +160,7 @@ def measured(path):
             "exposed": med("exposed_comm_s"), "loss": rows[-1]["loss"]}
 
 def predicted(path, kind):
-    """(step s, max stage bubble s) of `kind` from the plan's table, or the reason for none."""
+    """(step s, first stage's bubble s) of `kind` from the plan's table, or the reason for none."""
     try:
         text = open(path).read()
     except FileNotFoundError:
@@ -172,7 +172,7 @@ def predicted(path, kind):
         m = re.search(r"step ([\d.]+) ms.*\[([\d. ]+)\] ms", line)
         if not m:
             return line.split("no prediction:", 1)[-1].strip()[:90]
-        return float(m.group(1)) / 1e3, max(float(b) for b in m.group(2).split()) / 1e3
+        return float(m.group(1)) / 1e3, float(m.group(2).split()[0]) / 1e3
     return text.strip().splitlines()[-1][:90] if text.strip() else "no plan output"
 
 work, manifest = sys.argv[1], sys.argv[2]

@@ -480,9 +480,12 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
 struct StepFigures {
   StepRecord record;
   StepResult result;
-  // With a pipeline: the most any stage of rank 0's pipeline group waited on Recvs this step
-  // (StepResult::bubble_seconds, maximum over the group): the step can end no sooner than that
-  // stage's compute and bubble.
+  // With a pipeline: how long the first stage (world rank 0, which writes the metrics) waited
+  // on Recvs this step (StepResult::bubble_seconds). The first stage starts each step at once,
+  // its first action needing no message, so all of its waits fall inside its step time: the
+  // pipeline's fill and drain as the first stage sees them, (P - 1)(F + B) for balanced 1F1B
+  // stages. A later stage also waits for the first stage's pre-step work (data, metrics), which
+  // is not a pipeline bubble; each rank's own waits are in the trace.
   std::optional<double> bubble_seconds;
   double tokens_per_s = 0;
   double model_flops = 0;  // per second
@@ -657,11 +660,7 @@ class Run {
                 "the loss {} at step {} exceeds train.max_loss = {}: the run stops before "
                 "writing this step's checkpoint; lower train.lr (now {}) or raise the limit",
                 f.result.loss, step + 1, t.max_loss, t.lr);
-    if (mesh_.pp_size() > 1) {
-      double bubble = f.result.bubble_seconds;
-      engine_.pp().all_reduce(Tensor::of(&bubble, {1}), comm::ReduceOp::max);
-      f.bubble_seconds = bubble;
-    }
+    if (mesh_.pp_size() > 1) f.bubble_seconds = f.result.bubble_seconds;
     f.record = {step + 1, f.result.loss, engine_.learning_rate(step), f.result.grad_norm,
                 clock.seconds(), std::nullopt};
     const bool last = step + 1 == t.steps;
