@@ -11,6 +11,7 @@
 // In fp64 with dropout 0.1, from random weights with nonzero biases and norm parameters
 // (tests/support/runs.h): every run agrees with the single process to relative 1e-10.
 #include "support/command.h"
+#include "support/pipeline_runs.h"
 #include "support/runs.h"
 
 #include <gtest/gtest.h>
@@ -77,35 +78,19 @@ peak_tflops = 1.0
   }
 
   // Trains over tp x pp x dp ranks (one process when all are 1) with `extra` settings; returns
-  // the run's folder (metrics.jsonl, ckpt/).
-  // `model` names the config and initial weights: "gpt" (gpt.toml, init.safetensors) or one a
-  // test wrote with write_model.
+  // the run's folder (metrics.jsonl, ckpt/). `model` names the config and initial weights:
+  // "gpt" (gpt.toml, init.safetensors) or one a test wrote (<model>.toml, init_<model>...).
   static fs::path train(const std::string& name, int tp, int pp, const std::string& extra,
                         int dp = 1, const std::string& model = "gpt") {
-    const fs::path out = dir_ / name;
-    const int ranks = tp * pp * dp;
     const std::string init = model == "gpt" ? "init" : "init_" + model;
-    const std::string command =
-        (ranks > 1 ? oases::testing::mpirun_prefix(ranks) : std::string()) + OASES_BINARY +
-        " train --quiet --config " + (dir_ / (model + ".toml")).string() + " --init-from " +
-        (dir_ / (init + ".safetensors")).string() + " --set parallel.tp=" + std::to_string(tp) +
-        " parallel.pp=" + std::to_string(pp) + " parallel.dp=" + std::to_string(dp) +
-        " log.metrics=" +
-        quoted((out / "metrics.jsonl").string()) + " checkpoint.dir=" +
-        quoted((out / "ckpt").string()) + " " + extra;
-    const Result r = run_command(command);
-    EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.output;
-    return out;
+    return oases::testing::train_run(OASES_BINARY, dir_ / (model + ".toml"),
+                                     dir_ / (init + ".safetensors"), {tp, pp, dp}, dir_ / name,
+                                     extra);
   }
 
   static void expect_same_run(const fs::path& got, const fs::path& want, const std::string& what,
                               int step = 3) {
-    expect_same_losses(metric(got, "loss"), metric(want, "loss"), what);
-    const std::string folder = "ckpt/step_" + std::to_string(step);
-    expect_same_tensors(got / folder / "model.safetensors", want / folder / "model.safetensors",
-                        what);
-    expect_same_tensors(got / folder / "optimizer.safetensors",
-                        want / folder / "optimizer.safetensors", what + " optimizer");
+    oases::testing::expect_same_run(got, want, what, step);
   }
 
   static void expect_same_validation(const fs::path& got, const fs::path& want,

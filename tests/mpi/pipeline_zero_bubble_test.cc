@@ -9,7 +9,7 @@
 //
 // In fp64 with dropout, from random weights with nonzero biases and norm parameters: every run
 // agrees with the single process to relative 1e-10.
-#include "support/command.h"
+#include "support/pipeline_runs.h"
 #include "support/runs.h"
 
 #include <gtest/gtest.h>
@@ -24,11 +24,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using Result = oases::testing::CommandResult;
-using oases::testing::expect_same_losses;
-using oases::testing::expect_same_tensors;
+using oases::testing::expect_same_run;
 using oases::testing::quoted;
-using oases::testing::run_command;
 
 std::vector<double> metric(const fs::path& run, const std::string& name) {
   return oases::testing::metric_values(run / "metrics.jsonl", name);
@@ -38,36 +35,13 @@ class ZeroBubblePipeline : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = oases::testing::fresh_test_folder("pipeline_zero_bubble_runs");
-    const Result r = oases::testing::prepare_fortunes_data(OASES_BINARY, dir_);
+    const auto r = oases::testing::prepare_fortunes_data(OASES_BINARY, dir_);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     for (const std::string arch : {"gpt", "llama"}) {
       // Three layers over two stages: uniform gives 1 and 2, so the stages differ.
-      std::ofstream(dir_ / (arch + ".toml")) << R"(
-[model]
-arch = ")" + arch + R"("
-layers = 3
-hidden = 32
-heads = 4
-)" + (arch == "llama" ? "kv_heads = 2\n" : "") + R"(ffn_hidden = 48
-vocab_size = 257
-seq_len = 16
-dropout = 0.1
-[train]
-precision = "fp64"
-micro_batch = 2
-global_batch = 8
-steps = 3
-lr = 3e-3
-min_lr = 3e-4
-warmup_steps = 1
-threads = 1
-eval_every = 1
-eval_steps = 1
-[data]
-path = ")" + (dir_ / "data").string() + R"("
-[log]
-peak_tflops = 1.0
-)";
+      std::ofstream(dir_ / (arch + ".toml"))
+          << oases::testing::tiny_fp64_config(arch, 3, dir_ / "data",
+                                              "eval_every = 1\neval_steps = 1\n");
       oases::testing::write_random_init(dir_ / (arch + ".toml"),
                                         dir_ / (arch + "_init.safetensors"), 57);
     }
@@ -77,29 +51,9 @@ peak_tflops = 1.0
   // `extra` settings; returns the run's folder (metrics.jsonl, run.json, ckpt/).
   static fs::path train(const std::string& arch, int tp, int pp, int dp, const std::string& name,
                         const std::string& extra = "") {
-    const fs::path out = dir_ / name;
-    const int ranks = tp * pp * dp;
-    const std::string command =
-        (ranks > 1 ? oases::testing::mpirun_prefix(ranks) : std::string()) + OASES_BINARY +
-        " train --quiet --config " + (dir_ / (arch + ".toml")).string() + " --init-from " +
-        (dir_ / (arch + "_init.safetensors")).string() + " --set parallel.tp=" +
-        std::to_string(tp) + " parallel.pp=" + std::to_string(pp) +
-        " parallel.dp=" + std::to_string(dp) +
-        (pp > 1 ? " parallel.pipeline=" + quoted("zero-bubble") : std::string()) +
-        " log.metrics=" + quoted((out / "metrics.jsonl").string()) + " checkpoint.dir=" +
-        quoted((out / "ckpt").string()) + " " + extra;
-    const Result r = run_command(command);
-    EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.output;
-    return out;
-  }
-
-  static void expect_same_run(const fs::path& got, const fs::path& want, const std::string& what) {
-    expect_same_losses(metric(got, "loss"), metric(want, "loss"), what);
-    expect_same_losses(metric(got, "val_loss"), metric(want, "val_loss"), what + " validation");
-    expect_same_tensors(got / "ckpt/step_3/model.safetensors",
-                        want / "ckpt/step_3/model.safetensors", what);
-    expect_same_tensors(got / "ckpt/step_3/optimizer.safetensors",
-                        want / "ckpt/step_3/optimizer.safetensors", what + " optimizer");
+    return oases::testing::train_run(
+        OASES_BINARY, dir_ / (arch + ".toml"), dir_ / (arch + "_init.safetensors"), {tp, pp, dp},
+        dir_ / name, (pp > 1 ? "parallel.pipeline=" + quoted("zero-bubble") + " " : "") + extra);
   }
 
   // Rank 0 (the first stage: it receives no activations, whose buffers the schedule does not
