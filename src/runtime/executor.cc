@@ -44,6 +44,16 @@ bool is_compute(schedule::Op op) {
 
 ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
                              const StepHooks& hooks, InstructionListener* listener) {
+  return run(schedule, ctx, ctx, hooks, listener);
+}
+
+void Executor::finish_sends(InstructionListener* listener) {
+  for (auto& [slot, staged] : staged_) finish_send(staged, listener);
+}
+
+ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::StepContext& own_batch,
+                             const ops::StepContext& previous_batch, const StepHooks& hooks,
+                             InstructionListener* listener) {
   using schedule::Op;
   ExecutionStats stats;
   store_.reset_peak();
@@ -52,7 +62,9 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
     const Clock::time_point began = Clock::now();
     const auto key = std::tuple{ins.segment, ins.micro_batch, ins.sub_batch,
                                 static_cast<int>(ins.direction), ins.replay};
-    const bool has_segment = ins.op != Op::reduce_grads && ins.op != Op::optimizer_step;
+    const ops::StepContext& ctx = ins.batch < 0 ? previous_batch : own_batch;
+    const bool has_segment = ins.op != Op::reduce_grads && ins.op != Op::optimizer_step &&
+                             ins.op != Op::use_weights;
     ops::Segment* segment = has_segment ? segments_[static_cast<std::size_t>(ins.segment)].get() : nullptr;
     const ops::SegmentShape* shape =
         has_segment ? &program_.segments[static_cast<std::size_t>(ins.segment)] : nullptr;
@@ -104,6 +116,10 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
       case Op::optimizer_step:
         if (hooks.optimizer_step) hooks.optimizer_step();
         break;
+      case Op::use_weights:
+        OASES_ASSERT(hooks.use_weights, "{} without a use_weights hook", schedule::to_string(ins));
+        hooks.use_weights(ins.batch);
+        break;
       case Op::send: send(ins, *segment, listener); break;
       case Op::recv: {
         OASES_ASSERT(peers_ != nullptr, "{}: no point-to-point group", schedule::to_string(ins));
@@ -134,7 +150,7 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
   }
   OASES_ASSERT(in_flight_.empty(), "schedule ended with collectives in flight");
   const Clock::time_point sends_began = Clock::now();
-  for (auto& [slot, staged] : staged_) finish_send(staged, listener);
+  if (!sends_outlive_runs_) finish_sends(listener);
   stats.exposed_comm_seconds += seconds(Clock::now() - sends_began);
   stats.comm_seconds += union_seconds(std::move(wire));
   stats.peak_activation_bytes = static_bytes_ + store_.peak_bytes();

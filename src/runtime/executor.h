@@ -30,6 +30,9 @@ namespace oases::runtime {
 struct StepHooks {
   std::function<void(int bucket)> reduce_grads;  // ReduceGrads(bucket) instruction
   std::function<void()> optimizer_step;  // OptimizerStep instruction
+  // UseWeights(batch): the parameters segments read must hold the version `batch` computes with
+  // (2bw weight stashing; schedule/pipeline_2bw.h).
+  std::function<void(int batch)> use_weights;
 };
 
 struct ExecutionStats {
@@ -88,6 +91,17 @@ class Executor {
   // counted as exposed communication). Every send has completed when run() returns.
   ExecutionStats run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
                      const StepHooks& hooks, InstructionListener* listener = nullptr);
+  // A run of a no-flush pipeline (schedule/pipeline_2bw.h): instructions of batch -1 run in
+  // `previous_batch` (that batch's step, tokens and loss scale), those of batch 0 in `ctx`.
+  ExecutionStats run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
+                     const ops::StepContext& previous_batch, const StepHooks& hooks,
+                     InstructionListener* listener = nullptr);
+
+  // With `outlive` set, run() returns without waiting for its last sends: a no-flush
+  // pipeline's last gradient Send of a run is received in the peer's next run, and waiting
+  // for it between runs would deadlock. finish_sends() waits for every send.
+  void set_sends_outlive_runs(bool outlive) { sends_outlive_runs_ = outlive; }
+  void finish_sends(InstructionListener* listener = nullptr);
 
  private:
   // A send's copy of its tensor, so that the segment may reuse its buffer at once.
@@ -115,6 +129,7 @@ class Executor {
   std::map<std::tuple<int, int, int, int, bool>, InFlight> in_flight_;
   comm::Communicator* peers_ = nullptr;
   std::map<std::pair<ops::Payload, int>, Staged> staged_;  // by (payload, slot)
+  bool sends_outlive_runs_ = false;
 };
 
 }  // namespace oases::runtime

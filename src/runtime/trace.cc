@@ -62,6 +62,7 @@ std::string trace_name(const InstructionRecord& record) {
     case Op::send:
     case Op::recv: return schedule::to_string(ins);
     case Op::optimizer_step: return "OptimizerStep";
+    case Op::use_weights: return schedule::to_string(ins);
   }
   return "?";
 }

@@ -188,4 +188,37 @@ Schedule lower_pipeline(const ops::Program& stage_program, const ScheduleSpec& w
   return out;
 }
 
+std::vector<LoweredAction> lower_actions(const ops::Program& stage_program,
+                                         const ScheduleSpec& within_stage,
+                                         const PipelineSpec& pipeline,
+                                         const PipelineOrders& orders, int rank) {
+  OASES_ASSERT(within_stage.training && pipeline.virtual_stages == 1,
+               "lower_actions lowers training steps of one chunk per rank");
+  const std::vector<std::vector<Event>> events =
+      merge_orders(pipeline, orders, within_stage.sub_batches);
+  const int last_segment = static_cast<int>(stage_program.segments.size()) - 1;
+  std::vector<LoweredAction> out;
+  for (const Event& event : events[static_cast<std::size_t>(rank)]) {
+    LoweredAction lowered;
+    if (event.kind != Event::compute) {
+      const Message& m = event.message;
+      lowered.action = {m.payload == Payload::activation ? PipelineAction::forward
+                                                          : PipelineAction::backward,
+                        rank, m.micro_batch};
+      lowered.message = true;
+      lowered.instructions.push_back(
+          message_instruction(event, rank, last_segment, within_stage.sub_batches));
+    } else {
+      lowered.action = event.action;
+      const int mb = event.action.micro_batch;
+      lowered.instructions = event.action.kind == PipelineAction::forward
+                                 ? micro_batch_forward(stage_program, within_stage, mb)
+                                 : micro_batch_backward(stage_program, within_stage, mb);
+      for (Instruction& ins : lowered.instructions) ins.chunk = rank;
+    }
+    out.push_back(std::move(lowered));
+  }
+  return out;
+}
+
 }  // namespace oases::schedule

@@ -464,8 +464,10 @@ void RunConfig::validate() const {
   const schedule::PipelineKind pipeline_kind =
       schedule::parse_pipeline_kind(p.pipeline, "parallel.pipeline");
   OASES_CHECK(pipeline_kind == schedule::PipelineKind::one_f_one_b ||
-                  pipeline_kind == schedule::PipelineKind::gpipe,
-              "parallel.pipeline = \"{}\" is not available yet; valid: \"1f1b\", \"gpipe\"",
+                  pipeline_kind == schedule::PipelineKind::gpipe ||
+                  pipeline_kind == schedule::PipelineKind::two_bw,
+              "parallel.pipeline = \"{}\" is not available yet; valid: \"1f1b\", \"gpipe\", "
+              "\"2bw\"",
               p.pipeline);
   OASES_CHECK(p.pp <= model.layers,
               "parallel.pp = {} is more than model.layers = {}: each pipeline stage needs at "
@@ -519,6 +521,19 @@ void RunConfig::validate() const {
         t.global_batch % t.micro_batch != 0
             ? std::string()
             : fmt::format(", or dp in {{{}}}", divisors_of(t.global_batch / t.micro_batch)));
+  }
+  if (pipeline_kind == schedule::PipelineKind::two_bw) {
+    // A 2bw step's micro-batches must outnumber the stages: a batch's last backwards then
+    // overlap the next batch's first forwards without two of them sharing a micro-batch slot.
+    const std::int64_t micro_batches = t.global_batch / micro_dp;
+    OASES_CHECK(micro_batches > p.pp,
+                "parallel.pipeline = \"2bw\" needs more micro-batches per step than pipeline "
+                "stages, but train.global_batch = {} / (train.micro_batch x parallel.dp = {} x "
+                "{}) = {} micro-batches with parallel.pp = {}; valid: train.global_batch = {}, "
+                "{}, ... (a multiple of {} above {}), or parallel.pp below {}",
+                t.global_batch, t.micro_batch, p.dp, micro_batches, p.pp,
+                (p.pp + 1) * micro_dp, (p.pp + 2) * micro_dp, micro_dp, p.pp * micro_dp,
+                micro_batches);
   }
   OASES_CHECK(t.steps >= 0, "train.steps = {} must be >= 0", t.steps);
   OASES_CHECK(t.lr > 0, "train.lr = {} must be positive", t.lr);

@@ -74,7 +74,7 @@ TEST(RunConfig, PipelineSettingsParseRoundTripAndNameTheirErrors) {
             std::string::npos);
   EXPECT_NE(error_of("[parallel]\npipeline = \"zigzag\"\n").find("parallel.pipeline = \"zigzag\" is not a known pipeline schedule; valid: "),
             std::string::npos);
-  for (const std::string kind : {"interleaved", "zero-bubble", "2bw"})
+  for (const std::string kind : {"interleaved", "zero-bubble"})
     EXPECT_NE(error_of("[parallel]\npp = 2\npipeline = \"" + kind + "\"\n")
                   .find("parallel.pipeline = \"" + kind + "\" is not available yet; valid: \"1f1b\", \"gpipe\""),
               std::string::npos) << kind;
