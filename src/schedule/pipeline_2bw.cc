@@ -159,23 +159,21 @@ LoweredRun lower_2bw_run(const ops::Program& stage_program, const ScheduleSpec& 
     step.event.instructions.push_back(ins);
     if (last == events.rend()) {
       // Rank P - 1 ran batch -1's last backward in the previous run: its step joins the other
-      // stages' (the gradient norm and the tied embedding meet across stages) right before
-      // batch 0's first backward.
+      // stages' (the gradient norm and the tied embedding meet across stages) before batch 0
+      // computes anything, as the loss's forward already accumulates the head's gradients.
       OASES_ASSERT(batch == -1, "rank {} runs no backward of its own batch", rank);
-      const auto first = std::find_if(events.begin(), events.end(), [](const RunEvent& e) {
-        return !e.event.message && e.event.action.kind == PipelineAction::backward;
-      });
-      OASES_ASSERT(first != events.end(), "rank {} runs no backward", rank);
+      const auto first = std::find_if(events.begin(), events.end(),
+                                      [](const RunEvent& e) { return !e.event.message; });
+      OASES_ASSERT(first != events.end(), "rank {} computes nothing", rank);
       events.insert(first, std::move(step));
       continue;
     }
-    const int micro_batch = last->event.action.micro_batch;
-    auto at = last.base();  // just after the backward
-    while (at != events.end() && at->event.message && at->batch == batch &&
-           at->event.instructions.front().op == Op::send &&
-           at->event.action.kind == PipelineAction::backward &&
-           at->event.action.micro_batch == micro_batch)
-      ++at;
+    // After the backward's Sends and the next action's Recvs: a rank's step waits for every
+    // stage's (the gradient norm), so each message sent before a step must be received before
+    // the receiver's step. The previous rank sends one forward more than this rank runs
+    // before the backward: its activation arrives here.
+    auto at = last.base();
+    while (at != events.end() && at->event.message) ++at;
     events.insert(at, std::move(step));
   }
 

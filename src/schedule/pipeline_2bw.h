@@ -17,10 +17,17 @@
 // Rank P - 1 (w = 0) carries nothing; on every other rank batch t + 1's first forwards run
 // before batch t's last backward.
 //
-// Weights and gradients. Right after the last backward of a batch (and its gradient Sends),
-// the rank reduces the batch's buckets and runs OptimizerStep(batch): the batches share the
+// Weights and gradients. After the last backward of a batch (its gradient Sends and the next
+// action's Recvs), the rank reduces the batch's buckets and runs OptimizerStep(batch). The
+// stages' steps of a batch wait for each other (the global gradient norm), so every message a
+// rank sends before its step is received before the receiver's step; with sends that complete
+// only once received, a step placed before such a Recv would deadlock. The batches share the
 // gradient buffer, and every backward of batch t precedes every backward of batch t + 1, so
-// gradients never mix. UseWeights(batch) precedes each compute action whose batch's version
+// gradients never mix. Rank P - 1 finishes batch t in the run of batch t (w = 0); its step of
+// batch t comes first in the next run, before batch t + 1's first forward, which on that rank
+// computes the loss and with it the head's weight gradients. The stages' steps of a batch meet
+// (the global gradient norm, GPT's tied embedding), so rank P - 1 waits there for rank 0's last
+// backward of the batch: the one wait per step that 2bw keeps under gradient clipping. UseWeights(batch) precedes each compute action whose batch's version
 // is not the one in use (at the start of a run, after an optimizer step, and at each switch
 // between the two batches in the 1F1B steady state); the executor hands it to
 // StepHooks::use_weights.

@@ -144,6 +144,53 @@ TEST(TwoBwLowering, EveryRunVerifiesAndChainedRunsPassThePointToPointCheck) {
   EXPECT_EQ(checked, 3 * 2 * 2);
 }
 
+// The stages' optimizer steps of a batch wait for each other (the global gradient norm): every
+// message sent before a rank's step must be received before the receiver's, or a rank blocked in
+// its step would hold back a Send another rank needs to complete before its own step.
+TEST(TwoBwLowering, MessagesSentBeforeAStepAreReceivedBeforeTheReceiversStep) {
+  for (int stages : {2, 3, 4}) {
+    const std::vector<ops::Program> programs = stage_programs(stages, 2);
+    for (int m : {stages + 1, 2 * stages}) {
+      ScheduleSpec spec = kWithinStage.back();
+      spec.micro_batches = m;
+      for (const TwoBwRun run : {kSteady, kLast, kAlone}) {
+        std::vector<Schedule> group;
+        for (int rank = 0; rank < stages; ++rank)
+          group.push_back(lower_2bw_run(programs[static_cast<std::size_t>(rank)], spec,
+                                        two_bw(stages, m), rank, run).schedule);
+        for (const int batch : {-1, 0}) {
+          if ((batch == -1 && !run.carries_in) || (batch == 0 && !run.drains)) continue;
+          const auto step_of = [&](const Schedule& s) {
+            return std::find_if(s.begin(), s.end(), [&](const Instruction& ins) {
+                     return ins.op == Op::optimizer_step && ins.batch == batch;
+                   }) - s.begin();
+          };
+          for (int rank = 0; rank < stages; ++rank) {
+            const Schedule& mine = group[static_cast<std::size_t>(rank)];
+            const long my_step = step_of(mine);
+            ASSERT_LT(my_step, static_cast<long>(mine.size()));
+            for (long i = 0; i < my_step; ++i) {
+              const Instruction& send = mine[static_cast<std::size_t>(i)];
+              if (send.op != Op::send) continue;
+              const Schedule& peer = group[static_cast<std::size_t>(send.peer)];
+              const auto recv = std::find_if(peer.begin(), peer.end(), [&](const Instruction& ins) {
+                return ins.op == Op::recv && ins.peer == rank && ins.payload == send.payload &&
+                       ins.batch == send.batch && ins.micro_batch == send.micro_batch &&
+                       ins.sub_batch == send.sub_batch;
+              });
+              ASSERT_NE(recv, peer.end()) << to_string(send);
+              EXPECT_LT(recv - peer.begin(), step_of(peer))
+                  << fmt::format("P={} m={} rank {} sends {} before its step of batch {}; rank {} "
+                                 "receives it after its own",
+                                 stages, m, rank, to_string(send), batch, send.peer);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(TwoBwLowering, TheVerifierRejectsLostCarriesAndStaleWeights) {
   const std::vector<ops::Program> programs = stage_programs(2, 1);
   ScheduleSpec spec = kWithinStage.front();
