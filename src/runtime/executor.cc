@@ -47,10 +47,6 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
   return run(schedule, ctx, ctx, hooks, listener);
 }
 
-void Executor::finish_sends(InstructionListener* listener) {
-  for (auto& [slot, staged] : staged_) finish_send(staged, listener);
-}
-
 ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::StepContext& own_batch,
                              const ops::StepContext& previous_batch, const StepHooks& hooks,
                              InstructionListener* listener) {
@@ -150,7 +146,7 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
   }
   OASES_ASSERT(in_flight_.empty(), "schedule ended with collectives in flight");
   const Clock::time_point sends_began = Clock::now();
-  if (!sends_outlive_runs_) finish_sends(listener);
+  for (auto& [slot, staged] : staged_) finish_send(staged, listener);
   stats.exposed_comm_seconds += seconds(Clock::now() - sends_began);
   stats.comm_seconds += union_seconds(std::move(wire));
   stats.peak_activation_bytes = static_bytes_ + store_.peak_bytes();

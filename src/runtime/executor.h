@@ -32,7 +32,7 @@ struct StepHooks {
   std::function<void()> optimizer_step;  // OptimizerStep instruction
   // UseWeights(batch): the parameters segments read must hold the version `batch` computes with
   // (2bw weight stashing; schedule/pipeline_2bw.h).
-  std::function<void(int batch)> use_weights;
+  std::function<void(int batch)> use_weights = nullptr;
 };
 
 struct ExecutionStats {
@@ -97,12 +97,6 @@ class Executor {
                      const ops::StepContext& previous_batch, const StepHooks& hooks,
                      InstructionListener* listener = nullptr);
 
-  // With `outlive` set, run() returns without waiting for its last sends: a no-flush
-  // pipeline's last gradient Send of a run is received in the peer's next run, and waiting
-  // for it between runs would deadlock. finish_sends() waits for every send.
-  void set_sends_outlive_runs(bool outlive) { sends_outlive_runs_ = outlive; }
-  void finish_sends(InstructionListener* listener = nullptr);
-
  private:
   // A send's copy of its tensor, so that the segment may reuse its buffer at once.
   struct Staged {
@@ -129,7 +123,6 @@ class Executor {
   std::map<std::tuple<int, int, int, int, bool>, InFlight> in_flight_;
   comm::Communicator* peers_ = nullptr;
   std::map<std::pair<ops::Payload, int>, Staged> staged_;  // by (payload, slot)
-  bool sends_outlive_runs_ = false;
 };
 
 }  // namespace oases::runtime

@@ -32,10 +32,11 @@
 // between the two batches in the 1F1B steady state); the executor hands it to
 // StepHooks::use_weights.
 //
-// Messages cross run boundaries: the gradient a rank's last backward of a run sends is
-// received by the previous rank in the next run (its matching backward is carried). Matched
-// per pair of ranks in issue order like any other, so the runs concatenated pass
-// verify_point_to_point. Slots are per micro-batch of a batch: mb * sub_batches + sb.
+// Messages. A message belongs to the run of the next compute action on its rank, so the runs
+// concatenated are the stream's exact order and pass verify_point_to_point: the gradient Sends
+// of a rank's last backward of a run open the next run (the previous rank's matching backward
+// is carried into that run too, RunCarry::gradient_sent_later), and every message a run sends
+// is received within it. Slots are per micro-batch of a batch: mb * sub_batches + sb.
 #pragma once
 
 #include "ops/program.h"

@@ -132,8 +132,6 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
               config.parallel.pp);
   two_bw_ = schedule::parse_pipeline_kind(config.parallel.pipeline, "parallel.pipeline") ==
             schedule::PipelineKind::two_bw;
-  // A 2bw run's last gradient Sends are received in the peer's next run.
-  executor_.set_sends_outlive_runs(two_bw_);
   if (pp_->size() > 1) {
     executor_.set_point_to_point(pp_);
     const auto first = stage_layer_range(config, 0), last = stage_layer_range(config, pp_->size() - 1);
@@ -373,8 +371,10 @@ std::size_t TrainingEngine::activation_bytes() {
 }
 
 std::size_t TrainingEngine::memory_bytes() {
-  // Parameters and gradients, the optimizer's state, and activations.
-  return 2 * static_cast<std::size_t>(model_.param_count()) * dtype_size(model_.dtype()) +
+  // Parameters and gradients (and 2bw's second weight version), the optimizer's state, and
+  // activations.
+  return (two_bw_ ? 3 : 2) * static_cast<std::size_t>(model_.param_count()) *
+             dtype_size(model_.dtype()) +
          optimizer_->state_bytes() + activation_bytes();
 }
 
@@ -476,7 +476,6 @@ StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t*
   const runtime::ExecutionStats stats =
       executor_.run(run.schedule, own.context, previous, hooks, listener_);
   versions_->use(versions_->newest());  // between calls the model holds the newest weights
-  if (drain) executor_.finish_sends(listener_);
   in_flight_step_ = drain ? std::nullopt : std::optional<std::int64_t>(step);
 
   result.compute_seconds = stats.compute_seconds;
