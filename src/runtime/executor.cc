@@ -45,6 +45,12 @@ bool is_compute(schedule::Op op) {
 
 ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
                              const StepHooks& hooks, InstructionListener* listener) {
+  return run(schedule, ctx, ctx, hooks, listener);
+}
+
+ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::StepContext& own_batch,
+                             const ops::StepContext& previous_batch, const StepHooks& hooks,
+                             InstructionListener* listener) {
   using schedule::Op;
   ExecutionStats stats;
   store_.reset_peak();
@@ -53,7 +59,9 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
     const Clock::time_point began = Clock::now();
     const auto key = std::tuple{ins.segment, ins.micro_batch, ins.sub_batch,
                                 static_cast<int>(ins.direction), ins.replay};
-    const bool has_segment = ins.op != Op::reduce_grads && ins.op != Op::optimizer_step;
+    const ops::StepContext& ctx = ins.batch < 0 ? previous_batch : own_batch;
+    const bool has_segment = ins.op != Op::reduce_grads && ins.op != Op::optimizer_step &&
+                             ins.op != Op::use_weights;
     ops::Segment* segment = has_segment ? segments_[static_cast<std::size_t>(ins.segment)].get() : nullptr;
     const ops::SegmentShape* shape =
         has_segment ? &program_.segments[static_cast<std::size_t>(ins.segment)] : nullptr;
@@ -108,6 +116,10 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         break;
       case Op::optimizer_step:
         if (hooks.optimizer_step) hooks.optimizer_step();
+        break;
+      case Op::use_weights:
+        OASES_ASSERT(hooks.use_weights, "{} without a use_weights hook", schedule::to_string(ins));
+        hooks.use_weights(ins.batch);
         break;
       case Op::send: send(ins, *segment, listener); break;
       case Op::recv: {

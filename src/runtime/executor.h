@@ -30,6 +30,9 @@ namespace oases::runtime {
 struct StepHooks {
   std::function<void(int bucket)> reduce_grads;  // ReduceGrads(bucket) instruction
   std::function<void()> optimizer_step;  // OptimizerStep instruction
+  // UseWeights(batch): the parameters segments read must hold the version `batch` computes with
+  // (2bw weight stashing; schedule/pipeline_2bw.h).
+  std::function<void(int batch)> use_weights = nullptr;
 };
 
 struct ExecutionStats {
@@ -93,6 +96,11 @@ class Executor {
   // counted as bubble_seconds). Every send has completed when run() returns.
   ExecutionStats run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
                      const StepHooks& hooks, InstructionListener* listener = nullptr);
+  // A run of a no-flush pipeline (schedule/pipeline_2bw.h): instructions of batch -1 run in
+  // `previous_batch` (that batch's step, tokens and loss scale), those of batch 0 in `ctx`.
+  ExecutionStats run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
+                     const ops::StepContext& previous_batch, const StepHooks& hooks,
+                     InstructionListener* listener = nullptr);
 
  private:
   // A send's copy of its tensor, so that the segment may reuse its buffer at once.

@@ -76,6 +76,7 @@ std::string trace_name(const InstructionRecord& record) {
                          ins.micro_batch, ins.sub_batch, ins.op == Op::send ? "->" : "<-",
                          ins.peer);
     case Op::optimizer_step: return "OptimizerStep";
+    case Op::use_weights: return schedule::to_string(ins);
   }
   return "?";
 }

@@ -24,6 +24,8 @@
 //   zero-bubble  ZB-H1: 1F1B's order with B split into I then W; rank r       min(P, m)
 //                defers the W of micro-batch i until after I(i + r), and
 //                runs the deferred ones after its last I
+//   2bw          1F1B's order for one step alone; across steps the stream    P
+//                never drains (schedule/pipeline_2bw.h); needs m > P
 //
 // GPipe runs backwards in micro-batch order (as GPipe and PyTorch's ScheduleGPipe do): the
 // step time is the same in either order, and micro-batch 0's gradient reaches rank 0 first.
@@ -45,8 +47,8 @@
 // idles (P - 1) per step against 3 (P - 1) for 1F1B with B = I + W, a third; live activations
 // (forward run, W not yet) peak at min(P, m) on every rank, 1F1B's peak on rank 0.
 //
-// PipeDream-2BW (no flush, two weight versions) is not generated yet: check_pipeline_spec
-// rejects it with a UserError.
+// PipeDream-2BW (no flush, two weight versions): its orders continue 1F1B's steady state from
+// one step into the next; schedule/pipeline_2bw.h lowers a step's run of that stream.
 #pragma once
 
 #include <cstdint>
@@ -92,7 +94,7 @@ struct PipelineSpec {
 };
 
 // UserError when the spec cannot be generated: P, v and m at least 1; v > 1 only with
-// interleaved, which needs v >= 2 and m a multiple of P; 2bw is not generated yet. Messages
+// interleaved, which needs v >= 2 and m a multiple of P; 2bw needs m > P. Messages
 // name the setting (parallel.pp, parallel.virtual_stages, parallel.pipeline; m is the number
 // of micro-batches per step), the value found and the valid values.
 void check_pipeline_spec(const PipelineSpec& spec);

@@ -328,4 +328,35 @@ Schedule lower_forward_only_pipeline(const ops::Program& stage_program,
                   events[static_cast<std::size_t>(rank)]);
 }
 
+std::vector<LoweredAction> lower_actions(const ops::Program& stage_program,
+                                         const ScheduleSpec& within_stage,
+                                         const PipelineSpec& pipeline,
+                                         const PipelineOrders& orders, int rank) {
+  OASES_ASSERT(within_stage.training && pipeline.virtual_stages == 1,
+               "lower_actions lowers training steps of one chunk per rank");
+  const std::vector<std::vector<Event>> events =
+      merge_orders(pipeline, orders, within_stage.sub_batches);
+  const std::vector<SegmentRange> chunks = chunk_segment_ranges(stage_program);
+  std::vector<LoweredAction> out;
+  for (const Event& event : events[static_cast<std::size_t>(rank)]) {
+    LoweredAction lowered;
+    if (event.kind != Event::compute) {
+      const Message& m = event.message;
+      lowered.action = {m.payload == Payload::activation ? PipelineAction::forward
+                                                          : PipelineAction::backward,
+                        rank, m.micro_batch};
+      lowered.message = true;
+      lowered.instructions.push_back(message_instruction(m, event.kind == Event::send, pipeline,
+                                                         chunks, within_stage.sub_batches));
+    } else {
+      lowered.action = event.action;
+      lowered.instructions =
+          action_instructions(stage_program, within_stage, event.action, chunks.front());
+      for (Instruction& ins : lowered.instructions) ins.chunk = rank;
+    }
+    out.push_back(std::move(lowered));
+  }
+  return out;
+}
+
 }  // namespace oases::schedule

@@ -90,4 +90,22 @@ Schedule lower_forward_only_pipeline(const ops::Program& stage_program,
                                      const ScheduleSpec& within_stage, int stages,
                                      int virtual_stages, int rank);
 
+// One event of rank `rank`'s lowered order: the instructions of a compute action (message
+// false), or one Send or Recv (message true) with the action it came from or feeds.
+struct LoweredAction {
+  PipelineAction action;
+  bool message = false;
+  Schedule instructions;
+};
+
+// The events of rank `rank` for `orders` (F and B actions over pipeline.micro_batches, which
+// may exceed a step's: pipeline_2bw.h lowers several batches as one stream), messages placed as
+// lower_pipeline places them, every instruction naming chunk `rank`; no gradient reductions
+// and no optimizer step. REQUIRES: verify_pipeline_orders(pipeline, orders) passes, v = 1, and
+// within_stage.training.
+std::vector<LoweredAction> lower_actions(const ops::Program& stage_program,
+                                         const ScheduleSpec& within_stage,
+                                         const PipelineSpec& pipeline,
+                                         const PipelineOrders& orders, int rank);
+
 }  // namespace oases::schedule

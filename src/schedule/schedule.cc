@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -457,8 +458,12 @@ namespace {
 // The verifier's model of the state of every instance while it walks the schedule.
 class Verifier {
  public:
-  Verifier(const Program& program, const ScheduleSpec& spec)
-      : program_(program), spec_(spec), chunk_of_(program.segments.size(), -1) {
+  Verifier(const Program& program, const ScheduleSpec& spec, const RunCarry& carry)
+      : program_(program),
+        spec_(spec),
+        carry_(carry),
+        chunk_of_(program.segments.size(), -1),
+        carried_out_(carry.carried_out.begin(), carry.carried_out.end()) {
     where_ = "in the program";
     for (int s = 0; s + 1 < num_segments(); ++s)
       if (shape_of(program_, s).output_to_peer != shape_of(program_, s + 1).input_from_peer)
@@ -467,21 +472,57 @@ class Verifier {
                          s, s + 1));
   }
 
+  // Replays carry.earlier (what earlier runs ran of batch -1) before the run's own list.
+  void replay_earlier() {
+    replaying_ = true;
+    for (std::size_t i = 0; i < carry_.earlier.size(); ++i) {
+      const Instruction& ins = carry_.earlier[i];
+      where_ = fmt::format("earlier run's instruction {} ({})", i, to_string(ins));
+      check(ins.batch == -1, "an earlier run's instruction must belong to batch -1");
+      check(ins.op != Op::optimizer_step && ins.op != Op::reduce_grads &&
+                ins.op != Op::use_weights,
+            "an earlier run's part of batch -1 holds only its compute and messages");
+      step_instance(ins);
+    }
+    replaying_ = false;
+  }
+
   void step(std::size_t index, const Instruction& ins) {
     where_ = fmt::format("instruction {} ({})", index, to_string(ins));
+    check(ins.batch == 0 || (ins.batch == -1 && !carry_.earlier.empty()),
+          "batch outside the run (valid: 0, and -1 in a run that finishes an earlier batch)");
+    if (ins.op == Op::use_weights) {
+      check(carry_.weight_versions, "UseWeights in a run without weight versions");
+      check(ins.segment == -1, "UseWeights names a segment");
+      weights_of_batch_ = ins.batch;
+      return;
+    }
+    step_instance(ins);
+  }
+
+  void step_instance(const Instruction& ins) {
     check(ins.chunk >= 0, "negative chunk");
     check(ins.op == Op::reduce_grads || ins.bucket == -1, "only ReduceGrads names a bucket");
     check(ins.op == Op::send || ins.op == Op::recv || (ins.peer == -1 && ins.slot == -1),
           "only Send and Recv name a peer and a slot");
     check(ins.op == Op::backward || !ins.input_only, "only Backward runs input-only");
-    if (ins.op == Op::optimizer_step) return optimizer_step();
+    if (ins.op == Op::optimizer_step) return optimizer_step(ins.batch);
     if (ins.op == Op::reduce_grads) return reduce_grads(ins);
     check(ins.segment >= 0 && ins.segment < num_segments(), "no such segment");
     check(ins.micro_batch >= 0 && ins.micro_batch < spec_.micro_batches, "micro-batch out of range");
     check(ins.sub_batch >= 0 && ins.sub_batch < spec_.sub_batches, "sub-batch out of range");
     check_chunk(ins);
     const SegmentShape& shape = shape_of(program_, ins.segment);
-    Instance& inst = instance(ins.segment, ins.micro_batch, ins.sub_batch);
+    Instance& inst = instance(ins.batch, ins.segment, ins.micro_batch, ins.sub_batch);
+    const bool compute =
+        ins.op == Op::forward || ins.op == Op::recompute || ins.op == Op::backward;
+    if (compute && carry_.weight_versions && !replaying_)
+      check(weights_of_batch_ == ins.batch,
+            "computes without a UseWeights of its batch since the last OptimizerStep");
+    if (ins.op == Op::backward && ins.batch == 0 && !carry_.earlier.empty())
+      check(stepped_.contains(-1),
+            "a backward of batch 0 before the optimizer step of batch -1 (the two batches "
+            "would mix their gradients)");
     switch (ins.op) {
       case Op::forward: {
         check(!inst.forward_done, "forward twice");
@@ -520,7 +561,8 @@ class Verifier {
         if (ins.stage == 0 && shape.output_to_peer) {
           check(inst.gradient_received, "the gradient of the segment's output was not received");
         } else if (ins.stage == 0 && ins.segment + 1 < num_segments()) {
-          const Instance& next = instance(ins.segment + 1, ins.micro_batch, ins.sub_batch);
+          const Instance& next =
+              instance(ins.batch, ins.segment + 1, ins.micro_batch, ins.sub_batch);
           check(next.stages_done == shape_of(program_, ins.segment + 1).backward_stages,
                 "the following segment's backward has not finished");
         }
@@ -562,7 +604,7 @@ class Verifier {
                 "starts before its input was computed");
           Port& port = port_of(ins.sub_batch);
           check(port.segment == ins.segment && port.micro_batch == ins.micro_batch &&
-                    port.state == PortState::written,
+                    port.batch == ins.batch && port.state == PortState::written,
                 "the collective buffer does not hold this segment's output");
           port.state = PortState::in_flight;
           state = CollState::started;
@@ -604,14 +646,26 @@ class Verifier {
   void finish() {
     where_ = "at the end of the schedule";
     for (const auto& [key, inst] : instances_) {
-      const auto [segment, mb, sb] = key;
-      const std::string who = fmt::format("segment {} mb {} sb {}", segment, mb, sb);
+      const auto [batch, segment, mb, sb] = key;
+      const std::string who =
+          fmt::format("{}segment {} mb {} sb {}", batch ? "batch -1 " : "", segment, mb, sb);
       const SegmentShape& shape = shape_of(program_, segment);
       check(inst.forward_done, who + ": never ran forward");
       check(!shape.output_to_peer || inst.activation_sent, who + ": its output was never sent");
+      if (batch == 0 && carried_out_.contains(mb)) {
+        check(carry_.steps_later, who + ": carried out, but the batch's optimizer step runs here");
+        check(inst.stages_done == 0, who + ": carried out, but its backward began");
+        check(inst.forward_collective != CollState::started &&
+                  inst.replayed_collective != CollState::started,
+              who + ": a collective was never waited on");
+        continue;
+      }
+      const bool sent_later = batch == 0 && std::ranges::find(carry_.gradient_sent_later, mb) !=
+                                               carry_.gradient_sent_later.end();
       if (spec_.training)
-        check(!shape.input_from_peer || inst.gradient_sent,
-              who + ": the gradient of its input was never sent");
+        check(!shape.input_from_peer || inst.gradient_sent != sent_later,
+              who + (sent_later ? ": declared to send its input gradient later, but sent it"
+                                : ": the gradient of its input was never sent"));
       check(inst.forward_collective != CollState::started &&
                 inst.replayed_collective != CollState::started &&
                 inst.backward_collective != CollState::started,
@@ -623,10 +677,14 @@ class Verifier {
         check(inst.stages_done == shape.backward_stages, who + ": backward incomplete");
       check(!inst.input_only || inst.weight_done, who + ": its weight part never ran");
     }
-    const std::size_t expected = program_.segments.size() *
+    const std::size_t batches = carry_.earlier.empty() ? 1 : 2;
+    const std::size_t expected = batches * program_.segments.size() *
                                  static_cast<std::size_t>(spec_.micro_batches * spec_.sub_batches);
     check(instances_.size() == expected, "some instance never ran forward");
-    if (spec_.training) check(optimizer_steps_ == 1, "no optimizer step");
+    if (!spec_.training) return;
+    if (!carry_.earlier.empty()) check(stepped_.contains(-1), "no optimizer step of batch -1");
+    if (!carry_.steps_later) check(stepped_.contains(0), "no optimizer step");
+    else check(!stepped_.contains(0), "an optimizer step of a batch whose step runs later");
   }
 
   const std::vector<Instruction>& started() const { return started_; }
@@ -654,6 +712,7 @@ class Verifier {
     int segment = -1;
     int micro_batch = -1;
     PortState state = PortState::empty;
+    int batch = 0;
   };
 
   int num_segments() const { return static_cast<int>(program_.segments.size()); }
@@ -661,7 +720,9 @@ class Verifier {
     OASES_ASSERT(ok, "schedule rejected: {}: {}", where_, what);
   }
   void fail(const std::string& what) const { check(false, what); }
-  Instance& instance(int segment, int mb, int sb) { return instances_[{segment, mb, sb}]; }
+  Instance& instance(int batch, int segment, int mb, int sb) {
+    return instances_[{batch, segment, mb, sb}];
+  }
   Port& port_of(int sb) { return ports_[sb]; }
 
   void produce(Instance& inst, TensorSets sets) {
@@ -685,30 +746,32 @@ class Verifier {
             "reads the sets of a segment that does not precede it");
       const SegmentShape& owner_shape = shape_of(program_, owner);
       for (auto set : {kCheckpoint, kInternals, kCore})
-        read(instance(owner, ins.micro_batch, ins.sub_batch), set, owner_shape);
+        read(instance(ins.batch, owner, ins.micro_batch, ins.sub_batch), set, owner_shape);
     }
   }
   // A segment's epilogue reads the previous segment's reduced output and its checkpoint; the
   // first segment of a chunk after a cut reads what it received instead.
   void read_input(const Instruction& ins) {
     if (shape_of(program_, ins.segment).input_from_peer) {
-      check(instance(ins.segment, ins.micro_batch, ins.sub_batch).activation_received,
+      check(instance(ins.batch, ins.segment, ins.micro_batch, ins.sub_batch).activation_received,
             "the input activation was not received");
       return;
     }
     if (ins.segment == 0) return;
     const SegmentShape& previous = shape_of(program_, ins.segment - 1);
     Port& port = port_of(ins.sub_batch);
-    check(port.segment == ins.segment - 1 && port.micro_batch == ins.micro_batch,
+    check(port.segment == ins.segment - 1 && port.micro_batch == ins.micro_batch &&
+              port.batch == ins.batch,
           "the previous segment's output is not in the collective buffer");
     check(port.state == (previous.has_forward_collective ? PortState::reduced : PortState::written),
           "reads a forward collective that was not waited on");
-    read(instance(ins.segment - 1, ins.micro_batch, ins.sub_batch), kCheckpoint, previous);
+    read(instance(ins.batch, ins.segment - 1, ins.micro_batch, ins.sub_batch), kCheckpoint,
+         previous);
   }
   void write_output(const Instruction& ins) {
     Port& port = port_of(ins.sub_batch);
     check(port.state != PortState::in_flight, "overwrites a collective buffer in flight");
-    port = {ins.segment, ins.micro_batch, PortState::written};
+    port = {ins.segment, ins.micro_batch, PortState::written, ins.batch};
   }
   // A Free of a segment's sets while a deferred weight part that reads them is still to run.
   void check_no_pending_weight_reader(const Instruction& ins) {
@@ -718,7 +781,7 @@ class Verifier {
       const bool reads = t == ins.segment ||
                          std::find(reader.reads_sets_of.begin(), reader.reads_sets_of.end(),
                                    ins.segment) != reader.reads_sets_of.end();
-      const Instance& inst = instance(t, ins.micro_batch, ins.sub_batch);
+      const Instance& inst = instance(ins.batch, t, ins.micro_batch, ins.sub_batch);
       if (reads && inst.input_only && !inst.weight_done)
         fail(fmt::format("frees {} of segment {}, which the pending weight part of segment {} "
                          "({}) still reads",
@@ -734,11 +797,11 @@ class Verifier {
     for (int s = 0; s < num_segments(); ++s)
       if (shape_of(program_, s).ready_bucket == bucket) ready = s;
     check(ready >= 0, "no segment makes this bucket final");
-    check(!reduced_.contains(bucket), "bucket reduced twice");
+    check(!reduced_.contains({ins.batch, bucket}), "bucket reduced twice");
     for (int s = ready; s < num_segments(); ++s)
       for (int mb = 0; mb < spec_.micro_batches; ++mb)
         for (int sb = 0; sb < spec_.sub_batches; ++sb) {
-          const Instance& inst = instance(s, mb, sb);
+          const Instance& inst = instance(ins.batch, s, mb, sb);
           check(inst.stages_done == shape_of(program_, s).backward_stages,
                 fmt::format("bucket {} is not final: segment {} mb {} sb {} has not finished "
                             "backward", bucket, s, mb, sb));
@@ -746,7 +809,7 @@ class Verifier {
                 fmt::format("bucket {} is not final: the weight part of segment {} mb {} sb {} "
                             "has not run", bucket, s, mb, sb));
         }
-    reduced_.insert(bucket);
+    reduced_.insert({ins.batch, bucket});
   }
   // Sending an activation reads the output from the sub-batch's collective buffer, as the next
   // segment's epilogue would.
@@ -757,7 +820,8 @@ class Verifier {
       check(!inst.activation_sent, "sends the activation twice");
       check(inst.forward_done, "sends the output before the segment's Forward");
       const Port& port = port_of(ins.sub_batch);
-      check(port.segment == ins.segment && port.micro_batch == ins.micro_batch,
+      check(port.segment == ins.segment && port.micro_batch == ins.micro_batch &&
+                port.batch == ins.batch,
             "the segment's output is no longer in the collective buffer");
       check(port.state == (shape.has_forward_collective ? PortState::reduced : PortState::written),
             "sends an output whose forward collective was not waited on");
@@ -812,30 +876,41 @@ class Verifier {
     }
     chunk = ins.chunk;
   }
-  void optimizer_step() {
+  void optimizer_step(int batch) {
     check(spec_.training, "optimizer step in a forward-only schedule");
     for (int s = 0; s < num_segments(); ++s) {
       const int bucket = shape_of(program_, s).ready_bucket;
-      if (bucket >= 0) check(reduced_.contains(bucket), fmt::format("bucket {} never reduced", bucket));
+      if (bucket >= 0)
+        check(reduced_.contains({batch, bucket}), fmt::format("bucket {} never reduced", bucket));
     }
-    ++optimizer_steps_;
+    check(!stepped_.contains(batch), "a second optimizer step of the batch");
+    check(batch == 0 || !stepped_.contains(0), "the optimizer steps of the batches out of order");
+    stepped_.insert(batch);
+    weights_of_batch_ = kNoWeights;  // the update rewrote the newest version in place
   }
 
   const Program& program_;
   const ScheduleSpec& spec_;
+  const RunCarry& carry_;
   std::string where_;
   std::vector<int> chunk_of_;  // per segment; -1 until an instruction names it
-  std::map<std::tuple<int, int, int>, Instance> instances_;
+  std::set<int> carried_out_;
+  std::map<std::tuple<int, int, int, int>, Instance> instances_;  // (batch, segment, mb, sb)
   std::map<int, Port> ports_;
-  std::set<int> reduced_;
-  int optimizer_steps_ = 0;
+  std::set<std::pair<int, int>> reduced_;  // (batch, bucket)
+  std::set<int> stepped_;                  // batches whose optimizer step has run
+  bool replaying_ = false;
+  static constexpr int kNoWeights = 2;  // no batch's version is known to be in use
+  int weights_of_batch_ = kNoWeights;  // whose weights compute instructions now run on
   std::vector<Instruction> started_;
 };
 
 }  // namespace
 
-void verify_schedule(const Program& program, const ScheduleSpec& spec, const Schedule& schedule) {
-  Verifier verifier(program, spec);
+void verify_schedule(const Program& program, const ScheduleSpec& spec, const Schedule& schedule,
+                     const RunCarry& carry) {
+  Verifier verifier(program, spec, carry);
+  verifier.replay_earlier();
   for (std::size_t i = 0; i < schedule.size(); ++i) verifier.step(i, schedule[i]);
   verifier.finish();
 }
@@ -1004,7 +1079,8 @@ std::string to_string(const Instruction& ins) {
   const char* dir = ins.direction == Direction::forward ? "fwd" : "bwd";
   const char* replay = ins.replay ? ", replay" : "";
   // Printed only off chunk 0, so schedules without pipelines print as they always have.
-  const std::string chunk = ins.chunk != 0 ? fmt::format(", chunk={}", ins.chunk) : "";
+  const std::string chunk = fmt::format("{}{}", ins.chunk != 0 ? fmt::format(", chunk={}", ins.chunk) : "",
+                                        ins.batch != 0 ? fmt::format(", batch={}", ins.batch) : "");
   switch (ins.op) {
     case Op::forward:
       return fmt::format("Forward(seg={}, mb={}, sb={}{})", ins.segment, ins.micro_batch,
@@ -1031,6 +1107,7 @@ std::string to_string(const Instruction& ins) {
     case Op::reduce_grads: return fmt::format("ReduceGrads(bucket={}{})", ins.bucket, chunk);
     case Op::optimizer_step:
       return chunk.empty() ? "OptimizerStep" : fmt::format("OptimizerStep({})", chunk.substr(2));
+    case Op::use_weights: return fmt::format("UseWeights(batch={}{})", ins.batch, chunk.empty() ? "" : fmt::format(", chunk={}", ins.chunk));
     case Op::send:
     case Op::recv:
       return fmt::format("{}({}, seg={}, mb={}, sb={}, peer={}, slot={}{})",

@@ -84,6 +84,9 @@ enum class Op : std::uint8_t {
                    //               (s is input_from_peer; before its Forward)
                    //   gradient:   gradient of the output of s for (mb, sb) := slot
                    //               (s is output_to_peer; before its backward stage 0)
+  use_weights,     // UseWeights(batch): the following compute instructions run on the weight
+                   //   version that `batch` computes with (2bw: weight stashing), until the
+                   //   next UseWeights or OptimizerStep
 };
 
 enum class Direction : std::uint8_t { forward, backward };
@@ -114,6 +117,11 @@ struct Instruction {
   // send/recv: the receiver's buffer slot the message fills (and the Recv empties); also the
   // message's tag. >= 0.
   int slot = -1;
+  // Which batch of the run the instruction belongs to. 0: the run's own batch, the only one
+  // outside no-flush pipelines; -1: the previous batch, whose last backwards, gradient
+  // reductions and optimizer step a run of a no-flush pipeline (2bw, pipeline_lowering.h)
+  // finishes. Instances (mb, sb) of different batches are different instances.
+  int batch = 0;
   bool operator==(const Instruction&) const = default;
 };
 
@@ -213,8 +221,28 @@ void append_gradient_reductions(const ops::Program& program, Schedule& schedule)
 // rejected at the Free); a bucket is final only once the BackwardWeights of its segments (from
 // its ready segment on) have run too.
 // Throws InternalError naming the first violating instruction (its index and text).
+//
+// No-flush runs (2bw) declare what they share with the runs before and after them in `carry`:
+// `earlier` holds what earlier runs ran of batch -1 (its forwards, its first backwards and
+// their messages), checked first as a prefix; `carried_out` the micro-batches of batch 0 whose
+// backward a later run runs: they must have run forward (and sent their outputs) and not begun
+// backward, and their sets may stay live; with `steps_later` batch 0's gradient reductions and
+// optimizer step are left to a later run too, and `gradient_sent_later` names micro-batches of
+// batch 0 whose backward completes here but whose input gradient the next run sends (first
+// thing, before it computes). With carry.weight_versions every compute instruction
+// must follow a UseWeights of its batch with no OptimizerStep between them. Either way each
+// batch whose backward this run completes is reduced bucket by bucket and stepped
+// (OptimizerStep names the batch in `batch`) exactly once, and no backward of batch 0 runs
+// before the optimizer step of batch -1 (the batches share the gradient buffers).
+struct RunCarry {
+  bool weight_versions = false;
+  Schedule earlier;
+  std::vector<int> carried_out;
+  std::vector<int> gradient_sent_later;
+  bool steps_later = false;
+};
 void verify_schedule(const ops::Program& program, const ScheduleSpec& spec,
-                     const Schedule& schedule);
+                     const Schedule& schedule, const RunCarry& carry = {});
 
 // Checks that the ranks of one group (one schedule each) issue their collectives in the same
 // order, which the communicators' issue-order matching requires. Throws InternalError naming

@@ -167,6 +167,10 @@ class RankRun {
       }
       case Op::free:
         break;
+      case Op::use_weights:
+        // A copy of the stage's parameters between two buffers (2bw): not in the cost model
+        // yet, and small against the compute of a micro-batch.
+        break;
       case Op::send:
       case Op::recv:
         OASES_ASSERT(false, "Send/Recv ({}) needs the other ranks: simulate_ranks prices them",

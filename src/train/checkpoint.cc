@@ -93,7 +93,8 @@ void add_whole(io::SafetensorsWriter& writer, const std::string& name,
 void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
                                  io::SafetensorsWriter& optimizer_file, const RunConfig& config,
                                  const model::Model& model, optim::Optimizer& optimizer,
-                                 comm::Communicator& tp, comm::Communicator& pp, bool write) {
+                                 comm::Communicator& tp, comm::Communicator& pp, bool write,
+                                 const Tensor* stashed_weights) {
   const model::ParamLayout& mine = model.layout();
   // The state tensors of a parameter are named <prefix><parameter name> (AdamW: "exp_avg.",
   // "exp_avg_sq."); every stage's optimizer has the same prefixes.
@@ -135,6 +136,9 @@ void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
       share(model_file, p.name, [&] { return mine.view(model.params(), mine.find(p.name)); });
       for (const std::string& prefix : prefixes)
         share(optimizer_file, prefix + p.name, [&] { return states.at(prefix + p.name); });
+      if (stashed_weights)
+        share(optimizer_file, kStashedWeightsPrefix + p.name,
+              [&] { return mine.view(*stashed_weights, mine.find(p.name)); });
     }
   }
 }
@@ -174,19 +178,23 @@ std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                             const TrainingState& state, const std::string& tokenizer_model,
                             std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
                             bool write_files,
-                            const std::function<void(const std::string&)>& log) {
+                            const std::function<void(const std::string&)>& log,
+                            const Tensor* stashed_weights) {
   const model::ParamLayout& layout = model.layout();
   io::SafetensorsWriter model_file, optimizer_file;
   try {
     if (pp.size() > 1) {
       add_whole_tensors_of_stages(model_file, optimizer_file, config, model, optimizer, tp, pp,
-                                  write_files);
+                                  write_files, stashed_weights);
     } else {
       add_whole_tensors(model_file, "", layout, model.params(), tp, write_files);
       for (const optim::StateTensor& s : optimizer.state_tensors()) {
         OASES_ASSERT(s.elementwise, "state tensor {} is not shaped like its parameter", s.name);
         add_whole(optimizer_file, s.name, layout, layout.find(s.param), s.view, tp, write_files);
       }
+      if (stashed_weights)
+        add_whole_tensors(optimizer_file, kStashedWeightsPrefix, layout, *stashed_weights, tp,
+                          write_files);
     }
   } catch (const UserError& e) {
     throw UserError(fmt::format("after step {}: {}; every checkpoint already written stays "
@@ -276,6 +284,18 @@ TrainingState load_optimizer_state(const std::string& checkpoint_dir,
   for (const optim::StateTensor& s : optimizer.state_tensors())
     read_shard(file, s.name, layout, layout.find(s.param), s.view);
   return state;
+}
+
+bool load_stashed_weights(const std::string& checkpoint_dir, const model::ParamLayout& layout,
+                          const Tensor& params) {
+  const io::SafetensorsFile file =
+      io::SafetensorsFile::open((fs::path(checkpoint_dir) / io::kOptimizerFile).string());
+  if (layout.params().empty() ||
+      !file.has(kStashedWeightsPrefix + layout.params().front().name))
+    return false;
+  for (const auto& p : layout.params())
+    read_shard(file, kStashedWeightsPrefix + p.name, layout, p, layout.view(params, p));
+  return true;
 }
 
 CheckpointSummary verify_checkpoint(const std::string& checkpoint_dir) {

@@ -6,6 +6,8 @@
 //   optimizer.safetensors  the optimizer's state tensors (AdamW: "exp_avg.<name>",
 //                          "exp_avg_sq.<name>"), whole, same element type; metadata: step,
 //                          seed, data position, format version, the run's TOML
+//                          parallel.pipeline = "2bw" adds "stashed_weights.<name>": W(step - 1),
+//                          the weights the next batch computes on (train/weight_versions.h)
 //   tokenizer.model        for data.tokenizer = "sentencepiece": the run's tokenizer model
 //                          file, byte for byte, so the checkpoint decodes its own tokens
 //                          whatever became of the data folder (see checkpoint_tokenizer)
@@ -30,6 +32,7 @@ namespace oases::train {
 
 inline constexpr int kCheckpointFormatVersion = 1;
 inline constexpr const char* kTokenizerModelFile = "tokenizer.model";
+inline constexpr const char* kStashedWeightsPrefix = "stashed_weights.";
 
 struct TrainingState {
   std::int64_t step = 0;           // completed optimizer steps
@@ -55,7 +58,15 @@ std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                             const TrainingState& state, const std::string& tokenizer_model,
                             std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
                             bool write_files,
-                            const std::function<void(const std::string&)>& log = {});
+                            const std::function<void(const std::string&)>& log = {},
+                            const Tensor* stashed_weights = nullptr);
+// (`stashed_weights`: 2bw's older weight version, this rank's flat array like model.params(),
+// written beside the optimizer state.)
+
+// Reads a checkpoint's stashed weights (2bw) into `params` (this rank's shards, like
+// load_model_weights); false, leaving `params` as it was, when the checkpoint has none.
+bool load_stashed_weights(const std::string& checkpoint_dir, const model::ParamLayout& layout,
+                          const Tensor& params);
 
 // Adds to `writer`, as `prefix` + parameter name, the whole tensor of every parameter of
 // `layout` whose shards are the flat array `flat` (parameters, gradients, ...) of this rank,

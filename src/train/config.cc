@@ -489,16 +489,6 @@ namespace {
 void check_pipeline_settings(const RunConfig& config, schedule::PipelineKind kind) {
   const ParallelConfig& p = config.parallel;
   const std::int64_t v = p.virtual_stages;
-  // The pipeline kinds training can run so far; the others are named but not available yet.
-  constexpr std::array kAvailable{schedule::PipelineKind::one_f_one_b,
-                                  schedule::PipelineKind::gpipe,
-                                  schedule::PipelineKind::interleaved,
-                                  schedule::PipelineKind::zero_bubble};
-  std::string available;
-  for (schedule::PipelineKind k : kAvailable)
-    available += fmt::format("{}\"{}\"", available.empty() ? "" : ", ", schedule::name(k));
-  OASES_CHECK(std::find(kAvailable.begin(), kAvailable.end(), kind) != kAvailable.end(),
-              "parallel.pipeline = \"{}\" is not available yet; valid: {}", p.pipeline, available);
   const bool interleaved = kind == schedule::PipelineKind::interleaved;
   OASES_CHECK(v >= 1, "parallel.virtual_stages = {} must be at least 1", v);
   OASES_CHECK(v == 1 || interleaved,
@@ -607,6 +597,19 @@ void RunConfig::validate() const {
         t.global_batch % t.micro_batch != 0
             ? std::string()
             : fmt::format(", or dp in {{{}}}", divisors_of(t.global_batch / t.micro_batch)));
+  }
+  if (pipeline_kind == schedule::PipelineKind::two_bw) {
+    // A 2bw step's micro-batches must outnumber the stages: a batch's last backwards then
+    // overlap the next batch's first forwards without two of them sharing a micro-batch slot.
+    const std::int64_t micro_batches = t.global_batch / micro_dp;
+    OASES_CHECK(micro_batches > p.pp,
+                "parallel.pipeline = \"2bw\" needs more micro-batches per step than pipeline "
+                "stages, but train.global_batch = {} / (train.micro_batch x parallel.dp = {} x "
+                "{}) = {} micro-batches with parallel.pp = {}; valid: train.global_batch = {}, "
+                "{}, ... (a multiple of {} above {}), or parallel.pp below {}",
+                t.global_batch, t.micro_batch, p.dp, micro_batches, p.pp,
+                (p.pp + 1) * micro_dp, (p.pp + 2) * micro_dp, micro_dp, p.pp * micro_dp,
+                micro_batches);
   }
   OASES_CHECK(t.steps >= 0, "train.steps = {} must be >= 0", t.steps);
   OASES_CHECK(t.lr > 0, "train.lr = {} must be positive", t.lr);

@@ -83,6 +83,8 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
   OASES_CHECK(pp_->size() == config.parallel.pp,
               "the pipeline group has {} ranks but parallel.pp = {}", pp_->size(),
               config.parallel.pp);
+  two_bw_ = schedule::parse_pipeline_kind(config.parallel.pipeline, "parallel.pipeline") ==
+            schedule::PipelineKind::two_bw;
   if (pp_->size() > 1) {
     executor_.set_point_to_point(pp_);
     const auto layout_of_stage = [&](int stage) {
@@ -117,6 +119,13 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
       pipeline.stages = pp_->size();
       pipeline.virtual_stages = virtual_stages;
       pipeline.micro_batches = spec.micro_batches;
+      if (pipeline.kind == schedule::PipelineKind::two_bw) {
+        // A step on its own (the run of a drained step, without a predecessor in flight).
+        const schedule::LoweredRun run =
+            schedule::lower_2bw_run(model_.program(), spec, pipeline, pp_->rank(), {false, true});
+        schedule::verify_schedule(model_.program(), spec, run.schedule, run.carry);
+        return schedules_.emplace(key, run.schedule).first->second;
+      }
       schedule = schedule::lower_pipeline(model_.program(), spec, pipeline, pp_->rank());
     } else {
       schedule = schedule::lower_forward_only_pipeline(model_.program(), spec, pp_->size(),
@@ -196,7 +205,8 @@ void TrainingEngine::logits(const std::int32_t* inputs, const Tensor& out) {
 }
 
 StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inputs,
-                                      const std::int32_t* targets) {
+                                      const std::int32_t* targets, bool drain) {
+  if (two_bw_) return train_step_2bw(step, inputs, targets, drain);
   StepResult result;
   runtime::StepHooks hooks;
   // Gradients are scaled by 1 / (counted targets of the global batch), so the sum over
@@ -278,7 +288,10 @@ void TrainingEngine::sum_tied_gradients() {
     const Tensor mine = model_.layout().view(model_.grads(), model_.layout().find(tied_params_[i]));
     Buffer storage(mine.nbytes());
     const Tensor theirs(storage.data(), mine.dtype(), mine.shape());
-    const int tag = static_cast<int>(i);
+    // Tags above the pipeline's message slots: under 2bw activations and gradients between
+    // these two stages may still be in flight, and must not match these receives.
+    const int first_tag = static_cast<int>(local_batch() / model_.micro_batch()) * spec_.sub_batches;
+    const int tag = first_tag + static_cast<int>(i);
     auto sent = pp_->send_async(mine, peer, tag);
     auto received = pp_->recv_async(theirs, peer, tag);
     received->wait();
@@ -318,9 +331,129 @@ std::size_t TrainingEngine::activation_bytes() {
 }
 
 std::size_t TrainingEngine::memory_bytes() {
-  // Parameters and gradients, the optimizer's state, and activations.
-  return 2 * static_cast<std::size_t>(model_.param_count()) * dtype_size(model_.dtype()) +
+  // Parameters and gradients (and 2bw's second weight version), the optimizer's state, and
+  // activations.
+  return (two_bw_ ? 3 : 2) * static_cast<std::size_t>(model_.param_count()) *
+             dtype_size(model_.dtype()) +
          optimizer_->state_bytes() + activation_bytes();
+}
+
+const schedule::LoweredRun& TrainingEngine::two_bw_run(schedule::TwoBwRun run) {
+  const auto key = std::pair{run.carries_in, run.drains};
+  if (auto it = two_bw_runs_.find(key); it != two_bw_runs_.end()) return it->second;
+  schedule::ScheduleSpec spec = spec_;
+  spec.micro_batches = static_cast<int>(local_batch() / model_.micro_batch());
+  spec.training = true;
+  schedule::PipelineSpec pipeline;
+  pipeline.kind = schedule::PipelineKind::two_bw;
+  pipeline.stages = pp_->size();
+  pipeline.micro_batches = spec.micro_batches;
+  schedule::LoweredRun lowered =
+      schedule::lower_2bw_run(model_.program(), spec, pipeline, pp_->rank(), run);
+  schedule::verify_schedule(model_.program(), spec, lowered.schedule, lowered.carry);
+  return two_bw_runs_.emplace(key, std::move(lowered)).first->second;
+}
+
+void TrainingEngine::set_stashed_weights(const Tensor& values, std::int64_t steps_done) {
+  OASES_ASSERT(two_bw_ && !in_flight_step_, "stashed weights set outside a 2bw run or mid-stream");
+  versions_ = std::make_unique<WeightVersions>(model_.params(), steps_done);
+  versions_->set_older(values);
+}
+
+void TrainingEngine::step_2bw_batch(std::vector<std::unique_ptr<comm::Work>>& reductions,
+                                    StepResult& result) {
+  const Stopwatch waited;
+  for (auto& work : reductions) work->wait();
+  reductions.clear();
+  sum_tied_gradients();
+  result.exposed_comm_seconds += waited.seconds();
+  // W(b + 1) = W(b) - update(gradient of batch b at W(b - 1)): the batch stepped is the newest
+  // version's number.
+  const std::int64_t batch = versions_->newest();
+  result.grad_norm = clip_gradients();
+  if (!std::isfinite(result.grad_norm)) stop_on_non_finite_gradient(batch, result.grad_norm);
+  versions_->begin_update();
+  optimizer_->step(model_.params(), model_.grads(), {learning_rate(batch), batch + 1});
+  model_.zero_grads();  // the next batch's backwards accumulate from zero
+}
+
+StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t* inputs,
+                                          const std::int32_t* targets, bool drain) {
+  OASES_ASSERT(!in_flight_step_ || *in_flight_step_ + 1 == step,
+               "2bw step {} follows step {}, whose last backwards are still in flight", step,
+               *in_flight_step_);
+  const bool carries_in = in_flight_step_.has_value();
+  // Both versions start as the loaded weights (W(-1) = W(0); after a resume without stashed
+  // weights, W(step - 1) = W(step)).
+  if (!versions_) versions_ = std::make_unique<WeightVersions>(model_.params(), step);
+  OASES_ASSERT(versions_->newest() == (carries_in ? step - 1 : step),
+               "2bw step {} with W({}) the newest weights", step, versions_->newest());
+
+  const std::int64_t seq = config_.model.seq_len, rows = local_batch();
+  const std::int64_t local_tokens = rows * seq;
+  const double counted =
+      config_.model.arch == "bert"
+          ? sum_over(*dp_, static_cast<double>(counted_targets(targets, local_tokens)))
+          : static_cast<double>(config_.train.global_batch * seq);
+  const double scale = counted > 0 ? 1.0 / counted : 0.0;
+  // The batch's tokens stay here until its last backward has run (the next call, at most).
+  BatchInFlight& own = batches_[static_cast<std::size_t>(step % 2)];
+  own.step = step;
+  own.inputs.assign(inputs, inputs + local_tokens);
+  own.targets.assign(targets, targets + local_tokens);
+  own.context = {};
+  own.context.step = step;
+  own.context.head_mode = ops::HeadMode::train;
+  own.context.dropout_enabled = true;
+  own.context.loss_gradient_scale = scale;
+  const std::int64_t mb = model_.micro_batch();
+  for (std::int64_t row = 0; row < rows; row += mb)
+    own.context.micro_batches.push_back(
+        {own.inputs.data() + row * seq, own.targets.data() + row * seq, first_local_sample() + row});
+  const ops::StepContext& previous =
+      carries_in ? batches_[static_cast<std::size_t>((step - 1) % 2)].context : own.context;
+
+  StepResult result;
+  std::vector<std::unique_ptr<comm::Work>> reductions;
+  std::size_t reduced = 0, updates = 0;
+  runtime::StepHooks hooks;
+  hooks.reduce_grads = [&](int bucket) {
+    if (auto work = reduce_bucket(bucket)) {
+      reductions.push_back(std::move(work));
+      ++reduced;
+    }
+  };
+  hooks.optimizer_step = [&] {
+    step_2bw_batch(reductions, result);
+    ++updates;
+  };
+  // Batch b of this call is step + b, which computes on W(step + b - 1).
+  hooks.use_weights = [&](int batch) { versions_->use(step + batch - 1); };
+
+  const schedule::LoweredRun& run = two_bw_run({carries_in, drain});
+  model_.loss().reset();
+  if (!carries_in) model_.zero_grads();
+  const runtime::ExecutionStats stats =
+      executor_.run(run.schedule, own.context, previous, hooks, listener_);
+  versions_->use(versions_->newest());  // between calls the model holds the newest weights
+  in_flight_step_ = drain ? std::nullopt : std::optional<std::int64_t>(step);
+
+  result.compute_seconds = stats.compute_seconds;
+  result.exposed_comm_seconds += stats.exposed_comm_seconds;
+  result.comm_seconds = stats.comm_seconds;
+  result.peak_activation_bytes = stats.peak_activation_bytes;
+  std::size_t expected = 0;
+  for (const model::Model::Bucket& b : model_.grad_buckets())
+    expected += (b.layer >= 0 && model_.layer_degree(b.layer) < tp_->size()) || dp_->size() > 1;
+  OASES_ASSERT(reduced == expected * updates, "{} gradient buckets reduced in {} updates of {}",
+               reduced, updates, expected);
+  const auto& loss = model_.loss();
+  OASES_ASSERT(!model_.has_head() || loss.count == counted_targets(targets, local_tokens),
+               "loss counted {} targets, expected {}", loss.count,
+               counted_targets(targets, local_tokens));
+  result.loss = counted > 0 ? sum_over(*dp_, loss.sum) / counted : 0.0;
+  if (pp_->size() > 1) pp_->broadcast(Tensor::of(&result.loss, {1}), pp_->size() - 1);
+  return result;
 }
 
 }  // namespace oases::train

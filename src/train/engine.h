@@ -9,13 +9,17 @@
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "runtime/executor.h"
+#include "schedule/pipeline_2bw.h"
 #include "schedule/schedule.h"
 #include "train/config.h"
+#include "train/weight_versions.h"
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,8 +89,24 @@ class TrainingEngine {
   // micro-batches, the data-parallel group sums them, then gradient clipping and one optimizer
   // update with the step's learning rate. Dropout masks are keyed by `step` and global sample
   // indices. The loss returned is the mean over the counted targets of the whole global batch.
+  //
+  // parallel.pipeline = "2bw" (schedule/pipeline_2bw.h): batch `step` computes on W(step - 1)
+  // and its update is applied to the newest weights. With `drain` false the call returns with
+  // the batch's last backwards still in flight (the next call must be step + 1, and finishes
+  // them and applies the batch's update); with `drain` true (always, for other pipelines) the
+  // batch's update is applied before it returns, which changes no result, only when the work
+  // runs. loss is batch `step`'s; grad_norm is that of the last update the call applied (0
+  // when it applied none: a first step that does not drain).
   StepResult train_step(std::int64_t step, const std::int32_t* inputs,
-                        const std::int32_t* targets);
+                        const std::int32_t* targets, bool drain = true);
+
+  // 2bw only (else null): the weights W(n - 1) the next batch computes on, n the optimizer
+  // steps done; model().params() holds W(n) between steps.
+  const Tensor* stashed_weights() const { return versions_ ? &versions_->older() : nullptr; }
+  bool stashed_weights_needed() const { return two_bw_; }
+  // 2bw only: sets the stashed weights after a resume (a checkpoint's), REQUIRES: no step has
+  // run since the parameters were loaded, which also restarts the version count at `steps_done`.
+  void set_stashed_weights(const Tensor& values, std::int64_t steps_done);
 
   // Gradients of the mean loss over `sequences` local rows (a multiple of micro_batch) into
   // model().grads(), without reductions or an optimizer update. Single-replica use (tests,
@@ -133,6 +153,20 @@ class TrainingEngine {
   // null when there is nothing to sum.
   std::unique_ptr<comm::Work> reduce_bucket(int bucket);
 
+  // The batch whose last backwards a 2bw call left for the next one: its step, tokens, and
+  // the context its instructions run in.
+  struct BatchInFlight {
+    std::int64_t step = 0;
+    std::vector<std::int32_t> inputs, targets;
+    ops::StepContext context;
+  };
+  StepResult train_step_2bw(std::int64_t step, const std::int32_t* inputs,
+                            const std::int32_t* targets, bool drain);
+  const schedule::LoweredRun& two_bw_run(schedule::TwoBwRun run);
+  // The data-parallel reductions and optimizer step of one batch in a 2bw call; its update
+  // goes to the newest weights.
+  void step_2bw_batch(std::vector<std::unique_ptr<comm::Work>>& reductions, StepResult& result);
+
   RunConfig config_;
   comm::SelfCommunicator self_tp_{"tp"};
   comm::SelfCommunicator self_dp_{"dp"};
@@ -151,6 +185,14 @@ class TrainingEngine {
   runtime::Executor executor_;
   std::map<std::pair<std::int64_t, bool>, schedule::Schedule> schedules_;
   runtime::InstructionListener* listener_ = nullptr;
+  // parallel.pipeline = "2bw": the two weight versions, the batch whose backwards run in the
+  // next call (tokens kept per step parity: a call reads its own and the previous batch's),
+  // and the lowered runs by (carries_in, drains).
+  bool two_bw_ = false;
+  std::unique_ptr<WeightVersions> versions_;
+  std::array<BatchInFlight, 2> batches_;
+  std::optional<std::int64_t> in_flight_step_;
+  std::map<std::pair<bool, bool>, schedule::LoweredRun> two_bw_runs_;
 };
 
 // The flat layout an optimizer sees for `layout`'s parameters, of element type `dtype`.

@@ -179,6 +179,15 @@ std::int64_t restore(const RunConfig& config, const TrainOptions& options,
                   "original shard, or start a new run from its weights with --init-from {}",
                   *latest, state.data_tokens, train_shard.path, train_shard.size(), *latest);
       start_step = state.data_position;
+      if (engine.stashed_weights_needed()) {
+        // 2bw: the next batch computes on the stashed W(step - 1); a checkpoint of another
+        // pipeline has none, and the delay restarts there as at step 0 (W(step - 1) = W(step)).
+        Buffer stashed(engine.model().params().nbytes());
+        const Tensor values = stashed.tensor(engine.model().params().dtype(),
+                                             engine.model().params().shape());
+        if (load_stashed_weights(*latest, engine.model().layout(), values))
+          engine.set_stashed_weights(values, state.step);
+      }
       if (progress)
         progress->log(LogLevel::info,
                       fmt::format("resumed from {} (step {})", *latest, start_step));
@@ -440,6 +449,9 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
   if (mesh.world_size() > 1)
     log_info("parallel: {} ranks = tp {} x dp {} x pp {}", mesh.world_size(), mesh.tp_size(),
              mesh.dp_size(), mesh.pp_size());
+  if (config.parallel.pipeline == "2bw")
+    log_info("pipeline: 2bw (no flush between steps; batch t computes on the weights one update "
+             "older than those its update is applied to, so results differ from 1f1b by design)");
   if (mesh.pp_size() > 1) {
     if (config.parallel.virtual_stages > 1)
       log_info("pipeline: {} over {} stages x {} chunks each, transformer layers per chunk {}",
@@ -651,7 +663,14 @@ class Run {
     const Stopwatch clock;
     data_->train_batches->training(step, engine_.first_local_sample(), engine_.local_batch(), batch_);
     StepFigures f;
-    f.result = engine_.train_step(step, batch_.inputs.data(), batch_.targets.data());
+    // 2bw: the pipeline drains only where something else needs the weights or the pipeline
+    // group next (evaluation, a checkpoint, the end of the run); results are the same either way.
+    const bool last_step = step + 1 == t.steps;
+    const auto& c = config_.checkpoint;
+    const bool drain = last_step ||
+                       (data_->val_batches && (step + 1) % t.eval_every == 0) ||
+                       (!c.dir.empty() && c.every > 0 && (step + 1) % c.every == 0);
+    f.result = engine_.train_step(step, batch_.inputs.data(), batch_.targets.data(), drain);
     OASES_CHECK(std::isfinite(f.result.loss),
                 "training diverged: the loss is {} at step {}; lower train.lr (now {}); the "
                 "step's checkpoint is not written",
@@ -687,12 +706,14 @@ class Run {
     std::string saved = save_checkpoint(
         c.dir, config_, engine_.model(), engine_.optimizer(), state,
         data_->tokenizer ? data_->tokenizer->model_file_contents() : std::string(), c.keep,
-        mesh_.tp_group(), mesh_.pp_group(), leader, [progress](const std::string& what) {
+        mesh_.tp_group(), mesh_.pp_group(), leader,
+        [progress](const std::string& what) {
           if (progress)
             progress->log(LogLevel::warning, "checkpoint: " + what);
           else
             log_warning("checkpoint: {}", what);
-        });
+        },
+        engine_.stashed_weights());
     mesh_.world().barrier();  // the checkpoint exists for every rank once this returns
     if (progress) progress->log(LogLevel::info, fmt::format("saved checkpoint {}", saved));
     return saved;

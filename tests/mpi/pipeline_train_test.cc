@@ -191,9 +191,12 @@ TEST_F(PipelineTraining, BadPipelineSettingsAreClearErrors) {
   EXPECT_NE(out.find("zigzag"), std::string::npos) << out;
   EXPECT_NE(out.find("1f1b"), std::string::npos) << out;
 
-  out = failing("parallel.pipeline=" + quoted("2bw"));
-  EXPECT_NE(out.find("parallel.pipeline = \"2bw\" is not available yet; valid: "
-                     "\"1f1b\", \"gpipe\", \"interleaved\", \"zero-bubble\""),
+  // 2bw with k = 2 micro-batches per step (4 / 2), not more than the two stages.
+  out = failing("parallel.pipeline=" + quoted("2bw") + " train.global_batch=4");
+  EXPECT_NE(out.find("parallel.pipeline = \"2bw\" needs more micro-batches per step than "
+                     "pipeline stages, but train.global_batch = 4 / (train.micro_batch x "
+                     "parallel.dp = 2 x 1) = 2 micro-batches with parallel.pp = 2; valid: "
+                     "train.global_batch = 6, 8, ..."),
             std::string::npos) << out;
 
   // Interleaved: the 4 micro-batches of a step (8 / 2) are no multiple of pp = 3.

@@ -98,8 +98,9 @@ TEST(PipelineSpecs, BadSpecsSayWhatIsValid) {
                   "parallel.virtual_stages = 1 with parallel.pipeline = \"interleaved\"");
   expect_contains(user_error([] { pipeline_orders(spec_of(PipelineKind::one_f_one_b, 4, 8, 2)); }),
                   "parallel.virtual_stages = 2 needs parallel.pipeline = \"interleaved\"");
-  expect_contains(user_error([] { pipeline_orders(spec_of(PipelineKind::two_bw, 4, 8)); }),
-                  "parallel.pipeline = \"2bw\" is not supported yet");
+  expect_contains(user_error([] { pipeline_orders(spec_of(PipelineKind::two_bw, 4, 4)); }),
+                  "parallel.pipeline = \"2bw\" needs more micro-batches per step than pipeline "
+                  "stages (parallel.pp = 4), but a step has 4; valid: 5 or more");
 }
 
 TEST(PipelineOrders, EveryGeneratorPassesTheVerifier) {

@@ -87,10 +87,6 @@ TEST(RunConfig, PipelineSettingsParseRoundTripAndNameTheirErrors) {
             std::string::npos);
   EXPECT_NE(error_of("[parallel]\npipeline = \"zigzag\"\n").find("parallel.pipeline = \"zigzag\" is not a known pipeline schedule; valid: "),
             std::string::npos);
-  for (const std::string kind : {"2bw"})
-    EXPECT_NE(error_of("[parallel]\npp = 2\npipeline = \"" + kind + "\"\n")
-                  .find("parallel.pipeline = \"" + kind + "\" is not available yet; valid: \"1f1b\", \"gpipe\", \"interleaved\", \"zero-bubble\""),
-              std::string::npos) << kind;
   // Explicit per-layer degrees run under a pipeline; the planner ("auto") does not plan stages.
   EXPECT_EQ(parse_run_config("[parallel]\npp = 2\ntp = 2\nplan = \"1,2,2,2\"\n", "t").parallel.plan,
             "1,2,2,2");
