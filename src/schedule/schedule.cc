@@ -1050,14 +1050,20 @@ std::size_t peak_activation_bytes(const Program& program, const Schedule& schedu
     return bytes;
   };
   for (const Instruction& ins : schedule) {
-    if (ins.op == Op::forward) live += sets_bytes(ins.segment, shape_of(program, ins.segment).sets);
+    const SegmentShape* shape = ins.segment >= 0 ? &shape_of(program, ins.segment) : nullptr;
+    if (ins.op == Op::forward) live += sets_bytes(ins.segment, shape->sets);
     else if (ins.op == Op::recompute) live += sets_bytes(ins.segment, ins.sets);
     else if (ins.op == Op::free) live -= sets_bytes(ins.segment, ins.sets);
+    else if (ins.op == Op::recv) live += shape->received_bytes;
     else if (ins.op == Op::backward && ins.input_only && ins.stage == 0)
-      live += shape_of(program, ins.segment).deferred_gradient_bytes;
+      live += shape->deferred_gradient_bytes;
     peak = std::max(peak, live);
-    // The weight part releases its stash at its end.
-    if (ins.op == Op::backward_weight) live -= shape_of(program, ins.segment).deferred_gradient_bytes;
+    // The weight part releases its stash at its end; the instruction that reads a received
+    // buffer releases it once read, after it has acquired its own sets.
+    if (ins.op == Op::backward_weight) live -= shape->deferred_gradient_bytes;
+    if ((ins.op == Op::forward && shape->input_from_peer) ||
+        (ins.op == Op::backward && ins.stage == 0 && shape->output_to_peer))
+      live -= shape->received_bytes;
   }
   return peak;
 }

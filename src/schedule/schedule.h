@@ -249,7 +249,9 @@ void verify_point_to_point(const std::vector<Schedule>& schedules_of_group);
 
 // Peak bytes of tensor sets live at once when `schedule` runs (what the executor's activation
 // store will report), from the set sizes in the program; an input-only backward stage 0 adds
-// the segment's deferred_gradient_bytes (its stash), which its BackwardWeight releases.
+// the segment's deferred_gradient_bytes (its stash), which its BackwardWeight releases; a
+// RecvStart adds the segment's received_bytes, which the Forward (after acquiring its sets) or
+// backward stage 0 that reads the receive releases.
 std::size_t peak_activation_bytes(const ops::Program& program, const Schedule& schedule);
 
 std::string to_string(const Instruction& instruction);
