@@ -150,6 +150,7 @@ class StageOutputSegment final : public Segment {
     shape.sets = kCheckpoint;
     shape.checkpoint_bytes = checkpoint_.bytes();
     shape.output_to_peer = true;
+    shape.received_bytes = static_cast<std::size_t>(tokens_ * m_.hidden) * dtype_size(m_.dtype);
     return shape;
   }
   void forward(const StepContext& ctx, int mb, int sb) override {

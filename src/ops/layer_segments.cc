@@ -103,6 +103,8 @@ class LayerSegment : public Segment {
     shape.layer = layer_.layer;
     shape.recomputable = true;
     shape.input_from_peer = layer_.input_from_peer;
+    if (layer_.input_from_peer)
+      shape.received_bytes = static_cast<std::size_t>(tokens_ * m_.hidden) * dtype_size(m_.dtype);
     shape.sets = sets;
     shape.checkpoint_bytes = checkpoint_.bytes();
     shape.internals_bytes = internals_.bytes();

@@ -108,6 +108,11 @@ struct SegmentShape {
   // stage 0 needs Recv(gradient) (the gradient of that output) first; there is no following
   // segment on this rank whose backward it waits for.
   bool output_to_peer = false;
+  // Bytes of the buffer a receive of the segment fills (the input activation of an
+  // input_from_peer segment, the output gradient of an output_to_peer one; 0 for others). It
+  // is live in the activation store from the receive's RecvStart until the Forward or backward
+  // stage 0 that reads it has run.
+  std::size_t received_bytes = 0;
 };
 
 struct Program {

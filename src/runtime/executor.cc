@@ -125,7 +125,17 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
       case Op::recv: {
         OASES_ASSERT(peers_ != nullptr, "{}: no point-to-point group", schedule::to_string(ins));
         const Tensor buffer = segment->recv_buffer(ins.payload, ins.micro_batch, ins.sub_batch);
-        peers_->recv_async(buffer, ins.peer, ins.slot)->wait();
+        std::unique_ptr<comm::Work>& posted = receives_[receive_key(ins)];
+        OASES_ASSERT(!posted, "{}: the receive is already posted", schedule::to_string(ins));
+        posted = peers_->recv_async(buffer, ins.peer, ins.slot);
+        break;
+      }
+      case Op::recv_wait: {
+        const auto posted = receives_.find(receive_key(ins));
+        OASES_ASSERT(posted != receives_.end(), "{}: the receive was never posted",
+                     schedule::to_string(ins));
+        posted->second->wait();
+        receives_.erase(posted);
         const Clock::time_point arrived = Clock::now();
         stats.bubble_seconds += seconds(arrived - began);
         if (listener) {
@@ -151,6 +161,7 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
     }
   }
   OASES_ASSERT(in_flight_.empty(), "schedule ended with collectives in flight");
+  OASES_ASSERT(receives_.empty(), "schedule ended with receives posted and never waited");
   const Clock::time_point sends_began = Clock::now();
   for (auto& [slot, staged] : staged_) finish_send(staged, listener);
   stats.exposed_comm_seconds += seconds(Clock::now() - sends_began);

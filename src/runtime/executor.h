@@ -53,9 +53,10 @@ enum class Lane { compute = 0, communication = 1, optimizer = 2, point_to_point 
 
 // One instruction as it ran. Compute instructions: their run on the compute lane; collectives
 // (reported at their Wait): their time on the wire, as the communicator measured it;
-// ReduceGrads and OptimizerStep: the hook's run on the optimizer lane; a Recv: its wait on the
-// compute lane (the lane can do nothing else meanwhile); a Send: its time on the wire on the
-// point-to-point lane. Waits and Frees are not reported (a Wait's blocking shows in the stats).
+// ReduceGrads and OptimizerStep: the hook's run on the optimizer lane; a RecvWait: its wait on
+// the compute lane (the lane can do nothing else meanwhile); a Send: its time on the wire on the
+// point-to-point lane. Waits, RecvStarts and Frees are not reported (a Wait's blocking shows in
+// the stats).
 struct InstructionRecord {
   using Clock = std::chrono::steady_clock;
   schedule::Instruction instruction;
@@ -92,8 +93,9 @@ class Executor {
   //
   // Send copies the segment's send_buffer into the staging buffer of its slot (waiting first
   // for the slot's previous send to complete) and sends it asynchronously, with the slot as
-  // the message tag; Recv receives into the segment's recv_buffer and waits for it (blocking,
-  // counted as bubble_seconds). Every send has completed when run() returns.
+  // the message tag; RecvStart posts a receive into the segment's recv_buffer (acquired then)
+  // and goes on; RecvWait blocks until that receive has arrived (counted as bubble_seconds).
+  // Every send has completed and every posted receive has been waited when run() returns.
   ExecutionStats run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
                      const StepHooks& hooks, InstructionListener* listener = nullptr);
   // A run of a no-flush pipeline (schedule/pipeline_2bw.h): instructions of batch -1 run in
@@ -128,6 +130,13 @@ class Executor {
   std::map<std::tuple<int, int, int, int, bool>, InFlight> in_flight_;
   comm::Communicator* peers_ = nullptr;
   std::map<std::pair<ops::Payload, int>, Staged> staged_;  // by (payload, slot)
+  // Receives posted by RecvStart and not yet waited, by (payload, segment, mb, sb): the
+  // instance's receive buffer they fill.
+  using ReceiveKey = std::tuple<ops::Payload, int, int, int>;
+  static ReceiveKey receive_key(const schedule::Instruction& ins) {
+    return {ins.payload, ins.segment, ins.micro_batch, ins.sub_batch};
+  }
+  std::map<ReceiveKey, std::unique_ptr<comm::Work>> receives_;
 };
 
 }  // namespace oases::runtime

@@ -71,6 +71,7 @@ std::string trace_name(const InstructionRecord& record) {
     case Op::reduce_grads: return fmt::format("ReduceGrads bucket{}", ins.bucket);
     case Op::send:
     case Op::recv:
+    case Op::recv_wait:  // a receive shows where the compute lane waits for it
       return fmt::format("{} {} mb{} sb{} {} {}", ins.op == Op::send ? "Send" : "Recv",
                          ins.payload == ops::Payload::activation ? "act" : "grad",
                          ins.micro_batch, ins.sub_batch, ins.op == Op::send ? "->" : "<-",

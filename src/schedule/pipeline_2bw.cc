@@ -49,7 +49,8 @@ void relabel(Instruction& ins, int own, int m, int sub_batches) {
   const int g = ins.micro_batch;
   ins.batch = g / m - own;
   ins.micro_batch = g % m;
-  if (ins.op == Op::send || ins.op == Op::recv) ins.slot = ins.micro_batch * sub_batches + ins.sub_batch;
+  if (ins.op == Op::send || ins.op == Op::recv || ins.op == Op::recv_wait)
+    ins.slot = ins.micro_batch * sub_batches + ins.sub_batch;
 }
 
 bool is_compute(Op op) { return op == Op::forward || op == Op::recompute || op == Op::backward; }

@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace oases::schedule {
@@ -201,18 +202,44 @@ Schedule action_instructions(const ops::Program& program, const ScheduleSpec& wi
   __builtin_unreachable();
 }
 
+// Inserts each post (RecvStart) of `posts` before the instruction of `schedule` at its
+// position (schedule.size(): at the end). REQUIRES: positions in non-decreasing order, so the
+// posts keep their order.
+Schedule with_posts(const Schedule& schedule,
+                    const std::vector<std::pair<std::size_t, Instruction>>& posts) {
+  Schedule out;
+  out.reserve(schedule.size() + posts.size());
+  auto post = posts.begin();
+  for (std::size_t i = 0; i <= schedule.size(); ++i) {
+    for (; post != posts.end() && post->first == i; ++post) out.push_back(post->second);
+    if (i < schedule.size()) out.push_back(schedule[i]);
+  }
+  OASES_ASSERT(post == posts.end(), "receive posts out of order");
+  return out;
+}
+
 // Rank `rank`'s instructions from its merged events: each action's part over its chunk's
 // segments, and the messages between them. In a forward-only step the Frees of a chunk's
-// output segment wait for the Send that reads the output.
+// output segment wait for the Send that reads the output. A Recv event becomes a RecvWait
+// where it stands and a RecvStart hoisted to right after the compute instructions of the
+// action two before the one it precedes (the start of the step for the first two actions).
 Schedule assemble(const ops::Program& program, const ScheduleSpec& within_stage,
                   const PipelineSpec& spec, const std::vector<SegmentRange>& chunks,
                   const std::vector<Event>& events) {
   std::map<std::tuple<int, int, int>, Schedule> held_frees;  // (segment, mb, sb)
   Schedule out;
+  // Where each compute action's instructions end in `out`, and the posts with their positions.
+  std::vector<std::size_t> action_ends;
+  std::vector<std::pair<std::size_t, Instruction>> posts;
   for (const Event& event : events) {
     if (event.kind != Event::compute) {
-      const Instruction ins = message_instruction(event.message, event.kind == Event::send, spec,
-                                                  chunks, within_stage.sub_batches);
+      Instruction ins = message_instruction(event.message, event.kind == Event::send, spec,
+                                            chunks, within_stage.sub_batches);
+      if (ins.op == Op::recv) {
+        const std::size_t actions = action_ends.size();
+        posts.emplace_back(actions < 2 ? 0 : action_ends[actions - 2], ins);
+        ins.op = Op::recv_wait;
+      }
       out.push_back(ins);
       if (ins.op == Op::send && ins.payload == Payload::activation) {
         const auto held = held_frees.find({ins.segment, ins.micro_batch, ins.sub_batch});
@@ -235,9 +262,10 @@ Schedule assemble(const ops::Program& program, const ScheduleSpec& within_stage,
       else
         out.push_back(ins);
     }
+    action_ends.push_back(out.size());
   }
   OASES_ASSERT(held_frees.empty(), "a chunk's output was freed but never sent");
-  return out;
+  return with_posts(out, posts);
 }
 
 }  // namespace
@@ -348,6 +376,12 @@ std::vector<LoweredAction> lower_actions(const ops::Program& stage_program,
       lowered.message = true;
       lowered.instructions.push_back(message_instruction(m, event.kind == Event::send, pipeline,
                                                          chunks, within_stage.sub_batches));
+      // Posted where it is waited: the 2BW stream keeps its receives blocking.
+      if (lowered.instructions.back().op == Op::recv) {
+        Instruction wait = lowered.instructions.back();
+        wait.op = Op::recv_wait;
+        lowered.instructions.push_back(wait);
+      }
     } else {
       lowered.action = event.action;
       lowered.instructions =

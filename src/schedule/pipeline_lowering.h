@@ -24,10 +24,15 @@
 //   B(c, mb), c < C - 1      Recv(gradient, last segment of c, mb, sb) from rank of c + 1
 //   B(c, mb), c > 0          Send(gradient, first segment of c, mb, sb) to rank of c - 1
 // for every sub-batch sb in order (the rank of chunk c is c % P: the next rank, or rank 0 after
-// rank P - 1). Recvs precede the action that needs them and Sends follow the action that
-// produced them, before the rank's next action: a Send reads its sub-batch's buffers, which the
-// next action overwrites. A Recv fills a buffer of its own (ops::Segment::recv_buffer), so it
-// may come while an output of the previous action still waits to be sent.
+// rank P - 1). A receive's RecvWait precedes the action that needs it and Sends follow the
+// action that produced them, before the rank's next action: a Send reads its sub-batch's
+// buffers, which the next action overwrites. A receive fills a buffer of its own
+// (ops::Segment::recv_buffer, one per instance and payload, read only by the action that needs
+// it), so it may come while an output of the previous action still waits to be sent, and it
+// can be posted long before: the RecvStart of a receive that action k of the rank needs goes
+// right after the compute instructions of action k - 2 (at the start of the step for k < 2),
+// so that the transfer overlaps action k - 1 and the rank's waits for it. Not earlier, so that
+// no more than the receive buffers of two actions are held before they fill.
 //
 // Order of messages. Rank r's messages are placed by running every rank's order together:
 // a rank runs its next action once every message it needs has arrived and it has no unsent
@@ -39,12 +44,24 @@
 // placed before the receiver's next action although a later action needs it: an interleaved
 // order can leave two ranks each holding what the other needs only after its next action
 // (Megatron-LM exchanges such pairs with one batched send and receive); GPipe and 1F1B orders
-// never need it. Since
-// messages pass in one global sequence and each rank issues its messages in that sequence, the
-// schedules cannot deadlock even when every Send and Recv blocks until its partner arrives (the
-// globally first message not yet passed has both ends waiting at it), and every rank computes
-// the same lists. Interleaved orders send activations around the ring (rank P - 1 to rank 0
-// between rounds of chunks); the same argument covers them.
+// never need it. Messages pass in one global sequence, and each rank issues its Sends and
+// RecvWaits in that sequence; the RecvStarts are hoisted, but keep that order among themselves
+// (each moves to the end of an earlier action, never past a RecvStart that came before it), so
+// the i-th Send from a to b still meets the i-th receive b posts from a: MPI matches
+// nonblocking receives per (source, tag, communicator) in posting order and slots are tags,
+// and NCCL pairs in issue order.
+//
+// Deadlock freedom under rendezvous semantics (a Send blocks until its partner's RecvStart has
+// been issued, a RecvWait until its partner's Send has, a RecvStart never blocks, nor does
+// anything else the lowering places). Suppose every rank that has not ended is blocked, and let
+// m be the first message of the global sequence whose Send or RecvWait has not returned. Before
+// Send(m) on its sender stand only instructions that stood before it in the unhoisted list (the
+// Sends and RecvWaits of messages before m, which have returned, and computation) and hoisted
+// RecvStarts, which never block; so the sender has reached Send(m). Likewise the receiver has
+// reached RecvWait(m), and RecvStart(m), which precedes it, has been issued. Then Send(m)
+// returns, and after it RecvWait(m): a contradiction. Every rank also computes the same lists.
+// Interleaved orders send activations around the ring (rank P - 1 to rank 0 between rounds of
+// chunks); the same argument covers them.
 //
 // Slots. The message that chunk c sends for (mb, sb) uses slot (c / P * m + mb) * sub_batches
 // + sb in its direction (v = 1: mb * sub_batches + sb): a tag unique within a step for each
@@ -100,8 +117,8 @@ struct LoweredAction {
 
 // The events of rank `rank` for `orders` (F and B actions over pipeline.micro_batches, which
 // may exceed a step's: pipeline_2bw.h lowers several batches as one stream), messages placed as
-// lower_pipeline places them, every instruction naming chunk `rank`; no gradient reductions
-// and no optimizer step. REQUIRES: verify_pipeline_orders(pipeline, orders) passes, v = 1, and
+// lower_pipeline places them (each receive waited right where it is posted), every
+// instruction naming chunk `rank`; no gradient reductions and no optimizer step. REQUIRES: verify_pipeline_orders(pipeline, orders) passes, v = 1, and
 // within_stage.training.
 std::vector<LoweredAction> lower_actions(const ops::Program& stage_program,
                                          const ScheduleSpec& within_stage,

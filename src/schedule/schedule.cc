@@ -455,6 +455,8 @@ void append_gradient_reductions(const Program& program, Schedule& out) {
 
 namespace {
 
+bool is_point_to_point(Op op) { return op == Op::send || op == Op::recv || op == Op::recv_wait; }
+
 // The verifier's model of the state of every instance while it walks the schedule.
 class Verifier {
  public:
@@ -482,7 +484,7 @@ class Verifier {
       check(ins.op != Op::optimizer_step && ins.op != Op::reduce_grads &&
                 ins.op != Op::use_weights,
             "an earlier run's part of batch -1 holds only its compute and messages");
-      step_instance(ins);
+      step_instance(i, ins);
     }
     replaying_ = false;
   }
@@ -497,14 +499,14 @@ class Verifier {
       weights_of_batch_ = ins.batch;
       return;
     }
-    step_instance(ins);
+    step_instance(index, ins);
   }
 
-  void step_instance(const Instruction& ins) {
+  void step_instance(std::size_t index, const Instruction& ins) {
     check(ins.chunk >= 0, "negative chunk");
     check(ins.op == Op::reduce_grads || ins.bucket == -1, "only ReduceGrads names a bucket");
-    check(ins.op == Op::send || ins.op == Op::recv || (ins.peer == -1 && ins.slot == -1),
-          "only Send and Recv name a peer and a slot");
+    check(is_point_to_point(ins.op) || (ins.peer == -1 && ins.slot == -1),
+          "only Send, RecvStart and RecvWait name a peer and a slot");
     check(ins.op == Op::backward || !ins.input_only, "only Backward runs input-only");
     if (ins.op == Op::optimizer_step) return optimizer_step(ins.batch);
     if (ins.op == Op::reduce_grads) return reduce_grads(ins);
@@ -559,7 +561,7 @@ class Verifier {
         for (auto set : {kCheckpoint, kInternals, kCore}) read(inst, set, shape);
         read_other_sets(ins, shape);
         if (ins.stage == 0 && shape.output_to_peer) {
-          check(inst.gradient_received, "the gradient of the segment's output was not received");
+          check_received(inst.gradient_receive, "the gradient of the segment's output");
         } else if (ins.stage == 0 && ins.segment + 1 < num_segments()) {
           const Instance& next =
               instance(ins.batch, ins.segment + 1, ins.micro_batch, ins.sub_batch);
@@ -627,7 +629,8 @@ class Verifier {
         break;
       }
       case Op::send: send(ins, inst, shape); break;
-      case Op::recv: receive(ins, inst, shape); break;
+      case Op::recv: post_receive(index, ins, inst, shape); break;
+      case Op::recv_wait: wait_receive(ins, inst); break;
       case Op::free:
         check(ins.sets != 0 && (ins.sets & ~shape.sets) == 0, "frees sets the segment does not have");
         for (auto set : {kCheckpoint, kInternals, kCore}) {
@@ -645,6 +648,16 @@ class Verifier {
 
   void finish() {
     where_ = "at the end of the schedule";
+    // First, as the most specific reason an instance is incomplete.
+    for (const auto& [key, inst] : instances_) {
+      const auto [batch, segment, mb, sb] = key;
+      for (const Receive* receive : {&inst.activation_receive, &inst.gradient_receive})
+        check(receive->state != ReceiveState::posted,
+              fmt::format("{}segment {} mb {} sb {}: the receive posted at instruction {} ({}) "
+                          "was never waited",
+                          batch ? "batch -1 " : "", segment, mb, sb, receive->posted_at,
+                          to_string(receive->post)));
+    }
     for (const auto& [key, inst] : instances_) {
       const auto [batch, segment, mb, sb] = key;
       const std::string who =
@@ -693,6 +706,14 @@ class Verifier {
   enum class SetState { absent, live, freed };
   enum class CollState { none, started, waited };
   enum class PortState { empty, written, in_flight, reduced };
+  enum class ReceiveState { none, posted, arrived };
+  // One receive of an instance: posted by its RecvStart (post, at position posted_at), usable
+  // once its RecvWait has run.
+  struct Receive {
+    ReceiveState state = ReceiveState::none;
+    std::size_t posted_at = 0;
+    Instruction post{Op::recv};
+  };
   struct Instance {
     bool forward_done = false;
     bool output_recomputed = false;
@@ -702,8 +723,8 @@ class Verifier {
     CollState replayed_collective = CollState::none;
     CollState backward_collective = CollState::none;
     // The instance's point-to-point messages at chunk boundaries.
-    bool activation_received = false, activation_sent = false;
-    bool gradient_received = false, gradient_sent = false;
+    Receive activation_receive, gradient_receive;
+    bool activation_sent = false, gradient_sent = false;
     // Zero-bubble: the backward ran input-only; its weight part has run.
     bool input_only = false, weight_done = false;
   };
@@ -753,8 +774,9 @@ class Verifier {
   // first segment of a chunk after a cut reads what it received instead.
   void read_input(const Instruction& ins) {
     if (shape_of(program_, ins.segment).input_from_peer) {
-      check(instance(ins.batch, ins.segment, ins.micro_batch, ins.sub_batch).activation_received,
-            "the input activation was not received");
+      check_received(
+          instance(ins.batch, ins.segment, ins.micro_batch, ins.sub_batch).activation_receive,
+          "the input activation");
       return;
     }
     if (ins.segment == 0) return;
@@ -834,19 +856,43 @@ class Verifier {
       inst.gradient_sent = true;
     }
   }
-  void receive(const Instruction& ins, Instance& inst, const SegmentShape& shape) {
+  // RecvStart: the buffer of the instance's receive is posted; nothing in it is usable yet.
+  void post_receive(std::size_t index, const Instruction& ins, Instance& inst,
+                    const SegmentShape& shape) {
     check_message_fields(ins);
-    if (ins.payload == Payload::activation) {
+    const bool activation = ins.payload == Payload::activation;
+    if (activation)
       check(shape.input_from_peer,
             "receives an activation for a segment that is not input_from_peer");
-      check(!inst.activation_received, "receives the activation twice");
-      inst.activation_received = true;
-    } else {
+    else
       check(shape.output_to_peer, "receives a gradient for a segment that is not output_to_peer");
-      check(!inst.gradient_received, "receives the output gradient twice");
+    Receive& receive = activation ? inst.activation_receive : inst.gradient_receive;
+    check(receive.state == ReceiveState::none,
+          fmt::format("posts the {} receive twice (first at instruction {})",
+                      activation ? "activation" : "gradient", receive.posted_at));
+    receive = {ReceiveState::posted, index, ins};
+  }
+  // RecvWait: the receive posted with the same fields has arrived.
+  void wait_receive(const Instruction& ins, Instance& inst) {
+    check_message_fields(ins);
+    const bool activation = ins.payload == Payload::activation;
+    Receive& receive = activation ? inst.activation_receive : inst.gradient_receive;
+    check(receive.state != ReceiveState::arrived, "waits for a receive twice");
+    check(receive.state == ReceiveState::posted, "waits for a receive that was never posted");
+    check(receive.post.peer == ins.peer && receive.post.slot == ins.slot &&
+              receive.post.chunk == ins.chunk,
+          fmt::format("waits for a receive other than the one posted at instruction {} ({})",
+                      receive.posted_at, to_string(receive.post)));
+    if (!activation)
       check(inst.activation_sent, "receives the gradient of an output it has not sent");
-      inst.gradient_received = true;
-    }
+    receive.state = ReceiveState::arrived;
+  }
+  // What a receive carries is usable from its RecvWait on.
+  void check_received(const Receive& receive, const std::string& what) const {
+    check(receive.state != ReceiveState::posted,
+          fmt::format("reads {} before the RecvWait of its receive (posted at instruction {})",
+                      what, receive.posted_at));
+    check(receive.state == ReceiveState::arrived, what + " was not received");
   }
   void check_message_fields(const Instruction& ins) const {
     check(ins.peer >= 0, "a message needs a peer (>= 0)");
@@ -939,8 +985,6 @@ void verify_collective_order(const std::vector<Schedule>& schedules_of_group) {
 
 namespace {
 
-bool is_message(const Instruction& ins) { return ins.op == Op::send || ins.op == Op::recv; }
-
 // One instruction of one rank, as error messages name it.
 struct Position {
   int rank;
@@ -960,8 +1004,9 @@ bool messages_match(const Instruction& send, const Instruction& receive) {
          receive.chunk == send.chunk + step;
 }
 
-// Pairs every Send with its Recv (the i-th from a to b with the i-th at b from a) and returns,
-// per rank and instruction, the partner's instruction index (on rank `peer`).
+// Pairs every Send with its RecvStart (the i-th from a to b with the i-th at b from a) and
+// returns, per rank and instruction, the partner's instruction index (on rank `peer`); a
+// RecvWait's partner is the Send of the receive it waits for.
 std::vector<std::vector<std::size_t>> match_messages(const std::vector<Schedule>& schedules) {
   const int ranks = static_cast<int>(schedules.size());
   // Positions of the sends from a to b and of the receives at b from a, keyed by (a, b).
@@ -970,14 +1015,14 @@ std::vector<std::vector<std::size_t>> match_messages(const std::vector<Schedule>
     const Schedule& schedule = schedules[static_cast<std::size_t>(rank)];
     for (std::size_t i = 0; i < schedule.size(); ++i) {
       const Instruction& ins = schedule[i];
-      if (!is_message(ins)) continue;
+      if (!is_point_to_point(ins.op)) continue;
       OASES_ASSERT(ins.peer >= 0 && ins.peer < ranks && ins.peer != rank,
                    "schedule rejected: {} names peer {}, {}", describe(schedules, {rank, i}),
                    ins.peer,
                    ins.peer == rank ? "itself"
                                     : fmt::format("outside the group of {} ranks", ranks));
       if (ins.op == Op::send) sends[{rank, ins.peer}].push_back(i);
-      else receives[{ins.peer, rank}].push_back(i);
+      else if (ins.op == Op::recv) receives[{ins.peer, rank}].push_back(i);
     }
   }
   std::vector<std::vector<std::size_t>> partner(schedules.size());
@@ -1009,6 +1054,23 @@ std::vector<std::vector<std::size_t>> match_messages(const std::vector<Schedule>
                  sent.size() > common ? describe(schedules, {from, sent[common]})
                                       : describe(schedules, {to, received[common]}));
   }
+  // A RecvWait waits for the receive its rank posted last with the same fields.
+  for (std::size_t rank = 0; rank < schedules.size(); ++rank) {
+    const Schedule& schedule = schedules[rank];
+    std::map<std::tuple<Payload, int, int, int>, std::size_t> posted;  // (payload, s, mb, sb)
+    for (std::size_t i = 0; i < schedule.size(); ++i) {
+      const Instruction& ins = schedule[i];
+      const auto key = std::tuple{ins.payload, ins.segment, ins.micro_batch, ins.sub_batch};
+      if (ins.op == Op::recv) posted[key] = i;
+      if (ins.op != Op::recv_wait) continue;
+      const auto post = posted.find(key);
+      OASES_ASSERT(post != posted.end() && schedule[post->second].peer == ins.peer,
+                   "schedule rejected: {} waits for a receive the rank never posted",
+                   describe(schedules, {static_cast<int>(rank), i}));
+      partner[rank][i] = partner[rank][post->second];
+      posted.erase(post);
+    }
+  }
   return partner;
 }
 
@@ -1017,29 +1079,31 @@ std::vector<std::vector<std::size_t>> match_messages(const std::vector<Schedule>
 void verify_point_to_point(const std::vector<Schedule>& schedules_of_group) {
   const std::vector<Schedule>& schedules = schedules_of_group;
   const std::vector<std::vector<std::size_t>> partner = match_messages(schedules);
-  // Rendezvous run: a rank runs freely up to its next Send or Recv and waits there; when both
-  // ends of a message are waiting at each other, both move on. Each rank passes each of its
-  // instructions once.
+  // Rendezvous run: a rank runs freely (RecvStart included) up to a Send whose partner's
+  // RecvStart it has not yet passed, or a RecvWait whose partner's Send has not been passed,
+  // and waits there; a rank passing a message instruction wakes its peer. Each rank passes
+  // each of its instructions once and is woken at most once per message instruction of a peer.
   const std::size_t ranks = schedules.size();
   std::vector<std::size_t> position(ranks, 0);
   std::vector<int> runnable(ranks);
   for (std::size_t rank = 0; rank < ranks; ++rank) runnable[rank] = static_cast<int>(rank);
+  const auto passed = [&](std::size_t rank, std::size_t index) { return position[rank] > index; };
   while (!runnable.empty()) {
     const auto rank = static_cast<std::size_t>(runnable.back());
     runnable.pop_back();
     const Schedule& schedule = schedules[rank];
     std::size_t& at = position[rank];
-    while (at < schedule.size() && !is_message(schedule[at])) ++at;
-    if (at == schedule.size()) continue;
-    const auto peer = static_cast<std::size_t>(schedule[at].peer);
-    if (position[peer] != partner[rank][at]) continue;  // the peer arrives later and wakes us
-    ++at;
-    ++position[peer];
-    runnable.push_back(static_cast<int>(rank));
-    runnable.push_back(static_cast<int>(peer));
+    for (; at < schedule.size(); ++at) {
+      const Instruction& ins = schedule[at];
+      if (!is_point_to_point(ins.op)) continue;
+      const auto peer = static_cast<std::size_t>(ins.peer);
+      if (ins.op != Op::recv && !passed(peer, partner[rank][at])) break;  // the peer wakes us
+      // Passing a Send may release the peer's RecvWait; passing a RecvStart its Send.
+      if (ins.op != Op::recv_wait) runnable.push_back(static_cast<int>(peer));
+    }
   }
-  // Every rank left is stuck at a message whose partner lies behind another stuck rank's
-  // position: together they name the cycle.
+  // Every rank left is stuck at a Send or RecvWait whose partner lies behind another stuck
+  // rank's position: together they name the cycle.
   std::string blocked;
   for (std::size_t rank = 0; rank < ranks; ++rank) {
     const std::size_t at = position[rank];
@@ -1049,8 +1113,8 @@ void verify_point_to_point(const std::vector<Schedule>& schedules_of_group) {
                            describe(schedules, {schedules[rank][at].peer, partner[rank][at]}));
   }
   OASES_ASSERT(blocked.empty(),
-               "schedule rejected: the point-to-point messages deadlock when Send and Recv "
-               "block: {}",
+               "schedule rejected: the point-to-point messages deadlock under rendezvous "
+               "semantics (a Send waits for its RecvStart, a RecvWait for its Send): {}",
                blocked);
 }
 
@@ -1063,14 +1127,20 @@ std::size_t peak_activation_bytes(const Program& program, const Schedule& schedu
     return bytes;
   };
   for (const Instruction& ins : schedule) {
-    if (ins.op == Op::forward) live += sets_bytes(ins.segment, shape_of(program, ins.segment).sets);
+    const SegmentShape* shape = ins.segment >= 0 ? &shape_of(program, ins.segment) : nullptr;
+    if (ins.op == Op::forward) live += sets_bytes(ins.segment, shape->sets);
     else if (ins.op == Op::recompute) live += sets_bytes(ins.segment, ins.sets);
     else if (ins.op == Op::free) live -= sets_bytes(ins.segment, ins.sets);
+    else if (ins.op == Op::recv) live += shape->received_bytes;
     else if (ins.op == Op::backward && ins.input_only && ins.stage == 0)
-      live += shape_of(program, ins.segment).deferred_gradient_bytes;
+      live += shape->deferred_gradient_bytes;
     peak = std::max(peak, live);
-    // The weight part releases its stash at its end.
-    if (ins.op == Op::backward_weight) live -= shape_of(program, ins.segment).deferred_gradient_bytes;
+    // The weight part releases its stash at its end; the instruction that reads a received
+    // buffer releases it once read, after it has acquired its own sets.
+    if (ins.op == Op::backward_weight) live -= shape->deferred_gradient_bytes;
+    if ((ins.op == Op::forward && shape->input_from_peer) ||
+        (ins.op == Op::backward && ins.stage == 0 && shape->output_to_peer))
+      live -= shape->received_bytes;
   }
   return peak;
 }
@@ -1110,8 +1180,12 @@ std::string to_string(const Instruction& ins) {
     case Op::use_weights: return fmt::format("UseWeights(batch={}{})", ins.batch, chunk.empty() ? "" : fmt::format(", chunk={}", ins.chunk));
     case Op::send:
     case Op::recv:
+    case Op::recv_wait:
       return fmt::format("{}({}, seg={}, mb={}, sb={}, peer={}, slot={}{})",
-                         ins.op == Op::send ? "Send" : "Recv", name(ins.payload), ins.segment,
+                         ins.op == Op::send ? "Send"
+                         : ins.op == Op::recv ? "RecvStart"
+                                              : "RecvWait",
+                         name(ins.payload), ins.segment,
                          ins.micro_batch, ins.sub_batch, ins.peer, ins.slot, chunk);
   }
   return "?";

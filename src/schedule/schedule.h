@@ -36,11 +36,15 @@
 // Program holds the segments of its own chunks, numbered locally; a chunk that does not start
 // the model begins with an input_from_peer segment and one that does not end it finishes with
 // an output_to_peer segment (ops/program.h). Activations cross a cut by Send/Recv in forward,
-// their gradients in backward. Messages match per ordered pair of ranks in issue order: the
-// i-th Send from a to b pairs with the i-th Recv at b from a (NCCL's send/recv rule). A
-// schedule must not deadlock even if every Send and Recv blocks until its partner arrives
-// (rendezvous), the strictest semantics an executor may give them. schedule/pipeline_lowering.h
-// lowers pipeline orders to schedules with messages.
+// their gradients in backward. A receive is two instructions: RecvStart posts it (into a
+// buffer of the receiving instance's own) and RecvWait, later, waits for its data, so that the
+// transfer can overlap whatever the rank computes in between. Messages match per ordered pair
+// of ranks in issue order: the i-th Send from a to b pairs with the i-th RecvStart at b from a
+// (MPI matches nonblocking receives per source, tag and communicator in the order they are
+// posted; NCCL's send/recv rule is the same). A schedule must not deadlock even under
+// rendezvous semantics, the strictest an executor may give them: a Send blocks until its
+// partner's RecvStart has been issued, a RecvWait until its partner's Send has, and a RecvStart
+// never blocks. schedule/pipeline_lowering.h lowers pipeline orders to schedules with messages.
 //
 // Zero-bubble pipelines split a backward pass: Backward(input_only) runs a segment's stages
 // without the weight gradients it can defer (ops::SegmentShape::has_weight_part), which is all
@@ -78,11 +82,15 @@ enum class Op : std::uint8_t {
                    //               (s is output_to_peer; after its Forward and forward Wait)
                    //   gradient:   peer's slot := gradient of the input of s for (mb, sb)
                    //               (s is input_from_peer; after its last backward stage)
-  recv,            // Recv(payload, s, mb, sb, peer, slot): the matching Send from peer fills
-                   //   slot; then
-                   //   activation: input of segment s for (mb, sb) := slot
+  recv,            // RecvStart(payload, s, mb, sb, peer, slot): post the receive of the
+                   //   matching Send from peer into the receive buffer of s for (mb, sb)
+                   //   (ops::Segment::recv_buffer); never blocks. The buffer holds nothing
+                   //   usable until the RecvWait of the same receive.
+  recv_wait,       // RecvWait(payload, s, mb, sb, peer, slot): wait until the receive posted
+                   //   by the RecvStart with the same fields has arrived; then
+                   //   activation: input of segment s for (mb, sb) := the message
                    //               (s is input_from_peer; before its Forward)
-                   //   gradient:   gradient of the output of s for (mb, sb) := slot
+                   //   gradient:   gradient of the output of s for (mb, sb) := the message
                    //               (s is output_to_peer; before its backward stage 0)
   use_weights,     // UseWeights(batch): the following compute instructions run on the weight
                    //   version that `batch` computes with (2bw: weight stashing), until the
@@ -113,9 +121,9 @@ struct Instruction {
   int chunk = 0;
   int bucket = -1;  // reduce_grads: the gradient bucket (ops::SegmentShape::ready_bucket)
   Payload payload = Payload::activation;  // send/recv
-  int peer = -1;  // send/recv: the other rank, as its rank in the point-to-point group
-  // send/recv: the receiver's buffer slot the message fills (and the Recv empties); also the
-  // message's tag. >= 0.
+  int peer = -1;  // send/recv/recv_wait: the other rank, as its rank in the point-to-point group
+  // send/recv/recv_wait: the message's tag, which names it in traces (one per message of a step
+  // for each payload and pair of ranks). >= 0.
   int slot = -1;
   // Which batch of the run the instruction belongs to. 0: the run's own batch, the only one
   // outside no-flush pipelines; -1: the previous batch, whose last backwards, gradient
@@ -207,13 +215,17 @@ void append_gradient_reductions(const ops::Program& program, Schedule& schedule)
 // or after it is freed, collectives are started once and waited once, every instance runs its
 // whole program, nothing is left live at the end, and gradient buckets are reduced only once
 // final. At chunk boundaries (the program's output_to_peer and input_from_peer flags must pair
-// up): the Forward of an input_from_peer segment follows its Recv(activation) and reads no
+// up): the Forward of an input_from_peer segment follows its RecvWait(activation) and reads no
 // previous segment; Send(activation) follows the Forward (and the Wait of its forward
-// collective) of an output_to_peer segment, whose backward stage 0 follows its Recv(gradient)
+// collective) of an output_to_peer segment, whose backward stage 0 follows its RecvWait(gradient)
 // instead of the next segment's backward; Send(gradient) follows the last backward stage of an
 // input_from_peer segment. Each of the four messages of an instance happens at most once, only
 // on segments with the matching flag, with peer >= 0 and slot >= 0, and by the end all have
-// happened (only the activations in a forward-only schedule). Every instruction of a segment
+// happened (only the activations in a forward-only schedule). A receive is posted (RecvStart)
+// once and waited (RecvWait, with the same fields) once, after its post; what it carries is
+// usable only from its RecvWait on (a Forward or backward stage 0 that reads it earlier is
+// rejected at that instruction), and a receive posted but never waited is rejected naming the
+// position of its RecvStart. Every instruction of a segment
 // names one chunk, shared with its neighbours unless a chunk boundary lies between them.
 // Zero-bubble: an input_only backward names a segment with a weight part, and every stage of
 // the instance is input_only; its BackwardWeight runs exactly once, after the instance's last
@@ -252,11 +264,12 @@ void verify_collective_order(const std::vector<Schedule>& schedules_of_group);
 // Checks the Send/Recv of a point-to-point group (schedules_of_group[r]: rank r's schedule,
 // peers are indices into it), each schedule already verified alone:
 //  - every peer is a rank of the group other than the sender or receiver itself;
-//  - for every ordered pair (a, b) the i-th Send from a to b and the i-th Recv at b from a
+//  - for every ordered pair (a, b) the i-th Send from a to b and the i-th RecvStart at b from a
 //    carry the same payload, micro-batch, sub-batch and slot, and go one chunk along the model
 //    (an activation from chunk c to c + 1, a gradient from c to c - 1); as many of each;
-//  - run with every Send and Recv blocking until its partner arrives and everything else
-//    proceeding, every rank reaches its end.
+//  - run with rendezvous semantics (a Send blocks until its partner's RecvStart has been
+//    issued, a RecvWait until its partner's Send has, RecvStart and everything else proceed),
+//    every rank reaches its end.
 // Throws InternalError naming the ranks, positions (instruction indices) and instructions:
 // both sides of a mismatched pair, the first message without a partner, or every rank blocked
 // in a deadlock with what it waits for. Time about linear in the total length.
@@ -264,7 +277,9 @@ void verify_point_to_point(const std::vector<Schedule>& schedules_of_group);
 
 // Peak bytes of tensor sets live at once when `schedule` runs (what the executor's activation
 // store will report), from the set sizes in the program; an input-only backward stage 0 adds
-// the segment's deferred_gradient_bytes (its stash), which its BackwardWeight releases.
+// the segment's deferred_gradient_bytes (its stash), which its BackwardWeight releases; a
+// RecvStart adds the segment's received_bytes, which the Forward (after acquiring its sets) or
+// backward stage 0 that reads the receive releases.
 std::size_t peak_activation_bytes(const ops::Program& program, const Schedule& schedule);
 
 std::string to_string(const Instruction& instruction);

@@ -173,6 +173,7 @@ class RankRun {
         break;
       case Op::send:
       case Op::recv:
+      case Op::recv_wait:
         OASES_ASSERT(false, "Send/Recv ({}) needs the other ranks: simulate_ranks prices them",
                      schedule::to_string(ins));
         break;
@@ -211,16 +212,23 @@ void check_costs(const CostModel& costs) {
   OASES_ASSERT(costs.compute && costs.collective, "cost model without compute or collective costs");
 }
 
-// The point-to-point link from one rank to another: its messages in issue order.
+// The point-to-point link from one rank to another: its messages in issue order. The i-th
+// message sent meets the i-th receive posted.
 struct Link {
   struct Message {
     std::size_t send_position;
     double arrival;
   };
-  double free_at = 0;               // when the last message issued leaves the link
-  std::deque<Message> undelivered;  // sent, not yet received
-  int sent = 0, received = 0;
+  double free_at = 0;          // when the last message issued leaves the link
+  std::vector<Message> sent;   // every message issued, in order
+  int posted = 0, waited = 0;  // receives posted (RecvStart) and waited (RecvWait) so far
 };
+
+// A rank's posted receive, found by its RecvWait: which message of the link it takes.
+using ReceiveKey = std::tuple<schedule::Payload, int, int, int>;  // (payload, segment, mb, sb)
+ReceiveKey receive_key(const schedule::Instruction& ins) {
+  return {ins.payload, ins.segment, ins.micro_batch, ins.sub_batch};
+}
 
 std::string describe(int rank, std::size_t position, const schedule::Schedule& schedule) {
   return fmt::format("rank {} instruction {} ({})", rank, position,
@@ -245,6 +253,13 @@ MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
   std::vector<RankRun> ranks(schedules.size(), RankRun(costs));
   std::vector<std::size_t> next(schedules.size(), 0);  // each rank's next instruction
   std::map<std::pair<int, int>, Link> links;           // (sender, receiver)
+  // Per rank: its posted receives not yet waited: the index of their message on the link and
+  // the RecvStart's position.
+  struct Posted {
+    int message;
+    std::size_t position;
+  };
+  std::vector<std::map<ReceiveKey, Posted>> posted(schedules.size());
 
   auto peer_of = [&](int rank, std::size_t position) {
     const int peer = schedules[rank][position].peer;
@@ -254,9 +269,10 @@ MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
     return peer;
   };
 
-  // Runs `rank` until its end or a Recv whose message has not been sent yet. Each rank's clock
-  // is its own: ranks touch only through messages, whose arrival is fixed when they are sent,
-  // so the order in which ranks advance does not change the result.
+  // Runs `rank` until its end or a RecvWait whose message has not been sent yet. Each rank's
+  // clock is its own: ranks touch only through messages, whose arrival is fixed when they are
+  // sent, so the order in which ranks advance does not change the result. A RecvStart costs
+  // nothing: it only fixes which message the receive takes.
   auto advance = [&](int rank) {
     const schedule::Schedule& schedule = schedules[rank];
     RankRun& run = ranks[rank];
@@ -268,23 +284,31 @@ MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
         Link& link = links[{rank, peer_of(rank, position)}];
         const double seconds = costs.p2p ? costs.p2p(ins) : 0.0;
         link.free_at = std::max(link.free_at, run.lanes().now()) + seconds;
-        link.undelivered.push_back({position, link.free_at});
-        ++link.sent;
+        link.sent.push_back({position, link.free_at});
         run.result().p2p_seconds += seconds;
       } else if (ins.op == Op::recv) {
+        Link& link = links[{peer_of(rank, position), rank}];
+        OASES_ASSERT(posted[rank].emplace(receive_key(ins), Posted{link.posted, position}).second,
+                     "{} posts a receive already posted", describe(rank, position, schedule));
+        ++link.posted;
+      } else if (ins.op == Op::recv_wait) {
         const int peer = peer_of(rank, position);
         Link& link = links[{peer, rank}];
-        if (link.undelivered.empty()) break;  // blocked until the peer sends
-        const Link::Message message = link.undelivered.front();
-        const schedule::Instruction& sent = schedules[peer][message.send_position];
-        OASES_ASSERT(sent.payload == ins.payload && sent.micro_batch == ins.micro_batch &&
-                         sent.sub_batch == ins.sub_batch && sent.slot == ins.slot,
-                     "message {} from rank {} to rank {} does not match: {} meets {}",
-                     link.received, peer, rank,
-                     describe(peer, message.send_position, schedules[peer]),
+        const auto post = posted[rank].find(receive_key(ins));
+        OASES_ASSERT(post != posted[rank].end(), "{} waits for a receive never posted",
                      describe(rank, position, schedule));
-        link.undelivered.pop_front();
-        ++link.received;
+        const int index = post->second.message;
+        if (index >= static_cast<int>(link.sent.size())) break;  // blocked until the peer sends
+        const Link::Message message = link.sent[static_cast<std::size_t>(index)];
+        const schedule::Instruction& sent = schedules[peer][message.send_position];
+        const schedule::Instruction& receive = schedule[post->second.position];
+        OASES_ASSERT(sent.payload == receive.payload && sent.micro_batch == receive.micro_batch &&
+                         sent.sub_batch == receive.sub_batch && sent.slot == receive.slot,
+                     "message {} from rank {} to rank {} does not match: {} meets {}", index,
+                     peer, rank, describe(peer, message.send_position, schedules[peer]),
+                     describe(rank, post->second.position, schedule));
+        posted[rank].erase(post);
+        ++link.waited;
         const double before = run.lanes().now();
         run.lanes().idle_until_time(message.arrival);
         run.result().bubble_seconds += run.lanes().now() - before;
@@ -307,23 +331,26 @@ MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
     const std::size_t position = next[rank];
     const int peer = schedules[rank][position].peer;
     const Link& link = links[{peer, rank}];
+    const std::size_t sent = link.sent.size();
     const std::string peer_state =
         next[peer] == schedules[peer].size()
-            ? fmt::format("which ended after sending it {} message{}", link.sent,
-                          link.sent == 1 ? "" : "s")
+            ? fmt::format("which ended after sending it {} message{}", sent, sent == 1 ? "" : "s")
             : fmt::format("which waits at {}", describe(peer, next[peer], schedules[peer]));
     blocked.push_back(fmt::format("{} waits for message {} from rank {}, {}",
-                                  describe(rank, position, schedules[rank]), link.received,
-                                  peer, peer_state));
+                                  describe(rank, position, schedules[rank]),
+                                  posted[rank].at(receive_key(schedules[rank][position])).message,
+                                  peer,
+                                  peer_state));
   }
-  OASES_ASSERT(blocked.empty(), "the ranks cannot finish: a Recv waits for a Send that never "
-               "comes: {}", fmt::join(blocked, "; "));
+  OASES_ASSERT(blocked.empty(), "the ranks cannot finish: a RecvWait waits for a Send that "
+               "never comes: {}", fmt::join(blocked, "; "));
   for (const auto& [pair, link] : links) {
-    OASES_ASSERT(link.undelivered.empty(),
+    const auto received = static_cast<std::size_t>(link.waited);
+    OASES_ASSERT(link.sent.size() == received,
                  "rank {} sends {} messages to rank {}, which receives {}; the first not "
                  "received is {}",
-                 pair.first, link.sent, pair.second, link.received,
-                 describe(pair.first, link.undelivered.front().send_position,
+                 pair.first, link.sent.size(), pair.second, received,
+                 describe(pair.first, link.sent[received].send_position,
                           schedules[pair.first]));
   }
 

@@ -17,11 +17,11 @@
 // above, and prices their Send/Recv. A Send puts the message on the point-to-point link from
 // the sender to its peer and the sender goes on; the messages of one ordered pair of ranks
 // cross their link one at a time, in issue order, and links between different pairs run at
-// once. A Recv holds the receiver's compute lane until its message has arrived (nothing if it
-// already has) while the receiver's collectives and reductions in flight go on; that wait is
-// the rank's pipeline bubble. Messages match as the runtime matches them: the i-th Send from
-// a to b with the i-th Recv at b from a. Point-to-point transfers neither slow nor are slowed
-// by the other lanes: their cost is what the link takes alone.
+// once. A RecvStart is free; its RecvWait holds the receiver's compute lane until the message
+// has arrived (nothing if it already has) while the receiver's collectives and reductions in
+// flight go on; that wait is the rank's pipeline bubble. Messages match as the runtime matches
+// them: the i-th Send from a to b with the i-th RecvStart at b from a. Point-to-point transfers
+// neither slow nor are slowed by the other lanes: their cost is what the link takes alone.
 #pragma once
 
 #include "schedule/schedule.h"
@@ -63,12 +63,12 @@ struct SimResult {
   double comm_seconds = 0;          // tensor-parallel lane busy
 };
 
-// One rank's schedule, which must have no Send or Recv (InternalError otherwise).
+// One rank's schedule, which must have no Send, RecvStart or RecvWait (InternalError otherwise).
 SimResult simulate(const schedule::Schedule& schedule, const CostModel& costs);
 
 struct RankSimResult : SimResult {
   // step_seconds: when this rank's last instruction ends.
-  double bubble_seconds = 0;  // compute lane waiting on a Recv
+  double bubble_seconds = 0;  // compute lane waiting in RecvWaits
   double p2p_seconds = 0;     // this rank's outgoing messages on their links
 };
 
@@ -81,8 +81,8 @@ struct MultiRankResult {
 // are indices into `schedules`. One rank without Send and Recv gives simulate()'s result.
 // InternalError when the messages cannot be delivered: a peer outside the group or the rank
 // itself, a Send and its matching Recv that disagree on payload, micro-batch, sub-batch or
-// slot, a Send nobody receives, or Recvs that wait forever (each blocked rank named with its
-// position and what it waits for).
+// slot, a Send nobody receives, or RecvWaits that wait forever (each blocked rank named with
+// its position and what it waits for).
 MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
                                const CostModel& costs);
 

@@ -56,8 +56,8 @@ class ZeroBubblePipeline : public ::testing::Test {
         dir_ / name, (pp > 1 ? "parallel.pipeline=" + quoted("zero-bubble") + " " : "") + extra);
   }
 
-  // Rank 0 (the first stage: it receives no activations, whose buffers the schedule does not
-  // count) measures the activation peak its schedule predicts, every step.
+  // Rank 0 (the first stage, which writes run.json and the metrics) measures the activation
+  // peak its schedule predicts, received gradient buffers included, every step.
   static void expect_predicted_peak(const fs::path& run, const std::string& what) {
     nlohmann::json info;
     std::ifstream(run / "run.json") >> info;

@@ -75,7 +75,8 @@ Instruction message(Op op, ops::Payload payload, int segment, int mb, int peer, 
 void append_forward(const ops::Program& p, int chunk, int mb, Schedule& out) {
   const int last = static_cast<int>(p.segments.size()) - 1;
   if (p.segments.front().input_from_peer)
-    out.push_back(message(Op::recv, ops::Payload::activation, 0, mb, chunk - 1, chunk));
+    for (Op op : {Op::recv, Op::recv_wait})
+      out.push_back(message(op, ops::Payload::activation, 0, mb, chunk - 1, chunk));
   for (int s = 0; s <= last; ++s) {
     out.push_back(make(Op::forward, s, mb));
     if (p.segments[static_cast<std::size_t>(s)].has_forward_collective) {
@@ -92,7 +93,8 @@ void append_forward(const ops::Program& p, int chunk, int mb, Schedule& out) {
 void append_backward(const ops::Program& p, int chunk, int mb, Schedule& out) {
   const int last = static_cast<int>(p.segments.size()) - 1;
   if (p.segments.back().output_to_peer)
-    out.push_back(message(Op::recv, ops::Payload::gradient, last, mb, chunk + 1, chunk));
+    for (Op op : {Op::recv, Op::recv_wait})
+      out.push_back(message(op, ops::Payload::gradient, last, mb, chunk + 1, chunk));
   for (int s = last; s >= 0; --s) {
     const ops::SegmentShape& shape = p.segments[static_cast<std::size_t>(s)];
     for (int stage = 0; stage < shape.backward_stages; ++stage) {

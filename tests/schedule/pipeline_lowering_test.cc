@@ -285,14 +285,17 @@ TEST(PipelineLowering, SlotsNameTheMicroBatchAndSubBatchAndGradientsLeaveAtOnce)
   const Schedule s = lower_pipeline(programs[1], within_spec(w, 5), pipeline, 1);
   for (std::size_t i = 0; i < s.size(); ++i) {
     const Instruction& ins = s[i];
-    if (ins.op != Op::send && ins.op != Op::recv) continue;
+    const auto is_message = [](Op op) {
+      return op == Op::send || op == Op::recv || op == Op::recv_wait;
+    };
+    if (!is_message(ins.op)) continue;
     EXPECT_EQ(ins.slot, ins.micro_batch * 2 + ins.sub_batch) << to_string(ins);
     const bool to_previous = (ins.op == Op::send) == (ins.payload == Payload::gradient);
     EXPECT_EQ(ins.peer, to_previous ? 0 : 2) << to_string(ins);
     if (ins.op == Op::send && ins.payload == Payload::gradient) {
       // Between the backward that produced it and this Send: only other messages.
       std::size_t j = i;
-      while (j > 0 && (s[j - 1].op == Op::send || s[j - 1].op == Op::recv)) --j;
+      while (j > 0 && is_message(s[j - 1].op)) --j;
       ASSERT_GT(j, 0u);
       EXPECT_TRUE(s[j - 1].op == Op::backward || s[j - 1].op == Op::free) << to_string(s[j - 1]);
       EXPECT_EQ(s[j - 1].micro_batch, ins.micro_batch) << to_string(ins);
@@ -332,19 +335,144 @@ TEST(PipelineLowering, OneFOneBKeepsLessThanGPipeOnTheFirstRank) {
                                     << name(w.recompute);
       if (w.recompute != Recompute::none) continue;
       // Without recomputation a forward keeps every set of the stage until that micro-batch's
-      // backward frees them: the peak is the most micro-batches in flight times their sets.
+      // backward frees them: the peak is the most micro-batches in flight times their sets,
+      // plus the buffers of the two gradient receives posted by the end of the last forward:
+      // that of the backward after it (posted after the action before it) and that of the
+      // next backward (posted after it). GPipe: B(0) and B(1); 1F1B: B(m - P) and B(m - P + 1).
       std::size_t per_micro_batch = 0;
       for (const ops::SegmentShape& shape : programs.front().segments)
         for (auto set : {ops::kCheckpoint, ops::kInternals, ops::kCore})
           if (shape.sets & set) per_micro_batch += ops::bytes_of(shape, set);
+      const std::size_t received = programs.front().segments.back().received_bytes;
+      ASSERT_GT(received, 0u);
       for (PipelineKind kind : {PipelineKind::gpipe, PipelineKind::one_f_one_b}) {
         const int in_flight = max_in_flight(pipeline_orders(pipeline_spec(kind, stages, m))).front();
         EXPECT_EQ(in_flight, kind == PipelineKind::gpipe ? m : stages);
-        EXPECT_EQ(peak(kind), static_cast<std::size_t>(in_flight) * per_micro_batch)
+        EXPECT_EQ(peak(kind), static_cast<std::size_t>(in_flight) * per_micro_batch +
+                                  2 * w.sub_batches * received)
             << "P=" << stages << " " << name(kind);
       }
     }
   }
+}
+
+bool is_compute(Op op) {
+  return op == Op::forward || op == Op::recompute || op == Op::backward ||
+         op == Op::backward_weight;
+}
+
+// Every receive of a lowered schedule is posted (RecvStart) before it is waited (RecvWait),
+// the posts in the order of the waits (so that the i-th post from a peer meets the i-th Send),
+// and, wherever the rank computes anything before the wait, with compute instructions between
+// the post and the wait: the transfer overlaps them. Returns how many receives had compute
+// between their post and their wait.
+int expect_receives_posted_ahead(const Schedule& schedule, const std::string& what) {
+  std::map<std::tuple<Payload, int, int, int>, std::size_t> posted;  // (payload, s, mb, sb)
+  std::vector<std::size_t> post_order, wait_order;
+  int overlapped = 0;
+  bool computed = false;
+  for (std::size_t i = 0; i < schedule.size(); ++i) {
+    const Instruction& ins = schedule[i];
+    const auto key = std::tuple{ins.payload, ins.segment, ins.micro_batch, ins.sub_batch};
+    computed |= is_compute(ins.op);
+    if (ins.op == Op::recv) {
+      EXPECT_TRUE(posted.emplace(key, i).second) << what << ": posted twice: " << to_string(ins);
+      post_order.push_back(i);
+    }
+    if (ins.op != Op::recv_wait) continue;
+    const auto post = posted.find(key);
+    if (post == posted.end()) {
+      ADD_FAILURE() << what << ": waited and never posted: " << to_string(ins);
+      continue;
+    }
+    wait_order.push_back(post->second);
+    int between = 0;
+    for (std::size_t j = post->second + 1; j < i; ++j) between += is_compute(schedule[j].op);
+    if (computed) {
+      EXPECT_GE(between, 1) << what << ": " << to_string(ins) << " at " << i
+                            << " was posted at " << post->second << " with nothing computed since";
+    }
+    overlapped += between > 0;
+  }
+  EXPECT_EQ(wait_order, post_order) << what << ": receives waited in another order than posted";
+  return overlapped;
+}
+
+// The lowering hoists every receive's post ahead of the action before the one that needs it,
+// for every pipeline kind it lowers, in training and forward-only steps.
+TEST(PipelineLowering, ReceivesArePostedAtLeastOneComputeInstructionBeforeTheirWait) {
+  for (int stages : {2, 3, 4}) {
+    const WithinStage w{ScheduleKind::oases, Recompute::fine_grained, 2};
+    const std::vector<ops::Program> programs = stage_programs("gpt", stages, w.sub_batches);
+    const std::vector<ops::Program> chunked = interleaved_programs("gpt", stages, 2, w.sub_batches);
+    for (PipelineKind kind : {PipelineKind::gpipe, PipelineKind::one_f_one_b,
+                              PipelineKind::interleaved, PipelineKind::zero_bubble}) {
+      const int m = 2 * stages;
+      const std::string what = fmt::format("P={} {} m={}", stages, name(kind), m);
+      PipelineSpec pipeline = pipeline_spec(kind, stages, m);
+      if (kind == PipelineKind::interleaved) pipeline.virtual_stages = 2;
+      const std::vector<ops::Program>& rank_programs =
+          kind == PipelineKind::interleaved ? chunked : programs;
+      int overlapped = 0;
+      for (int rank = 0; rank < stages; ++rank) {
+        const Schedule s = lower_pipeline(rank_programs[static_cast<std::size_t>(rank)],
+                                          within_spec(w, m), pipeline, rank);
+        overlapped += expect_receives_posted_ahead(s, fmt::format("{} rank {}", what, rank));
+      }
+      // Each rank's receives but those its first action needs overlap compute.
+      EXPECT_GT(overlapped, 0) << what;
+    }
+    ScheduleSpec evaluation = within_spec(w, stages + 1);
+    evaluation.training = false;
+    for (int rank = 0; rank < stages; ++rank) {
+      const Schedule s = lower_forward_only_pipeline(chunked[static_cast<std::size_t>(rank)],
+                                                     evaluation, stages, 2, rank);
+      expect_receives_posted_ahead(s, fmt::format("forward-only P={} v=2 rank {}", stages, rank));
+    }
+  }
+}
+
+// Every pipeline kind that lowers (GPipe, 1F1B, interleaved with v = 2, zero-bubble) gives
+// schedules that verify on each rank and together, with the receives posted early, for P from 2
+// to 4 and two numbers of micro-batches (whole micro-batches here; the test above lowers two
+// sub-batches).
+TEST(PipelineLowering, EveryLoweredKindVerifiesWithEarlyPostedReceives) {
+  int lowered = 0;
+  for (int stages : {2, 3, 4}) {
+    for (const WithinStage& w : {kWithinStage.front()}) {
+      const std::vector<ops::Program> programs = stage_programs("llama", stages, w.sub_batches);
+      const std::vector<ops::Program> chunked =
+          interleaved_programs("llama", stages, 2, w.sub_batches);
+      for (PipelineKind kind : {PipelineKind::gpipe, PipelineKind::one_f_one_b,
+                                PipelineKind::interleaved, PipelineKind::zero_bubble}) {
+        for (int m : {stages, 2 * stages}) {
+          const std::string what = fmt::format("P={} {} m={} within {} sb={}", stages,
+                                               name(kind), m, name(w.kind), w.sub_batches);
+          PipelineSpec pipeline = pipeline_spec(kind, stages, m);
+          if (kind == PipelineKind::interleaved) pipeline.virtual_stages = 2;
+          const std::vector<ops::Program>& rank_programs =
+              kind == PipelineKind::interleaved ? chunked : programs;
+          const ScheduleSpec spec = within_spec(w, m);
+          std::vector<Schedule> group;
+          for (int rank = 0; rank < stages; ++rank) {
+            const ops::Program& program = rank_programs[static_cast<std::size_t>(rank)];
+            group.push_back(lower_pipeline(program, spec, pipeline, rank));
+            EXPECT_NO_THROW(verify_schedule(program, spec, group.back())) << what << " rank "
+                                                                          << rank;
+            int posts = 0, waits = 0;
+            for (const Instruction& ins : group.back()) {
+              posts += ins.op == Op::recv;
+              waits += ins.op == Op::recv_wait;
+            }
+            EXPECT_EQ(posts, waits) << what << " rank " << rank;
+          }
+          EXPECT_NO_THROW(verify_point_to_point(group)) << what;
+          ++lowered;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(lowered, 3 * 4 * 2);
 }
 
 TEST(PipelineLowering, RejectsWhatItCannotLowerNamingTheSetting) {

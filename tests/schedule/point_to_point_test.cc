@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -76,8 +77,15 @@ class Writer {
   Writer& send(Payload payload, int segment, int mb, int peer) {
     return message(Op::send, payload, segment, mb, peer);
   }
+  // A receive posted and waited at once.
   Writer& recv(Payload payload, int segment, int mb, int peer) {
+    return post(payload, segment, mb, peer).wait(payload, segment, mb, peer);
+  }
+  Writer& post(Payload payload, int segment, int mb, int peer) {
     return message(Op::recv, payload, segment, mb, peer);
+  }
+  Writer& wait(Payload payload, int segment, int mb, int peer) {
+    return message(Op::recv_wait, payload, segment, mb, peer);
   }
   Writer& finish_step() {
     for (int bucket : {1, 0}) {
@@ -185,7 +193,9 @@ TEST(PointToPoint, TwoChunkPipelineVerifiesOnEachRankAndAcrossTheGroup) {
   // Chunk 0 prints as every schedule without pipelines does; chunk 1 says so.
   EXPECT_EQ(to_string(rank0[6]), "Send(activation, seg=1, mb=0, sb=0, peer=1, slot=0)");
   EXPECT_EQ(to_string(rank0[7]), "Forward(seg=0, mb=1, sb=0)");
-  EXPECT_EQ(to_string(rank1[0]), "Recv(activation, seg=0, mb=0, sb=0, peer=0, slot=0, chunk=1)");
+  EXPECT_EQ(to_string(rank1[0]),
+            "RecvStart(activation, seg=0, mb=0, sb=0, peer=0, slot=0, chunk=1)");
+  EXPECT_EQ(to_string(rank1[1]), "RecvWait(activation, seg=0, mb=0, sb=0, peer=0, slot=0, chunk=1)");
   EXPECT_EQ(to_string(rank1.back()), "OptimizerStep");
   EXPECT_EQ(to_string(rank1[rank1.size() - 2]), "ReduceGrads(bucket=0, chunk=1)");
 }
@@ -200,22 +210,29 @@ TEST(PointToPoint, SwappedPairNamesBothRanksAndPositions) {
   expect_contains(rejection([&] { verify_point_to_point({rank0, gpipe_second()}); }),
                   "message 0 from rank 0 to rank 1 does not match: rank 0 instruction 6 "
                   "(Send(activation, seg=1, mb=1, sb=0, peer=1, slot=1)) meets rank 1 "
-                  "instruction 0 (Recv(activation, seg=0, mb=0, sb=0, peer=0, slot=0, chunk=1))");
+                  "instruction 0 (RecvStart(activation, seg=0, mb=0, sb=0, peer=0, slot=0, "
+                  "chunk=1))");
+}
+
+// Removes the RecvStart and the RecvWait of one receive (`fields`: what follows their names).
+void remove_receive(Schedule& s, const std::string& fields) {
+  remove(s, "RecvStart" + fields);
+  remove(s, "RecvWait" + fields);
 }
 
 TEST(PointToPoint, MissingReceiveNamesTheUnmatchedSend) {
   Schedule rank0 = gpipe_first();
-  remove(rank0, "Recv(gradient, seg=1, mb=1, sb=0, peer=1, slot=1)");
+  remove_receive(rank0, "(gradient, seg=1, mb=1, sb=0, peer=1, slot=1)");
   expect_contains(rejection([&] { verify_point_to_point({rank0, gpipe_second()}); }),
                   "rank 1 sends 2 messages to rank 0, which receives 1 from rank 1; the first "
-                  "without a partner is rank 1 instruction 31 (Send(gradient, seg=0, mb=1, "
+                  "without a partner is rank 1 instruction 33 (Send(gradient, seg=0, mb=1, "
                   "sb=0, peer=0, slot=1, chunk=1))");
   // The receiving rank alone already fails: its backward lacks the gradient.
   expect_rank_rejected(0, rank0, "the gradient of the segment's output was not received");
 }
 
 // Rank 0 waits for the gradient of micro-batch 0 before it sends micro-batch 1's activation,
-// which rank 1 needs before it can compute that gradient: both receive first.
+// which rank 1 needs before it can compute that gradient: both wait for a receive first.
 TEST(PointToPoint, CyclicWaitListsEveryBlockedRank) {
   Writer w(0);
   first_forward(w, 0);
@@ -227,20 +244,64 @@ TEST(PointToPoint, CyclicWaitListsEveryBlockedRank) {
   EXPECT_NO_THROW(verify_schedule(first_chunk(), spec(), rank0));
   const std::string message =
       rejection([&] { verify_point_to_point({rank0, gpipe_second()}); });
-  expect_contains(message, "deadlock when Send and Recv block");
+  expect_contains(message, "deadlock under rendezvous semantics");
   expect_contains(message,
-                  "rank 0 instruction 13 (Recv(gradient, seg=1, mb=0, sb=0, peer=1, slot=0)) "
-                  "waits for rank 1 instruction 20 (Send(gradient, seg=0, mb=0, sb=0, peer=0, "
+                  "rank 0 instruction 14 (RecvWait(gradient, seg=1, mb=0, sb=0, peer=1, slot=0)) "
+                  "waits for rank 1 instruction 22 (Send(gradient, seg=0, mb=0, sb=0, peer=0, "
                   "slot=0, chunk=1))");
   expect_contains(message,
-                  "rank 1 instruction 5 (Recv(activation, seg=0, mb=1, sb=0, peer=0, slot=1, "
-                  "chunk=1)) waits for rank 0 instruction 14 (Send(activation, seg=1, mb=1, "
+                  "rank 1 instruction 7 (RecvWait(activation, seg=0, mb=1, sb=0, peer=0, slot=1, "
+                  "chunk=1)) waits for rank 0 instruction 15 (Send(activation, seg=1, mb=1, "
                   "sb=0, peer=1, slot=1))");
+}
+
+// Both ranks send before they wait for what the other sends. Posted first, the receives let
+// both Sends through; posted only after the Sends, each Send waits for a RecvStart the other
+// rank has not reached.
+TEST(PointToPoint, ReceivesPostedBeforeASendLetItThrough) {
+  Writer posted_first(0);
+  first_forward(posted_first, 0);
+  first_forward(posted_first, 1, /*send=*/false);
+  posted_first.post(Payload::gradient, 1, 0, 1).send(Payload::activation, 1, 1, 1);
+  posted_first.wait(Payload::gradient, 1, 0, 1);
+  first_backward(posted_first, 0, /*receive=*/false);
+  first_backward(posted_first, 1);
+  const Schedule rank0 = posted_first.finish_step().schedule();
+  EXPECT_NO_THROW(verify_schedule(first_chunk(), spec(), rank0));
+  // Rank 1 sends micro-batch 0's gradient before it posts the receive of micro-batch 1's input.
+  Writer second(1);
+  second_forward(second, 0);
+  second_backward(second, 0);
+  second_forward(second, 1);
+  second_backward(second, 1);
+  const Schedule rank1 = second.finish_step().schedule();
+  EXPECT_NO_THROW(verify_schedule(second_chunk(), spec(), rank1));
+  EXPECT_NO_THROW(verify_point_to_point({rank0, rank1}));
+
+  // Rank 0 sends micro-batch 1's activation before it posts the gradient's receive: rank 0's
+  // Send waits for rank 1's RecvStart, which follows rank 1's Send of the gradient, which
+  // waits for rank 0's RecvStart.
+  Writer sent_first(0);
+  first_forward(sent_first, 0);
+  first_forward(sent_first, 1);
+  first_backward(sent_first, 0);
+  first_backward(sent_first, 1);
+  Schedule late = sent_first.finish_step().schedule();
+  EXPECT_NO_THROW(verify_schedule(first_chunk(), spec(), late));
+  const std::string message = rejection([&] { verify_point_to_point({late, rank1}); });
+  expect_contains(message,
+                  "rank 0 instruction 13 (Send(activation, seg=1, mb=1, sb=0, peer=1, slot=1)) "
+                  "waits for rank 1 instruction 17 (RecvStart(activation, seg=0, mb=1, sb=0, "
+                  "peer=0, slot=1, chunk=1))");
+  expect_contains(message,
+                  "rank 1 instruction 16 (Send(gradient, seg=0, mb=0, sb=0, peer=0, slot=0, "
+                  "chunk=1)) waits for rank 0 instruction 14 (RecvStart(gradient, seg=1, mb=0, "
+                  "sb=0, peer=1, slot=0))");
 }
 
 TEST(PointToPoint, ForwardOfAnInputFromPeerSegmentNeedsItsReceive) {
   Schedule rank1 = gpipe_second();
-  remove(rank1, "Recv(activation, seg=0, mb=0, sb=0, peer=0, slot=0, chunk=1)");
+  remove_receive(rank1, "(activation, seg=0, mb=0, sb=0, peer=0, slot=0, chunk=1)");
   expect_rank_rejected(1, rank1,
                        "instruction 0 (Forward(seg=0, mb=0, sb=0, chunk=1)): the input "
                        "activation was not received");
@@ -248,7 +309,7 @@ TEST(PointToPoint, ForwardOfAnInputFromPeerSegmentNeedsItsReceive) {
 
 TEST(PointToPoint, BackwardOfAnOutputToPeerSegmentNeedsTheGradientReceive) {
   Schedule rank0 = gpipe_first();
-  remove(rank0, "Recv(gradient, seg=1, mb=0, sb=0, peer=1, slot=0)");
+  remove_receive(rank0, "(gradient, seg=1, mb=0, sb=0, peer=1, slot=0)");
   expect_rank_rejected(0, rank0,
                        "instruction 14 (Backward(seg=1, stage=0, mb=0, sb=0)): the gradient of "
                        "the segment's output was not received");
@@ -315,10 +376,32 @@ TEST(PointToPoint, EachRankChecksItsMessagesAgainstItsProgram) {
 
   Schedule stray_peer = rank0;
   stray_peer[0].peer = 1;
-  expect_rank_rejected(0, stray_peer, "only Send and Recv name a peer and a slot");
+  expect_rank_rejected(0, stray_peer, "only Send, RecvStart and RecvWait name a peer and a slot");
+
+  Schedule wait_first = rank1;  // RecvWait before its RecvStart
+  std::swap(wait_first[0], wait_first[1]);
+  expect_rank_rejected(1, wait_first,
+                       "instruction 0 (RecvWait(activation, seg=0, mb=0, sb=0, peer=0, slot=0, "
+                       "chunk=1)): waits for a receive that was never posted");
+
+  Schedule waited_twice = rank1;
+  waited_twice.insert(waited_twice.begin() + 2, rank1[1]);
+  expect_rank_rejected(1, waited_twice, "instruction 2 (RecvWait(activation, seg=0, mb=0, sb=0, "
+                                        "peer=0, slot=0, chunk=1)): waits for a receive twice");
+
+  Schedule posted_twice = rank1;
+  posted_twice.insert(posted_twice.begin() + 1, rank1[0]);
+  expect_rank_rejected(1, posted_twice, "instruction 1 (RecvStart(activation, seg=0, mb=0, sb=0, "
+                                        "peer=0, slot=0, chunk=1)): posts the activation receive "
+                                        "twice (first at instruction 0)");
+
+  Schedule other_slot = rank1;  // the wait names another message than the one posted
+  other_slot[1].slot = 1;
+  expect_rank_rejected(1, other_slot,
+                       "waits for a receive other than the one posted at instruction 0");
 
   Schedule mixed_chunks = rank1;
-  mixed_chunks[4].chunk = 0;  // the head's Forward in chunk 0, layer 1 in chunk 1
+  mixed_chunks[5].chunk = 0;  // the head's Forward in chunk 0, layer 1 in chunk 1
   expect_rank_rejected(1, mixed_chunks, "segment 1 is in chunk 0, which must equal the chunk of "
                                         "segment 0 (1)");
 
@@ -345,13 +428,48 @@ TEST(PointToPoint, ForwardOnlyPipelinesSendActivationsOnly) {
   EXPECT_NO_THROW(verify_point_to_point({rank0, rank1}));
 
   Schedule with_gradient = rank1;
-  with_gradient.push_back(gpipe_second()[20]);
+  with_gradient.push_back(gpipe_second()[22]);
   expect_contains(rejection([&] { verify_schedule(second_chunk(), spec(false), with_gradient); }),
                   "a gradient message in a forward-only schedule");
   Schedule unsent = rank0;
   remove(unsent, "Send(activation, seg=1, mb=1, sb=0, peer=1, slot=1)");
   expect_contains(rejection([&] { verify_schedule(first_chunk(), spec(false), unsent); }),
                   "segment 1 mb 1 sb 0: its output was never sent");
+}
+
+// What a receive carries is usable only after its RecvWait: a Forward or a backward stage 0
+// that reads it between the RecvStart and the RecvWait is rejected at its own position.
+TEST(PointToPoint, ReadingAReceivedBufferBeforeItsWaitNamesThePosition) {
+  Schedule rank1 = gpipe_second();
+  ASSERT_EQ(to_string(rank1[2]), "Forward(seg=0, mb=0, sb=0, chunk=1)");
+  std::swap(rank1[1], rank1[2]);  // the Forward before the RecvWait
+  expect_rank_rejected(1, rank1,
+                       "instruction 1 (Forward(seg=0, mb=0, sb=0, chunk=1)): reads the input "
+                       "activation before the RecvWait of its receive (posted at instruction 0)");
+
+  Schedule rank0 = gpipe_first();
+  const std::size_t wait = find(rank0, "RecvWait(gradient, seg=1, mb=0, sb=0, peer=1, slot=0)");
+  ASSERT_EQ(to_string(rank0[wait + 1]), "Backward(seg=1, stage=0, mb=0, sb=0)");
+  std::swap(rank0[wait], rank0[wait + 1]);
+  expect_rank_rejected(0, rank0,
+                       fmt::format("instruction {} (Backward(seg=1, stage=0, mb=0, sb=0)): reads "
+                                   "the gradient of the segment's output before the RecvWait of "
+                                   "its receive (posted at instruction {})",
+                                   wait, wait - 1));
+}
+
+// A receive posted and never waited is rejected at the end, naming its RecvStart, before any
+// other incompleteness of the schedule.
+TEST(PointToPoint, AReceivePostedAndNeverWaitedIsRejected) {
+  Schedule rank1 = gpipe_second();
+  const std::size_t post =
+      find(rank1, "RecvStart(activation, seg=0, mb=1, sb=0, peer=0, slot=1, chunk=1)");
+  rank1.resize(post + 1);  // the step stops right after the post
+  expect_rank_rejected(1, rank1,
+                       fmt::format("at the end of the schedule: segment 0 mb 1 sb 0: the receive "
+                                   "posted at instruction {} (RecvStart(activation, seg=0, mb=1, "
+                                   "sb=0, peer=0, slot=1, chunk=1)) was never waited",
+                                   post));
 }
 
 }  // namespace

@@ -52,9 +52,9 @@ std::size_t position_of(const std::vector<Action>& actions, bool forward, int mi
   return actions.size();
 }
 
-// Lowers the actions of rank `rank` (actions[r]: rank r's) to instructions: the input's Recv
-// right before a Forward and the output's Send right after it; the gradient's Recv right
-// before a Backward and the input gradient's Send right after it. Except: where a Backward
+// Lowers the actions of rank `rank` (actions[r]: rank r's) to instructions: the input's receive
+// (RecvStart, RecvWait) right before a Forward and the output's Send right after it; the
+// gradient's receive right before a Backward and the input gradient's Send right after it. Except: where a Backward
 // follows a Forward here and the next rank runs that Backward before that Forward (the steady
 // state of 1F1B), the next rank sends the gradient before it receives the activation, so the
 // activation goes after the gradient's Recv, as a blocking Send and Recv would need. A
@@ -77,12 +77,16 @@ Schedule lower(int rank, const std::vector<std::vector<Action>>& actions) {
     ins.peer = peer;
     ins.slot = mb;
   };
+  auto receive = [&](Payload payload, int mb, int peer) {
+    message(Op::recv, payload, mb, peer);
+    message(Op::recv_wait, payload, mb, peer);
+  };
   const bool first = rank == 0, last = rank == stages - 1;
   int unsent_activation = -1;
   for (std::size_t i = 0; i < own.size(); ++i) {
     const int mb = own[i].micro_batch;
     if (own[i].forward) {
-      if (!first) message(Op::recv, Payload::activation, mb, rank - 1);
+      if (!first) receive(Payload::activation, mb, rank - 1);
       add(Op::forward, mb);
       if (last) continue;
       const bool gradient_first =
@@ -94,7 +98,7 @@ Schedule lower(int rank, const std::vector<std::vector<Action>>& actions) {
       else
         message(Op::send, Payload::activation, mb, rank + 1);
     } else {
-      if (!last) message(Op::recv, Payload::gradient, mb, rank + 1);
+      if (!last) receive(Payload::gradient, mb, rank + 1);
       if (unsent_activation >= 0)
         message(Op::send, Payload::activation, unsent_activation, rank + 1);
       unsent_activation = -1;
@@ -291,20 +295,22 @@ TEST(MultiRankSimulator, MessagesOfOnePairCrossTheirLinkInIssueOrder) {
   EXPECT_DOUBLE_EQ(result.ranks[1].p2p_seconds, 9.0);
 }
 
-// A collective started before a Recv keeps moving while the rank waits: rank 1 starts a 2 s
+// A collective started before a RecvWait keeps moving while the rank waits: rank 1 starts a 2 s
 // collective and then waits 3 s for a message (1 s of compute on rank 0, then 2 s on the
 // link); its Wait afterwards costs nothing.
 TEST(MultiRankSimulator, CollectivesInFlightProgressDuringABubble) {
   Instruction forward{Op::forward}, send{Op::send}, start{Op::start}, recv{Op::recv},
-      wait{Op::wait};
-  forward.segment = send.segment = start.segment = recv.segment = wait.segment = 0;
+      recv_wait{Op::recv_wait}, wait{Op::wait};
+  forward.segment = send.segment = start.segment = recv.segment = recv_wait.segment =
+      wait.segment = 0;
   send.peer = 1;
-  recv.peer = 0;
-  send.slot = recv.slot = 0;
+  recv.peer = recv_wait.peer = 0;
+  send.slot = recv.slot = recv_wait.slot = 0;
   CostModel costs = forward_backward_costs(1.0, 1.0, 2.0);
   costs.collective = [](const Instruction&) { return 2.0; };
   costs.overlap_slowdown = 0.5;  // no compute overlaps it here, so nothing slows
-  const MultiRankResult result = simulate_ranks({{forward, send}, {start, recv, wait}}, costs);
+  const MultiRankResult result =
+      simulate_ranks({{forward, send}, {start, recv, recv_wait, wait}}, costs);
   EXPECT_DOUBLE_EQ(result.ranks[0].step_seconds, 1.0);
   EXPECT_DOUBLE_EQ(result.ranks[1].step_seconds, 3.0);
   EXPECT_DOUBLE_EQ(result.ranks[1].bubble_seconds, 3.0);
@@ -341,32 +347,59 @@ TEST(MultiRankSimulator, ARecvWhoseSendNeverComesNamesTheRankAndPosition) {
   std::vector<Schedule> schedules = pipeline(Order::gpipe, 2, 2);
   remove(schedules[1], "Send(gradient, seg=0, mb=1, sb=0, peer=0, slot=1, chunk=1)");
   const std::size_t recv =
-      position_of(schedules[0], "Recv(gradient, seg=0, mb=1, sb=0, peer=1, slot=1)");
+      position_of(schedules[0], "RecvWait(gradient, seg=0, mb=1, sb=0, peer=1, slot=1)");
   const CostModel costs = forward_backward_costs(1.0, 1.0);
   expect_contains(rejection([&] { simulate_ranks(schedules, costs); }),
                   "rank 0 instruction " + std::to_string(recv) +
-                      " (Recv(gradient, seg=0, mb=1, sb=0, peer=1, slot=1)) waits for message "
-                      "1 from rank 1, which ended after sending it 1");
+                      " (RecvWait(gradient, seg=0, mb=1, sb=0, peer=1, slot=1)) waits for "
+                      "message 1 from rank 1, which ended after sending it 1");
 }
 
-// Both ranks receive before they send: each blocked rank is named with what it waits for.
+// Both ranks wait for a receive before they send: each blocked rank is named with what it
+// waits for.
 TEST(MultiRankSimulator, CyclicWaitNamesEveryBlockedRank) {
   std::vector<Schedule> schedules = pipeline(Order::gpipe, 2, 1);
-  // Rank 0 waits for micro-batch 0's gradient before it sends the activation rank 1 needs.
-  std::swap(schedules[0][1], schedules[0][2]);
+  // Rank 0 waits for micro-batch 0's gradient before it sends the activation rank 1 needs: its
+  // Send moves after the gradient's RecvStart and RecvWait.
+  std::rotate(schedules[0].begin() + 1, schedules[0].begin() + 2, schedules[0].begin() + 4);
   const std::string message =
       rejection([&] { simulate_ranks(schedules, forward_backward_costs(1.0, 1.0)); });
-  expect_contains(message, "rank 0 instruction 1 (Recv(gradient, seg=0, mb=0, sb=0, peer=1, "
+  expect_contains(message, "rank 0 instruction 2 (RecvWait(gradient, seg=0, mb=0, sb=0, peer=1, "
                            "slot=0)) waits for message 0 from rank 1, which waits at rank 1 "
-                           "instruction 0");
-  expect_contains(message, "rank 1 instruction 0 (Recv(activation, seg=0, mb=0, sb=0, peer=0, "
-                           "slot=0, chunk=1)) waits for message 0 from rank 0, which waits at "
-                           "rank 0 instruction 1");
+                           "instruction 1");
+  expect_contains(message, "rank 1 instruction 1 (RecvWait(activation, seg=0, mb=0, sb=0, "
+                           "peer=0, slot=0, chunk=1)) waits for message 0 from rank 0, which "
+                           "waits at rank 0 instruction 2");
+}
+
+// A RecvStart is free and fixes which message the receive takes; only its RecvWait waits for
+// the message to arrive. Rank 0 computes for 1 s and sends a message that takes 2 s; rank 1
+// posts its receive, computes for 2 s and only then waits: 1 s of bubble instead of 3 s.
+TEST(MultiRankSimulator, APostedReceiveWaitsOnlyForWhatIsLeftOfTheTransfer) {
+  Instruction forward{Op::forward}, send{Op::send}, recv{Op::recv}, recv_wait{Op::recv_wait};
+  forward.segment = send.segment = recv.segment = recv_wait.segment = 0;
+  send.peer = 1;
+  recv.peer = recv_wait.peer = 0;
+  send.slot = recv.slot = recv_wait.slot = 0;
+  const CostModel costs = forward_backward_costs(1.0, 1.0, 2.0);
+  Instruction second_forward = forward;
+  second_forward.micro_batch = 1;
+  const MultiRankResult early =
+      simulate_ranks({{forward, send}, {recv, forward, second_forward, recv_wait}}, costs);
+  EXPECT_DOUBLE_EQ(early.ranks[1].bubble_seconds, 1.0);
+  EXPECT_DOUBLE_EQ(early.ranks[1].step_seconds, 3.0);
+  EXPECT_DOUBLE_EQ(early.ranks[1].compute_seconds, 2.0);
+  // Waited at once, the same receive holds the rank for the whole transfer.
+  const MultiRankResult late =
+      simulate_ranks({{forward, send}, {recv, recv_wait, forward, second_forward}}, costs);
+  EXPECT_DOUBLE_EQ(late.ranks[1].bubble_seconds, 3.0);
+  EXPECT_DOUBLE_EQ(late.ranks[1].step_seconds, 5.0);
 }
 
 TEST(MultiRankSimulator, ASendNobodyReceivesIsRejected) {
   std::vector<Schedule> schedules = pipeline(Order::gpipe, 2, 2);
-  remove(schedules[0], "Recv(gradient, seg=0, mb=1, sb=0, peer=1, slot=1)");
+  remove(schedules[0], "RecvStart(gradient, seg=0, mb=1, sb=0, peer=1, slot=1)");
+  remove(schedules[0], "RecvWait(gradient, seg=0, mb=1, sb=0, peer=1, slot=1)");
   expect_contains(
       rejection([&] { simulate_ranks(schedules, forward_backward_costs(1.0, 1.0)); }),
       "rank 1 sends 2 messages to rank 0, which receives 1; the first not received is rank 1 "
@@ -376,7 +409,7 @@ TEST(MultiRankSimulator, ASendNobodyReceivesIsRejected) {
 TEST(MultiRankSimulator, MismatchedMessagesAndStrayPeersAreRejected) {
   const CostModel costs = forward_backward_costs(1.0, 1.0);
   std::vector<Schedule> swapped = pipeline(Order::gpipe, 2, 2);
-  swapped[1][0].slot = 1;  // rank 1's first Recv expects micro-batch 0's activation in slot 0
+  swapped[1][0].slot = 1;  // rank 1's first RecvStart expects micro-batch 0's activation
   expect_contains(rejection([&] { simulate_ranks(swapped, costs); }),
                   "message 0 from rank 0 to rank 1 does not match: rank 0 instruction 1");
 
