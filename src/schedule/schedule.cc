@@ -273,11 +273,15 @@ void interleave(std::vector<Schedule> streams, Schedule& out) {
 // the end of each micro-batch's forward, whose collectives outnumber the phases of the
 // backward it is interleaved with, and in the forward of the first micro-batch, which has no
 // backward to pair with (and no weight part ready to fill it). Before the Wait of every such
-// window, up to kUnitsPerWindow weight parts run, the ones whose input parts ran last among
-// those not placed yet: moving them takes the least compute away from the backward they
-// belonged to. Every other weight part runs right after its instance's input part of the
-// segment, where an undeferred backward runs it, so windows that backward compute hides stay
-// as they were. The Frees a weight part's sets need wait for the last of their readers.
+// window, up to kUnitsPerWindow weight parts run: of the micro-batch whose backward runs beside
+// the window (k - 1 for the forward of k), so that at most one micro-batch's weight parts wait
+// at once, the ones whose input parts ran last among those not placed yet, so that moving them
+// takes the least compute away from the backward phases they came from (the simulator, at
+// communication ~= compute, prefers them to the earliest ones, and two per window to one or
+// three). Every other weight part runs right after its instance's input part of the segment,
+// where an undeferred backward runs it, so windows that backward compute hides stay as they
+// were and gradient buckets of the last micro-batch become final as early. The Frees of the
+// sets a weight part reads wait for the last of their readers.
 constexpr int kUnitsPerWindow = 2;
 
 Schedule place_weight_parts(const Program& program, const Schedule& input_only) {
@@ -310,9 +314,6 @@ Schedule place_weight_parts(const Program& program, const Schedule& input_only) 
       if (ends_input_part(ins)) ready.push_back(i);
     }
   }
-  // Each window takes the latest ready weight parts that no earlier window took, of the
-  // micro-batch whose backward runs beside it (k - 1 for the forward of k): at most one
-  // micro-batch's weight parts wait at once.
   std::map<std::size_t, std::vector<std::size_t>> fill;  // Wait position -> input parts
   std::set<std::size_t> deferred;
   for (std::size_t wait : windows) {

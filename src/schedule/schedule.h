@@ -21,8 +21,7 @@
 // only forward compute behind it (mostly at the end of a micro-batch's forward, which has more
 // collectives than the backward it is interleaved with has phases). Weight gradients then
 // accumulate in another order than under oases, so the results agree to rounding instead of
-// bit for bit; a bounded number of instances' weight parts (and the sets they read) wait at
-// once.
+// bit for bit; at most one micro-batch's weight parts (and the sets they read) wait at once.
 //
 //   schedule            recompute                ARs per layer fwd/recompute/bwd   overlap
 //   megatron            none | full | selective  2 / 0|2|0 / 2                     no
@@ -37,9 +36,9 @@
 //
 // Interleaving micro-batches is sound because a segment's forward instructions touch only
 // forward slots (ops::Slot::output, reshard) and the (mb, sb)-keyed activation store, and its
-// backward instructions only gradient slots and the store (a weight part reads only the store:
-// the instance's sets and its stash): the forward of k + 1 never
-// overwrites what the backward of k still reads in the same sub-batch's slots. Recomputation
+// backward instructions only gradient slots and the store (a weight part only the store: the
+// instance's sets and its stash): the forward of k + 1 never overwrites what the backward of k
+// still reads in the same sub-batch's slots. Recomputation
 // that regenerates a segment's output (full) would write the forward slot during backward,
 // which is why the interleaved kind implies fine-grained recomputation.
 //
