@@ -13,13 +13,15 @@
 #   MICRO_BATCHES  micro-batches per step (train.global_batch = 4 x this) [the config's]
 #   SKIP_BUILD  1: use the existing build/release/oases as it is [0]
 #   KEEP_WORK   1: keep the temporary folder with every run's log and metrics [0]
+#   TRACE       1: capped runs also write a Chrome trace of their first 2 steps (LABEL.trace.json
+#               in the kept folder; implies KEEP_WORK=1) [0]
 # All of it takes about 14 minutes on the 2-core reference machine; a quick check of the
 # plumbing: SCHEDULES=megatron-none RATIOS=1 STEPS=3 bash bench/run_overlap_bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The compared schedules, in table order, each with the --set overrides that select it.
-schedule_names=(megatron-full megatron-none fine-grained cross-pass oases oases-interleaved)
+schedule_names=(megatron-full megatron-none fine-grained cross-pass oases oases-interleaved oases-deferred)
 declare -A schedule_sets=(
   [megatron-full]='parallel.schedule="megatron" parallel.recompute="full"'
   [megatron-none]='parallel.schedule="megatron" parallel.recompute="none"'
@@ -27,6 +29,7 @@ declare -A schedule_sets=(
   [cross-pass]='parallel.schedule="cross-pass" parallel.sub_batches=2'
   [oases]='parallel.schedule="oases" parallel.sub_batches=2'
   [oases-interleaved]='parallel.schedule="oases-interleaved" parallel.sub_batches=2'
+  [oases-deferred]='parallel.schedule="oases-deferred" parallel.sub_batches=2'
 )
 
 IFS=', ' read -r -a selected <<<"${SCHEDULES:-${schedule_names[*]}}"
@@ -47,7 +50,7 @@ fi
 oases=$PWD/build/release/oases
 
 env_used=""
-for v in SCHEDULES RATIOS STEPS PROBE_MBIT CONFIG MICRO_BATCHES SKIP_BUILD; do
+for v in SCHEDULES RATIOS STEPS PROBE_MBIT CONFIG MICRO_BATCHES SKIP_BUILD TRACE; do
   if [[ -n ${!v:-} ]]; then env_used+="$v=\"${!v}\" "; fi
 done
 echo "# command: ${env_used}bash bench/run_overlap_bench.sh"
@@ -58,6 +61,7 @@ echo "# load average before the runs: $(cut -d' ' -f1-3 /proc/loadavg) (the runs
 echo "# config: $config, tp=2, 1 thread per rank, $steps steps per run (medians of steps 2-$steps)"
 
 work=$(mktemp -d)
+[[ ${TRACE:-0} == 1 ]] && KEEP_WORK=1
 ns=oases-overlap-$$
 # Runs on every exit path (success, a failed command under set -e, Ctrl-C, kill), so no
 # namespace or temporary data outlives the script.
@@ -107,6 +111,10 @@ train() {
   local -a sets launcher
   read -r -a sets <<<"${schedule_sets[$sched]}"
   if [[ $link == shm ]]; then launcher=("${mpi_shm[@]}"); else launcher=("${mpi_tcp[@]}"); fi
+  # Traces only of capped runs (not the calibration), the second step being the first warm one.
+  if [[ ${TRACE:-0} == 1 && $link == tcp && $label != calib-* ]]; then
+    sets+=(log.trace="\"$work/$label.trace.json\"" log.trace_steps=2)
+  fi
   if ! "${launcher[@]}" "$oases" train "${common[@]}" "${sets[@]}" log.metrics="\"$work/$label.jsonl\"" >"$log" 2>&1; then
     echo "!! $label failed; last lines of its log:" >&2
     tail -n 8 "$log" | sed 's/^/!!   /' >&2

@@ -23,12 +23,13 @@ using ops::TensorSets;
 
 namespace {
 
-constexpr std::array<std::pair<ScheduleKind, std::string_view>, 5> kKindNames{{
+constexpr std::array<std::pair<ScheduleKind, std::string_view>, 6> kKindNames{{
     {ScheduleKind::megatron, "megatron"},
     {ScheduleKind::fine_grained, "fine-grained"},
     {ScheduleKind::cross_pass, "cross-pass"},
     {ScheduleKind::oases, "oases"},
     {ScheduleKind::oases_interleaved, "oases-interleaved"},
+    {ScheduleKind::oases_deferred, "oases-deferred"},
 }};
 constexpr std::array<std::pair<Recompute, std::string_view>, 4> kRecomputeNames{{
     {Recompute::none, "none"},
@@ -209,6 +210,20 @@ Schedule instance_backward(const Program& program, const ScheduleSpec& spec, int
   return out;
 }
 
+// The weight part of segment s (which has one) of an instance: its BackwardWeight, then the
+// sets whose last reader it is. Weight parts run last segment first, so an owner's last reader
+// is its first one.
+Schedule segment_weight(const Program& program, int s, int mb, int sb) {
+  Schedule out{make(Op::backward_weight, s, mb, sb)};
+  for (int owner = 0; owner <= s; ++owner) {
+    const std::vector<int> readers = weight_readers(program, owner);
+    const TensorSets sets = shape_of(program, owner).sets;
+    if (sets && !readers.empty() && readers.front() == s)
+      out.push_back(with_sets(Op::free, owner, sets, mb, sb));
+  }
+  return out;
+}
+
 // The weight part of an instance whose backward ran input-only: each BackwardWeight, last
 // segment first, then the sets whose last reader it was.
 Schedule instance_weight(const Program& program, int mb, int sb) {
@@ -216,24 +231,18 @@ Schedule instance_weight(const Program& program, int mb, int sb) {
   const int num_segments = static_cast<int>(program.segments.size());
   for (int s = num_segments - 1; s >= 0; --s) {
     if (!shape_of(program, s).has_weight_part) continue;
-    Instruction ins = make(Op::backward_weight, s, mb, sb);
-    out.push_back(ins);
-    // Readers run last segment first: an owner's last reader is its first one.
-    for (int owner = 0; owner <= s; ++owner) {
-      const std::vector<int> readers = weight_readers(program, owner);
-      const TensorSets sets = shape_of(program, owner).sets;
-      if (sets && !readers.empty() && readers.front() == s)
-        out.push_back(with_sets(Op::free, owner, sets, mb, sb));
-    }
+    const Schedule part = segment_weight(program, s, mb, sb);
+    out.insert(out.end(), part.begin(), part.end());
   }
   return out;
 }
 
 // The whole stream of one instance: forward, then (training) backward.
-Schedule instance_stream(const Program& program, const ScheduleSpec& spec, int mb, int sb) {
+Schedule instance_stream(const Program& program, const ScheduleSpec& spec, int mb, int sb,
+                         bool input_only = false) {
   Schedule out = instance_forward(program, spec, mb, sb);
   if (!spec.training) return out;
-  Schedule backward = instance_backward(program, spec, mb, sb);
+  Schedule backward = instance_backward(program, spec, mb, sb, input_only);
   out.insert(out.end(), backward.begin(), backward.end());
   return out;
 }
@@ -256,6 +265,113 @@ void interleave(std::vector<Schedule> streams, Schedule& out) {
       }
     }
   }
+}
+
+// oases-deferred's placement of weight parts into a schedule whose backwards ran input-only
+// (and which has no weight part yet). A window is a collective from its Start to its Wait; one
+// behind which only forward compute runs (the other sub-batches' forward phases, which compute
+// little per collective) is likely to hold the compute lane at its Wait. That happens mostly at
+// the end of each micro-batch's forward, whose collectives outnumber the phases of the
+// backward it is interleaved with, and in the forward of the first micro-batch, which has no
+// backward to pair with (and no weight part ready to fill it). Before the Wait of every such
+// window, up to kUnitsPerWindow weight parts run: of the micro-batch whose backward runs beside
+// the window (k - 1 for the forward of k), so that at most one micro-batch's weight parts wait
+// at once, the ones whose input parts ran last among those not placed yet, so that moving them
+// takes the least compute away from the backward phases they came from (the simulator, at
+// communication ~= compute, prefers them to the earliest ones, and two per window to one or
+// three). Every other weight part runs right after its instance's input part of the segment,
+// where an undeferred backward runs it, so windows that backward compute hides stay as they
+// were and gradient buckets of the last micro-batch become final as early. The Frees of the
+// sets a weight part reads wait for the last of their readers.
+constexpr int kUnitsPerWindow = 2;
+
+Schedule place_weight_parts(const Program& program, const Schedule& input_only) {
+  using Window = std::tuple<int, Direction, int, int, bool>;  // a started collective
+  const auto window_of = [](const Instruction& ins) {
+    return Window{ins.segment, ins.direction, ins.micro_batch, ins.sub_batch, ins.replay};
+  };
+  const auto ends_input_part = [&](const Instruction& ins) {
+    return ins.op == Op::backward && ins.input_only &&
+           ins.stage == shape_of(program, ins.segment).backward_stages - 1;
+  };
+  // Pass 1: the position of each weight part's input part, and the Waits of forward-only
+  // windows, in the order of `input_only`.
+  std::vector<std::size_t> ready;  // positions of the last input stages, in order
+  std::vector<std::size_t> windows;  // positions of the Waits to fill
+  {
+    std::map<Window, bool> backward_since_start;  // open windows
+    for (std::size_t i = 0; i < input_only.size(); ++i) {
+      const Instruction& ins = input_only[i];
+      if (ins.op == Op::recompute || ins.op == Op::backward)
+        for (auto& [window, busy] : backward_since_start) busy = true;
+      if (ins.op == Op::start) backward_since_start[window_of(ins)] = false;
+      if (ins.op == Op::wait) {
+        const auto window = backward_since_start.find(window_of(ins));
+        if (window != backward_since_start.end()) {
+          if (!window->second) windows.push_back(i);
+          backward_since_start.erase(window);
+        }
+      }
+      if (ends_input_part(ins)) ready.push_back(i);
+    }
+  }
+  std::map<std::size_t, std::vector<std::size_t>> fill;  // Wait position -> input parts
+  std::set<std::size_t> deferred;
+  for (std::size_t wait : windows) {
+    // The micro-batch whose backward runs beside the window's collective.
+    const Instruction& window = input_only[wait];
+    const int micro_batch = window.micro_batch - (window.direction == Direction::forward ? 1 : 0);
+    auto part = std::lower_bound(ready.begin(), ready.end(), wait);
+    for (int n = 0; n < kUnitsPerWindow && part != ready.begin();) {
+      --part;
+      if (input_only[*part].micro_batch < micro_batch) break;
+      if (input_only[*part].micro_batch == micro_batch && deferred.insert(*part).second) {
+        fill[wait].push_back(*part);
+        ++n;
+      }
+    }
+  }
+  // Pass 2: emit, with the Frees of sets that weight parts read once their readers have run.
+  // readers_left[(owner, mb, sb)]: the owner's backward (1) and weight parts yet to run.
+  std::map<std::tuple<int, int, int>, int> readers_left;
+  Schedule out;
+  const auto release = [&](int owner, int mb, int sb) {
+    const auto key = std::tuple{owner, mb, sb};
+    auto it = readers_left.find(key);
+    if (it == readers_left.end())
+      it = readers_left
+               .emplace(key, 1 + static_cast<int>(weight_readers(program, owner).size()))
+               .first;
+    if (--it->second == 0) {
+      out.push_back(with_sets(Op::free, owner, shape_of(program, owner).sets, mb, sb));
+      readers_left.erase(it);
+    }
+  };
+  const auto weight_part = [&](const Instruction& input) {
+    const int s = input.segment, mb = input.micro_batch, sb = input.sub_batch;
+    out.push_back(make(Op::backward_weight, s, mb, sb));
+    for (int owner = 0; owner <= s; ++owner) {
+      const std::vector<int> readers = weight_readers(program, owner);
+      if (shape_of(program, owner).sets &&
+          std::find(readers.begin(), readers.end(), s) != readers.end())
+        release(owner, mb, sb);
+    }
+  };
+  for (std::size_t i = 0; i < input_only.size(); ++i) {
+    const Instruction& ins = input_only[i];
+    if (const auto it = fill.find(i); it != fill.end())
+      for (std::size_t part : it->second) weight_part(input_only[part]);
+    out.push_back(ins);
+    if (ins.op == Op::backward && ins.stage == shape_of(program, ins.segment).backward_stages - 1) {
+      if (ends_input_part(ins) && !deferred.contains(i)) weight_part(ins);
+      // An owner whose sets a weight part reads: its backward is one of their readers.
+      if (shape_of(program, ins.segment).sets && !weight_readers(program, ins.segment).empty())
+        release(ins.segment, ins.micro_batch, ins.sub_batch);
+    }
+  }
+  OASES_ASSERT(readers_left.empty(), "{} sets left live by deferred weight parts",
+               readers_left.size());
+  return out;
 }
 
 }  // namespace
@@ -286,7 +402,8 @@ void check_spec(const ScheduleSpec& spec) {
   OASES_ASSERT(spec.micro_batches >= 1 && spec.sub_batches >= 1, "bad schedule spec");
   const bool implies_fine_grained = spec.kind == ScheduleKind::fine_grained ||
                                     spec.kind == ScheduleKind::oases ||
-                                    spec.kind == ScheduleKind::oases_interleaved;
+                                    spec.kind == ScheduleKind::oases_interleaved ||
+                                    spec.kind == ScheduleKind::oases_deferred;
   OASES_CHECK(!implies_fine_grained || spec.recompute == Recompute::fine_grained,
               "parallel.recompute = \"{}\" does not go with parallel.schedule = \"{}\", which "
               "recomputes fine-grained; valid: recompute = \"fine-grained\", or schedule = "
@@ -295,18 +412,23 @@ void check_spec(const ScheduleSpec& spec) {
               spec.kind == ScheduleKind::fine_grained ? "megatron" : "cross-pass");
   const bool overlapped = spec.kind == ScheduleKind::cross_pass ||
                           spec.kind == ScheduleKind::oases ||
-                          spec.kind == ScheduleKind::oases_interleaved;
+                          spec.kind == ScheduleKind::oases_interleaved ||
+                          spec.kind == ScheduleKind::oases_deferred;
   OASES_CHECK(overlapped || spec.sub_batches == 1,
               "parallel.sub_batches = {} needs an overlapped schedule; parallel.schedule = \"{}\" "
               "runs whole micro-batches (valid: sub_batches = 1, or schedule = \"cross-pass\", "
-              "\"oases\" or \"oases-interleaved\")",
+              "\"oases\", \"oases-interleaved\" or \"oases-deferred\")",
               spec.sub_batches, name(spec.kind));
 }
 
 Schedule generate(const Program& program, const ScheduleSpec& spec) {
   check_spec(spec);
   Schedule out;
-  if (spec.kind == ScheduleKind::oases_interleaved && spec.training && spec.micro_batches > 1) {
+  // oases-deferred: oases-interleaved's order with every backward input-only, then the weight
+  // parts placed into the windows forward phases leave open (place_weight_parts).
+  const bool deferred = spec.kind == ScheduleKind::oases_deferred && spec.training;
+  if ((spec.kind == ScheduleKind::oases_interleaved || deferred) && spec.training &&
+      spec.micro_batches > 1) {
     // The forward of micro-batch 0 alone; then the backward streams of k interleaved phase by
     // phase with the forward streams of k + 1; then the last backward alone. (One micro-batch
     // has nothing to interleave: oases' order.) A forward phase computes little (a third of the
@@ -324,19 +446,21 @@ Schedule generate(const Program& program, const ScheduleSpec& spec) {
         for (int sb = 0; sb < spec.sub_batches; ++sb)
           streams.push_back(instance_forward(program, spec, mb + 1, sb));
       for (int sb = 0; sb < spec.sub_batches; ++sb)
-        streams.push_back(instance_backward(program, spec, mb, sb));
+        streams.push_back(instance_backward(program, spec, mb, sb, deferred));
       interleave(std::move(streams), out);
     }
+    if (deferred) out = place_weight_parts(program, out);
     append_gradient_reductions(program, out);
     return out;
   }
   for (int mb = 0; mb < spec.micro_batches; ++mb) {
     std::vector<Schedule> streams;
     for (int sb = 0; sb < spec.sub_batches; ++sb)
-      streams.push_back(instance_stream(program, spec, mb, sb));
+      streams.push_back(instance_stream(program, spec, mb, sb, deferred));
     interleave(std::move(streams), out);
   }
   if (!spec.training) return out;
+  if (deferred) out = place_weight_parts(program, out);
   append_gradient_reductions(program, out);
   return out;
 }

@@ -15,7 +15,13 @@
 // collective, which has little forward compute to hide behind, is in flight while backward
 // compute runs, and the other way round. Backward instructions keep their relative order, so
 // gradients accumulate in the same order as under oases and the results are equal bit for bit;
-// two micro-batches' activations are live at once instead of one.
+// two micro-batches' activations are live at once instead of one. oases-deferred is
+// oases-interleaved with every backward input-only (zero-bubble's split, below) and the weight
+// parts deferred into the windows that forward phases leave open: a forward collective with
+// only forward compute behind it (mostly at the end of a micro-batch's forward, which has more
+// collectives than the backward it is interleaved with has phases). Weight gradients then
+// accumulate in another order than under oases, so the results agree to rounding instead of
+// bit for bit; at most one micro-batch's weight parts (and the sets they read) wait at once.
 //
 //   schedule            recompute                ARs per layer fwd/recompute/bwd   overlap
 //   megatron            none | full | selective  2 / 0|2|0 / 2                     no
@@ -24,11 +30,15 @@
 //   oases               fine-grained             2 / 0 / 2                         yes
 //   oases-interleaved   fine-grained             2 / 0 / 2                         yes, across
 //                                                                                  micro-batches
+//   oases-deferred      fine-grained             2 / 0 / 2                         as above, and
+//                                                                                  weight parts
+//                                                                                  fill windows
 //
 // Interleaving micro-batches is sound because a segment's forward instructions touch only
 // forward slots (ops::Slot::output, reshard) and the (mb, sb)-keyed activation store, and its
-// backward instructions only gradient slots and the store: the forward of k + 1 never
-// overwrites what the backward of k still reads in the same sub-batch's slots. Recomputation
+// backward instructions only gradient slots and the store (a weight part only the store: the
+// instance's sets and its stash): the forward of k + 1 never overwrites what the backward of k
+// still reads in the same sub-batch's slots. Recomputation
 // that regenerates a segment's output (full) would write the forward slot during backward,
 // which is why the interleaved kind implies fine-grained recomputation.
 //
@@ -135,10 +145,17 @@ struct Instruction {
 
 using Schedule = std::vector<Instruction>;
 
-enum class ScheduleKind { megatron, fine_grained, cross_pass, oases, oases_interleaved };
+enum class ScheduleKind {
+  megatron,
+  fine_grained,
+  cross_pass,
+  oases,
+  oases_interleaved,
+  oases_deferred,
+};
 enum class Recompute { none, full, selective, fine_grained };
 
-// "megatron", "fine-grained", "cross-pass", "oases", "oases-interleaved"
+// "megatron", "fine-grained", "cross-pass", "oases", "oases-interleaved", "oases-deferred"
 std::string_view name(ScheduleKind kind);
 std::string_view name(Recompute policy);   // "none", "full", "selective", "fine-grained"
 std::string_view name(Payload payload);    // "activation", "gradient"
@@ -154,8 +171,9 @@ struct ScheduleSpec {
   bool training = true;  // false: forward passes only (evaluation, generation)
 };
 
-// UserError when the combination cannot run: fine-grained, oases and oases-interleaved imply
-// fine-grained recomputation; megatron and fine-grained run whole micro-batches (one sub-batch).
+// UserError when the combination cannot run: fine-grained, oases, oases-interleaved and
+// oases-deferred imply fine-grained recomputation; megatron and fine-grained run whole
+// micro-batches (one sub-batch).
 void check_spec(const ScheduleSpec& spec);
 
 // The generator for spec.kind.
@@ -169,7 +187,7 @@ Schedule generate(const ops::Program& program, const ScheduleSpec& spec);
 // (REQUIRES: spec.training). generate() itself interleaves each micro-batch's forward and
 // backward streams as one (oases-interleaved: the backward of mb with the forward of mb + 1), so
 // the two parts concatenated can differ from its order at the seam. A pipeline places the parts
-// itself, so there oases-interleaved orders each micro-batch as oases does.
+// itself, so there oases-interleaved and oases-deferred order each micro-batch as oases does.
 Schedule micro_batch_forward(const ops::Program& program, const ScheduleSpec& spec, int mb);
 Schedule micro_batch_backward(const ops::Program& program, const ScheduleSpec& spec, int mb);
 // Segments [begin, end) of a program: one model chunk of a rank that holds several (an

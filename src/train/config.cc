@@ -393,6 +393,7 @@ schedule::ScheduleSpec schedule_spec(const RunConfig& config) {
       case schedule::ScheduleKind::fine_grained:
       case schedule::ScheduleKind::oases:
       case schedule::ScheduleKind::oases_interleaved:
+      case schedule::ScheduleKind::oases_deferred:
         spec.recompute = schedule::Recompute::fine_grained;
         break;
     }
@@ -401,7 +402,8 @@ schedule::ScheduleSpec schedule_spec(const RunConfig& config) {
   }
   const bool overlapped = spec.kind == schedule::ScheduleKind::cross_pass ||
                           spec.kind == schedule::ScheduleKind::oases ||
-                          spec.kind == schedule::ScheduleKind::oases_interleaved;
+                          spec.kind == schedule::ScheduleKind::oases_interleaved ||
+                          spec.kind == schedule::ScheduleKind::oases_deferred;
   const std::int64_t micro = config.train.micro_batch;
   OASES_CHECK(p.sub_batches >= 0, "parallel.sub_batches = {} must be >= 1 (or 0: automatic)",
               p.sub_batches);

@@ -95,6 +95,7 @@ std::vector<Combination> every_combination() {
       combination("oases", "fine-grained", 4),
       combination("oases-interleaved", "", 2),
       combination("oases-interleaved", "fine-grained", 1),
+      combination("oases-deferred", "", 2),
   };
 }
 
@@ -518,7 +519,7 @@ TEST_F(SchedulesRejected, BadCombinationsNameTheSettingAndTheValidValues) {
   expect_rejected(combination("bogus", "", 0).settings,
                   {"parallel.schedule = \"bogus\"",
                    "valid: \"megatron\", \"fine-grained\", \"cross-pass\", \"oases\", "
-                   "\"oases-interleaved\""});
+                   "\"oases-interleaved\", \"oases-deferred\""});
   expect_rejected(combination("oases-interleaved", "full", 0).settings,
                   {"parallel.recompute = \"full\"", "parallel.schedule = \"oases-interleaved\"",
                    "valid: recompute = \"fine-grained\""});

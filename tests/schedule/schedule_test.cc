@@ -1,14 +1,18 @@
 // Schedule generators and the verifier, on GPT-shaped programs.
 #include "schedule/schedule.h"
 
+#include "comm/communicator.h"
 #include "core/error.h"
+#include "model/model.h"
 #include "support/gpt_program.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <set>
+#include <tuple>
 
 namespace oases::schedule {
 namespace {
@@ -30,11 +34,12 @@ std::vector<std::pair<ScheduleKind, Recompute>> valid_pairs() {
           {ScheduleKind::megatron, Recompute::selective},  {ScheduleKind::fine_grained, Recompute::fine_grained},
           {ScheduleKind::cross_pass, Recompute::full},     {ScheduleKind::cross_pass, Recompute::none},
           {ScheduleKind::cross_pass, Recompute::selective}, {ScheduleKind::oases, Recompute::fine_grained},
-          {ScheduleKind::oases_interleaved, Recompute::fine_grained}};
+          {ScheduleKind::oases_interleaved, Recompute::fine_grained},
+          {ScheduleKind::oases_deferred, Recompute::fine_grained}};
 }
 bool overlapped(ScheduleKind kind) {
   return kind == ScheduleKind::cross_pass || kind == ScheduleKind::oases ||
-         kind == ScheduleKind::oases_interleaved;
+         kind == ScheduleKind::oases_interleaved || kind == ScheduleKind::oases_deferred;
 }
 
 TEST(Generators, EveryScheduleVerifiesForEveryDegreeSubBatchCountAndDepth) {
@@ -324,6 +329,124 @@ TEST(Generators, OasesInterleavedRunsTheNextForwardDuringTheBackwardInOasesGradi
                     2 * peak_activation_bytes(program, oases))
               << what;
         }
+      }
+    }
+  }
+}
+
+// A group of two ranks that only says its size: enough to build the programs of tensor-parallel
+// models (nothing here runs their collectives).
+class GroupOfTwo final : public comm::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string name() const override { return "tp"; }
+  std::unique_ptr<comm::Work> all_reduce_async(Tensor, comm::ReduceOp) override { return none(); }
+  std::unique_ptr<comm::Work> all_gather_async(Tensor, Tensor) override { return none(); }
+  std::unique_ptr<comm::Work> reduce_scatter_async(Tensor, Tensor, comm::ReduceOp) override {
+    return none();
+  }
+  std::unique_ptr<comm::Work> broadcast_async(Tensor, int) override { return none(); }
+  std::unique_ptr<comm::Work> send_async(Tensor, int, int) override { return none(); }
+  std::unique_ptr<comm::Work> recv_async(Tensor, int, int) override { return none(); }
+  std::unique_ptr<comm::Work> all_to_all_async(Tensor, Tensor) override { return none(); }
+  std::unique_ptr<comm::Work> all_to_allv_async(Tensor, std::vector<std::int64_t>, Tensor,
+                                                std::vector<std::int64_t>) override {
+    return none();
+  }
+  std::unique_ptr<comm::Work> barrier_async() override { return none(); }
+
+ private:
+  static std::unique_ptr<comm::Work> none() {
+    OASES_FAIL("GroupOfTwo runs no collectives");
+  }
+};
+
+// The program of rank 0 of a tiny GPT or LLaMA at tp = 2 (vocab-parallel head: head_loss has a
+// weight part, as every layer segment does).
+ops::Program tiny_tp2_program(const std::string& arch, int sub_batches) {
+  static GroupOfTwo tp;
+  model::ModelConfig c;
+  c.arch = arch;
+  c.layers = 2;
+  c.hidden = 16;
+  c.heads = 2;
+  c.kv_heads = arch == "llama" ? 2 : 0;
+  c.ffn_hidden = 24;
+  c.vocab_size = 23;
+  c.seq_len = 4;
+  model::ModelOptions o;
+  o.micro_batch = 2;
+  o.sub_batches = sub_batches;
+  o.tp = &tp;
+  return model::Model(c, o).program();
+}
+
+// oases-deferred runs oases-interleaved's instructions in its order, except that every backward
+// of a segment with a weight part is input-only and its weight part runs once per instance:
+// right after the input part, or before the Wait of a forward collective behind which only
+// forward compute ran (at the end of each micro-batch's forward after the first). Deferred
+// weight parts hold their sets alive, at most one micro-batch's at once.
+TEST(Generators, OasesDeferredPlacesWeightPartsIntoForwardWindowsOfInterleavedMicroBatches) {
+  const auto without_weight_parts = [](const Schedule& s) {
+    Schedule out;
+    for (Instruction x : s) {
+      if (x.op == Op::backward_weight || x.op == Op::free || x.op == Op::reduce_grads) continue;
+      x.input_only = false;
+      out.push_back(x);
+    }
+    return out;
+  };
+  for (const std::string arch : {"gpt", "llama"}) {
+    for (int sub_batches : {1, 2}) {
+      const ops::Program program = tiny_tp2_program(arch, sub_batches);
+      int weight_segments = 0;
+      // What the weight parts of one micro-batch keep alive: the sets they read and the stashes.
+      std::size_t weight_state = 0;
+      for (const ops::SegmentShape& shape : program.segments) {
+        weight_segments += shape.has_weight_part;
+        if (shape.has_weight_part)
+          weight_state += static_cast<std::size_t>(sub_batches) *
+                          (shape.checkpoint_bytes + shape.internals_bytes + shape.core_bytes +
+                           shape.deferred_gradient_bytes);
+      }
+      ASSERT_GT(weight_segments, 0) << arch;
+      for (int micro_batches = 1; micro_batches <= 4; ++micro_batches) {
+        const std::string what = arch + " sb=" + std::to_string(sub_batches) +
+                                 " mb=" + std::to_string(micro_batches);
+        const ScheduleSpec spec =
+            spec_of(ScheduleKind::oases_deferred, Recompute::fine_grained, micro_batches, sub_batches);
+        const Schedule deferred = generate(program, spec);
+        EXPECT_NO_THROW(verify_schedule(program, spec, deferred)) << what;
+        EXPECT_NO_THROW(verify_collective_order({deferred, generate(program, spec)})) << what;
+        const ScheduleSpec interleaved_spec = spec_of(ScheduleKind::oases_interleaved,
+                                                      Recompute::fine_grained, micro_batches, sub_batches);
+        const Schedule interleaved = generate(program, interleaved_spec);
+        EXPECT_EQ(without_weight_parts(deferred), without_weight_parts(interleaved)) << what;
+
+        std::map<std::tuple<int, int, int>, int> weight_parts;
+        int filling = 0;  // weight parts run in a forward collective's window
+        for (std::size_t i = 0; i < deferred.size(); ++i) {
+          const Instruction& x = deferred[i];
+          if (x.op == Op::backward) {
+            EXPECT_EQ(x.input_only, program.segments[static_cast<std::size_t>(x.segment)].has_weight_part)
+                << what << " " << to_string(x);
+          }
+          if (x.op != Op::backward_weight) continue;
+          ++weight_parts[{x.segment, x.micro_batch, x.sub_batch}];
+          std::size_t next = i + 1;
+          while (deferred[next].op == Op::backward_weight || deferred[next].op == Op::free) ++next;
+          filling += deferred[next].op == Op::wait && deferred[next].direction == Direction::forward;
+        }
+        EXPECT_EQ(weight_parts.size(),
+                  static_cast<std::size_t>(weight_segments * micro_batches * sub_batches)) << what;
+        for (const auto& [instance, count] : weight_parts) EXPECT_EQ(count, 1) << what;
+        // Micro-batch 0's forward has nothing to fill its windows with, and one micro-batch
+        // runs as oases does; each later forward ends behind windows that weight parts fill.
+        if (micro_batches == 1) EXPECT_EQ(filling, 0) << what;
+        else EXPECT_GE(filling, micro_batches - 1) << what;
+        EXPECT_LE(peak_activation_bytes(program, deferred),
+                  peak_activation_bytes(program, interleaved) + weight_state) << what;
       }
     }
   }
