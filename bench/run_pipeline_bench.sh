@@ -9,7 +9,7 @@
 # a tp=2 profile measured over the same capped link.
 #   bash bench/run_pipeline_bench.sh        (as root for the capped part: ip netns, tc)
 # Environment (defaults in brackets):
-#   SCHEDULES      pipeline kinds to try; a kind the build cannot train is reported [gpipe 1f1b interleaved zero-bubble]
+#   SCHEDULES      pipeline kinds to try; a kind the build cannot train is reported [gpipe 1f1b interleaved zero-bubble 2bw]
 #   MICRO_BATCHES  micro-batches per step to sweep [4 8]
 #   STEPS          steps per run; medians over the steps after the first [4]
 #   CAP_MBIT       rate of the capped loopback, Mbit/s [1000]
@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-read -r -a schedules <<<"${SCHEDULES:-gpipe 1f1b interleaved zero-bubble}"
+read -r -a schedules <<<"${SCHEDULES:-gpipe 1f1b interleaved zero-bubble 2bw}"
 read -r -a micro_batches <<<"${MICRO_BATCHES:-4 8}"
 steps=${STEPS:-4}
 cap_mbit=${CAP_MBIT:-1000}
@@ -104,6 +104,10 @@ predict() {
   "$oases" plan --config "$work/model.toml" --profile "$profile" "$@" >"$work/$label.plan" 2>&1 || true
 }
 
+# chunks KIND: the virtual_stages setting of a pipeline kind (two chunks per rank for
+# interleaved, one for the others).
+chunks() { if [[ $1 == interleaved ]]; then echo parallel.virtual_stages=2; else echo parallel.virtual_stages=1; fi; }
+
 echo "# profiling at tp=1 (one process)" >&2
 "$oases" profile --config "$work/model.toml" --set train.threads=1 --steps 3 --output "$work/profile-tp1.json" >/dev/null 2>&1
 for m in "${micro_batches[@]}"; do
@@ -111,8 +115,8 @@ for m in "${micro_batches[@]}"; do
   for s in "${schedules[@]}"; do
     label=shm-m$m-$s
     echo "# pp=2, $m micro-batches: $s" >&2
-    run "$label" 2 shm parallel.pp=2 parallel.pipeline="\"$s\"" train.global_batch=$((2 * m))
-    predict "$label" "$work/profile-tp1.json" --set parallel.pp=2 parallel.pipeline="\"$s\"" train.global_batch=$((2 * m))
+    run "$label" 2 shm parallel.pp=2 parallel.pipeline="\"$s\"" "$(chunks "$s")" train.global_batch=$((2 * m))
+    predict "$label" "$work/profile-tp1.json" --set parallel.pp=2 parallel.pipeline="\"$s\"" "$(chunks "$s")" train.global_batch=$((2 * m))
     echo "pp=2 $m $s $label" >>"$manifest"
   done
 done
@@ -138,10 +142,11 @@ if [[ ${TP_CAPPED:-1} != 0 ]]; then
   for s in "${schedules[@]}"; do
     label=tcp-m$m-$s
     echo "# pp=2 x tp=2 capped, $m micro-batches: $s" >&2
-    run "$label" 4 tcp parallel.pp=2 parallel.tp=2 parallel.pipeline="\"$s\"" \
+    run "$label" 4 tcp parallel.pp=2 parallel.tp=2 parallel.pipeline="\"$s\"" "$(chunks "$s")" \
       train.micro_batch=4 train.global_batch=$((4 * m))
     predict "$label" "$work/profile-tp2.json" --set parallel.pp=2 parallel.tp=2 \
-      parallel.pipeline="\"$s\"" train.micro_batch=4 train.global_batch=$((4 * m)) --p2p-gbps "$gbps"
+      parallel.pipeline="\"$s\"" "$(chunks "$s")" train.micro_batch=4 \
+      train.global_batch=$((4 * m)) --p2p-gbps "$gbps"
     echo "pp=2xtp=2@${cap_mbit}Mbit $m $s $label" >>"$manifest"
   done
 fi

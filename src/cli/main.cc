@@ -596,6 +596,11 @@ int run_pipeline_plan(const PlanArgs& a, const oases::train::RunConfig& config,
         measured, spec, pipeline, config.train.micro_batch, config.parallel.memory_limit);
     fmt::print("parallel.pipeline_layers = \"auto\": layers per stage {}\n",
                oases::planner::format_pipeline_layers(options.layers_per_stage));
+  } else if (config.parallel.virtual_stages > 1) {
+    // The counts are per chunk of the interleaved layout; the kinds with one chunk per rank are
+    // predicted with the layers split uniformly over the stages.
+    options.layers_per_stage = oases::planner::uniform_pipeline_layers(
+        static_cast<int>(config.model.layers), options.stages);
   } else {
     options.layers_per_stage = oases::train::stage_layer_counts(config);
   }

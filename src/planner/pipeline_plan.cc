@@ -228,6 +228,17 @@ std::vector<PipelineOption> predict_pipelines(const Profile& profile,
   for (const PipelineKind kind : {PipelineKind::gpipe, PipelineKind::one_f_one_b,
                                   PipelineKind::interleaved, PipelineKind::zero_bubble,
                                   PipelineKind::two_bw}) {
+    if (kind == PipelineKind::two_bw) {
+      // Its runs carry a batch from one step into the next, which the simulator (one step of
+      // one batch per rank) does not price.
+      PipelineOption option;
+      option.kind = kind;
+      option.unavailable =
+          "not predicted: its steps run on without a flush, carrying a batch from one step "
+          "into the next, and the simulator prices one flushed step";
+      out.push_back(std::move(option));
+      continue;
+    }
     if (kind != PipelineKind::interleaved) {
       out.push_back(predict_one(profile, within_stage, micro_batch, options, kind, 1,
                                 options.layers_per_stage));

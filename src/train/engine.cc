@@ -440,6 +440,7 @@ StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t*
 
   result.compute_seconds = stats.compute_seconds;
   result.exposed_comm_seconds += stats.exposed_comm_seconds;
+  result.bubble_seconds = stats.bubble_seconds;
   result.comm_seconds = stats.comm_seconds;
   result.peak_activation_bytes = stats.peak_activation_bytes;
   std::size_t expected = 0;
