@@ -72,6 +72,7 @@ void check_options(const ModelConfig& config, const ModelOptions& o) {
   OASES_CHECK(o.sub_batches >= 1 && o.micro_batch % o.sub_batches == 0,
               "parallel.sub_batches = {} must divide train.micro_batch = {}", o.sub_batches,
               o.micro_batch);
+  OASES_ASSERT(o.slot_lanes >= 1, "slot_lanes = {}", o.slot_lanes);
   std::int64_t previous_end = 0;
   for (const LayerRange& range : o.layer_ranges) {
     OASES_ASSERT(
@@ -168,7 +169,8 @@ class Model::Builder final : public ParamResolver {
     OASES_ASSERT(!reshards || m_.options_.tp_subgroup,
                  "per-layer degrees need the tensor-parallel sub-groups");
     ops::ModelContext& ctx = m_.context_;
-    ctx.slots.allocate(m_.arena_, ctx.dtype, ctx.sub_batches, ctx.tokens(), c_.hidden, reshards);
+    ctx.slots.allocate(m_.arena_, ctx.dtype, ctx.slot_lanes, ctx.sub_batches, ctx.tokens(), c_.hidden,
+                       reshards);
   }
 
   void add_embedding() {
@@ -315,6 +317,7 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   context_.hidden = config_.hidden;
   context_.rows = options_.micro_batch / options_.sub_batches;
   context_.sub_batches = options_.sub_batches;
+  context_.slot_lanes = options_.slot_lanes;
   context_.tp = options_.tp;
   context_.seed = options_.seed;
   context_.dropout = config_.dropout;

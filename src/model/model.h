@@ -40,6 +40,9 @@ struct ModelOptions {
   DType dtype = DType::f32;         // parameters, gradients and activations (f32 or f64)
   std::int64_t micro_batch = 1;     // sequences per micro-batch
   int sub_batches = 1;              // equal parts of a micro-batch (dividing it)
+  // Micro-batches that may be in flight at once with their own slots (ops::ModelContext::
+  // slot_lanes; schedule::slot_lanes gives what a schedule needs).
+  int slot_lanes = 1;
   std::uint64_t seed = 0;           // initialisation and dropout masks
   // The tensor-parallel group this rank belongs to (a group of one: the whole model here); it
   // must outlive the model.

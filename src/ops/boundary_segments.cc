@@ -46,8 +46,8 @@ class ReshardSegment final : public Segment {
   }
 
   void forward(const StepContext& ctx, int mb, int sb) override {
-    const Tensor input = m_.slot(Slot::output, sb);
-    const Tensor reshard = m_.slot(Slot::reshard, sb);
+    const Tensor input = m_.slot(Slot::output, mb, sb);
+    const Tensor reshard = m_.slot(Slot::reshard, mb, sb);
     const std::int64_t C = m_.hidden;
     if (rises_) {
       const std::int64_t n = spec_.from.rows * m_.seq_len;
@@ -67,10 +67,10 @@ class ReshardSegment final : public Segment {
                                 reshard.rows(0, spec_.to.rows * m_.seq_len));
   }
   void backward(const StepContext& ctx, int mb, int sb, int stage) override {
-    const Tensor residual_grad = m_.slot(Slot::residual_grad, sb);
+    const Tensor residual_grad = m_.slot(Slot::residual_grad, mb, sb);
     // Gradients are gathered in a gradient slot, never in the forward reshard slot, which the
     // next micro-batch's forward may be filling meanwhile (oases-interleaved).
-    const Tensor gathered = m_.slot(kBackwardGatherSlot, sb);
+    const Tensor gathered = m_.slot(kBackwardGatherSlot, mb, sb);
     const std::int64_t from_tokens = spec_.from.rows * m_.seq_len;
     const Tensor from_grad = residual_grad.rows(0, from_tokens);
     if (rises_) {
@@ -89,9 +89,9 @@ class ReshardSegment final : public Segment {
     kernels::copy(gathered.rows(0, from_tokens), from_grad);
     run_epilogue_backward(ctx, mb, sb, from_grad);
   }
-  CollectiveCall forward_collective(int, int sb) override { return gather(Slot::reshard, sb); }
-  CollectiveCall backward_collective(int, int sb) override {
-    return gather(kBackwardGatherSlot, sb);
+  CollectiveCall forward_collective(int mb, int sb) override { return gather(Slot::reshard, mb, sb); }
+  CollectiveCall backward_collective(int mb, int sb) override {
+    return gather(kBackwardGatherSlot, mb, sb);
   }
 
  private:
@@ -106,8 +106,8 @@ class ReshardSegment final : public Segment {
   Tensor own_block(const Tensor& slot) const {
     return slot.rows(own_offset(), own_offset() + small().rows * m_.seq_len);
   }
-  CollectiveCall gather(Slot slot, int sb) const {
-    const Tensor reshard = m_.slot(slot, sb);
+  CollectiveCall gather(Slot slot, int mb, int sb) const {
+    const Tensor reshard = m_.slot(slot, mb, sb);
     const Tensor whole = reshard.rows(0, large().rows * m_.seq_len);
     return {CollectiveKind::all_gather, comm::ReduceOp::sum, spec_.gather_group,
             whole.reshaped({whole.numel()}), own_block(reshard).reshaped({small().rows * m_.seq_len * m_.hidden})};
@@ -115,7 +115,7 @@ class ReshardSegment final : public Segment {
   void run_epilogue_backward(const StepContext& ctx, int mb, int sb, const Tensor& from_grad) {
     const std::int64_t n = spec_.from.rows * m_.seq_len;
     spec_.epilogue.backward(m_, ctx, mb, sb, spec_.from.rows, spec_.from.first_row, from_grad,
-                            m_.slot(Slot::output_grad, sb).rows(0, n),
+                            m_.slot(Slot::output_grad, mb, sb).rows(0, n),
                             has_kept() ? store().get(key(mb, sb, kCheckpoint)) : Tensor(),
                             m_.scratch_narrow.rows(0, n));
   }
@@ -157,7 +157,7 @@ class StageOutputSegment final : public Segment {
     const Tensor block = store().acquire(key(mb, sb, kCheckpoint), m_.dtype, checkpoint_.elements());
     const Slot input = spec_.epilogue.spec().copies_input ? Slot::reshard : Slot::output;
     spec_.epilogue.forward(m_, ctx, mb, sb, spec_.at.rows, spec_.at.first_row,
-                           m_.slot_rows(input, sb, spec_.at.rows),
+                           m_.slot_rows(input, mb, sb, spec_.at.rows),
                            previous_checkpoint(store(), spec_.epilogue, mb, sb, tokens_, m_.hidden),
                            output(block), kept(block));
   }
@@ -165,11 +165,11 @@ class StageOutputSegment final : public Segment {
     const Tensor block = store().get(key(mb, sb, kCheckpoint));
     const ActivationKey received = key(mb, sb, kReceivedGradient);
     kernels::copy(store().get(received).reshaped({tokens_, m_.hidden}),
-                  m_.slot_rows(Slot::residual_grad, sb, spec_.at.rows));
+                  m_.slot_rows(Slot::residual_grad, mb, sb, spec_.at.rows));
     store().release(received);
     spec_.epilogue.backward(m_, ctx, mb, sb, spec_.at.rows, spec_.at.first_row,
-                            m_.slot_rows(Slot::residual_grad, sb, spec_.at.rows),
-                            m_.slot_rows(Slot::output_grad, sb, spec_.at.rows), kept(block),
+                            m_.slot_rows(Slot::residual_grad, mb, sb, spec_.at.rows),
+                            m_.slot_rows(Slot::output_grad, mb, sb, spec_.at.rows), kept(block),
                             m_.scratch_narrow.rows(0, tokens_));
   }
   Tensor send_buffer(Payload payload, int mb, int sb) override {

@@ -5,10 +5,13 @@
 
 namespace oases::ops {
 
-void Slots::allocate(Arena& arena, DType dtype, int sub_batches, std::int64_t tokens,
+void Slots::allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std::int64_t tokens,
                      std::int64_t hidden, bool with_reshard) {
-  per_sub_batch_.assign(static_cast<std::size_t>(sub_batches), {});
-  for (auto& slots : per_sub_batch_) {
+  OASES_ASSERT(lanes >= 1 && sub_batches >= 1, "{} lanes of {} sub-batches", lanes, sub_batches);
+  lanes_ = lanes;
+  sub_batches_ = sub_batches;
+  per_lane_.assign(static_cast<std::size_t>(lanes * sub_batches), {});
+  for (auto& slots : per_lane_) {
     for (int s = 0; s < kSlotCount; ++s) {
       if (static_cast<Slot>(s) == Slot::reshard && !with_reshard) continue;
       slots[static_cast<std::size_t>(s)] = arena.allocate(dtype, {tokens, hidden});
@@ -16,10 +19,12 @@ void Slots::allocate(Arena& arena, DType dtype, int sub_batches, std::int64_t to
   }
 }
 
-const Tensor& Slots::at(Slot slot, int sub_batch) const {
-  OASES_ASSERT(sub_batch >= 0 && sub_batch < static_cast<int>(per_sub_batch_.size()),
-               "sub-batch {} of {}", sub_batch, per_sub_batch_.size());
-  const Tensor& t = per_sub_batch_[static_cast<std::size_t>(sub_batch)][static_cast<std::size_t>(slot)];
+const Tensor& Slots::at(Slot slot, int micro_batch, int sub_batch) const {
+  OASES_ASSERT(sub_batch >= 0 && sub_batch < sub_batches_ && micro_batch >= 0,
+               "micro-batch {}, sub-batch {} of {}", micro_batch, sub_batch, sub_batches_);
+  const int lane = micro_batch % lanes_;
+  const Tensor& t = per_lane_[static_cast<std::size_t>(lane * sub_batches_ + sub_batch)]
+                             [static_cast<std::size_t>(slot)];
   OASES_ASSERT(!t.empty(), "slot {} was not allocated", static_cast<int>(slot));
   return t;
 }

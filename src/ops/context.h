@@ -33,15 +33,17 @@ inline constexpr int kSlotCount = 5;
 
 class Slots {
  public:
-  // Allocates every slot (reshard only when `with_reshard`) for `sub_batches` sub-batches of
-  // `tokens` x `hidden` elements of `dtype` from `arena`.
-  void allocate(Arena& arena, DType dtype, int sub_batches, std::int64_t tokens,
+  // Allocates every slot (reshard only when `with_reshard`) for `lanes` x `sub_batches`
+  // (micro-batch lane, sub-batch) pairs of `tokens` x `hidden` elements of `dtype` from `arena`.
+  void allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std::int64_t tokens,
                 std::int64_t hidden, bool with_reshard);
-  // [tokens, hidden]
-  const Tensor& at(Slot slot, int sub_batch) const;
+  // [tokens, hidden]: the slot of micro-batch `micro_batch` (lane micro_batch % lanes) and
+  // sub-batch `sub_batch`.
+  const Tensor& at(Slot slot, int micro_batch, int sub_batch) const;
 
  private:
-  std::vector<std::array<Tensor, kSlotCount>> per_sub_batch_;
+  int lanes_ = 1, sub_batches_ = 1;
+  std::vector<std::array<Tensor, kSlotCount>> per_lane_;  // [lane * sub_batches + sub_batch]
 };
 
 // Sub-groups of the tensor-parallel group by (span, stride): see comm::Mesh::tp_subgroup.
@@ -65,6 +67,10 @@ struct ModelContext {
   std::int64_t hidden = 0;
   std::int64_t rows = 0;        // sequences per sub-batch
   int sub_batches = 1;
+  // Micro-batches whose segments may run at once with their own slots (micro-batch mb uses lane
+  // mb % slot_lanes): 2 where the schedule interleaves two micro-batches' forwards
+  // (schedule::slot_lanes), else 1.
+  int slot_lanes = 1;
   comm::Communicator* tp = nullptr;  // the tensor-parallel group (a group of one: no TP)
   std::uint64_t seed = 0;            // keys dropout masks
   double dropout = 0;                // probability at every dropout site
@@ -77,10 +83,12 @@ struct ModelContext {
   std::int64_t tokens() const { return rows * seq_len; }
   int tp_rank() const { return tp->rank(); }
   int tp_size() const { return tp->size(); }
-  const Tensor& slot(Slot s, int sub_batch) const { return slots.at(s, sub_batch); }
+  const Tensor& slot(Slot s, int micro_batch, int sub_batch) const {
+    return slots.at(s, micro_batch, sub_batch);
+  }
   // The first `rows` sequences of a slot.
-  Tensor slot_rows(Slot s, int sub_batch, std::int64_t sequences) const {
-    return slots.at(s, sub_batch).rows(0, sequences * seq_len);
+  Tensor slot_rows(Slot s, int micro_batch, int sub_batch, std::int64_t sequences) const {
+    return slots.at(s, micro_batch, sub_batch).rows(0, sequences * seq_len);
   }
 };
 

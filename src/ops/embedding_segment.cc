@@ -26,7 +26,7 @@ class EmbeddingSegment final : public Segment {
   }
 
   void forward(const StepContext& ctx, int mb, int sb) override {
-    const Tensor out = m_.slot(Slot::output, sb);
+    const Tensor out = m_.slot(Slot::output, mb, sb);
     const bool adds_once = m_.tp_rank() == 0;
     kernels::embedding_forward(tokens(ctx, mb, sb), spec_.word.value,
                                adds_once ? spec_.positions.value : Tensor(), out, m_.rows,
@@ -36,15 +36,15 @@ class EmbeddingSegment final : public Segment {
                                     m_.seq_len);
   }
   void backward(const StepContext& ctx, int mb, int sb, int) override {
-    const Tensor d_out = m_.slot(Slot::output_grad, sb);
+    const Tensor d_out = m_.slot(Slot::output_grad, mb, sb);
     kernels::embedding_backward(d_out, tokens(ctx, mb, sb), spec_.word.grad,
                                 spec_.positions.grad, m_.rows, m_.seq_len, spec_.vocab);
     if (spec_.token_types.present())
       kernels::embedding_accumulate_backward(d_out, type_ids_.data(), spec_.token_types.grad,
                                              m_.rows, m_.seq_len);
   }
-  CollectiveCall forward_collective(int, int sb) override {
-    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, m_.tp, m_.slot(Slot::output, sb), {}};
+  CollectiveCall forward_collective(int mb, int sb) override {
+    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, m_.tp, m_.slot(Slot::output, mb, sb), {}};
   }
 
  private:

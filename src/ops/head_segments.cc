@@ -36,7 +36,7 @@ class HeadBody {
   Tensor forward(const StepContext& ctx, int mb, int sb, int residual_of,
                  const Tensor& internals) const {
     const ResidualEpilogue& epilogue = spec_.epilogue;
-    const Tensor input = m_.slot(epilogue.spec().copies_input ? Slot::reshard : Slot::output, sb);
+    const Tensor input = m_.slot(epilogue.spec().copies_input ? Slot::reshard : Slot::output, mb, sb);
     Tensor residual_in;
     if (epilogue.spec().residual_segment >= 0)
       residual_in = m_.store->get({residual_of, mb, sb, kCheckpoint}).view(0, {tokens_, m_.hidden});
@@ -64,7 +64,7 @@ class HeadBody {
   // From d(features) (reduced over the group) to d(previous output) in output_grad.
   void backward(const StepContext& ctx, int mb, int sb, const Tensor& internals,
                 const Tensor& d_features) const {
-    const Tensor residual_grad = m_.slot(Slot::residual_grad, sb);
+    const Tensor residual_grad = m_.slot(Slot::residual_grad, mb, sb);
     const Tensor narrow = m_.scratch_narrow, wide = m_.scratch_wide.view(0, {tokens_, m_.hidden});
     Tensor d = d_features;
     if (spec_.final_norm.present()) {
@@ -80,7 +80,7 @@ class HeadBody {
       spec_.transform.backward(wide, residual(internals), residual_grad, false);
     }
     spec_.epilogue.backward(m_, ctx, mb, sb, m_.rows, 0, residual_grad,
-                            m_.slot(Slot::output_grad, sb), epilogue_kept(internals), narrow);
+                            m_.slot(Slot::output_grad, mb, sb), epilogue_kept(internals), narrow);
   }
 
   // Sum of a sub-batch's per-token losses and the number of targets they count.
@@ -269,13 +269,13 @@ class VocabParallelHeadSegment final : public Segment {
   }
   void backward(const StepContext& ctx, int mb, int sb, int stage) override {
     if (stage == 0) return;  // d(features) was formed by head_loss's backward
-    body_.backward(ctx, mb, sb, internals(mb, sb), m_.slot(Slot::input_grad, sb));
+    body_.backward(ctx, mb, sb, internals(mb, sb), m_.slot(Slot::input_grad, mb, sb));
   }
   CollectiveCall forward_collective(int mb, int sb) override {
     return {CollectiveKind::all_reduce, comm::ReduceOp::max, m_.tp, row_max(internals(mb, sb)), {}};
   }
-  CollectiveCall backward_collective(int, int sb) override {
-    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, m_.tp, m_.slot(Slot::input_grad, sb), {}};
+  CollectiveCall backward_collective(int mb, int sb) override {
+    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, m_.tp, m_.slot(Slot::input_grad, mb, sb), {}};
   }
 
  private:
@@ -368,7 +368,7 @@ class HeadLossSegment final : public Segment {
     const HeadSpec& spec = head_.spec();
     kernels::linear_backward(head_.logits(block), head_.features(block), spec.vocab_weight.value,
                              kernels::WeightLayout::out_in,
-                             input ? m_.slot(Slot::input_grad, sb) : Tensor(), false,
+                             input ? m_.slot(Slot::input_grad, mb, sb) : Tensor(), false,
                              weight ? spec.vocab_weight.grad : Tensor(),
                              weight ? spec.vocab_bias.grad : Tensor());
   }

@@ -44,12 +44,12 @@ class LayerSegment : public Segment {
   void recompute(const StepContext& ctx, int mb, int sb, TensorSets sets) override {
     run(ctx, mb, sb, sets);
   }
-  CollectiveCall forward_collective(int, int sb) override {
-    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, layer_.at.group, rows_of(Slot::output, sb), {}};
+  CollectiveCall forward_collective(int mb, int sb) override {
+    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, layer_.at.group, rows_of(Slot::output, mb, sb), {}};
   }
-  CollectiveCall backward_collective(int, int sb) override {
+  CollectiveCall backward_collective(int mb, int sb) override {
     return {CollectiveKind::all_reduce, comm::ReduceOp::sum, layer_.at.group,
-            rows_of(Slot::input_grad, sb), {}};
+            rows_of(Slot::input_grad, mb, sb), {}};
   }
   Tensor recv_buffer(Payload payload, int mb, int sb) override {
     OASES_ASSERT(layer_.input_from_peer && payload == Payload::activation,
@@ -57,10 +57,10 @@ class LayerSegment : public Segment {
     return store().acquire(key(mb, sb, kReceivedInput), m_.dtype, tokens_ * m_.hidden)
         .reshaped({tokens_, m_.hidden});
   }
-  Tensor send_buffer(Payload payload, int, int sb) override {
+  Tensor send_buffer(Payload payload, int mb, int sb) override {
     OASES_ASSERT(layer_.input_from_peer && payload == Payload::gradient, "{} sends no {}", name(),
                  payload == Payload::activation ? "activation" : "gradient");
-    return rows_of(Slot::residual_grad, sb);  // the epilogue's copy leaves d(input) there
+    return rows_of(Slot::residual_grad, mb, sb);  // the epilogue's copy leaves d(input) there
   }
 
  protected:
@@ -83,8 +83,8 @@ class LayerSegment : public Segment {
   }
   // The output's gradient, where stage 0 reads it: its slot, or (deferring) its copy in the
   // stash, which the weight part reads later.
-  Tensor output_grad(int sb, const Tensor& stash) const {
-    const Tensor slot = rows_of(Slot::output_grad, sb);
+  Tensor output_grad(int mb, int sb, const Tensor& stash) const {
+    const Tensor slot = rows_of(Slot::output_grad, mb, sb);
     if (stash.empty()) return slot;
     const Tensor copy = matrix(stash, stash_output_grad_, m_.hidden);
     kernels::copy(slot, copy);
@@ -113,7 +113,9 @@ class LayerSegment : public Segment {
     return shape;
   }
 
-  Tensor rows_of(Slot slot, int sb) const { return m_.slot_rows(slot, sb, layer_.at.rows); }
+  Tensor rows_of(Slot slot, int mb, int sb) const {
+    return m_.slot_rows(slot, mb, sb, layer_.at.rows);
+  }
   Tensor matrix(const Tensor& block, std::int64_t offset, std::int64_t cols) const {
     return block.view(offset, {tokens_, cols});
   }
@@ -137,7 +139,7 @@ class LayerSegment : public Segment {
     const ResidualEpilogue& epilogue = layer_.epilogue;
     Tensor input;
     if (layer_.input_from_peer) input = store().get(key(mb, sb, kReceivedInput)).reshaped({tokens_, m_.hidden});
-    else input = rows_of(epilogue.spec().copies_input ? Slot::reshard : Slot::output, sb);
+    else input = rows_of(epilogue.spec().copies_input ? Slot::reshard : Slot::output, mb, sb);
     Tensor residual_in;
     if (epilogue.spec().residual_segment >= 0)
       residual_in = store()
@@ -157,8 +159,8 @@ class LayerSegment : public Segment {
   // then the epilogue's backward hands d(previous output) to the previous segment.
   void backward_to_previous(const StepContext& ctx, int mb, int sb, const Tensor& checkpoint,
                             const Tensor& internals) {
-    const Tensor input_grad = rows_of(Slot::input_grad, sb);
-    const Tensor residual_grad = rows_of(Slot::residual_grad, sb);
+    const Tensor input_grad = rows_of(Slot::input_grad, mb, sb);
+    const Tensor residual_grad = rows_of(Slot::residual_grad, mb, sb);
     const Tensor scratch = m_.scratch_narrow.rows(0, tokens_);
     if (layer_.pre_norm.present()) {
       layer_.pre_norm.backward(input_grad, residual(checkpoint),
@@ -169,7 +171,7 @@ class LayerSegment : public Segment {
       kernels::add(residual_grad, input_grad, residual_grad);
     }
     layer_.epilogue.backward(m_, ctx, mb, sb, layer_.at.rows, layer_.at.first_row, residual_grad,
-                             rows_of(Slot::output_grad, sb), epilogue_kept(checkpoint), scratch);
+                             rows_of(Slot::output_grad, mb, sb), epilogue_kept(checkpoint), scratch);
   }
 
   const ModelContext& m_;
@@ -222,7 +224,7 @@ class AttentionSegment final : public LayerSegment {
     const Tensor attn_out = matrix(core, attn_out_, a.out_width());
     const Tensor stash = defer ? acquire_stash(mb, sb) : Tensor();
     // The output's gradient is whole on every rank of the group.
-    const Tensor d_output = output_grad(sb, stash);
+    const Tensor d_output = output_grad(mb, sb, stash);
     const Tensor d_attn = m_.scratch_narrow.view(0, {tokens_, a.out_width()});
     if (defer) spec_.out_proj.backward_input(d_output, attn_out, d_attn);
     else spec_.out_proj.backward(d_output, attn_out, d_attn);
@@ -230,7 +232,7 @@ class AttentionSegment final : public LayerSegment {
                                : m_.scratch_wide.view(0, {tokens_, a.qkv_width()});
     a.backward(d_attn, qkv, attn_out, core.view(lse_, {a.lse_elements()}), d_qkv);
     // This rank's heads contribute a partial gradient of the input; the group sums it.
-    project_qkv_back(d_qkv, body_input(checkpoint, internals), rows_of(Slot::input_grad, sb),
+    project_qkv_back(d_qkv, body_input(checkpoint, internals), rows_of(Slot::input_grad, mb, sb),
                      defer ? Part::input : Part::whole);
   }
   // The QKV projections' backward from d_qkv [tokens, qkv width] and their input x: d_x (whole,
@@ -276,7 +278,7 @@ class AttentionSegment final : public LayerSegment {
     }
     if (parts & kCore) a.forward(qkv, attn_out, core.view(lse_, {a.lse_elements()}));
     // Row-parallel projection: partial sums; its bias is added after the reduction.
-    if (parts & kOutput) spec_.out_proj.forward(attn_out, rows_of(Slot::output, sb));
+    if (parts & kOutput) spec_.out_proj.forward(attn_out, rows_of(Slot::output, mb, sb));
   }
 
   AttentionSpec spec_;
@@ -317,7 +319,7 @@ class MlpSegment final : public LayerSegment {
     const std::int64_t F = act.width(), in_width = act.input_width();
     const Tensor pre = matrix(internals, pre_, in_width);
     const Tensor stash = defer ? acquire_stash(mb, sb) : Tensor();
-    const Tensor d_output = output_grad(sb, stash);
+    const Tensor d_output = output_grad(mb, sb, stash);
     const Tensor d_act = m_.scratch_wide.view(0, {tokens_, F});
     if (defer) spec_.down.backward_input(d_output, matrix(internals, act_, F), d_act);
     else spec_.down.backward(d_output, matrix(internals, act_, F), d_act);
@@ -328,7 +330,7 @@ class MlpSegment final : public LayerSegment {
                              ? m_.scratch_wide.view(tokens_ * F, {tokens_, in_width})
                              : d_act;
     act.backward(pre, d_act, d_pre);
-    project_up_back(d_pre, body_input(checkpoint, internals), rows_of(Slot::input_grad, sb),
+    project_up_back(d_pre, body_input(checkpoint, internals), rows_of(Slot::input_grad, mb, sb),
                     defer ? Part::input : Part::whole);
   }
   // FC1 (or gate and up) backward from d_pre [tokens, input width] and their input x.
@@ -367,7 +369,7 @@ class MlpSegment final : public LayerSegment {
       }
       act.forward(pre, activated);
     }
-    if (parts & kOutput) spec_.down.forward(activated, rows_of(Slot::output, sb));
+    if (parts & kOutput) spec_.down.forward(activated, rows_of(Slot::output, mb, sb));
   }
 
   MlpSpec spec_;

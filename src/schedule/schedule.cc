@@ -247,32 +247,56 @@ Schedule instance_stream(const Program& program, const ScheduleSpec& spec, int m
   return out;
 }
 
+// A stream cut after every Start: each phase ends with the Start of a collective (the last
+// one may end without).
+std::vector<Schedule> phases_of(const Schedule& stream) {
+  std::vector<Schedule> phases(1);
+  for (const Instruction& ins : stream) {
+    phases.back().push_back(ins);
+    if (ins.op == Op::start) phases.emplace_back();
+  }
+  if (phases.back().empty()) phases.pop_back();
+  return phases;
+}
+
+// The phases of one stream and the round in which the first of them runs.
+struct Lane {
+  std::vector<Schedule> phases;
+  std::size_t first_round = 0;
+};
+
+// Round r runs the next phase of every lane whose first round has come, in lane order.
+void interleave_rounds(const std::vector<Lane>& lanes, Schedule& out) {
+  std::vector<std::size_t> next(lanes.size(), 0);
+  for (std::size_t round = 0;; ++round) {
+    bool left = false;
+    for (std::size_t i = 0; i < lanes.size(); ++i) {
+      if (next[i] >= lanes[i].phases.size()) continue;
+      left = true;
+      if (round < lanes[i].first_round) continue;
+      const Schedule& phase = lanes[i].phases[next[i]++];
+      out.insert(out.end(), phase.begin(), phase.end());
+    }
+    if (!left) return;
+  }
+}
+
 // Interleaves the streams of the sub-batches of one micro-batch: each stream is cut after
 // every Start, and phase k of every sub-batch runs before phase k + 1 of any, so each
 // sub-batch's collective is in flight while the other sub-batches compute their phase.
-void interleave(std::vector<Schedule> streams, Schedule& out) {
-  std::vector<std::size_t> position(streams.size(), 0);
-  bool any = true;
-  while (any) {
-    any = false;
-    for (std::size_t i = 0; i < streams.size(); ++i) {
-      const Schedule& stream = streams[i];
-      while (position[i] < stream.size()) {
-        const Instruction& ins = stream[position[i]++];
-        out.push_back(ins);
-        any = true;
-        if (ins.op == Op::start) break;
-      }
-    }
-  }
+void interleave(const std::vector<Schedule>& streams, Schedule& out) {
+  std::vector<Lane> lanes;
+  for (const Schedule& stream : streams) lanes.push_back({phases_of(stream)});
+  interleave_rounds(lanes, out);
 }
 
 // oases-deferred's placement of weight parts into a schedule whose backwards ran input-only
 // (and which has no weight part yet). A window is a collective from its Start to its Wait; one
 // behind which only forward compute runs (the other sub-batches' forward phases, which compute
-// little per collective) is likely to hold the compute lane at its Wait. That happens mostly at
-// the end of each micro-batch's forward, whose collectives outnumber the phases of the
-// backward it is interleaved with, and in the forward of the first micro-batch, which has no
+// little per collective) is likely to hold the compute lane at its Wait. That happens at the
+// end of the second forward of a step of two micro-batches, whose collectives outnumber the
+// phases of the backward it is interleaved with (with more micro-batches the forward's lead
+// fills those windows: generate()), and in the forward of the first micro-batch, which has no
 // backward to pair with (and no weight part ready to fill it). Before the Wait of every such
 // window, up to kUnitsPerWindow weight parts run: of the micro-batch whose backward runs beside
 // the window (k - 1 for the forward of k), so that at most one micro-batch's weight parts wait
@@ -421,6 +445,12 @@ void check_spec(const ScheduleSpec& spec) {
               spec.sub_batches, name(spec.kind));
 }
 
+int slot_lanes(const ScheduleSpec& spec) {
+  const bool interleaves = spec.kind == ScheduleKind::oases_interleaved ||
+                           spec.kind == ScheduleKind::oases_deferred;
+  return interleaves && spec.training && spec.micro_batches > 2 ? 2 : 1;
+}
+
 Schedule generate(const Program& program, const ScheduleSpec& spec) {
   check_spec(spec);
   Schedule out;
@@ -429,25 +459,67 @@ Schedule generate(const Program& program, const ScheduleSpec& spec) {
   const bool deferred = spec.kind == ScheduleKind::oases_deferred && spec.training;
   if ((spec.kind == ScheduleKind::oases_interleaved || deferred) && spec.training &&
       spec.micro_batches > 1) {
-    // The forward of micro-batch 0 alone; then the backward streams of k interleaved phase by
-    // phase with the forward streams of k + 1; then the last backward alone. (One micro-batch
-    // has nothing to interleave: oases' order.) A forward phase computes little (a third of the
+    // Windows: the forward of micro-batch 0 alone; then, for each k, the backward streams of k
+    // interleaved phase by phase with the forward streams of k + 1. (One micro-batch has
+    // nothing to interleave: oases' order.) A forward phase computes little (a third of the
     // backward's compute behind as many collectives), so each forward collective now has a
     // round of backward compute to hide behind. Forward phases go first in each round: theirs
     // are the collectives the compute lane would otherwise wait on, and issued early they are
     // off the wire before their Waits come round.
-    std::vector<Schedule> streams;
-    for (int sb = 0; sb < spec.sub_batches; ++sb)
-      streams.push_back(instance_forward(program, spec, 0, sb));
-    interleave(std::move(streams), out);
-    for (int mb = 0; mb < spec.micro_batches; ++mb) {
-      streams.clear();
-      if (mb + 1 < spec.micro_batches)
-        for (int sb = 0; sb < spec.sub_batches; ++sb)
-          streams.push_back(instance_forward(program, spec, mb + 1, sb));
-      for (int sb = 0; sb < spec.sub_batches; ++sb)
-        streams.push_back(instance_backward(program, spec, mb, sb, deferred));
-      interleave(std::move(streams), out);
+    //
+    // A forward has more phases than a backward (the embedding's and the head's collectives),
+    // so the forward of k + 1 alone would still be running when the backward of k reaches its
+    // last phase, and that phase (the Wait on the first layer's backward collective, the
+    // first layer's last stage and the embedding's backward) would find little compute left
+    // beside it while the wire still carries the window's last collectives. The first `lead`
+    // phases of the forward of k + 2 therefore join window k in its last `lead` rounds (and
+    // leave window k + 1): with lead = (forward phases - backward phases) + 1 the forward of
+    // k + 1 ends one round before the backward of k, and every round of the window has
+    // forward compute of a later micro-batch beside it (the forward of 1 leads into the
+    // forward of 0 the same way). The cost is the activations of those phases (the embedding's
+    // and the first layer's) held one window earlier, in slots of their own (slot_lanes). With
+    // two micro-batches there is no forward of k + 2 to fill a window's end, and leading the
+    // forward of 1 would only lengthen the forward of 0, which no backward hides: no lead.
+    std::vector<std::vector<Schedule>> forward_phases, backward_phases;  // [mb * sub_batches + sb]
+    for (int mb = 0; mb < spec.micro_batches; ++mb)
+      for (int sb = 0; sb < spec.sub_batches; ++sb) {
+        forward_phases.push_back(phases_of(instance_forward(program, spec, mb, sb)));
+        backward_phases.push_back(phases_of(instance_backward(program, spec, mb, sb, deferred)));
+      }
+    const std::size_t forward_count = forward_phases.front().size();
+    const std::size_t backward_count = backward_phases.front().size();
+    const std::size_t lead =
+        spec.micro_batches > 2 && forward_count >= backward_count
+            ? std::min(forward_count - backward_count + 1, forward_count)
+            : 0;
+    // Lanes over phases [from, to) of micro-batch mb's streams, one per sub-batch.
+    const auto add_lanes = [&](const std::vector<std::vector<Schedule>>& phases, int mb,
+                               std::size_t from, std::size_t to, std::vector<Lane>& lanes) {
+      for (int sb = 0; sb < spec.sub_batches; ++sb) {
+        const auto& stream = phases[static_cast<std::size_t>(mb * spec.sub_batches + sb)];
+        const auto begin = stream.begin();
+        lanes.push_back({{begin + static_cast<std::ptrdiff_t>(from),
+                          begin + static_cast<std::ptrdiff_t>(std::min(to, stream.size()))}});
+      }
+    };
+    const int m = spec.micro_batches;
+    for (int k = -1; k < m; ++k) {
+      std::vector<Lane> lanes;
+      if (k == -1) add_lanes(forward_phases, 0, 0, forward_count, lanes);
+      else if (k + 1 < m) add_lanes(forward_phases, k + 1, lead, forward_count, lanes);
+      std::vector<Lane> backward;
+      if (k >= 0) add_lanes(backward_phases, k, 0, backward_count, backward);
+      const std::size_t rounds =
+          std::max(lanes.empty() ? 0 : lanes.front().phases.size(),
+                   backward.empty() ? 0 : backward.front().phases.size());
+      if (k + 2 < m && lead > 0) {
+        const std::size_t first = lanes.size();
+        add_lanes(forward_phases, k + 2, 0, lead, lanes);
+        for (std::size_t i = first; i < lanes.size(); ++i)
+          lanes[i].first_round = rounds > lead ? rounds - lead : 0;
+      }
+      lanes.insert(lanes.end(), backward.begin(), backward.end());
+      interleave_rounds(lanes, out);
     }
     if (deferred) out = place_weight_parts(program, out);
     append_gradient_reductions(program, out);
@@ -457,7 +529,7 @@ Schedule generate(const Program& program, const ScheduleSpec& spec) {
     std::vector<Schedule> streams;
     for (int sb = 0; sb < spec.sub_batches; ++sb)
       streams.push_back(instance_stream(program, spec, mb, sb, deferred));
-    interleave(std::move(streams), out);
+    interleave(streams, out);
   }
   if (!spec.training) return out;
   if (deferred) out = place_weight_parts(program, out);
@@ -471,7 +543,7 @@ Schedule micro_batch_forward(const Program& program, const ScheduleSpec& spec, i
   for (int sb = 0; sb < spec.sub_batches; ++sb)
     streams.push_back(instance_forward(program, spec, mb, sb));
   Schedule out;
-  interleave(std::move(streams), out);
+  interleave(streams, out);
   return out;
 }
 
@@ -482,7 +554,7 @@ Schedule micro_batch_backward(const Program& program, const ScheduleSpec& spec, 
   for (int sb = 0; sb < spec.sub_batches; ++sb)
     streams.push_back(instance_backward(program, spec, mb, sb));
   Schedule out;
-  interleave(std::move(streams), out);
+  interleave(streams, out);
   return out;
 }
 
@@ -532,7 +604,7 @@ Schedule micro_batch_backward_input(const Program& program, const ScheduleSpec& 
   for (int sb = 0; sb < spec.sub_batches; ++sb)
     streams.push_back(instance_backward(program, spec, mb, sb, true));
   Schedule out;
-  interleave(std::move(streams), out);
+  interleave(streams, out);
   return out;
 }
 
@@ -590,6 +662,7 @@ class Verifier {
         carry_(carry),
         chunk_of_(program.segments.size(), -1),
         carried_out_(carry.carried_out.begin(), carry.carried_out.end()) {
+    slot_lanes_ = slot_lanes(spec);
     where_ = "in the program";
     for (int s = 0; s + 1 < num_segments(); ++s)
       if (shape_of(program_, s).output_to_peer != shape_of(program_, s + 1).input_from_peer)
@@ -728,7 +801,7 @@ class Verifier {
           check(state == CollState::none, "collective started twice");
           check(ins.replay ? inst.output_recomputed : inst.forward_done,
                 "starts before its input was computed");
-          Port& port = port_of(ins.sub_batch);
+          Port& port = port_of(ins);
           check(port.segment == ins.segment && port.micro_batch == ins.micro_batch &&
                     port.batch == ins.batch && port.state == PortState::written,
                 "the collective buffer does not hold this segment's output");
@@ -749,7 +822,7 @@ class Verifier {
                                         : inst.forward_collective;
         check(state == CollState::started, "wait without a start");
         state = CollState::waited;
-        if (forward) port_of(ins.sub_batch).state = PortState::reduced;
+        if (forward) port_of(ins).state = PortState::reduced;
         break;
       }
       case Op::send: send(ins, inst, shape); break;
@@ -868,7 +941,10 @@ class Verifier {
   Instance& instance(int batch, int segment, int mb, int sb) {
     return instances_[{batch, segment, mb, sb}];
   }
-  Port& port_of(int sb) { return ports_[sb]; }
+  // The slots of the instruction's micro-batch lane and sub-batch (slot_lanes).
+  Port& port_of(const Instruction& ins) {
+    return ports_[{ins.micro_batch % slot_lanes_, ins.sub_batch}];
+  }
 
   void produce(Instance& inst, TensorSets sets) {
     for (auto set : {kCheckpoint, kInternals, kCore})
@@ -905,7 +981,7 @@ class Verifier {
     }
     if (ins.segment == 0) return;
     const SegmentShape& previous = shape_of(program_, ins.segment - 1);
-    Port& port = port_of(ins.sub_batch);
+    Port& port = port_of(ins);
     check(port.segment == ins.segment - 1 && port.micro_batch == ins.micro_batch &&
               port.batch == ins.batch,
           "the previous segment's output is not in the collective buffer");
@@ -915,7 +991,7 @@ class Verifier {
          previous);
   }
   void write_output(const Instruction& ins) {
-    Port& port = port_of(ins.sub_batch);
+    Port& port = port_of(ins);
     check(port.state != PortState::in_flight, "overwrites a collective buffer in flight");
     port = {ins.segment, ins.micro_batch, PortState::written, ins.batch};
   }
@@ -965,7 +1041,7 @@ class Verifier {
       check(shape.output_to_peer, "sends an activation from a segment that is not output_to_peer");
       check(!inst.activation_sent, "sends the activation twice");
       check(inst.forward_done, "sends the output before the segment's Forward");
-      const Port& port = port_of(ins.sub_batch);
+      const Port& port = port_of(ins);
       check(port.segment == ins.segment && port.micro_batch == ins.micro_batch &&
                 port.batch == ins.batch,
             "the segment's output is no longer in the collective buffer");
@@ -1066,7 +1142,8 @@ class Verifier {
   std::vector<int> chunk_of_;  // per segment; -1 until an instruction names it
   std::set<int> carried_out_;
   std::map<std::tuple<int, int, int, int>, Instance> instances_;  // (batch, segment, mb, sb)
-  std::map<int, Port> ports_;
+  int slot_lanes_ = 1;
+  std::map<std::pair<int, int>, Port> ports_;  // by (lane, sub-batch)
   std::set<std::pair<int, int>> reduced_;  // (batch, bucket)
   std::set<int> stepped_;                  // batches whose optimizer step has run
   bool replaying_ = false;

@@ -13,13 +13,17 @@
 // oases-interleaved: there the forward of micro-batch k + 1 is cut into phases too and
 // interleaved with the backward of micro-batch k (every sub-batch of both), so that a forward
 // collective, which has little forward compute to hide behind, is in flight while backward
-// compute runs, and the other way round. Backward instructions keep their relative order, so
+// compute runs, and the other way round; the first phases of the forward of k + 2 join the end
+// of that window, so that the backward's last collectives, too, have forward compute beside
+// them (with more than two micro-batches). Backward instructions keep their relative order, so
 // gradients accumulate in the same order as under oases and the results are equal bit for bit;
 // two micro-batches' activations are live at once instead of one. oases-deferred is
 // oases-interleaved with every backward input-only (zero-bubble's split, below) and the weight
 // parts deferred into the windows that forward phases leave open: a forward collective with
-// only forward compute behind it (mostly at the end of a micro-batch's forward, which has more
-// collectives than the backward it is interleaved with has phases). Weight gradients then
+// only forward compute behind it (with two micro-batches, at the end of the second forward,
+// which has more collectives than the backward it is interleaved with has phases; with more,
+// the forward's lead leaves no such window, and each weight part runs right after its
+// segment's input part, whose collective is then already in flight). Weight gradients then
 // accumulate in another order than under oases, so the results agree to rounding instead of
 // bit for bit; at most one micro-batch's weight parts (and the sets they read) wait at once.
 //
@@ -38,7 +42,8 @@
 // forward slots (ops::Slot::output, reshard) and the (mb, sb)-keyed activation store, and its
 // backward instructions only gradient slots and the store (a weight part only the store: the
 // instance's sets and its stash): the forward of k + 1 never overwrites what the backward of k
-// still reads in the same sub-batch's slots. Recomputation
+// still reads in the same sub-batch's slots, and the forwards of k + 1 and k + 2, which run at
+// once, use slots of their own (slot_lanes). Recomputation
 // that regenerates a segment's output (full) would write the forward slot during backward,
 // which is why the interleaved kind implies fine-grained recomputation.
 //
@@ -175,6 +180,13 @@ struct ScheduleSpec {
 // oases-deferred imply fine-grained recomputation; megatron and fine-grained run whole
 // micro-batches (one sub-batch).
 void check_spec(const ScheduleSpec& spec);
+
+// How many micro-batches' slots (ops::Slot) the schedules of `spec` use at once: micro-batch
+// mb uses lane mb % slot_lanes(spec) (ops::ModelContext::slot_lanes). 2 for training under
+// oases-interleaved and oases-deferred with more than two micro-batches, whose windows run the
+// first phases of the forward of k + 2 beside the last ones of the forward of k + 1; else 1.
+// The verifier holds schedules to it, so a schedule that is valid with 1 lane is valid with 2.
+int slot_lanes(const ScheduleSpec& spec);
 
 // The generator for spec.kind.
 Schedule generate(const ops::Program& program, const ScheduleSpec& spec);

@@ -37,6 +37,7 @@ model::ModelOptions model_options(const RunConfig& config, const schedule::Sched
   o.dtype = compute_dtype(config);
   o.micro_batch = config.train.micro_batch;
   o.sub_batches = spec.sub_batches;
+  o.slot_lanes = schedule::slot_lanes(spec);
   o.seed = static_cast<std::uint64_t>(config.train.seed);
   o.tp = &tp;
   o.layer_degrees = layer_degrees(config);

@@ -98,7 +98,8 @@ TEST(Simulator, InterleavingMicroBatchesHidesTheLinkBoundForwardCollectives) {
     EXPECT_LT(interleaved, previous) << micro_batches;
     previous = interleaved;
   }
-  EXPECT_LT(previous, 0.055);  // 16 micro-batches: near issue 13's 5% target
+  // 16 micro-batches: 3.0% (8.9% at 4, 5.0% at 8), the first forward's share of the step.
+  EXPECT_LT(previous, 0.035);
 }
 
 // oases-deferred at communication ~= compute as the overlap benchmark calibrates it: the wire
@@ -106,11 +107,14 @@ TEST(Simulator, InterleavingMicroBatchesHidesTheLinkBoundForwardCollectives) {
 // of 1 per segment; the oases schedules add a recomputation of 1). Weight parts are half of a
 // stage 0 (CostModel::weight_gradient_share), as they are for a layer's GEMMs. The program has
 // the weight parts a tensor-parallel GPT has (every layer segment and head_loss).
-// oases-interleaved leaves exposed the first micro-batch's forward and the end of every later
-// forward, whose collectives outnumber the phases of the backward beside it; deferred weight
-// parts fill the latter, so what stays exposed is the first forward alone, the same whatever
-// the number of micro-batches.
-TEST(Simulator, DeferredWeightPartsLeaveOnlyTheFirstForwardExposed) {
+// With two micro-batches oases-interleaved leaves exposed the first micro-batch's forward and
+// the end of the second forward, whose collectives outnumber the phases of the backward beside
+// it; deferred weight parts fill the latter. With more, the first phases of each later forward
+// lead into the window before (the forward of 1 into the forward of 0), so that no forward
+// collective is left without backward compute beside it and no window is left for weight parts
+// to fill. Either way what stays exposed is the first forward alone (with the forward of 1's
+// first phases), the same whatever the number of micro-batches.
+TEST(Simulator, OnlyTheFirstForwardStaysExposed) {
   ops::Program program = testing::gpt_program(4, 2);
   for (ops::SegmentShape& shape : program.segments)
     shape.has_weight_part = shape.layer >= 0 || shape.name == "head_loss";
@@ -145,16 +149,15 @@ TEST(Simulator, DeferredWeightPartsLeaveOnlyTheFirstForwardExposed) {
       EXPECT_NEAR(deferred.exposed_comm_seconds, interleaved.exposed_comm_seconds, 1e-9);
       continue;
     }
-    // Each later forward adds exposed time under oases-interleaved (1.3 per micro-batch here),
-    // none under oases-deferred.
-    EXPECT_GT(interleaved.exposed_comm_seconds - interleaved_first, 0.5 * (micro_batches - 1))
-        << micro_batches;
     EXPECT_NEAR(deferred.exposed_comm_seconds, deferred_first, 1e-9) << micro_batches;
-    EXPECT_LT(deferred.step_seconds, interleaved.step_seconds) << micro_batches;
-    // At 4 micro-batches (the benchmark's), 6.9% of the communication -> 5.4%.
-    if (micro_batches == 4) {
-      EXPECT_LT(deferred.exposed_comm_seconds / deferred.comm_seconds,
-                0.8 * interleaved.exposed_comm_seconds / interleaved.comm_seconds);
+    if (micro_batches == 2) {
+      // The second forward's end adds exposed time under oases-interleaved, none under
+      // oases-deferred.
+      EXPECT_GT(interleaved.exposed_comm_seconds - interleaved_first, 0.5) << micro_batches;
+      EXPECT_LT(deferred.step_seconds, interleaved.step_seconds) << micro_batches;
+    } else {
+      EXPECT_NEAR(interleaved.exposed_comm_seconds, interleaved_first, 1e-9) << micro_batches;
+      EXPECT_NEAR(deferred.step_seconds, interleaved.step_seconds, 1e-9) << micro_batches;
     }
   }
 }
