@@ -9,6 +9,7 @@
 // step. A checkpoint written mid-run resumes with the same later losses and weights. Too few
 // micro-batches per step is an error naming the settings and the valid values.
 #include "support/command.h"
+#include "support/pipeline_runs.h"
 #include "support/runs.h"
 
 #include "comm/communicator.h"
@@ -101,30 +102,8 @@ class TwoBwTraining : public ::testing::Test {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     for (const std::string arch : {"gpt", "llama"}) {
       // Three layers over two stages; 8 / 2 = 4 micro-batches per step, more than 2 stages.
-      std::ofstream(dir_ / (arch + ".toml")) << R"(
-[model]
-arch = ")" + arch + R"("
-layers = 3
-hidden = 32
-heads = 4
-)" + (arch == "llama" ? "kv_heads = 2\n" : "") + R"(ffn_hidden = 48
-vocab_size = 257
-seq_len = 16
-dropout = 0.1
-[train]
-precision = "fp64"
-micro_batch = 2
-global_batch = 8
-steps = 4
-lr = 3e-3
-min_lr = 3e-4
-warmup_steps = 1
-threads = 1
-[data]
-path = ")" + (dir_ / "data").string() + R"("
-[log]
-peak_tflops = 1.0
-)";
+      std::ofstream(dir_ / (arch + ".toml"))
+          << oases::testing::tiny_fp64_config(arch, 3, dir_ / "data", "", 4);
       oases::testing::write_random_init(dir_ / (arch + ".toml"), dir_ / (arch + "_init.safetensors"), 91);
     }
   }

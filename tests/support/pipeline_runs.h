@@ -17,13 +17,13 @@
 
 namespace oases::testing {
 
-// The TOML of a tiny model trained in fp64 with dropout 0.1 for 3 steps on the token shards at
-// `data` (prepare_fortunes_data): `layers` layers of `arch` ("gpt", "llama": two kv heads),
-// hidden 32, 4 heads, sequences of 16, and 4 micro-batches of 2 per step. `train_extra` lines
-// go to the [train] section.
+// The TOML of a tiny model trained in fp64 with dropout 0.1 for `steps` steps on the token
+// shards at `data` (prepare_fortunes_data): `layers` layers of `arch` ("gpt", "llama": two kv
+// heads), hidden 32, 4 heads, sequences of 16, and 4 micro-batches of 2 per step.
+// `train_extra` lines go to the [train] section.
 inline std::string tiny_fp64_config(const std::string& arch, int layers,
                                     const std::filesystem::path& data,
-                                    const std::string& train_extra = "") {
+                                    const std::string& train_extra = "", int steps = 3) {
   return R"([model]
 arch = ")" + arch + R"("
 layers = )" + std::to_string(layers) + R"(
@@ -37,7 +37,7 @@ dropout = 0.1
 precision = "fp64"
 micro_batch = 2
 global_batch = 8
-steps = 3
+steps = )" + std::to_string(steps) + R"(
 lr = 3e-3
 min_lr = 3e-4
 warmup_steps = 1
