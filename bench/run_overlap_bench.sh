@@ -21,7 +21,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The compared schedules, in table order, each with the --set overrides that select it.
+# The -sb4 rows are run only when named in SCHEDULES.
 schedule_names=(megatron-full megatron-none fine-grained cross-pass oases oases-interleaved oases-deferred)
+extra_names=(oases-sb4 oases-interleaved-sb4 oases-deferred-sb4)
 declare -A schedule_sets=(
   [megatron-full]='parallel.schedule="megatron" parallel.recompute="full"'
   [megatron-none]='parallel.schedule="megatron" parallel.recompute="none"'
@@ -30,11 +32,16 @@ declare -A schedule_sets=(
   [oases]='parallel.schedule="oases" parallel.sub_batches=2'
   [oases-interleaved]='parallel.schedule="oases-interleaved" parallel.sub_batches=2'
   [oases-deferred]='parallel.schedule="oases-deferred" parallel.sub_batches=2'
+  # Four sub-batches of one sequence each: more compute beside every collective's neighbours.
+  [oases-sb4]='parallel.schedule="oases" parallel.sub_batches=4'
+  [oases-interleaved-sb4]='parallel.schedule="oases-interleaved" parallel.sub_batches=4'
+  [oases-deferred-sb4]='parallel.schedule="oases-deferred" parallel.sub_batches=4'
 )
 
 IFS=', ' read -r -a selected <<<"${SCHEDULES:-${schedule_names[*]}}"
 for s in "${selected[@]}"; do
-  [[ -n ${schedule_sets[$s]+x} ]] || { echo "unknown schedule '$s'; known: ${schedule_names[*]}" >&2; exit 2; }
+  [[ -n ${schedule_sets[$s]+x} ]] ||
+    { echo "unknown schedule '$s'; known: ${schedule_names[*]} ${extra_names[*]}" >&2; exit 2; }
 done
 read -r -a ratios <<<"${RATIOS:-0.25 0.5 1 2}"
 steps=${STEPS:-5}
