@@ -149,6 +149,11 @@ const std::map<std::string, SectionFields>& schema() {
         {"max_loss", bind(&RunConfig::train, &OptimConfig::max_loss)},
         {"optimizer", bind(&RunConfig::train, &OptimConfig::optimizer)},
         {"precision", bind(&RunConfig::train, &OptimConfig::precision)},
+        {"loss_scale", bind(&RunConfig::train, &OptimConfig::loss_scale)},
+        {"initial_loss_scale", bind(&RunConfig::train, &OptimConfig::initial_loss_scale)},
+        {"min_loss_scale", bind(&RunConfig::train, &OptimConfig::min_loss_scale)},
+        {"loss_scale_window", bind(&RunConfig::train, &OptimConfig::loss_scale_window)},
+        {"hysteresis", bind(&RunConfig::train, &OptimConfig::hysteresis)},
         {"seed", bind(&RunConfig::train, &OptimConfig::seed)},
         {"eval_every", bind(&RunConfig::train, &OptimConfig::eval_every)},
         {"eval_steps", bind(&RunConfig::train, &OptimConfig::eval_steps)},
@@ -632,6 +637,18 @@ void RunConfig::validate() const {
               "train.precision = \"{}\" is not available on the CPU engine; valid: \"fp32\", "
               "\"fp64\" (the verification precision)",
               t.precision);
+  // Scales below 1 would shrink fp16 gradients towards underflow, the opposite of their use.
+  OASES_CHECK(t.loss_scale == 0 || t.loss_scale >= 1,
+              "train.loss_scale = {} must be 0 (dynamic scaling) or at least 1 (a constant scale)",
+              t.loss_scale);
+  OASES_CHECK(t.min_loss_scale >= 1, "train.min_loss_scale = {} must be at least 1",
+              t.min_loss_scale);
+  OASES_CHECK(t.initial_loss_scale >= t.min_loss_scale,
+              "train.initial_loss_scale = {} must be at least train.min_loss_scale = {}",
+              t.initial_loss_scale, t.min_loss_scale);
+  OASES_CHECK(t.loss_scale_window >= 1, "train.loss_scale_window = {} must be at least 1",
+              t.loss_scale_window);
+  OASES_CHECK(t.hysteresis >= 1, "train.hysteresis = {} must be at least 1", t.hysteresis);
   OASES_CHECK(t.seed >= 0, "train.seed = {} must be >= 0", t.seed);
   OASES_CHECK(t.eval_every >= 0, "train.eval_every = {} must be >= 0 (0: never)", t.eval_every);
   OASES_CHECK(t.eval_steps >= 1, "train.eval_steps = {} must be at least 1", t.eval_steps);
@@ -714,7 +731,11 @@ std::string to_toml(const RunConfig& c) {
                                    {"beta2", t.beta2}, {"eps", t.eps}, {"grad_clip", t.grad_clip},
                                    {"max_loss", t.max_loss},
                                    {"optimizer", t.optimizer}, {"precision", t.precision},
-                                   {"seed", t.seed}, {"eval_every", t.eval_every},
+                                   {"loss_scale", t.loss_scale},
+                                   {"initial_loss_scale", t.initial_loss_scale},
+                                   {"min_loss_scale", t.min_loss_scale},
+                                   {"loss_scale_window", t.loss_scale_window},
+                                   {"hysteresis", t.hysteresis}, {"seed", t.seed}, {"eval_every", t.eval_every},
                                    {"eval_steps", t.eval_steps}, {"threads", t.threads}});
   root.insert("data", toml::table{{"path", c.data.path}, {"tokenizer", c.data.tokenizer},
                                   {"tokenizer_model", c.data.tokenizer_model},

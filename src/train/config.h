@@ -60,6 +60,15 @@ struct OptimConfig {
   double max_loss = 0;     // a step whose loss exceeds this stops the run; 0: no limit
   std::string optimizer = "adamw";
   std::string precision = "fp32";
+  // fp16's loss scaling (train/loss_scaler.h), as Megatron-LM's options of the same names:
+  // loss_scale > 0 is a constant scale; 0 selects the dynamic rule, starting from
+  // initial_loss_scale, doubling after loss_scale_window clean steps, halving (not below
+  // min_loss_scale) once `hysteresis` overflows have been seen since the last growth.
+  double loss_scale = 0;
+  double initial_loss_scale = 65536;
+  double min_loss_scale = 1;
+  std::int64_t loss_scale_window = 1000;
+  std::int64_t hysteresis = 2;
   std::int64_t seed = 1234;
   std::int64_t eval_every = 0;  // 0: never
   std::int64_t eval_steps = 4;  // validation batches (of global_batch sequences) per evaluation

@@ -172,6 +172,40 @@ TEST(RunConfig, RoundTripsThroughToml) {
   EXPECT_EQ(b.log.metrics, "m.jsonl");
 }
 
+TEST(RunConfig, LossScaleSettingsParseRoundTripAndNameTheirErrors) {
+  const RunConfig a = parse_run_config(
+      "[train]\nloss_scale = 0\ninitial_loss_scale = 4096\nmin_loss_scale = 2\n"
+      "loss_scale_window = 50\nhysteresis = 3\n",
+      "t");
+  EXPECT_EQ(a.train.loss_scale, 0);
+  EXPECT_EQ(a.train.initial_loss_scale, 4096);
+  EXPECT_EQ(a.train.min_loss_scale, 2);
+  EXPECT_EQ(a.train.loss_scale_window, 50);
+  EXPECT_EQ(a.train.hysteresis, 3);
+  const RunConfig b = parse_run_config(to_toml(a), "round trip");
+  EXPECT_EQ(to_toml(a), to_toml(b));
+  // Megatron's defaults, but starting at 2^16.
+  const RunConfig d = parse_run_config("", "t");
+  EXPECT_EQ(d.train.loss_scale, 0);
+  EXPECT_EQ(d.train.initial_loss_scale, 65536);
+  EXPECT_EQ(d.train.min_loss_scale, 1);
+  EXPECT_EQ(d.train.loss_scale_window, 1000);
+  EXPECT_EQ(d.train.hysteresis, 2);
+
+  std::string e = error_of("", {"train.loss_scale=0.5"});
+  EXPECT_NE(e.find("train.loss_scale = 0.5 must be 0 (dynamic scaling) or at least 1"),
+            std::string::npos) << e;
+  e = error_of("", {"train.min_loss_scale=0.25"});
+  EXPECT_NE(e.find("train.min_loss_scale = 0.25 must be at least 1"), std::string::npos) << e;
+  e = error_of("", {"train.initial_loss_scale=0.5"});
+  EXPECT_NE(e.find("train.initial_loss_scale = 0.5 must be at least train.min_loss_scale = 1"),
+            std::string::npos) << e;
+  e = error_of("", {"train.loss_scale_window=0"});
+  EXPECT_NE(e.find("train.loss_scale_window = 0 must be at least 1"), std::string::npos) << e;
+  e = error_of("", {"train.hysteresis=0"});
+  EXPECT_NE(e.find("train.hysteresis = 0 must be at least 1"), std::string::npos) << e;
+}
+
 TEST(RunConfig, ScheduleSettingsResolveAndIncompatibleOnesAreRejected) {
   // auto: oases with two sub-batches under tensor parallelism, megatron otherwise.
   RunConfig c = parse_run_config("[parallel]\ntp = 2\n[train]\nmicro_batch = 4\nglobal_batch = 8\n", "t");
