@@ -7,8 +7,11 @@
 // touched: a buffer passed to an async operation belongs to the communicator until wait()
 // returns (on CUDA the operation will be ordered on a stream instead of a thread).
 //
-// Buffers are contiguous Tensors of f32, f64, i32 or i64; element counts may be 0. Every rank
-// of the group must issue the same operations in the same order with matching sizes.
+// Buffers are contiguous Tensors of f32, f64, bf16, f16, i32 or i64; element counts may be 0.
+// Reductions of bf16 and f16 combine each pair of values exactly and round the result once to
+// the format (ties to even), so their result depends on the order the backend combines ranks
+// in, within (group size - 1) roundings. Every rank of the group must issue the same operations
+// in the same order with matching sizes.
 //
 // This file has the interface and the single-rank communicator, whose collectives are copies
 // or no-ops; comm/mpi_communicator.h has the MPI backend.

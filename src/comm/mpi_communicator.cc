@@ -1,13 +1,16 @@
 #include "comm/mpi_communicator.h"
 
 #include "core/error.h"
+#include "kernels/cpu/convert.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -70,6 +73,9 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::f64: return MPI_DOUBLE;
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
+    // MPI has no 16-bit floating-point types: the bits move as unsigned integers, and
+    // reductions use the Engine's own operators (ReduceOps16).
+    case DType::bf16: case DType::f16: return MPI_UINT16_T;
     default: return MPI_DATATYPE_NULL;
   }
 }
@@ -82,6 +88,66 @@ MPI_Op mpi_op(ReduceOp op) {
   }
   return MPI_OP_NULL;
 }
+
+// Element-wise reductions of bf16 and f16 bit patterns for MPI_Op_create. Each pair is
+// combined exactly in double (any two bf16 or f16 values sum exactly there, up to bf16's far
+// exponent range, where the smaller term lies below half a unit of the larger) and rounded once
+// to the format, so a reduction over two ranks is the correctly rounded sum; over more ranks
+// each partial sum is rounded, in the order MPI's algorithm combines them.
+template <DType kFormat>
+double widen(std::uint16_t bits) {
+  return kFormat == DType::bf16 ? kernels::cpu::bf16_bits_to_float(bits)
+                                : kernels::cpu::f16_bits_to_float(bits);
+}
+template <DType kFormat>
+std::uint16_t narrow(double value) {
+  return kFormat == DType::bf16 ? kernels::cpu::double_to_bf16_bits(value)
+                                : kernels::cpu::double_to_f16_bits(value);
+}
+template <DType kFormat, ReduceOp kOp>
+void reduce_16bit(void* in, void* inout, int* length, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *length; ++i) {
+    const double x = widen<kFormat>(a[i]), y = widen<kFormat>(b[i]);
+    switch (kOp) {
+      case ReduceOp::sum: b[i] = narrow<kFormat>(x + y); break;
+      // A NaN on any rank wins, so that every rank sees it.
+      case ReduceOp::max: b[i] = (x > y || std::isnan(x)) ? a[i] : b[i]; break;
+      case ReduceOp::min: b[i] = (x < y || std::isnan(x)) ? a[i] : b[i]; break;
+    }
+  }
+}
+
+// The MPI operators for 16-bit reductions, created by each Engine and freed with it (MPI
+// operators are created after MPI_Init, so they cannot be constants).
+class ReduceOps16 {
+ public:
+  ReduceOps16() {
+    create<DType::bf16>(0);
+    create<DType::f16>(3);
+  }
+  ~ReduceOps16() {
+    for (MPI_Op& op : ops_) MPI_Op_free(&op);
+  }
+  ReduceOps16(const ReduceOps16&) = delete;
+  ReduceOps16& operator=(const ReduceOps16&) = delete;
+
+  MPI_Op get(DType format, ReduceOp op) const {
+    return ops_[(format == DType::bf16 ? 0 : 3) + static_cast<int>(op)];
+  }
+
+ private:
+  template <DType kFormat>
+  void create(int first) {
+    static_assert(static_cast<int>(ReduceOp::sum) == 0 && static_cast<int>(ReduceOp::max) == 1 &&
+                  static_cast<int>(ReduceOp::min) == 2);
+    MPI_Op_create(&reduce_16bit<kFormat, ReduceOp::sum>, 1, &ops_[first]);
+    MPI_Op_create(&reduce_16bit<kFormat, ReduceOp::max>, 1, &ops_[first + 1]);
+    MPI_Op_create(&reduce_16bit<kFormat, ReduceOp::min>, 1, &ops_[first + 2]);
+  }
+  std::array<MPI_Op, 6> ops_{};
+};
 
 char* byte_ptr(const Tensor& t) { return static_cast<char*>(t.raw()); }
 
@@ -216,6 +282,9 @@ class MpiCommunicator::Engine {
  private:
   void progress_loop();
   void start_step(Operation& op);
+  MPI_Op reduce_op(DType dtype, ReduceOp op) const {
+    return dtype == DType::bf16 || dtype == DType::f16 ? ops16_.get(dtype, op) : mpi_op(op);
+  }
   void report_late(const Operation& op) const;
   std::string describe(const Operation& op) const;
 
@@ -226,6 +295,7 @@ class MpiCommunicator::Engine {
   int max_tag_ = 32767;
   std::string name_;
   MpiCommunicatorOptions options_;
+  ReduceOps16 ops16_;
 
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -338,7 +408,7 @@ void MpiCommunicator::Engine::start_step(Operation& op) {
     case OpKind::all_reduce: {
       auto [offset, count] = chunk_at(op.next_chunk++);
       op.requests.emplace_back();
-      MPI_Iallreduce(MPI_IN_PLACE, at(op.input, offset), count, type, mpi_op(op.reduce), comm_,
+      MPI_Iallreduce(MPI_IN_PLACE, at(op.input, offset), count, type, reduce_op(op.input.dtype(), op.reduce), comm_,
                      &op.requests.back());
       break;
     }
@@ -396,7 +466,7 @@ void MpiCommunicator::Engine::start_step(Operation& op) {
       auto [offset, count] = chunk_at(op.next_chunk++);
       if (whole) {
         op.requests.emplace_back();
-        MPI_Ireduce_scatter_block(op.input.raw(), op.output.raw(), count, type, mpi_op(op.reduce),
+        MPI_Ireduce_scatter_block(op.input.raw(), op.output.raw(), count, type, reduce_op(op.input.dtype(), op.reduce),
                                   comm_, &op.requests.back());
       } else {
         // A strided derived type would need the reduction to run on derived types; one
@@ -405,7 +475,7 @@ void MpiCommunicator::Engine::start_step(Operation& op) {
         for (int root = 0; root < size_; ++root) {
           void* receive = root == rank_ ? at(op.output, offset) : nullptr;
           MPI_Ireduce(at(op.input, op.elements * root + offset), receive, count, type,
-                      mpi_op(op.reduce), root, comm_, &op.requests[static_cast<std::size_t>(root)]);
+                      reduce_op(op.input.dtype(), op.reduce), root, comm_, &op.requests[static_cast<std::size_t>(root)]);
         }
       }
       break;
@@ -461,7 +531,7 @@ namespace {
 
 void check_buffer(const Tensor& t, const char* op, const char* which, const std::string& group) {
   OASES_ASSERT(mpi_type(t.dtype()) != MPI_DATATYPE_NULL,
-               "{} on group '{}': {} holds {}; the MPI backend moves f32, f64, i32 and i64", op,
+               "{} on group '{}': {} holds {}; the MPI backend moves f32, f64, bf16, f16, i32 and i64", op,
                group, which, dtype_name(t.dtype()));
   OASES_ASSERT(t.numel() == 0 || t.raw() != nullptr, "{} on group '{}': {} {} has no data", op,
                group, which, t.shape().str());

@@ -26,7 +26,7 @@
 //   rank 2 (world rank 6); a peer is missing or stuck
 //
 // Preconditions: MPI is initialised with MPI_THREAD_MULTIPLE (an MpiRuntime is alive) for the
-// whole life of the communicator. Buffers are contiguous f32/f64/i32/i64 tensors, untouched
+// whole life of the communicator. Buffers are contiguous f32/f64/bf16/f16/i32/i64 tensors, untouched
 // by the caller until the operation's wait() returns; input and output must not overlap,
 // except for an all_gather whose input is exactly this rank's block of its output (done in
 // place). Issue-time checks (shapes, dtypes, ranks, tags, overlap) throw InternalError and

@@ -1,9 +1,12 @@
 // MpiCommunicator under mpirun at 1 to 4 ranks: every operation, dtype and size (including 0
 // and chunked sizes) on every group kind of every mesh layout; issue order; two groups in
 // flight; overlap with compute; the timeout report. Values are small integers, so every
-// dtype holds every expected result exactly.
+// dtype holds every expected result exactly (bf16 up to 256: reductions stay below; the tags that
+// name an element's origin go to 2047, which f16 holds exactly and bf16 rounds alike on both
+// sides of a comparison, so f16 is the 16-bit check of where elements land).
 #include "comm/mesh.h"
 #include "comm/mpi_communicator.h"
+#include "kernels/cpu/convert.h"
 #include "mpi_test_support.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +14,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -19,7 +23,30 @@
 #include <thread>
 #include <vector>
 
-namespace oases::comm {
+namespace oases {
+
+// A 16-bit floating-point element of the tests: its bit pattern, made from and compared as
+// the value it holds.
+template <DType kFormat>
+struct Half {
+  std::uint16_t bits = 0;
+  Half() = default;
+  explicit Half(double value)
+      : bits(kFormat == DType::bf16 ? kernels::cpu::double_to_bf16_bits(value)
+                                    : kernels::cpu::double_to_f16_bits(value)) {}
+  double value() const {
+    return kFormat == DType::bf16 ? kernels::cpu::bf16_bits_to_float(bits)
+                                  : kernels::cpu::f16_bits_to_float(bits);
+  }
+  bool operator!=(const Half& other) const { return bits != other.bits; }
+  friend std::ostream& operator<<(std::ostream& out, const Half& h) { return out << h.value(); }
+};
+template <DType kFormat>
+struct dtype_of<Half<kFormat>> {
+  static constexpr DType value = kFormat;
+};
+
+namespace comm {
 namespace {
 
 using mpitest::runtime;
@@ -69,6 +96,8 @@ void for_each_dtype(Body&& body) {
   body.template operator()<double>();
   body.template operator()<std::int32_t>();
   body.template operator()<std::int64_t>();
+  body.template operator()<Half<DType::bf16>>();
+  body.template operator()<Half<DType::f16>>();
 }
 
 template <class T>
@@ -238,6 +267,44 @@ TEST(MpiCommunicator, EveryOperationLargeSizeEveryGroup) {
   for (Communicator* group : {&mesh.tp_group(), &mesh.dp_group(), &mesh.pp_group()}) {
     check_every_operation<float>(*group, kLarge, false);
   }
+}
+
+// 16-bit sums are rounded once per combination: over two ranks the result is the correctly
+// rounded sum; over p ranks each of the p - 1 combinations rounds a partial sum no larger than
+// the sum of magnitudes, so |result - exact| <= (p - 1) u sum |a_r| with u = 2^-8 (bf16) or
+// 2^-11 (f16), half a unit in the last place relative.
+template <DType kFormat>
+void check_16bit_rounding(Communicator& c) {
+  const double u = kFormat == DType::bf16 ? 0x1p-8 : 0x1p-11;
+  constexpr std::int64_t n = 4096;
+  auto addend = [&](int rank, std::int64_t i) {
+    // Values of mixed magnitude whose sums need rounding: 1 + rank * k * u / 3 and the like.
+    return Half<kFormat>((i % 2 == 0 ? 1.0 : -0.75) * (1 + static_cast<double>((rank + 1) * (i % 97)) * u / 3) *
+                         std::ldexp(1.0, static_cast<int>(i % 5) - 2))
+        .value();
+  };
+  std::vector<Half<kFormat>> buffer(n);
+  for (std::int64_t i = 0; i < n; ++i) buffer[i] = Half<kFormat>(addend(c.rank(), i));
+  c.all_reduce(view(buffer), ReduceOp::sum);
+  for (std::int64_t i = 0; i < n; ++i) {
+    double exact = 0, magnitude = 0;
+    for (int r = 0; r < c.size(); ++r) {
+      exact += addend(r, i);  // exact in double: a few 16-bit values of nearby exponents
+      magnitude += std::fabs(addend(r, i));
+    }
+    if (c.size() <= 2) {
+      ASSERT_EQ(buffer[i].bits, Half<kFormat>(exact).bits) << "element " << i;
+    } else {
+      ASSERT_LE(std::fabs(buffer[i].value() - exact), (c.size() - 1) * u * magnitude)
+          << "element " << i;
+    }
+  }
+}
+
+TEST(MpiCommunicator, SixteenBitSumsRoundOncePerCombination) {
+  MpiCommunicator c(MPI_COMM_WORLD, "16-bit", test_options());
+  check_16bit_rounding<DType::bf16>(c);
+  check_16bit_rounding<DType::f16>(c);
 }
 
 // Small per-call limits force every chunked path (contiguous pieces, strided blocks, one
@@ -513,9 +580,8 @@ TEST(MpiCommunicator, IssueTimeChecks) {
   EXPECT_THROW(c.broadcast_async(view(a), c.size()), InternalError);
   EXPECT_THROW(c.send_async(view(a), -1, 0), InternalError);
   EXPECT_THROW(c.recv_async(view(a), 0, -3), InternalError);
-  std::vector<std::uint16_t> half(4);
-  EXPECT_THROW(c.all_reduce_async(Tensor(half.data(), DType::bf16, {4}), ReduceOp::sum),
-               InternalError);
+  std::vector<std::uint8_t> bytes(4);  // no reduction of raw bytes
+  EXPECT_THROW(c.all_reduce_async(Tensor::of(bytes.data(), {4}), ReduceOp::sum), InternalError);
   std::vector<double> d(6);
   EXPECT_THROW(c.all_to_all_async(view(a), view(d)), InternalError);
   // all_to_allv counts are never split: one above the int limit is a user-facing error.
@@ -531,4 +597,5 @@ TEST(MpiCommunicator, IssueTimeChecks) {
 }
 
 }  // namespace
-}  // namespace oases::comm
+}  // namespace comm
+}  // namespace oases
