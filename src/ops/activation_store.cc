@@ -1,6 +1,7 @@
 #include "ops/activation_store.h"
 
 #include "core/error.h"
+#include "kernels/cpu/convert.h"
 
 #include <algorithm>
 
@@ -29,10 +30,15 @@ std::string describe(const ActivationKey& key) {
 }
 }  // namespace
 
-Tensor ActivationStore::acquire(const ActivationKey& key, DType dtype, std::int64_t elements) {
-  OASES_ASSERT(!live_.contains(key), "activation {} acquired while live", describe(key));
-  const std::size_t bytes =
-      std::max<std::size_t>(static_cast<std::size_t>(elements) * dtype_size(dtype), 1);
+std::size_t encoded_element_bytes(ActivationEncoding encoding) {
+  switch (encoding) {
+    case ActivationEncoding::bf16: return 2;
+  }
+  return 0;
+}
+
+Buffer ActivationStore::take(std::size_t bytes) {
+  bytes = std::max<std::size_t>(bytes, 1);
   Buffer block;
   auto cached = cached_.find(bytes);
   if (cached != cached_.end() && !cached->second.empty()) {
@@ -42,26 +48,81 @@ Tensor ActivationStore::acquire(const ActivationKey& key, DType dtype, std::int6
     block = Buffer(bytes, device_);
     reserved_bytes_ += bytes;
   }
-  const Tensor view(block.data(), dtype, {elements}, device_);
-  live_.emplace(key, Block{std::move(block), view});
   live_bytes_ += bytes;
   peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  return block;
+}
+
+void ActivationStore::give_back(Buffer block) {
+  const std::size_t bytes = block.bytes();
+  live_bytes_ -= bytes;
+  cached_[bytes].push_back(std::move(block));
+}
+
+Tensor ActivationStore::acquire(const ActivationKey& key, DType dtype, std::int64_t elements) {
+  OASES_ASSERT(!live_.contains(key), "activation {} acquired while live", describe(key));
+  Buffer block = take(static_cast<std::size_t>(elements) * dtype_size(dtype));
+  const Tensor view(block.data(), dtype, {elements}, device_);
+  live_.emplace(key, Block{.buffer = std::move(block), .view = view, .dtype = dtype,
+                           .elements = elements});
   return view;
 }
 
 Tensor ActivationStore::get(const ActivationKey& key) const {
   const auto it = live_.find(key);
   OASES_ASSERT(it != live_.end(), "activation {} read while not live", describe(key));
+  OASES_ASSERT(!it->second.encoded, "activation {} read while encoded", describe(key));
   return it->second.view;
 }
 
 void ActivationStore::release(const ActivationKey& key) {
   auto it = live_.find(key);
   OASES_ASSERT(it != live_.end(), "activation {} freed while not live", describe(key));
-  const std::size_t bytes = it->second.buffer.bytes();
-  live_bytes_ -= bytes;
-  cached_[bytes].push_back(std::move(it->second.buffer));
+  give_back(std::move(it->second.buffer));
   live_.erase(it);
+}
+
+bool ActivationStore::encoded(const ActivationKey& key) const {
+  const auto it = live_.find(key);
+  return it != live_.end() && it->second.encoded;
+}
+
+void ActivationStore::encode(const ActivationKey& key, ActivationEncoding encoding) {
+  auto it = live_.find(key);
+  OASES_ASSERT(it != live_.end(), "activation {} encoded while not live", describe(key));
+  Block& block = it->second;
+  OASES_ASSERT(!block.encoded, "activation {} encoded twice", describe(key));
+  OASES_ASSERT(device_.is_cpu(), "activation encoding runs on the CPU only");
+  Buffer packed = take(static_cast<std::size_t>(block.elements) * encoded_element_bytes(encoding));
+  switch (encoding) {
+    case ActivationEncoding::bf16:
+      kernels::cpu::convert_elements(block.view.raw(), block.dtype, packed.data(), DType::bf16,
+                                     block.elements);
+      break;
+  }
+  give_back(std::move(block.buffer));
+  block.buffer = std::move(packed);
+  block.view = Tensor();
+  block.encoded = true;
+  block.encoding = encoding;
+}
+
+void ActivationStore::decode(const ActivationKey& key) {
+  auto it = live_.find(key);
+  OASES_ASSERT(it != live_.end(), "activation {} decoded while not live", describe(key));
+  Block& block = it->second;
+  OASES_ASSERT(block.encoded, "activation {} decoded while not encoded", describe(key));
+  Buffer wide = take(static_cast<std::size_t>(block.elements) * dtype_size(block.dtype));
+  switch (block.encoding) {
+    case ActivationEncoding::bf16:
+      kernels::cpu::convert_elements(block.buffer.data(), DType::bf16, wide.data(), block.dtype,
+                                     block.elements);
+      break;
+  }
+  give_back(std::move(block.buffer));
+  block.buffer = std::move(wide);
+  block.view = Tensor(block.buffer.data(), block.dtype, {block.elements}, device_);
+  block.encoded = false;
 }
 
 }  // namespace oases::ops

@@ -4,6 +4,12 @@
 // peak, are properties of the schedule. Released blocks are kept for reuse by the next
 // acquisition of the same size (every step asks for the same sizes), so the steady state
 // allocates nothing. Blocks are 64-byte aligned memory on the store's device.
+//
+// A live block may be held encoded in fewer bits between its producer's last forward use and
+// the backward that reads it (parallel.activation_compression, Gist's delayed precision
+// reduction): encode() replaces it by a block of the same elements in the encoding, decode()
+// brings it back to its own dtype, rounded by the encoding. While encoded it cannot be read.
+// Both take the new block before they give up the old one, so for that moment both count.
 #pragma once
 
 #include "core/buffer.h"
@@ -28,6 +34,12 @@ inline constexpr std::uint8_t kReceivedGradient = 32;
 // deferred weight-gradient GEMMs need under this key until the instance's weight part runs.
 inline constexpr std::uint8_t kDeferredGradients = 64;
 
+// How an encoded block stores its elements.
+enum class ActivationEncoding : std::uint8_t {
+  bf16,  // bfloat16: 8 exponent bits like f32, 8 significant bits; rounded to nearest even
+};
+std::size_t encoded_element_bytes(ActivationEncoding encoding);
+
 struct ActivationKey {
   int segment = 0;
   int micro_batch = 0;
@@ -48,6 +60,12 @@ class ActivationStore {
   bool live(const ActivationKey& key) const { return live_.contains(key); }
   void release(const ActivationKey& key);
 
+  // Replaces the live, not encoded block of `key` by its elements in `encoding`.
+  void encode(const ActivationKey& key, ActivationEncoding encoding);
+  // Replaces the encoded block of `key` by its elements in the block's own dtype again.
+  void decode(const ActivationKey& key);
+  bool encoded(const ActivationKey& key) const;
+
   std::size_t live_bytes() const { return live_bytes_; }
   std::size_t peak_bytes() const { return peak_bytes_; }
   void reset_peak() { peak_bytes_ = live_bytes_; }
@@ -57,8 +75,16 @@ class ActivationStore {
  private:
   struct Block {
     Buffer buffer;
-    Tensor view;
+    Tensor view;   // the elements in their own dtype; empty while encoded
+    bool encoded = false;
+    ActivationEncoding encoding = ActivationEncoding::bf16;
+    DType dtype = DType::f32;  // the elements' own dtype
+    std::int64_t elements = 0;
   };
+  // A block of `bytes` from the cache or newly allocated, counted as live.
+  Buffer take(std::size_t bytes);
+  // Returns a block to the cache and stops counting it.
+  void give_back(Buffer block);
   Device device_;
   std::map<ActivationKey, Block> live_;
   std::map<std::size_t, std::vector<Buffer>> cached_;  // released blocks by size in bytes
