@@ -166,7 +166,7 @@ TEST_F(SqrtRecompute, GptUnderTensorParallelismEqualsTheSingleProcessRun) {
   expect_equivalent(cross_pass, want, 3, "tp2 cross-pass sqrt k=3");
 }
 
-// Data parallelism, and pipelines (GPipe, 1F1B, zero-bubble, interleaved) whose stages replay
+// Data parallelism, and pipelines (GPipe, 1F1B, zero-bubble, interleaved, 2bw) whose stages replay
 // the parts of groups they hold (stage 0 holds layers 0-1, stage 1 layers 2-4 of the 5).
 TEST_F(SqrtRecompute, GptUnderDataAndPipelineParallelismEqualsTheSingleProcessRun) {
   const fs::path want = reference("gpt");
@@ -188,6 +188,14 @@ TEST_F(SqrtRecompute, GptUnderDataAndPipelineParallelismEqualsTheSingleProcessRu
                           sqrt_settings("megatron", 3) + " parallel.pipeline=" +
                               quoted("interleaved") + " parallel.virtual_stages=2"),
                     want, 3, "pp2 interleaved megatron sqrt k=3");
+  // 2bw trains on weights one version stale, so its reference is 2bw without recomputation.
+  const std::string two_bw = " parallel.pipeline=" + quoted("2bw");
+  const fs::path two_bw_reference =
+      train("gpt", {.pp = 2}, "pp2_2bw_none",
+            "parallel.schedule=" + quoted("megatron") + " parallel.recompute=" + quoted("none") +
+                two_bw);
+  expect_equivalent(train("gpt", {.pp = 2}, "pp2_2bw", sqrt_settings("cross-pass", 0) + two_bw),
+                    two_bw_reference, 2, "pp2 2bw cross-pass sqrt");
 }
 
 TEST_F(SqrtRecompute, LlamaEqualsNoRecomputation) {
