@@ -195,11 +195,14 @@ struct ScheduleSpec {
   int recompute_every = 0;
 };
 
-// k = round(sqrt(layers)), at least 1: the group size that minimises kept inputs plus one
-// group's activations, L / k + k.
+// k = round(sqrt(layers)), at least 1: the group size that minimises L / k + k, kept inputs
+// plus one group, when an input counts as much as a layer's activations (Chen et al.'s model).
+// A GPT layer's input is about 1/16 of its activations, so there the bytes are fewest near
+// k = sqrt(L / 16) instead: k = 1 (full recomputation) up to about 32 layers.
 int default_recompute_every(std::int64_t layers);
 
-// The policy as logs and run.json name it: "full", or "sqrt (groups of 3 layers)".
+// The policy as the start-up log and the plan report name it: "full", or "sqrt (groups of 3
+// layers)".
 std::string describe_recompute(const ScheduleSpec& spec);
 
 // UserError when the combination cannot run: fine-grained, oases, oases-interleaved and
