@@ -383,7 +383,7 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 
 namespace {
 
-// parallel.recompute_every resolved for `policy`: sqrt's layers per group (0 set: the default,
+// parallel.recompute_every resolved for `policy`: sqrt's layers per group (0: the default,
 // round(sqrt(model.layers))); 0 under the other policies, which group no layers.
 int resolved_recompute_every(const RunConfig& config, schedule::Recompute policy) {
   const std::int64_t k = config.parallel.recompute_every;
