@@ -132,7 +132,7 @@ std::string format_plan_report(const PlanReport& report, const schedule::Schedul
   const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
   std::string out = fmt::format(
       "schedule {}, recompute {}, {} sub-batch(es); memory limit {}\n", schedule::name(spec.kind),
-      schedule::name(spec.recompute), spec.sub_batches,
+      schedule::describe_recompute(spec), spec.sub_batches,
       memory_limit > 0 ? fmt::format("{:.1f} MiB", static_cast<double>(memory_limit) / (1 << 20))
                        : std::string("none"));
   out += fmt::format("{:<22}{:>14}{:>16}{:>8}\n", "plan", "step (pred.)", "memory (pred.)", "fits");

@@ -29,14 +29,29 @@
 //
 //   schedule            recompute                ARs per layer fwd/recompute/bwd   overlap
 //   megatron            none | full | selective  2 / 0|2|0 / 2                     no
+//                       | sqrt                   2 / 2 / 2 with sqrt
 //   fine-grained        fine-grained             2 / 0 / 2                         no
-//   cross-pass          full (default) | any     2 / 2 / 2 with full               yes
+//   cross-pass          full (default) | any     2 / 2 / 2 with full or sqrt       yes
 //   oases               fine-grained             2 / 0 / 2                         yes
 //   oases-interleaved   fine-grained             2 / 0 / 2                         yes, across
 //                                                                                  micro-batches
 //   oases-deferred      fine-grained             2 / 0 / 2                         as above, and
 //                                                                                  weight parts
 //                                                                                  fill windows
+//
+// Recomputation in groups of layers (sqrt; Chen et al. 2016, "Training deep nets with
+// sublinear memory cost"). Full recomputation keeps every layer's input and replays one layer
+// at a time; sqrt keeps only the input of the first layer of each group of k consecutive
+// layers (group g: layers [g k, (g + 1) k), the last group shorter when k does not divide L),
+// drops everything else of the group after its forward, and in the backward pass, on reaching
+// the group's last segment, replays the whole group's forward from that kept input (every
+// segment's sets and output, forward collectives included, as full replays one layer), then
+// runs the group's backward. Live at the peak: about L / k kept layer inputs plus one group's
+// full activations, ~ 2 sqrt(L) layers' worth at k = round(sqrt(L)), for one extra forward of
+// every layer (as full). With k = 1 the schedule is full's, instruction for instruction.
+// Groups follow the model's layer numbers and are cut where a segment outside the layers
+// (a reshard between degrees, a pipeline chunk boundary) sits between two layers: each part
+// is replayed from its own first layer's input, so a group never spans ranks.
 //
 // Interleaving micro-batches is sound because a segment's forward instructions touch only
 // forward slots (ops::Slot::output, reshard) and the (mb, sb)-keyed activation store, and its
@@ -158,11 +173,11 @@ enum class ScheduleKind {
   oases_interleaved,
   oases_deferred,
 };
-enum class Recompute { none, full, selective, fine_grained };
+enum class Recompute { none, full, selective, fine_grained, sqrt };
 
 // "megatron", "fine-grained", "cross-pass", "oases", "oases-interleaved", "oases-deferred"
 std::string_view name(ScheduleKind kind);
-std::string_view name(Recompute policy);   // "none", "full", "selective", "fine-grained"
+std::string_view name(Recompute policy);   // "none", "full", "selective", "fine-grained", "sqrt"
 std::string_view name(Payload payload);    // "activation", "gradient"
 // Parse the names above; UserError naming `setting`, the value and the valid names.
 ScheduleKind parse_schedule_kind(std::string_view text, std::string_view setting);
@@ -174,11 +189,26 @@ struct ScheduleSpec {
   int micro_batches = 1;
   int sub_batches = 1;
   bool training = true;  // false: forward passes only (evaluation, generation)
+  // sqrt: layers per recomputation group, k >= 1 (train::schedule_spec resolves
+  // parallel.recompute_every, by default default_recompute_every(model layers)). The other
+  // policies do not read it.
+  int recompute_every = 0;
 };
 
+// k = round(sqrt(layers)), at least 1: the group size that minimises L / k + k, kept inputs
+// plus one group, when an input counts as much as a layer's activations (Chen et al.'s model).
+// A GPT layer's input is about 1/16 of its activations, so there the bytes are fewest near
+// k = sqrt(L / 16) instead: k = 1 (full recomputation) up to about 32 layers.
+int default_recompute_every(std::int64_t layers);
+
+// The policy as the start-up log and the plan report name it: "full", or "sqrt (groups of 3
+// layers)".
+std::string describe_recompute(const ScheduleSpec& spec);
+
 // UserError when the combination cannot run: fine-grained, oases, oases-interleaved and
-// oases-deferred imply fine-grained recomputation; megatron and fine-grained run whole
-// micro-batches (one sub-batch).
+// oases-deferred imply fine-grained recomputation; sqrt recomputation runs under megatron and
+// cross-pass only, with recompute_every >= 1; megatron and fine-grained run whole micro-batches
+// (one sub-batch).
 void check_spec(const ScheduleSpec& spec);
 
 // How many micro-batches' slots (ops::Slot) the schedules of `spec` use at once: micro-batch

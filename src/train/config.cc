@@ -128,6 +128,7 @@ const std::map<std::string, SectionFields>& schema() {
         {"pipeline_layers", bind(&RunConfig::parallel, &ParallelConfig::pipeline_layers)},
         {"schedule", bind(&RunConfig::parallel, &ParallelConfig::schedule)},
         {"recompute", bind(&RunConfig::parallel, &ParallelConfig::recompute)},
+        {"recompute_every", bind(&RunConfig::parallel, &ParallelConfig::recompute_every)},
         {"sub_batches", bind(&RunConfig::parallel, &ParallelConfig::sub_batches)},
         {"plan", bind(&RunConfig::parallel, &ParallelConfig::plan)},
         {"memory_limit", bind(&RunConfig::parallel, &ParallelConfig::memory_limit)},
@@ -385,6 +386,30 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   return parse_run_config(text.str(), path, overrides);
 }
 
+namespace {
+
+// parallel.recompute_every resolved for `policy`: sqrt's layers per group (0: the default,
+// round(sqrt(model.layers))); 0 under the other policies, which group no layers.
+int resolved_recompute_every(const RunConfig& config, schedule::Recompute policy) {
+  const std::int64_t k = config.parallel.recompute_every;
+  const std::int64_t layers = config.model.layers;
+  if (policy != schedule::Recompute::sqrt) {
+    OASES_CHECK(k == 0,
+                "parallel.recompute_every = {} is set, but parallel.recompute resolves to \"{}\", "
+                "which recomputes no groups of layers; valid: parallel.recompute = \"sqrt\", or "
+                "recompute_every = 0 (unset)",
+                k, schedule::name(policy));
+    return 0;
+  }
+  OASES_CHECK(k >= 0 && k <= layers,
+              "parallel.recompute_every = {} is out of range for model.layers = {}; valid: 1 to "
+              "{} layers per recomputation group, or 0 for round(sqrt(model.layers)) = {}",
+              k, layers, layers, schedule::default_recompute_every(layers));
+  return k == 0 ? schedule::default_recompute_every(layers) : static_cast<int>(k);
+}
+
+}  // namespace
+
 schedule::ScheduleSpec schedule_spec(const RunConfig& config) {
   const ParallelConfig& p = config.parallel;
   schedule::ScheduleSpec spec;
@@ -405,6 +430,7 @@ schedule::ScheduleSpec schedule_spec(const RunConfig& config) {
   } else {
     spec.recompute = schedule::parse_recompute(p.recompute, "parallel.recompute");
   }
+  spec.recompute_every = resolved_recompute_every(config, spec.recompute);
   const bool overlapped = spec.kind == schedule::ScheduleKind::cross_pass ||
                           spec.kind == schedule::ScheduleKind::oases ||
                           spec.kind == schedule::ScheduleKind::oases_interleaved ||
@@ -717,6 +743,7 @@ std::string to_toml(const RunConfig& c) {
                                       {"pipeline_layers", c.parallel.pipeline_layers},
                                       {"schedule", c.parallel.schedule},
                                       {"recompute", c.parallel.recompute},
+                                      {"recompute_every", c.parallel.recompute_every},
                                       {"sub_batches", c.parallel.sub_batches},
                                       {"plan", c.parallel.plan},
                                       {"memory_limit", c.parallel.memory_limit},

@@ -31,8 +31,13 @@ struct ParallelConfig {
   // "auto": "oases" when tp > 1, else "megatron". See schedule/schedule.h for all of them.
   std::string schedule = "auto";
   // "auto": the schedule's own policy (megatron: none, fine-grained and oases: fine-grained,
-  // cross-pass: full).
+  // cross-pass: full). "none", "full", "selective", "fine-grained", or "sqrt" (megatron and
+  // cross-pass: schedule/schedule.h).
   std::string recompute = "auto";
+  // recompute = "sqrt": layers per recomputation group, k in [1, model.layers]; only the input
+  // of each group's first layer is kept between the passes. 0: round(sqrt(model.layers)).
+  // Must stay 0 under the other policies.
+  std::int64_t recompute_every = 0;
   // Parts each micro-batch is split into by the overlapped schedules; 0: 2 where it divides
   // the micro-batch (else 1) for cross-pass and oases, 1 for the others.
   std::int64_t sub_batches = 0;

@@ -364,6 +364,17 @@ std::string cpu_model_name() {
   return "unknown";
 }
 
+// The schedule as run.json records it, "auto" settings resolved: kind, recompute policy (with
+// sqrt's layers per group), sub-batches and micro-batches per step.
+nlohmann::json schedule_description(const schedule::ScheduleSpec& spec) {
+  nlohmann::json out = {{"kind", schedule::name(spec.kind)},
+                        {"recompute", schedule::name(spec.recompute)},
+                        {"sub_batches", spec.sub_batches},
+                        {"micro_batches", spec.micro_batches}};
+  if (spec.recompute == schedule::Recompute::sqrt) out["recompute_every"] = spec.recompute_every;
+  return out;
+}
+
 // Writes run.json beside the metrics file (see trainer.h). Leader only.
 void write_run_description(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh,
                            std::int64_t start_step, int threads) {
@@ -392,6 +403,7 @@ void write_run_description(const RunConfig& config, TrainingEngine& engine, comm
       {"cpu", cpu_model_name()},
       {"parameters", config.model.parameter_count()},
       {"start_step", start_step},
+      {"schedule", schedule_description(engine.schedule_spec())},
       {"memory_bytes",
        {{"parameters", weights},
         {"gradients", weights},
@@ -483,7 +495,7 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
   const schedule::ScheduleSpec& spec = engine.schedule_spec();
   log_info("schedule: {}, recompute {}, {} sub-batch(es) of {} sequences, {} micro-batch(es) "
            "per step; activations {:.1f} MiB",
-           schedule::name(spec.kind), schedule::name(spec.recompute), spec.sub_batches,
+           schedule::name(spec.kind), schedule::describe_recompute(spec), spec.sub_batches,
            t.micro_batch / spec.sub_batches, spec.micro_batches,
            static_cast<double>(engine.activation_bytes()) / (1 << 20));
 }

@@ -68,8 +68,10 @@ struct TrainSummary {
 // evaluation steps. Beside it, `run.json` (written atomically at the start of every run,
 // fresh or resumed) describes the run: {"format": 1, "config": the resolved config as TOML,
 // "layer_degrees", "world_size", "tp", "dp", "pp", "threads", "started" (ISO-8601 UTC),
-// "host", "cpu", "parameters", "start_step", "memory_bytes": {"parameters", "gradients",
-// "optimizer", "activations"} (per rank)}. run.json is not written when log.metrics names a
+// "host", "cpu", "parameters", "start_step", "schedule": {"kind", "recompute" (with
+// "recompute_every", its layers per group, under "sqrt"), "sub_batches", "micro_batches"} (auto
+// settings resolved), "memory_bytes": {"parameters", "gradients", "optimizer", "activations"}
+// (per rank)}. run.json is not written when log.metrics names a
 // device or pipe (such as /dev/stdout).
 TrainSummary run_training(const RunConfig& config, const TrainOptions& options, comm::Mesh& mesh);
 

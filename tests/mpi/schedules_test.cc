@@ -80,6 +80,12 @@ Combination combination(const std::string& schedule, const std::string& recomput
   return {label, settings};
 }
 
+Combination with_settings(Combination c, const std::string& settings, const std::string& label) {
+  c.label += "+" + label;
+  c.settings += " " + settings;
+  return c;
+}
+
 // The combinations under test (recompute "": automatic; sub_batches 0: automatic).
 std::vector<Combination> every_combination() {
   return {
@@ -96,6 +102,9 @@ std::vector<Combination> every_combination() {
       combination("oases-interleaved", "", 2),
       combination("oases-interleaved", "fine-grained", 1),
       combination("oases-deferred", "", 2),
+      // Both layers in one recomputation group (the default for 2 layers is groups of 1: full).
+      with_settings(combination("megatron", "sqrt", 0), "parallel.recompute_every=2", "k2"),
+      with_settings(combination("cross-pass", "sqrt", 2), "parallel.recompute_every=2", "k2"),
   };
 }
 

@@ -238,5 +238,41 @@ TEST(Simulator, OptimizerStepWaitsForDataParallelReductions) {
   EXPECT_DOUBLE_EQ(with.exposed_comm_seconds, 10.0);
 }
 
+// Recomputation in groups of k layers (sqrt) is priced like any schedule: every layer segment's
+// Recompute regenerates its output (a forward: ops::kOutput) and replays its forward collective,
+// once per instance whatever k, so a blocking run pays exactly full recomputation's step: no
+// recomputation plus one forward and one collective per layer segment. Under cross-pass the
+// compute lane does the same work as under full.
+TEST(Simulator, SqrtRecomputationPaysOneMoreForwardAndCollectivePerLayerSegment) {
+  const int layers = 7, micro_batches = 2;
+  const ops::Program program = testing::gpt_program(layers, 2);
+  const double forward = 1.0, fine_grained = 0.4, backward = 2.0, collective = 0.25;
+  CostModel costs;
+  costs.compute = [&](const schedule::Instruction& ins) {
+    if (ins.op == Op::recompute) return ins.sets & ops::kOutput ? forward : fine_grained;
+    return ins.op == Op::forward ? forward : backward;
+  };
+  costs.collective = [&](const schedule::Instruction&) { return collective; };
+  const auto run = [&](ScheduleKind kind, Recompute policy, int k, int sub_batches) {
+    ScheduleSpec spec{kind, policy, micro_batches, sub_batches, true};
+    spec.recompute_every = k;
+    return simulate(schedule::generate(program, spec), costs);
+  };
+  const SimResult none = run(ScheduleKind::megatron, Recompute::none, 0, 1);
+  const SimResult full_overlapped = run(ScheduleKind::cross_pass, Recompute::full, 0, 2);
+  const double layer_segments = micro_batches * 2 * layers;
+  for (int k = 1; k <= layers; ++k) {
+    const SimResult blocking = run(ScheduleKind::megatron, Recompute::sqrt, k, 1);
+    EXPECT_DOUBLE_EQ(blocking.compute_seconds, none.compute_seconds + layer_segments * forward)
+        << "k=" << k;
+    EXPECT_DOUBLE_EQ(blocking.step_seconds,
+                     none.step_seconds + layer_segments * (forward + collective))
+        << "k=" << k;
+    const SimResult overlapped = run(ScheduleKind::cross_pass, Recompute::sqrt, k, 2);
+    EXPECT_DOUBLE_EQ(overlapped.compute_seconds, full_overlapped.compute_seconds) << "k=" << k;
+    EXPECT_DOUBLE_EQ(overlapped.comm_seconds, full_overlapped.comm_seconds) << "k=" << k;
+  }
+}
+
 }  // namespace
 }  // namespace oases::sim
