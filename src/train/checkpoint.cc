@@ -412,7 +412,27 @@ TrainingState load_optimizer_state(const std::string& checkpoint_dir,
                 "checkpoint '{}' holds the state of train.optimizer = \"{}\" but the run uses "
                 "\"{}\"; resume with the same optimizer",
                 checkpoint_dir, stored->second, optimizer.name());
-  for (const optim::StateTensor& s : optimizer.state_tensors())
+  // The same optimizer with other settings keeps other state (momentum or not): the file must
+  // hold exactly the state this run keeps for its parameters.
+  const std::vector<optim::StateTensor> tensors = optimizer.state_tensors();
+  std::set<std::string> expected;
+  for (const optim::StateTensor& s : tensors) expected.insert(s.name);
+  const auto mismatch = [&](const std::string& name, const char* what) {
+    return fmt::format("checkpoint '{}' {} optimizer state '{}': it was saved with other "
+                       "settings of train.optimizer = \"{}\" (train.momentum, "
+                       "train.adafactor_beta1); resume with the settings it was trained with",
+                       checkpoint_dir, what, name, optimizer.name());
+  };
+  for (const std::string& name : expected)
+    OASES_CHECK(file.has(name), "{}", mismatch(name, "holds no"));
+  for (const std::string& name : file.names()) {
+    const auto dot = name.find('.');
+    if (name.starts_with(kStashedWeightsPrefix) || dot == std::string::npos ||
+        !layout.has(name.substr(dot + 1)))
+      continue;
+    OASES_CHECK(expected.contains(name), "{}", mismatch(name, "holds"));
+  }
+  for (const optim::StateTensor& s : tensors)
     read_state_shard(file, s.name, layout, layout.find(s.param),
                      s.elementwise ? -1 : s.reduced_dim, s.view);
   return state;

@@ -2,7 +2,8 @@
 // train.optimizer = adafactor, sm3 or sgd under tp = 2 (Megatron sharding, a vocabulary padded
 // to an even row count), dp = 2, pp = 2 and a mixed per-layer plan gives the single-process run's
 // losses, parameters and optimizer state (fp64, relative 1e-10); a checkpoint resumes bitwise
-// under the same layout and at 1e-10 under another.
+// under the same layout and at 1e-10 under another, and not under settings that keep other
+// state.
 //
 // Adafactor's row and column statistics and update RMS, and SM3's row and column maxima, are
 // statistics of whole parameters: under tensor parallelism every rank holds a part, and the
@@ -32,6 +33,7 @@ using oases::testing::run_command;
 struct OptimizerCase {
   std::string label;
   std::string settings;  // --set values
+  std::string other_state;  // settings under which the optimizer keeps other state
 };
 
 void PrintTo(const OptimizerCase& c, std::ostream* out) { *out << c.label; }
@@ -140,6 +142,18 @@ TEST_P(OptimizerLayouts, ACheckpointResumesBitwiseAndUnderAnotherLayout) {
                                     (source / "ckpt/step_2").string());
   EXPECT_EQ(verified.exit_code, 0) << verified.output;
   EXPECT_NE(verified.output.find(": ok, step 2"), std::string::npos) << verified.output;
+  // The same optimizer with settings that keep other state cannot resume from it.
+  fs::create_directories(dir_ / "other_state" / "ckpt");
+  fs::copy(source / "ckpt/step_2", dir_ / "other_state" / "ckpt/step_2",
+           fs::copy_options::recursive);
+  const std::string other = oases::testing::train_command(
+      OASES_BINARY, dir_, 1, 1, dir_ / "other_state",
+      GetParam().settings + " train.steps=4 checkpoint.resume=true " + GetParam().other_state);
+  const auto refused = run_command(other);
+  EXPECT_NE(refused.exit_code, 0) << other;
+  EXPECT_NE(refused.output.find("saved with other settings of train.optimizer"),
+            std::string::npos)
+      << refused.output;
   for (const int tp : {2, 1}) {
     const std::string name = "resume_tp" + std::to_string(tp);
     fs::create_directories(dir_ / name / "ckpt");
@@ -157,15 +171,21 @@ TEST_P(OptimizerLayouts, ACheckpointResumesBitwiseAndUnderAnotherLayout) {
 INSTANTIATE_TEST_SUITE_P(
     , OptimizerLayouts,
     ::testing::Values(
-        OptimizerCase{"adafactor", "train.optimizer=" + quoted("adafactor")},
+        OptimizerCase{"adafactor", "train.optimizer=" + quoted("adafactor"),
+                      "train.adafactor_beta1=0.5"},
         OptimizerCase{"adafactor_relative_step_beta1",
                       "train.optimizer=" + quoted("adafactor") +
-                          " train.lr=0 train.adafactor_beta1=0.9"},
-        OptimizerCase{"sm3_momentum", "train.optimizer=" + quoted("sm3") +
-                                          " train.lr=0.02 train.min_lr=0.002 train.momentum=0.9"},
-        OptimizerCase{"sgd_nesterov", "train.optimizer=" + quoted("sgd") +
-                                          " train.lr=0.05 train.min_lr=0.005 "
-                                          "train.momentum=0.9 train.nesterov=true"}),
+                          " train.lr=0 train.adafactor_beta1=0.9",
+                      "train.adafactor_beta1=0"},
+        OptimizerCase{"sm3_momentum",
+                      "train.optimizer=" + quoted("sm3") +
+                          " train.lr=0.02 train.min_lr=0.002 train.momentum=0.9",
+                      "train.momentum=0"},
+        OptimizerCase{"sgd_nesterov",
+                      "train.optimizer=" + quoted("sgd") +
+                          " train.lr=0.05 train.min_lr=0.005 train.momentum=0.9 "
+                          "train.nesterov=true",
+                      "train.momentum=0 train.nesterov=false"}),
     [](const ::testing::TestParamInfo<OptimizerCase>& param_info) { return param_info.param.label; });
 
 }  // namespace
