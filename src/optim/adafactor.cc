@@ -61,8 +61,8 @@ std::vector<StateTensor> Adafactor::state_tensors() {
   const FlatLayout& flat = layout();
   const std::size_t element = dtype_size(flat.dtype);
   for (std::size_t i = 0; i < flat.params.size(); ++i) {
-    char* second = static_cast<char*>(second_.data()) +
-                   static_cast<std::size_t>(second_offsets_[i]) * element;
+    char* second =
+        static_cast<char*>(second_.data()) + static_cast<std::size_t>(second_offsets_[i]) * element;
     for (StateTensor& s : state_layout(flat.params[i])) {
       char* at = second;
       if (s.name.starts_with("exp_avg.")) {
@@ -122,8 +122,7 @@ double Adafactor::update_factored_statistics(std::size_t index, const T* param, 
       sums[c] += g * g + eps1;
     }
   }
-  const double param_squares =
-      hyper_.relative_step ? sum_of_squares(param, valid_numel(p)) : 0.0;
+  const double param_squares = hyper_.relative_step ? sum_of_squares(param, valid_numel(p)) : 0.0;
   const auto update_rows = [&](const double* sums) {
     for (std::int64_t q = 0; q < valid_rows; ++q)
       row[q] = row[q] * beta2 + weight * static_cast<T>(sums[q] / full_cols);
@@ -173,7 +172,8 @@ double Adafactor::update_factored_statistics(std::size_t index, const T* param, 
   for (double& mean : row_means_) mean /= full_rows;
   for (std::int64_t q = 0; q < valid_rows; ++q)
     row_factor_[static_cast<std::size_t>(q)] =
-        1.0 / std::sqrt(static_cast<double>(row[q]) / row_means_[static_cast<std::size_t>(q / m.rows)]);
+        1.0 /
+        std::sqrt(static_cast<double>(row[q]) / row_means_[static_cast<std::size_t>(q / m.rows)]);
   for (std::int64_t j = 0; j < m.col_count(); ++j)
     col_factor_[static_cast<std::size_t>(j)] = 1.0 / std::sqrt(static_cast<double>(col[j]));
   return squares;
@@ -203,11 +203,10 @@ void Adafactor::update_param(std::size_t index, T* param, const T* grad, const S
       param_squares = statistics_[0];
     }
   }
-  const double lr =
-      hyper_.relative_step
-          ? std::min(hyper_.max_relative_step, 1.0 / std::sqrt(t)) *
-                std::max(hyper_.eps2, std::sqrt(param_squares / whole))
-          : info.lr;
+  const double lr = hyper_.relative_step
+                        ? std::min(hyper_.max_relative_step, 1.0 / std::sqrt(t)) *
+                              std::max(hyper_.eps2, std::sqrt(param_squares / whole))
+                        : info.lr;
 
   // The unclipped update of element (row q, column c) or vector element q (cols = 1).
   const MatrixShape m = factored ? matrix_shape(p) : MatrixShape{1, 1, 1, valid, 1, 1};

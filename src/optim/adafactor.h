@@ -43,12 +43,12 @@
 namespace oases::optim {
 
 struct AdafactorHyperParams {
-  double beta1 = 0;          // 0: no first moment
-  double weight_decay = 0;   // for parameters with ParamSlot::weight_decay; others take none
+  double beta1 = 0;         // 0: no first moment
+  double weight_decay = 0;  // for parameters with ParamSlot::weight_decay; others take none
   bool relative_step = false;
   // Fixed by the paper (and Hugging Face's defaults); named for the formulas above.
-  double eps1 = 1e-30;       // added to squared gradients
-  double eps2 = 1e-3;        // floor of RMS(W) in the relative step
+  double eps1 = 1e-30;  // added to squared gradients
+  double eps2 = 1e-3;   // floor of RMS(W) in the relative step
   double clip_threshold = 1.0;
   double decay_rate = -0.8;  // beta2_t = 1 - t^decay_rate
   double max_relative_step = 1e-2;

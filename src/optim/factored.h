@@ -31,13 +31,17 @@ struct MatrixShape {
 };
 
 // True for slots Adafactor and SM3 factor (two or more dimensions).
-inline bool is_factored(const ParamSlot& slot) { return slot.shape.size() >= 2; }
+inline bool is_factored(const ParamSlot& slot) {
+  return slot.shape.size() >= 2;
+}
 
 // REQUIRES: is_factored(slot).
 MatrixShape matrix_shape(const ParamSlot& slot);
 
 // Elements of the slot that the whole parameter has (numel - padding).
-inline std::int64_t valid_numel(const ParamSlot& slot) { return slot.numel() - slot.padding; }
+inline std::int64_t valid_numel(const ParamSlot& slot) {
+  return slot.numel() - slot.padding;
+}
 
 // The "<kind>_row.<param>" and "<kind>_col.<param>" state tensors of a factored slot, with
 // null views of their shapes.

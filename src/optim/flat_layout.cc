@@ -58,13 +58,14 @@ void validate_layout(const FlatLayout& layout) {
       const auto u = static_cast<std::size_t>(d);
       OASES_ASSERT(d == p.split_dim || d == 0 || whole[u] == p.shape[u],
                    "parameter {}: shard shape [{}] and whole shape [{}] differ in dimension {}, "
-                   "which is not split", p.name, fmt::join(p.shape, ", "),
-                   fmt::join(whole, ", "), d);
+                   "which is not split",
+                   p.name, fmt::join(p.shape, ", "), fmt::join(whole, ", "), d);
     }
     const std::int64_t entry = dims == 0 || p.shape[0] == 0 ? 1 : p.numel() / p.shape[0];
     OASES_ASSERT(p.padding >= 0 && p.padding <= p.numel() && p.padding % entry == 0,
                  "parameter {}: padding of {} elements is not a whole number of dim-0 entries "
-                 "of its shard [{}]", p.name, p.padding, fmt::join(p.shape, ", "));
+                 "of its shard [{}]",
+                 p.name, p.padding, fmt::join(p.shape, ", "));
     OASES_ASSERT(p.offset >= previous_end,
                  "parameter {} at offset {} overlaps or precedes {} (which ends at {})", p.name,
                  p.offset, previous, previous_end);

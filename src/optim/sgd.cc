@@ -20,8 +20,7 @@ Sgd::Sgd(FlatLayout layout, const SgdHyperParams& hyper)
     packed += p.numel();
   }
   if (hyper_.momentum > 0)
-    momentum_buffer_ =
-        Buffer(static_cast<std::size_t>(packed) * dtype_size(this->layout().dtype));
+    momentum_buffer_ = Buffer(static_cast<std::size_t>(packed) * dtype_size(this->layout().dtype));
 }
 
 std::vector<StateTensor> Sgd::state_layout(const ParamSlot& slot) const {

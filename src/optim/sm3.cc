@@ -16,10 +16,10 @@ constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 14;
 
 Sm3::Sm3(FlatLayout layout, const Sm3HyperParams& hyper, std::unique_ptr<ShardReducer> reducer)
     : Optimizer(std::move(layout), std::move(reducer)), hyper_(hyper) {
-  OASES_ASSERT(hyper.momentum >= 0 && hyper.momentum < 1 && hyper.weight_decay >= 0 &&
-                   hyper.eps >= 0,
-               "SM3 momentum = {} must be in [0, 1), weight_decay = {} and eps = {} >= 0",
-               hyper.momentum, hyper.weight_decay, hyper.eps);
+  OASES_ASSERT(
+      hyper.momentum >= 0 && hyper.momentum < 1 && hyper.weight_decay >= 0 && hyper.eps >= 0,
+      "SM3 momentum = {} must be in [0, 1), weight_decay = {} and eps = {} >= 0", hyper.momentum,
+      hyper.weight_decay, hyper.eps);
   std::int64_t accumulators = 0, momentum = 0;
   for (const ParamSlot& p : this->layout().params) {
     accumulator_offsets_.push_back(accumulators);
@@ -37,7 +37,9 @@ Sm3::Sm3(FlatLayout layout, const Sm3HyperParams& hyper, std::unique_ptr<ShardRe
   if (hyper_.momentum > 0) momentum_ = Buffer(static_cast<std::size_t>(momentum) * element);
 }
 
-bool Sm3::accepts_cut(const ParamSlot& slot) const { return !is_factored(slot); }
+bool Sm3::accepts_cut(const ParamSlot& slot) const {
+  return !is_factored(slot);
+}
 
 std::vector<StateTensor> Sm3::state_layout(const ParamSlot& slot) const {
   const DType dtype = layout().dtype;
@@ -79,11 +81,13 @@ void Sm3::update(Tensor params, Tensor grads, std::int64_t begin, std::int64_t e
     const bool f64 = layout().dtype == DType::f64;
     if (is_factored(p)) {
       OASES_ASSERT(lo == p.offset && hi == p.end(), "SM3 steps matrix {} only whole", p.name);
-      if (f64) update_matrix<double>(i, params.data<double>() + lo, grads.data<double>() + lo, info);
-      else update_matrix<float>(i, params.data<float>() + lo, grads.data<float>() + lo, info);
+      if (f64)
+        update_matrix<double>(i, params.data<double>() + lo, grads.data<double>() + lo, info);
+      else
+        update_matrix<float>(i, params.data<float>() + lo, grads.data<float>() + lo, info);
     } else if (f64) {
-      update_vector<double>(i, lo - p.offset, params.data<double>() + lo,
-                            grads.data<double>() + lo, hi - lo, info);
+      update_vector<double>(i, lo - p.offset, params.data<double>() + lo, grads.data<double>() + lo,
+                            hi - lo, info);
     } else {
       update_vector<float>(i, lo - p.offset, params.data<float>() + lo, grads.data<float>() + lo,
                            hi - lo, info);
@@ -96,7 +100,8 @@ void Sm3::update_vector(std::size_t index, std::int64_t first, T* param, const T
                         std::int64_t n, const StepInfo& info) {
   const ParamSlot& p = layout().params[index];
   T* accumulator = accumulators_.as<T>() + accumulator_offsets_[index] + first;
-  T* momentum = hyper_.momentum > 0 ? momentum_.as<T>() + momentum_offsets_[index] + first : nullptr;
+  T* momentum =
+      hyper_.momentum > 0 ? momentum_.as<T>() + momentum_offsets_[index] + first : nullptr;
   const T mu = static_cast<T>(hyper_.momentum), weight = static_cast<T>(1.0 - hyper_.momentum);
   const T eps = static_cast<T>(hyper_.eps), lr = static_cast<T>(info.lr);
   const double decay_rate = p.weight_decay ? hyper_.weight_decay : 0.0;

@@ -58,15 +58,15 @@ class Sm3 final : public Optimizer {
   template <class T>
   void update_matrix(std::size_t index, T* param, const T* grad, const StepInfo& info);
   template <class T>
-  void update_vector(std::size_t index, std::int64_t first, T* param, const T* grad,
-                     std::int64_t n, const StepInfo& info);
+  void update_vector(std::size_t index, std::int64_t first, T* param, const T* grad, std::int64_t n,
+                     const StepInfo& info);
 
   Sm3HyperParams hyper_;
   std::vector<std::int64_t> accumulator_offsets_;  // per parameter, into accumulators_
   std::vector<std::int64_t> momentum_offsets_;     // per parameter, into momentum_
-  Buffer accumulators_;  // packed accumulators of the layout's dtype
-  Buffer momentum_;      // [param_numel] when momentum > 0, else empty
-  std::vector<double> new_rows_, new_cols_;  // scratch of one matrix's update
+  Buffer accumulators_;                            // packed accumulators of the layout's dtype
+  Buffer momentum_;                                // [param_numel] when momentum > 0, else empty
+  std::vector<double> new_rows_, new_cols_;        // scratch of one matrix's update
 };
 
 }  // namespace oases::optim

@@ -118,8 +118,9 @@ std::int64_t state_global_index(const model::ParamLayout& layout, const model::P
     local /= shard[u];
   }
   std::int64_t param_local = 0;
-  for (int d = 0; d < dims; ++d) param_local = param_local * shard[static_cast<std::size_t>(d)] +
-                                               index[static_cast<std::size_t>(d)];
+  for (int d = 0; d < dims; ++d)
+    param_local =
+        param_local * shard[static_cast<std::size_t>(d)] + index[static_cast<std::size_t>(d)];
   std::int64_t global = layout.global_index(spec, param_local);
   if (global < 0) return -1;
   for (int d = dims - 1; d >= 0; --d) {
@@ -129,7 +130,8 @@ std::int64_t state_global_index(const model::ParamLayout& layout, const model::P
   }
   std::int64_t out = 0;
   for (int d = 0; d < dims; ++d)
-    if (d != reduced) out = out * full[static_cast<std::size_t>(d)] + index[static_cast<std::size_t>(d)];
+    if (d != reduced)
+      out = out * full[static_cast<std::size_t>(d)] + index[static_cast<std::size_t>(d)];
   return out;
 }
 
@@ -193,7 +195,8 @@ void add_whole_state(io::SafetensorsWriter& writer, const optim::StateTensor& st
                 "diverged (lower train.lr or raise train.warmup_steps)",
                 state.name, bad, whole.size());
     if (write)
-      writer.add_copy(state.name, state.view.dtype(), whole_state_shape(spec, reduced), whole.data());
+      writer.add_copy(state.name, state.view.dtype(), whole_state_shape(spec, reduced),
+                      whole.data());
   });
 }
 
@@ -221,13 +224,14 @@ void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
                                                                 layer_degrees(config), ranges);
     for (const model::ParamSpec& p : layout.params()) {
       if (!done.insert(p.name).second) continue;
-      const auto share = [&](io::SafetensorsWriter& writer, const std::string& name,
-                             int reduced, const std::function<Tensor()>& local) {
+      const auto share = [&](io::SafetensorsWriter& writer, const std::string& name, int reduced,
+                             const std::function<Tensor()>& local) {
         by_dtype(model.dtype(), [&](auto zero) {
           using T = decltype(zero);
           const std::vector<std::int64_t> shape = whole_state_shape(p, reduced);
           std::vector<T> whole(static_cast<std::size_t>(product(shape)), T(0));
-          if (pp.rank() == stage) whole = whole_state<T>(mine, mine.find(p.name), reduced, local(), tp);
+          if (pp.rank() == stage)
+            whole = whole_state<T>(mine, mine.find(p.name), reduced, local(), tp);
           pp.broadcast(Tensor::of(whole.data(), {static_cast<std::int64_t>(whole.size())}), stage);
           const std::int64_t bad = count_non_finite(whole.data(), whole.size());
           OASES_CHECK(bad == 0,
@@ -285,11 +289,15 @@ void read_state_shard(const io::SafetensorsFile& file, const std::string& name,
     using T = decltype(zero);
     const std::vector<std::int64_t> shape = whole_state_shape(spec, reduced);
     std::vector<T> whole(static_cast<std::size_t>(product(shape)));
-    if constexpr (std::is_same_v<T, double>) file.read_f64(name, shape, whole.data());
-    else file.read_f32(name, shape, whole.data());
+    if constexpr (std::is_same_v<T, double>)
+      file.read_f64(name, shape, whole.data());
+    else
+      file.read_f32(name, shape, whole.data());
     const std::int64_t bad = count_non_finite(whole.data(), whole.size());
-    OASES_CHECK(bad == 0, "'{}': tensor '{}' holds {} NaN or infinite values; a run cannot "
-                "resume from it", file.path(), name, bad);
+    OASES_CHECK(bad == 0,
+                "'{}': tensor '{}' holds {} NaN or infinite values; a run cannot "
+                "resume from it",
+                file.path(), name, bad);
     T* out = local.data<T>();
     if (state_is_whole_everywhere(spec, reduced)) {
       OASES_ASSERT(local.numel() == static_cast<std::int64_t>(whole.size()),
@@ -418,10 +426,11 @@ TrainingState load_optimizer_state(const std::string& checkpoint_dir,
   std::set<std::string> expected;
   for (const optim::StateTensor& s : tensors) expected.insert(s.name);
   const auto mismatch = [&](const std::string& name, const char* what) {
-    return fmt::format("checkpoint '{}' {} optimizer state '{}': it was saved with other "
-                       "settings of train.optimizer = \"{}\" (train.momentum, "
-                       "train.adafactor_beta1); resume with the settings it was trained with",
-                       checkpoint_dir, what, name, optimizer.name());
+    return fmt::format(
+        "checkpoint '{}' {} optimizer state '{}': it was saved with other "
+        "settings of train.optimizer = \"{}\" (train.momentum, "
+        "train.adafactor_beta1); resume with the settings it was trained with",
+        checkpoint_dir, what, name, optimizer.name());
   };
   for (const std::string& name : expected)
     OASES_CHECK(file.has(name), "{}", mismatch(name, "holds no"));
@@ -433,8 +442,8 @@ TrainingState load_optimizer_state(const std::string& checkpoint_dir,
     OASES_CHECK(expected.contains(name), "{}", mismatch(name, "holds"));
   }
   for (const optim::StateTensor& s : tensors)
-    read_state_shard(file, s.name, layout, layout.find(s.param),
-                     s.elementwise ? -1 : s.reduced_dim, s.view);
+    read_state_shard(file, s.name, layout, layout.find(s.param), s.elementwise ? -1 : s.reduced_dim,
+                     s.view);
   return state;
 }
 
@@ -494,11 +503,11 @@ CheckpointSummary verify_checkpoint(const std::string& checkpoint_dir) {
                 optimizer_file.path(), name, io::shape_string(expected));
     if (row) expected.pop_back();
     if (col) expected.erase(expected.end() - 2);
-    OASES_CHECK(optimizer_file.info(name).shape == expected,
-                "'{}': optimizer state '{}' has shape {} but {} was expected from its parameter's {}",
-                optimizer_file.path(), name,
-                io::shape_string(optimizer_file.info(name).shape), io::shape_string(expected),
-                io::shape_string(model_file.info(name.substr(dot + 1)).shape));
+    OASES_CHECK(
+        optimizer_file.info(name).shape == expected,
+        "'{}': optimizer state '{}' has shape {} but {} was expected from its parameter's {}",
+        optimizer_file.path(), name, io::shape_string(optimizer_file.info(name).shape),
+        io::shape_string(expected), io::shape_string(model_file.info(name.substr(dot + 1)).shape));
   }
   return summary;
 }

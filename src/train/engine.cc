@@ -74,8 +74,10 @@ std::unique_ptr<optim::ShardReducer> shard_reducer(const model::ParamLayout& lay
   for (const model::ParamSpec& p : layout.params()) {
     comm::Communicator* group = nullptr;
     if (p.parts > 1 && p.sharding != model::Sharding::replicated) {
-      OASES_ASSERT(p.parts == tp.size() || tp_subgroup, "parameter {} in {} parts needs the "
-                   "tensor-parallel sub-groups", p.name, p.parts);
+      OASES_ASSERT(p.parts == tp.size() || tp_subgroup,
+                   "parameter {} in {} parts needs the "
+                   "tensor-parallel sub-groups",
+                   p.name, p.parts);
       group = p.parts == tp.size() ? &tp : &tp_subgroup(p.parts, 1);
     }
     groups.push_back(group);

@@ -165,9 +165,13 @@ TEST(ClipCoefficient, FollowsClipGradNorm) {
 // gives the same numbers, with and without momentum and Nesterov's variant, and leaves no
 // buffer behind without momentum.
 TEST(Sgd, FollowsTorchsAlgorithmElementByElement) {
-  struct Case { double momentum; bool nesterov; double weight_decay; };
-  for (const Case c : {Case{0, false, 0}, Case{0, false, 0.1}, Case{0.9, false, 0.1},
-                       Case{0.9, true, 0}}) {
+  struct Case {
+    double momentum;
+    bool nesterov;
+    double weight_decay;
+  };
+  for (const Case c :
+       {Case{0, false, 0}, Case{0, false, 0.1}, Case{0.9, false, 0.1}, Case{0.9, true, 0}}) {
     const std::int64_t n = 40000;  // above the parallel threshold
     std::vector<double> param = random_vector(n, 1), expected = param;
     std::vector<double> buffer(n, 0.0), expected_buffer(n, 0.0);
@@ -186,7 +190,8 @@ TEST(Sgd, FollowsTorchsAlgorithmElementByElement) {
     }
     for (std::size_t i = 0; i < static_cast<std::size_t>(n); i += 997) {
       EXPECT_NEAR(param[i], expected[i], 1e-14 * std::max(1.0, std::abs(expected[i]))) << i;
-      EXPECT_NEAR(buffer[i], expected_buffer[i], 1e-14 * std::max(1.0, std::abs(expected_buffer[i])));
+      EXPECT_NEAR(buffer[i], expected_buffer[i],
+                  1e-14 * std::max(1.0, std::abs(expected_buffer[i])));
     }
   }
 }
@@ -207,9 +212,9 @@ TEST(Sgd, IsBitwiseIndependentOfThreadCount) {
 
 TEST(Sgd, MomentumWithoutABufferIsAnInternalError) {
   std::vector<double> p(4, 1.0), g(4, 1.0);
-  EXPECT_THROW(sgd_update(p.data(), g.data(), static_cast<double*>(nullptr), 4,
-                          SgdStep{0.1, 0.9, false, 0}),
-               InternalError);
+  EXPECT_THROW(
+      sgd_update(p.data(), g.data(), static_cast<double*>(nullptr), 4, SgdStep{0.1, 0.9, false, 0}),
+      InternalError);
 }
 
 }  // namespace

@@ -32,11 +32,13 @@ using oases::testing::run_command;
 
 struct OptimizerCase {
   std::string label;
-  std::string settings;  // --set values
+  std::string settings;     // --set values
   std::string other_state;  // settings under which the optimizer keeps other state
 };
 
-void PrintTo(const OptimizerCase& c, std::ostream* out) { *out << c.label; }
+void PrintTo(const OptimizerCase& c, std::ostream* out) {
+  *out << c.label;
+}
 
 class OptimizerLayouts : public ::testing::TestWithParam<OptimizerCase> {
  protected:
@@ -70,8 +72,7 @@ lr = 3e-3
 min_lr = 3e-4
 threads = 1
 [data]
-path = ")" << (dir_ / "data").string()
-                                        << "\"\n";
+path = ")" << (dir_ / "data").string() << "\"\n";
     oases::testing::write_random_init(folder / "tiny.toml", folder / "init.safetensors", 31);
   }
 
@@ -79,8 +80,8 @@ path = ")" << (dir_ / "data").string()
                  const std::string& arch = "gpt") const {
     const fs::path folder = arch == "gpt" ? dir_ : dir_ / arch;
     const fs::path out = folder / name;
-    const std::string command = oases::testing::train_command(
-        OASES_BINARY, folder, tp, dp, out, GetParam().settings + " " + extra);
+    const std::string command = oases::testing::train_command(OASES_BINARY, folder, tp, dp, out,
+                                                              GetParam().settings + " " + extra);
     const auto r = run_command(command);
     EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.output;
     return out;
@@ -151,8 +152,7 @@ TEST_P(OptimizerLayouts, ACheckpointResumesBitwiseAndUnderAnotherLayout) {
       GetParam().settings + " train.steps=4 checkpoint.resume=true " + GetParam().other_state);
   const auto refused = run_command(other);
   EXPECT_NE(refused.exit_code, 0) << other;
-  EXPECT_NE(refused.output.find("saved with other settings of train.optimizer"),
-            std::string::npos)
+  EXPECT_NE(refused.output.find("saved with other settings of train.optimizer"), std::string::npos)
       << refused.output;
   for (const int tp : {2, 1}) {
     const std::string name = "resume_tp" + std::to_string(tp);
@@ -170,22 +170,23 @@ TEST_P(OptimizerLayouts, ACheckpointResumesBitwiseAndUnderAnotherLayout) {
 
 INSTANTIATE_TEST_SUITE_P(
     , OptimizerLayouts,
-    ::testing::Values(
-        OptimizerCase{"adafactor", "train.optimizer=" + quoted("adafactor"),
-                      "train.adafactor_beta1=0.5"},
-        OptimizerCase{"adafactor_relative_step_beta1",
-                      "train.optimizer=" + quoted("adafactor") +
-                          " train.lr=0 train.adafactor_beta1=0.9",
-                      "train.adafactor_beta1=0"},
-        OptimizerCase{"sm3_momentum",
-                      "train.optimizer=" + quoted("sm3") +
-                          " train.lr=0.02 train.min_lr=0.002 train.momentum=0.9",
-                      "train.momentum=0"},
-        OptimizerCase{"sgd_nesterov",
-                      "train.optimizer=" + quoted("sgd") +
-                          " train.lr=0.05 train.min_lr=0.005 train.momentum=0.9 "
-                          "train.nesterov=true",
-                      "train.momentum=0 train.nesterov=false"}),
-    [](const ::testing::TestParamInfo<OptimizerCase>& param_info) { return param_info.param.label; });
+    ::testing::Values(OptimizerCase{"adafactor", "train.optimizer=" + quoted("adafactor"),
+                                    "train.adafactor_beta1=0.5"},
+                      OptimizerCase{"adafactor_relative_step_beta1",
+                                    "train.optimizer=" + quoted("adafactor") +
+                                        " train.lr=0 train.adafactor_beta1=0.9",
+                                    "train.adafactor_beta1=0"},
+                      OptimizerCase{"sm3_momentum",
+                                    "train.optimizer=" + quoted("sm3") +
+                                        " train.lr=0.02 train.min_lr=0.002 train.momentum=0.9",
+                                    "train.momentum=0"},
+                      OptimizerCase{"sgd_nesterov",
+                                    "train.optimizer=" + quoted("sgd") +
+                                        " train.lr=0.05 train.min_lr=0.005 train.momentum=0.9 "
+                                        "train.nesterov=true",
+                                    "train.momentum=0 train.nesterov=false"}),
+    [](const ::testing::TestParamInfo<OptimizerCase>& param_info) {
+      return param_info.param.label;
+    });
 
 }  // namespace

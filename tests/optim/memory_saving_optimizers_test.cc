@@ -90,7 +90,9 @@ std::vector<T> step_gradients(const FlatLayout& layout, std::int64_t step) {
   return g;
 }
 
-double step_lr(std::int64_t step) { return 0.05 / static_cast<double>(step); }
+double step_lr(std::int64_t step) {
+  return 0.05 / static_cast<double>(step);
+}
 
 template <class T>
 Tensor flat_tensor(std::vector<T>& v) {
@@ -140,8 +142,8 @@ struct ReferenceAdafactor {
   bool relative = false;
   std::vector<std::vector<double>> row, col, v, m;
 
-  void step(std::vector<RefParam>& params, const std::vector<std::vector<double>>& grads,
-            double lr, std::int64_t t) {
+  void step(std::vector<RefParam>& params, const std::vector<std::vector<double>>& grads, double lr,
+            std::int64_t t) {
     if (row.empty()) {
       for (const RefParam& p : params) {
         row.emplace_back(p.matrix() ? p.batch() * p.rows() : 0, 0.0);
@@ -155,26 +157,29 @@ struct ReferenceAdafactor {
     for (std::size_t i = 0; i < params.size(); ++i) {
       RefParam& p = params[i];
       const std::vector<double>& g = grads[i];
-      const double rho = relative ? std::min(1e-2, 1 / std::sqrt(td)) * std::max(1e-3, rms(p.value))
-                                  : lr;
+      const double rho =
+          relative ? std::min(1e-2, 1 / std::sqrt(td)) * std::max(1e-3, rms(p.value)) : lr;
       std::vector<double> u(g.size());
       if (p.matrix()) {
         const std::int64_t B = p.batch(), R = p.rows(), C = p.cols();
         for (std::int64_t b = 0; b < B; ++b) {
           for (std::int64_t r = 0; r < R; ++r) {
             double mean = 0;
-            for (std::int64_t c = 0; c < C; ++c) mean += g[(b * R + r) * C + c] * g[(b * R + r) * C + c] + 1e-30;
+            for (std::int64_t c = 0; c < C; ++c)
+              mean += g[(b * R + r) * C + c] * g[(b * R + r) * C + c] + 1e-30;
             double& x = row[i][b * R + r];
             x = beta2 * x + (1 - beta2) * mean / static_cast<double>(C);
           }
           for (std::int64_t c = 0; c < C; ++c) {
             double mean = 0;
-            for (std::int64_t r = 0; r < R; ++r) mean += g[(b * R + r) * C + c] * g[(b * R + r) * C + c] + 1e-30;
+            for (std::int64_t r = 0; r < R; ++r)
+              mean += g[(b * R + r) * C + c] * g[(b * R + r) * C + c] + 1e-30;
             double& x = col[i][b * C + c];
             x = beta2 * x + (1 - beta2) * mean / static_cast<double>(R);
           }
           double row_mean = 0;
-          for (std::int64_t r = 0; r < R; ++r) row_mean += row[i][b * R + r] / static_cast<double>(R);
+          for (std::int64_t r = 0; r < R; ++r)
+            row_mean += row[i][b * R + r] / static_cast<double>(R);
           for (std::int64_t r = 0; r < R; ++r)
             for (std::int64_t c = 0; c < C; ++c) {
               const double vhat = row[i][b * R + r] / row_mean * col[i][b * C + c];
@@ -262,8 +267,8 @@ struct ReferenceSgd {
   bool nesterov = false;
   std::vector<std::vector<double>> buf;
 
-  void step(std::vector<RefParam>& params, const std::vector<std::vector<double>>& grads,
-            double lr, std::int64_t t) {
+  void step(std::vector<RefParam>& params, const std::vector<std::vector<double>>& grads, double lr,
+            std::int64_t t) {
     if (buf.empty())
       for (const RefParam& p : params) buf.emplace_back(p.value.size(), 0.0);
     for (std::size_t i = 0; i < params.size(); ++i) {
@@ -295,10 +300,10 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
 // Runs `steps` steps of `optimizer` and of `reference_step` (which updates the RefParams) from
 // the same start, and compares every parameter (and that the padding is untouched).
 template <class T>
-void expect_matches_reference(Optimizer& optimizer, int steps, double tolerance,
-                              const std::function<void(std::vector<RefParam>&,
-                                                       const std::vector<std::vector<double>>&,
-                                                       double, std::int64_t)>& reference_step) {
+void expect_matches_reference(
+    Optimizer& optimizer, int steps, double tolerance,
+    const std::function<void(std::vector<RefParam>&, const std::vector<std::vector<double>>&,
+                             double, std::int64_t)>& reference_step) {
   const FlatLayout& layout = optimizer.layout();
   const T sentinel = T(12345.5);
   std::vector<T> params = random_flat<T>(layout, 7, 1.0, sentinel);
@@ -314,7 +319,8 @@ void expect_matches_reference(Optimizer& optimizer, int steps, double tolerance,
   }
   const std::vector<double> got(params.begin(), params.end());
   for (std::size_t i = 0; i < layout.params.size(); ++i)
-    expect_close(slice(got, layout.params[i]), reference[i].value, layout.params[i].name, tolerance);
+    expect_close(slice(got, layout.params[i]), reference[i].value, layout.params[i].name,
+                 tolerance);
   for (std::int64_t i = 0; i < layout.total_numel; ++i) {
     if (is_padding(layout, i)) {
       EXPECT_EQ(params[static_cast<std::size_t>(i)], sentinel) << i;
@@ -350,8 +356,10 @@ TEST(Adafactor, MatchesThePaperInFp64WithGivenAndRelativeStepsWithAndWithoutMome
         while (test_params()[i].name != s.param) ++i;
         const std::vector<double> got(s.view.data<double>(),
                                       s.view.data<double>() + s.view.numel());
-        if (s.name.starts_with("exp_avg_sq_row.")) expect_close(got, reference.row[i], s.name, kFp64);
-        if (s.name.starts_with("exp_avg_sq_col.")) expect_close(got, reference.col[i], s.name, kFp64);
+        if (s.name.starts_with("exp_avg_sq_row."))
+          expect_close(got, reference.row[i], s.name, kFp64);
+        if (s.name.starts_with("exp_avg_sq_col."))
+          expect_close(got, reference.col[i], s.name, kFp64);
         if (s.name.starts_with("exp_avg_sq.")) expect_close(got, reference.v[i], s.name, kFp64);
         if (s.name.starts_with("exp_avg.")) expect_close(got, reference.m[i], s.name, kFp64);
       }
@@ -385,8 +393,10 @@ TEST(Sm3, MatchesThePaperInFp64WithAndWithoutMomentum) {
       std::size_t i = 0;
       while (test_params()[i].name != s.param) ++i;
       const std::vector<double> got(s.view.data<double>(), s.view.data<double>() + s.view.numel());
-      if (s.name.starts_with("accumulator_row.")) expect_close(got, reference.row[i], s.name, kFp64);
-      if (s.name.starts_with("accumulator_col.")) expect_close(got, reference.col[i], s.name, kFp64);
+      if (s.name.starts_with("accumulator_row."))
+        expect_close(got, reference.row[i], s.name, kFp64);
+      if (s.name.starts_with("accumulator_col."))
+        expect_close(got, reference.col[i], s.name, kFp64);
       if (s.name.starts_with("accumulator.")) expect_close(got, reference.acc[i], s.name, kFp64);
     }
   }
@@ -404,7 +414,10 @@ TEST(Sm3, Fp32StaysWithinSinglePrecisionOfTheReference) {
 }
 
 TEST(Sgd, MatchesTorchsAlgorithmInFp64) {
-  struct Case { double momentum; bool nesterov; };
+  struct Case {
+    double momentum;
+    bool nesterov;
+  };
   for (const Case c : {Case{0.0, false}, Case{0.9, false}, Case{0.9, true}}) {
     SCOPED_TRACE(::testing::Message() << "momentum " << c.momentum << " nesterov " << c.nesterov);
     OptimizerConfig config = config_of("sgd");
@@ -442,9 +455,9 @@ TEST(Sgd, MatchesTorchSgdOnAThreeStepTrajectory) {
       optimizer->step(flat_tensor(w), flat_tensor(g), {0.1, t});
     }
     const std::vector<double> torch =
-        nesterov ? std::vector<double>{0.84655001255099993, -1.742876836512, 0.38767770672383334}
-                 : std::vector<double>{0.89935278899999993, -1.8206335680000001,
-                                       0.41741671283333331};
+        nesterov
+            ? std::vector<double>{0.84655001255099993, -1.742876836512, 0.38767770672383334}
+            : std::vector<double>{0.89935278899999993, -1.8206335680000001, 0.41741671283333331};
     expect_close(w, torch, nesterov ? "nesterov" : "heavy ball", 1e-12);
   }
 }
@@ -580,9 +593,9 @@ TEST(MemorySavingOptimizers, RangesCutOnlyWhereTheOptimizerAcceptsIt) {
   std::vector<double> grads = step_gradients<double>(layout, 1);
   for (const std::string& name : std::vector<std::string>{"adafactor", "sm3"}) {
     auto optimizer = make_optimizer(config_of(name), layout);
-    EXPECT_THROW(optimizer->step(flat_tensor(params), flat_tensor(grads), 0, matrix.offset + 7,
-                                 {0.1, 1}),
-                 InternalError)
+    EXPECT_THROW(
+        optimizer->step(flat_tensor(params), flat_tensor(grads), 0, matrix.offset + 7, {0.1, 1}),
+        InternalError)
         << name;
   }
   EXPECT_THROW(make_optimizer(config_of("adafactor"), layout)
@@ -596,10 +609,10 @@ TEST(MemorySavingOptimizers, RangesCutOnlyWhereTheOptimizerAcceptsIt) {
     auto pieces = make_optimizer(config, layout);
     std::vector<double> a = params, b = params;
     const std::vector<std::int64_t> cuts =
-        name == "sm3" ? std::vector<std::int64_t>{0, vector.offset + 2, vector.offset + 5,
-                                                  layout.total_numel}
-                      : std::vector<std::int64_t>{0, matrix.offset + 7, vector.offset + 5,
-                                                  layout.total_numel};
+        name == "sm3"
+            ? std::vector<std::int64_t>{0, vector.offset + 2, vector.offset + 5, layout.total_numel}
+            : std::vector<std::int64_t>{0, matrix.offset + 7, vector.offset + 5,
+                                        layout.total_numel};
     for (std::int64_t t = 1; t <= 3; ++t) {
       std::vector<double> g = step_gradients<double>(layout, t);
       whole->step(flat_tensor(a), flat_tensor(g), {0.1, t});
@@ -716,11 +729,12 @@ TEST(MemorySavingOptimizers, ShardsCombiningTheirStatisticsStepLikeTheWholeParam
     ThreadShardGroup group(2);
     std::vector<std::unique_ptr<Optimizer>> shard_optimizers;
     for (int r = 0; r < 2; ++r)
-      shard_optimizers.push_back(make_optimizer(
-          config, c.shards[static_cast<std::size_t>(r)],
-          std::make_unique<ThreadShardGroup::Reducer>(group, r)));
+      shard_optimizers.push_back(
+          make_optimizer(config, c.shards[static_cast<std::size_t>(r)],
+                         std::make_unique<ThreadShardGroup::Reducer>(group, r)));
     for (std::int64_t t = 1; t <= 5; ++t) {
-      std::vector<double> grads = random_flat<double>(c.whole, 50 + static_cast<std::uint64_t>(t), 1.0, 0.0);
+      std::vector<double> grads =
+          random_flat<double>(c.whole, 50 + static_cast<std::uint64_t>(t), 1.0, 0.0);
       whole->step(flat_tensor(params), flat_tensor(grads), {0.05, t});
       std::vector<std::thread> threads;
       for (int r = 0; r < 2; ++r) {
@@ -739,13 +753,15 @@ TEST(MemorySavingOptimizers, ShardsCombiningTheirStatisticsStepLikeTheWholeParam
         const ParamSlot& s = c.shards[static_cast<std::size_t>(r)].params[i];
         for (std::int64_t e = 0; e < s.numel(); ++e) {
           const std::int64_t g = c.map(r, i, e);
-          const double got = shard_params[static_cast<std::size_t>(r)][static_cast<std::size_t>(s.offset + e)];
+          const double got =
+              shard_params[static_cast<std::size_t>(r)][static_cast<std::size_t>(s.offset + e)];
           if (g < 0) {
             EXPECT_EQ(got, 0.0) << "padding of " << s.name;
             continue;
           }
           const double want = params[static_cast<std::size_t>(c.whole.params[i].offset + g)];
-          EXPECT_NEAR(got, want, 1e-12 * std::abs(want)) << s.name << " rank " << r << " element " << e;
+          EXPECT_NEAR(got, want, 1e-12 * std::abs(want))
+              << s.name << " rank " << r << " element " << e;
         }
       }
     }
@@ -760,16 +776,15 @@ TEST(MemorySavingOptimizers, ASplitParameterWithoutAReducerIsAnInternalError) {
 }
 
 TEST(MakeOptimizer, NamesAreTheFourOptimizers) {
-  EXPECT_EQ(optimizer_names(),
-            (std::vector<std::string_view>{"adamw", "adafactor", "sm3", "sgd"}));
+  EXPECT_EQ(optimizer_names(), (std::vector<std::string_view>{"adamw", "adafactor", "sm3", "sgd"}));
   for (const std::string_view name : optimizer_names())
     EXPECT_EQ(make_optimizer(config_of(std::string(name)), test_layout(DType::f32))->name(), name);
 }
 
 TEST(MakeOptimizer, UnknownNameListsEveryValidName) {
-  expect_user_error([] { make_optimizer(config_of("adagrad"), test_layout(DType::f32)); },
-                    {"train.optimizer", "\"adagrad\"", "\"adamw\"", "\"adafactor\"", "\"sm3\"",
-                     "\"sgd\""});
+  expect_user_error(
+      [] { make_optimizer(config_of("adagrad"), test_layout(DType::f32)); },
+      {"train.optimizer", "\"adagrad\"", "\"adamw\"", "\"adafactor\"", "\"sm3\"", "\"sgd\""});
 }
 
 TEST(MakeOptimizer, BadHyperParametersNameTheirKey) {
@@ -780,7 +795,8 @@ TEST(MakeOptimizer, BadHyperParametersNameTheirKey) {
     edit(config);
     expect_user_error([&] { make_optimizer(config, layout); }, parts);
   };
-  expect_rejected("sgd", [](OptimizerConfig& c) { c.momentum = 1.0; }, {"train.momentum", "[0, 1)"});
+  expect_rejected("sgd", [](OptimizerConfig& c) { c.momentum = 1.0; },
+                  {"train.momentum", "[0, 1)"});
   expect_rejected("sm3", [](OptimizerConfig& c) { c.momentum = -0.1; }, {"train.momentum"});
   expect_rejected("adafactor", [](OptimizerConfig& c) { c.adafactor_beta1 = 1.5; },
                   {"train.adafactor_beta1", "[0, 1)"});
@@ -792,10 +808,12 @@ TEST(MakeOptimizer, BadHyperParametersNameTheirKey) {
                   {"train.momentum", "train.adafactor_beta1"});
   expect_rejected("sm3", [](OptimizerConfig& c) { c.adafactor_beta1 = 0.9; },
                   {"train.adafactor_beta1", "\"adafactor\""});
-  expect_rejected("sm3", [](OptimizerConfig& c) {
-    c.momentum = 0.5;
-    c.nesterov = true;
-  }, {"train.nesterov", "\"sgd\""});
+  expect_rejected("sm3",
+                  [](OptimizerConfig& c) {
+                    c.momentum = 0.5;
+                    c.nesterov = true;
+                  },
+                  {"train.nesterov", "\"sgd\""});
   expect_rejected("sgd", [](OptimizerConfig& c) { c.relative_step = true; },
                   {"train.lr = 0", "train.lr > 0"});
   expect_rejected("sgd", [](OptimizerConfig& c) { c.weight_decay = -1; }, {"train.weight_decay"});

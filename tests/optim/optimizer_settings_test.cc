@@ -19,8 +19,8 @@ RunConfig parse(const std::vector<std::string>& overrides) {
 }
 
 TEST(OptimizerSettings, ParseIntoTheOptimizerConfigAndRoundTripThroughToml) {
-  const RunConfig c = parse({"train.optimizer=\"sgd\"", "train.momentum=0.9",
-                             "train.nesterov=true", "train.weight_decay=0.01"});
+  const RunConfig c = parse({"train.optimizer=\"sgd\"", "train.momentum=0.9", "train.nesterov=true",
+                             "train.weight_decay=0.01"});
   const optim::OptimizerConfig o = optimizer_config(c.train);
   EXPECT_EQ(o.name, "sgd");
   EXPECT_DOUBLE_EQ(o.momentum, 0.9);
@@ -32,8 +32,8 @@ TEST(OptimizerSettings, ParseIntoTheOptimizerConfigAndRoundTripThroughToml) {
   EXPECT_DOUBLE_EQ(again.train.momentum, 0.9);
   EXPECT_TRUE(again.train.nesterov);
 
-  const RunConfig a = parse({"train.optimizer=\"adafactor\"", "train.lr=0",
-                             "train.adafactor_beta1=0.9"});
+  const RunConfig a =
+      parse({"train.optimizer=\"adafactor\"", "train.lr=0", "train.adafactor_beta1=0.9"});
   const optim::OptimizerConfig ao = optimizer_config(a.train);
   EXPECT_TRUE(ao.relative_step);
   EXPECT_DOUBLE_EQ(ao.adafactor_beta1, 0.9);
@@ -42,9 +42,9 @@ TEST(OptimizerSettings, ParseIntoTheOptimizerConfigAndRoundTripThroughToml) {
 }
 
 TEST(OptimizerSettings, UnknownOptimizerListsTheValidOnes) {
-  expect_user_error([] { parse({"train.optimizer=\"lamb\""}); },
-                    {"train.optimizer = \"lamb\"", "\"adamw\"", "\"adafactor\"", "\"sm3\"",
-                     "\"sgd\""});
+  expect_user_error(
+      [] { parse({"train.optimizer=\"lamb\""}); },
+      {"train.optimizer = \"lamb\"", "\"adamw\"", "\"adafactor\"", "\"sm3\"", "\"sgd\""});
 }
 
 TEST(OptimizerSettings, BadValuesNameTheirKey) {
