@@ -32,12 +32,14 @@ AdamW::AdamW(FlatLayout layout, const AdamWHyperParams& hyper)
   exp_avg_sq_ = Buffer(bytes_of(this->layout().dtype, packed));
 }
 
-std::size_t AdamW::state_bytes_per_element() const {
-  return 2 * dtype_size(layout().dtype);
-}
-
 std::size_t AdamW::state_bytes() const {
   return exp_avg_.bytes() + exp_avg_sq_.bytes();
+}
+
+std::vector<StateTensor> AdamW::state_layout(const ParamSlot& slot) const {
+  const Shape shape(slot.shape);
+  return {{"exp_avg." + slot.name, slot.name, Tensor(nullptr, layout().dtype, shape)},
+          {"exp_avg_sq." + slot.name, slot.name, Tensor(nullptr, layout().dtype, shape)}};
 }
 
 std::vector<StateTensor> AdamW::state_tensors() {

@@ -39,10 +39,11 @@ class AdamW final : public Optimizer {
   std::string_view name() const override { return "adamw"; }
   const AdamWHyperParams& hyper_params() const { return hyper_; }
 
-  std::size_t state_bytes_per_element() const override;
   std::size_t state_bytes() const override;
   // exp_avg.<p> then exp_avg_sq.<p> for each parameter p in layout order.
   std::vector<StateTensor> state_tensors() override;
+  std::vector<StateTensor> state_layout(const ParamSlot& slot) const override;
+  bool accepts_cut(const ParamSlot&) const override { return true; }
 
  private:
   void update(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,

@@ -16,6 +16,12 @@ std::int64_t ParamSlot::numel() const {
   return n;
 }
 
+std::int64_t ParamSlot::whole_numel() const {
+  std::int64_t n = 1;
+  for (const std::int64_t d : whole_shape()) n *= d;
+  return n;
+}
+
 std::int64_t FlatLayout::param_numel() const {
   std::int64_t n = 0;
   for (const ParamSlot& p : params) n += p.numel();
@@ -40,6 +46,26 @@ void validate_layout(const FlatLayout& layout) {
                  Shape::kMaxDims);
     for (const std::int64_t d : p.shape)
       OASES_ASSERT(d >= 0, "parameter {} has shape [{}]", p.name, fmt::join(p.shape, ", "));
+    const std::vector<std::int64_t>& whole = p.whole_shape();
+    const int dims = static_cast<int>(p.shape.size());
+    OASES_ASSERT(whole.size() == p.shape.size(),
+                 "parameter {} has shard shape [{}] but whole shape [{}]", p.name,
+                 fmt::join(p.shape, ", "), fmt::join(whole, ", "));
+    OASES_ASSERT(p.split_dim == -1 || (dims > 0 && (p.split_dim == 0 || p.split_dim == dims - 1)),
+                 "parameter {} is split along dimension {}; valid: -1, 0 or {}", p.name,
+                 p.split_dim, dims - 1);
+    for (int d = 0; d < dims; ++d) {
+      const auto u = static_cast<std::size_t>(d);
+      OASES_ASSERT(d == p.split_dim || d == 0 || whole[u] == p.shape[u],
+                   "parameter {}: shard shape [{}] and whole shape [{}] differ in dimension {}, "
+                   "which is not split",
+                   p.name, fmt::join(p.shape, ", "), fmt::join(whole, ", "), d);
+    }
+    const std::int64_t entry = dims == 0 || p.shape[0] == 0 ? 1 : p.numel() / p.shape[0];
+    OASES_ASSERT(p.padding >= 0 && p.padding <= p.numel() && p.padding % entry == 0,
+                 "parameter {}: padding of {} elements is not a whole number of dim-0 entries "
+                 "of its shard [{}]",
+                 p.name, p.padding, fmt::join(p.shape, ", "));
     OASES_ASSERT(p.offset >= previous_end,
                  "parameter {} at offset {} overlaps or precedes {} (which ends at {})", p.name,
                  p.offset, previous, previous_end);

@@ -13,7 +13,9 @@
 //   - names are non-empty and unique (they name checkpoint tensors);
 //   - shapes have at most Shape::kMaxDims non-negative dimensions;
 //   - dtype is f32 or f64 (the precisions optimizer kernels exist for; DESIGN.md,
-//     "Precision": master weights and optimizer state are fp32, fp64 in fp64 runs).
+//     "Precision": master weights and optimizer state are fp32, fp64 in fp64 runs);
+//   - a slot's whole-parameter geometry (full_shape, split_dim, padding) is consistent with
+//     its shape (see ParamSlot).
 // Gaps between params are alignment padding: no optimizer reads or writes them.
 #pragma once
 
@@ -28,15 +30,39 @@
 namespace oases::optim {
 
 // One parameter, or this rank's shard of it, in the flat arrays.
+//
+// Element-wise optimizers (AdamW, SGD) need only the first four fields. Optimizers whose
+// statistics span a parameter (Adafactor's row and column means and update RMS, SM3's row and
+// column maxima) also need where the shard sits in the whole parameter:
+//   full_shape  the whole parameter's shape; empty means `shape` (the slot holds it whole).
+//               Same number of dimensions as `shape`; equal to it in every dimension but
+//               split_dim, and but dim 0 when there is padding.
+//   split_dim   the dimension along which other ranks hold the rest of the parameter (0 or
+//               shape.size() - 1), or -1 when no other rank holds a different part (the slot
+//               is whole, or a replica of the whole). The ranks holding the other parts are
+//               the parameter's shard group (see optim/shard_reducer.h).
+//   padding     trailing elements of the shard that the whole parameter does not have, a
+//               whole number of dim-0 entries (the zero rows that pad a vocabulary to a
+//               multiple of the tensor-parallel degree). Gradients there are zero; optimizers
+//               leave them out of every statistic and keep them at zero.
 struct ParamSlot {
   std::string name;                 // e.g. "h.3.attn.c_attn.weight" (the checkpoint name)
   std::int64_t offset = 0;          // element offset of the first element
   std::vector<std::int64_t> shape;  // this rank's shard, row-major
   bool weight_decay = false;        // true for matrices, false for biases and norm weights
+  std::vector<std::int64_t> full_shape = {};  // empty: shape
+  int split_dim = -1;
+  std::int64_t padding = 0;
 
   // Product of the shape (1 for a scalar).
   std::int64_t numel() const;
   std::int64_t end() const { return offset + numel(); }
+  // The whole parameter's shape (full_shape, or shape when full_shape is empty) and its
+  // element count.
+  const std::vector<std::int64_t>& whole_shape() const {
+    return full_shape.empty() ? shape : full_shape;
+  }
+  std::int64_t whole_numel() const;
 };
 
 struct FlatLayout {

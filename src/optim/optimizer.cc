@@ -1,15 +1,20 @@
 #include "optim/optimizer.h"
 
 #include "core/error.h"
+#include "optim/adafactor.h"
 #include "optim/adamw.h"
+#include "optim/sgd.h"
+#include "optim/sm3.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace oases::optim {
 
-Optimizer::Optimizer(FlatLayout layout) : layout_(std::move(layout)) {
+Optimizer::Optimizer(FlatLayout layout, std::unique_ptr<ShardReducer> reducer)
+    : layout_(std::move(layout)), reducer_(std::move(reducer)) {
   validate_layout(layout_);
 }
 
@@ -31,6 +36,17 @@ void Optimizer::step(Tensor params, Tensor grads, std::int64_t begin, std::int64
                layout_.total_numel);
   OASES_ASSERT(info.lr >= 0 && info.step >= 1, "{} step: lr = {} must be >= 0 and step = {} >= 1",
                name(), info.lr, info.step);
+  for (const std::int64_t cut : {begin, end}) {
+    if (begin == end) break;  // an empty range updates nothing, wherever it sits
+    for_each_param_slice(layout_, cut, std::min(cut + 1, layout_.total_numel),
+                         [&](std::size_t i, std::int64_t, std::int64_t) {
+                           const ParamSlot& p = layout_.params[i];
+                           OASES_ASSERT(cut == p.offset || accepts_cut(p),
+                                        "{} step: the range [{}, {}) cuts parameter {} [{}, {}), "
+                                        "which {} updates only whole",
+                                        name(), begin, end, p.name, p.offset, p.end(), name());
+                         });
+  }
   update(params, grads, begin, end, info);
 }
 
@@ -38,11 +54,32 @@ void Optimizer::step(Tensor params, Tensor grads, const StepInfo& info) {
   step(params, grads, 0, layout_.total_numel, info);
 }
 
-std::vector<std::string_view> optimizer_names() {
-  return {"adamw"};
+double Optimizer::state_bytes_per_parameter() const {
+  const std::int64_t n = layout_.param_numel();
+  return n == 0 ? 0.0 : static_cast<double>(state_bytes()) / static_cast<double>(n);
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const FlatLayout& layout) {
+void Optimizer::reduce_over_shards(std::size_t param, std::vector<double>& values,
+                                   comm::ReduceOp op) {
+  const ParamSlot& p = layout_.params[param];
+  if (p.split_dim < 0) return;
+  OASES_ASSERT(reducer_ != nullptr,
+               "{}: parameter {} is split along dimension {} but no shard reducer combines its "
+               "statistics",
+               name(), p.name, p.split_dim);
+  reducer_->reduce(param, Tensor::of(values.data(), {static_cast<std::int64_t>(values.size())}),
+                   op);
+}
+
+std::vector<std::string_view> optimizer_names() {
+  return {"adamw", "adafactor", "sm3", "sgd"};
+}
+
+void validate_optimizer_config(const OptimizerConfig& config) {
+  const std::vector<std::string_view> names = optimizer_names();
+  OASES_CHECK(std::ranges::find(names, config.name) != names.end(),
+              "train.optimizer = \"{}\" is not an optimizer oases has; valid: \"{}\"", config.name,
+              fmt::join(names, "\", \""));
   OASES_CHECK(config.beta1 >= 0 && config.beta1 < 1, "train.beta1 = {} must be in [0, 1)",
               config.beta1);
   OASES_CHECK(config.beta2 >= 0 && config.beta2 < 1, "train.beta2 = {} must be in [0, 1)",
@@ -50,12 +87,49 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const F
   OASES_CHECK(config.eps >= 0, "train.eps = {} must be >= 0", config.eps);
   OASES_CHECK(config.weight_decay >= 0, "train.weight_decay = {} must be >= 0",
               config.weight_decay);
-  if (config.name == "adamw") {
-    return std::make_unique<AdamW>(
-        layout, AdamWHyperParams{config.beta1, config.beta2, config.eps, config.weight_decay});
+  OASES_CHECK(config.momentum >= 0 && config.momentum < 1,
+              "train.momentum = {} must be in [0, 1) (0: no momentum)", config.momentum);
+  OASES_CHECK(config.adafactor_beta1 >= 0 && config.adafactor_beta1 < 1,
+              "train.adafactor_beta1 = {} must be in [0, 1) (0: no first moment)",
+              config.adafactor_beta1);
+  OASES_CHECK(config.momentum == 0 || config.name == "sgd" || config.name == "sm3",
+              "train.momentum = {} applies to train.optimizer = \"sgd\" and \"sm3\", not \"{}\"{}",
+              config.momentum, config.name,
+              config.name == "adafactor" ? "; Adafactor's first moment is train.adafactor_beta1"
+                                         : "; AdamW's is train.beta1");
+  OASES_CHECK(config.adafactor_beta1 == 0 || config.name == "adafactor",
+              "train.adafactor_beta1 = {} applies to train.optimizer = \"adafactor\", not \"{}\"",
+              config.adafactor_beta1, config.name);
+  OASES_CHECK(!config.nesterov || config.name == "sgd",
+              "train.nesterov = true applies to train.optimizer = \"sgd\", not \"{}\"",
+              config.name);
+  OASES_CHECK(!config.nesterov || config.momentum > 0,
+              "train.nesterov = true needs train.momentum > 0 (it is {}), as torch.optim.SGD does",
+              config.momentum);
+  OASES_CHECK(!config.relative_step || config.name == "adafactor",
+              "train.lr = 0 (a relative step size) is Adafactor's; train.optimizer = \"{}\" needs "
+              "train.lr > 0",
+              config.name);
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const FlatLayout& layout,
+                                          std::unique_ptr<ShardReducer> reducer) {
+  validate_optimizer_config(config);
+  if (config.name == "adafactor") {
+    AdafactorHyperParams hyper;
+    hyper.beta1 = config.adafactor_beta1;
+    hyper.weight_decay = config.weight_decay;
+    hyper.relative_step = config.relative_step;
+    return std::make_unique<Adafactor>(layout, hyper, std::move(reducer));
   }
-  OASES_FAIL("train.optimizer = \"{}\" is not an optimizer oases has; valid: \"{}\"", config.name,
-             fmt::join(optimizer_names(), "\", \""));
+  if (config.name == "sm3")
+    return std::make_unique<Sm3>(layout, Sm3HyperParams{config.momentum, config.weight_decay},
+                                 std::move(reducer));
+  if (config.name == "sgd")
+    return std::make_unique<Sgd>(
+        layout, SgdHyperParams{config.momentum, config.nesterov, config.weight_decay});
+  return std::make_unique<AdamW>(
+      layout, AdamWHyperParams{config.beta1, config.beta2, config.eps, config.weight_decay});
 }
 
 }  // namespace oases::optim

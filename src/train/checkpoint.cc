@@ -4,6 +4,7 @@
 #include "data/sentencepiece_tokenizer.h"
 #include "io/checkpoint_dir.h"
 #include "io/safetensors.h"
+#include "train/engine.h"
 
 #include <toml++/toml.h>
 
@@ -68,6 +69,99 @@ std::int64_t count_non_finite(const T* values, std::size_t n) {
   return bad;
 }
 
+// The dimension along which the tensor-parallel group splits `spec` (-1: every rank holds it
+// whole or a replica of it).
+int split_dim(const model::ParamSpec& spec) {
+  if (spec.parts == 1 || spec.sharding == model::Sharding::replicated) return -1;
+  return spec.sharding == model::Sharding::rows ? 0 : static_cast<int>(spec.shape.ndim()) - 1;
+}
+
+// `shape` without dimension `dim` (all of it when dim < 0).
+std::vector<std::int64_t> without_dim(const Shape& shape, int dim) {
+  std::vector<std::int64_t> out = shape.to_vector();
+  if (dim >= 0) out.erase(out.begin() + dim);
+  return out;
+}
+
+std::int64_t product(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) n *= d;
+  return n;
+}
+
+// The whole shape of a state tensor of `spec` that reduces dimension `reduced` (-1: shaped like
+// the parameter; optim::StateTensor::reduced_dim).
+std::vector<std::int64_t> whole_state_shape(const model::ParamSpec& spec, int reduced) {
+  return without_dim(spec.full_shape, reduced);
+}
+
+// True when every rank holds the whole of such a state: the parameter is whole on every rank,
+// or split along the very dimension the state reduces (its shard group shares the statistic).
+bool state_is_whole_everywhere(const model::ParamSpec& spec, int reduced) {
+  return spec.parts == 1 || (reduced >= 0 && reduced == split_dim(spec));
+}
+
+// Index in the whole state tensor of element `local` of this rank's state of `spec` that
+// reduces dimension `reduced` (>= 0), or -1 where that element belongs to padding rows.
+std::int64_t state_global_index(const model::ParamLayout& layout, const model::ParamSpec& spec,
+                                int reduced, std::int64_t local) {
+  const std::vector<std::int64_t> shard = spec.shape.to_vector();
+  const std::vector<std::int64_t> full = spec.full_shape.to_vector();
+  const int dims = static_cast<int>(shard.size());
+  // The state's coordinates, then the parameter element at coordinate 0 of the reduced
+  // dimension: it maps through the parameter's sharding like every element of its line.
+  std::vector<std::int64_t> index(shard.size(), 0);
+  for (int d = dims - 1; d >= 0; --d) {
+    if (d == reduced) continue;
+    const auto u = static_cast<std::size_t>(d);
+    index[u] = local % shard[u];
+    local /= shard[u];
+  }
+  std::int64_t param_local = 0;
+  for (int d = 0; d < dims; ++d)
+    param_local =
+        param_local * shard[static_cast<std::size_t>(d)] + index[static_cast<std::size_t>(d)];
+  std::int64_t global = layout.global_index(spec, param_local);
+  if (global < 0) return -1;
+  for (int d = dims - 1; d >= 0; --d) {
+    const auto u = static_cast<std::size_t>(d);
+    index[u] = global % full[u];
+    global /= full[u];
+  }
+  std::int64_t out = 0;
+  for (int d = 0; d < dims; ++d)
+    if (d != reduced)
+      out = out * full[static_cast<std::size_t>(d)] + index[static_cast<std::size_t>(d)];
+  return out;
+}
+
+// The whole tensor of a state of `spec` reducing dimension `reduced` (-1: shaped like the
+// parameter, gathered as the parameter is), assembled from the ranks of `tp`.
+template <class T>
+std::vector<T> whole_state(const model::ParamLayout& layout, const model::ParamSpec& spec,
+                           int reduced, const Tensor& local, comm::Communicator& tp) {
+  if (reduced < 0) return whole_tensor(layout, spec, local.data<T>(), tp);
+  const T* values = local.data<T>();
+  std::vector<T> whole(static_cast<std::size_t>(product(whole_state_shape(spec, reduced))), T(0));
+  if (state_is_whole_everywhere(spec, reduced)) {
+    OASES_ASSERT(local.numel() == static_cast<std::int64_t>(whole.size()),
+                 "state of {} has {} elements here, {} whole", spec.name, local.numel(),
+                 whole.size());
+    std::copy(values, values + local.numel(), whole.begin());
+    return whole;
+  }
+  // As for parameters: the first copy of each part places its elements, and a sum over the
+  // group assembles the disjoint parts.
+  if (tp.rank() < spec.parts) {
+    for (std::int64_t i = 0; i < local.numel(); ++i) {
+      const std::int64_t g = state_global_index(layout, spec, reduced, i);
+      if (g >= 0) whole[static_cast<std::size_t>(g)] = values[i];
+    }
+  }
+  tp.all_reduce(Tensor::of(whole.data(), {static_cast<std::int64_t>(whole.size())}));
+  return whole;
+}
+
 // Adds the whole tensor of `spec` whose local shard is `local` to `writer` as `name`. A tensor
 // holding a NaN or an infinity is never written: every rank of the group sees the same whole
 // tensor, so every rank stops with the same error.
@@ -86,6 +180,26 @@ void add_whole(io::SafetensorsWriter& writer, const std::string& name,
   });
 }
 
+// Adds the whole tensor of optimizer state `state` to `writer` under its name (finite, as
+// add_whole).
+void add_whole_state(io::SafetensorsWriter& writer, const optim::StateTensor& state,
+                     const model::ParamLayout& layout, comm::Communicator& tp, bool write) {
+  const model::ParamSpec& spec = layout.find(state.param);
+  const int reduced = state.elementwise ? -1 : state.reduced_dim;
+  by_dtype(state.view.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const std::vector<T> whole = whole_state<T>(layout, spec, reduced, state.view, tp);
+    const std::int64_t bad = count_non_finite(whole.data(), whole.size());
+    OASES_CHECK(bad == 0,
+                "refusing to checkpoint '{}': {} of its {} values are NaN or infinite; training "
+                "diverged (lower train.lr or raise train.warmup_steps)",
+                state.name, bad, whole.size());
+    if (write)
+      writer.add_copy(state.name, state.view.dtype(), whole_state_shape(spec, reduced),
+                      whole.data());
+  });
+}
+
 // Adds every parameter's whole tensor (to `model_file`) and its optimizer state (to
 // `optimizer_file`) of every pipeline stage: stage s assembles its tensors over its
 // tensor-parallel group and broadcasts them over the pipeline group `pp`; each name is taken
@@ -96,18 +210,10 @@ void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
                                  comm::Communicator& tp, comm::Communicator& pp, bool write,
                                  const Tensor* stashed_weights) {
   const model::ParamLayout& mine = model.layout();
-  // The state tensors of a parameter are named <prefix><parameter name> (AdamW: "exp_avg.",
-  // "exp_avg_sq."); every stage's optimizer has the same prefixes.
-  std::vector<std::string> prefixes;
+  // This stage's state tensors by name; another stage's are known by their layout
+  // (Optimizer::state_layout), which every rank can compute.
   std::map<std::string, Tensor> states;
-  for (const optim::StateTensor& st : optimizer.state_tensors()) {
-    OASES_ASSERT(st.elementwise, "state tensor {} is not shaped like its parameter", st.name);
-    OASES_ASSERT(st.name.ends_with(st.param), "state tensor {} does not end with {}", st.name,
-                 st.param);
-    const std::string prefix = st.name.substr(0, st.name.size() - st.param.size());
-    if (std::ranges::find(prefixes, prefix) == prefixes.end()) prefixes.push_back(prefix);
-    states.emplace(st.name, st.view);
-  }
+  for (const optim::StateTensor& st : optimizer.state_tensors()) states.emplace(st.name, st.view);
   std::set<std::string> done;
   for (int stage = 0; stage < pp.size(); ++stage) {
     // The stage's layers: one range, or several chunks with gaps between them.
@@ -118,26 +224,28 @@ void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
                                                                 layer_degrees(config), ranges);
     for (const model::ParamSpec& p : layout.params()) {
       if (!done.insert(p.name).second) continue;
-      const auto share = [&](io::SafetensorsWriter& writer, const std::string& name,
+      const auto share = [&](io::SafetensorsWriter& writer, const std::string& name, int reduced,
                              const std::function<Tensor()>& local) {
         by_dtype(model.dtype(), [&](auto zero) {
           using T = decltype(zero);
-          std::vector<T> whole(static_cast<std::size_t>(p.full_shape.numel()), T(0));
-          if (pp.rank() == stage) whole = whole_tensor(mine, mine.find(p.name), local().template data<T>(), tp);
+          const std::vector<std::int64_t> shape = whole_state_shape(p, reduced);
+          std::vector<T> whole(static_cast<std::size_t>(product(shape)), T(0));
+          if (pp.rank() == stage)
+            whole = whole_state<T>(mine, mine.find(p.name), reduced, local(), tp);
           pp.broadcast(Tensor::of(whole.data(), {static_cast<std::int64_t>(whole.size())}), stage);
           const std::int64_t bad = count_non_finite(whole.data(), whole.size());
           OASES_CHECK(bad == 0,
                       "refusing to checkpoint '{}': {} of its {} values are NaN or infinite; "
                       "training diverged (lower train.lr or raise train.warmup_steps)",
                       name, bad, whole.size());
-          if (write) writer.add_copy(name, model.dtype(), p.full_shape.to_vector(), whole.data());
+          if (write) writer.add_copy(name, model.dtype(), shape, whole.data());
         });
       };
-      share(model_file, p.name, [&] { return mine.view(model.params(), mine.find(p.name)); });
-      for (const std::string& prefix : prefixes)
-        share(optimizer_file, prefix + p.name, [&] { return states.at(prefix + p.name); });
+      share(model_file, p.name, -1, [&] { return mine.view(model.params(), mine.find(p.name)); });
+      for (const optim::StateTensor& st : optimizer.state_layout(param_slot(p)))
+        share(optimizer_file, st.name, st.reduced_dim, [&] { return states.at(st.name); });
       if (stashed_weights)
-        share(optimizer_file, kStashedWeightsPrefix + p.name,
+        share(optimizer_file, kStashedWeightsPrefix + p.name, -1,
               [&] { return mine.view(*stashed_weights, mine.find(p.name)); });
     }
   }
@@ -171,6 +279,39 @@ void read_shard(const io::SafetensorsFile& file, const std::string& name,
   });
 }
 
+// Reads state tensor `name` of `spec` that reduces dimension `reduced` (-1: shaped like the
+// parameter) and keeps this rank's part of it.
+void read_state_shard(const io::SafetensorsFile& file, const std::string& name,
+                      const model::ParamLayout& layout, const model::ParamSpec& spec, int reduced,
+                      const Tensor& local) {
+  if (reduced < 0) return read_shard(file, name, layout, spec, local);
+  by_dtype(local.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const std::vector<std::int64_t> shape = whole_state_shape(spec, reduced);
+    std::vector<T> whole(static_cast<std::size_t>(product(shape)));
+    if constexpr (std::is_same_v<T, double>)
+      file.read_f64(name, shape, whole.data());
+    else
+      file.read_f32(name, shape, whole.data());
+    const std::int64_t bad = count_non_finite(whole.data(), whole.size());
+    OASES_CHECK(bad == 0,
+                "'{}': tensor '{}' holds {} NaN or infinite values; a run cannot "
+                "resume from it",
+                file.path(), name, bad);
+    T* out = local.data<T>();
+    if (state_is_whole_everywhere(spec, reduced)) {
+      OASES_ASSERT(local.numel() == static_cast<std::int64_t>(whole.size()),
+                   "state {} has {} elements here, {} whole", name, local.numel(), whole.size());
+      std::copy(whole.begin(), whole.end(), out);
+      return;
+    }
+    for (std::int64_t i = 0; i < local.numel(); ++i) {
+      const std::int64_t g = state_global_index(layout, spec, reduced, i);
+      out[i] = g >= 0 ? whole[static_cast<std::size_t>(g)] : T(0);
+    }
+  });
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, const RunConfig& config,
@@ -188,10 +329,8 @@ std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                                   write_files, stashed_weights);
     } else {
       add_whole_tensors(model_file, "", layout, model.params(), tp, write_files);
-      for (const optim::StateTensor& s : optimizer.state_tensors()) {
-        OASES_ASSERT(s.elementwise, "state tensor {} is not shaped like its parameter", s.name);
-        add_whole(optimizer_file, s.name, layout, layout.find(s.param), s.view, tp, write_files);
-      }
+      for (const optim::StateTensor& s : optimizer.state_tensors())
+        add_whole_state(optimizer_file, s, layout, tp, write_files);
       if (stashed_weights)
         add_whole_tensors(optimizer_file, kStashedWeightsPrefix, layout, *stashed_weights, tp,
                           write_files);
@@ -281,8 +420,30 @@ TrainingState load_optimizer_state(const std::string& checkpoint_dir,
                 "checkpoint '{}' holds the state of train.optimizer = \"{}\" but the run uses "
                 "\"{}\"; resume with the same optimizer",
                 checkpoint_dir, stored->second, optimizer.name());
-  for (const optim::StateTensor& s : optimizer.state_tensors())
-    read_shard(file, s.name, layout, layout.find(s.param), s.view);
+  // The same optimizer with other settings keeps other state (momentum or not): the file must
+  // hold exactly the state this run keeps for its parameters.
+  const std::vector<optim::StateTensor> tensors = optimizer.state_tensors();
+  std::set<std::string> expected;
+  for (const optim::StateTensor& s : tensors) expected.insert(s.name);
+  const auto mismatch = [&](const std::string& name, const char* what) {
+    return fmt::format(
+        "checkpoint '{}' {} optimizer state '{}': it was saved with other "
+        "settings of train.optimizer = \"{}\" (train.momentum, "
+        "train.adafactor_beta1); resume with the settings it was trained with",
+        checkpoint_dir, what, name, optimizer.name());
+  };
+  for (const std::string& name : expected)
+    OASES_CHECK(file.has(name), "{}", mismatch(name, "holds no"));
+  for (const std::string& name : file.names()) {
+    const auto dot = name.find('.');
+    if (name.starts_with(kStashedWeightsPrefix) || dot == std::string::npos ||
+        !layout.has(name.substr(dot + 1)))
+      continue;
+    OASES_CHECK(expected.contains(name), "{}", mismatch(name, "holds"));
+  }
+  for (const optim::StateTensor& s : tensors)
+    read_state_shard(file, s.name, layout, layout.find(s.param), s.elementwise ? -1 : s.reduced_dim,
+                     s.view);
   return state;
 }
 
@@ -326,17 +487,27 @@ CheckpointSummary verify_checkpoint(const std::string& checkpoint_dir) {
     }
     summary.bytes += static_cast<std::int64_t>(fs::file_size(file->path()));
   }
-  // Optimizer state is named "<state>.<parameter>" and shaped like its parameter.
+  // Optimizer state is named "<state>.<parameter>" and shaped like its parameter, or, for
+  // factored state (optim::StateTensor::reduced_dim), like it without its last dimension
+  // ("<kind>_row") or the one before ("<kind>_col").
   for (const std::string& name : optimizer_file.names()) {
     const auto dot = name.find('.');
     OASES_CHECK(dot != std::string::npos && model_file.has(name.substr(dot + 1)),
                 "'{}': optimizer state '{}' belongs to no parameter of '{}'",
                 optimizer_file.path(), name, model_file.path());
-    OASES_CHECK(optimizer_file.info(name).shape == model_file.info(name.substr(dot + 1)).shape,
-                "'{}': optimizer state '{}' has shape {} but its parameter has shape {}",
-                optimizer_file.path(), name,
-                io::shape_string(optimizer_file.info(name).shape),
-                io::shape_string(model_file.info(name.substr(dot + 1)).shape));
+    const std::string kind = name.substr(0, dot);
+    std::vector<std::int64_t> expected = model_file.info(name.substr(dot + 1)).shape;
+    const bool row = kind.ends_with("_row"), col = kind.ends_with("_col");
+    OASES_CHECK(!(row || col) || expected.size() >= 2,
+                "'{}': optimizer state '{}' is factored but its parameter has shape {}",
+                optimizer_file.path(), name, io::shape_string(expected));
+    if (row) expected.pop_back();
+    if (col) expected.erase(expected.end() - 2);
+    OASES_CHECK(
+        optimizer_file.info(name).shape == expected,
+        "'{}': optimizer state '{}' has shape {} but {} was expected from its parameter's {}",
+        optimizer_file.path(), name, io::shape_string(optimizer_file.info(name).shape),
+        io::shape_string(expected), io::shape_string(model_file.info(name.substr(dot + 1)).shape));
   }
   return summary;
 }

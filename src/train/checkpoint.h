@@ -4,8 +4,12 @@
 //                          the run's element type (F32, or F64 for train.precision = "fp64");
 //                          metadata "format" = "pt", "oases_config" = the run's TOML
 //   optimizer.safetensors  the optimizer's state tensors (AdamW: "exp_avg.<name>",
-//                          "exp_avg_sq.<name>"), whole, same element type; metadata: step,
-//                          seed, data position, format version, the run's TOML
+//                          "exp_avg_sq.<name>"; Adafactor: "exp_avg_sq_row.<name>" and
+//                          "exp_avg_sq_col.<name>" for matrices, shaped like the whole
+//                          parameter without its last or second-to-last dimension, and
+//                          "exp_avg_sq.<name>" for vectors; optim/optimizer.h), whole, same
+//                          element type; metadata: step, seed, data position, format
+//                          version, optimizer name, the run's TOML
 //                          parallel.pipeline = "2bw" adds "stashed_weights.<name>": W(step - 1),
 //                          the weights the next batch computes on (train/weight_versions.h)
 //   tokenizer.model        for data.tokenizer = "sentencepiece": the run's tokenizer model

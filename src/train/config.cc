@@ -149,6 +149,9 @@ const std::map<std::string, SectionFields>& schema() {
         {"grad_clip", bind(&RunConfig::train, &OptimConfig::grad_clip)},
         {"max_loss", bind(&RunConfig::train, &OptimConfig::max_loss)},
         {"optimizer", bind(&RunConfig::train, &OptimConfig::optimizer)},
+        {"momentum", bind(&RunConfig::train, &OptimConfig::momentum)},
+        {"nesterov", bind(&RunConfig::train, &OptimConfig::nesterov)},
+        {"adafactor_beta1", bind(&RunConfig::train, &OptimConfig::adafactor_beta1)},
         {"precision", bind(&RunConfig::train, &OptimConfig::precision)},
         {"loss_scale", bind(&RunConfig::train, &OptimConfig::loss_scale)},
         {"initial_loss_scale", bind(&RunConfig::train, &OptimConfig::initial_loss_scale)},
@@ -645,9 +648,20 @@ void RunConfig::validate() const {
                 micro_batches);
   }
   OASES_CHECK(t.steps >= 0, "train.steps = {} must be >= 0", t.steps);
-  OASES_CHECK(t.lr > 0, "train.lr = {} must be positive", t.lr);
-  OASES_CHECK(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr = {} must be in [0, train.lr = {}]",
-              t.min_lr, t.lr);
+  // train.lr = 0 is Adafactor's relative step size, which is its own schedule: min_lr is not
+  // used, and there is no rate to warm up to.
+  const bool relative_step = t.optimizer == "adafactor" && t.lr == 0;
+  OASES_CHECK(t.lr > 0 || relative_step,
+              "train.lr = {} must be positive (0 only with train.optimizer = \"adafactor\", "
+              "for its relative step size)",
+              t.lr);
+  OASES_CHECK(relative_step || (t.min_lr >= 0 && t.min_lr <= t.lr),
+              "train.min_lr = {} must be in [0, train.lr = {}]", t.min_lr, t.lr);
+  OASES_CHECK(!relative_step || t.warmup_steps == 0,
+              "train.warmup_steps = {} has no rate to warm up to: train.lr = 0 gives Adafactor's "
+              "relative step size min(1e-2, 1/sqrt(step)); set train.warmup_steps = 0, or "
+              "train.lr > 0",
+              t.warmup_steps);
   OASES_CHECK(t.warmup_steps >= 0, "train.warmup_steps = {} must be >= 0", t.warmup_steps);
   OASES_CHECK(t.lr_decay_steps >= 0, "train.lr_decay_steps = {} must be >= 0", t.lr_decay_steps);
   OASES_CHECK(t.weight_decay >= 0, "train.weight_decay = {} must be >= 0", t.weight_decay);
@@ -657,8 +671,7 @@ void RunConfig::validate() const {
   OASES_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 disables clipping)",
               t.grad_clip);
   OASES_CHECK(t.max_loss >= 0, "train.max_loss = {} must be >= 0 (0: no limit)", t.max_loss);
-  OASES_CHECK(t.optimizer == "adamw", "train.optimizer = \"{}\" is not known; valid: \"adamw\"",
-              t.optimizer);
+  optim::validate_optimizer_config(optimizer_config(t));
   OASES_CHECK(t.precision == "fp32" || t.precision == "fp64",
               "train.precision = \"{}\" is not available on the CPU engine; valid: \"fp32\", "
               "\"fp64\" (the verification precision)",
@@ -724,6 +737,20 @@ constexpr toml::format_flags kRoundTripFormat =
     toml::toml_formatter::default_flags &
     ~(toml::format_flags::allow_literal_strings | toml::format_flags::allow_multi_line_strings);
 
+optim::OptimizerConfig optimizer_config(const OptimConfig& t) {
+  optim::OptimizerConfig o;
+  o.name = t.optimizer;
+  o.beta1 = t.beta1;
+  o.beta2 = t.beta2;
+  o.eps = t.eps;
+  o.weight_decay = t.weight_decay;
+  o.momentum = t.momentum;
+  o.nesterov = t.nesterov;
+  o.adafactor_beta1 = t.adafactor_beta1;
+  o.relative_step = t.optimizer == "adafactor" && t.lr == 0;
+  return o;
+}
+
 std::string to_toml(const RunConfig& c) {
   toml::table root;
   root.insert("model", toml::table{{"arch", c.model.arch}, {"layers", c.model.layers},
@@ -757,12 +784,15 @@ std::string to_toml(const RunConfig& c) {
                                    {"weight_decay", t.weight_decay}, {"beta1", t.beta1},
                                    {"beta2", t.beta2}, {"eps", t.eps}, {"grad_clip", t.grad_clip},
                                    {"max_loss", t.max_loss},
-                                   {"optimizer", t.optimizer}, {"precision", t.precision},
-                                   {"loss_scale", t.loss_scale},
+                                   {"optimizer", t.optimizer}, {"momentum", t.momentum},
+                                   {"nesterov", t.nesterov},
+                                   {"adafactor_beta1", t.adafactor_beta1},
+                                   {"precision", t.precision}, {"loss_scale", t.loss_scale},
                                    {"initial_loss_scale", t.initial_loss_scale},
                                    {"min_loss_scale", t.min_loss_scale},
                                    {"loss_scale_window", t.loss_scale_window},
-                                   {"hysteresis", t.hysteresis}, {"seed", t.seed}, {"eval_every", t.eval_every},
+                                   {"hysteresis", t.hysteresis}, {"seed", t.seed},
+                                   {"eval_every", t.eval_every},
                                    {"eval_steps", t.eval_steps}, {"threads", t.threads}});
   root.insert("data", toml::table{{"path", c.data.path}, {"tokenizer", c.data.tokenizer},
                                   {"tokenizer_model", c.data.tokenizer_model},

@@ -6,6 +6,7 @@
 
 #include "data/tokenizer.h"
 #include "model/config.h"
+#include "optim/optimizer.h"
 #include "schedule/schedule.h"
 
 #include <cstdint>
@@ -63,7 +64,13 @@ struct OptimConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;  // 0: no clipping
   double max_loss = 0;     // a step whose loss exceeds this stops the run; 0: no limit
+  // "adamw", "adafactor", "sm3" or "sgd" (optim/optimizer.h). beta1, beta2 and eps are
+  // AdamW's; momentum is SGD's and SM3's (0: none), nesterov SGD's; adafactor_beta1 is
+  // Adafactor's first moment (0: none). lr = 0 selects Adafactor's relative step size.
   std::string optimizer = "adamw";
+  double momentum = 0;
+  bool nesterov = false;
+  double adafactor_beta1 = 0;
   std::string precision = "fp32";
   // fp16's loss scaling (train/loss_scaler.h), as Megatron-LM's options of the same names:
   // loss_scale > 0 is a constant scale; 0 selects the dynamic rule, starting from
@@ -118,6 +125,9 @@ struct RunConfig {
   // Cross-field checks (heads divide hidden, batch arithmetic, ...).
   void validate() const;
 };
+
+// The optimizer settings of the [train] section, as optim::make_optimizer takes them.
+optim::OptimizerConfig optimizer_config(const OptimConfig& train);
 
 // The schedule the run uses, with "auto" settings resolved (UserError for a combination that
 // cannot run, naming the settings and the valid values). micro_batches is the number of

@@ -19,12 +19,29 @@ DType compute_dtype(const RunConfig& config) {
   return config.train.precision == "fp64" ? DType::f64 : DType::f32;
 }
 
+optim::ParamSlot param_slot(const model::ParamSpec& p) {
+  optim::ParamSlot slot{p.name, p.offset, p.shape.to_vector(), p.weight_decay};
+  slot.full_shape = p.full_shape.to_vector();
+  const int dims = static_cast<int>(slot.shape.size());
+  if (p.parts > 1 && p.sharding != model::Sharding::replicated)
+    slot.split_dim = p.sharding == model::Sharding::rows ? 0 : dims - 1;
+  if (p.sharding == model::Sharding::rows && dims > 0 && slot.shape[0] > 0) {
+    // Rows past the whole tensor's (a vocabulary padded to a multiple of the degree) are the
+    // shard's last ones.
+    const std::int64_t rows = slot.shape[0];
+    const std::int64_t valid =
+        std::clamp<std::int64_t>(slot.full_shape[0] - p.part * rows, 0, rows);
+    slot.padding = (rows - valid) * (p.numel() / rows);
+    if (p.parts == 1) slot.full_shape[0] = valid;
+  }
+  return slot;
+}
+
 optim::FlatLayout flat_layout(const model::ParamLayout& layout, DType dtype) {
   optim::FlatLayout flat;
   flat.dtype = dtype;
   flat.total_numel = layout.total_numel();
-  for (const model::ParamSpec& p : layout.params())
-    flat.params.push_back({p.name, p.offset, p.shape.to_vector(), p.weight_decay});
+  for (const model::ParamSpec& p : layout.params()) flat.params.push_back(param_slot(p));
   return flat;
 }
 
@@ -47,8 +64,25 @@ model::ModelOptions model_options(const RunConfig& config, const schedule::Sched
   return o;
 }
 
-optim::OptimizerConfig optimizer_config(const OptimConfig& t) {
-  return {t.optimizer, t.beta1, t.beta2, t.eps, t.weight_decay};
+// Combines the optimizer's statistics of each split parameter over the ranks that hold its
+// parts: the tensor-parallel group for a parameter split tp ways, the k neighbouring ranks of a
+// layer at degree k < tp (each replica group of them on its own).
+std::unique_ptr<optim::ShardReducer> shard_reducer(const model::ParamLayout& layout,
+                                                   comm::Communicator& tp,
+                                                   const ops::TpSubgroups& tp_subgroup) {
+  std::vector<comm::Communicator*> groups;
+  for (const model::ParamSpec& p : layout.params()) {
+    comm::Communicator* group = nullptr;
+    if (p.parts > 1 && p.sharding != model::Sharding::replicated) {
+      OASES_ASSERT(p.parts == tp.size() || tp_subgroup,
+                   "parameter {} in {} parts needs the "
+                   "tensor-parallel sub-groups",
+                   p.name, p.parts);
+      group = p.parts == tp.size() ? &tp : &tp_subgroup(p.parts, 1);
+    }
+    groups.push_back(group);
+  }
+  return std::make_unique<optim::GroupShardReducer>(std::move(groups));
 }
 
 // Sum of a double over a group (loss sums are reduced in double to keep their digits).
@@ -73,9 +107,11 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       spec_(train::schedule_spec(config)),
       model_(config.model, model_options(config, spec_, *tp_, *pp_, groups)),
       optimizer_(optim::make_optimizer(optimizer_config(config.train),
-                                       flat_layout(model_.layout(), model_.dtype()))),
-      lr_schedule_{config.train.lr, config.train.min_lr, config.train.warmup_steps,
-                   config.train.lr_decay_steps, config.train.steps},
+                                       flat_layout(model_.layout(), model_.dtype()),
+                                       shard_reducer(model_.layout(), *tp_, groups.tp_subgroup))),
+      // With train.lr = 0 (Adafactor's relative step) every rate is 0, min_lr included.
+      lr_schedule_{config.train.lr, config.train.lr == 0 ? 0.0 : config.train.min_lr,
+                   config.train.warmup_steps, config.train.lr_decay_steps, config.train.steps},
       executor_(model_.segments(), model_.program(), model_.activations(),
                 model_.static_activation_bytes()) {
   OASES_CHECK(config.train.global_batch % (config.train.micro_batch * dp_->size()) == 0,

@@ -195,6 +195,9 @@ class TrainingEngine {
   std::map<std::pair<bool, bool>, schedule::LoweredRun> two_bw_runs_;
 };
 
+// The optimizer's view of parameter `p` (this rank's shard): its place in the flat array, and
+// where the shard sits in the whole parameter (split dimension, padding rows).
+optim::ParamSlot param_slot(const model::ParamSpec& p);
 // The flat layout an optimizer sees for `layout`'s parameters, of element type `dtype`.
 optim::FlatLayout flat_layout(const model::ParamLayout& layout, DType dtype);
 

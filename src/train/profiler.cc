@@ -178,8 +178,8 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     const auto& layer0 = engine.model().layout().groups().at(1);  // the first layer's parameters
     degree.parameter_bytes_per_layer = (layer0.second - layer0.first) * element;
     degree.parameter_bytes = engine.model().param_count() * element;
-    profile.optimizer_state_ratio = static_cast<double>(engine.optimizer().state_bytes_per_element()) /
-                                    static_cast<double>(element);
+    profile.optimizer_state_ratio =
+        engine.optimizer().state_bytes_per_parameter() / static_cast<double>(element);
     degree.static_activation_bytes =
         static_cast<std::int64_t>(engine.model().static_activation_bytes());
     const OverlapSlowdown slowdown = measure_overlap_slowdown(mesh.tp_group(), c);

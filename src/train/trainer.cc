@@ -488,9 +488,10 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
   const double weights = static_cast<double>(engine.model().param_count()) *
                          static_cast<double>(dtype_size(engine.model().dtype())) / mib;
   log_info("memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer state {:.1f} "
-           "MiB ({}, {} bytes per parameter), activations {:.1f} MiB",
+           "MiB ({}, {} bytes, {:.3g} bytes per parameter), activations {:.1f} MiB",
            weights, weights, static_cast<double>(engine.optimizer().state_bytes()) / mib,
-           engine.optimizer().name(), engine.optimizer().state_bytes_per_element(),
+           engine.optimizer().name(), engine.optimizer().state_bytes(),
+           engine.optimizer().state_bytes_per_parameter(),
            static_cast<double>(engine.activation_bytes()) / mib);
   const schedule::ScheduleSpec& spec = engine.schedule_spec();
   log_info("schedule: {}, recompute {}, {} sub-batch(es) of {} sequences, {} micro-batch(es) "

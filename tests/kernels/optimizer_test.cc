@@ -161,5 +161,61 @@ TEST(ClipCoefficient, FollowsClipGradNorm) {
   EXPECT_EQ(clip_coefficient(std::numeric_limits<double>::infinity(), 1.0), 0.0);
 }
 
+// torch.optim.SGD's single-tensor step written out per element in double: the kernel in fp64
+// gives the same numbers, with and without momentum and Nesterov's variant, and leaves no
+// buffer behind without momentum.
+TEST(Sgd, FollowsTorchsAlgorithmElementByElement) {
+  struct Case {
+    double momentum;
+    bool nesterov;
+    double weight_decay;
+  };
+  for (const Case c :
+       {Case{0, false, 0}, Case{0, false, 0.1}, Case{0.9, false, 0.1}, Case{0.9, true, 0}}) {
+    const std::int64_t n = 40000;  // above the parallel threshold
+    std::vector<double> param = random_vector(n, 1), expected = param;
+    std::vector<double> buffer(n, 0.0), expected_buffer(n, 0.0);
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      const std::vector<double> grad = random_vector(n, 10 + static_cast<std::uint64_t>(step));
+      const SgdStep hp{0.05, c.momentum, c.nesterov, c.weight_decay};
+      sgd_update(param.data(), grad.data(), c.momentum > 0 ? buffer.data() : nullptr, n, hp);
+      for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
+        double d = grad[i] + c.weight_decay * expected[i];
+        if (c.momentum > 0) {
+          expected_buffer[i] = step == 1 ? d : c.momentum * expected_buffer[i] + d;
+          d = c.nesterov ? d + c.momentum * expected_buffer[i] : expected_buffer[i];
+        }
+        expected[i] -= 0.05 * d;
+      }
+    }
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n); i += 997) {
+      EXPECT_NEAR(param[i], expected[i], 1e-14 * std::max(1.0, std::abs(expected[i]))) << i;
+      EXPECT_NEAR(buffer[i], expected_buffer[i],
+                  1e-14 * std::max(1.0, std::abs(expected_buffer[i])));
+    }
+  }
+}
+
+TEST(Sgd, IsBitwiseIndependentOfThreadCount) {
+  const std::int64_t n = 50001;
+  expect_independent_of_thread_count("sgd_update", [&] {
+    std::vector<float> param(n), buffer(n, 0.0f), grad(n);
+    const auto p = random_vector(n, 3), g = random_vector(n, 4);
+    std::copy(p.begin(), p.end(), param.begin());
+    std::copy(g.begin(), g.end(), grad.begin());
+    for (int step = 0; step < 2; ++step)
+      sgd_update(param.data(), grad.data(), buffer.data(), n, SgdStep{0.1, 0.9, true, 0.01});
+    param.insert(param.end(), buffer.begin(), buffer.end());
+    return param;
+  });
+}
+
+TEST(Sgd, MomentumWithoutABufferIsAnInternalError) {
+  std::vector<double> p(4, 1.0), g(4, 1.0);
+  EXPECT_THROW(
+      sgd_update(p.data(), g.data(), static_cast<double*>(nullptr), 4, SgdStep{0.1, 0.9, false, 0}),
+      InternalError);
+}
+
 }  // namespace
 }  // namespace oases::kernels::cpu

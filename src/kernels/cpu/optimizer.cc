@@ -77,6 +77,34 @@ void adamw_update(T* param, const T* grad, T* m, T* v, std::int64_t n, const Ada
 }
 
 template <class T>
+void sgd_update(T* param, const T* grad, T* momentum_buffer, std::int64_t n, const SgdStep& hp) {
+  OASES_ASSERT(n >= 0, "sgd_update: negative size {}", n);
+  OASES_ASSERT(hp.lr >= 0 && hp.weight_decay >= 0 && hp.momentum >= 0 && hp.momentum < 1,
+               "sgd_update: lr={} weight_decay={} must be >= 0 and momentum={} in [0, 1)", hp.lr,
+               hp.weight_decay, hp.momentum);
+  OASES_ASSERT(hp.momentum == 0 || momentum_buffer != nullptr,
+               "sgd_update: momentum {} without a buffer", hp.momentum);
+  OASES_ASSERT(!hp.nesterov || hp.momentum > 0, "sgd_update: nesterov without momentum");
+  const bool decay = hp.weight_decay != 0.0;
+  const bool momentum = hp.momentum != 0.0;
+  const T weight_decay = static_cast<T>(hp.weight_decay);
+  const T mu = static_cast<T>(hp.momentum);
+  const T minus_lr = static_cast<T>(-hp.lr);
+#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T p = param[i];
+    T d = grad[i];
+    if (decay) d = d + weight_decay * p;
+    if (momentum) {
+      const T buf = momentum_buffer[i] * mu + d;
+      momentum_buffer[i] = buf;
+      d = hp.nesterov ? d + mu * buf : buf;
+    }
+    param[i] = p + minus_lr * d;
+  }
+}
+
+template <class T>
 double sum_of_squares(const T* x, std::int64_t n) {
   OASES_ASSERT(n >= 0, "sum_of_squares: negative size {}", n);
   if (n == 0) return 0.0;
@@ -112,6 +140,8 @@ template void adamw_update<float>(float*, const float*, float*, float*, std::int
                                   const AdamWStep&);
 template void adamw_update<double>(double*, const double*, double*, double*, std::int64_t,
                                    const AdamWStep&);
+template void sgd_update<float>(float*, const float*, float*, std::int64_t, const SgdStep&);
+template void sgd_update<double>(double*, const double*, double*, std::int64_t, const SgdStep&);
 template double sum_of_squares<float>(const float*, std::int64_t);
 template double sum_of_squares<double>(const double*, std::int64_t);
 template void scale_in_place<float>(float*, std::int64_t, float);

@@ -1,5 +1,5 @@
-// AdamW and global-norm gradient clipping, with PyTorch's exact formulas
-// (torch.optim.AdamW, torch.nn.utils.clip_grad_norm_).
+// AdamW, SGD and global-norm gradient clipping, with PyTorch's exact formulas
+// (torch.optim.AdamW, torch.optim.SGD, torch.nn.utils.clip_grad_norm_).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,23 @@ struct AdamWStep {
 // scalars lr / (1 - b1^t) and sqrt(1 - b2^t) are computed in double and rounded to T once.
 template <class T>
 void adamw_update(T* param, const T* grad, T* m, T* v, std::int64_t n, const AdamWStep& hp);
+
+struct SgdStep {
+  double lr = 0;
+  double momentum = 0;      // 0: no momentum buffer
+  bool nesterov = false;    // REQUIRES: momentum > 0
+  double weight_decay = 0;  // L2 added to the gradient; pass 0 for parameters without decay
+};
+
+// torch.optim.SGD with dampening 0, in its order of operations (single-tensor path):
+//   d = g + wd * p                      (only when wd != 0)
+//   buf = momentum * buf + d            (only when momentum != 0; buf starts at zero, so the
+//                                        first step sets buf = d, as torch's clone does)
+//   d = nesterov ? d + momentum * buf : buf
+//   p = p + (-lr) * d
+// Scalars are rounded to T once. momentum_buffer may be null when momentum == 0.
+template <class T>
+void sgd_update(T* param, const T* grad, T* momentum_buffer, std::int64_t n, const SgdStep& hp);
 
 // sum_i x[i]^2, accumulated in double. Deterministic and independent of the thread count: the
 // input is split into blocks by n alone and the block sums are added in block order.
