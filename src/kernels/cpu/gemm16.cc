@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -274,6 +275,9 @@ void gemm16(Gemm16Path path, Trans trans_a, Trans trans_b, std::int64_t M, std::
   }
 }
 
+// Timed runs of each path in the start-up choice (each a few ms).
+constexpr int kChoiceRuns = 5;
+
 template <class Half>
 Gemm16Choice choose_for(DType operands) {
   constexpr std::int64_t M = 256, K = 512, N = 1024;
@@ -282,28 +286,38 @@ Gemm16Choice choose_for(DType operands) {
     a[i] = Half(static_cast<float>(i % 13) * 0.125f - 0.75f);
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = Half(static_cast<float>(i % 7) * 0.25f - 0.75f);
   std::vector<float> c(static_cast<std::size_t>(M * N));
-  const auto best_seconds = [&](Gemm16Path path) {
-    double best = 0;
-    for (int run = 0; run < 4; ++run) {  // the first run warms up (thread team, JIT, pages)
-      const Stopwatch watch;
-      gemm16<Half>(path, Trans::no, Trans::no, M, N, K, a.data(), K, b.data(), N, nullptr, false,
-                   c.data(), DType::f32, N);
-      const double seconds = watch.seconds();
-      if (run == 1 || (run > 1 && seconds < best)) best = seconds;
-    }
-    return best;
+  const auto seconds_of = [&](Gemm16Path path) {
+    const Stopwatch watch;
+    gemm16<Half>(path, Trans::no, Trans::no, M, N, K, a.data(), K, b.data(), N, nullptr, false,
+                 c.data(), DType::f32, N);
+    return watch.seconds();
   };
   Gemm16Choice choice;
   choice.operands = operands;
-  choice.convert_sgemm_seconds = best_seconds(Gemm16Path::convert_sgemm);
   const std::string name(dtype_name(operands));
-  const Gemm16Availability onednn = gemm16_available(Gemm16Path::onednn, operands);
+  Gemm16Availability onednn = gemm16_available(Gemm16Path::onednn, operands);
+  // The widest vector instructions of this CPU, for the log.
+  onednn.detail += fmt::format("; CPU: {}", detail::convert_isa_name(detail::best_convert_isa()));
   if (!onednn.available) {
+    seconds_of(Gemm16Path::convert_sgemm);  // warm-up: thread team, pages
+    choice.convert_sgemm_seconds = std::numeric_limits<double>::infinity();
+    for (int run = 0; run < kChoiceRuns; ++run)
+      choice.convert_sgemm_seconds =
+          std::min(choice.convert_sgemm_seconds, seconds_of(Gemm16Path::convert_sgemm));
     choice.path = Gemm16Path::convert_sgemm;
     choice.reason = fmt::format("{} GEMM: convert+sgemm ({})", name, onednn.detail);
     return choice;
   }
-  choice.onednn_seconds = best_seconds(Gemm16Path::onednn);
+  // Warm-up (thread team, oneDNN's JIT, pages), then the two paths alternate so that both see
+  // the same load on a busy machine; the best run of each counts.
+  seconds_of(Gemm16Path::convert_sgemm);
+  seconds_of(Gemm16Path::onednn);
+  choice.convert_sgemm_seconds = choice.onednn_seconds = std::numeric_limits<double>::infinity();
+  for (int run = 0; run < kChoiceRuns; ++run) {
+    choice.convert_sgemm_seconds =
+        std::min(choice.convert_sgemm_seconds, seconds_of(Gemm16Path::convert_sgemm));
+    choice.onednn_seconds = std::min(choice.onednn_seconds, seconds_of(Gemm16Path::onednn));
+  }
   const double ratio = choice.convert_sgemm_seconds / choice.onednn_seconds;
   if (ratio > 1) {
     choice.path = Gemm16Path::onednn;

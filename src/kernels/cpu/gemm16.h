@@ -65,9 +65,13 @@ void gemm16(Gemm16Path path, Trans trans_a, Trans trans_b, std::int64_t M, std::
             const float* bias, bool accumulate, void* C, DType c_type, std::int64_t ldc);
 
 // The start-up choice for one format: the faster available path on a representative product
-// (x[256, 512] @ W[512, 1024], the shape class of a small transformer's layers; a few ms each
-// path), with the measured times and a sentence for the log, e.g.
-//   "bf16 GEMM: oneDNN 2.3x faster than convert+sgemm on this CPU (avx512_bf16)".
+// (x[256, 512] @ W[512, 1024], the shape class of a small transformer's layers; a few ms a
+// run), each path timed 5 times alternately after a warm-up (the best run counts, so that a
+// busy machine loads both alike), with the times and a sentence for the log, e.g.
+//   "bf16 GEMM: oneDNN 3.00x faster than convert+sgemm on this CPU (oneDNN gemm:jit; CPU:
+//    avx512_bf16)"  or  "f16 GEMM: convert+sgemm (oneDNN has no f16 matmul on this CPU; CPU:
+//    avx512_bf16)".
+// Takes a few hundred ms the first time (oneDNN compiles its kernels).
 struct Gemm16Choice {
   DType operands = DType::bf16;
   Gemm16Path path = Gemm16Path::convert_sgemm;
