@@ -44,12 +44,17 @@ using cpu::VocabRange;
 
 // The 16-bit matrix-product paths (cpu/gemm16.h): Gemm16Paths{} (convert+sgemm for both
 // formats) works on every CPU; choose_gemm16_paths() picks the faster per format by
-// measuring (a few ms) and explains the choice (choice.bf16.reason, choice.f16.reason).
+// measuring (a few hundred ms the first time, mostly oneDNN compiling its kernels) and explains
+// the choice (choice.bf16.reason, choice.f16.reason); gemm16_path_from_name() reads a pinned
+// path back (the paths differ in the last bits, so a resumed run keeps its path).
+using cpu::Gemm16Availability;
 using cpu::Gemm16Choice;
 using cpu::Gemm16Path;
 using cpu::Gemm16Paths;
 using cpu::Gemm16PathsChoice;
 using cpu::choose_gemm16_paths;
+using cpu::gemm16_available;
+using cpu::gemm16_path_from_name;
 using cpu::gemm16_path_name;
 
 // How a linear layer's weight is stored: [in, out] (GPT-2's Conv1D) or [out, in]

@@ -161,6 +161,13 @@ TEST(Gemm16, F16ProductsOfEveryLayoutWithinTheAccumulationBound) {
   check_all_layouts<Float16>();
 }
 
+TEST(Gemm16, PathNamesRoundTrip) {
+  for (Gemm16Path path : {Gemm16Path::convert_sgemm, Gemm16Path::onednn})
+    EXPECT_EQ(gemm16_path_from_name(gemm16_path_name(path)), path);
+  EXPECT_EQ(gemm16_path_from_name("onednn"), Gemm16Path::onednn);
+  EXPECT_FALSE(gemm16_path_from_name("sbgemm").has_value());
+}
+
 TEST(Gemm16, ConvertPathIsAvailableEverywhere) {
   for (DType t : {DType::bf16, DType::f16}) {
     const Gemm16Availability a = gemm16_available(Gemm16Path::convert_sgemm, t);

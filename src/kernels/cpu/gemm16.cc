@@ -213,6 +213,12 @@ std::string_view gemm16_path_name(Gemm16Path path) {
   return path == Gemm16Path::onednn ? "oneDNN" : "convert+sgemm";
 }
 
+std::optional<Gemm16Path> gemm16_path_from_name(std::string_view name) {
+  if (name == "convert+sgemm" || name == "convert_sgemm") return Gemm16Path::convert_sgemm;
+  if (name == "oneDNN" || name == "onednn") return Gemm16Path::onednn;
+  return std::nullopt;
+}
+
 Gemm16Availability gemm16_available(Gemm16Path path, DType operands) {
   OASES_ASSERT(operands == DType::bf16 || operands == DType::f16,
                "gemm16_available: {} is not a 16-bit type", dtype_name(operands));

@@ -29,6 +29,7 @@
 #include "kernels/cpu/gemm.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -36,6 +37,11 @@ namespace oases::kernels::cpu {
 
 enum class Gemm16Path : std::uint8_t { convert_sgemm, onednn };
 std::string_view gemm16_path_name(Gemm16Path path);  // "convert+sgemm", "oneDNN"
+// The path of a name gemm16_path_name returns (also "convert_sgemm", "onednn"); nullopt for
+// any other string. For a config key that pins the path: the two paths round differently in
+// the last bits (summation order), so a run that must repeat another bit for bit (a resumed
+// run) uses the path that run used rather than measuring again.
+std::optional<Gemm16Path> gemm16_path_from_name(std::string_view name);
 
 // The path each 16-bit format uses. The default, convert+sgemm, works everywhere.
 struct Gemm16Paths {
