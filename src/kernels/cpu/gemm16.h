@@ -6,8 +6,9 @@
 //    on every CPU, for both formats.
 //  - onednn: oneDNN's matmul primitive (libdnnl, Debian's libdnnl-dev) on the 16-bit operands
 //    directly, accumulating in f32 and rounding once into C. Used only where oneDNN has a
-//    JIT-compiled kernel for the format on this CPU (bf16: AVX-512 machines, native
-//    vdpbf16ps with AVX-512 BF16; oneDNN 2.6 has none for f16 on any CPU): its reference
+//    JIT-compiled kernel for the format on this CPU (bf16 on AVX-512 machines: "gemm:jit",
+//    its bf16bf16f32 GEMM kernel, with vdpbf16ps where the CPU has AVX-512 BF16; none on
+//    AVX2-only CPUs, and oneDNN 2.6 has none for f16 on any CPU): its reference
 //    implementation is never used. C is cut into the same tiles as cpu::gemm and each tile is
 //    one single-threaded oneDNN call, so the bits do not depend on the thread count either.
 //
@@ -18,11 +19,13 @@
 // representative shape at start-up and returns the choice with its reason, for the caller to
 // keep (in a Gemm16Paths value passed to the kernels; nothing is stored globally) and log.
 //
+// The two paths sum in different orders, so their last bits differ; one run keeps one path.
+//
 // Accuracy (either path): with A, B already rounded to the 16-bit format, every product of
-// two elements is exact in f32 (8 + 8 or 11 + 11 significant bits < 24) and the sum of K of
-// them carries the f32 accumulation error, |error| <= ~K * 2^-24 * sum_k |a_ik||b_kj| (in
-// practice blocked summation keeps it far below); a 16-bit C adds one rounding of the
-// result (relative 2^-8 for bf16, 2^-11 for f16).
+// two elements is exact in f32 (8 + 8 or 11 + 11 significant bits < 24, barring underflow
+// below f32's normal range) and the sum of K of them carries the f32 accumulation error,
+// |error| <= ~K 2^-24 sum_k |a_ik||b_kj| (in practice blocked summation keeps it far below);
+// a 16-bit C adds one rounding of the result (relative 2^-8 for bf16, 2^-11 for f16).
 #pragma once
 
 #include "core/dtype.h"
