@@ -163,12 +163,18 @@ int main(int argc, char** argv) {
       Gemm16Path path;
     };
     std::vector<Variant> variants = {{"fp32", DType::f32, Gemm16Path::convert_sgemm}};
-    for (DType t : {DType::bf16, DType::f16})
-      for (Gemm16Path path : {Gemm16Path::convert_sgemm, Gemm16Path::onednn})
-        if (kernels::cpu::gemm16_available(path, t).available)
-          variants.push_back(
-              {std::string(dtype_name(t)) + " " + std::string(kernels::gemm16_path_name(path)), t,
-               path});
+    for (DType t : {DType::bf16, DType::f16}) {
+      for (Gemm16Path path : {Gemm16Path::convert_sgemm, Gemm16Path::onednn}) {
+        const std::string name =
+            std::string(dtype_name(t)) + " " + std::string(kernels::gemm16_path_name(path));
+        const kernels::Gemm16Availability available = kernels::gemm16_available(path, t);
+        if (available.available) {
+          variants.push_back({name, t, path});
+        } else {
+          std::printf("%s: unavailable (%s)\n", name.c_str(), available.detail.c_str());
+        }
+      }
+    }
 
     std::printf("%-10s %-4s %10s", "product", "pass", "fp32 ms");
     for (std::size_t v = 1; v < variants.size(); ++v)
