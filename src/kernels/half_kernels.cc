@@ -19,6 +19,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace oases::kernels::half {
@@ -81,8 +82,9 @@ class F32Image {
       ld_ = stride_;
       return;
     }
-    copy_.resize(static_cast<std::size_t>(rows_ * cols_));
-    data_ = copy_.data();
+    // Uninitialised: widened just below, or written by the kernel before store().
+    copy_ = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(rows_ * cols_));
+    data_ = copy_.get();
     ld_ = cols_;
     if (!load) return;
     if (stride_ == cols_) {
@@ -117,7 +119,7 @@ class F32Image {
   }
 
   Tensor tensor_;
-  std::vector<float> copy_;
+  std::unique_ptr<float[]> copy_;
   float* data_ = nullptr;
   std::int64_t rows_ = 0, cols_ = 0, stride_ = 0, ld_ = 0;
 };

@@ -13,6 +13,7 @@
 #include <array>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -152,15 +153,21 @@ void gemm16_onednn(Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N,
   });
 }
 
+// Uninitialised f32 scratch (every element is written before it is read: no zero-filling pass).
+std::unique_ptr<float[]> scratch_floats(std::int64_t n) {
+  return std::make_unique_for_overwrite<float[]>(
+      static_cast<std::size_t>(std::max<std::int64_t>(n, 1)));
+}
+
 // Rows x cols of a stored matrix at row stride ld, widened into a contiguous f32 copy.
 template <class Half>
-std::vector<float> widened_matrix(const Half* src, std::int64_t rows, std::int64_t cols,
-                                  std::int64_t ld) {
-  std::vector<float> out(static_cast<std::size_t>(rows * cols));
+std::unique_ptr<float[]> widened_matrix(const Half* src, std::int64_t rows, std::int64_t cols,
+                                        std::int64_t ld) {
+  std::unique_ptr<float[]> out = scratch_floats(rows * cols);
   if (ld == cols) {
-    widen(src, out.data(), rows * cols);
+    widen(src, out.get(), rows * cols);
   } else {
-    for (std::int64_t r = 0; r < rows; ++r) widen(src + r * ld, out.data() + r * cols, cols);
+    for (std::int64_t r = 0; r < rows; ++r) widen(src + r * ld, out.get() + r * cols, cols);
   }
   return out;
 }
@@ -172,22 +179,22 @@ void gemm16_convert(Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N
   // The stored shapes: A is [M, K] or, transposed, [K, M]; B [K, N] or [N, K].
   const std::int64_t a_rows = trans_a == Trans::no ? M : K, a_cols = trans_a == Trans::no ? K : M;
   const std::int64_t b_rows = trans_b == Trans::no ? K : N, b_cols = trans_b == Trans::no ? N : K;
-  const std::vector<float> a = widened_matrix(A, a_rows, a_cols, lda);
-  const std::vector<float> b = widened_matrix(B, b_rows, b_cols, ldb);
-  // The f32 accumulator: C itself when it is f32, else a widened copy (or zeros).
-  std::vector<float> scratch;
+  const std::unique_ptr<float[]> a = widened_matrix(A, a_rows, a_cols, lda);
+  const std::unique_ptr<float[]> b = widened_matrix(B, b_rows, b_cols, ldb);
+  // The f32 accumulator: C itself when it is f32, else an f32 copy (widened from C when
+  // accumulating; otherwise not read before the product overwrites it).
+  std::unique_ptr<float[]> scratch;
   float* c = nullptr;
   std::int64_t ldc32 = ldc;
   if (c_type == DType::f32) {
     c = static_cast<float*>(C);
   } else {
     const Half* c16 = static_cast<const Half*>(C);
-    scratch = accumulate ? widened_matrix(c16, M, N, ldc)
-                         : std::vector<float>(static_cast<std::size_t>(M * N), 0.0f);
-    c = scratch.data();
+    scratch = accumulate ? widened_matrix(c16, M, N, ldc) : scratch_floats(M * N);
+    c = scratch.get();
     ldc32 = N;
   }
-  bool c_holds_sum = accumulate || c_type != DType::f32;  // scratch starts at 0 or at C
+  bool c_holds_sum = accumulate;
   if (bias != nullptr) {
     for (std::int64_t i = 0; i < M; ++i) {
       float* row = c + i * ldc32;
@@ -199,8 +206,8 @@ void gemm16_convert(Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N
     }
     c_holds_sum = true;
   }
-  gemm<float>(trans_a, trans_b, M, N, K, 1.0f, a.data(), std::max<std::int64_t>(1, a_cols),
-              b.data(), std::max<std::int64_t>(1, b_cols), c_holds_sum ? 1.0f : 0.0f, c, ldc32);
+  gemm<float>(trans_a, trans_b, M, N, K, 1.0f, a.get(), std::max<std::int64_t>(1, a_cols), b.get(),
+              std::max<std::int64_t>(1, b_cols), c_holds_sum ? 1.0f : 0.0f, c, ldc32);
   if (c_type != DType::f32) {
     Half* c16 = static_cast<Half*>(C);
     for (std::int64_t i = 0; i < M; ++i) narrow(c + i * N, c16 + i * ldc, N);
