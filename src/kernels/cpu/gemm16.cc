@@ -289,7 +289,7 @@ void gemm16(Gemm16Path path, Trans trans_a, Trans trans_b, std::int64_t M, std::
 }
 
 // Timed runs of each path in the start-up choice (each a few ms).
-constexpr int kChoiceRuns = 5;
+constexpr int kChoiceRuns = 7;
 
 template <class Half>
 Gemm16Choice choose_for(DType operands) {
@@ -299,11 +299,16 @@ Gemm16Choice choose_for(DType operands) {
     a[i] = Half(static_cast<float>(i % 13) * 0.125f - 0.75f);
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = Half(static_cast<float>(i % 7) * 0.25f - 0.75f);
   std::vector<float> c(static_cast<std::size_t>(M * N));
+  // On one thread: both paths split C into the same tiles among the threads, so their ratio
+  // is that of one core, and a single thread's timing is far steadier on a busy machine than
+  // a team's (one descheduled thread stalls the whole region).
   const auto seconds_of = [&](Gemm16Path path) {
-    const Stopwatch watch;
-    gemm16<Half>(path, Trans::no, Trans::no, M, N, K, a.data(), K, b.data(), N, nullptr, false,
-                 c.data(), DType::f32, N);
-    return watch.seconds();
+    return with_one_omp_thread([&] {
+      const Stopwatch watch;
+      gemm16<Half>(path, Trans::no, Trans::no, M, N, K, a.data(), K, b.data(), N, nullptr, false,
+                   c.data(), DType::f32, N);
+      return watch.seconds();
+    });
   };
   Gemm16Choice choice;
   choice.operands = operands;

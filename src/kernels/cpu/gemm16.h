@@ -75,8 +75,9 @@ void gemm16(Gemm16Path path, Trans trans_a, Trans trans_b, std::int64_t M, std::
 
 // The start-up choice for one format: the faster available path on a representative product
 // (x[256, 512] @ W[512, 1024], the shape class of a small transformer's layers; a few ms a
-// run), each path timed 5 times alternately after a warm-up (the best run counts, so that a
-// busy machine loads both alike), with the times and a sentence for the log, e.g.
+// run), each path timed 7 times alternately on one thread after a warm-up (the best run
+// counts; one thread and alternation keep a busy machine from favouring either), with the
+// times and a sentence for the log, e.g.
 //   "bf16 GEMM: convert+sgemm 1.24x faster than oneDNN on this CPU (oneDNN gemm:jit; CPU:
 //    avx512_bf16)"  or  "f16 GEMM: convert+sgemm (oneDNN has no f16 matmul on this CPU; CPU:
 //    avx512_bf16)"  (measured on this project's 2-core Xeon VM, whose OpenBLAS SkylakeX sgemm
