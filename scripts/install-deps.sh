@@ -9,7 +9,7 @@ set -euo pipefail
 
 packages=(git cmake ninja-build g++ pkg-config libopenblas-openmp-dev libtomlplusplus-dev coinor-libcbc-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenmpi-dev openmpi-bin zlib1g-dev libsentencepiece-dev fortunes)
+          libopenmpi-dev openmpi-bin zlib1g-dev libsentencepiece-dev libdnnl-dev ocl-icd-opencl-dev fortunes)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(python3 python3-torch python3-numpy strace clang-14 libclang-rt-14-dev libomp-14-dev chromium)
 fi

@@ -10,12 +10,14 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rotary.h"
 #include "kernels/cpu/swiglu.h"
+#include "kernels/half_kernels.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 namespace oases::kernels {
 namespace {
@@ -75,7 +77,9 @@ cpu::AttentionShape cpu_shape(const AttentionShape& s) {
 }  // namespace
 
 void linear_forward(const Tensor& x, const Tensor& w, WeightLayout layout, const Tensor& bias,
-                    const Tensor& y, bool accumulate) {
+                    const Tensor& y, bool accumulate, const Gemm16Paths& paths) {
+  if (half::is_half(x.dtype()))
+    return half::linear_forward(x, w, layout, bias, y, accumulate, paths);
   const DType dtype = common_dtype("linear_forward", {&x, &w, &bias, &y});
   const std::int64_t n = x.dim(0), in = x.dim(1), out = y.dim(1);
   check_matrix("linear_forward y", y, n, out);
@@ -92,7 +96,10 @@ void linear_forward(const Tensor& x, const Tensor& w, WeightLayout layout, const
 }
 
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, WeightLayout layout,
-                     const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db) {
+                     const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db,
+                     const Gemm16Paths& paths) {
+  if (half::is_half(dy.dtype()))
+    return half::linear_backward(dy, x, w, layout, dx, accumulate_dx, dw, db, paths);
   const DType dtype = common_dtype("linear_backward", {&dy, &x, &w, &dx, &dw, &db});
   const std::int64_t n = x.dim(0), in = x.dim(1), out = dy.dim(1);
   check_matrix("linear_backward dy", dy, n, out);
@@ -108,6 +115,7 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, WeightL
 
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd, double eps) {
+  if (half::is_half(x.dtype())) return half::layernorm_forward(x, gamma, beta, y, mean, rstd, eps);
   const DType dtype = common_dtype("layernorm_forward", {&x, &gamma, &beta, &y, &mean, &rstd});
   check_contiguous("layernorm_forward", {&x, &gamma, &beta, &y, &mean, &rstd});
   const std::int64_t C = gamma.numel(), n = x.numel() / C;
@@ -123,6 +131,8 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
                         const Tensor& dbeta) {
+  if (half::is_half(dy.dtype()))
+    return half::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
   const DType dtype =
       common_dtype("layernorm_backward", {&dy, &x, &gamma, &mean, &rstd, &dx, &dgamma, &dbeta});
   check_contiguous("layernorm_backward", {&dy, &x, &gamma, &mean, &rstd, &dx, &dgamma, &dbeta});
@@ -137,6 +147,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
 
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                        const AttentionShape& s) {
+  if (half::is_half(qkv.dtype())) return half::attention_forward(qkv, out, lse, s);
   const DType dtype = common_dtype("attention_forward", {&qkv, &out, &lse});
   check_contiguous("attention_forward", {&qkv, &out, &lse});
   by_dtype(dtype, "attention_forward", [&](auto zero) {
@@ -147,6 +158,7 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
 
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, const Tensor& dqkv, const AttentionShape& s) {
+  if (half::is_half(dout.dtype())) return half::attention_backward(dout, qkv, out, lse, dqkv, s);
   const DType dtype = common_dtype("attention_backward", {&dout, &qkv, &out, &lse, &dqkv});
   check_contiguous("attention_backward", {&dout, &qkv, &out, &lse, &dqkv});
   by_dtype(dtype, "attention_backward", [&](auto zero) {
@@ -182,6 +194,7 @@ void cached_attention_forward(const Tensor& qkv, const Tensor& keys, const Tenso
 }
 
 void gelu_forward(const Tensor& x, const Tensor& y, GeluForm form) {
+  if (half::is_half(x.dtype())) return half::gelu_forward(x, y, form);
   const DType dtype = common_dtype("gelu_forward", {&x, &y});
   check_contiguous("gelu_forward", {&x, &y});
   by_dtype(dtype, "gelu_forward", [&](auto zero) {
@@ -192,6 +205,7 @@ void gelu_forward(const Tensor& x, const Tensor& y, GeluForm form) {
 }
 
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, GeluForm form) {
+  if (half::is_half(x.dtype())) return half::gelu_backward(x, dy, dx, form);
   const DType dtype = common_dtype("gelu_backward", {&x, &dy, &dx});
   check_contiguous("gelu_backward", {&x, &dy, &dx});
   by_dtype(dtype, "gelu_backward", [&](auto zero) {
@@ -205,6 +219,7 @@ void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, GeluForm
 
 void dropout_apply(const Tensor& x, const Tensor& y, std::int64_t batch, std::int64_t seq,
                    double p, const DropoutSite& site, const DropoutSlice& slice) {
+  if (half::is_half(x.dtype())) return half::dropout_apply(x, y, batch, seq, p, site, slice);
   const DType dtype = common_dtype("dropout_apply", {&x, &y});
   check_contiguous("dropout_apply", {&x, &y});
   const std::int64_t F = x.numel() / (batch * seq);
@@ -217,6 +232,8 @@ void dropout_apply(const Tensor& x, const Tensor& y, std::int64_t batch, std::in
 void bias_dropout_add_forward(const Tensor& x, const Tensor& bias, const Tensor& residual,
                               const Tensor& out, std::int64_t batch, std::int64_t seq, double p,
                               const DropoutSite& site, const DropoutSlice& slice) {
+  if (half::is_half(x.dtype()))
+    return half::bias_dropout_add_forward(x, bias, residual, out, batch, seq, p, site, slice);
   const DType dtype = common_dtype("bias_dropout_add_forward", {&x, &bias, &residual, &out});
   check_contiguous("bias_dropout_add_forward", {&x, &bias, &residual, &out});
   OASES_ASSERT(!residual.empty(), "bias_dropout_add_forward needs a residual");
@@ -231,6 +248,8 @@ void bias_dropout_add_forward(const Tensor& x, const Tensor& bias, const Tensor&
 void bias_dropout_add_backward(const Tensor& dout, const Tensor& dx, const Tensor& dbias,
                                std::int64_t batch, std::int64_t seq, double p,
                                const DropoutSite& site, const DropoutSlice& slice) {
+  if (half::is_half(dout.dtype()))
+    return half::bias_dropout_add_backward(dout, dx, dbias, batch, seq, p, site, slice);
   const DType dtype = common_dtype("bias_dropout_add_backward", {&dout, &dx, &dbias});
   check_contiguous("bias_dropout_add_backward", {&dout, &dx, &dbias});
   const std::int64_t F = dout.numel() / (batch * seq);
@@ -242,6 +261,7 @@ void bias_dropout_add_backward(const Tensor& dout, const Tensor& dx, const Tenso
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (half::is_half(a.dtype())) return half::add(a, b, out);
   const DType dtype = common_dtype("add", {&a, &b, &out});
   check_contiguous("add", {&a, &b, &out});
   OASES_ASSERT(a.numel() == b.numel() && a.numel() == out.numel(), "add: sizes {} {} {}",
@@ -261,6 +281,47 @@ void convert(const Tensor& src, const Tensor& dst) {
   cpu::convert_elements(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel());
 }
 
+void encode_fp8(const Tensor& src, const Tensor& dst, Fp8Format format) {
+  check_contiguous("encode_fp8", {&src, &dst});
+  OASES_ASSERT(src.device().is_cpu() && dst.device().is_cpu(), "encode_fp8: no kernel for {} -> {}",
+               src.device().str(), dst.device().str());
+  OASES_ASSERT(dst.dtype() == DType::u8 && src.numel() == dst.numel(),
+               "encode_fp8: {} {} elements into {} {}", src.numel(), dtype_name(src.dtype()),
+               dst.numel(), dtype_name(dst.dtype()));
+  const std::int64_t n = src.numel();
+  const auto encode = format == Fp8Format::e4m3 ? cpu::encode_e4m3 : cpu::encode_e5m2;
+  if (src.dtype() == DType::f32) {
+    encode(src.data<float>(), dst.data<std::uint8_t>(), n);
+    return;
+  }
+  OASES_ASSERT(half::is_half(src.dtype()), "encode_fp8: no kernel for {} tensors",
+               dtype_name(src.dtype()));
+  // Widening is exact, so this rounds once.
+  std::vector<float> wide(static_cast<std::size_t>(n));
+  cpu::convert_elements(src.raw(), src.dtype(), wide.data(), DType::f32, n);
+  encode(wide.data(), dst.data<std::uint8_t>(), n);
+}
+
+void decode_fp8(const Tensor& src, const Tensor& dst, Fp8Format format) {
+  check_contiguous("decode_fp8", {&src, &dst});
+  OASES_ASSERT(src.device().is_cpu() && dst.device().is_cpu(), "decode_fp8: no kernel for {} -> {}",
+               src.device().str(), dst.device().str());
+  OASES_ASSERT(src.dtype() == DType::u8 && src.numel() == dst.numel(),
+               "decode_fp8: {} {} elements into {} {}", src.numel(), dtype_name(src.dtype()),
+               dst.numel(), dtype_name(dst.dtype()));
+  const std::int64_t n = src.numel();
+  const auto decode = format == Fp8Format::e4m3 ? cpu::decode_e4m3 : cpu::decode_e5m2;
+  if (dst.dtype() == DType::f32) {
+    decode(src.data<std::uint8_t>(), dst.data<float>(), n);
+    return;
+  }
+  OASES_ASSERT(half::is_half(dst.dtype()), "decode_fp8: no kernel for {} tensors",
+               dtype_name(dst.dtype()));
+  std::vector<float> wide(static_cast<std::size_t>(n));
+  decode(src.data<std::uint8_t>(), wide.data(), n);
+  cpu::convert_elements(wide.data(), DType::f32, dst.raw(), dst.dtype(), n);  // exact
+}
+
 void copy(const Tensor& src, const Tensor& dst) {
   common_dtype("copy", {&src, &dst});
   check_contiguous("copy", {&src, &dst});
@@ -278,6 +339,8 @@ void zero(const Tensor& t) {
 void embedding_forward(const std::int32_t* tokens, const Tensor& wte, const Tensor& wpe,
                        const Tensor& out, std::int64_t batch, std::int64_t seq,
                        const VocabRange& range) {
+  if (half::is_half(wte.dtype()))
+    return half::embedding_forward(tokens, wte, wpe, out, batch, seq, range);
   const DType dtype = common_dtype("embedding_forward", {&wte, &wpe, &out});
   check_contiguous("embedding_forward", {&wte, &wpe, &out});
   const std::int64_t C = out.numel() / (batch * seq);
@@ -291,6 +354,8 @@ void embedding_forward(const std::int32_t* tokens, const Tensor& wte, const Tens
 void embedding_backward(const Tensor& dout, const std::int32_t* tokens, const Tensor& dwte,
                         const Tensor& dwpe, std::int64_t batch, std::int64_t seq,
                         const VocabRange& range) {
+  if (half::is_half(dout.dtype()))
+    return half::embedding_backward(dout, tokens, dwte, dwpe, batch, seq, range);
   const DType dtype = common_dtype("embedding_backward", {&dout, &dwte, &dwpe});
   check_contiguous("embedding_backward", {&dout, &dwte, &dwpe});
   const std::int64_t C = dout.numel() / (batch * seq);
@@ -303,6 +368,8 @@ void embedding_backward(const Tensor& dout, const std::int32_t* tokens, const Te
 
 void cross_entropy_forward(const Tensor& logits, std::int64_t vocab, const std::int32_t* targets,
                            const Tensor& losses) {
+  if (half::is_half(logits.dtype()))
+    return half::cross_entropy_forward(logits, vocab, targets, losses);
   const DType dtype = common_dtype("cross_entropy_forward", {&logits, &losses});
   by_dtype(dtype, "cross_entropy_forward", [&](auto zero) {
     using T = decltype(zero);
@@ -314,6 +381,8 @@ void cross_entropy_forward(const Tensor& logits, std::int64_t vocab, const std::
 void cross_entropy_forward_backward(const Tensor& logits, std::int64_t vocab,
                                     const std::int32_t* targets, const Tensor& losses,
                                     double grad_scale) {
+  if (half::is_half(logits.dtype()))
+    return half::cross_entropy_forward_backward(logits, vocab, targets, losses, grad_scale);
   const DType dtype = common_dtype("cross_entropy_forward_backward", {&logits, &losses});
   by_dtype(dtype, "cross_entropy_forward_backward", [&](auto zero) {
     using T = decltype(zero);
@@ -324,6 +393,7 @@ void cross_entropy_forward_backward(const Tensor& logits, std::int64_t vocab,
 }
 
 void cross_entropy_shard_max(const Tensor& logits, std::int64_t vocab, const Tensor& row_max) {
+  if (half::is_half(logits.dtype())) return half::cross_entropy_shard_max(logits, vocab, row_max);
   const DType dtype = common_dtype("cross_entropy_shard_max", {&logits, &row_max});
   by_dtype(dtype, "cross_entropy_shard_max", [&](auto zero) {
     using T = decltype(zero);
@@ -341,6 +411,9 @@ void cross_entropy_shard_sums(const Tensor& logits, std::int64_t vocab,
                               const std::int32_t* targets, std::int64_t vocab_begin,
                               const Tensor& row_max, const Tensor& sum_exp,
                               const Tensor& target_logit) {
+  if (half::is_half(logits.dtype()))
+    return half::cross_entropy_shard_sums(logits, vocab, targets, vocab_begin, row_max, sum_exp,
+                                          target_logit);
   const DType dtype =
       common_dtype("cross_entropy_shard_sums", {&logits, &row_max, &sum_exp, &target_logit});
   by_dtype(dtype, "cross_entropy_shard_sums", [&](auto zero) {
@@ -361,6 +434,9 @@ void cross_entropy_shard_finish(const Tensor& logits, std::int64_t vocab,
                                 const Tensor& row_max, const Tensor& sum_exp,
                                 const Tensor& target_logit, double grad_scale,
                                 const Tensor& losses, bool gradient) {
+  if (half::is_half(logits.dtype()))
+    return half::cross_entropy_shard_finish(logits, vocab, targets, vocab_begin, row_max, sum_exp,
+                                            target_logit, grad_scale, losses, gradient);
   const DType dtype = common_dtype("cross_entropy_shard_finish",
                                    {&logits, &row_max, &sum_exp, &target_logit, &losses});
   by_dtype(dtype, "cross_entropy_shard_finish", [&](auto zero) {
@@ -385,6 +461,7 @@ void cross_entropy_shard_finish(const Tensor& logits, std::int64_t vocab,
 }
 
 double sum(const Tensor& x) {
+  if (half::is_half(x.dtype())) return half::sum(x);
   const DType dtype = common_dtype("sum", {&x});
   check_contiguous("sum", {&x});
   return by_dtype(dtype, "sum", [&](auto zero) {
@@ -397,6 +474,7 @@ double sum(const Tensor& x) {
 }
 
 double sum_of_squares(const Tensor& x) {
+  if (half::is_half(x.dtype())) return half::sum_of_squares(x);
   const DType dtype = common_dtype("sum_of_squares", {&x});
   check_contiguous("sum_of_squares", {&x});
   return by_dtype(dtype, "sum_of_squares", [&](auto zero) {
@@ -406,6 +484,7 @@ double sum_of_squares(const Tensor& x) {
 }
 
 void scale(const Tensor& x, double factor) {
+  if (half::is_half(x.dtype())) return half::scale(x, factor);
   const DType dtype = common_dtype("scale", {&x});
   check_contiguous("scale", {&x});
   by_dtype(dtype, "scale", [&](auto zero) {
@@ -416,6 +495,7 @@ void scale(const Tensor& x, double factor) {
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, const Tensor& y, const Tensor& rstd,
                      double eps) {
+  if (half::is_half(x.dtype())) return half::rmsnorm_forward(x, weight, y, rstd, eps);
   const DType dtype = common_dtype("rmsnorm_forward", {&x, &weight, &y, &rstd});
   check_contiguous("rmsnorm_forward", {&x, &weight, &y, &rstd});
   const std::int64_t C = weight.numel(), n = x.numel() / C;
@@ -428,6 +508,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, const Tensor& y, con
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                       const Tensor& dx, const Tensor& dweight) {
+  if (half::is_half(dy.dtype())) return half::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
   const DType dtype = common_dtype("rmsnorm_backward", {&dy, &x, &weight, &rstd, &dx, &dweight});
   check_contiguous("rmsnorm_backward", {&dy, &x, &weight, &rstd, &dx, &dweight});
   const std::int64_t C = weight.numel(), n = x.numel() / C;
@@ -440,6 +521,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
 
 void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const Tensor& cos,
                    const Tensor& sin) {
+  if (half::is_half(cos.dtype())) return half::rotary_tables(seq, head_dim, theta, cos, sin);
   const DType dtype = common_dtype("rotary_tables", {&cos, &sin});
   check_contiguous("rotary_tables", {&cos, &sin});
   OASES_ASSERT(cos.numel() == seq * head_dim / 2 && sin.numel() == cos.numel(),
@@ -452,6 +534,8 @@ void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const 
 
 void rotary_apply(const Tensor& x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
                   std::int64_t head_dim, const Tensor& cos, const Tensor& sin, bool inverse) {
+  if (half::is_half(x.dtype()))
+    return half::rotary_apply(x, batch, seq, heads, head_dim, cos, sin, inverse);
   const DType dtype = common_dtype("rotary_apply", {&x, &cos, &sin});
   OASES_ASSERT(x.ndim() == 2 && x.dim(0) == batch * seq && x.dim(1) >= heads * head_dim,
                "rotary_apply: {} for {} rows of {} heads of {}", x.shape().str(), batch * seq,
@@ -464,6 +548,7 @@ void rotary_apply(const Tensor& x, std::int64_t batch, std::int64_t seq, std::in
 }
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  if (half::is_half(gate.dtype())) return half::swiglu_forward(gate, up, out);
   const DType dtype = common_dtype("swiglu_forward", {&gate, &up, &out});
   OASES_ASSERT(gate.shape() == up.shape() && gate.shape() == out.shape() &&
                    gate.stride(0) == up.stride(0),
@@ -478,6 +563,7 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
 
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout,
                      const Tensor& dgate, const Tensor& dup) {
+  if (half::is_half(gate.dtype())) return half::swiglu_backward(gate, up, dout, dgate, dup);
   const DType dtype = common_dtype("swiglu_backward", {&gate, &up, &dout, &dgate, &dup});
   OASES_ASSERT(gate.stride(0) == up.stride(0) && dgate.stride(0) == dup.stride(0) &&
                    dout.shape() == gate.shape() && dgate.shape() == gate.shape(),
@@ -492,6 +578,7 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout,
 
 void embedding_accumulate(const std::int32_t* ids, const Tensor& table, const Tensor& out,
                           std::int64_t batch, std::int64_t seq) {
+  if (half::is_half(out.dtype())) return half::embedding_accumulate(ids, table, out, batch, seq);
   const DType dtype = common_dtype("embedding_accumulate", {&table, &out});
   check_contiguous("embedding_accumulate", {&table, &out});
   const std::int64_t C = out.numel() / (batch * seq);
@@ -503,6 +590,8 @@ void embedding_accumulate(const std::int32_t* ids, const Tensor& table, const Te
 
 void embedding_accumulate_backward(const Tensor& dout, const std::int32_t* ids,
                                    const Tensor& dtable, std::int64_t batch, std::int64_t seq) {
+  if (half::is_half(dout.dtype()))
+    return half::embedding_accumulate_backward(dout, ids, dtable, batch, seq);
   const DType dtype = common_dtype("embedding_accumulate_backward", {&dout, &dtable});
   check_contiguous("embedding_accumulate_backward", {&dout, &dtable});
   const std::int64_t C = dout.numel() / (batch * seq);

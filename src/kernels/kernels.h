@@ -9,6 +9,22 @@
 //
 // Matrices are 2-dimensional views [rows, cols] whose rows may be strided (core/tensor.h);
 // unless a comment says otherwise an argument must be contiguous.
+//
+// Mixed precision (bf16, f16). Every function below except cached_attention_forward also runs
+// on 16-bit tensors (core/dtype.h: BFloat16, Float16), chosen by the dtype of its leading
+// activation argument (x, dy, qkv, logits, wte, ...). The rules of a 16-bit call, type H:
+//  - activations, their gradients and the parameters the call reads are H;
+//  - statistics and losses are f32: layernorm mean and rstd, rmsnorm rstd, attention lse,
+//    cross-entropy losses, row_max, sum_exp and target_logit;
+//  - parameters and parameter-gradient accumulators (gamma, beta, weight, bias, dw, db,
+//    dgamma, dbeta, dweight, dwte, dwpe, dtable, dbias) may each be H or f32 (fp32 master
+//    gradients lose nothing; an H accumulator is rounded once per element per call);
+//  - linear_forward's y and linear_backward's dx may be H or f32; rotary tables H or f32.
+// Everything is computed in f32 (statistics, softmax, log-sum-exp and losses included) from
+// the exactly widened inputs, and each 16-bit output is rounded once (round to nearest even).
+// Matrix products accumulate in f32 by the path `paths` names for the format (cpu/gemm16.h):
+// choose_gemm16_paths() measures both paths at start-up and returns the choice and its reason
+// for the log; keep the returned Gemm16Paths and pass it to every linear call.
 #pragma once
 
 #include "core/tensor.h"
@@ -16,6 +32,7 @@
 #include "kernels/cpu/cached_attention.h"
 #include "kernels/cpu/dropout.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/gemm16.h"
 
 #include <cstdint>
 
@@ -25,22 +42,40 @@ using cpu::DropoutSite;
 using cpu::DropoutSlice;
 using cpu::VocabRange;
 
+// The 16-bit matrix-product paths (cpu/gemm16.h): Gemm16Paths{} (convert+sgemm for both
+// formats) works on every CPU; choose_gemm16_paths() picks the faster per format by
+// measuring (a few hundred ms the first time, mostly oneDNN compiling its kernels) and explains
+// the choice (choice.bf16.reason, choice.f16.reason); gemm16_path_from_name() reads a pinned
+// path back (the paths differ in the last bits, so a resumed run keeps its path).
+using cpu::Gemm16Availability;
+using cpu::Gemm16Choice;
+using cpu::Gemm16Path;
+using cpu::Gemm16Paths;
+using cpu::Gemm16PathsChoice;
+using cpu::choose_gemm16_paths;
+using cpu::gemm16_available;
+using cpu::gemm16_path_from_name;
+using cpu::gemm16_path_name;
+
 // How a linear layer's weight is stored: [in, out] (GPT-2's Conv1D) or [out, in]
 // (torch.nn.Linear, LLaMA and BERT).
 enum class WeightLayout : std::uint8_t { in_out, out_in };
 
 // y[n, out] = x[n, in] @ W (+ bias[out]); with `accumulate`, y += instead. x and y may be
 // strided matrices; bias may be empty (no bias). (cpu/gemm.h)
+// 16-bit: x, w H; y and bias H or f32; product by paths.for_dtype(H), bias added in f32.
 void linear_forward(const Tensor& x, const Tensor& w, WeightLayout layout, const Tensor& bias,
-                    const Tensor& y, bool accumulate = false);
+                    const Tensor& y, bool accumulate = false, const Gemm16Paths& paths = {});
 
 // Gradients of linear_forward: dx[n, in] = dy @ W^T (overwritten, or added with
 // accumulate_dx; skipped when dx is empty), dw += x^T @ dy (skipped when empty), db += column
 // sums of dy (skipped when empty; formed in double in row order). dy, x and dx may be strided.
 // The input gradient (dx alone) and the weight gradient (dw, db) may be formed by two calls,
 // with the same results as one. (cpu/gemm.h)
+// 16-bit: dy, x, w H; dx, dw, db H or f32 each (db's column sums in double, as in f32).
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, WeightLayout layout,
-                     const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db);
+                     const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db,
+                     const Gemm16Paths& paths = {});
 
 // LayerNorm over the last dimension of x [n, C]; mean and rstd [n] saved. (cpu/layernorm.h)
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
@@ -121,6 +156,15 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out);
 // dst := src converted to dst's element type (any pair of f64, f32, bf16, f16; 16-bit types
 // are storage only: rounded to nearest even, cpu/convert.h). Same element count, contiguous.
 void convert(const Tensor& src, const Tensor& dst);
+// 8-bit floating point encodings of compressed activations (cpu/convert.h: OCP e4m3,
+// saturating at +-448, and e5m2, with infinities; round to nearest even, NaN kept).
+enum class Fp8Format : std::uint8_t { e4m3, e5m2 };
+// dst (u8) := src (f32, bf16 or f16) encoded, rounded once. Same element count, contiguous.
+void encode_fp8(const Tensor& src, const Tensor& dst, Fp8Format format);
+// dst (f32, bf16 or f16) := src (u8) decoded; exact (every e4m3 and e5m2 value is a bf16 and
+// an f16 value).
+void decode_fp8(const Tensor& src, const Tensor& dst, Fp8Format format);
+
 // dst := src, same dtype and element count (contiguous; ranges may not overlap partially).
 void copy(const Tensor& src, const Tensor& dst);
 // t := 0

@@ -20,11 +20,11 @@
 
 namespace oases::kernels::cpu {
 
-std::uint16_t float_to_bf16_bits(float value);
-float bf16_bits_to_float(std::uint16_t bits);  // exact
-
-std::uint16_t float_to_f16_bits(float value);
-float f16_bits_to_float(std::uint16_t bits);  // exact
+// The scalar conversions (core/dtype.h), under their historical names here.
+using oases::bf16_bits_to_float;  // exact
+using oases::f16_bits_to_float;   // exact
+using oases::float_to_bf16_bits;
+using oases::float_to_f16_bits;
 
 // Directly from double, rounded once: double -> float -> 16 bits would round twice, which
 // can land on the wrong side of a tie (1 + 2^-8 + 2^-40 is above the bf16 midpoint between 1
@@ -45,5 +45,64 @@ std::uint16_t double_to_f16_bits(double value);
 // same type. Element-wise, split across OpenMP threads for large n; the result does not
 // depend on the thread count. Another DType is an InternalError.
 void convert_elements(const void* src, DType src_type, void* dst, DType dst_type, std::int64_t n);
+
+// Array conversions between float and the 16-bit types, with the bits of the scalar functions
+// above (NaN payloads included), vectorised with the widest instructions this CPU has
+// (detail::ConvertIsa): AVX-512 BF16's vcvtneps2bf16 for float -> bf16, AVX-512F or F16C's
+// vcvtps2ph / vcvtph2ps for f16, AVX-512F or AVX2 integer code for the rest of bf16 (widening
+// is a shift), portable C++ on a CPU with none of them. The family is detected from CPUID once
+// per process (detail::best_convert_isa); every family gives the same bits, so results do not
+// depend on the CPU. Split across OpenMP threads for large n; src and dst must not overlap.
+void widen(const BFloat16* src, float* dst, std::int64_t n);
+void widen(const Float16* src, float* dst, std::int64_t n);
+void narrow(const float* src, BFloat16* dst, std::int64_t n);
+void narrow(const float* src, Float16* dst, std::int64_t n);
+// The same for a float array that stands in a 16-bit one: the identity (a copy unless the
+// pointers are equal), so templates over the storage type can call widen/narrow uniformly.
+void widen(const float* src, float* dst, std::int64_t n);
+void narrow(const float* src, float* dst, std::int64_t n);
+
+// 8-bit floating point (OCP 8-bit Floating Point Specification, OFP8, rev. 1.0), for
+// compressed activations. A value is its bit pattern in a std::uint8_t.
+//   e4m3 ("E4M3FN"): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; S.1111.111
+//     is NaN; largest finite 448 (S.1111.110); subnormals in steps of 2^-9.
+//   e5m2: 1 sign, 5 exponent (bias 15), 2 mantissa bits, IEEE-like: S.11111.00 is infinity,
+//     S.11111.{01,10,11} NaN; largest finite 57344; subnormals in steps of 2^-16.
+// Encoding rounds to nearest, ties to even, from float (one rounding). e4m3 saturates: a
+// finite value or infinity beyond 448 encodes as +-448 (the OCP "saturating" conversion); e5m2
+// does not: a value that rounds past 57344 (|x| >= 61440) encodes as infinity, and infinity
+// stays infinity. NaN encodes as NaN (e4m3: S.1111.111; e5m2: S.11111.10, quiet), keeping the
+// sign. Values below half the smallest subnormal become signed zeros. Decoding is exact.
+std::uint8_t float_to_e4m3(float value);
+std::uint8_t float_to_e5m2(float value);
+float e4m3_to_float(std::uint8_t bits);
+float e5m2_to_float(std::uint8_t bits);
+
+// Array forms (element-wise; split across OpenMP threads for large n).
+void encode_e4m3(const float* src, std::uint8_t* dst, std::int64_t n);
+void encode_e5m2(const float* src, std::uint8_t* dst, std::int64_t n);
+void decode_e4m3(const std::uint8_t* src, float* dst, std::int64_t n);
+void decode_e5m2(const std::uint8_t* src, float* dst, std::int64_t n);
+
+namespace detail {
+
+// The instruction families the array conversions can use, exposed so that tests can run
+// every path the CPU supports against the portable one.
+enum class ConvertIsa : std::uint8_t {
+  portable,     // plain C++, any CPU
+  avx2_f16c,    // AVX2 integer code for bf16, F16C for f16
+  avx512,       // AVX-512F integer code for bf16, AVX-512F conversions for f16
+  avx512_bf16,  // as avx512, with vcvtneps2bf16 for float -> bf16
+};
+const char* convert_isa_name(ConvertIsa isa);
+bool convert_isa_supported(ConvertIsa isa);  // by CPUID and the OS's saved vector state
+ConvertIsa best_convert_isa();
+
+void widen_with(ConvertIsa isa, const BFloat16* src, float* dst, std::int64_t n);
+void widen_with(ConvertIsa isa, const Float16* src, float* dst, std::int64_t n);
+void narrow_with(ConvertIsa isa, const float* src, BFloat16* dst, std::int64_t n);
+void narrow_with(ConvertIsa isa, const float* src, Float16* dst, std::int64_t n);
+
+}  // namespace detail
 
 }  // namespace oases::kernels::cpu
