@@ -28,6 +28,15 @@ declare -A policy_sets=(
   [sqrt-k8]='parallel.schedule="megatron" parallel.recompute="sqrt" parallel.recompute_every=8'
 )
 
+# The policies that keep the most run again with their kept tensors held in bf16 and fp8
+# between the passes (parallel.activation_compression), as rows "<policy>+<format>".
+for format in bf16 fp8; do
+  for p in none fine-grained sqrt; do
+    policy_names+=("$p+$format")
+    policy_sets[$p+$format]="${policy_sets[$p]} parallel.activation_compression=\"$format\""
+  done
+done
+
 IFS=', ' read -r -a selected <<<"${POLICIES:-${policy_names[*]}}"
 for p in "${selected[@]}"; do
   [[ -n ${policy_sets[$p]+x} ]] || { echo "unknown policy '$p'; known: ${policy_names[*]}" >&2; exit 2; }
@@ -42,23 +51,6 @@ if [[ ${SKIP_BUILD:-0} != 1 ]]; then
 fi
 oases=$PWD/build/release/oases
 
-# >>> HOOK: compressed activations (issue 14 item 3, parallel.activation_compression). Once the
-# engine accepts the key, the policies that keep the most run again with their kept tensors
-# stored in bf16 and fp8, as rows "<policy>+<format>" of the same table. Until then the probe
-# below fails and these rows are left out (the table says so).
-compression_rows=()
-if "$oases" train --print-config --config "$config" \
-     --set parallel.activation_compression='"bf16"' >/dev/null 2>&1; then
-  for format in bf16 fp8; do
-    for p in none fine-grained sqrt; do
-      policy_names+=("$p+$format")
-      policy_sets[$p+$format]="${policy_sets[$p]} parallel.activation_compression=\"$format\""
-      [[ -z ${POLICIES:-} ]] && selected+=("$p+$format")
-    done
-  done
-  compression_rows=(yes)
-fi
-# <<< HOOK
 
 env_used=""
 for v in POLICIES STEPS CONFIG SKIP_BUILD; do
@@ -69,9 +61,6 @@ echo "# date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git describe --always -
 echo "# machine: $(lscpu | sed -n 's/^Model name: *//p' | head -n1), nproc $(nproc)"
 echo "# load average before the runs: $(cut -d' ' -f1-3 /proc/loadavg) (step times need an idle machine)"
 echo "# config: $config, 1 process, 1 thread, $steps steps per run (step time: median of steps 2-$steps)"
-if [[ ${#compression_rows[@]} -eq 0 ]]; then
-  echo "# compressed activations: not in this build (parallel.activation_compression unknown); rows left out"
-fi
 
 work=$(mktemp -d)
 cleanup() {

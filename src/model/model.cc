@@ -280,6 +280,7 @@ class Model::Builder final : public ParamResolver {
       if (auto it = ready.find(i); it != ready.end()) shape.ready_bucket = it->second;
       m_.program_.segments.push_back(std::move(shape));
     }
+    m_.program_.set_element_bytes = dtype_size(m_.options_.dtype);
   }
 
   Model& m_;

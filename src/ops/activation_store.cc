@@ -2,6 +2,9 @@
 
 #include "core/error.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/kernels.h"
+
+#include <array>
 
 #include <algorithm>
 
@@ -22,6 +25,44 @@ std::string tensor_sets_name(TensorSets sets) {
 }
 
 namespace {
+
+// fp8 e4m3 from and to a block's own dtype. The fp8 kernels take f32 (or 16-bit) values: an f64
+// block goes through f32 in pieces of a fixed buffer, which rounds twice, harmlessly so next to
+// e4m3's 4 significant bits (and f64 runs are for verification, not for compression).
+void encode_e4m3(const void* src, DType dtype, void* dst, std::int64_t n) {
+  auto* out = static_cast<std::uint8_t*>(dst);
+  if (dtype != DType::f64) {
+    kernels::encode_fp8(Tensor(const_cast<void*>(src), dtype, {n}), Tensor(out, DType::u8, {n}),
+                        kernels::Fp8Format::e4m3);
+    return;
+  }
+  std::array<float, 4096> piece;
+  const auto* in = static_cast<const double*>(src);
+  for (std::int64_t begin = 0; begin < n; begin += static_cast<std::int64_t>(piece.size())) {
+    const std::int64_t count = std::min<std::int64_t>(n - begin, piece.size());
+    for (std::int64_t i = 0; i < count; ++i) piece[i] = static_cast<float>(in[begin + i]);
+    kernels::encode_fp8(Tensor(piece.data(), DType::f32, {count}),
+                        Tensor(out + begin, DType::u8, {count}), kernels::Fp8Format::e4m3);
+  }
+}
+
+void decode_e4m3(const void* src, void* dst, DType dtype, std::int64_t n) {
+  auto* in = static_cast<std::uint8_t*>(const_cast<void*>(src));
+  if (dtype != DType::f64) {
+    kernels::decode_fp8(Tensor(in, DType::u8, {n}), Tensor(dst, dtype, {n}),
+                        kernels::Fp8Format::e4m3);
+    return;
+  }
+  std::array<float, 4096> piece;
+  auto* out = static_cast<double*>(dst);
+  for (std::int64_t begin = 0; begin < n; begin += static_cast<std::int64_t>(piece.size())) {
+    const std::int64_t count = std::min<std::int64_t>(n - begin, piece.size());
+    kernels::decode_fp8(Tensor(in + begin, DType::u8, {count}),
+                        Tensor(piece.data(), DType::f32, {count}), kernels::Fp8Format::e4m3);
+    for (std::int64_t i = 0; i < count; ++i) out[begin + i] = piece[i];  // exact
+  }
+}
+
 std::string describe(const ActivationKey& key) {
   return "segment " + std::to_string(key.segment) + " mb " + std::to_string(key.micro_batch) +
          " sb " + std::to_string(key.sub_batch) + " " +
@@ -29,13 +70,6 @@ std::string describe(const ActivationKey& key) {
                                     : tensor_sets_name(key.set));
 }
 }  // namespace
-
-std::size_t encoded_element_bytes(ActivationEncoding encoding) {
-  switch (encoding) {
-    case ActivationEncoding::bf16: return 2;
-  }
-  return 0;
-}
 
 Buffer ActivationStore::take(std::size_t bytes) {
   bytes = std::max<std::size_t>(bytes, 1);
@@ -99,6 +133,9 @@ void ActivationStore::encode(const ActivationKey& key, ActivationEncoding encodi
       kernels::cpu::convert_elements(block.view.raw(), block.dtype, packed.data(), DType::bf16,
                                      block.elements);
       break;
+    case ActivationEncoding::fp8_e4m3:
+      encode_e4m3(block.view.raw(), block.dtype, packed.data(), block.elements);
+      break;
   }
   give_back(std::move(block.buffer));
   block.buffer = std::move(packed);
@@ -117,6 +154,9 @@ void ActivationStore::decode(const ActivationKey& key) {
     case ActivationEncoding::bf16:
       kernels::cpu::convert_elements(block.buffer.data(), DType::bf16, wide.data(), block.dtype,
                                      block.elements);
+      break;
+    case ActivationEncoding::fp8_e4m3:
+      decode_e4m3(block.buffer.data(), wide.data(), block.dtype, block.elements);
       break;
   }
   give_back(std::move(block.buffer));

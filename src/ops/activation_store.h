@@ -34,12 +34,6 @@ inline constexpr std::uint8_t kReceivedGradient = 32;
 // deferred weight-gradient GEMMs need under this key until the instance's weight part runs.
 inline constexpr std::uint8_t kDeferredGradients = 64;
 
-// How an encoded block stores its elements.
-enum class ActivationEncoding : std::uint8_t {
-  bf16,  // bfloat16: 8 exponent bits like f32, 8 significant bits; rounded to nearest even
-};
-std::size_t encoded_element_bytes(ActivationEncoding encoding);
-
 struct ActivationKey {
   int segment = 0;
   int micro_batch = 0;

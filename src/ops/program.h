@@ -51,7 +51,24 @@ enum class ReduceKind : std::uint8_t { sum, max };
 // What a point-to-point transfer between pipeline stages carries.
 enum class Payload : std::uint8_t { activation, gradient };
 
-std::string tensor_sets_name(TensorSets sets);  // "checkpoint|internals", "-" for none
+std::string tensor_sets_name(TensorSets sets);
+
+// How a kept set is held between its producer's last forward use and the backward that reads
+// it, when activations are compressed (ActivationStore::encode, schedule::compress_kept_sets).
+enum class ActivationEncoding : std::uint8_t {
+  bf16,      // bfloat16: 8 exponent bits like f32, 8 significant bits; rounded to nearest even
+  fp8_e4m3,  // OCP 8-bit e4m3: 4 significant bits, saturating at +-448; rounded to nearest even
+};
+inline std::size_t encoded_element_bytes(ActivationEncoding encoding) {
+  switch (encoding) {
+    case ActivationEncoding::bf16: return 2;
+    case ActivationEncoding::fp8_e4m3: return 1;
+  }
+  return 0;
+}
+inline const char* encoding_name(ActivationEncoding encoding) {
+  return encoding == ActivationEncoding::bf16 ? "bf16" : "fp8";
+}  // "checkpoint|internals", "-" for none
 
 struct SegmentShape {
   std::string name;
@@ -117,6 +134,9 @@ struct SegmentShape {
 
 struct Program {
   std::vector<SegmentShape> segments;
+  // Bytes of one element of the kept sets (their dtype's size): an encoded set holds
+  // bytes / set_element_bytes elements of the encoding.
+  std::size_t set_element_bytes = 4;
 };
 
 inline std::size_t bytes_of(const SegmentShape& shape, TensorSet set) {

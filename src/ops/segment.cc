@@ -42,4 +42,14 @@ void Segment::release(int mb, int sb, TensorSets sets) {
     if (sets & set) store_.release(key(mb, sb, set));
 }
 
+void Segment::encode(int mb, int sb, TensorSets sets, ActivationEncoding encoding) {
+  for (TensorSet set : {kCheckpoint, kInternals, kCore})
+    if (sets & set) store_.encode(key(mb, sb, set), encoding);
+}
+
+void Segment::decode(int mb, int sb, TensorSets sets) {
+  for (TensorSet set : {kCheckpoint, kInternals, kCore})
+    if (sets & set) store_.decode(key(mb, sb, set));
+}
+
 }  // namespace oases::ops

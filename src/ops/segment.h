@@ -12,6 +12,7 @@
 //                                  backward collective (if any); stage 1 continues after it.
 //                                  Needs every set live.
 //   release(mb, sb, sets)          frees sets
+//   encode / decode(mb, sb, sets)  holds sets encoded between forward and backward, and back
 //
 // Zero-bubble pipelines split the backward pass of segments with SegmentShape::has_weight_part:
 //
@@ -92,6 +93,9 @@ class Segment {
   virtual void backward_input(const StepContext& ctx, int mb, int sb, int stage);
   virtual void backward_weight(const StepContext& ctx, int mb, int sb);
   void release(int mb, int sb, TensorSets sets);
+  // Holds live `sets` encoded (ActivationStore::encode), and brings them back.
+  void encode(int mb, int sb, TensorSets sets, ActivationEncoding encoding);
+  void decode(int mb, int sb, TensorSets sets);
 
   // A collective of instance (mb, sb): what it does, over which group, on which buffer.
   struct CollectiveCall {

@@ -78,6 +78,10 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         segment->backward_weight(ctx, ins.micro_batch, ins.sub_batch);
         break;
       case Op::free: segment->release(ins.micro_batch, ins.sub_batch, ins.sets); break;
+      case Op::encode:
+        segment->encode(ins.micro_batch, ins.sub_batch, ins.sets, ins.encoding);
+        break;
+      case Op::decode: segment->decode(ins.micro_batch, ins.sub_batch, ins.sets); break;
       case Op::start: {
         const ops::Segment::CollectiveCall call =
             ins.direction == schedule::Direction::forward

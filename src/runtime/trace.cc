@@ -68,6 +68,10 @@ std::string trace_name(const InstructionRecord& record) {
     case Op::free:
       return fmt::format("Free {} mb{} sb{} [{}]", segment, ins.micro_batch, ins.sub_batch,
                          ops::tensor_sets_name(ins.sets));
+    case Op::encode:
+    case Op::decode:
+      return fmt::format("{} {} mb{} sb{} [{}]", ins.op == Op::encode ? "Encode" : "Decode",
+                         segment, ins.micro_batch, ins.sub_batch, ops::tensor_sets_name(ins.sets));
     case Op::reduce_grads: return fmt::format("ReduceGrads bucket{}", ins.bucket);
     case Op::send:
     case Op::recv:

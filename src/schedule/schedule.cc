@@ -779,7 +779,9 @@ class Verifier {
         check(ins.sets != 0 && (ins.sets & ~(shape.sets | kOutput)) == 0,
               "recomputes sets the segment does not have");
         for (auto set : {kCheckpoint, kInternals, kCore})
-          if (ins.sets & set) check(inst.sets[set] != SetState::live, "recomputes a live set");
+          if (ins.sets & set)
+            check(inst.sets[set] != SetState::live && inst.sets[set] != SetState::encoded,
+                  "recomputes a live set");
         // Each part of the segment reads what the part before it produced.
         if (ins.sets & kCheckpoint) read_input(ins);
         else if (ins.sets & kInternals) read(inst, kCheckpoint, shape);
@@ -873,12 +875,29 @@ class Verifier {
         check(ins.sets != 0 && (ins.sets & ~shape.sets) == 0, "frees sets the segment does not have");
         for (auto set : {kCheckpoint, kInternals, kCore}) {
           if (!(ins.sets & set)) continue;
-          check(inst.sets[set] == SetState::live,
+          check(inst.sets[set] == SetState::live || inst.sets[set] == SetState::encoded,
                 fmt::format("frees {}, which is not live", ops::tensor_sets_name(set)));
           inst.sets[set] = SetState::freed;
         }
         check_no_pending_weight_reader(ins);
         break;
+      case Op::encode:
+      case Op::decode: {
+        const bool encode = ins.op == Op::encode;
+        check(ins.sets != 0 && (ins.sets & ~shape.sets) == 0,
+              encode ? "encodes sets the segment does not have"
+                     : "decodes sets the segment does not have");
+        for (auto set : {kCheckpoint, kInternals, kCore}) {
+          if (!(ins.sets & set)) continue;
+          const SetState from = encode ? SetState::live : SetState::encoded;
+          const std::string name = ops::tensor_sets_name(set);
+          check(inst.sets[set] == from,
+                encode ? fmt::format("encodes {}, which is not live or already encoded", name)
+                       : fmt::format("decodes {}, which is not encoded", name));
+          inst.sets[set] = encode ? SetState::encoded : SetState::live;
+        }
+        break;
+      }
       default:
         break;
     }
@@ -941,7 +960,7 @@ class Verifier {
   const std::vector<Instruction>& started() const { return started_; }
 
  private:
-  enum class SetState { absent, live, freed };
+  enum class SetState { absent, live, encoded, freed };
   enum class CollState { none, started, waited };
   enum class PortState { empty, written, in_flight, reduced };
   enum class ReceiveState { none, posted, arrived };
@@ -996,6 +1015,9 @@ class Verifier {
     const SetState state = inst.sets[set];
     check(state != SetState::freed,
           fmt::format("reads {} of segment {} after it was freed", ops::tensor_sets_name(set),
+                      shape.name));
+    check(state != SetState::encoded,
+          fmt::format("reads {} of segment {} while it is encoded", ops::tensor_sets_name(set),
                       shape.name));
     check(state == SetState::live,
           fmt::format("reads {} of segment {} before it was computed", ops::tensor_sets_name(set),
@@ -1368,12 +1390,54 @@ std::size_t peak_activation_bytes(const Program& program, const Schedule& schedu
       if (sets & set) bytes += ops::bytes_of(shape_of(program, segment), set);
     return bytes;
   };
+  // Which sets of each instance are encoded: a Free gives back the encoded block of those.
+  std::map<std::tuple<int, int, int, int>, TensorSets> encoded;
+  const auto encoded_bytes = [&](int segment, TensorSets sets, ops::ActivationEncoding encoding) {
+    std::size_t bytes = 0;
+    for (auto set : {kCheckpoint, kInternals, kCore}) {
+      if (!(sets & set)) continue;
+      const std::size_t elements =
+          ops::bytes_of(shape_of(program, segment), set) / program.set_element_bytes;
+      bytes += std::max<std::size_t>(elements * ops::encoded_element_bytes(encoding), 1);
+    }
+    return bytes;
+  };
+  std::map<std::tuple<int, int, int, int>, ops::ActivationEncoding> encoding_of;
+  const auto set_block_bytes = [&](const Instruction& ins) {
+    const auto key = std::tuple{ins.batch, ins.segment, ins.micro_batch, ins.sub_batch};
+    const auto it = encoded.find(key);
+    const TensorSets narrow = it == encoded.end() ? 0 : (it->second & ins.sets);
+    const TensorSets wide = ins.sets & static_cast<TensorSets>(~narrow);
+    std::size_t bytes = sets_bytes(ins.segment, wide);
+    if (narrow) bytes += encoded_bytes(ins.segment, narrow, encoding_of[key]);
+    if (it != encoded.end()) it->second &= static_cast<TensorSets>(~ins.sets);
+    return bytes;
+  };
   for (const Instruction& ins : schedule) {
     const SegmentShape* shape = ins.segment >= 0 ? &shape_of(program, ins.segment) : nullptr;
+    if (ins.op == Op::encode)
+      encoding_of[{ins.batch, ins.segment, ins.micro_batch, ins.sub_batch}] = ins.encoding;
     if (ins.op == Op::forward) live += sets_bytes(ins.segment, shape->sets);
     else if (ins.op == Op::recompute) live += sets_bytes(ins.segment, ins.sets);
-    else if (ins.op == Op::free) live -= sets_bytes(ins.segment, ins.sets);
+    else if (ins.op == Op::free) live -= set_block_bytes(ins);
     else if (ins.op == Op::recv) live += shape->received_bytes;
+    else if (ins.op == Op::encode || ins.op == Op::decode) {
+      // Set by set, the new block is taken before the old one is given back.
+      const ops::ActivationEncoding encoding =
+          ins.op == Op::encode
+              ? ins.encoding
+              : encoding_of[{ins.batch, ins.segment, ins.micro_batch, ins.sub_batch}];
+      for (auto set : {kCheckpoint, kInternals, kCore}) {
+        if (!(ins.sets & set)) continue;
+        const std::size_t wide = sets_bytes(ins.segment, set);
+        const std::size_t narrow = encoded_bytes(ins.segment, set, encoding);
+        live += ins.op == Op::encode ? narrow : wide;
+        peak = std::max(peak, live);
+        live -= ins.op == Op::encode ? wide : narrow;
+      }
+      if (ins.op == Op::encode) encoded[{ins.batch, ins.segment, ins.micro_batch, ins.sub_batch}] |= ins.sets;
+      else encoded[{ins.batch, ins.segment, ins.micro_batch, ins.sub_batch}] &= static_cast<TensorSets>(~ins.sets);
+    }
     else if (ins.op == Op::backward && ins.input_only && ins.stage == 0)
       live += shape->deferred_gradient_bytes;
     peak = std::max(peak, live);
@@ -1416,6 +1480,12 @@ std::string to_string(const Instruction& ins) {
     case Op::free:
       return fmt::format("Free(seg={}, {}, mb={}, sb={}{})", ins.segment,
                          ops::tensor_sets_name(ins.sets), ins.micro_batch, ins.sub_batch, chunk);
+    case Op::encode:
+    case Op::decode:
+      return fmt::format("{}(seg={}, {}, mb={}, sb={}, {}{})",
+                         ins.op == Op::encode ? "Encode" : "Decode", ins.segment,
+                         ops::tensor_sets_name(ins.sets), ins.micro_batch, ins.sub_batch,
+                         ops::encoding_name(ins.encoding), chunk);
     case Op::reduce_grads: return fmt::format("ReduceGrads(bucket={}{})", ins.bucket, chunk);
     case Op::optimizer_step:
       return chunk.empty() ? "OptimizerStep" : fmt::format("OptimizerStep({})", chunk.substr(2));

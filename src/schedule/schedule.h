@@ -125,6 +125,9 @@ enum class Op : std::uint8_t {
   use_weights,     // UseWeights(batch): the following compute instructions run on the weight
                    //   version that `batch` computes with (2bw: weight stashing), until the
                    //   next UseWeights or OptimizerStep
+  encode,          // Encode(s, sets, mb, sb): hold live `sets` encoded (compress_kept_sets);
+                   //   nothing reads them until their Decode
+  decode,          // Decode(s, sets, mb, sb): bring encoded `sets` back, rounded by the encoding
 };
 
 enum class Direction : std::uint8_t { forward, backward };
@@ -160,6 +163,7 @@ struct Instruction {
   // reductions and optimizer step a run of a no-flush pipeline (2bw, pipeline_lowering.h)
   // finishes. Instances (mb, sb) of different batches are different instances.
   int batch = 0;
+  ops::ActivationEncoding encoding = ops::ActivationEncoding::bf16;  // encode: how
   bool operator==(const Instruction&) const = default;
 };
 
@@ -339,8 +343,28 @@ void verify_point_to_point(const std::vector<Schedule>& schedules_of_group);
 // store will report), from the set sizes in the program; an input-only backward stage 0 adds
 // the segment's deferred_gradient_bytes (its stash), which its BackwardWeight releases; a
 // RecvStart adds the segment's received_bytes, which the Forward (after acquiring its sets) or
-// backward stage 0 that reads the receive releases.
+// backward stage 0 that reads the receive releases. An Encode converts set by set, each time
+// holding the new block beside the old one for a moment before giving the old one back (bytes /
+// program.set_element_bytes elements of the encoding); a Decode likewise.
 std::size_t peak_activation_bytes(const ops::Program& program, const Schedule& schedule);
+
+// Compressed activations (parallel.activation_compression; Gist's delayed precision
+// reduction): holds every kept set encoded from its producer's last forward-side use to the
+// first backward-side instruction that reads it. For each live interval of a set (from the
+// Forward that produces it to its Free) whose readers include a Forward (the segment's own, the
+// next segment's epilogue reading its checkpoint, a loss segment reading the head's logits) and
+// a later Recompute, Backward or BackwardWeight, it inserts Encode right after the last
+// forward-side reader before the first backward-side one, and Decode right before that one,
+// when compute of other instances runs between them (else nothing would be saved). The
+// segment's own collectives and messages count as readers of its sets on their side (forward
+// collectives and activations forward-side; replays, backward collectives and gradients
+// backward-side), since they may use buffers kept with the instance. Sets a
+// Recompute produces are read only backward-side and stay as they are; so do sets still live at
+// the end (carried to a later run). The forward's own reads see full precision; backward reads
+// the encoding's rounding. Results are those of the schedule with every such set rounded once.
+// REQUIRES: `schedule` verifies; the result verifies too.
+void compress_kept_sets(const ops::Program& program, Schedule& schedule,
+                        ops::ActivationEncoding encoding);
 
 std::string to_string(const Instruction& instruction);
 std::string to_string(const Schedule& schedule);  // one instruction per line

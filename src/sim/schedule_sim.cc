@@ -171,6 +171,11 @@ class RankRun {
         // A copy of the stage's parameters between two buffers (2bw): not in the cost model
         // yet, and small against the compute of a micro-batch.
         break;
+      case Op::encode:
+      case Op::decode:
+        // One pass over a kept set's bytes (compressed activations): not in the cost model
+        // yet; memory-bound and small against the GEMMs that produced the set.
+        break;
       case Op::send:
       case Op::recv:
       case Op::recv_wait:

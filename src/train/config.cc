@@ -129,6 +129,8 @@ const std::map<std::string, SectionFields>& schema() {
         {"schedule", bind(&RunConfig::parallel, &ParallelConfig::schedule)},
         {"recompute", bind(&RunConfig::parallel, &ParallelConfig::recompute)},
         {"recompute_every", bind(&RunConfig::parallel, &ParallelConfig::recompute_every)},
+        {"activation_compression",
+         bind(&RunConfig::parallel, &ParallelConfig::activation_compression)},
         {"sub_batches", bind(&RunConfig::parallel, &ParallelConfig::sub_batches)},
         {"plan", bind(&RunConfig::parallel, &ParallelConfig::plan)},
         {"memory_limit", bind(&RunConfig::parallel, &ParallelConfig::memory_limit)},
@@ -412,6 +414,16 @@ int resolved_recompute_every(const RunConfig& config, schedule::Recompute policy
 }
 
 }  // namespace
+
+std::optional<ops::ActivationEncoding> activation_encoding(const RunConfig& config) {
+  const std::string& name = config.parallel.activation_compression;
+  if (name == "none") return std::nullopt;
+  if (name == "bf16") return ops::ActivationEncoding::bf16;
+  if (name == "fp8") return ops::ActivationEncoding::fp8_e4m3;
+  OASES_FAIL("parallel.activation_compression = \"{}\" is not known; valid: \"none\", \"bf16\", "
+             "\"fp8\" (e4m3)",
+             name);
+}
 
 schedule::ScheduleSpec schedule_spec(const RunConfig& config) {
   const ParallelConfig& p = config.parallel;
@@ -712,6 +724,14 @@ void RunConfig::validate() const {
   OASES_CHECK(log.peak_tflops >= 0, "log.peak_tflops = {} must be >= 0 (0: measure)",
               log.peak_tflops);
   schedule_spec(*this);
+  activation_encoding(*this);
+  OASES_CHECK(!activation_encoding(*this) ||
+                  schedule::parse_pipeline_kind(p.pipeline, "parallel.pipeline") !=
+                      schedule::PipelineKind::two_bw,
+              "parallel.activation_compression = \"{}\" does not run with parallel.pipeline = "
+              "\"2bw\" yet (its runs carry kept sets from one step to the next); valid: "
+              "parallel.activation_compression = \"none\", or another parallel.pipeline",
+              p.activation_compression);
   // Last: each setting's own error above is the more useful one.
   {
     // Batch b of the run reads token positions up to about b x global_batch x (seq_len + 1);
@@ -771,6 +791,8 @@ std::string to_toml(const RunConfig& c) {
                                       {"schedule", c.parallel.schedule},
                                       {"recompute", c.parallel.recompute},
                                       {"recompute_every", c.parallel.recompute_every},
+                                      {"activation_compression",
+                                       c.parallel.activation_compression},
                                       {"sub_batches", c.parallel.sub_batches},
                                       {"plan", c.parallel.plan},
                                       {"memory_limit", c.parallel.memory_limit},

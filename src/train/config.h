@@ -7,10 +7,12 @@
 #include "data/tokenizer.h"
 #include "model/config.h"
 #include "optim/optimizer.h"
+#include "ops/program.h"
 #include "schedule/schedule.h"
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +41,9 @@ struct ParallelConfig {
   // of each group's first layer is kept between the passes. 0: round(sqrt(model.layers)).
   // Must stay 0 under the other policies.
   std::int64_t recompute_every = 0;
+  // How kept activations are held between forward and backward in training:
+  // "none", "bf16" or "fp8" (e4m3) (schedule::compress_kept_sets).
+  std::string activation_compression = "none";
   // Parts each micro-batch is split into by the overlapped schedules; 0: 2 where it divides
   // the micro-batch (else 1) for cross-pass and oases, 1 for the others.
   std::int64_t sub_batches = 0;
@@ -133,6 +138,8 @@ optim::OptimizerConfig optimizer_config(const OptimConfig& train);
 // cannot run, naming the settings and the valid values). micro_batches is the number of
 // micro-batches per optimizer step on one data-parallel rank.
 schedule::ScheduleSpec schedule_spec(const RunConfig& config);
+// parallel.activation_compression resolved: nothing for "none".
+std::optional<ops::ActivationEncoding> activation_encoding(const RunConfig& config);
 
 // The transformer layers of each pipeline chunk in model order (parallel.pp x
 // parallel.virtual_stages counts, summing to model.layers) that parallel.pipeline_layers gives.

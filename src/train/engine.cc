@@ -105,6 +105,7 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       pp_(groups.pp ? groups.pp : &self_pp_),
       tp_replica_group_(groups.tp_replica_group),
       spec_(train::schedule_spec(config)),
+      compression_(train::activation_encoding(config)),
       model_(config.model, model_options(config, spec_, *tp_, *pp_, groups)),
       optimizer_(optim::make_optimizer(optimizer_config(config.train),
                                        flat_layout(model_.layout(), model_.dtype()),
@@ -171,6 +172,8 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
   } else {
     schedule = schedule::generate(model_.program(), spec);
   }
+  if (training && compression_)
+    schedule::compress_kept_sets(model_.program(), schedule, *compression_);
   schedule::verify_schedule(model_.program(), spec, schedule);
   return schedules_.emplace(key, std::move(schedule)).first->second;
 }

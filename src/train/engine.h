@@ -179,6 +179,8 @@ class TrainingEngine {
   std::vector<std::string> tied_params_;
   std::function<comm::Communicator&(int degree)> tp_replica_group_;
   schedule::ScheduleSpec spec_;
+  // parallel.activation_compression: applied to training schedules (not to 2bw runs).
+  std::optional<ops::ActivationEncoding> compression_;
   model::Model model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LrSchedule lr_schedule_;

@@ -404,6 +404,7 @@ void write_run_description(const RunConfig& config, TrainingEngine& engine, comm
       {"parameters", config.model.parameter_count()},
       {"start_step", start_step},
       {"schedule", schedule_description(engine.schedule_spec())},
+      {"activation_compression", config.parallel.activation_compression},
       {"memory_bytes",
        {{"parameters", weights},
         {"gradients", weights},
@@ -494,11 +495,14 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
            engine.optimizer().state_bytes_per_parameter(),
            static_cast<double>(engine.activation_bytes()) / mib);
   const schedule::ScheduleSpec& spec = engine.schedule_spec();
+  const std::string& compression = config.parallel.activation_compression;
   log_info("schedule: {}, recompute {}, {} sub-batch(es) of {} sequences, {} micro-batch(es) "
-           "per step; activations {:.1f} MiB",
+           "per step; activations {:.1f} MiB{}",
            schedule::name(spec.kind), schedule::describe_recompute(spec), spec.sub_batches,
            t.micro_batch / spec.sub_batches, spec.micro_batches,
-           static_cast<double>(engine.activation_bytes()) / (1 << 20));
+           static_cast<double>(engine.activation_bytes()) / (1 << 20),
+           compression == "none" ? std::string()
+                                 : fmt::format(", kept in {} between the passes", compression));
 }
 
 // The figures of one step that go to the metrics file and the progress line.
