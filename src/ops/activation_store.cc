@@ -2,9 +2,9 @@
 
 #include "core/error.h"
 #include "kernels/cpu/convert.h"
-#include "kernels/kernels.h"
 
 #include <array>
+#include <cstddef>
 
 #include <algorithm>
 
@@ -26,40 +26,37 @@ std::string tensor_sets_name(TensorSets sets) {
 
 namespace {
 
-// fp8 e4m3 from and to a block's own dtype. The fp8 kernels take f32 (or 16-bit) values: an f64
-// block goes through f32 in pieces of a fixed buffer, which rounds twice, harmlessly so next to
-// e4m3's 4 significant bits (and f64 runs are for verification, not for compression).
+// fp8 e4m3 from and to a block's own dtype. The fp8 kernels take f32: other dtypes go through
+// f32 in pieces of a fixed buffer (exact from 16 bits; from f64 it rounds twice, harmlessly so
+// next to e4m3's 4 significant bits, and f64 runs are for verification, not for compression).
+constexpr std::int64_t kPiece = 4096;
+
 void encode_e4m3(const void* src, DType dtype, void* dst, std::int64_t n) {
   auto* out = static_cast<std::uint8_t*>(dst);
-  if (dtype != DType::f64) {
-    kernels::encode_fp8(Tensor(const_cast<void*>(src), dtype, {n}), Tensor(out, DType::u8, {n}),
-                        kernels::Fp8Format::e4m3);
-    return;
-  }
-  std::array<float, 4096> piece;
-  const auto* in = static_cast<const double*>(src);
-  for (std::int64_t begin = 0; begin < n; begin += static_cast<std::int64_t>(piece.size())) {
-    const std::int64_t count = std::min<std::int64_t>(n - begin, piece.size());
-    for (std::int64_t i = 0; i < count; ++i) piece[i] = static_cast<float>(in[begin + i]);
-    kernels::encode_fp8(Tensor(piece.data(), DType::f32, {count}),
-                        Tensor(out + begin, DType::u8, {count}), kernels::Fp8Format::e4m3);
+  if (dtype == DType::f32) return kernels::cpu::encode_e4m3(static_cast<const float*>(src), out, n);
+  std::array<float, kPiece> piece;
+  const auto* in = static_cast<const std::byte*>(src);
+  const std::size_t element = dtype_size(dtype);
+  for (std::int64_t begin = 0; begin < n; begin += kPiece) {
+    const std::int64_t count = std::min(n - begin, kPiece);
+    kernels::cpu::convert_elements(in + static_cast<std::size_t>(begin) * element, dtype,
+                                   piece.data(), DType::f32, count);
+    kernels::cpu::encode_e4m3(piece.data(), out + begin, count);
   }
 }
 
 void decode_e4m3(const void* src, void* dst, DType dtype, std::int64_t n) {
-  auto* in = static_cast<std::uint8_t*>(const_cast<void*>(src));
-  if (dtype != DType::f64) {
-    kernels::decode_fp8(Tensor(in, DType::u8, {n}), Tensor(dst, dtype, {n}),
-                        kernels::Fp8Format::e4m3);
-    return;
-  }
-  std::array<float, 4096> piece;
-  auto* out = static_cast<double*>(dst);
-  for (std::int64_t begin = 0; begin < n; begin += static_cast<std::int64_t>(piece.size())) {
-    const std::int64_t count = std::min<std::int64_t>(n - begin, piece.size());
-    kernels::decode_fp8(Tensor(in + begin, DType::u8, {count}),
-                        Tensor(piece.data(), DType::f32, {count}), kernels::Fp8Format::e4m3);
-    for (std::int64_t i = 0; i < count; ++i) out[begin + i] = piece[i];  // exact
+  const auto* in = static_cast<const std::uint8_t*>(src);
+  if (dtype == DType::f32) return kernels::cpu::decode_e4m3(in, static_cast<float*>(dst), n);
+  std::array<float, kPiece> piece;
+  auto* out = static_cast<std::byte*>(dst);
+  const std::size_t element = dtype_size(dtype);
+  for (std::int64_t begin = 0; begin < n; begin += kPiece) {
+    const std::int64_t count = std::min(n - begin, kPiece);
+    kernels::cpu::decode_e4m3(in + begin, piece.data(), count);
+    // Every e4m3 value is an f32, bf16, f16 and f64 value: exact.
+    kernels::cpu::convert_elements(piece.data(), DType::f32,
+                                   out + static_cast<std::size_t>(begin) * element, dtype, count);
   }
 }
 

@@ -71,47 +71,6 @@ void Optimizer::reduce_over_shards(std::size_t param, std::vector<double>& value
                    op);
 }
 
-std::vector<std::string_view> optimizer_names() {
-  return {"adamw", "adafactor", "sm3", "sgd"};
-}
-
-void validate_optimizer_config(const OptimizerConfig& config) {
-  const std::vector<std::string_view> names = optimizer_names();
-  OASES_CHECK(std::ranges::find(names, config.name) != names.end(),
-              "train.optimizer = \"{}\" is not an optimizer oases has; valid: \"{}\"", config.name,
-              fmt::join(names, "\", \""));
-  OASES_CHECK(config.beta1 >= 0 && config.beta1 < 1, "train.beta1 = {} must be in [0, 1)",
-              config.beta1);
-  OASES_CHECK(config.beta2 >= 0 && config.beta2 < 1, "train.beta2 = {} must be in [0, 1)",
-              config.beta2);
-  OASES_CHECK(config.eps >= 0, "train.eps = {} must be >= 0", config.eps);
-  OASES_CHECK(config.weight_decay >= 0, "train.weight_decay = {} must be >= 0",
-              config.weight_decay);
-  OASES_CHECK(config.momentum >= 0 && config.momentum < 1,
-              "train.momentum = {} must be in [0, 1) (0: no momentum)", config.momentum);
-  OASES_CHECK(config.adafactor_beta1 >= 0 && config.adafactor_beta1 < 1,
-              "train.adafactor_beta1 = {} must be in [0, 1) (0: no first moment)",
-              config.adafactor_beta1);
-  OASES_CHECK(config.momentum == 0 || config.name == "sgd" || config.name == "sm3",
-              "train.momentum = {} applies to train.optimizer = \"sgd\" and \"sm3\", not \"{}\"{}",
-              config.momentum, config.name,
-              config.name == "adafactor" ? "; Adafactor's first moment is train.adafactor_beta1"
-                                         : "; AdamW's is train.beta1");
-  OASES_CHECK(config.adafactor_beta1 == 0 || config.name == "adafactor",
-              "train.adafactor_beta1 = {} applies to train.optimizer = \"adafactor\", not \"{}\"",
-              config.adafactor_beta1, config.name);
-  OASES_CHECK(!config.nesterov || config.name == "sgd",
-              "train.nesterov = true applies to train.optimizer = \"sgd\", not \"{}\"",
-              config.name);
-  OASES_CHECK(!config.nesterov || config.momentum > 0,
-              "train.nesterov = true needs train.momentum > 0 (it is {}), as torch.optim.SGD does",
-              config.momentum);
-  OASES_CHECK(!config.relative_step || config.name == "adafactor",
-              "train.lr = 0 (a relative step size) is Adafactor's; train.optimizer = \"{}\" needs "
-              "train.lr > 0",
-              config.name);
-}
-
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const FlatLayout& layout,
                                           std::unique_ptr<ShardReducer> reducer) {
   validate_optimizer_config(config);

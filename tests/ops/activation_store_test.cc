@@ -55,6 +55,33 @@ TEST(ActivationStore, EncodingToBf16RoundsEveryElementToNearestEven) {
   }
 }
 
+// e4m3 keeps 4 significant bits and saturates at +-448: each value comes back as the fp8
+// kernels round it, from f32 directly and from f64 through f32.
+TEST(ActivationStore, EncodingToFp8RoundsAsTheFp8Kernels) {
+  ActivationStore store;
+  constexpr std::int64_t n = 9000;  // more than one piece of the f64 path
+  const std::vector<float> f = values<float>(n);
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(n));
+  std::vector<float> want(static_cast<std::size_t>(n));
+  kernels::cpu::encode_e4m3(f.data(), codes.data(), n);
+  kernels::cpu::decode_e4m3(codes.data(), want.data(), n);
+
+  Tensor block = store.acquire(kKey, DType::f32, n);
+  std::copy(f.begin(), f.end(), block.data<float>());
+  store.encode(kKey, ActivationEncoding::fp8_e4m3);
+  EXPECT_EQ(store.live_bytes(), static_cast<std::size_t>(n));
+  store.decode(kKey);
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(store.get(kKey).data<float>()[i], want[i]) << i;
+
+  const ActivationKey wide{.segment = 4, .set = kCheckpoint};
+  Tensor dblock = store.acquire(wide, DType::f64, n);
+  for (std::int64_t i = 0; i < n; ++i) dblock.data<double>()[i] = f[i];  // exact in f32
+  store.encode(wide, ActivationEncoding::fp8_e4m3);
+  store.decode(wide);
+  for (std::int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(store.get(wide).data<double>()[i], static_cast<double>(want[i])) << i;
+}
+
 TEST(ActivationStore, AnEncodedBlockCountsItsEncodedBytesAndBothCountWhileConverting) {
   ActivationStore store;
   constexpr std::int64_t n = 1000;

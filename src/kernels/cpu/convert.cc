@@ -21,7 +21,7 @@ using std::uint32_t;
 
 // Conversions are a few integer operations an element; below this many elements the cost of
 // waking the OpenMP team exceeds the work.
-constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 16;
+[[maybe_unused]] constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 16;  // unused without OpenMP
 
 
 // The float nearest to `value` with round-to-odd: if the conversion is inexact, the float
@@ -142,7 +142,9 @@ void narrow_portable(const float* src, Float16* dst, std::int64_t n) {
 // that -Wmaybe-uninitialized reports at -O3 once inlined (a false positive: the lanes are
 // all overwritten).
 #pragma GCC diagnostic push
+#if !defined(__clang__)  // clang has no such warning (and rejects the unknown name)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 __attribute__((target("avx2"))) void widen_avx2(const BFloat16* src, float* dst,
                                                 std::int64_t n) {
