@@ -1,6 +1,7 @@
 #include "kernels/half_kernels.h"
 
 #include "core/error.h"
+#include "kernels/argument_checks.h"
 #include "kernels/cpu/column_sums.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/cross_entropy.h"
@@ -164,16 +165,8 @@ void check_h_or_f32(const char* what, DType h, std::initializer_list<const Tenso
         "{}: expected {} or f32, got {}", what, dtype_name(h), dtype_name(t->dtype()));
 }
 
-void check_contiguous(const char* what, std::initializer_list<const Tensor*> tensors) {
-  for (const Tensor* t : tensors)
-    OASES_ASSERT(t->empty() || t->is_contiguous(), "{}: a strided {} argument", what,
-                 t->shape().str());
-}
-
-void check_matrix(const char* what, const Tensor& m, std::int64_t rows, std::int64_t cols) {
-  OASES_ASSERT(m.ndim() == 2 && m.dim(0) == rows && m.dim(1) == cols,
-               "{}: expected a [{}, {}] matrix, got {}", what, rows, cols, m.shape().str());
-}
+using detail::check_contiguous;
+using detail::check_matrix;
 
 cpu::AttentionShape cpu_shape(const AttentionShape& s) {
   return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.causal};

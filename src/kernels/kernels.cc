@@ -1,6 +1,7 @@
 #include "kernels/kernels.h"
 
 #include "core/error.h"
+#include "kernels/argument_checks.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/gelu.h"
@@ -55,16 +56,8 @@ T* ptr(const Tensor& t) {
   return t.empty() ? nullptr : t.data<T>();
 }
 
-void check_contiguous(const char* what, std::initializer_list<const Tensor*> tensors) {
-  for (const Tensor* t : tensors)
-    OASES_ASSERT(t->empty() || t->is_contiguous(), "{}: a strided {} argument", what,
-                 t->shape().str());
-}
-
-void check_matrix(const char* what, const Tensor& m, std::int64_t rows, std::int64_t cols) {
-  OASES_ASSERT(m.ndim() == 2 && m.dim(0) == rows && m.dim(1) == cols,
-               "{}: expected a [{}, {}] matrix, got {}", what, rows, cols, m.shape().str());
-}
+using detail::check_contiguous;
+using detail::check_matrix;
 
 cpu::WeightLayout cpu_layout(WeightLayout layout) {
   return layout == WeightLayout::in_out ? cpu::WeightLayout::in_out : cpu::WeightLayout::out_in;
