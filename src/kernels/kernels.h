@@ -52,6 +52,7 @@ using cpu::Gemm16Choice;
 using cpu::Gemm16Path;
 using cpu::Gemm16Paths;
 using cpu::Gemm16PathsChoice;
+using cpu::choose_gemm16_path;
 using cpu::choose_gemm16_paths;
 using cpu::gemm16_available;
 using cpu::gemm16_path_from_name;

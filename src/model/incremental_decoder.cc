@@ -8,6 +8,11 @@
 
 namespace oases::model {
 namespace {
+// The decoder computes in its parameters' f32 or f64: no 16-bit products to route.
+constexpr kernels::Gemm16Paths kF32Paths{};
+}  // namespace
+
+namespace {
 
 // Parameter values only: the decoder never runs a backward pass, so every ParamRef it builds
 // has an empty gradient.
@@ -133,7 +138,7 @@ void IncrementalDecoder::run_attention(Layer& layer, std::int64_t n) {
   const Tensor qkv = qkv_.rows(0, n);
   std::int64_t column = 0;
   for (const ops::ColumnParallelLinear& projection : spec.qkv) {
-    projection.forward(normed, qkv.columns(column, column + projection.local_out()));
+    projection.forward(normed, qkv.columns(column, column + projection.local_out()), kF32Paths);
     column += projection.local_out();
   }
   const kernels::AttentionShape& shape = core.shape();
@@ -143,7 +148,7 @@ void IncrementalDecoder::run_attention(Layer& layer, std::int64_t n) {
                           rope_sin_.rows(length_, length_ + n), false);
   const Tensor attended = attended_.rows(0, n), projected = projected_.rows(0, n);
   kernels::cached_attention_forward(qkv, layer.keys, layer.values, attended, length_);
-  spec.out_proj.forward(attended, projected);
+  spec.out_proj.forward(attended, projected, kF32Paths);
   kernels::bias_dropout_add_forward(projected, layer.attention_bias, x, x, 1, n, 0.0, {}, {});
 }
 
@@ -155,14 +160,14 @@ void IncrementalDecoder::run_mlp(const Layer& layer, std::int64_t n) {
   spec.pre_norm.forward(x, normed, stats_.view(0, {2 * n}));
   const Tensor in = mlp_in_.rows(0, n), act = mlp_act_.rows(0, n);
   if (spec.up.size() == 1) {
-    spec.up[0].forward(normed, in);
+    spec.up[0].forward(normed, in, kF32Paths);
   } else {
-    spec.up[0].forward(normed, in.columns(0, F));
-    spec.up[1].forward(normed, in.columns(F, 2 * F));
+    spec.up[0].forward(normed, in.columns(0, F), kF32Paths);
+    spec.up[1].forward(normed, in.columns(F, 2 * F), kF32Paths);
   }
   activation.forward(in, act);
   const Tensor projected = projected_.rows(0, n);
-  spec.down.forward(act, projected);
+  spec.down.forward(act, projected, kF32Paths);
   kernels::bias_dropout_add_forward(projected, layer.mlp_bias, x, x, 1, n, 0.0, {}, {});
 }
 

@@ -68,7 +68,15 @@ namespace {
 void check_options(const ModelConfig& config, const ModelOptions& o) {
   OASES_ASSERT(o.tp != nullptr, "a model needs its tensor-parallel group");
   OASES_CHECK(o.dtype == DType::f32 || o.dtype == DType::f64,
-              "train.precision: the model computes in fp32 or fp64, not {}", dtype_name(o.dtype));
+              "train.precision: the model's parameters are fp32 or fp64, not {}",
+              dtype_name(o.dtype));
+  if (o.mixed_precision) {
+    const DType half = *o.mixed_precision;
+    OASES_CHECK((half == DType::bf16 || half == DType::f16) && o.dtype == DType::f32,
+                "train.precision: mixed precision computes in bf16 or fp16 over fp32 parameters, "
+                "not {} over {}",
+                dtype_name(half), dtype_name(o.dtype));
+  }
   OASES_CHECK(o.sub_batches >= 1 && o.micro_batch % o.sub_batches == 0,
               "parallel.sub_batches = {} must divide train.micro_batch = {}", o.sub_batches,
               o.micro_batch);
@@ -112,7 +120,7 @@ class Model::Builder final : public ParamResolver {
     const ParamSpec& spec = m_.layout_.find(name);
     auto [it, inserted] = first_user_.try_emplace(spec.group, segment_);
     if (!inserted) it->second = std::min(it->second, segment_);
-    return {m_.layout_.view(m_.params_, spec), m_.layout_.view(m_.grads_, spec)};
+    return {m_.layout_.view(m_.compute_params(), spec), m_.layout_.view(m_.grads_, spec)};
   }
   bool has(const std::string& name) const override { return m_.layout_.has(name); }
 
@@ -121,8 +129,10 @@ class Model::Builder final : public ParamResolver {
     allocate_slots();
     if (arch_.rotary()) {
       const std::int64_t half = c_.head_dim() / 2;
-      rope_cos_ = m_.arena_.allocate(ctx.dtype, {c_.seq_len, half});
-      rope_sin_ = m_.arena_.allocate(ctx.dtype, {c_.seq_len, half});
+      // f32 tables under mixed precision: the angles are not rounded to 16 bits.
+      const DType table_dtype = ops::statistics_dtype(ctx.dtype);
+      rope_cos_ = m_.arena_.allocate(table_dtype, {c_.seq_len, half});
+      rope_sin_ = m_.arena_.allocate(table_dtype, {c_.seq_len, half});
       kernels::rotary_tables(c_.seq_len, c_.head_dim(), c_.rope_theta, rope_cos_, rope_sin_);
     }
     if (m_.has_embedding()) add_embedding();
@@ -280,7 +290,7 @@ class Model::Builder final : public ParamResolver {
       if (auto it = ready.find(i); it != ready.end()) shape.ready_bucket = it->second;
       m_.program_.segments.push_back(std::move(shape));
     }
-    m_.program_.set_element_bytes = dtype_size(m_.options_.dtype);
+    m_.program_.set_element_bytes = dtype_size(m_.context_.dtype);
   }
 
   Model& m_;
@@ -312,8 +322,15 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   grad_buffer_ = Buffer(bytes);
   params_ = param_buffer_.tensor(options_.dtype, {layout_.total_numel()});
   grads_ = grad_buffer_.tensor(options_.dtype, {layout_.total_numel()});
+  if (options_.mixed_precision) {
+    const DType half = *options_.mixed_precision;
+    compute_param_buffer_ =
+        Buffer(static_cast<std::size_t>(layout_.total_numel()) * dtype_size(half));
+    compute_params_ = compute_param_buffer_.tensor(half, {layout_.total_numel()});
+  }
 
-  context_.dtype = options_.dtype;
+  context_.dtype = options_.mixed_precision.value_or(options_.dtype);
+  context_.gemm16 = options_.gemm16;
   context_.seq_len = config_.seq_len;
   context_.hidden = config_.hidden;
   context_.rows = options_.micro_batch / options_.sub_batches;
@@ -344,6 +361,11 @@ void Model::zero_grads() { kernels::zero(grads_); }
 
 void Model::initialize(std::uint64_t seed) {
   initialize_parameters(layout_, config_.layers, seed, params_);
+  refresh_compute_params();
+}
+
+void Model::refresh_compute_params() {
+  if (mixed_precision()) kernels::convert(params_, compute_params_);
 }
 
 }  // namespace oases::model

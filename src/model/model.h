@@ -16,6 +16,7 @@
 
 #include "comm/communicator.h"
 #include "core/buffer.h"
+#include "kernels/kernels.h"
 #include "model/architecture.h"
 #include "model/config.h"
 #include "model/param_layout.h"
@@ -25,6 +26,7 @@
 #include "ops/segment.h"
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace oases::model {
@@ -38,6 +40,12 @@ struct LayerRange {
 
 struct ModelOptions {
   DType dtype = DType::f32;         // parameters, gradients and activations (f32 or f64)
+  // Mixed precision (bf16 or f16, over dtype f32): activations, their gradients, kept sets and
+  // the copy of the parameters that forward and backward read are in this type, statistics in
+  // f32; params() stays the f32 master copy and grads() f32 accumulators. Empty: all in dtype.
+  std::optional<DType> mixed_precision;
+  // How 16-bit linear layers multiply (kernels::choose_gemm16_paths, or pinned by a checkpoint).
+  kernels::Gemm16Paths gemm16;
   std::int64_t micro_batch = 1;     // sequences per micro-batch
   int sub_batches = 1;              // equal parts of a micro-batch (dividing it)
   // Micro-batches that may be in flight at once with their own slots (ops::ModelContext::
@@ -67,7 +75,11 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return config_; }
-  DType dtype() const { return options_.dtype; }
+  DType dtype() const { return options_.dtype; }  // parameters and gradients
+  // Activations and the parameters' working copy: dtype(), or the mixed-precision type.
+  DType activation_dtype() const { return context_.dtype; }
+  bool mixed_precision() const { return options_.mixed_precision.has_value(); }
+  const kernels::Gemm16Paths& gemm16_paths() const { return options_.gemm16; }
   std::int64_t micro_batch() const { return options_.micro_batch; }
   int sub_batches() const { return options_.sub_batches; }
   // The first layer of the first chunk and the end of the last.
@@ -83,10 +95,18 @@ class Model {
   const ParamLayout& layout() const { return layout_; }
   const Tensor& params() const { return params_; }  // [param_count()]
   const Tensor& grads() const { return grads_; }    // [param_count()]
+  // The parameters forward and backward read [param_count()]: params() itself, or under mixed
+  // precision its copy rounded to activation_dtype(), which refresh_compute_params() renews.
+  const Tensor& compute_params() const { return mixed_precision() ? compute_params_ : params_; }
+  // Rounds params() into compute_params() (nothing to do without mixed precision). Whoever
+  // changes params() (an optimizer step, a checkpoint load, a weight-version swap) calls it
+  // before the next forward.
+  void refresh_compute_params();
   std::int64_t param_count() const { return layout_.total_numel(); }  // incl. alignment padding
 
   void zero_grads();
-  void initialize(std::uint64_t seed);  // layout-invariant Philox initialisation
+  // Layout-invariant Philox initialisation (compute_params() refreshed).
+  void initialize(std::uint64_t seed);
 
   std::vector<std::unique_ptr<ops::Segment>>& segments() { return segments_; }
   const ops::Program& program() const { return program_; }
@@ -113,8 +133,8 @@ class Model {
   ModelOptions options_;
   std::unique_ptr<Architecture> architecture_;
   ParamLayout layout_;
-  Buffer param_buffer_, grad_buffer_;
-  Tensor params_, grads_;
+  Buffer param_buffer_, grad_buffer_, compute_param_buffer_;
+  Tensor params_, grads_, compute_params_;
   Arena arena_;
   ops::ActivationStore store_;
   ops::ModelContext context_;

@@ -23,7 +23,7 @@ class ReshardSegment final : public Segment {
         rises_(spec_.from.degree < spec_.to.degree),
         kept_(model.dtype) {
     OASES_ASSERT(spec_.from.degree != spec_.to.degree, "{}: no degree change", spec_.name);
-    kept_.add(spec_.epilogue.kept_elements(epilogue_tokens(), model.hidden));
+    kept_.add(spec_.epilogue.kept_elements(epilogue_tokens(), model.hidden, model.dtype));
   }
   const std::string& name() const override { return spec_.name; }
   SegmentShape shape() const override {
@@ -121,7 +121,7 @@ class ReshardSegment final : public Segment {
   }
   // The epilogue runs on layer l-1's rows.
   std::int64_t epilogue_tokens() const { return spec_.from.rows * m_.seq_len; }
-  bool has_kept() const { return spec_.epilogue.kept_elements(epilogue_tokens(), m_.hidden) > 0; }
+  bool has_kept() const { return spec_.epilogue.kept_elements(epilogue_tokens(), m_.hidden, m_.dtype) > 0; }
   Tensor acquire_kept(int mb, int sb) {
     if (!has_kept()) return {};
     return store().acquire(key(mb, sb, kCheckpoint), m_.dtype, kept_.elements());
@@ -139,7 +139,7 @@ class StageOutputSegment final : public Segment {
       : Segment(id, *model.store), m_(model), spec_(std::move(spec)), checkpoint_(model.dtype) {
     tokens_ = spec_.at.rows * model.seq_len;
     output_ = checkpoint_.add(tokens_ * model.hidden);
-    kept_ = checkpoint_.add(spec_.epilogue.kept_elements(tokens_, model.hidden));
+    kept_ = checkpoint_.add(spec_.epilogue.kept_elements(tokens_, model.hidden, model.dtype));
   }
   const std::string& name() const override { return spec_.name; }
   SegmentShape shape() const override {
@@ -186,7 +186,7 @@ class StageOutputSegment final : public Segment {
  private:
   Tensor output(const Tensor& block) const { return block.view(output_, {tokens_, m_.hidden}); }
   Tensor kept(const Tensor& block) const {
-    const std::int64_t n = spec_.epilogue.kept_elements(tokens_, m_.hidden);
+    const std::int64_t n = spec_.epilogue.kept_elements(tokens_, m_.hidden, m_.dtype);
     return n == 0 ? Tensor() : block.view(kept_, {n});
   }
 

@@ -19,6 +19,16 @@ void Slots::allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std:
   }
 }
 
+Tensor statistics_view(const Tensor& block, std::int64_t offset, std::int64_t count) {
+  OASES_ASSERT(block.is_contiguous() && offset >= 0 &&
+                   (offset + statistics_footprint(block.dtype(), count)) <= block.numel(),
+               "statistics [{}, +{}) outside a block of {} elements", offset, count, block.numel());
+  const DType dtype = statistics_dtype(block.dtype());
+  if (dtype == block.dtype()) return block.view(offset, {count});
+  auto* start = static_cast<char*>(block.raw()) + offset * static_cast<std::int64_t>(block.element_size());
+  return Tensor(start, dtype, {count}, block.device());
+}
+
 const Tensor& Slots::at(Slot slot, int micro_batch, int sub_batch) const {
   OASES_ASSERT(sub_batch >= 0 && sub_batch < sub_batches_ && micro_batch >= 0,
                "micro-batch {}, sub-batch {} of {}", micro_batch, sub_batch, sub_batches_);

@@ -6,6 +6,7 @@
 
 #include "comm/communicator.h"
 #include "core/tensor.h"
+#include "kernels/kernels.h"
 #include "ops/activation_store.h"
 
 #include <algorithm>
@@ -62,7 +63,11 @@ struct Placement {
 };
 
 struct ModelContext {
+  // Activations, their gradients, slots, scratch and kept sets (f32 or f64; bf16 or f16 under
+  // mixed precision, where statistics are f32: statistics_dtype).
   DType dtype = DType::f32;
+  // The matrix-product paths of 16-bit linear layers (ignored in f32 and f64).
+  kernels::Gemm16Paths gemm16;
   std::int64_t seq_len = 0;
   std::int64_t hidden = 0;
   std::int64_t rows = 0;        // sequences per sub-batch
@@ -100,6 +105,31 @@ struct ParamRef {
   bool present() const { return !value.empty(); }
 };
 
+// The type of the statistics kept beside activations of type `activations` (norm means and
+// reciprocal deviations, attention log-sum-exps, head maxima, sums and losses): f32 under mixed
+// precision, else the activations' own type.
+constexpr DType statistics_dtype(DType activations) {
+  return activations == DType::bf16 || activations == DType::f16 ? DType::f32 : activations;
+}
+
+// `elements` elements of `dtype` rounded up to whole 64-byte lines, in elements.
+inline std::int64_t aligned_elements(DType dtype, std::int64_t elements) {
+  const auto align = static_cast<std::int64_t>(64 / dtype_size(dtype));
+  return (elements + align - 1) / align * align;
+}
+
+// Elements of a block of `block` type that hold `count` statistics (statistics_dtype), whole
+// 64-byte lines.
+inline std::int64_t statistics_footprint(DType block, std::int64_t count) {
+  const auto bytes = static_cast<std::int64_t>(dtype_size(statistics_dtype(block))) * count;
+  const auto element = static_cast<std::int64_t>(dtype_size(block));
+  return aligned_elements(block, (bytes + element - 1) / element);
+}
+
+// The `count` statistics that start `offset` elements into `block` (a piece placed by
+// SetLayout::add_statistics, or at a 64-byte aligned offset), seen in statistics_dtype.
+Tensor statistics_view(const Tensor& block, std::int64_t offset, std::int64_t count);
+
 // A tensor set laid out as consecutive pieces of one block, so that one acquisition keeps all
 // of it. Pieces start 64-byte aligned.
 class SetLayout {
@@ -108,10 +138,12 @@ class SetLayout {
   // Adds a piece of `elements` elements and returns its offset (in elements) in the block.
   std::int64_t add(std::int64_t elements) {
     const std::int64_t offset = total_;
-    const auto align = static_cast<std::int64_t>(64 / dtype_size(dtype_));
-    total_ += (elements + align - 1) / align * align;
+    total_ += aligned_elements(dtype_, elements);
     return offset;
   }
+  // Adds a piece of `count` statistics (statistics_dtype; view it with statistics_view) and
+  // returns its offset in elements of the block.
+  std::int64_t add_statistics(std::int64_t count) { return add(statistics_footprint(dtype_, count)); }
   DType dtype() const { return dtype_; }
   std::int64_t elements() const { return std::max<std::int64_t>(total_, 1); }
   std::size_t bytes() const { return static_cast<std::size_t>(elements()) * dtype_size(dtype_); }

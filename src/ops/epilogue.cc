@@ -11,9 +11,11 @@ std::int64_t global_sample(const ModelContext& model, const StepContext& ctx, in
          first_row;
 }
 
-std::int64_t ResidualEpilogue::kept_elements(std::int64_t tokens, std::int64_t hidden) const {
+std::int64_t ResidualEpilogue::kept_elements(std::int64_t tokens, std::int64_t hidden,
+                                             DType dtype) const {
   if (spec_.copies_input || !spec_.post_norm.present()) return 0;
-  return tokens * hidden + spec_.post_norm.stats_per_row() * tokens;
+  return aligned_elements(dtype, tokens * hidden) +
+         statistics_footprint(dtype, spec_.post_norm.stats_per_row() * tokens);
 }
 
 kernels::DropoutSite ResidualEpilogue::site(const ModelContext& model,
@@ -49,7 +51,8 @@ void ResidualEpilogue::forward(const ModelContext& model, const StepContext& ctx
                            site(model, ctx), slice);
   }
   if (!post_norm) return;
-  const Tensor stats = kept.view(out.numel(), {spec_.post_norm.stats_per_row() * tokens});
+  const Tensor stats = statistics_view(kept, aligned_elements(kept.dtype(), out.numel()),
+                                       spec_.post_norm.stats_per_row() * tokens);
   spec_.post_norm.forward(sum, out, stats);
   if (spec_.dropout_after_norm)
     kernels::dropout_apply(out, out, rows, model.seq_len, p, site(model, ctx), slice);
@@ -67,7 +70,8 @@ void ResidualEpilogue::backward(const ModelContext& model, const StepContext& ct
     if (spec_.dropout_after_norm)
       kernels::dropout_apply(d_out, d_out, rows, model.seq_len, p, site(model, ctx), slice);
     const Tensor sum = kept.view(0, d_out.shape());
-    const Tensor stats = kept.view(d_out.numel(), {spec_.post_norm.stats_per_row() * tokens});
+    const Tensor stats = statistics_view(kept, aligned_elements(kept.dtype(), d_out.numel()),
+                                         spec_.post_norm.stats_per_row() * tokens);
     spec_.post_norm.backward(d_out, sum, stats, scratch);
     kernels::copy(scratch, d_out);  // now d(a): the residual's gradient
   }

@@ -57,9 +57,10 @@ class ResidualEpilogue {
   explicit ResidualEpilogue(Spec spec) : spec_(std::move(spec)) {}
   const Spec& spec() const { return spec_; }
 
-  // Elements kept with the output for the backward pass (post-norm: the sum a and the norm's
-  // statistics), for `tokens` rows of width `hidden`.
-  std::int64_t kept_elements(std::int64_t tokens, std::int64_t hidden) const;
+  // Elements of `dtype` (the activations') kept with the output for the backward pass
+  // (post-norm: the sum a, then from the next 64-byte line the norm's statistics), for
+  // `tokens` rows of width `hidden`.
+  std::int64_t kept_elements(std::int64_t tokens, std::int64_t hidden, DType dtype) const;
 
   // Runs on `rows` sequences starting at row `first_row` of sub-batch sb (the dropout masks
   // follow their global sample indices). input, residual, out [rows * seq, hidden]; residual

@@ -18,16 +18,16 @@ class HeadBody {
       : m_(model), spec_(spec), tokens_(model.tokens()) {
     const std::int64_t n = tokens_, C = model.hidden;
     residual_ = internals.add(n * C);
-    epilogue_kept_ = internals.add(spec.epilogue.kept_elements(n, C));
+    epilogue_kept_ = internals.add(spec.epilogue.kept_elements(n, C, model.dtype));
     if (spec.has_transform) {
       transform_pre_ = internals.add(n * C);
       transform_act_ = internals.add(n * C);
       transform_out_ = internals.add(n * C);
-      transform_stats_ = internals.add(spec.transform_norm.stats_per_row() * n);
+      transform_stats_ = internals.add_statistics(spec.transform_norm.stats_per_row() * n);
     }
     if (spec.final_norm.present()) {
       final_out_ = internals.add(n * C);
-      final_stats_ = internals.add(spec.final_norm.stats_per_row() * n);
+      final_stats_ = internals.add_statistics(spec.final_norm.stats_per_row() * n);
     }
     OASES_ASSERT(spec.has_transform || spec.final_norm.present(), "a head without features");
   }
@@ -45,7 +45,7 @@ class HeadBody {
     Tensor x = residual(internals);
     if (spec_.has_transform) {
       const Tensor pre = matrix(internals, transform_pre_), act = matrix(internals, transform_act_);
-      spec_.transform.forward(x, pre);
+      spec_.transform.forward(x, pre, m_.gemm16);
       kernels::gelu_forward(pre, act, kernels::GeluForm::erf);
       x = matrix(internals, transform_out_);
       spec_.transform_norm.forward(act, x, transform_stats(internals));
@@ -77,7 +77,7 @@ class HeadBody {
       spec_.transform_norm.backward(d, matrix(internals, transform_act_),
                                     transform_stats(internals), wide);
       kernels::gelu_backward(matrix(internals, transform_pre_), wide, wide, kernels::GeluForm::erf);
-      spec_.transform.backward(wide, residual(internals), residual_grad, false);
+      spec_.transform.backward(wide, residual(internals), residual_grad, false, m_.gemm16);
     }
     spec_.epilogue.backward(m_, ctx, mb, sb, m_.rows, 0, residual_grad,
                             m_.slot(Slot::output_grad, mb, sb), epilogue_kept(internals), narrow);
@@ -97,14 +97,14 @@ class HeadBody {
   }
   Tensor residual(const Tensor& internals) const { return matrix(internals, residual_); }
   Tensor epilogue_kept(const Tensor& internals) const {
-    const std::int64_t n = spec_.epilogue.kept_elements(tokens_, m_.hidden);
+    const std::int64_t n = spec_.epilogue.kept_elements(tokens_, m_.hidden, m_.dtype);
     return n == 0 ? Tensor() : internals.view(epilogue_kept_, {n});
   }
   Tensor transform_stats(const Tensor& internals) const {
-    return internals.view(transform_stats_, {spec_.transform_norm.stats_per_row() * tokens_});
+    return statistics_view(internals, transform_stats_, spec_.transform_norm.stats_per_row() * tokens_);
   }
   Tensor final_stats(const Tensor& internals) const {
-    return internals.view(final_stats_, {spec_.final_norm.stats_per_row() * tokens_});
+    return statistics_view(internals, final_stats_, spec_.final_norm.stats_per_row() * tokens_);
   }
 
   const ModelContext& m_;
@@ -147,7 +147,7 @@ class FusedHeadSegment final : public Segment {
     // backward (a schedule may run other instances' forwards in between).
     d_features_ = internals_.add(model.tokens() * model.hidden);
     logits_ = arena.allocate(model.dtype, {chunk, V});
-    losses_ = arena.allocate(model.dtype, {chunk});
+    losses_ = arena.allocate(statistics_dtype(model.dtype), {chunk});
   }
   const std::string& name() const override { return name_; }
   SegmentShape shape() const override {
@@ -172,19 +172,20 @@ class FusedHeadSegment final : public Segment {
       if (ctx.head_mode == HeadMode::logits) {
         const std::int64_t first = static_cast<std::int64_t>(sb) * n + row;
         kernels::linear_forward(x_rows, spec_.vocab_weight.value, kernels::WeightLayout::out_in,
-                                spec_.vocab_bias.value, ctx.logits_out.rows(first, first + rows));
+                                spec_.vocab_bias.value, ctx.logits_out.rows(first, first + rows),
+                                false, m_.gemm16);
         continue;
       }
       const Tensor logits = logits_.rows(0, rows), losses = losses_.rows(0, rows);
       kernels::linear_forward(x_rows, spec_.vocab_weight.value, kernels::WeightLayout::out_in,
-                              spec_.vocab_bias.value, logits);
+                              spec_.vocab_bias.value, logits, false, m_.gemm16);
       if (ctx.head_mode == HeadMode::train) {
         kernels::cross_entropy_forward_backward(logits, V, targets + row, losses,
                                                 ctx.loss_gradient_scale);
         // d(features) = d(logits) @ W; d(W) += d(logits)^T features (and the bias's sums).
         kernels::linear_backward(logits, x_rows, spec_.vocab_weight.value,
                                  kernels::WeightLayout::out_in, d_x.rows(row, row + rows), false,
-                                 spec_.vocab_weight.grad, spec_.vocab_bias.grad);
+                                 spec_.vocab_weight.grad, spec_.vocab_bias.grad, m_.gemm16);
       } else {
         kernels::cross_entropy_forward(logits, V, targets + row, losses);
       }
@@ -229,9 +230,9 @@ class VocabParallelHeadSegment final : public Segment {
         body_(model, spec_, internals_) {
     const std::int64_t n = model.tokens();
     logits_ = internals_.add(n * local_rows());
-    row_max_ = internals_.add(n);
-    sums_ = internals_.add(2 * n);
-    losses_ = internals_.add(n);
+    row_max_ = internals_.add_statistics(n);
+    sums_ = internals_.add_statistics(2 * n);
+    losses_ = internals_.add_statistics(n);
   }
   const std::string& name() const override { return name_; }
   SegmentShape shape() const override {
@@ -253,9 +254,9 @@ class VocabParallelHeadSegment final : public Segment {
   Tensor logits(const Tensor& block) const {
     return block.view(logits_, {m_.tokens(), local_rows()});
   }
-  Tensor row_max(const Tensor& block) const { return block.view(row_max_, {m_.tokens()}); }
-  Tensor sums(const Tensor& block) const { return block.view(sums_, {2 * m_.tokens()}); }
-  Tensor losses(const Tensor& block) const { return block.view(losses_, {m_.tokens()}); }
+  Tensor row_max(const Tensor& block) const { return statistics_view(block, row_max_, m_.tokens()); }
+  Tensor sums(const Tensor& block) const { return statistics_view(block, sums_, 2 * m_.tokens()); }
+  Tensor losses(const Tensor& block) const { return statistics_view(block, losses_, m_.tokens()); }
   Tensor features(const Tensor& block) const { return body_.features(block); }
 
   void forward(const StepContext& ctx, int mb, int sb) override {
@@ -264,7 +265,7 @@ class VocabParallelHeadSegment final : public Segment {
     const Tensor block = store().acquire(key(mb, sb, kInternals), m_.dtype, internals_.elements());
     const Tensor x = body_.forward(ctx, mb, sb, spec_.epilogue.spec().residual_segment, block);
     kernels::linear_forward(x, spec_.vocab_weight.value, kernels::WeightLayout::out_in,
-                            spec_.vocab_bias.value, logits(block));
+                            spec_.vocab_bias.value, logits(block), false, m_.gemm16);
     kernels::cross_entropy_shard_max(logits(block), spec_.vocab_valid, row_max(block));
   }
   void backward(const StepContext& ctx, int mb, int sb, int stage) override {
@@ -370,7 +371,7 @@ class HeadLossSegment final : public Segment {
                              kernels::WeightLayout::out_in,
                              input ? m_.slot(Slot::input_grad, mb, sb) : Tensor(), false,
                              weight ? spec.vocab_weight.grad : Tensor(),
-                             weight ? spec.vocab_bias.grad : Tensor());
+                             weight ? spec.vocab_bias.grad : Tensor(), m_.gemm16);
   }
 
   const VocabParallelHeadSegment& head_;

@@ -24,10 +24,10 @@ class LayerSegment : public Segment {
     const std::int64_t C = model.hidden;
     stash_output_grad_ = deferred_.add(tokens_ * C);
     residual_ = checkpoint_.add(tokens_ * C);
-    epilogue_kept_ = checkpoint_.add(spec.epilogue.kept_elements(tokens_, C));
+    epilogue_kept_ = checkpoint_.add(spec.epilogue.kept_elements(tokens_, C, model.dtype));
     if (spec.pre_norm.present()) {
       norm_out_ = internals_.add(tokens_ * C);
-      norm_stats_ = internals_.add(spec.pre_norm.stats_per_row() * tokens_);
+      norm_stats_ = internals_.add_statistics(spec.pre_norm.stats_per_row() * tokens_);
     }
   }
   const std::string& name() const override { return layer_.name; }
@@ -125,7 +125,7 @@ class LayerSegment : public Segment {
   }
   Tensor residual(const Tensor& checkpoint) const { return matrix(checkpoint, residual_, m_.hidden); }
   Tensor epilogue_kept(const Tensor& checkpoint) const {
-    const std::int64_t n = layer_.epilogue.kept_elements(tokens_, m_.hidden);
+    const std::int64_t n = layer_.epilogue.kept_elements(tokens_, m_.hidden, m_.dtype);
     return n == 0 ? Tensor() : checkpoint.view(epilogue_kept_, {n});
   }
   // What the body computes from: the pre-norm's output, or the residual-stream value itself.
@@ -152,7 +152,7 @@ class LayerSegment : public Segment {
   void run_pre_norm(const Tensor& checkpoint, const Tensor& internals) const {
     if (!layer_.pre_norm.present()) return;
     layer_.pre_norm.forward(residual(checkpoint), matrix(internals, norm_out_, m_.hidden),
-                            internals.view(norm_stats_, {layer_.pre_norm.stats_per_row() * tokens_}));
+                            statistics_view(internals, norm_stats_, layer_.pre_norm.stats_per_row() * tokens_));
   }
 
   // Stage 1: the reduced input gradient joins the residual gradient (through the pre-norm),
@@ -164,7 +164,7 @@ class LayerSegment : public Segment {
     const Tensor scratch = m_.scratch_narrow.rows(0, tokens_);
     if (layer_.pre_norm.present()) {
       layer_.pre_norm.backward(input_grad, residual(checkpoint),
-                               internals.view(norm_stats_, {layer_.pre_norm.stats_per_row() * tokens_}),
+                               statistics_view(internals, norm_stats_, layer_.pre_norm.stats_per_row() * tokens_),
                                scratch);
       kernels::add(residual_grad, scratch, residual_grad);
     } else {
@@ -196,7 +196,7 @@ class AttentionSegment final : public LayerSegment {
                  name(), spec_.qkv.size());
     qkv_ = internals_.add(tokens_ * a.qkv_width());
     attn_out_ = core_.add(tokens_ * a.out_width());
-    lse_ = core_.add(a.lse_elements());
+    lse_ = core_.add_statistics(a.lse_elements());
     stash_d_qkv_ = deferred_.add(tokens_ * a.qkv_width());
   }
   SegmentShape shape() const override { return layer_shape(kCheckpoint | kInternals | kCore); }
@@ -208,7 +208,7 @@ class AttentionSegment final : public LayerSegment {
     const Tensor core = store().get(key(mb, sb, kCore));
     const Tensor stash = store().get(key(mb, sb, kDeferredGradients));
     spec_.out_proj.backward_weight(matrix(stash, stash_output_grad_, m_.hidden),
-                                   matrix(core, attn_out_, a.out_width()));
+                                   matrix(core, attn_out_, a.out_width()), m_.gemm16);
     project_qkv_back(matrix(stash, stash_d_qkv_, a.qkv_width()), body_input(checkpoint, internals),
                      Tensor(), Part::weight);
     store().release(key(mb, sb, kDeferredGradients));
@@ -226,11 +226,11 @@ class AttentionSegment final : public LayerSegment {
     // The output's gradient is whole on every rank of the group.
     const Tensor d_output = output_grad(mb, sb, stash);
     const Tensor d_attn = m_.scratch_narrow.view(0, {tokens_, a.out_width()});
-    if (defer) spec_.out_proj.backward_input(d_output, attn_out, d_attn);
-    else spec_.out_proj.backward(d_output, attn_out, d_attn);
+    if (defer) spec_.out_proj.backward_input(d_output, attn_out, d_attn, m_.gemm16);
+    else spec_.out_proj.backward(d_output, attn_out, d_attn, m_.gemm16);
     const Tensor d_qkv = defer ? matrix(stash, stash_d_qkv_, a.qkv_width())
                                : m_.scratch_wide.view(0, {tokens_, a.qkv_width()});
-    a.backward(d_attn, qkv, attn_out, core.view(lse_, {a.lse_elements()}), d_qkv);
+    a.backward(d_attn, qkv, attn_out, statistics_view(core, lse_, a.lse_elements()), d_qkv);
     // This rank's heads contribute a partial gradient of the input; the group sums it.
     project_qkv_back(d_qkv, body_input(checkpoint, internals), rows_of(Slot::input_grad, mb, sb),
                      defer ? Part::input : Part::whole);
@@ -244,9 +244,9 @@ class AttentionSegment final : public LayerSegment {
       const std::int64_t width = projection.local_out();
       const Tensor dy = spec_.qkv.size() == 1 ? d_qkv : d_qkv.columns(column, column + width);
       switch (part) {
-        case Part::whole: projection.backward(dy, x, d_x, i > 0); break;
-        case Part::input: projection.backward_input(dy, x, d_x, i > 0); break;
-        case Part::weight: projection.backward_weight(dy, x); break;
+        case Part::whole: projection.backward(dy, x, d_x, i > 0, m_.gemm16); break;
+        case Part::input: projection.backward_input(dy, x, d_x, i > 0, m_.gemm16); break;
+        case Part::weight: projection.backward_weight(dy, x, m_.gemm16); break;
       }
       column += width;
     }
@@ -266,19 +266,19 @@ class AttentionSegment final : public LayerSegment {
       const Tensor x = body_input(checkpoint, internals);
       // Column-parallel: this rank's heads only.
       if (spec_.qkv.size() == 1) {
-        spec_.qkv[0].forward(x, qkv);
+        spec_.qkv[0].forward(x, qkv, m_.gemm16);
       } else {
         std::int64_t column = 0;
         for (const ColumnParallelLinear& projection : spec_.qkv) {
-          projection.forward(x, qkv.columns(column, column + projection.local_out()));
+          projection.forward(x, qkv.columns(column, column + projection.local_out()), m_.gemm16);
           column += projection.local_out();
         }
       }
       a.rotate(qkv);
     }
-    if (parts & kCore) a.forward(qkv, attn_out, core.view(lse_, {a.lse_elements()}));
+    if (parts & kCore) a.forward(qkv, attn_out, statistics_view(core, lse_, a.lse_elements()));
     // Row-parallel projection: partial sums; its bias is added after the reduction.
-    if (parts & kOutput) spec_.out_proj.forward(attn_out, rows_of(Slot::output, mb, sb));
+    if (parts & kOutput) spec_.out_proj.forward(attn_out, rows_of(Slot::output, mb, sb), m_.gemm16);
   }
 
   AttentionSpec spec_;
@@ -305,7 +305,7 @@ class MlpSegment final : public LayerSegment {
     const Tensor internals = store().get(key(mb, sb, kInternals));
     const Tensor stash = store().get(key(mb, sb, kDeferredGradients));
     spec_.down.backward_weight(matrix(stash, stash_output_grad_, m_.hidden),
-                               matrix(internals, act_, act.width()));
+                               matrix(internals, act_, act.width()), m_.gemm16);
     project_up_back(matrix(stash, stash_d_pre_, act.input_width()),
                     body_input(checkpoint, internals), Tensor(), Part::weight);
     store().release(key(mb, sb, kDeferredGradients));
@@ -321,8 +321,8 @@ class MlpSegment final : public LayerSegment {
     const Tensor stash = defer ? acquire_stash(mb, sb) : Tensor();
     const Tensor d_output = output_grad(mb, sb, stash);
     const Tensor d_act = m_.scratch_wide.view(0, {tokens_, F});
-    if (defer) spec_.down.backward_input(d_output, matrix(internals, act_, F), d_act);
-    else spec_.down.backward(d_output, matrix(internals, act_, F), d_act);
+    if (defer) spec_.down.backward_input(d_output, matrix(internals, act_, F), d_act, m_.gemm16);
+    else spec_.down.backward(d_output, matrix(internals, act_, F), d_act, m_.gemm16);
     // The GeLU forms work in place; SwiGLU writes gate and up gradients beside d(act). The
     // stash keeps d(pre) for the weight part.
     const Tensor d_pre = defer ? matrix(stash, stash_d_pre_, in_width)
@@ -343,9 +343,9 @@ class MlpSegment final : public LayerSegment {
                             : d_pre.columns(static_cast<std::int64_t>(i) * F,
                                             static_cast<std::int64_t>(i + 1) * F);
       switch (part) {
-        case Part::whole: projection.backward(dy, x, d_x, i > 0); break;
-        case Part::input: projection.backward_input(dy, x, d_x, i > 0); break;
-        case Part::weight: projection.backward_weight(dy, x); break;
+        case Part::whole: projection.backward(dy, x, d_x, i > 0, m_.gemm16); break;
+        case Part::input: projection.backward_input(dy, x, d_x, i > 0, m_.gemm16); break;
+        case Part::weight: projection.backward_weight(dy, x, m_.gemm16); break;
       }
     }
   }
@@ -362,14 +362,14 @@ class MlpSegment final : public LayerSegment {
       run_pre_norm(checkpoint, internals);
       const Tensor x = body_input(checkpoint, internals);
       if (spec_.up.size() == 1) {
-        spec_.up[0].forward(x, pre);
+        spec_.up[0].forward(x, pre, m_.gemm16);
       } else {
-        spec_.up[0].forward(x, pre.columns(0, F));
-        spec_.up[1].forward(x, pre.columns(F, 2 * F));
+        spec_.up[0].forward(x, pre.columns(0, F), m_.gemm16);
+        spec_.up[1].forward(x, pre.columns(F, 2 * F), m_.gemm16);
       }
       act.forward(pre, activated);
     }
-    if (parts & kOutput) spec_.down.forward(activated, rows_of(Slot::output, mb, sb));
+    if (parts & kOutput) spec_.down.forward(activated, rows_of(Slot::output, mb, sb), m_.gemm16);
   }
 
   MlpSpec spec_;

@@ -12,7 +12,8 @@
 // Gradients of the weight (and bias) accumulate: they sum over micro-batches and sub-batches.
 // backward() forms the input gradient and the parameters' together; a zero-bubble pipeline
 // calls backward_input() first and backward_weight() later with the same dy and x, which gives
-// the same results (the caller keeps dy and x alive in between).
+// the same results (the caller keeps dy and x alive in between). 16-bit products go by the
+// paths the caller passes (the model's ModelContext::gemm16).
 #pragma once
 
 #include "kernels/kernels.h"
@@ -20,6 +21,7 @@
 
 namespace oases::ops {
 
+using kernels::Gemm16Paths;
 using kernels::WeightLayout;
 
 class ColumnParallelLinear {
@@ -29,21 +31,25 @@ class ColumnParallelLinear {
       : weight_(weight), bias_(bias), layout_(layout) {}
 
   // y [n, local out] (may be a column block of a wider matrix); with `accumulate`, y +=.
-  void forward(const Tensor& x, const Tensor& y, bool accumulate = false) const {
-    kernels::linear_forward(x, weight_.value, layout_, bias_.value, y, accumulate);
+  void forward(const Tensor& x, const Tensor& y, const Gemm16Paths& paths,
+               bool accumulate = false) const {
+    kernels::linear_forward(x, weight_.value, layout_, bias_.value, y, accumulate, paths);
   }
   // dx [n, in]: overwritten, or added to with accumulate_dx; empty to skip.
-  void backward(const Tensor& dy, const Tensor& x, const Tensor& dx, bool accumulate_dx) const {
+  void backward(const Tensor& dy, const Tensor& x, const Tensor& dx, bool accumulate_dx,
+                const Gemm16Paths& paths) const {
     kernels::linear_backward(dy, x, weight_.value, layout_, dx, accumulate_dx, weight_.grad,
-                             bias_.grad);
+                             bias_.grad, paths);
   }
   // The dx part of backward() alone; then the weight's and bias's part alone.
-  void backward_input(const Tensor& dy, const Tensor& x, const Tensor& dx, bool accumulate_dx) const {
-    kernels::linear_backward(dy, x, weight_.value, layout_, dx, accumulate_dx, Tensor(), Tensor());
+  void backward_input(const Tensor& dy, const Tensor& x, const Tensor& dx, bool accumulate_dx,
+                      const Gemm16Paths& paths) const {
+    kernels::linear_backward(dy, x, weight_.value, layout_, dx, accumulate_dx, Tensor(), Tensor(),
+                             paths);
   }
-  void backward_weight(const Tensor& dy, const Tensor& x) const {
+  void backward_weight(const Tensor& dy, const Tensor& x, const Gemm16Paths& paths) const {
     kernels::linear_backward(dy, x, weight_.value, layout_, Tensor(), false, weight_.grad,
-                             bias_.grad);
+                             bias_.grad, paths);
   }
   std::int64_t local_out() const {
     return layout_ == WeightLayout::in_out ? weight_.value.dim(1) : weight_.value.dim(0);
@@ -61,19 +67,22 @@ class RowParallelLinear {
   RowParallelLinear(ParamRef weight, WeightLayout layout) : weight_(weight), layout_(layout) {}
 
   // y [n, out]: this rank's partial sums.
-  void forward(const Tensor& x, const Tensor& y) const {
-    kernels::linear_forward(x, weight_.value, layout_, Tensor(), y);
+  void forward(const Tensor& x, const Tensor& y, const Gemm16Paths& paths) const {
+    kernels::linear_forward(x, weight_.value, layout_, Tensor(), y, false, paths);
   }
   // dy [n, out] is the gradient of the reduced output (whole); dx [n, local in] overwritten.
-  void backward(const Tensor& dy, const Tensor& x, const Tensor& dx) const {
-    kernels::linear_backward(dy, x, weight_.value, layout_, dx, false, weight_.grad, Tensor());
+  void backward(const Tensor& dy, const Tensor& x, const Tensor& dx,
+                const Gemm16Paths& paths) const {
+    kernels::linear_backward(dy, x, weight_.value, layout_, dx, false, weight_.grad, Tensor(),
+                             paths);
   }
-  void backward_input(const Tensor& dy, const Tensor& x, const Tensor& dx) const {
-    kernels::linear_backward(dy, x, weight_.value, layout_, dx, false, Tensor(), Tensor());
+  void backward_input(const Tensor& dy, const Tensor& x, const Tensor& dx,
+                      const Gemm16Paths& paths) const {
+    kernels::linear_backward(dy, x, weight_.value, layout_, dx, false, Tensor(), Tensor(), paths);
   }
-  void backward_weight(const Tensor& dy, const Tensor& x) const {
+  void backward_weight(const Tensor& dy, const Tensor& x, const Gemm16Paths& paths) const {
     kernels::linear_backward(dy, x, weight_.value, layout_, Tensor(), false, weight_.grad,
-                             Tensor());
+                             Tensor(), paths);
   }
 
  private:

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -352,6 +353,15 @@ std::string save_checkpoint(const std::string& dir, const RunConfig& config,
   optimizer_file.set_metadata("data_position", std::to_string(state.data_position));
   optimizer_file.set_metadata("seed", std::to_string(state.seed));
   optimizer_file.set_metadata("data_tokens", std::to_string(state.data_tokens));
+  if (state.loss_scale) {
+    // fmt's shortest form reads back as the same double.
+    optimizer_file.set_metadata("loss_scale", fmt::format("{}", state.loss_scale->scale));
+    optimizer_file.set_metadata("loss_scale_clean_steps",
+                                std::to_string(state.loss_scale->clean_steps));
+    optimizer_file.set_metadata("loss_scale_hysteresis_left",
+                                std::to_string(state.loss_scale->hysteresis_left));
+    optimizer_file.set_metadata("skipped_steps", std::to_string(state.loss_scale->skipped_steps));
+  }
   optimizer_file.set_metadata("oases_config", config_toml);
   std::vector<io::CheckpointFile> extra_files;
   if (!tokenizer_model.empty()) extra_files.push_back({kTokenizerModelFile, tokenizer_model});
@@ -393,6 +403,19 @@ TrainingState read_training_state(const io::SafetensorsFile& file,
     state.data_tokens = io::metadata_int(file, "data_tokens");
     OASES_CHECK(state.data_tokens >= 0, "checkpoint '{}': data_tokens = {} is negative; the "
                 "checkpoint is damaged", checkpoint_dir, state.data_tokens);
+  }
+  if (file.metadata().count("loss_scale")) {
+    LossScaleState scale;
+    const std::string& text = file.metadata().at("loss_scale");
+    char* end = nullptr;
+    scale.scale = std::strtod(text.c_str(), &end);
+    OASES_CHECK(!text.empty() && end == text.c_str() + text.size(),
+                "checkpoint '{}': loss_scale = \"{}\" is not a number; the checkpoint is damaged",
+                checkpoint_dir, text);
+    scale.clean_steps = io::metadata_int(file, "loss_scale_clean_steps");
+    scale.hysteresis_left = io::metadata_int(file, "loss_scale_hysteresis_left");
+    scale.skipped_steps = io::metadata_int(file, "skipped_steps");
+    state.loss_scale = scale;
   }
   // The state must agree with the folder it sits in and with itself: the data position is the
   // next batch, one per completed step.

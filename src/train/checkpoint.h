@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "optim/optimizer.h"
 #include "train/config.h"
+#include "train/loss_scaler.h"
 
 #include <cstdint>
 #include <functional>
@@ -45,6 +46,8 @@ struct TrainingState {
   // Tokens in the training shard the run reads (the data position indexes its batches); 0 in
   // checkpoints written before it was recorded.
   std::int64_t data_tokens = 0;
+  // fp16's loss scaler (absent in checkpoints of other precisions).
+  std::optional<LossScaleState> loss_scale;
 };
 
 // Writes step_<state.step> under dir and removes the oldest complete checkpoints beyond `keep`

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "data/tokenizer.h"
+#include "kernels/kernels.h"
 #include "planner/planner.h"
 #include "planner/stage_partition.h"
 #include "schedule/pipeline.h"
@@ -155,6 +156,8 @@ const std::map<std::string, SectionFields>& schema() {
         {"nesterov", bind(&RunConfig::train, &OptimConfig::nesterov)},
         {"adafactor_beta1", bind(&RunConfig::train, &OptimConfig::adafactor_beta1)},
         {"precision", bind(&RunConfig::train, &OptimConfig::precision)},
+        {"grad_reduce_dtype", bind(&RunConfig::train, &OptimConfig::grad_reduce_dtype)},
+        {"gemm16_path", bind(&RunConfig::train, &OptimConfig::gemm16_path)},
         {"loss_scale", bind(&RunConfig::train, &OptimConfig::loss_scale)},
         {"initial_loss_scale", bind(&RunConfig::train, &OptimConfig::initial_loss_scale)},
         {"min_loss_scale", bind(&RunConfig::train, &OptimConfig::min_loss_scale)},
@@ -684,10 +687,23 @@ void RunConfig::validate() const {
               t.grad_clip);
   OASES_CHECK(t.max_loss >= 0, "train.max_loss = {} must be >= 0 (0: no limit)", t.max_loss);
   optim::validate_optimizer_config(optimizer_config(t));
-  OASES_CHECK(t.precision == "fp32" || t.precision == "fp64",
-              "train.precision = \"{}\" is not available on the CPU engine; valid: \"fp32\", "
-              "\"fp64\" (the verification precision)",
+  OASES_CHECK(t.precision == "fp32" || t.precision == "fp64" || t.precision == "bf16" ||
+                  t.precision == "fp16",
+              "train.precision = \"{}\" is not known; valid: \"fp32\", \"bf16\", \"fp16\" "
+              "(mixed precision over fp32 master weights), \"fp64\" (the verification precision)",
               t.precision);
+  OASES_CHECK(t.grad_reduce_dtype == "fp32" || t.grad_reduce_dtype == "bf16",
+              "train.grad_reduce_dtype = \"{}\" is not known; valid: \"fp32\", \"bf16\"",
+              t.grad_reduce_dtype);
+  OASES_CHECK(t.grad_reduce_dtype == "fp32" || t.precision == "bf16" || t.precision == "fp16",
+              "train.grad_reduce_dtype = \"{}\" needs mixed precision (train.precision = "
+              "\"bf16\" or \"fp16\"); train.precision is \"{}\", whose gradients are reduced "
+              "in their own type",
+              t.grad_reduce_dtype, t.precision);
+  OASES_CHECK(t.gemm16_path == "auto" || kernels::gemm16_path_from_name(t.gemm16_path),
+              "train.gemm16_path = \"{}\" is not known; valid: \"auto\" (measured at start-up), "
+              "\"convert+sgemm\", \"oneDNN\"",
+              t.gemm16_path);
   // Scales below 1 would shrink fp16 gradients towards underflow, the opposite of their use.
   OASES_CHECK(t.loss_scale == 0 || t.loss_scale >= 1,
               "train.loss_scale = {} must be 0 (dynamic scaling) or at least 1 (a constant scale)",
@@ -732,6 +748,19 @@ void RunConfig::validate() const {
               "\"2bw\" yet (its runs carry kept sets from one step to the next); valid: "
               "parallel.activation_compression = \"none\", or another parallel.pipeline",
               p.activation_compression);
+  const bool mixed = t.precision == "bf16" || t.precision == "fp16";
+  OASES_CHECK(!mixed || !activation_encoding(*this),
+              "parallel.activation_compression = \"{}\" does not run with train.precision = "
+              "\"{}\" yet (its activations are 16-bit already, with fp32 statistics beside them "
+              "that an encoding would have to skip); valid: parallel.activation_compression = "
+              "\"none\", or train.precision = \"fp32\"",
+              p.activation_compression, t.precision);
+  OASES_CHECK(t.precision != "fp16" ||
+                  schedule::parse_pipeline_kind(p.pipeline, "parallel.pipeline") !=
+                      schedule::PipelineKind::two_bw,
+              "train.precision = \"fp16\" does not run with parallel.pipeline = \"2bw\" (a step "
+              "skipped for an overflow would break its stream of weight versions); valid: "
+              "train.precision = \"bf16\" (no loss scaling), or another parallel.pipeline");
   // Last: each setting's own error above is the more useful one.
   {
     // Batch b of the run reads token positions up to about b x global_batch x (seq_len + 1);
@@ -809,7 +838,9 @@ std::string to_toml(const RunConfig& c) {
                                    {"optimizer", t.optimizer}, {"momentum", t.momentum},
                                    {"nesterov", t.nesterov},
                                    {"adafactor_beta1", t.adafactor_beta1},
-                                   {"precision", t.precision}, {"loss_scale", t.loss_scale},
+                                   {"precision", t.precision},
+                                   {"grad_reduce_dtype", t.grad_reduce_dtype},
+                                   {"gemm16_path", t.gemm16_path}, {"loss_scale", t.loss_scale},
                                    {"initial_loss_scale", t.initial_loss_scale},
                                    {"min_loss_scale", t.min_loss_scale},
                                    {"loss_scale_window", t.loss_scale_window},

@@ -76,7 +76,16 @@ struct OptimConfig {
   double momentum = 0;
   bool nesterov = false;
   double adafactor_beta1 = 0;
+  // "fp32", "fp64" (verification), or mixed precision "bf16" / "fp16": activations, the
+  // parameters' working copy and tensor-parallel collectives in 16 bits, fp32 master weights,
+  // gradients and optimizer state, products accumulated in fp32 (ops/context.h).
   std::string precision = "fp32";
+  // The type data-parallel gradient reductions travel in under mixed precision: "fp32" or
+  // "bf16" (rounded before the reduction, widened after; half the bytes).
+  std::string grad_reduce_dtype = "fp32";
+  // How 16-bit matrix products run (kernels/cpu/gemm16.h): "auto" measures the paths at
+  // start-up (a resumed run keeps the checkpoint's), or "convert+sgemm" / "oneDNN" pins one.
+  std::string gemm16_path = "auto";
   // fp16's loss scaling (train/loss_scaler.h), as Megatron-LM's options of the same names:
   // loss_scale > 0 is a constant scale; 0 selects the dynamic rule, starting from
   // initial_loss_scale, doubling after loss_scale_window clean steps, halving (not below

@@ -12,10 +12,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace oases::train {
 
 DType compute_dtype(const RunConfig& config) {
+  const std::string& precision = config.train.precision;
+  if (precision == "bf16") return DType::bf16;
+  if (precision == "fp16") return DType::f16;
+  return parameter_dtype(config);
+}
+
+DType parameter_dtype(const RunConfig& config) {
   return config.train.precision == "fp64" ? DType::f64 : DType::f32;
 }
 
@@ -49,9 +57,11 @@ namespace {
 
 model::ModelOptions model_options(const RunConfig& config, const schedule::ScheduleSpec& spec,
                                   comm::Communicator& tp, comm::Communicator& pp,
-                                  const ParallelGroups& groups) {
+                                  const ParallelGroups& groups, const kernels::Gemm16Paths& paths) {
   model::ModelOptions o;
-  o.dtype = compute_dtype(config);
+  o.dtype = parameter_dtype(config);
+  if (compute_dtype(config) != o.dtype) o.mixed_precision = compute_dtype(config);
+  o.gemm16 = paths;
   o.micro_batch = config.train.micro_batch;
   o.sub_batches = spec.sub_batches;
   o.slot_lanes = schedule::slot_lanes(spec);
@@ -62,6 +72,82 @@ model::ModelOptions model_options(const RunConfig& config, const schedule::Sched
   for (const auto& [begin, end] : stage_layer_ranges(config, pp.rank()))
     o.layer_ranges.push_back({begin, end});
   return o;
+}
+
+// train.gemm16_path resolved: pinned by name, or measured where every group's rank is 0 and
+// broadcast over the tensor-, data- and pipeline-parallel groups in turn (after the three, every
+// rank holds the measuring rank's choice).
+Gemm16Resolution resolve_gemm16(const RunConfig& config, comm::Communicator& tp,
+                                comm::Communicator& dp, comm::Communicator& pp) {
+  Gemm16Resolution resolved;
+  const DType half = compute_dtype(config);
+  if (half != DType::bf16 && half != DType::f16) return resolved;
+  const std::string& setting = config.train.gemm16_path;
+  if (setting != "auto") {
+    const auto path = kernels::gemm16_path_from_name(setting);
+    OASES_CHECK(path.has_value(), "train.gemm16_path = \"{}\" is not known", setting);
+    const kernels::Gemm16Availability available = kernels::gemm16_available(*path, half);
+    OASES_CHECK(available.available,
+                "train.gemm16_path = \"{}\" cannot multiply {} on this CPU ({}); valid: "
+                "\"auto\", or \"convert+sgemm\" (every CPU)",
+                setting, dtype_name(half), available.detail);
+    resolved.paths.bf16 = resolved.paths.f16 = *path;
+    resolved.description = fmt::format("{} (train.gemm16_path)", kernels::gemm16_path_name(*path));
+    return resolved;
+  }
+  std::int32_t chosen = 0;
+  std::string reason;
+  if (tp.rank() == 0 && dp.rank() == 0 && pp.rank() == 0) {
+    const kernels::Gemm16Choice choice = kernels::choose_gemm16_path(half);
+    chosen = static_cast<std::int32_t>(choice.path);
+    reason = choice.reason;
+  }
+  const Tensor word = Tensor::of(&chosen, {1});
+  tp.broadcast(word, 0);
+  dp.broadcast(word, 0);
+  pp.broadcast(word, 0);
+  const auto path = static_cast<kernels::Gemm16Path>(chosen);
+  resolved.paths.bf16 = resolved.paths.f16 = path;
+  // The reason names the path it chose.
+  resolved.description = reason.empty() ? std::string(kernels::gemm16_path_name(path)) : reason;
+  return resolved;
+}
+
+// A gradient reduction that travels in bf16: the bucket rounded into `staging`, summed there,
+// and widened back into the bucket when waited for.
+class Bf16Reduction final : public comm::Work {
+ public:
+  Bf16Reduction(const Tensor& grads, comm::Communicator& group)
+      : grads_(grads), staging_(static_cast<std::size_t>(grads.numel()) * 2) {
+    const Tensor half = staging_.tensor(DType::bf16, {grads.numel()});
+    kernels::convert(grads, half);
+    work_ = group.all_reduce_async(half, comm::ReduceOp::sum);
+  }
+  void wait() override {
+    if (done_) return;
+    work_->wait();
+    kernels::convert(staging_.tensor(DType::bf16, {grads_.numel()}), grads_);
+    done_ = true;
+  }
+  bool test() override { return work_->test(); }
+  std::optional<comm::WorkTiming> timing() const override { return work_->timing(); }
+
+ private:
+  Tensor grads_;
+  Buffer staging_;
+  std::unique_ptr<comm::Work> work_;
+  bool done_ = false;
+};
+
+LossScaler loss_scaler_for(const OptimConfig& t) {
+  if (t.precision != "fp16") return LossScaler::identity();
+  if (t.loss_scale > 0) return LossScaler::constant(t.loss_scale);
+  DynamicLossScale settings;
+  settings.initial_scale = t.initial_loss_scale;
+  settings.window = t.loss_scale_window;
+  settings.min_scale = t.min_loss_scale;
+  settings.hysteresis = t.hysteresis;
+  return LossScaler::dynamic(settings);
 }
 
 // Combines the optimizer's statistics of each split parameter over the ranks that hold its
@@ -106,7 +192,11 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       tp_replica_group_(groups.tp_replica_group),
       spec_(train::schedule_spec(config)),
       compression_(train::activation_encoding(config)),
-      model_(config.model, model_options(config, spec_, *tp_, *pp_, groups)),
+      gemm16_(resolve_gemm16(config, *tp_, *dp_, *pp_)),
+      loss_scaling_(config.train.precision == "fp16"),
+      scaler_(loss_scaler_for(config.train)),
+      reduce_in_bf16_(config.train.grad_reduce_dtype == "bf16"),
+      model_(config.model, model_options(config, spec_, *tp_, *pp_, groups, gemm16_.paths)),
       optimizer_(optim::make_optimizer(optimizer_config(config.train),
                                        flat_layout(model_.layout(), model_.dtype()),
                                        shard_reducer(model_.layout(), *tp_, groups.tp_subgroup))),
@@ -250,7 +340,8 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   StepResult result;
   runtime::StepHooks hooks;
   // Gradients are scaled by 1 / (counted targets of the global batch), so the sum over
-  // replicas is the gradient of the global mean loss.
+  // replicas is the gradient of the global mean loss (times fp16's loss scale).
+  const double loss_scale = scaler_.scale();
   std::vector<std::unique_ptr<comm::Work>> reductions;
   hooks.reduce_grads = [&](int bucket) {
     if (auto work = reduce_bucket(bucket)) reductions.push_back(std::move(work));
@@ -260,11 +351,7 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
     for (auto& work : reductions) work->wait();
     sum_tied_gradients();
     result.exposed_comm_seconds += waited.seconds();
-    result.grad_norm = clip_gradients();
-    // Every rank holds the same reduced norm, so every rank stops here alike, before any
-    // parameter takes a non-finite value.
-    if (!std::isfinite(result.grad_norm)) stop_on_non_finite_gradient(step, result.grad_norm);
-    optimizer_->step(model_.params(), model_.grads(), {learning_rate(step), step + 1});
+    apply_update(step, loss_scale, result);
   };
   // A causal language model counts every target; a masked one only the masked positions, which
   // differ between data-parallel ranks.
@@ -275,7 +362,7 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
           : static_cast<double>(config_.train.global_batch * config_.model.seq_len);
   const double scale = counted > 0 ? 1.0 / counted : 0.0;
   const double local = run_batches(step, inputs, targets, local_batch(), first_local_sample(),
-                                   scale, ops::HeadMode::train, hooks, &result);
+                                   scale * loss_scale, ops::HeadMode::train, hooks, &result);
   std::size_t expected = 0;
   for (const model::Model::Bucket& b : model_.grad_buckets())
     expected += (b.layer >= 0 && model_.layer_degree(b.layer) < tp_->size()) || dp_->size() > 1;
@@ -284,6 +371,25 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   result.loss = counted > 0 ? sum_over(*dp_, local) / counted : 0.0;
   if (pp_->size() > 1) pp_->broadcast(Tensor::of(&result.loss, {1}), pp_->size() - 1);
   return result;
+}
+
+void TrainingEngine::apply_update(std::int64_t step, double loss_scale, StepResult& result) {
+  result.loss_scale = loss_scale;
+  if (injected_overflow_step_ == step) {
+    const double infinity = std::numeric_limits<double>::infinity();
+    kernels::convert(Tensor::of(&infinity, {1}), model_.grads().view(0, {1}));
+  }
+  result.grad_norm = clip_gradients(loss_scale);
+  const bool finite = std::isfinite(result.grad_norm);
+  // Every rank holds the same reduced norm, so every rank skips or stops here alike, before
+  // any parameter takes a non-finite value.
+  if (!finite && !loss_scaling_) stop_on_non_finite_gradient(step, result.grad_norm);
+  if (!scaler_.update(finite)) {
+    result.skipped = true;
+    return;
+  }
+  optimizer_->step(model_.params(), model_.grads(), {learning_rate(step), step + 1});
+  model_.refresh_compute_params();
 }
 
 void TrainingEngine::stop_on_non_finite_gradient(std::int64_t step, double norm) const {
@@ -310,12 +416,15 @@ std::unique_ptr<comm::Work> TrainingEngine::reduce_bucket(int bucket) {
   const model::Model::Bucket& b = model_.bucket(bucket);
   const Tensor grads = model_.grads().view(b.begin, {b.end - b.begin});
   const int degree = model_.layer_degree(b.layer);
+  comm::Communicator* group = dp_;
   if (b.layer >= 0 && degree < tp_->size()) {
     OASES_ASSERT(tp_replica_group_, "layer {} at degree {} needs the replica groups", b.layer, degree);
-    return tp_replica_group_(degree).all_reduce_async(grads, comm::ReduceOp::sum);
+    group = &tp_replica_group_(degree);
+  } else if (dp_->size() == 1) {
+    return nullptr;
   }
-  if (dp_->size() == 1) return nullptr;
-  return dp_->all_reduce_async(grads, comm::ReduceOp::sum);
+  if (reduce_in_bf16_) return std::make_unique<Bf16Reduction>(grads, *group);
+  return group->all_reduce_async(grads, comm::ReduceOp::sum);
 }
 
 void TrainingEngine::sum_tied_gradients() {
@@ -340,7 +449,7 @@ void TrainingEngine::sum_tied_gradients() {
   }
 }
 
-double TrainingEngine::clip_gradients() {
+double TrainingEngine::clip_gradients(double loss_scale) {
   const Tensor grads = model_.grads();
   // Every rank of the tensor-parallel group holds the same gradient for a parameter with one
   // part (replicated, or a layer at degree 1): it counts once. A parameter in k parts is held
@@ -359,9 +468,12 @@ double TrainingEngine::clip_gradients() {
   }
   double squares = sum_over(*tp_, sharded) + replicated;
   if (pp_->size() > 1) squares = sum_over(*pp_, squares);
-  const double norm = std::sqrt(squares);
-  if (config_.train.grad_clip > 0)
-    optim::scale(grads, optim::clip_coefficient(norm, config_.train.grad_clip));
+  // The norm of the unscaled gradient; unscaling and clipping are one pass over it.
+  const double norm = std::sqrt(squares) / loss_scale;
+  if (!std::isfinite(norm)) return norm;
+  const double clip =
+      config_.train.grad_clip > 0 ? optim::clip_coefficient(norm, config_.train.grad_clip) : 1.0;
+  if (config_.train.grad_clip > 0 || loss_scale != 1) optim::scale(grads, clip / loss_scale);
   return norm;
 }
 
@@ -373,8 +485,10 @@ std::size_t TrainingEngine::activation_bytes() {
 std::size_t TrainingEngine::memory_bytes() {
   // Parameters and gradients (and 2bw's second weight version), the optimizer's state, and
   // activations.
-  return (two_bw_ ? 3 : 2) * static_cast<std::size_t>(model_.param_count()) *
-             dtype_size(model_.dtype()) +
+  // (Under mixed precision, the 16-bit copy of the parameters too.)
+  const auto count = static_cast<std::size_t>(model_.param_count());
+  return (two_bw_ ? 3 : 2) * count * dtype_size(model_.dtype()) +
+         (model_.mixed_precision() ? count * dtype_size(model_.activation_dtype()) : 0) +
          optimizer_->state_bytes() + activation_bytes();
 }
 
@@ -398,6 +512,7 @@ void TrainingEngine::set_stashed_weights(const Tensor& values, std::int64_t step
   OASES_ASSERT(two_bw_ && !in_flight_step_, "stashed weights set outside a 2bw run or mid-stream");
   versions_ = std::make_unique<WeightVersions>(model_.params(), steps_done);
   versions_->set_older(values);
+  model_.refresh_compute_params();
 }
 
 void TrainingEngine::step_2bw_batch(std::vector<std::unique_ptr<comm::Work>>& reductions,
@@ -414,6 +529,7 @@ void TrainingEngine::step_2bw_batch(std::vector<std::unique_ptr<comm::Work>>& re
   if (!std::isfinite(result.grad_norm)) stop_on_non_finite_gradient(batch, result.grad_norm);
   versions_->begin_update();
   optimizer_->step(model_.params(), model_.grads(), {learning_rate(batch), batch + 1});
+  model_.refresh_compute_params();
   model_.zero_grads();  // the next batch's backwards accumulate from zero
 }
 
@@ -468,7 +584,10 @@ StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t*
     ++updates;
   };
   // Batch b of this call is step + b, which computes on W(step + b - 1).
-  hooks.use_weights = [&](int batch) { versions_->use(step + batch - 1); };
+  hooks.use_weights = [&](int batch) {
+    versions_->use(step + batch - 1);
+    model_.refresh_compute_params();
+  };
 
   const schedule::LoweredRun& run = two_bw_run({carries_in, drain});
   model_.loss().reset();
@@ -476,6 +595,7 @@ StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t*
   const runtime::ExecutionStats stats =
       executor_.run(run.schedule, own.context, previous, hooks, listener_);
   versions_->use(versions_->newest());  // between calls the model holds the newest weights
+  model_.refresh_compute_params();
   in_flight_step_ = drain ? std::nullopt : std::optional<std::int64_t>(step);
 
   result.compute_seconds = stats.compute_seconds;

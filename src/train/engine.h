@@ -12,6 +12,7 @@
 #include "schedule/pipeline_2bw.h"
 #include "schedule/schedule.h"
 #include "train/config.h"
+#include "train/loss_scaler.h"
 #include "train/weight_versions.h"
 
 #include <array>
@@ -33,6 +34,8 @@ struct StepResult {
   double comm_seconds = 0;          // tensor-parallel collectives in flight
   double bubble_seconds = 0;        // compute lane waiting on pipeline Recvs (this rank's)
   std::size_t peak_activation_bytes = 0;
+  double loss_scale = 1;     // the factor the step's loss was scaled by (fp16; else 1)
+  bool skipped = false;      // fp16: the gradients overflowed and the update was not applied
 };
 
 // The process groups this rank trains in. Null members mean a group of one.
@@ -50,8 +53,19 @@ struct ParallelGroups {
   comm::Communicator* pp = nullptr;
 };
 
-// The element type train.precision computes in.
+// The element type activations are computed in (train.precision: f32, f64, or bf16 / f16
+// under mixed precision).
 DType compute_dtype(const RunConfig& config);
+// The element type of the parameters (the master copy), their gradients and the optimizer:
+// f64 for train.precision = "fp64", else f32.
+DType parameter_dtype(const RunConfig& config);
+
+// The 16-bit matrix-product paths of a run and why: train.gemm16_path pinned, or measured on
+// one rank and broadcast to all (ranks that split a layer must round alike).
+struct Gemm16Resolution {
+  kernels::Gemm16Paths paths;
+  std::string description;  // "convert+sgemm (...reason...)"; empty without mixed precision
+};
 
 class TrainingEngine {
  public:
@@ -69,6 +83,12 @@ class TrainingEngine {
   std::int64_t first_local_sample() const { return dp_->rank() * local_batch(); }
 
   model::Model& model() { return model_; }
+  // fp16's loss scaler (the identity for other precisions); its state goes into checkpoints.
+  LossScaler& loss_scaler() { return scaler_; }
+  const Gemm16Resolution& gemm16() const { return gemm16_; }
+  // Fault injection for tests: the gradient of optimizer step `step` (0-based) gets an
+  // infinity before the norm is taken, as an fp16 overflow would. Every rank must be told alike.
+  void inject_gradient_overflow(std::int64_t step) { injected_overflow_step_ = step; }
   const RunConfig& config() const { return config_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   // The schedule of training steps (auto settings resolved).
@@ -141,7 +161,13 @@ class TrainingEngine {
   double run_batches(std::int64_t step, const std::int32_t* inputs, const std::int32_t* targets,
                      std::int64_t sequences, std::int64_t first_sample, double loss_scale,
                      ops::HeadMode mode, const runtime::StepHooks& hooks, StepResult* result);
-  double clip_gradients();  // returns the global norm before clipping
+  // Unscales the gradients (by 1 / loss_scale) and clips them; returns the global norm of the
+  // unscaled gradient before clipping, or a non-finite norm (leaving the gradients as they
+  // were) when any element is an inf or a NaN.
+  double clip_gradients(double loss_scale = 1);
+  // The step's update, after its gradients are reduced: unscale, clip, then the optimizer
+  // (and the 16-bit parameter copy), or a skipped step when fp16 gradients overflowed.
+  void apply_update(std::int64_t step, double loss_scale, StepResult& result);
   // Sums the gradients of parameters held by both the first and the last pipeline stage (GPT's
   // tied word embedding) between those two stages, so that both copies take the same update.
   void sum_tied_gradients();
@@ -181,6 +207,12 @@ class TrainingEngine {
   schedule::ScheduleSpec spec_;
   // parallel.activation_compression: applied to training schedules (not to 2bw runs).
   std::optional<ops::ActivationEncoding> compression_;
+  Gemm16Resolution gemm16_;
+  // fp16: loss scaling with skipped steps; other precisions stop on a non-finite gradient.
+  bool loss_scaling_ = false;
+  LossScaler scaler_;
+  bool reduce_in_bf16_ = false;  // train.grad_reduce_dtype = "bf16"
+  std::optional<std::int64_t> injected_overflow_step_;
   model::Model model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LrSchedule lr_schedule_;

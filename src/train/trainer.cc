@@ -179,6 +179,10 @@ std::int64_t restore(const RunConfig& config, const TrainOptions& options,
                   "original shard, or start a new run from its weights with --init-from {}",
                   *latest, state.data_tokens, train_shard.path, train_shard.size(), *latest);
       start_step = state.data_position;
+      engine.model().refresh_compute_params();
+      // fp16's scale continues where it was; a checkpoint of another precision starts it anew.
+      if (state.loss_scale && config.train.precision == "fp16")
+        engine.loss_scaler().restore(*state.loss_scale, *latest);
       if (engine.stashed_weights_needed()) {
         // 2bw: the next batch computes on the stashed W(step - 1); a checkpoint of another
         // pipeline has none, and the delay restarts there as at step 0 (W(step - 1) = W(step)).
@@ -200,6 +204,7 @@ std::int64_t restore(const RunConfig& config, const TrainOptions& options,
   }
   if (start_step == 0 && !options.init_from.empty()) {
     load_model_weights(options.init_from, engine.model().layout(), engine.model().params());
+    engine.model().refresh_compute_params();
     if (progress)
       progress->log(LogLevel::info, fmt::format("initialised weights from {}", options.init_from));
   }
@@ -456,6 +461,19 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
   log_info("model: {} {} layers, hidden {}, heads {}, seq {}, vocab {}: {:.2f}M parameters, {}",
            m.arch, m.layers, m.hidden, m.heads, m.seq_len, m.vocab_size,
            static_cast<double>(m.parameter_count()) / 1e6, t.precision);
+  if (engine.model().mixed_precision()) {
+    std::string scaling = "no loss scaling";
+    if (t.precision == "fp16")
+      scaling = t.loss_scale > 0 ? fmt::format("constant loss scale {}", t.loss_scale)
+                                 : fmt::format("dynamic loss scale from {} (x2 after {} clean "
+                                               "steps, x0.5 after {} overflows)",
+                                               engine.loss_scaler().scale(), t.loss_scale_window,
+                                               t.hysteresis);
+    log_info("precision: {} activations, weight copy and tensor-parallel collectives; fp32 master "
+             "weights, gradients and optimizer state; gradients reduced in {}; {}; 16-bit "
+             "products by {}",
+             t.precision, t.grad_reduce_dtype, scaling, engine.gemm16().description);
+  }
   log_info("data: {} training tokens, global batch {} x {} tokens, {} steps",
            train_tokens, t.global_batch, m.seq_len, t.steps);
   log_info("threads: {} per rank ({})", threads.threads, threads.reason);
@@ -488,9 +506,17 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
   const double mib = 1 << 20;
   const double weights = static_cast<double>(engine.model().param_count()) *
                          static_cast<double>(dtype_size(engine.model().dtype())) / mib;
-  log_info("memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer state {:.1f} "
-           "MiB ({}, {} bytes, {:.3g} bytes per parameter), activations {:.1f} MiB",
-           weights, weights, static_cast<double>(engine.optimizer().state_bytes()) / mib,
+  const std::string working_copy =
+      engine.model().mixed_precision()
+          ? fmt::format(" (+ {:.1f} MiB {} copy)",
+                        static_cast<double>(engine.model().param_count()) *
+                            static_cast<double>(dtype_size(engine.model().activation_dtype())) / mib,
+                        t.precision)
+          : std::string();
+  log_info("memory per rank: parameters {:.1f} MiB{}, gradients {:.1f} MiB, optimizer state "
+           "{:.1f} MiB ({}, {} bytes, {:.3g} bytes per parameter), activations {:.1f} MiB",
+           weights, working_copy, weights,
+           static_cast<double>(engine.optimizer().state_bytes()) / mib,
            engine.optimizer().name(), engine.optimizer().state_bytes(),
            engine.optimizer().state_bytes_per_parameter(),
            static_cast<double>(engine.activation_bytes()) / mib);
@@ -519,6 +545,7 @@ struct StepFigures {
   double tokens_per_s = 0;
   double model_flops = 0;  // per second
   double mfu = 0;
+  bool loss_scaling = false;  // fp16: the scale and skipped steps are reported
 };
 
 void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::int64_t tokens) {
@@ -539,6 +566,10 @@ void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::
                          {"time", unix_time_now()},
                          {"tokens", tokens}};
   if (f.bubble_seconds) line["bubble_s"] = *f.bubble_seconds;
+  if (f.loss_scaling) {
+    line["loss_scale"] = f.record.loss_scale;
+    line["skipped_steps"] = f.record.skipped_steps;
+  }
   if (f.record.val_loss) line["val_loss"] = *f.record.val_loss;
   metrics->append(line.dump());
 }
@@ -562,6 +593,9 @@ std::string progress_text(const StepFigures& f, std::int64_t steps, double eta_s
                         100.0 * f.result.exposed_comm_seconds / f.record.step_time_s);
   if (f.bubble_seconds)
     line += fmt::format(" | bubble {:.0f}%", 100.0 * *f.bubble_seconds / f.record.step_time_s);
+  if (f.loss_scaling)
+    line += fmt::format(" | scale {:g} | skipped {}{}", f.record.loss_scale,
+                        f.record.skipped_steps, f.record.skipped ? " (this step)" : "");
   if (f.record.val_loss) line += fmt::format(" | val_loss {:.4f}", *f.record.val_loss);
   return line;
 }
@@ -617,8 +651,14 @@ class Run {
         resume_from_(std::move(resume_from)),
         threads_(std::move(threads)),
         data_(load_data(config)),
-        engine_(config, parallel_groups(mesh)) {
+        engine_(config, parallel_groups(mesh)),
+        stored_config_(config) {
     if (options.progress) progress_.emplace(ProgressLine::mode_for_stderr());
+    // Checkpoints name the 16-bit product path this run measured, which a resumed run keeps
+    // (the paths round differently in the last bits).
+    if (engine_.model().mixed_precision())
+      stored_config_.train.gemm16_path = std::string(kernels::gemm16_path_name(
+          engine_.gemm16().paths.for_dtype(engine_.model().activation_dtype())));
   }
 
   TrainSummary run() {
@@ -636,7 +676,7 @@ class Run {
                             : 1.0);
     std::optional<LineFile> metrics = open_metrics(config_, leader, summary.start_step);
     if (leader)
-      write_run_description(config_, engine_, mesh_, summary.start_step, threads_.threads);
+      write_run_description(stored_config_, engine_, mesh_, summary.start_step, threads_.threads);
     const std::vector<double> stage_activations = stage_activation_bytes(engine_, mesh_);
     if (options_.progress)
       log_start(config_, engine_, mesh_, data_->train_shard.size(), threads_, stage_activations);
@@ -698,7 +738,9 @@ class Run {
                 f.result.loss, step + 1, t.max_loss, t.lr);
     if (mesh_.pp_size() > 1) f.bubble_seconds = f.result.bubble_seconds;
     f.record = {step + 1, f.result.loss, engine_.learning_rate(step), f.result.grad_norm,
-                clock.seconds(), std::nullopt};
+                clock.seconds(), f.result.loss_scale, f.result.skipped,
+                engine_.loss_scaler().skipped_steps(), std::nullopt};
+    f.loss_scaling = t.precision == "fp16";
     const bool last = step + 1 == t.steps;
     if (data_->val_batches && ((step + 1) % t.eval_every == 0 || last))
       f.record.val_loss = validation_loss(engine_, *data_->val_batches, t.eval_steps);
@@ -717,11 +759,12 @@ class Run {
     state.data_position = done;
     state.seed = static_cast<std::uint64_t>(config_.train.seed);
     state.data_tokens = data_->train_shard.size();
+    if (config_.train.precision == "fp16") state.loss_scale = engine_.loss_scaler().state();
     const bool leader = mesh_.world_rank() == 0;
     // Cleaning and early pruning are rare and change what is on disk: said even with --quiet.
     ProgressLine* progress = progress_ ? &*progress_ : nullptr;
     std::string saved = save_checkpoint(
-        c.dir, config_, engine_.model(), engine_.optimizer(), state,
+        c.dir, stored_config_, engine_.model(), engine_.optimizer(), state,
         data_->tokenizer ? data_->tokenizer->model_file_contents() : std::string(), c.keep,
         mesh_.tp_group(), mesh_.pp_group(), leader,
         [progress](const std::string& what) {
@@ -744,6 +787,7 @@ class Run {
   std::optional<ProgressLine> progress_;
   std::unique_ptr<RunData> data_;
   TrainingEngine engine_;
+  RunConfig stored_config_;  // config_ as checkpoints store it (measured settings resolved)
   Batch batch_;
   double peak_flops_ = 1;
 };
@@ -781,10 +825,15 @@ TrainSummary run_training(const RunConfig& requested_config, const TrainOptions&
   if (leader && !threads.warning.empty()) log_warning("{}", threads.warning);
 
   const std::optional<ResumePoint> resume = find_resume_point(requested_config);
-  const RunConfig config =
+  RunConfig config =
       resume ? resolve_lr_schedule(requested_config, resume->stored, resume->folder, resume->step,
                                    options.lr_schedule, leader)
              : requested_config;
+  // A resumed mixed-precision run multiplies as the run it continues did, so that its results
+  // repeat bit for bit (unless the config pins a path).
+  if (resume && config.train.gemm16_path == "auto" &&
+      resume->stored.train.precision == config.train.precision)
+    config.train.gemm16_path = resume->stored.train.gemm16_path;
   return Run(config, options, mesh, resume ? std::optional(resume->folder) : std::nullopt, threads)
       .run();
 }

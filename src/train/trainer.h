@@ -44,6 +44,9 @@ struct StepRecord {
   double lr = 0;
   double grad_norm = 0;
   double step_time_s = 0;
+  double loss_scale = 1;           // fp16: the scale the step's loss was multiplied by
+  bool skipped = false;            // fp16: overflowed gradients, no update applied
+  std::int64_t skipped_steps = 0;  // fp16: skipped steps of the run so far (resumes included)
   std::optional<double> val_loss;
 };
 
@@ -65,7 +68,8 @@ struct TrainSummary {
 // "model_tflops", "mfu", "compute_s", "exposed_comm_s", "comm_s", "peak_activation_bytes",
 // "peak_mem_bytes", "time" (Unix seconds when the step ended) and "tokens" (training tokens
 // consumed up to and including the step: step x global_batch x seq_len), plus "val_loss" on
-// evaluation steps. Beside it, `run.json` (written atomically at the start of every run,
+// evaluation steps; under train.precision = "fp16" also "loss_scale" (the step's) and
+// "skipped_steps" (steps skipped for overflowed gradients so far). Beside it, `run.json` (written atomically at the start of every run,
 // fresh or resumed) describes the run: {"format": 1, "config": the resolved config as TOML,
 // "layer_degrees", "world_size", "tp", "dp", "pp", "threads", "started" (ISO-8601 UTC),
 // "host", "cpu", "parameters", "start_step", "schedule": {"kind", "recompute" (with

@@ -39,12 +39,20 @@
 namespace oases::kernels::cpu {
 
 enum class Gemm16Path : std::uint8_t { convert_sgemm, onednn };
-std::string_view gemm16_path_name(Gemm16Path path);  // "convert+sgemm", "oneDNN"
+// "convert+sgemm", "oneDNN". (Inline, as gemm16_path_from_name: the config reads the names
+// without linking the products.)
+inline std::string_view gemm16_path_name(Gemm16Path path) {
+  return path == Gemm16Path::onednn ? "oneDNN" : "convert+sgemm";
+}
 // The path of a name gemm16_path_name returns (also "convert_sgemm", "onednn"); nullopt for
 // any other string. For a config key that pins the path: the two paths round differently in
 // the last bits (summation order), so a run that must repeat another bit for bit (a resumed
 // run) uses the path that run used rather than measuring again.
-std::optional<Gemm16Path> gemm16_path_from_name(std::string_view name);
+inline std::optional<Gemm16Path> gemm16_path_from_name(std::string_view name) {
+  if (name == "convert+sgemm" || name == "convert_sgemm") return Gemm16Path::convert_sgemm;
+  if (name == "oneDNN" || name == "onednn") return Gemm16Path::onednn;
+  return std::nullopt;
+}
 
 // The path each 16-bit format uses. The default, convert+sgemm, works everywhere.
 struct Gemm16Paths {
@@ -74,6 +82,8 @@ void gemm16(Gemm16Path path, Trans trans_a, Trans trans_b, std::int64_t M, std::
             const float* bias, bool accumulate, void* C, DType c_type, std::int64_t ldc);
 
 // The start-up choice for one format: the faster available path on a representative product
+// (oneDNN only when at least 1.1x faster: the paths differ in the last bits, and a margin keeps
+// a config's results from flipping between runs where they are about as fast)
 // (x[256, 512] @ W[512, 1024], the shape class of a small transformer's layers; a few ms a
 // run), each path timed 7 times alternately on one thread after a warm-up (the best run
 // counts; one thread and alternation keep a busy machine from favouring either), with the
