@@ -10,6 +10,7 @@
 #    fp16's final loss scale and skipped steps.
 #   bash bench/run_precision_bench.sh [N=300] [S=4] [ROUNDS=2]
 # Environment: DATA=PREFIX  demo shards (default data/demo, made by scripts/demo.sh)
+#              DEMO=0       step times only (the demo's losses do not depend on the load)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-300}
@@ -34,15 +35,17 @@ for round in $(seq 1 "$rounds"); do
       2>"$out/bench_${p}_$round.log" >/dev/null
   done
 done
+demo=${DEMO:-1}
 for p in "${precisions[@]}"; do
+  [[ "$demo" == 1 ]] || break
   $oases train --config configs/demo.toml --set train.steps="$steps" train.eval_every="$steps" \
     train.precision="\"$p\"" data.path="\"$data\"" log.metrics="\"$out/demo_$p.jsonl\"" \
     "${common[@]}" 2>"$out/demo_$p.log" >/dev/null
 done
 
-/usr/bin/python3 - "$out" "$steps" "$rounds" "${precisions[@]}" <<'PY'
+/usr/bin/python3 - "$out" "$steps" "$rounds" "$demo" "${precisions[@]}" <<'PY'
 import json, re, statistics, sys
-out, steps, rounds, labels = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+out, steps, rounds, demo, labels = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5:]
 def records(path):
     return [json.loads(l) for l in open(path) if l.strip()]
 times, activations = {}, {}
@@ -62,6 +65,7 @@ for p in labels:
     for key in ("memory per rank", "precision:"):
         m = re.search(rf"^.*{re.escape(key)}.*$", log, re.M)
         if m: print(f"  {p}: {m.group(0).split('] ')[-1]}")
+if not demo: sys.exit(0)
 print(f"\ndemo ({steps} steps):")
 print(f"{'precision':<10} {'val_loss':>9} {'vs fp32':>8} {'loss scale':>11} {'skipped':>8}")
 val = {}

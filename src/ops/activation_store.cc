@@ -90,12 +90,16 @@ void ActivationStore::give_back(Buffer block) {
   cached_[bytes].push_back(std::move(block));
 }
 
-Tensor ActivationStore::acquire(const ActivationKey& key, DType dtype, std::int64_t elements) {
+Tensor ActivationStore::acquire(const ActivationKey& key, DType dtype, std::int64_t elements,
+                                std::int64_t encodable) {
   OASES_ASSERT(!live_.contains(key), "activation {} acquired while live", describe(key));
+  OASES_ASSERT(encodable <= elements, "activation {}: {} encodable elements of {}", describe(key),
+               encodable, elements);
   Buffer block = take(static_cast<std::size_t>(elements) * dtype_size(dtype));
   const Tensor view(block.data(), dtype, {elements}, device_);
   live_.emplace(key, Block{.buffer = std::move(block), .view = view, .dtype = dtype,
-                           .elements = elements});
+                           .elements = elements,
+                           .encodable = encodable < 0 ? elements : encodable});
   return view;
 }
 
@@ -124,16 +128,22 @@ void ActivationStore::encode(const ActivationKey& key, ActivationEncoding encodi
   Block& block = it->second;
   OASES_ASSERT(!block.encoded, "activation {} encoded twice", describe(key));
   OASES_ASSERT(device_.is_cpu(), "activation encoding runs on the CPU only");
-  Buffer packed = take(static_cast<std::size_t>(block.elements) * encoded_element_bytes(encoding));
+  const auto encoded_bytes = static_cast<std::size_t>(block.encodable) * encoded_element_bytes(encoding);
+  const std::size_t kept_bytes =
+      static_cast<std::size_t>(block.elements - block.encodable) * dtype_size(block.dtype);
+  Buffer packed = take(encoded_bytes + kept_bytes);
   switch (encoding) {
     case ActivationEncoding::bf16:
       kernels::cpu::convert_elements(block.view.raw(), block.dtype, packed.data(), DType::bf16,
-                                     block.elements);
+                                     block.encodable);
       break;
     case ActivationEncoding::fp8_e4m3:
-      encode_e4m3(block.view.raw(), block.dtype, packed.data(), block.elements);
+      encode_e4m3(block.view.raw(), block.dtype, packed.data(), block.encodable);
       break;
   }
+  const auto* tail = static_cast<const std::byte*>(block.view.raw()) +
+                     static_cast<std::size_t>(block.encodable) * dtype_size(block.dtype);
+  std::copy(tail, tail + kept_bytes, static_cast<std::byte*>(packed.data()) + encoded_bytes);
   give_back(std::move(block.buffer));
   block.buffer = std::move(packed);
   block.view = Tensor();
@@ -150,12 +160,20 @@ void ActivationStore::decode(const ActivationKey& key) {
   switch (block.encoding) {
     case ActivationEncoding::bf16:
       kernels::cpu::convert_elements(block.buffer.data(), DType::bf16, wide.data(), block.dtype,
-                                     block.elements);
+                                     block.encodable);
       break;
     case ActivationEncoding::fp8_e4m3:
-      decode_e4m3(block.buffer.data(), wide.data(), block.dtype, block.elements);
+      decode_e4m3(block.buffer.data(), wide.data(), block.dtype, block.encodable);
       break;
   }
+  const std::size_t encoded_bytes =
+      static_cast<std::size_t>(block.encodable) * encoded_element_bytes(block.encoding);
+  const std::size_t kept_bytes =
+      static_cast<std::size_t>(block.elements - block.encodable) * dtype_size(block.dtype);
+  const auto* tail = static_cast<const std::byte*>(block.buffer.data()) + encoded_bytes;
+  std::copy(tail, tail + kept_bytes,
+            static_cast<std::byte*>(wide.data()) +
+                static_cast<std::size_t>(block.encodable) * dtype_size(block.dtype));
   give_back(std::move(block.buffer));
   block.buffer = std::move(wide);
   block.view = Tensor(block.buffer.data(), block.dtype, {block.elements}, device_);

@@ -47,14 +47,17 @@ class ActivationStore {
   explicit ActivationStore(Device device = Device::cpu()) : device_(device) {}
 
   // A contiguous [elements] block of `dtype` under `key`, which must not be live; contents
-  // are unspecified.
-  Tensor acquire(const ActivationKey& key, DType dtype, std::int64_t elements);
+  // are unspecified. An encoding rounds its first `encodable` elements (all when negative) and
+  // keeps the rest as they are (the statistics of an ops::SetLayout).
+  Tensor acquire(const ActivationKey& key, DType dtype, std::int64_t elements,
+                 std::int64_t encodable = -1);
   // The live block of `key` (InternalError when it is not live: a read after free).
   Tensor get(const ActivationKey& key) const;
   bool live(const ActivationKey& key) const { return live_.contains(key); }
   void release(const ActivationKey& key);
 
-  // Replaces the live, not encoded block of `key` by its elements in `encoding`.
+  // Replaces the live, not encoded block of `key` by its encodable elements in `encoding`
+  // followed by the rest of its bytes.
   void encode(const ActivationKey& key, ActivationEncoding encoding);
   // Replaces the encoded block of `key` by its elements in the block's own dtype again.
   void decode(const ActivationKey& key);
@@ -74,6 +77,7 @@ class ActivationStore {
     ActivationEncoding encoding = ActivationEncoding::bf16;
     DType dtype = DType::f32;  // the elements' own dtype
     std::int64_t elements = 0;
+    std::int64_t encodable = 0;  // the leading elements an encoding rounds
   };
   // A block of `bytes` from the cache or newly allocated, counted as live.
   Buffer take(std::size_t bytes);

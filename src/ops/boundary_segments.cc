@@ -23,7 +23,7 @@ class ReshardSegment final : public Segment {
         rises_(spec_.from.degree < spec_.to.degree),
         kept_(model.dtype) {
     OASES_ASSERT(spec_.from.degree != spec_.to.degree, "{}: no degree change", spec_.name);
-    kept_.add(spec_.epilogue.kept_elements(epilogue_tokens(), model.hidden, model.dtype));
+    kept_pieces_ = spec_.epilogue.add_kept(kept_, epilogue_tokens(), model.hidden);
   }
   const std::string& name() const override { return spec_.name; }
   SegmentShape shape() const override {
@@ -39,6 +39,7 @@ class ReshardSegment final : public Segment {
       // A post-norm epilogue keeps its sum and statistics for the backward pass.
       shape.sets = kCheckpoint;
       shape.checkpoint_bytes = kept_.bytes();
+      shape.checkpoint_statistics_bytes = kept_.statistics_bytes();
     }
     (rises_ ? shape.forward_collective_elements : shape.backward_collective_elements) =
         large().rows * m_.seq_len * m_.hidden;
@@ -116,21 +117,27 @@ class ReshardSegment final : public Segment {
     const std::int64_t n = spec_.from.rows * m_.seq_len;
     spec_.epilogue.backward(m_, ctx, mb, sb, spec_.from.rows, spec_.from.first_row, from_grad,
                             m_.slot(Slot::output_grad, mb, sb).rows(0, n),
-                            has_kept() ? store().get(key(mb, sb, kCheckpoint)) : Tensor(),
+                            has_kept() ? kept(store().get(key(mb, sb, kCheckpoint)))
+                                       : ResidualEpilogue::Kept{},
                             m_.scratch_narrow.rows(0, n));
   }
   // The epilogue runs on layer l-1's rows.
   std::int64_t epilogue_tokens() const { return spec_.from.rows * m_.seq_len; }
-  bool has_kept() const { return spec_.epilogue.kept_elements(epilogue_tokens(), m_.hidden, m_.dtype) > 0; }
-  Tensor acquire_kept(int mb, int sb) {
+  bool has_kept() const { return spec_.epilogue.keeps(); }
+  ResidualEpilogue::Kept kept(const Tensor& block) const {
+    return spec_.epilogue.kept(block, kept_, kept_pieces_, epilogue_tokens(), m_.hidden);
+  }
+  ResidualEpilogue::Kept acquire_kept(int mb, int sb) {
     if (!has_kept()) return {};
-    return store().acquire(key(mb, sb, kCheckpoint), m_.dtype, kept_.elements());
+    return kept(store().acquire(key(mb, sb, kCheckpoint), m_.dtype, kept_.elements(),
+                                kept_.encodable_elements()));
   }
 
   const ModelContext& m_;
   ReshardSpec spec_;
   bool rises_;
   SetLayout kept_;
+  ResidualEpilogue::KeptPieces kept_pieces_;
 };
 
 class StageOutputSegment final : public Segment {
@@ -139,7 +146,7 @@ class StageOutputSegment final : public Segment {
       : Segment(id, *model.store), m_(model), spec_(std::move(spec)), checkpoint_(model.dtype) {
     tokens_ = spec_.at.rows * model.seq_len;
     output_ = checkpoint_.add(tokens_ * model.hidden);
-    kept_ = checkpoint_.add(spec_.epilogue.kept_elements(tokens_, model.hidden, model.dtype));
+    kept_ = spec_.epilogue.add_kept(checkpoint_, tokens_, model.hidden);
   }
   const std::string& name() const override { return spec_.name; }
   SegmentShape shape() const override {
@@ -149,12 +156,14 @@ class StageOutputSegment final : public Segment {
     shape.collective_ranks = spec_.at.degree;
     shape.sets = kCheckpoint;
     shape.checkpoint_bytes = checkpoint_.bytes();
+    shape.checkpoint_statistics_bytes = checkpoint_.statistics_bytes();
     shape.output_to_peer = true;
     shape.received_bytes = static_cast<std::size_t>(tokens_ * m_.hidden) * dtype_size(m_.dtype);
     return shape;
   }
   void forward(const StepContext& ctx, int mb, int sb) override {
-    const Tensor block = store().acquire(key(mb, sb, kCheckpoint), m_.dtype, checkpoint_.elements());
+    const Tensor block = store().acquire(key(mb, sb, kCheckpoint), m_.dtype, checkpoint_.elements(),
+                                         checkpoint_.encodable_elements());
     const Slot input = spec_.epilogue.spec().copies_input ? Slot::reshard : Slot::output;
     spec_.epilogue.forward(m_, ctx, mb, sb, spec_.at.rows, spec_.at.first_row,
                            m_.slot_rows(input, mb, sb, spec_.at.rows),
@@ -185,15 +194,15 @@ class StageOutputSegment final : public Segment {
 
  private:
   Tensor output(const Tensor& block) const { return block.view(output_, {tokens_, m_.hidden}); }
-  Tensor kept(const Tensor& block) const {
-    const std::int64_t n = spec_.epilogue.kept_elements(tokens_, m_.hidden, m_.dtype);
-    return n == 0 ? Tensor() : block.view(kept_, {n});
+  ResidualEpilogue::Kept kept(const Tensor& block) const {
+    return spec_.epilogue.kept(block, checkpoint_, kept_, tokens_, m_.hidden);
   }
 
   const ModelContext& m_;
   StageOutputSpec spec_;
   SetLayout checkpoint_;
-  std::int64_t tokens_ = 0, output_ = 0, kept_ = 0;
+  std::int64_t tokens_ = 0, output_ = 0;
+  ResidualEpilogue::KeptPieces kept_;
 };
 
 }  // namespace

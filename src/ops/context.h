@@ -126,31 +126,48 @@ inline std::int64_t statistics_footprint(DType block, std::int64_t count) {
   return aligned_elements(block, (bytes + element - 1) / element);
 }
 
-// The `count` statistics that start `offset` elements into `block` (a piece placed by
-// SetLayout::add_statistics, or at a 64-byte aligned offset), seen in statistics_dtype.
+// The `count` statistics that start `offset` elements into `block` (a 64-byte aligned offset,
+// as SetLayout::statistics_offset gives), seen in statistics_dtype.
 Tensor statistics_view(const Tensor& block, std::int64_t offset, std::int64_t count);
 
-// A tensor set laid out as consecutive pieces of one block, so that one acquisition keeps all
-// of it. Pieces start 64-byte aligned.
+// A tensor set laid out as pieces of one block, so that one acquisition keeps all of it: the
+// activation pieces first, then the statistics pieces, each starting 64-byte aligned. An
+// encoding of the block (ActivationStore::encode) rounds the activations and keeps the
+// statistics as they are: encodable_elements() ends where the statistics begin.
 class SetLayout {
  public:
   explicit SetLayout(DType dtype = DType::f32) : dtype_(dtype) {}
-  // Adds a piece of `elements` elements and returns its offset (in elements) in the block.
+  // Adds an activation piece of `elements` elements and returns its offset (in elements) in
+  // the block.
   std::int64_t add(std::int64_t elements) {
-    const std::int64_t offset = total_;
-    total_ += aligned_elements(dtype_, elements);
+    const std::int64_t offset = activations_;
+    activations_ += aligned_elements(dtype_, elements);
     return offset;
   }
-  // Adds a piece of `count` statistics (statistics_dtype; view it with statistics_view) and
-  // returns its offset in elements of the block.
-  std::int64_t add_statistics(std::int64_t count) { return add(statistics_footprint(dtype_, count)); }
+  // Adds a piece of `count` statistics (statistics_dtype) and returns its number, for
+  // statistics_offset once every piece has been added.
+  int add_statistics(std::int64_t count) {
+    statistic_offsets_.push_back(statistics_);
+    statistics_ += statistics_footprint(dtype_, count);
+    return static_cast<int>(statistic_offsets_.size()) - 1;
+  }
+  // Where statistics piece `piece` starts in the block, in elements (view it with
+  // statistics_view).
+  std::int64_t statistics_offset(int piece) const {
+    return activations_ + statistic_offsets_[static_cast<std::size_t>(piece)];
+  }
   DType dtype() const { return dtype_; }
-  std::int64_t elements() const { return std::max<std::int64_t>(total_, 1); }
+  std::int64_t elements() const { return std::max<std::int64_t>(activations_ + statistics_, 1); }
+  std::int64_t encodable_elements() const { return activations_; }
   std::size_t bytes() const { return static_cast<std::size_t>(elements()) * dtype_size(dtype_); }
+  std::size_t statistics_bytes() const {
+    return static_cast<std::size_t>(statistics_) * dtype_size(dtype_);
+  }
 
  private:
   DType dtype_;
-  std::int64_t total_ = 0;
+  std::int64_t activations_ = 0, statistics_ = 0;
+  std::vector<std::int64_t> statistic_offsets_;
 };
 
 }  // namespace oases::ops

@@ -11,11 +11,22 @@ std::int64_t global_sample(const ModelContext& model, const StepContext& ctx, in
          first_row;
 }
 
-std::int64_t ResidualEpilogue::kept_elements(std::int64_t tokens, std::int64_t hidden,
-                                             DType dtype) const {
-  if (spec_.copies_input || !spec_.post_norm.present()) return 0;
-  return aligned_elements(dtype, tokens * hidden) +
-         statistics_footprint(dtype, spec_.post_norm.stats_per_row() * tokens);
+ResidualEpilogue::KeptPieces ResidualEpilogue::add_kept(SetLayout& layout, std::int64_t tokens,
+                                                        std::int64_t hidden) const {
+  if (!keeps()) return {};
+  KeptPieces pieces;
+  pieces.sum = layout.add(tokens * hidden);
+  pieces.statistics = layout.add_statistics(spec_.post_norm.stats_per_row() * tokens);
+  return pieces;
+}
+
+ResidualEpilogue::Kept ResidualEpilogue::kept(const Tensor& block, const SetLayout& layout,
+                                              const KeptPieces& pieces, std::int64_t tokens,
+                                              std::int64_t hidden) const {
+  if (pieces.sum < 0) return {};
+  return {block.view(pieces.sum, {tokens, hidden}),
+          statistics_view(block, layout.statistics_offset(pieces.statistics),
+                          spec_.post_norm.stats_per_row() * tokens)};
 }
 
 kernels::DropoutSite ResidualEpilogue::site(const ModelContext& model,
@@ -30,17 +41,17 @@ double ResidualEpilogue::probability(const ModelContext& model, const StepContex
 void ResidualEpilogue::forward(const ModelContext& model, const StepContext& ctx, int mb, int sb,
                                std::int64_t rows, std::int64_t first_row, const Tensor& input,
                                const Tensor& residual, const Tensor& out,
-                               const Tensor& kept) const {
+                               const Kept& kept) const {
   if (spec_.copies_input) {
     kernels::copy(input, out);
     return;
   }
-  const std::int64_t tokens = rows * model.seq_len;
   const kernels::DropoutSlice slice{global_sample(model, ctx, mb, sb, first_row), 0};
   const double p = probability(model, ctx);
   const bool post_norm = spec_.post_norm.present();
   // The sum a lands in `out`, or in the kept block when a norm follows.
-  const Tensor sum = post_norm ? kept.view(0, out.shape()) : out;
+  OASES_ASSERT(!post_norm || kept.sum.shape() == out.shape(), "post-norm epilogue without its kept sum");
+  const Tensor sum = post_norm ? kept.sum : out;
   if (spec_.residual_segment >= 0) {
     kernels::bias_dropout_add_forward(input, spec_.bias.value, residual, sum, rows,
                                       model.seq_len, spec_.dropout ? p : 0.0, site(model, ctx),
@@ -51,28 +62,22 @@ void ResidualEpilogue::forward(const ModelContext& model, const StepContext& ctx
                            site(model, ctx), slice);
   }
   if (!post_norm) return;
-  const Tensor stats = statistics_view(kept, aligned_elements(kept.dtype(), out.numel()),
-                                       spec_.post_norm.stats_per_row() * tokens);
-  spec_.post_norm.forward(sum, out, stats);
+  spec_.post_norm.forward(sum, out, kept.statistics);
   if (spec_.dropout_after_norm)
     kernels::dropout_apply(out, out, rows, model.seq_len, p, site(model, ctx), slice);
 }
 
 void ResidualEpilogue::backward(const ModelContext& model, const StepContext& ctx, int mb, int sb,
                                 std::int64_t rows, std::int64_t first_row, const Tensor& d_out,
-                                const Tensor& d_input, const Tensor& kept,
+                                const Tensor& d_input, const Kept& kept,
                                 const Tensor& scratch) const {
   if (spec_.copies_input) return;  // d(out) is the input's gradient, which the mover reads
-  const std::int64_t tokens = rows * model.seq_len;
   const kernels::DropoutSlice slice{global_sample(model, ctx, mb, sb, first_row), 0};
   const double p = probability(model, ctx);
   if (spec_.post_norm.present()) {
     if (spec_.dropout_after_norm)
       kernels::dropout_apply(d_out, d_out, rows, model.seq_len, p, site(model, ctx), slice);
-    const Tensor sum = kept.view(0, d_out.shape());
-    const Tensor stats = statistics_view(kept, aligned_elements(kept.dtype(), d_out.numel()),
-                                         spec_.post_norm.stats_per_row() * tokens);
-    spec_.post_norm.backward(d_out, sum, stats, scratch);
+    spec_.post_norm.backward(d_out, kept.sum, kept.statistics, scratch);
     kernels::copy(scratch, d_out);  // now d(a): the residual's gradient
   }
   kernels::bias_dropout_add_backward(d_out, d_input, spec_.bias.grad, rows, model.seq_len,

@@ -57,22 +57,35 @@ class ResidualEpilogue {
   explicit ResidualEpilogue(Spec spec) : spec_(std::move(spec)) {}
   const Spec& spec() const { return spec_; }
 
-  // Elements of `dtype` (the activations') kept with the output for the backward pass
-  // (post-norm: the sum a, then from the next 64-byte line the norm's statistics), for
-  // `tokens` rows of width `hidden`.
-  std::int64_t kept_elements(std::int64_t tokens, std::int64_t hidden, DType dtype) const;
+  // What a post-norm epilogue keeps with its output for the backward pass: the sum a
+  // [tokens, hidden] and the norm's statistics. Both empty for the others.
+  struct Kept {
+    Tensor sum, statistics;
+  };
+  // Where they sit in a kept set's block (sum < 0: nothing kept).
+  struct KeptPieces {
+    std::int64_t sum = -1;
+    int statistics = -1;
+  };
+  bool keeps() const { return !spec_.copies_input && spec_.post_norm.present(); }
+  // Adds the kept pieces for `tokens` rows of width `hidden` to `layout` (none when nothing is
+  // kept).
+  KeptPieces add_kept(SetLayout& layout, std::int64_t tokens, std::int64_t hidden) const;
+  // The kept tensors in `block`, laid out by `layout` with `pieces`.
+  Kept kept(const Tensor& block, const SetLayout& layout, const KeptPieces& pieces,
+            std::int64_t tokens, std::int64_t hidden) const;
 
   // Runs on `rows` sequences starting at row `first_row` of sub-batch sb (the dropout masks
   // follow their global sample indices). input, residual, out [rows * seq, hidden]; residual
-  // is ignored without a residual segment; kept [kept_elements()].
+  // is ignored without a residual segment; `kept` as kept() gives it.
   void forward(const ModelContext& model, const StepContext& ctx, int mb, int sb,
                std::int64_t rows, std::int64_t first_row, const Tensor& input,
-               const Tensor& residual, const Tensor& out, const Tensor& kept) const;
+               const Tensor& residual, const Tensor& out, const Kept& kept) const;
   // d_out holds d(out) and is left holding d(residual); d_input receives d(partial sums).
   // scratch [rows * seq, hidden] is overwritten.
   void backward(const ModelContext& model, const StepContext& ctx, int mb, int sb,
                 std::int64_t rows, std::int64_t first_row, const Tensor& d_out,
-                const Tensor& d_input, const Tensor& kept, const Tensor& scratch) const;
+                const Tensor& d_input, const Kept& kept, const Tensor& scratch) const;
 
  private:
   kernels::DropoutSite site(const ModelContext& model, const StepContext& ctx) const;

@@ -15,10 +15,10 @@ namespace {
 class HeadBody {
  public:
   HeadBody(const ModelContext& model, const HeadSpec& spec, SetLayout& internals)
-      : m_(model), spec_(spec), tokens_(model.tokens()) {
+      : m_(model), spec_(spec), layout_(internals), tokens_(model.tokens()) {
     const std::int64_t n = tokens_, C = model.hidden;
     residual_ = internals.add(n * C);
-    epilogue_kept_ = internals.add(spec.epilogue.kept_elements(n, C, model.dtype));
+    epilogue_kept_ = spec.epilogue.add_kept(internals, n, C);
     if (spec.has_transform) {
       transform_pre_ = internals.add(n * C);
       transform_act_ = internals.add(n * C);
@@ -96,23 +96,27 @@ class HeadBody {
     return block.view(offset, {tokens_, m_.hidden});
   }
   Tensor residual(const Tensor& internals) const { return matrix(internals, residual_); }
-  Tensor epilogue_kept(const Tensor& internals) const {
-    const std::int64_t n = spec_.epilogue.kept_elements(tokens_, m_.hidden, m_.dtype);
-    return n == 0 ? Tensor() : internals.view(epilogue_kept_, {n});
+  ResidualEpilogue::Kept epilogue_kept(const Tensor& internals) const {
+    return spec_.epilogue.kept(internals, layout_, epilogue_kept_, tokens_, m_.hidden);
   }
   Tensor transform_stats(const Tensor& internals) const {
-    return statistics_view(internals, transform_stats_, spec_.transform_norm.stats_per_row() * tokens_);
+    return statistics_view(internals, layout_.statistics_offset(transform_stats_),
+                           spec_.transform_norm.stats_per_row() * tokens_);
   }
   Tensor final_stats(const Tensor& internals) const {
-    return statistics_view(internals, final_stats_, spec_.final_norm.stats_per_row() * tokens_);
+    return statistics_view(internals, layout_.statistics_offset(final_stats_),
+                           spec_.final_norm.stats_per_row() * tokens_);
   }
 
   const ModelContext& m_;
   const HeadSpec& spec_;
+  const SetLayout& layout_;  // the internals' (the owning segment's)
   std::int64_t tokens_;
-  std::int64_t residual_ = 0, epilogue_kept_ = 0;
-  std::int64_t transform_pre_ = 0, transform_act_ = 0, transform_out_ = 0, transform_stats_ = 0;
-  std::int64_t final_out_ = 0, final_stats_ = 0;
+  std::int64_t residual_ = 0;
+  ResidualEpilogue::KeptPieces epilogue_kept_;
+  std::int64_t transform_pre_ = 0, transform_act_ = 0, transform_out_ = 0;
+  std::int64_t final_out_ = 0;
+  int transform_stats_ = -1, final_stats_ = -1;
 };
 
 const std::int32_t* targets_of(const ModelContext& m, const StepContext& ctx, int mb, int sb) {
@@ -156,12 +160,14 @@ class FusedHeadSegment final : public Segment {
     shape.backward_stages = 2;
     shape.sets = kInternals;
     shape.internals_bytes = internals_.bytes();
+    shape.internals_statistics_bytes = internals_.statistics_bytes();
     shape.backward_collective_elements = m_.tokens() * m_.hidden;
     return shape;
   }
 
   void forward(const StepContext& ctx, int mb, int sb) override {
-    const Tensor internals = store().acquire(key(mb, sb, kInternals), m_.dtype, internals_.elements());
+    const Tensor internals = store().acquire(key(mb, sb, kInternals), m_.dtype,
+                                             internals_.elements(), internals_.encodable_elements());
     const Tensor x = body_.forward(ctx, mb, sb, spec_.epilogue.spec().residual_segment, internals);
     const std::int64_t n = m_.tokens(), V = spec_.vocab_weight.value.dim(0);
     const std::int32_t* targets = targets_of(m_, ctx, mb, sb);
@@ -242,6 +248,7 @@ class VocabParallelHeadSegment final : public Segment {
     shape.backward_stages = 2;
     shape.sets = kInternals;
     shape.internals_bytes = internals_.bytes();
+    shape.internals_statistics_bytes = internals_.statistics_bytes();
     shape.forward_collective_elements = m_.tokens();
     shape.backward_collective_elements = m_.tokens() * m_.hidden;
     return shape;
@@ -254,15 +261,16 @@ class VocabParallelHeadSegment final : public Segment {
   Tensor logits(const Tensor& block) const {
     return block.view(logits_, {m_.tokens(), local_rows()});
   }
-  Tensor row_max(const Tensor& block) const { return statistics_view(block, row_max_, m_.tokens()); }
-  Tensor sums(const Tensor& block) const { return statistics_view(block, sums_, 2 * m_.tokens()); }
-  Tensor losses(const Tensor& block) const { return statistics_view(block, losses_, m_.tokens()); }
+  Tensor row_max(const Tensor& block) const { return statistics(block, row_max_, m_.tokens()); }
+  Tensor sums(const Tensor& block) const { return statistics(block, sums_, 2 * m_.tokens()); }
+  Tensor losses(const Tensor& block) const { return statistics(block, losses_, m_.tokens()); }
   Tensor features(const Tensor& block) const { return body_.features(block); }
 
   void forward(const StepContext& ctx, int mb, int sb) override {
     OASES_ASSERT(ctx.head_mode != HeadMode::logits,
                  "whole logits are produced in a tensor-parallel group of one only");
-    const Tensor block = store().acquire(key(mb, sb, kInternals), m_.dtype, internals_.elements());
+    const Tensor block = store().acquire(key(mb, sb, kInternals), m_.dtype, internals_.elements(),
+                                         internals_.encodable_elements());
     const Tensor x = body_.forward(ctx, mb, sb, spec_.epilogue.spec().residual_segment, block);
     kernels::linear_forward(x, spec_.vocab_weight.value, kernels::WeightLayout::out_in,
                             spec_.vocab_bias.value, logits(block), false, m_.gemm16);
@@ -284,7 +292,11 @@ class VocabParallelHeadSegment final : public Segment {
   HeadSpec spec_;
   SetLayout internals_;
   HeadBody body_;
-  std::int64_t logits_ = 0, row_max_ = 0, sums_ = 0, losses_ = 0;
+  Tensor statistics(const Tensor& block, int piece, std::int64_t count) const {
+    return statistics_view(block, internals_.statistics_offset(piece), count);
+  }
+  std::int64_t logits_ = 0;
+  int row_max_ = -1, sums_ = -1, losses_ = -1;
   std::string name_ = "head";
 };
 

@@ -24,7 +24,7 @@ class LayerSegment : public Segment {
     const std::int64_t C = model.hidden;
     stash_output_grad_ = deferred_.add(tokens_ * C);
     residual_ = checkpoint_.add(tokens_ * C);
-    epilogue_kept_ = checkpoint_.add(spec.epilogue.kept_elements(tokens_, C, model.dtype));
+    epilogue_kept_ = spec.epilogue.add_kept(checkpoint_, tokens_, C);
     if (spec.pre_norm.present()) {
       norm_out_ = internals_.add(tokens_ * C);
       norm_stats_ = internals_.add_statistics(spec.pre_norm.stats_per_row() * tokens_);
@@ -109,6 +109,9 @@ class LayerSegment : public Segment {
     shape.checkpoint_bytes = checkpoint_.bytes();
     shape.internals_bytes = internals_.bytes();
     shape.core_bytes = (sets & kCore) ? core_.bytes() : 0;
+    shape.checkpoint_statistics_bytes = checkpoint_.statistics_bytes();
+    shape.internals_statistics_bytes = internals_.statistics_bytes();
+    shape.core_statistics_bytes = (sets & kCore) ? core_.statistics_bytes() : 0;
     shape.forward_collective_elements = shape.backward_collective_elements = tokens_ * m_.hidden;
     return shape;
   }
@@ -120,13 +123,17 @@ class LayerSegment : public Segment {
     return block.view(offset, {tokens_, cols});
   }
   Tensor acquire_or_get(int mb, int sb, TensorSet set, TensorSets parts, const SetLayout& layout) {
-    return (parts & set) ? store().acquire(key(mb, sb, set), layout.dtype(), layout.elements())
+    return (parts & set) ? store().acquire(key(mb, sb, set), layout.dtype(), layout.elements(),
+                                           layout.encodable_elements())
                          : store().get(key(mb, sb, set));
   }
   Tensor residual(const Tensor& checkpoint) const { return matrix(checkpoint, residual_, m_.hidden); }
-  Tensor epilogue_kept(const Tensor& checkpoint) const {
-    const std::int64_t n = layer_.epilogue.kept_elements(tokens_, m_.hidden, m_.dtype);
-    return n == 0 ? Tensor() : checkpoint.view(epilogue_kept_, {n});
+  ResidualEpilogue::Kept epilogue_kept(const Tensor& checkpoint) const {
+    return layer_.epilogue.kept(checkpoint, checkpoint_, epilogue_kept_, tokens_, m_.hidden);
+  }
+  Tensor norm_stats(const Tensor& internals) const {
+    return statistics_view(internals, internals_.statistics_offset(norm_stats_),
+                           layer_.pre_norm.stats_per_row() * tokens_);
   }
   // What the body computes from: the pre-norm's output, or the residual-stream value itself.
   Tensor body_input(const Tensor& checkpoint, const Tensor& internals) const {
@@ -152,7 +159,7 @@ class LayerSegment : public Segment {
   void run_pre_norm(const Tensor& checkpoint, const Tensor& internals) const {
     if (!layer_.pre_norm.present()) return;
     layer_.pre_norm.forward(residual(checkpoint), matrix(internals, norm_out_, m_.hidden),
-                            statistics_view(internals, norm_stats_, layer_.pre_norm.stats_per_row() * tokens_));
+                            norm_stats(internals));
   }
 
   // Stage 1: the reduced input gradient joins the residual gradient (through the pre-norm),
@@ -163,9 +170,7 @@ class LayerSegment : public Segment {
     const Tensor residual_grad = rows_of(Slot::residual_grad, mb, sb);
     const Tensor scratch = m_.scratch_narrow.rows(0, tokens_);
     if (layer_.pre_norm.present()) {
-      layer_.pre_norm.backward(input_grad, residual(checkpoint),
-                               statistics_view(internals, norm_stats_, layer_.pre_norm.stats_per_row() * tokens_),
-                               scratch);
+      layer_.pre_norm.backward(input_grad, residual(checkpoint), norm_stats(internals), scratch);
       kernels::add(residual_grad, scratch, residual_grad);
     } else {
       kernels::add(residual_grad, input_grad, residual_grad);
@@ -181,8 +186,10 @@ class LayerSegment : public Segment {
   // segment adds).
   SetLayout checkpoint_, internals_, core_, deferred_;
   std::int64_t stash_output_grad_ = 0;             // in deferred_
-  std::int64_t residual_ = 0, epilogue_kept_ = 0;  // in checkpoint
-  std::int64_t norm_out_ = 0, norm_stats_ = 0;     // in internals
+  std::int64_t residual_ = 0;                // in checkpoint_
+  ResidualEpilogue::KeptPieces epilogue_kept_;  // in checkpoint_
+  std::int64_t norm_out_ = 0;                 // in internals_
+  int norm_stats_ = -1;                       // in internals_
 };
 
 class AttentionSegment final : public LayerSegment {
@@ -230,7 +237,7 @@ class AttentionSegment final : public LayerSegment {
     else spec_.out_proj.backward(d_output, attn_out, d_attn, m_.gemm16);
     const Tensor d_qkv = defer ? matrix(stash, stash_d_qkv_, a.qkv_width())
                                : m_.scratch_wide.view(0, {tokens_, a.qkv_width()});
-    a.backward(d_attn, qkv, attn_out, statistics_view(core, lse_, a.lse_elements()), d_qkv);
+    a.backward(d_attn, qkv, attn_out, statistics_view(core, core_.statistics_offset(lse_), a.lse_elements()), d_qkv);
     // This rank's heads contribute a partial gradient of the input; the group sums it.
     project_qkv_back(d_qkv, body_input(checkpoint, internals), rows_of(Slot::input_grad, mb, sb),
                      defer ? Part::input : Part::whole);
@@ -276,14 +283,15 @@ class AttentionSegment final : public LayerSegment {
       }
       a.rotate(qkv);
     }
-    if (parts & kCore) a.forward(qkv, attn_out, statistics_view(core, lse_, a.lse_elements()));
+    if (parts & kCore) a.forward(qkv, attn_out, statistics_view(core, core_.statistics_offset(lse_), a.lse_elements()));
     // Row-parallel projection: partial sums; its bias is added after the reduction.
     if (parts & kOutput) spec_.out_proj.forward(attn_out, rows_of(Slot::output, mb, sb), m_.gemm16);
   }
 
   AttentionSpec spec_;
   std::int64_t qkv_ = 0;                 // in internals
-  std::int64_t attn_out_ = 0, lse_ = 0;  // in core
+  std::int64_t attn_out_ = 0;            // in core_
+  int lse_ = -1;                         // in core_
   std::int64_t stash_d_qkv_ = 0;         // in deferred_
 };
 

@@ -87,6 +87,10 @@ struct SegmentShape {
   // The tensor sets this segment keeps between its Forward and its Backward, and their sizes.
   TensorSets sets = 0;
   std::size_t checkpoint_bytes = 0, internals_bytes = 0, core_bytes = 0;
+  // Of those, the bytes of statistics (norm statistics, log-sum-exps, ...) at the end of each
+  // block, which an encoding keeps as they are (ops::SetLayout).
+  std::size_t checkpoint_statistics_bytes = 0, internals_statistics_bytes = 0,
+              core_statistics_bytes = 0;
   // Elements of the forward and backward collective buffers (for pricing them).
   std::int64_t forward_collective_elements = 0, backward_collective_elements = 0;
   // Transformer layer the segment belongs to (-1: embedding, head). Whole-layer recomputation
@@ -134,10 +138,21 @@ struct SegmentShape {
 
 struct Program {
   std::vector<SegmentShape> segments;
-  // Bytes of one element of the kept sets (their dtype's size): an encoded set holds
-  // bytes / set_element_bytes elements of the encoding.
+  // Bytes of one element of the kept sets (their dtype's size): an encoded set holds its
+  // (bytes - statistics bytes) / set_element_bytes elements in the encoding, and its
+  // statistics as they were.
   std::size_t set_element_bytes = 4;
 };
+
+inline std::size_t statistics_bytes_of(const SegmentShape& shape, TensorSet set) {
+  switch (set) {
+    case kCheckpoint: return shape.checkpoint_statistics_bytes;
+    case kInternals: return shape.internals_statistics_bytes;
+    case kCore: return shape.core_statistics_bytes;
+    case kOutput: return 0;
+  }
+  return 0;
+}
 
 inline std::size_t bytes_of(const SegmentShape& shape, TensorSet set) {
   switch (set) {

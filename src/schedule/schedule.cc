@@ -1396,9 +1396,11 @@ std::size_t peak_activation_bytes(const Program& program, const Schedule& schedu
     std::size_t bytes = 0;
     for (auto set : {kCheckpoint, kInternals, kCore}) {
       if (!(sets & set)) continue;
+      const ops::SegmentShape& shape = shape_of(program, segment);
+      const std::size_t statistics = ops::statistics_bytes_of(shape, set);
       const std::size_t elements =
-          ops::bytes_of(shape_of(program, segment), set) / program.set_element_bytes;
-      bytes += std::max<std::size_t>(elements * ops::encoded_element_bytes(encoding), 1);
+          (ops::bytes_of(shape, set) - statistics) / program.set_element_bytes;
+      bytes += std::max<std::size_t>(elements * ops::encoded_element_bytes(encoding) + statistics, 1);
     }
     return bytes;
   };

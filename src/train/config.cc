@@ -748,13 +748,11 @@ void RunConfig::validate() const {
               "\"2bw\" yet (its runs carry kept sets from one step to the next); valid: "
               "parallel.activation_compression = \"none\", or another parallel.pipeline",
               p.activation_compression);
-  const bool mixed = t.precision == "bf16" || t.precision == "fp16";
-  OASES_CHECK(!mixed || !activation_encoding(*this),
-              "parallel.activation_compression = \"{}\" does not run with train.precision = "
-              "\"{}\" yet (its activations are 16-bit already, with fp32 statistics beside them "
-              "that an encoding would have to skip); valid: parallel.activation_compression = "
-              "\"none\", or train.precision = \"fp32\"",
-              p.activation_compression, t.precision);
+  OASES_CHECK(!(t.precision == "bf16" && p.activation_compression == "bf16"),
+              "parallel.activation_compression = \"bf16\" with train.precision = \"bf16\" "
+              "would change nothing (the kept activations are bf16 already); valid: "
+              "parallel.activation_compression = \"fp8\" (a quarter of fp32, half of bf16) or "
+              "\"none\"");
   OASES_CHECK(t.precision != "fp16" ||
                   schedule::parse_pipeline_kind(p.pipeline, "parallel.pipeline") !=
                       schedule::PipelineKind::two_bw,

@@ -55,6 +55,37 @@ TEST(ActivationStore, EncodingToBf16RoundsEveryElementToNearestEven) {
   }
 }
 
+// A bf16 block (mixed precision) whose tail holds f32 statistics: fp8 rounds the leading
+// bf16 elements as the fp8 kernels do and keeps the statistics' bytes exactly; the encoded
+// block is one byte per encoded element plus the tail.
+TEST(ActivationStore, EncodingKeepsTheStatisticsTailAsItIs) {
+  ActivationStore store;
+  constexpr std::int64_t n = 4096, encodable = 4000;
+  const std::vector<float> f = values<float>(n);
+  Tensor block = store.acquire(kKey, DType::bf16, n, encodable);
+  for (std::int64_t i = 0; i < encodable; ++i)
+    block.data<BFloat16>()[i] = BFloat16(f[static_cast<std::size_t>(i)] / 64);
+  std::vector<std::uint16_t> tail(static_cast<std::size_t>(n - encodable));
+  for (std::size_t i = 0; i < tail.size(); ++i) tail[i] = static_cast<std::uint16_t>(0xFFFF - 3 * i);
+  std::copy(tail.begin(), tail.end(), reinterpret_cast<std::uint16_t*>(block.data<BFloat16>() + encodable));
+  const std::vector<BFloat16> before(block.data<BFloat16>(), block.data<BFloat16>() + n);
+  const std::size_t live = store.live_bytes();
+  store.encode(kKey, ActivationEncoding::fp8_e4m3);
+  EXPECT_EQ(store.live_bytes(), live - n * 2 + encodable + (n - encodable) * 2);
+  store.decode(kKey);
+  const Tensor back = store.get(kKey);
+  for (std::int64_t i = 0; i < encodable; ++i) {
+    std::uint8_t code = 0;
+    float want = 0;
+    const float x = before[static_cast<std::size_t>(i)];
+    kernels::cpu::encode_e4m3(&x, &code, 1);
+    kernels::cpu::decode_e4m3(&code, &want, 1);
+    ASSERT_EQ(static_cast<float>(back.data<BFloat16>()[i]), want) << i;
+  }
+  for (std::int64_t i = encodable; i < n; ++i)
+    ASSERT_EQ(back.data<BFloat16>()[i].bits, tail[static_cast<std::size_t>(i - encodable)]) << i;
+}
+
 // e4m3 keeps 4 significant bits and saturates at +-448: each value comes back as the fp8
 // kernels round it, from f32 directly and from f64 through f32.
 TEST(ActivationStore, EncodingToFp8RoundsAsTheFp8Kernels) {

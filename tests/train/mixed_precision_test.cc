@@ -189,6 +189,32 @@ TEST(MixedPrecision, ActivationsTakeAboutHalfTheMemory) {
   EXPECT_LT(bf16.memory_bytes(), fp32.memory_bytes());
 }
 
+// fp8 compression of a bf16 run's kept sets (parallel.activation_compression = "fp8"): the
+// statistics kept beside the activations stay as they are, the measured activation peak equals
+// the schedule's prediction and falls below the uncompressed run's, and the gradient moves by
+// about fp8's rounding: within (2 L + 2) x 2^-4 of the uncompressed bf16 gradient, as the
+// compressed kept sets of the fp32 runs are (tests/mpi/activation_compression_runs_test.cc).
+TEST(MixedPrecision, Fp8CompressionOfBf16KeptSets) {
+  const auto in = tokens(8 * 16, 1), out = tokens(8 * 16, 2);
+  RunConfig plain_config = tiny_engine_config("bf16");
+  plain_config.parallel.recompute = "none";
+  RunConfig compressed_config = plain_config;
+  compressed_config.parallel.activation_compression = "fp8";
+  TrainingEngine plain(plain_config), compressed(compressed_config);
+  plain.compute_gradients(0, in.data(), out.data(), 8);
+  const StepResult step = compressed.train_step(0, in.data(), out.data());
+  EXPECT_EQ(step.peak_activation_bytes, compressed.activation_bytes());
+  EXPECT_LT(compressed.activation_bytes(), plain.activation_bytes());
+  TrainingEngine again(compressed_config);
+  again.compute_gradients(0, in.data(), out.data(), 8);
+  const double error = relative_difference(as_doubles(again.model().grads()),
+                                           as_doubles(plain.model().grads()));
+  std::printf("fp8 over bf16: gradient relative change %.3g; activations %zu -> %zu bytes\n",
+              error, plain.activation_bytes(), compressed.activation_bytes());
+  EXPECT_GT(error, 0.0);
+  EXPECT_LT(error, (2 * 2 + 2) * std::ldexp(1.0, -4));
+}
+
 // Runs of a small GPT on real text (Debian's fortunes, byte-level).
 class MixedPrecisionRuns : public ::testing::Test {
  protected:
