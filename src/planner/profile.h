@@ -74,8 +74,10 @@ struct Profile {
   int tp = 1;
   std::int64_t micro_batch = 1;
   int sub_batches = 1;
-  // Bytes of one element of the run's precision (4: fp32, 8: fp64), and the optimizer's state
-  // bytes per parameter byte (AdamW: 2 moments), for the memory model.
+  // Bytes of one activation element of the run's precision (4: fp32, 8: fp64, 2: bf16 and
+  // fp16), and the bytes held per parameter byte besides parameters and gradients: the
+  // optimizer's state (AdamW: 2 moments) plus, under mixed precision, the 16-bit working copy
+  // (0.5 of the fp32 master), for the memory model.
   std::int64_t element_bytes = 4;
   double optimizer_state_ratio = 2;
   std::vector<DegreeProfile> degrees;  // ascending

@@ -178,8 +178,15 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     const auto& layer0 = engine.model().layout().groups().at(1);  // the first layer's parameters
     degree.parameter_bytes_per_layer = (layer0.second - layer0.first) * element;
     degree.parameter_bytes = engine.model().param_count() * element;
+    // Besides parameters and gradients: the optimizer's state and, under mixed precision, the
+    // 16-bit working copy of the parameters.
+    const double working_copy =
+        engine.model().mixed_precision()
+            ? static_cast<double>(dtype_size(engine.model().activation_dtype()))
+            : 0.0;
     profile.optimizer_state_ratio =
-        engine.optimizer().state_bytes_per_parameter() / static_cast<double>(element);
+        (engine.optimizer().state_bytes_per_parameter() + working_copy) /
+        static_cast<double>(element);
     degree.static_activation_bytes =
         static_cast<std::int64_t>(engine.model().static_activation_bytes());
     const OverlapSlowdown slowdown = measure_overlap_slowdown(mesh.tp_group(), c);

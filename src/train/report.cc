@@ -263,7 +263,7 @@ json memory_section(const RunFiles& run) {
   const json recorded = run_json_member(run, "memory_bytes", json::value_t::object);
   if (recorded.is_null()) return nullptr;
   json parts = json::array();
-  for (const char* key : {"parameters", "gradients", "optimizer", "activations"})
+  for (const char* key : {"parameters", "working_copy", "gradients", "optimizer", "activations"})
     if (recorded.contains(key) && recorded[key].is_number())
       parts.push_back({{"name", key}, {"bytes", recorded[key]}});
   return parts.empty() ? json(nullptr) : parts;

@@ -394,7 +394,13 @@ void write_run_description(const RunConfig& config, TrainingEngine& engine, comm
     degrees.push_back(engine.model().layer_degree(l));
   const auto weights = static_cast<std::int64_t>(engine.model().param_count() *
                                                  dtype_size(engine.model().dtype()));
-  const nlohmann::json run = {
+  // Mixed precision: the 16-bit copy forward and backward read, beside the fp32 master.
+  const auto working_copy =
+      engine.model().mixed_precision()
+          ? static_cast<std::int64_t>(engine.model().param_count() *
+                                      dtype_size(engine.model().activation_dtype()))
+          : std::int64_t{0};
+  nlohmann::json run = {
       {"format", 1},
       {"config", to_toml(config)},
       {"layer_degrees", degrees},
@@ -415,6 +421,10 @@ void write_run_description(const RunConfig& config, TrainingEngine& engine, comm
         {"gradients", weights},
         {"optimizer", static_cast<std::int64_t>(engine.optimizer().state_bytes())},
         {"activations", static_cast<std::int64_t>(engine.activation_bytes())}}}};
+  if (working_copy > 0) {
+    run["memory_bytes"]["working_copy"] = working_copy;
+    run["gemm16_path"] = engine.gemm16().description;
+  }
   write_file_atomically((metrics.parent_path() / "run.json").string(), run.dump(2) + "\n");
 }
 

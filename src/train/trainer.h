@@ -74,8 +74,10 @@ struct TrainSummary {
 // "layer_degrees", "world_size", "tp", "dp", "pp", "threads", "started" (ISO-8601 UTC),
 // "host", "cpu", "parameters", "start_step", "schedule": {"kind", "recompute" (with
 // "recompute_every", its layers per group, under "sqrt"), "sub_batches", "micro_batches"} (auto
-// settings resolved), "memory_bytes": {"parameters", "gradients", "optimizer", "activations"}
-// (per rank)}. run.json is not written when log.metrics names a
+// settings resolved), "memory_bytes": {"parameters", "gradients", "optimizer", "activations",
+// and under mixed precision "working_copy": the 16-bit parameters} (per rank), and under mixed
+// precision "gemm16_path": the 16-bit product path and why}. run.json is not written when
+// log.metrics names a
 // device or pipe (such as /dev/stdout).
 TrainSummary run_training(const RunConfig& config, const TrainOptions& options, comm::Mesh& mesh);
 
