@@ -321,11 +321,37 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
     std::string layout =
         fmt::format("{} rank(s): tp {} x dp {} x pp {}",
                     world.is_null() ? tp * dp * pp : world.get<std::int64_t>(), tp, dp, pp);
-    if (run.config) layout += fmt::format(", schedule {}, recompute {}", p.schedule, p.recompute);
+    if (run.config) {
+      layout += fmt::format(", schedule {}, recompute {}", p.schedule, p.recompute);
+      const json schedule = run_json_member(run, "schedule", json::value_t::object);
+      if (!schedule.is_null() && schedule.contains("recompute_every") &&
+          schedule["recompute_every"].is_number_integer())
+        layout += fmt::format(" (groups of {} layers)",
+                              schedule["recompute_every"].get<std::int64_t>());
+    }
     const json threads = run_json_member(run, "threads", json::value_t::number_integer);
     if (!threads.is_null())
       layout += fmt::format(", {} thread(s) per rank", threads.get<std::int64_t>());
     add("layout", layout);
+  }
+  if (run.config) {
+    // How the run trains: the optimizer, the precision and what it keeps compressed.
+    const OptimConfig& t = run.config->train;
+    std::string training = fmt::format("{} optimizer", t.optimizer);
+    if (t.precision == "bf16" || t.precision == "fp16") {
+      training += fmt::format("; {} mixed precision over fp32 master weights", t.precision);
+      const json path = run_json_member(run, "gemm16_path", json::value_t::string);
+      if (!path.is_null()) training += ", 16-bit products by " + path.get<std::string>();
+      const auto scale = last_value(metrics, "loss_scale");
+      const auto skipped = last_value(metrics, "skipped_steps");
+      if (scale)
+        training += fmt::format("; loss scale {:g} at step {}, {} step(s) skipped for overflow",
+                                scale->second, scale->first, skipped ? skipped->second : 0.0);
+    }
+    const std::string& compression = run.config->parallel.activation_compression;
+    if (compression != "none")
+      training += fmt::format("; kept activations held in {} between the passes", compression);
+    add("training", training);
   }
   add("host", recorded_text("host"));
   add("cpu", recorded_text("cpu"));

@@ -286,6 +286,36 @@ TEST_F(ReportOfCompleteRun, CorruptRunJsonIsLeftOutWithAWarning) {
 
 // A folder as an older trainer leaves it: no run.json, no time or tokens, the config only in
 // the checkpoint, no trace.
+// The training fact names the optimizer, mixed precision with its product path and fp16's last
+// loss scale and skipped steps, and compressed kept sets; the layout fact names sqrt's groups.
+TEST(Report, TrainingFactNamesOptimizerPrecisionAndCompression) {
+  TempDir dir("report_training");
+  const std::string config =
+      "[model]\nlayers = 3\nhidden = 32\nheads = 4\nffn_hidden = 64\nvocab_size = 50\n"
+      "seq_len = 16\n[train]\nmicro_batch = 2\nglobal_batch = 4\nprecision = \"fp16\"\n"
+      "optimizer = \"sm3\"\n[parallel]\nactivation_compression = \"fp8\"\n"
+      "recompute = \"sqrt\"\n";
+  const json run = {{"format", 1},
+                    {"config", config},
+                    {"schedule", {{"recompute", "sqrt"}, {"recompute_every", 2}}},
+                    {"gemm16_path", "f16 GEMM: convert+sgemm (test)"},
+                    {"memory_bytes", {{"parameters", 8}, {"working_copy", 4}}}};
+  write_bytes(dir.file("run.json"), run.dump());
+  std::string metrics;
+  for (int step = 1; step <= 3; ++step)
+    metrics += metrics_line(step, {{"loss_scale", 4096.0 * step}, {"skipped_steps", step - 1}});
+  write_bytes(dir.file("metrics.jsonl"), metrics);
+  const json data = oases::train::collect_report_data({dir.path().string(), "", "", ""}, {});
+  EXPECT_EQ(fact(data, "training"),
+            "sm3 optimizer; fp16 mixed precision over fp32 master weights, 16-bit products by "
+            "f16 GEMM: convert+sgemm (test); loss scale 12288 at step 3, 2 step(s) skipped for "
+            "overflow; kept activations held in fp8 between the passes");
+  EXPECT_NE(fact(data, "layout").find("recompute sqrt (groups of 2 layers)"), std::string::npos)
+      << fact(data, "layout");
+  ASSERT_EQ(data["memory"].size(), 2u);
+  EXPECT_EQ(data["memory"][1]["name"], "working_copy");
+}
+
 TEST(Report, OlderRunTakesTheConfigFromTheNewestCheckpoint) {
   TempDir dir("report_older");
   std::string metrics;
