@@ -135,6 +135,7 @@ const std::map<std::string, SectionFields>& schema() {
         {"sub_batches", bind(&RunConfig::parallel, &ParallelConfig::sub_batches)},
         {"plan", bind(&RunConfig::parallel, &ParallelConfig::plan)},
         {"memory_limit", bind(&RunConfig::parallel, &ParallelConfig::memory_limit)},
+        {"dp_sync_every", bind(&RunConfig::parallel, &ParallelConfig::dp_sync_every)},
         {"comm_timeout_s", bind(&RunConfig::parallel, &ParallelConfig::comm_timeout_s)},
         {"startup_timeout_s", bind(&RunConfig::parallel, &ParallelConfig::startup_timeout_s)}}},
       {"train",
@@ -759,6 +760,22 @@ void RunConfig::validate() const {
               "train.precision = \"fp16\" does not run with parallel.pipeline = \"2bw\" (a step "
               "skipped for an overflow would break its stream of weight versions); valid: "
               "train.precision = \"bf16\" (no loss scaling), or another parallel.pipeline");
+  OASES_CHECK(p.dp_sync_every >= 1,
+              "parallel.dp_sync_every = {} must be at least 1 (1: gradients summed over the "
+              "data-parallel group every step; x > 1: replicas average every x steps)",
+              p.dp_sync_every);
+  OASES_CHECK(p.dp_sync_every == 1 || p.plan == "uniform",
+              "parallel.dp_sync_every = {} needs parallel.plan = \"uniform\" (a layer below the "
+              "tensor-parallel degree sums its gradient over tensor- and data-parallel replicas "
+              "at once); parallel.plan is \"{}\"",
+              p.dp_sync_every, p.plan);
+  OASES_CHECK(p.dp_sync_every == 1 ||
+                  schedule::parse_pipeline_kind(p.pipeline, "parallel.pipeline") !=
+                      schedule::PipelineKind::two_bw,
+              "parallel.dp_sync_every = {} does not run with parallel.pipeline = \"2bw\" "
+              "(its steps carry a batch into the next); valid: parallel.dp_sync_every = 1, or "
+              "another parallel.pipeline",
+              p.dp_sync_every);
   // Last: each setting's own error above is the more useful one.
   {
     // Batch b of the run reads token positions up to about b x global_batch x (seq_len + 1);
@@ -823,6 +840,7 @@ std::string to_toml(const RunConfig& c) {
                                       {"sub_batches", c.parallel.sub_batches},
                                       {"plan", c.parallel.plan},
                                       {"memory_limit", c.parallel.memory_limit},
+                                      {"dp_sync_every", c.parallel.dp_sync_every},
                                       {"comm_timeout_s", c.parallel.comm_timeout_s},
                                       {"startup_timeout_s", c.parallel.startup_timeout_s}});
   const auto& t = c.train;

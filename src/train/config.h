@@ -51,6 +51,11 @@ struct ParallelConfig {
   // train), degrees per layer ("1,1,2,2"; each divides tp), or a plan file from `oases plan`.
   std::string plan = "uniform";
   std::int64_t memory_limit = 0;  // bytes per device; 0: no limit
+  // Periodic synchronisation of data-parallel replicas (local SGD): 1 sums gradients over the
+  // data-parallel group every step; x > 1 lets each replica step on its own gradients and
+  // averages parameters and optimizer state over the group every x steps (and before every
+  // evaluation, checkpoint and the run's end).
+  std::int64_t dp_sync_every = 1;
   double comm_timeout_s = 300;    // a collective not done after this aborts the job; 0: never
   // Every rank must have started and met the others within this many seconds of starting,
   // else the job aborts naming the ranks that did not arrive; 0: wait forever.

@@ -196,6 +196,8 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       loss_scaling_(config.train.precision == "fp16"),
       scaler_(loss_scaler_for(config.train)),
       reduce_in_bf16_(config.train.grad_reduce_dtype == "bf16"),
+      sync_every_(config.parallel.dp_sync_every),
+      local_sgd_(config.parallel.dp_sync_every > 1 && dp_->size() > 1),
       model_(config.model, model_options(config, spec_, *tp_, *pp_, groups, gemm16_.paths)),
       optimizer_(optim::make_optimizer(optimizer_config(config.train),
                                        flat_layout(model_.layout(), model_.dtype()),
@@ -356,16 +358,23 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   // A causal language model counts every target; a masked one only the masked positions, which
   // differ between data-parallel ranks.
   const std::int64_t local_tokens = local_batch() * config_.model.seq_len;
+  const double local_counted = static_cast<double>(
+      config_.model.arch == "bert" ? counted_targets(targets, local_tokens) : local_tokens);
   const double counted =
       config_.model.arch == "bert"
-          ? sum_over(*dp_, static_cast<double>(counted_targets(targets, local_tokens)))
+          ? sum_over(*dp_, local_counted)
           : static_cast<double>(config_.train.global_batch * config_.model.seq_len);
-  const double scale = counted > 0 ? 1.0 / counted : 0.0;
+  // Local SGD: each replica's gradient is the mean over its own batch.
+  const double gradient_count = local_sgd_ ? local_counted : counted;
+  const double scale = gradient_count > 0 ? 1.0 / gradient_count : 0.0;
   const double local = run_batches(step, inputs, targets, local_batch(), first_local_sample(),
                                    scale * loss_scale, ops::HeadMode::train, hooks, &result);
+  if (local_sgd_ && ((step + 1) % sync_every_ == 0 || drain))
+    result.replica_divergence = average_replicas();
   std::size_t expected = 0;
   for (const model::Model::Bucket& b : model_.grad_buckets())
-    expected += (b.layer >= 0 && model_.layer_degree(b.layer) < tp_->size()) || dp_->size() > 1;
+    expected += (b.layer >= 0 && model_.layer_degree(b.layer) < tp_->size()) ||
+                (dp_->size() > 1 && !local_sgd_);
   OASES_ASSERT(reductions.size() == expected, "{} gradient buckets reduced of {}",
                reductions.size(), expected);
   result.loss = counted > 0 ? sum_over(*dp_, local) / counted : 0.0;
@@ -420,7 +429,7 @@ std::unique_ptr<comm::Work> TrainingEngine::reduce_bucket(int bucket) {
   if (b.layer >= 0 && degree < tp_->size()) {
     OASES_ASSERT(tp_replica_group_, "layer {} at degree {} needs the replica groups", b.layer, degree);
     group = &tp_replica_group_(degree);
-  } else if (dp_->size() == 1) {
+  } else if (dp_->size() == 1 || local_sgd_) {
     return nullptr;
   }
   if (reduce_in_bf16_) return std::make_unique<Bf16Reduction>(grads, *group);
@@ -449,25 +458,55 @@ void TrainingEngine::sum_tied_gradients() {
   }
 }
 
-double TrainingEngine::clip_gradients(double loss_scale) {
-  const Tensor grads = model_.grads();
-  // Every rank of the tensor-parallel group holds the same gradient for a parameter with one
+double TrainingEngine::model_sum_of_squares(const Tensor& flat) {
+  // Every rank of the tensor-parallel group holds the same values for a parameter with one
   // part (replicated, or a layer at degree 1): it counts once. A parameter in k parts is held
   // by tp / k replicas of each part: the first replica (ranks below k) counts it, and the group
   // sums.
   double sharded = 0, replicated = 0;
   for (const auto& p : model_.layout().params()) {
-    // A tied parameter's copies on the first and last stage hold the same summed gradient:
-    // the first stage counts it.
+    // A tied parameter's copies on the first and last stage hold the same values: the first
+    // stage counts it.
     if (pp_->rank() > 0 && std::ranges::find(tied_params_, p.name) != tied_params_.end())
       continue;
     const double squares = p.parts == 1 || tp_->rank() < p.parts
-                               ? optim::sum_of_squares(grads, p.offset, p.offset + p.numel())
+                               ? optim::sum_of_squares(flat, p.offset, p.offset + p.numel())
                                : 0.0;
     (p.parts == 1 ? replicated : sharded) += squares;
   }
   double squares = sum_over(*tp_, sharded) + replicated;
   if (pp_->size() > 1) squares = sum_over(*pp_, squares);
+  return squares;
+}
+
+double TrainingEngine::average_replicas() {
+  const Tensor params = model_.params();
+  const double replicas = static_cast<double>(dp_->size());
+  Buffer mean_storage(params.nbytes()), difference_storage(params.nbytes());
+  const Tensor mean = mean_storage.tensor(params.dtype(), params.shape());
+  const Tensor difference = difference_storage.tensor(params.dtype(), params.shape());
+  kernels::copy(params, mean);
+  dp_->all_reduce(mean, comm::ReduceOp::sum);
+  optim::scale(mean, 1.0 / replicas);
+  kernels::copy(mean, difference);
+  optim::scale(difference, -1.0);
+  kernels::add(params, difference, difference);
+  const double distance = sum_over(*dp_, model_sum_of_squares(difference)) / replicas;
+  const double norm = model_sum_of_squares(mean);
+  kernels::copy(mean, params);
+  // The optimizer state follows the parameters: each replica's moments (or accumulators) are
+  // averaged too, so that the replicas leave the synchronisation identical.
+  for (const optim::StateTensor& state : optimizer_->state_tensors()) {
+    dp_->all_reduce(state.view, comm::ReduceOp::sum);
+    optim::scale(state.view, 1.0 / replicas);
+  }
+  model_.refresh_compute_params();
+  return norm > 0 ? std::sqrt(distance / norm) : 0.0;
+}
+
+double TrainingEngine::clip_gradients(double loss_scale) {
+  const Tensor grads = model_.grads();
+  const double squares = model_sum_of_squares(grads);
   // The norm of the unscaled gradient; unscaling and clipping are one pass over it.
   const double norm = std::sqrt(squares) / loss_scale;
   if (!std::isfinite(norm)) return norm;

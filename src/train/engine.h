@@ -35,6 +35,10 @@ struct StepResult {
   double bubble_seconds = 0;        // compute lane waiting on pipeline Recvs (this rank's)
   std::size_t peak_activation_bytes = 0;
   double loss_scale = 1;     // the factor the step's loss was scaled by (fp16; else 1)
+  // parallel.dp_sync_every > 1, on the steps that average the replicas: the root mean square
+  // distance of the data-parallel replicas' parameters from their mean, relative to the
+  // mean's norm, before averaging.
+  std::optional<double> replica_divergence;
   bool skipped = false;      // fp16: the gradients overflowed and the update was not applied
 };
 
@@ -117,6 +121,11 @@ class TrainingEngine {
   // batch's update is applied before it returns, which changes no result, only when the work
   // runs. loss is batch `step`'s; grad_norm is that of the last update the call applied (0
   // when it applied none: a first step that does not drain).
+  //
+  // parallel.dp_sync_every = x > 1 (local SGD): each data-parallel replica steps on the mean
+  // gradient of its own local batch, and the replicas' parameters and optimizer state are
+  // averaged after steps x, 2x, ... and after every step called with `drain` (the trainer's
+  // evaluations, checkpoints and last step). loss is still the mean over the global batch.
   StepResult train_step(std::int64_t step, const std::int32_t* inputs,
                         const std::int32_t* targets, bool drain = true);
 
@@ -165,6 +174,14 @@ class TrainingEngine {
   // unscaled gradient before clipping, or a non-finite norm (leaving the gradients as they
   // were) when any element is an inf or a NaN.
   double clip_gradients(double loss_scale = 1);
+  // Sum of squares of a flat array laid out like the parameters over the whole model: each
+  // parameter counted once over the tensor-parallel group (a replicated one on every rank, a
+  // split one by its first replica of each part) and over the pipeline stages (a tied one by
+  // the first stage).
+  double model_sum_of_squares(const Tensor& flat);
+  // Local SGD (parallel.dp_sync_every > 1): averages parameters and optimizer state over the
+  // data-parallel group and returns the replicas' divergence before it (StepResult).
+  double average_replicas();
   // The step's update, after its gradients are reduced: unscale, clip, then the optimizer
   // (and the 16-bit parameter copy), or a skipped step when fp16 gradients overflowed.
   void apply_update(std::int64_t step, double loss_scale, StepResult& result);
@@ -212,6 +229,10 @@ class TrainingEngine {
   bool loss_scaling_ = false;
   LossScaler scaler_;
   bool reduce_in_bf16_ = false;  // train.grad_reduce_dtype = "bf16"
+  // parallel.dp_sync_every > 1 over more than one data-parallel rank: no gradient sums over
+  // the data-parallel group; replicas averaged every sync_every_ steps.
+  std::int64_t sync_every_ = 1;
+  bool local_sgd_ = false;
   std::optional<std::int64_t> injected_overflow_step_;
   model::Model model_;
   std::unique_ptr<optim::Optimizer> optimizer_;

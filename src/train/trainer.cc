@@ -576,6 +576,7 @@ void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::
                          {"time", unix_time_now()},
                          {"tokens", tokens}};
   if (f.bubble_seconds) line["bubble_s"] = *f.bubble_seconds;
+  if (f.result.replica_divergence) line["replica_divergence"] = *f.result.replica_divergence;
   if (f.loss_scaling) {
     line["loss_scale"] = f.record.loss_scale;
     line["skipped_steps"] = f.record.skipped_steps;

@@ -69,7 +69,9 @@ struct TrainSummary {
 // "peak_mem_bytes", "time" (Unix seconds when the step ended) and "tokens" (training tokens
 // consumed up to and including the step: step x global_batch x seq_len), plus "val_loss" on
 // evaluation steps; under train.precision = "fp16" also "loss_scale" (the step's) and
-// "skipped_steps" (steps skipped for overflowed gradients so far). Beside it, `run.json` (written atomically at the start of every run,
+// "skipped_steps" (steps skipped for overflowed gradients so far); under
+// parallel.dp_sync_every > 1, on the steps that average the replicas, "replica_divergence"
+// (their RMS distance from the mean before averaging, relative to the mean's norm). Beside it, `run.json` (written atomically at the start of every run,
 // fresh or resumed) describes the run: {"format": 1, "config": the resolved config as TOML,
 // "layer_degrees", "world_size", "tp", "dp", "pp", "threads", "started" (ISO-8601 UTC),
 // "host", "cpu", "parameters", "start_step", "schedule": {"kind", "recompute" (with

@@ -272,6 +272,8 @@ TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
   EXPECT_EQ(error_of("[train]\nprecision = \"bf16\"\n[parallel]\nactivation_compression = \"fp8\"\n"), "");
   EXPECT_NE(error_of("[train]\nprecision = \"fp16\"\nglobal_batch = 8\nmicro_batch = 1\n[parallel]\npp = 2\npipeline = \"2bw\"\n").find("train.precision = \"fp16\" does not run with parallel.pipeline = \"2bw\""), std::string::npos);
   EXPECT_NE(error_of("[checkpoint]\nresume = true\n").find("checkpoint.dir"), std::string::npos);
+  EXPECT_NE(error_of("[parallel]\ndp_sync_every = 0\n").find("parallel.dp_sync_every = 0 must be at least 1"), std::string::npos);
+  EXPECT_NE(error_of("[parallel]\ndp_sync_every = 4\ntp = 2\nplan = \"1,1,2,2\"\n").find("parallel.dp_sync_every = 4 needs parallel.plan = \"uniform\""), std::string::npos);
 }
 
 // The cases below once hung, overflowed, read a disengaged optional or threw another exception
