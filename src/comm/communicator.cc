@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace oases::comm {
@@ -24,7 +25,56 @@ void copy(Tensor from, Tensor to, const char* op) {
   if (from.raw() != to.raw() && from.nbytes() > 0) std::memmove(to.raw(), from.raw(), from.nbytes());
 }
 
+// Waits for every part of an operation made of several.
+class AllOf final : public Work {
+ public:
+  explicit AllOf(std::vector<std::unique_ptr<Work>> parts) : parts_(std::move(parts)) {}
+  void wait() override {
+    for (auto& part : parts_) part->wait();
+  }
+  bool test() override {
+    return std::ranges::all_of(parts_, [](auto& part) { return part->test(); });
+  }
+
+ private:
+  std::vector<std::unique_ptr<Work>> parts_;
+};
+
 }  // namespace
+
+void Communicator::check_blocks(const Tensor& buffer, const std::vector<std::int64_t>& counts,
+                                const char* op) const {
+  OASES_ASSERT(counts.size() == static_cast<std::size_t>(size()),
+               "{} on group '{}' (size {}): {} block counts", op, name(), size(), counts.size());
+  std::int64_t total = 0;
+  for (const std::int64_t count : counts) {
+    OASES_ASSERT(count >= 0, "{} on group '{}': negative block count {}", op, name(), count);
+    total += count;
+  }
+  OASES_ASSERT(total == buffer.numel() && buffer.is_contiguous(),
+               "{} on group '{}': blocks of {} elements in all cut a buffer {} (contiguous: {})",
+               op, name(), total, buffer.shape().str(), buffer.is_contiguous());
+}
+
+std::unique_ptr<Work> Communicator::reduce_scatter_blocks_async(Tensor buffer,
+                                                                std::vector<std::int64_t> counts,
+                                                                ReduceOp op) {
+  check_blocks(buffer, counts, "reduce_scatter_blocks");
+  return all_reduce_async(buffer, op);
+}
+
+std::unique_ptr<Work> Communicator::all_gather_blocks_async(Tensor buffer,
+                                                            std::vector<std::int64_t> counts) {
+  check_blocks(buffer, counts, "all_gather_blocks");
+  std::vector<std::unique_ptr<Work>> parts;
+  std::int64_t offset = 0;
+  for (int root = 0; root < size(); ++root) {
+    const std::int64_t count = counts[static_cast<std::size_t>(root)];
+    parts.push_back(broadcast_async(buffer.view(offset, {count}), root));
+    offset += count;
+  }
+  return std::make_unique<AllOf>(std::move(parts));
+}
 
 std::unique_ptr<Work> SelfCommunicator::all_reduce_async(Tensor, ReduceOp) { return done(); }
 std::unique_ptr<Work> SelfCommunicator::all_gather_async(Tensor input, Tensor output) {

@@ -76,6 +76,20 @@ class Communicator {
                                                   std::vector<std::int64_t> recv_counts) = 0;
   virtual std::unique_ptr<Work> barrier_async() = 0;
 
+  // Collectives over the blocks of one buffer (ZeRO's partition of a gradient bucket): the
+  // buffer is cut into size() consecutive blocks of counts[0], counts[1], ... elements (they sum
+  // to buffer.numel(); a block may be empty), and rank r owns block r. Both work in place, so
+  // a bucket is reduced and gathered where it lies in the flat arrays, whatever its sizes.
+  //
+  // Block r of rank r := op over ranks of their block r. The other blocks are unspecified
+  // afterwards (MPI leaves them as they were; the base version all-reduces the whole buffer).
+  virtual std::unique_ptr<Work> reduce_scatter_blocks_async(Tensor buffer,
+                                                            std::vector<std::int64_t> counts,
+                                                            ReduceOp op);
+  // Block r of every rank := block r of rank r.
+  virtual std::unique_ptr<Work> all_gather_blocks_async(Tensor buffer,
+                                                        std::vector<std::int64_t> counts);
+
   // Blocking forms.
   void all_reduce(Tensor buffer, ReduceOp op = ReduceOp::sum) { all_reduce_async(buffer, op)->wait(); }
   void all_gather(Tensor input, Tensor output) { all_gather_async(input, output)->wait(); }
@@ -87,6 +101,11 @@ class Communicator {
   void recv(Tensor buffer, int peer, int tag = 0) { recv_async(buffer, peer, tag)->wait(); }
   void all_to_all(Tensor input, Tensor output) { all_to_all_async(input, output)->wait(); }
   void barrier() { barrier_async()->wait(); }
+
+ protected:
+  // InternalError unless counts has size() entries, none negative, summing to buffer.numel().
+  void check_blocks(const Tensor& buffer, const std::vector<std::int64_t>& counts,
+                    const char* op) const;
 };
 
 // A group of one rank: every collective is complete the moment it is issued.

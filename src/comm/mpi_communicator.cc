@@ -47,6 +47,8 @@ enum class OpKind {
   recv,
   all_to_all,
   all_to_allv,
+  reduce_scatter_blocks,
+  all_gather_blocks,
   barrier
 };
 
@@ -60,6 +62,8 @@ const char* kind_name(OpKind kind) {
     case OpKind::recv: return "recv";
     case OpKind::all_to_all: return "all_to_all";
     case OpKind::all_to_allv: return "all_to_allv";
+    case OpKind::reduce_scatter_blocks: return "reduce_scatter_blocks";
+    case OpKind::all_gather_blocks: return "all_gather_blocks";
     case OpKind::barrier: return "barrier";
   }
   return "?";
@@ -177,6 +181,9 @@ struct Operation {
   std::int64_t next_chunk = 0;
 
   std::vector<int> alltoallv_args;  // send counts, send offsets, recv counts, recv offsets
+  // reduce_scatter_blocks, all_gather_blocks: the blocks' element counts; chunk c covers
+  // elements [c * chunk, (c + 1) * chunk) of every block at once.
+  std::vector<std::int64_t> block_counts;
 
   // State of the step in flight (one chunk of a collective, or every chunk of a send/recv).
   std::vector<MPI_Request> requests;
@@ -489,6 +496,28 @@ void MpiCommunicator::Engine::start_step(Operation& op) {
       op.next_chunk = op.num_chunks;
       break;
     }
+    case OpKind::reduce_scatter_blocks:
+    case OpKind::all_gather_blocks: {
+      // One reduction to (or broadcast from) each block's owner per chunk: in place at the
+      // owner, on basic types, whatever the blocks' sizes.
+      const std::int64_t first = op.next_chunk++ * op.chunk;
+      std::int64_t block_offset = 0;
+      for (int root = 0; root < size_; ++root) {
+        const std::int64_t length = op.block_counts[static_cast<std::size_t>(root)];
+        const int count = static_cast<int>(std::clamp<std::int64_t>(length - first, 0, op.chunk));
+        char* piece = at(op.input, block_offset + first);
+        block_offset += length;
+        if (count == 0) continue;
+        op.requests.emplace_back();
+        if (op.kind == OpKind::all_gather_blocks) {
+          MPI_Ibcast(piece, count, type, root, comm_, &op.requests.back());
+        } else {
+          MPI_Ireduce(root == rank_ ? MPI_IN_PLACE : piece, piece, count, type,
+                      reduce_op(op.input.dtype(), op.reduce), root, comm_, &op.requests.back());
+        }
+      }
+      break;
+    }
     case OpKind::barrier: {
       op.requests.emplace_back();
       MPI_Ibarrier(comm_, &op.requests.back());
@@ -713,6 +742,29 @@ std::unique_ptr<Work> MpiCommunicator::all_to_allv_async(Tensor input,
   operation->alltoallv_args = std::move(args);
   operation->reported = total_sent;
   plan_chunks(*operation, 0, engine_->max_per_call());
+  return engine_->submit(std::move(operation));
+}
+
+std::unique_ptr<Work> MpiCommunicator::reduce_scatter_blocks_async(
+    Tensor buffer, std::vector<std::int64_t> counts, ReduceOp op) {
+  check_buffer(buffer, "reduce_scatter_blocks", "buffer", name());
+  check_blocks(buffer, counts, "reduce_scatter_blocks");
+  auto operation = new_operation(OpKind::reduce_scatter_blocks, buffer, buffer);
+  operation->reduce = op;
+  operation->reported = buffer.numel();
+  plan_chunks(*operation, std::ranges::max(counts), engine_->max_per_call());
+  operation->block_counts = std::move(counts);
+  return engine_->submit(std::move(operation));
+}
+
+std::unique_ptr<Work> MpiCommunicator::all_gather_blocks_async(Tensor buffer,
+                                                               std::vector<std::int64_t> counts) {
+  check_buffer(buffer, "all_gather_blocks", "buffer", name());
+  check_blocks(buffer, counts, "all_gather_blocks");
+  auto operation = new_operation(OpKind::all_gather_blocks, buffer, buffer);
+  operation->reported = buffer.numel();
+  plan_chunks(*operation, std::ranges::max(counts), engine_->max_per_call());
+  operation->block_counts = std::move(counts);
   return engine_->submit(std::move(operation));
 }
 

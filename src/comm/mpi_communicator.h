@@ -73,6 +73,11 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Work> all_to_allv_async(Tensor input, std::vector<std::int64_t> send_counts,
                                           Tensor output,
                                           std::vector<std::int64_t> recv_counts) override;
+  std::unique_ptr<Work> reduce_scatter_blocks_async(Tensor buffer,
+                                                    std::vector<std::int64_t> counts,
+                                                    ReduceOp op) override;
+  std::unique_ptr<Work> all_gather_blocks_async(Tensor buffer,
+                                                std::vector<std::int64_t> counts) override;
   std::unique_ptr<Work> barrier_async() override;
 
  private:

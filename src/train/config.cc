@@ -136,6 +136,7 @@ const std::map<std::string, SectionFields>& schema() {
         {"plan", bind(&RunConfig::parallel, &ParallelConfig::plan)},
         {"memory_limit", bind(&RunConfig::parallel, &ParallelConfig::memory_limit)},
         {"dp_sync_every", bind(&RunConfig::parallel, &ParallelConfig::dp_sync_every)},
+        {"zero", bind(&RunConfig::parallel, &ParallelConfig::zero)},
         {"comm_timeout_s", bind(&RunConfig::parallel, &ParallelConfig::comm_timeout_s)},
         {"startup_timeout_s", bind(&RunConfig::parallel, &ParallelConfig::startup_timeout_s)}}},
       {"train",
@@ -776,6 +777,19 @@ void RunConfig::validate() const {
               "(its steps carry a batch into the next); valid: parallel.dp_sync_every = 1, or "
               "another parallel.pipeline",
               p.dp_sync_every);
+  OASES_CHECK(p.zero >= 0 && p.zero <= 3,
+              "parallel.zero = {} is not a ZeRO stage; valid: 0 (none), 1 (optimizer state "
+              "partitioned), 2 (and gradients), 3 (and parameters)",
+              p.zero);
+  OASES_CHECK(p.zero <= 1,
+              "parallel.zero = {} is not available yet (gradients and parameters stay whole on "
+              "every rank); valid: 0, or 1 (optimizer state partitioned)",
+              p.zero);
+  OASES_CHECK(p.zero == 0 || p.dp_sync_every == 1,
+              "parallel.zero = {} with parallel.dp_sync_every = {}: local SGD keeps a whole "
+              "optimizer state on each replica and sums no gradients; valid: parallel.zero = 0, "
+              "or parallel.dp_sync_every = 1",
+              p.zero, p.dp_sync_every);
   // Last: each setting's own error above is the more useful one.
   {
     // Batch b of the run reads token positions up to about b x global_batch x (seq_len + 1);
@@ -841,6 +855,7 @@ std::string to_toml(const RunConfig& c) {
                                       {"plan", c.parallel.plan},
                                       {"memory_limit", c.parallel.memory_limit},
                                       {"dp_sync_every", c.parallel.dp_sync_every},
+                                      {"zero", c.parallel.zero},
                                       {"comm_timeout_s", c.parallel.comm_timeout_s},
                                       {"startup_timeout_s", c.parallel.startup_timeout_s}});
   const auto& t = c.train;

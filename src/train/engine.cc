@@ -5,6 +5,7 @@
 #include "core/timer.h"
 #include "kernels/kernels.h"
 #include "optim/clip.h"
+#include "optim/zero_partition.h"
 #include "planner/stage_partition.h"
 #include "schedule/pipeline_lowering.h"
 
@@ -113,15 +114,17 @@ Gemm16Resolution resolve_gemm16(const RunConfig& config, comm::Communicator& tp,
   return resolved;
 }
 
-// A gradient reduction that travels in bf16: the bucket rounded into `staging`, summed there,
-// and widened back into the bucket when waited for.
+// A gradient reduction that travels in bf16: the bucket rounded into `staging`, reduced there
+// by `start` (a sum over the group, or ZeRO's sum of each rank's block), and widened back into
+// the bucket when waited for.
 class Bf16Reduction final : public comm::Work {
  public:
-  Bf16Reduction(const Tensor& grads, comm::Communicator& group)
+  Bf16Reduction(const Tensor& grads,
+                const std::function<std::unique_ptr<comm::Work>(const Tensor&)>& start)
       : grads_(grads), staging_(static_cast<std::size_t>(grads.numel()) * 2) {
     const Tensor half = staging_.tensor(DType::bf16, {grads.numel()});
     kernels::convert(grads, half);
-    work_ = group.all_reduce_async(half, comm::ReduceOp::sum);
+    work_ = start(half);
   }
   void wait() override {
     if (done_) return;
@@ -150,16 +153,19 @@ LossScaler loss_scaler_for(const OptimConfig& t) {
   return LossScaler::dynamic(settings);
 }
 
-// Combines the optimizer's statistics of each split parameter over the ranks that hold its
-// parts: the tensor-parallel group for a parameter split tp ways, the k neighbouring ranks of a
-// layer at degree k < tp (each replica group of them on its own).
-std::unique_ptr<optim::ShardReducer> shard_reducer(const model::ParamLayout& layout,
+// Combines the optimizer's statistics of each split parameter of `flat` (the optimizer's
+// layout: the whole layout, or ZeRO's owned parts) over the ranks that hold its parts: the
+// tensor-parallel group for a parameter split tp ways, the k neighbouring ranks of a layer at
+// degree k < tp (each replica group of them on its own).
+std::unique_ptr<optim::ShardReducer> shard_reducer(const optim::FlatLayout& flat,
+                                                   const model::ParamLayout& layout,
                                                    comm::Communicator& tp,
                                                    const ops::TpSubgroups& tp_subgroup) {
   std::vector<comm::Communicator*> groups;
-  for (const model::ParamSpec& p : layout.params()) {
+  for (const optim::ParamSlot& slot : flat.params) {
+    const model::ParamSpec& p = layout.find(slot.name);
     comm::Communicator* group = nullptr;
-    if (p.parts > 1 && p.sharding != model::Sharding::replicated) {
+    if (slot.split_dim >= 0) {
       OASES_ASSERT(p.parts == tp.size() || tp_subgroup,
                    "parameter {} in {} parts needs the "
                    "tensor-parallel sub-groups",
@@ -198,10 +204,10 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       reduce_in_bf16_(config.train.grad_reduce_dtype == "bf16"),
       sync_every_(config.parallel.dp_sync_every),
       local_sgd_(config.parallel.dp_sync_every > 1 && dp_->size() > 1),
+      zero_stage_(static_cast<int>(config.parallel.zero)),
+      tp_subgroup_(groups.tp_subgroup),
       model_(config.model, model_options(config, spec_, *tp_, *pp_, groups, gemm16_.paths)),
-      optimizer_(optim::make_optimizer(optimizer_config(config.train),
-                                       flat_layout(model_.layout(), model_.dtype()),
-                                       shard_reducer(model_.layout(), *tp_, groups.tp_subgroup))),
+      optimizer_(make_engine_optimizer(groups)),
       // With train.lr = 0 (Adafactor's relative step) every rate is 0, min_lr included.
       lr_schedule_{config.train.lr, config.train.lr == 0 ? 0.0 : config.train.min_lr,
                    config.train.warmup_steps, config.train.lr_decay_steps, config.train.steps},
@@ -230,6 +236,92 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       for (const auto& q : last_stage.params())
         if (p.name == q.name) tied_params_.push_back(p.name);
     }
+  }
+}
+
+std::vector<std::int64_t> TrainingEngine::ZeroBucket::counts() const {
+  std::vector<std::int64_t> out;
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) out.push_back(cuts[i + 1] - cuts[i]);
+  return out;
+}
+
+std::unique_ptr<optim::Optimizer> TrainingEngine::make_whole_optimizer() const {
+  const optim::FlatLayout whole = flat_layout(model_.layout(), model_.dtype());
+  return optim::make_optimizer(optimizer_config(config_.train), whole,
+                               shard_reducer(whole, model_.layout(), *tp_, tp_subgroup_));
+}
+
+std::unique_ptr<optim::Optimizer> TrainingEngine::make_engine_optimizer(const ParallelGroups&) {
+  if (zero_stage_ == 0) return make_whole_optimizer();
+  const optim::FlatLayout whole = flat_layout(model_.layout(), model_.dtype());
+  const optim::OptimizerConfig settings = optimizer_config(config_.train);
+  // Where the optimizer may cut a parameter depends on its kind alone: ask one over no
+  // parameters.
+  const std::unique_ptr<optim::Optimizer> probe =
+      optim::make_optimizer(settings, optim::FlatLayout{{}, 0, whole.dtype});
+  std::vector<optim::OwnedRange> owned;
+  for (const model::Model::Bucket& b : model_.grad_buckets()) {
+    comm::Communicator* group = reduction_group(b);
+    if (group == nullptr || group->size() == 1) {
+      owned.push_back({b.begin, b.end});
+      continue;
+    }
+    ZeroBucket& zero = zero_buckets_[b.id];
+    zero.group = group;
+    zero.cuts = optim::partition_range(whole, b.begin, b.end, group->size(),
+                                       [&](const optim::ParamSlot& p) {
+                                         return probe->accepts_cut(p);
+                                       });
+    const auto block = static_cast<std::size_t>(group->rank());
+    owned.push_back({zero.cuts[block], zero.cuts[block + 1]});
+  }
+  const optim::FlatLayout mine = optim::owned_layout(whole, owned);
+  return optim::make_optimizer(settings, mine,
+                               shard_reducer(mine, model_.layout(), *tp_, tp_subgroup_));
+}
+
+std::int64_t TrainingEngine::owned_start(const optim::StateTensor& state) const {
+  const auto& parts = optimizer_->layout().params;
+  const auto part = std::ranges::find(parts, state.param, &optim::ParamSlot::name);
+  OASES_ASSERT(part != parts.end() && state.elementwise,
+               "optimizer state {} of a part of {} that is not element-wise", state.name,
+               state.param);
+  return part->offset - model_.layout().find(state.param).offset;
+}
+
+void TrainingEngine::save_whole_optimizer_state(
+    const std::function<void(optim::Optimizer&)>& save) {
+  if (zero_buckets_.empty()) return save(*optimizer_);
+  const std::unique_ptr<optim::Optimizer> whole = make_whole_optimizer();
+  std::map<std::string, Tensor> whole_views;
+  for (const optim::StateTensor& s : whole->state_tensors()) whole_views.emplace(s.name, s.view);
+  // Each element of the state is this rank's or zero here; a sum over the owners then leaves
+  // every value exactly as its owner holds it.
+  for (const optim::StateTensor& s : optimizer_->state_tensors()) {
+    const Tensor& target = whole_views.at(s.name);
+    kernels::copy(s.view, target.numel() == s.view.numel()
+                              ? target.reshaped(s.view.shape())
+                              : target.view(owned_start(s), {s.view.numel()}));
+  }
+  for (const optim::StateTensor& s : whole->state_tensors()) {
+    const auto zero = zero_buckets_.find(model_.layout().find(s.param).group);
+    if (zero != zero_buckets_.end()) zero->second.group->all_reduce(s.view, comm::ReduceOp::sum);
+  }
+  save(*whole);
+}
+
+void TrainingEngine::load_whole_optimizer_state(
+    const std::function<void(optim::Optimizer&)>& load) {
+  if (zero_buckets_.empty()) return load(*optimizer_);
+  const std::unique_ptr<optim::Optimizer> whole = make_whole_optimizer();
+  load(*whole);
+  std::map<std::string, Tensor> whole_views;
+  for (const optim::StateTensor& s : whole->state_tensors()) whole_views.emplace(s.name, s.view);
+  for (const optim::StateTensor& s : optimizer_->state_tensors()) {
+    const Tensor& source = whole_views.at(s.name);
+    kernels::copy(source.numel() == s.view.numel() ? source.reshaped(s.view.shape())
+                                                   : source.view(owned_start(s), {s.view.numel()}),
+                  s.view);
   }
 }
 
@@ -349,10 +441,7 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
     if (auto work = reduce_bucket(bucket)) reductions.push_back(std::move(work));
   };
   hooks.optimizer_step = [&] {
-    const Stopwatch waited;
-    for (auto& work : reductions) work->wait();
-    sum_tied_gradients();
-    result.exposed_comm_seconds += waited.seconds();
+    finish_reductions(reductions, result);
     apply_update(step, loss_scale, result);
   };
   // A causal language model counts every target; a masked one only the masked positions, which
@@ -397,8 +486,7 @@ void TrainingEngine::apply_update(std::int64_t step, double loss_scale, StepResu
     result.skipped = true;
     return;
   }
-  optimizer_->step(model_.params(), model_.grads(), {learning_rate(step), step + 1});
-  model_.refresh_compute_params();
+  step_optimizer(step);
 }
 
 void TrainingEngine::stop_on_non_finite_gradient(std::int64_t step, double norm) const {
@@ -421,19 +509,67 @@ void TrainingEngine::stop_on_non_finite_gradient(std::int64_t step, double norm)
              step + 1, norm, first, advice);
 }
 
+comm::Communicator* TrainingEngine::reduction_group(const model::Model::Bucket& b) {
+  if (b.layer >= 0 && model_.layer_degree(b.layer) < tp_->size()) {
+    OASES_ASSERT(tp_replica_group_, "layer {} at degree {} needs the replica groups", b.layer,
+                 model_.layer_degree(b.layer));
+    return &tp_replica_group_(model_.layer_degree(b.layer));
+  }
+  return dp_->size() == 1 || local_sgd_ ? nullptr : dp_;
+}
+
 std::unique_ptr<comm::Work> TrainingEngine::reduce_bucket(int bucket) {
   const model::Model::Bucket& b = model_.bucket(bucket);
   const Tensor grads = model_.grads().view(b.begin, {b.end - b.begin});
-  const int degree = model_.layer_degree(b.layer);
-  comm::Communicator* group = dp_;
-  if (b.layer >= 0 && degree < tp_->size()) {
-    OASES_ASSERT(tp_replica_group_, "layer {} at degree {} needs the replica groups", b.layer, degree);
-    group = &tp_replica_group_(degree);
-  } else if (dp_->size() == 1 || local_sgd_) {
-    return nullptr;
+  comm::Communicator* group = reduction_group(b);
+  if (group == nullptr) return nullptr;
+  const auto zero = zero_buckets_.find(b.id);
+  // ZeRO: each rank receives the sum of its own block only (in place).
+  const auto start = [&](const Tensor& buffer) {
+    return zero == zero_buckets_.end()
+               ? group->all_reduce_async(buffer, comm::ReduceOp::sum)
+               : group->reduce_scatter_blocks_async(buffer, zero->second.counts(),
+                                                    comm::ReduceOp::sum);
+  };
+  if (reduce_in_bf16_) return std::make_unique<Bf16Reduction>(grads, start);
+  return start(grads);
+}
+
+void TrainingEngine::finish_reductions(std::vector<std::unique_ptr<comm::Work>>& reductions,
+                                       StepResult& result) {
+  const Stopwatch waited;
+  for (auto& work : reductions) work->wait();
+  // ZeRO: the two stages holding a tied parameter cut it differently (it sits in different
+  // buckets there), so each first gathers its reduced gradient whole over its own group.
+  std::vector<std::unique_ptr<comm::Work>> gathers;
+  for (const std::string& name : tied_params_) {
+    const model::ParamSpec& p = model_.layout().find(name);
+    const auto zero = zero_buckets_.find(p.group);
+    if (zero == zero_buckets_.end()) continue;
+    std::vector<std::int64_t> counts;
+    const std::vector<std::int64_t>& cuts = zero->second.cuts;
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i)
+      counts.push_back(std::max<std::int64_t>(0, std::min(cuts[i + 1], p.offset + p.numel()) -
+                                                     std::max(cuts[i], p.offset)));
+    gathers.push_back(zero->second.group->all_gather_blocks_async(
+        model_.layout().view(model_.grads(), p), std::move(counts)));
   }
-  if (reduce_in_bf16_) return std::make_unique<Bf16Reduction>(grads, *group);
-  return group->all_reduce_async(grads, comm::ReduceOp::sum);
+  for (auto& work : gathers) work->wait();
+  sum_tied_gradients();
+  result.exposed_comm_seconds += waited.seconds();
+}
+
+void TrainingEngine::step_optimizer(std::int64_t step) {
+  optimizer_->step(model_.params(), model_.grads(), {learning_rate(step), step + 1});
+  // ZeRO: every rank's updated blocks to every rank of the bucket's group.
+  std::vector<std::unique_ptr<comm::Work>> gathers;
+  for (const auto& [id, zero] : zero_buckets_) {
+    const model::Model::Bucket& b = model_.bucket(id);
+    gathers.push_back(zero.group->all_gather_blocks_async(
+        model_.params().view(b.begin, {b.end - b.begin}), zero.counts()));
+  }
+  for (auto& work : gathers) work->wait();
+  model_.refresh_compute_params();
 }
 
 void TrainingEngine::sum_tied_gradients() {
@@ -462,17 +598,36 @@ double TrainingEngine::model_sum_of_squares(const Tensor& flat) {
   // Every rank of the tensor-parallel group holds the same values for a parameter with one
   // part (replicated, or a layer at degree 1): it counts once. A parameter in k parts is held
   // by tp / k replicas of each part: the first replica (ranks below k) counts it, and the group
-  // sums.
-  double sharded = 0, replicated = 0;
+  // sums. Under ZeRO (a partitioned bucket) each rank counts only its block, whose values only
+  // it holds reduced: a replicated parameter's blocks are summed over the data-parallel group
+  // (each tensor-parallel rank holds the same ones); a split parameter's, and every block of a
+  // bucket partitioned over a layer's replica group (tensor- and data-parallel ranks at once),
+  // over both groups.
+  double sharded = 0, replicated = 0, replicated_blocks = 0, sharded_blocks = 0;
   for (const auto& p : model_.layout().params()) {
     // A tied parameter's copies on the first and last stage hold the same values: the first
     // stage counts it.
     if (pp_->rank() > 0 && std::ranges::find(tied_params_, p.name) != tied_params_.end())
       continue;
+    const auto zero = zero_buckets_.find(p.group);
+    if (zero != zero_buckets_.end()) {
+      const auto block = static_cast<std::size_t>(zero->second.group->rank());
+      const std::int64_t lo = std::max(p.offset, zero->second.cuts[block]);
+      const std::int64_t hi = std::min(p.offset + p.numel(), zero->second.cuts[block + 1]);
+      const double squares = lo < hi ? optim::sum_of_squares(flat, lo, hi) : 0.0;
+      (p.parts == 1 && zero->second.group == dp_ ? replicated_blocks : sharded_blocks) += squares;
+      continue;
+    }
     const double squares = p.parts == 1 || tp_->rank() < p.parts
                                ? optim::sum_of_squares(flat, p.offset, p.offset + p.numel())
                                : 0.0;
     (p.parts == 1 ? replicated : sharded) += squares;
+  }
+  if (!zero_buckets_.empty()) {
+    double blocks[2] = {replicated_blocks, sharded_blocks};
+    dp_->all_reduce(Tensor::of(blocks, {2}), comm::ReduceOp::sum);
+    replicated += blocks[0];
+    sharded += blocks[1];
   }
   double squares = sum_over(*tp_, sharded) + replicated;
   if (pp_->size() > 1) squares = sum_over(*pp_, squares);
@@ -556,19 +711,15 @@ void TrainingEngine::set_stashed_weights(const Tensor& values, std::int64_t step
 
 void TrainingEngine::step_2bw_batch(std::vector<std::unique_ptr<comm::Work>>& reductions,
                                     StepResult& result) {
-  const Stopwatch waited;
-  for (auto& work : reductions) work->wait();
+  finish_reductions(reductions, result);
   reductions.clear();
-  sum_tied_gradients();
-  result.exposed_comm_seconds += waited.seconds();
   // W(b + 1) = W(b) - update(gradient of batch b at W(b - 1)): the batch stepped is the newest
   // version's number.
   const std::int64_t batch = versions_->newest();
   result.grad_norm = clip_gradients();
   if (!std::isfinite(result.grad_norm)) stop_on_non_finite_gradient(batch, result.grad_norm);
   versions_->begin_update();
-  optimizer_->step(model_.params(), model_.grads(), {learning_rate(batch), batch + 1});
-  model_.refresh_compute_params();
+  step_optimizer(batch);
   model_.zero_grads();  // the next batch's backwards accumulate from zero
 }
 

@@ -94,7 +94,18 @@ class TrainingEngine {
   // infinity before the norm is taken, as an fp16 overflow would. Every rank must be told alike.
   void inject_gradient_overflow(std::int64_t step) { injected_overflow_step_ = step; }
   const RunConfig& config() const { return config_; }
+  // This rank's optimizer. Under parallel.zero >= 1 it owns the state of this rank's blocks
+  // only (optim/zero_partition.h): its layout holds those parts at their flat offsets.
   optim::Optimizer& optimizer() { return *optimizer_; }
+  // Checkpoints see the optimizer state of the whole layout. Without ZeRO that is optimizer();
+  // under ZeRO a whole-layout optimizer is assembled for the call: `save` gets one holding every
+  // rank's parts (gathered over the groups that own them), `load` a fresh one to fill, whose
+  // parts each rank then keeps. Every rank calls alike (collective over the data-parallel
+  // groups); the whole state lives only during the call.
+  void save_whole_optimizer_state(const std::function<void(optim::Optimizer&)>& save);
+  void load_whole_optimizer_state(const std::function<void(optim::Optimizer&)>& load);
+  // parallel.zero in effect (0 when no bucket is summed over more than one rank).
+  int zero_stage() const { return zero_buckets_.empty() ? 0 : zero_stage_; }
   // The schedule of training steps (auto settings resolved).
   const schedule::ScheduleSpec& schedule_spec() const { return spec_; }
   // The instruction list run for `sequences` local rows (training or forward only); verified
@@ -195,6 +206,21 @@ class TrainingEngine {
   // data-parallel ones at once) when it runs below tp, else over the data-parallel group;
   // null when there is nothing to sum.
   std::unique_ptr<comm::Work> reduce_bucket(int bucket);
+  // The group that sums bucket `bucket`'s gradients (null: none), as reduce_bucket uses it.
+  comm::Communicator* reduction_group(const model::Model::Bucket& bucket);
+  // Waits for the step's gradient reductions, then makes the tied parameters' gradients whole
+  // and equal on both stages that hold them.
+  void finish_reductions(std::vector<std::unique_ptr<comm::Work>>& reductions, StepResult& result);
+  // The optimizer's update with learning rate of step `step` (0-based), then, under ZeRO, every
+  // rank's updated blocks gathered, and the 16-bit copy refreshed.
+  void step_optimizer(std::int64_t step);
+  // ZeRO: the owned layout and the optimizer over it (or the whole layout without ZeRO).
+  std::unique_ptr<optim::Optimizer> make_engine_optimizer(const ParallelGroups& groups);
+  // ZeRO: where the part of a parameter that optimizer state `state` (of a cut parameter, so
+  // element-wise) belongs to starts in the whole parameter.
+  std::int64_t owned_start(const optim::StateTensor& state) const;
+  // A fresh optimizer over the whole layout of this rank.
+  std::unique_ptr<optim::Optimizer> make_whole_optimizer() const;
 
   // The batch whose last backwards a 2bw call left for the next one: its step, tokens, and
   // the context its instructions run in.
@@ -234,6 +260,17 @@ class TrainingEngine {
   std::int64_t sync_every_ = 1;
   bool local_sgd_ = false;
   std::optional<std::int64_t> injected_overflow_step_;
+  // parallel.zero >= 1: for each gradient bucket summed over a group of more than one rank,
+  // that group and the cuts of its blocks (optim::partition_range); this rank owns block
+  // group->rank(). Buckets summed by nobody are not partitioned.
+  struct ZeroBucket {
+    comm::Communicator* group = nullptr;
+    std::vector<std::int64_t> cuts;
+    std::vector<std::int64_t> counts() const;
+  };
+  int zero_stage_ = 0;
+  std::map<int, ZeroBucket> zero_buckets_;
+  ops::TpSubgroups tp_subgroup_;
   model::Model model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LrSchedule lr_schedule_;

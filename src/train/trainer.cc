@@ -161,8 +161,10 @@ std::int64_t restore(const RunConfig& config, const TrainOptions& options,
     if (const auto& latest = resume_from) {
       load_model_weights((std::filesystem::path(*latest) / io::kModelFile).string(),
                          engine.model().layout(), engine.model().params());
-      const TrainingState state =
-          load_optimizer_state(*latest, engine.model().layout(), engine.optimizer());
+      TrainingState state;
+      engine.load_whole_optimizer_state([&](optim::Optimizer& whole) {
+        state = load_optimizer_state(*latest, engine.model().layout(), whole);
+      });
       OASES_CHECK(state.seed == static_cast<std::uint64_t>(config.train.seed),
                   "checkpoint '{}' was trained with train.seed = {} but the config says {}; "
                   "resume with the same seed",
@@ -523,12 +525,16 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
                             static_cast<double>(dtype_size(engine.model().activation_dtype())) / mib,
                         t.precision)
           : std::string();
+  const std::string zero =
+      engine.zero_stage() > 0
+          ? fmt::format("; ZeRO-{}: the state of this rank's blocks only", engine.zero_stage())
+          : std::string();
   log_info("memory per rank: parameters {:.1f} MiB{}, gradients {:.1f} MiB, optimizer state "
-           "{:.1f} MiB ({}, {} bytes, {:.3g} bytes per parameter), activations {:.1f} MiB",
+           "{:.1f} MiB ({}, {} bytes, {:.3g} bytes per parameter{}), activations {:.1f} MiB",
            weights, working_copy, weights,
            static_cast<double>(engine.optimizer().state_bytes()) / mib,
            engine.optimizer().name(), engine.optimizer().state_bytes(),
-           engine.optimizer().state_bytes_per_parameter(),
+           engine.optimizer().state_bytes_per_parameter(), zero,
            static_cast<double>(engine.activation_bytes()) / mib);
   const schedule::ScheduleSpec& spec = engine.schedule_spec();
   const std::string& compression = config.parallel.activation_compression;
@@ -774,17 +780,20 @@ class Run {
     const bool leader = mesh_.world_rank() == 0;
     // Cleaning and early pruning are rare and change what is on disk: said even with --quiet.
     ProgressLine* progress = progress_ ? &*progress_ : nullptr;
-    std::string saved = save_checkpoint(
-        c.dir, stored_config_, engine_.model(), engine_.optimizer(), state,
-        data_->tokenizer ? data_->tokenizer->model_file_contents() : std::string(), c.keep,
-        mesh_.tp_group(), mesh_.pp_group(), leader,
-        [progress](const std::string& what) {
-          if (progress)
-            progress->log(LogLevel::warning, "checkpoint: " + what);
-          else
-            log_warning("checkpoint: {}", what);
-        },
-        engine_.stashed_weights());
+    std::string saved;
+    engine_.save_whole_optimizer_state([&](optim::Optimizer& whole) {
+      saved = save_checkpoint(
+          c.dir, stored_config_, engine_.model(), whole, state,
+          data_->tokenizer ? data_->tokenizer->model_file_contents() : std::string(), c.keep,
+          mesh_.tp_group(), mesh_.pp_group(), leader,
+          [progress](const std::string& what) {
+            if (progress)
+              progress->log(LogLevel::warning, "checkpoint: " + what);
+            else
+              log_warning("checkpoint: {}", what);
+          },
+          engine_.stashed_weights());
+    });
     mesh_.world().barrier();  // the checkpoint exists for every rank once this returns
     if (progress) progress->log(LogLevel::info, fmt::format("saved checkpoint {}", saved));
     return saved;

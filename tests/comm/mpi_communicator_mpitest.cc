@@ -328,6 +328,61 @@ TEST(MpiCommunicator, ChunkedOperationsMatchUnchunkedResults) {
   }
 }
 
+// reduce_scatter_blocks and all_gather_blocks over blocks of unequal sizes (empty ones too),
+// whole and in chunks, against the same result formed here from every rank's contribution;
+// and the base class's versions (SelfCommunicator: a group of one) leave a lone block as it is.
+TEST(MpiCommunicator, BlockCollectivesOwnAndGatherUnequalBlocks) {
+  for (std::int64_t limit : {std::int64_t{1} << 20, std::int64_t{3}}) {
+    SCOPED_TRACE(::testing::Message() << "max_elements_per_call = " << limit);
+    MpiCommunicatorOptions options = test_options();
+    options.max_elements_per_call = limit;
+    MpiCommunicator c(MPI_COMM_WORLD, "blocks", options);
+    const int n = c.size(), me = c.rank();
+    for (const std::int64_t shift : {0, 1, 5}) {
+      // Block r holds (r * 3 + shift) % 7 elements: some empty, none equal to the next.
+      std::vector<std::int64_t> counts;
+      std::int64_t total = 0, mine = 0;
+      for (int r = 0; r < n; ++r) {
+        counts.push_back((r * 3 + shift) % 7);
+        if (r == me) mine = total;
+        total += counts.back();
+      }
+      std::vector<double> buffer(static_cast<std::size_t>(total));
+      for (std::int64_t i = 0; i < total; ++i)
+        buffer[static_cast<std::size_t>(i)] = static_cast<double>(contribution(me, i));
+      const std::vector<double> before = buffer;
+      c.reduce_scatter_blocks_async(Tensor::of(buffer.data(), {total}), counts, ReduceOp::sum)
+          ->wait();
+      for (std::int64_t i = mine; i < mine + counts[static_cast<std::size_t>(me)]; ++i)
+        EXPECT_EQ(buffer[static_cast<std::size_t>(i)],
+                  static_cast<double>(reduced(ReduceOp::sum, n, i)))
+            << "element " << i;
+      // Every block gets its owner's values; mark them with the owner's rank.
+      std::int64_t at = 0;
+      for (int r = 0; r < n; ++r) {
+        for (std::int64_t i = at; i < at + counts[static_cast<std::size_t>(r)]; ++i)
+          buffer[static_cast<std::size_t>(i)] =
+              r == me ? before[static_cast<std::size_t>(i)] + 1000.0 * r : -1.0;
+        at += counts[static_cast<std::size_t>(r)];
+      }
+      c.all_gather_blocks_async(Tensor::of(buffer.data(), {total}), counts)->wait();
+      at = 0;
+      for (int r = 0; r < n; ++r) {
+        for (std::int64_t i = at; i < at + counts[static_cast<std::size_t>(r)]; ++i)
+          EXPECT_EQ(buffer[static_cast<std::size_t>(i)],
+                    static_cast<double>(contribution(r, i)) + 1000.0 * r)
+              << "element " << i << " of rank " << r << "'s block";
+        at += counts[static_cast<std::size_t>(r)];
+      }
+    }
+  }
+  SelfCommunicator self;
+  std::vector<float> lone{1, 2, 3};
+  self.reduce_scatter_blocks_async(Tensor::of(lone.data(), {3}), {3}, ReduceOp::sum)->wait();
+  self.all_gather_blocks_async(Tensor::of(lone.data(), {3}), {3})->wait();
+  EXPECT_EQ(lone, (std::vector<float>{1, 2, 3}));
+}
+
 TEST(MpiCommunicator, ManyAsyncOperationsCompleteInIssueOrder) {
   MpiCommunicator c(MPI_COMM_WORLD, "order", test_options());
   constexpr int kOps = 60;
