@@ -319,9 +319,14 @@ Model::Model(const ModelConfig& config, ModelOptions options)
                                options_.layer_degrees, options_.layer_ranges);
   const auto bytes = static_cast<std::size_t>(layout_.total_numel()) * dtype_size(options_.dtype);
   param_buffer_ = Buffer(bytes);
-  grad_buffer_ = Buffer(bytes);
   params_ = param_buffer_.tensor(options_.dtype, {layout_.total_numel()});
-  grads_ = grad_buffer_.tensor(options_.dtype, {layout_.total_numel()});
+  if (options_.pageable_grads) {
+    pageable_grad_buffer_ = PageableBuffer(bytes);
+    grads_ = pageable_grad_buffer_.tensor(options_.dtype, {layout_.total_numel()});
+  } else {
+    grad_buffer_ = Buffer(bytes);
+    grads_ = grad_buffer_.tensor(options_.dtype, {layout_.total_numel()});
+  }
   if (options_.mixed_precision) {
     const DType half = *options_.mixed_precision;
     compute_param_buffer_ =
@@ -357,7 +362,29 @@ const Model::Bucket& Model::bucket(int id) const {
   __builtin_unreachable();
 }
 
-void Model::zero_grads() { kernels::zero(grads_); }
+void Model::zero_grads() {
+  if (options_.pageable_grads) {
+    pageable_grad_buffer_.release(0, pageable_grad_buffer_.bytes());
+  } else {
+    kernels::zero(grads_);
+  }
+}
+
+void Model::release_grads(std::int64_t begin, std::int64_t end) {
+  OASES_ASSERT(0 <= begin && begin <= end && end <= grads_.numel(),
+               "release of gradients [{}, {}) of {}", begin, end, grads_.numel());
+  if (!options_.pageable_grads) {
+    kernels::zero(grads_.view(begin, {end - begin}));
+    return;
+  }
+  const std::size_t element = dtype_size(options_.dtype);
+  pageable_grad_buffer_.release(static_cast<std::size_t>(begin) * element,
+                                static_cast<std::size_t>(end - begin) * element);
+}
+
+std::size_t Model::resident_grad_bytes() const {
+  return options_.pageable_grads ? pageable_grad_buffer_.resident_bytes() : grads_.nbytes();
+}
 
 void Model::initialize(std::uint64_t seed) {
   initialize_parameters(layout_, config_.layers, seed, params_);

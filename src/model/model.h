@@ -22,6 +22,7 @@
 #include "model/param_layout.h"
 #include "ops/activation_store.h"
 #include "ops/context.h"
+#include "core/pageable_buffer.h"
 #include "ops/program.h"
 #include "ops/segment.h"
 
@@ -66,6 +67,9 @@ struct ModelOptions {
   // The chunks this instance holds, in model order, each non-empty and after the one before
   // (gaps allowed): replaces first_layer and end_layer when not empty.
   std::vector<LayerRange> layer_ranges;
+  // The gradients in pages the operating system can take back (core/pageable_buffer.h):
+  // release_grads() gives ranges back, zero_grads() gives back all (ZeRO-2).
+  bool pageable_grads = false;
 };
 
 class Model {
@@ -104,7 +108,13 @@ class Model {
   void refresh_compute_params();
   std::int64_t param_count() const { return layout_.total_numel(); }  // incl. alignment padding
 
+  // Gradients := 0 (with pageable_grads: every page given back).
   void zero_grads();
+  // Gradients of elements [begin, end) := 0; with pageable_grads their whole pages are given
+  // back to the operating system. The bytes of gradient pages resident now (every byte without
+  // pageable_grads).
+  void release_grads(std::int64_t begin, std::int64_t end);
+  std::size_t resident_grad_bytes() const;
   // Layout-invariant Philox initialisation (compute_params() refreshed).
   void initialize(std::uint64_t seed);
 
@@ -134,6 +144,7 @@ class Model {
   std::unique_ptr<Architecture> architecture_;
   ParamLayout layout_;
   Buffer param_buffer_, grad_buffer_, compute_param_buffer_;
+  PageableBuffer pageable_grad_buffer_;  // instead of grad_buffer_ with pageable_grads
   Tensor params_, grads_, compute_params_;
   Arena arena_;
   ops::ActivationStore store_;

@@ -781,9 +781,9 @@ void RunConfig::validate() const {
               "parallel.zero = {} is not a ZeRO stage; valid: 0 (none), 1 (optimizer state "
               "partitioned), 2 (and gradients), 3 (and parameters)",
               p.zero);
-  OASES_CHECK(p.zero <= 1,
-              "parallel.zero = {} is not available yet (gradients and parameters stay whole on "
-              "every rank); valid: 0, or 1 (optimizer state partitioned)",
+  OASES_CHECK(p.zero <= 2,
+              "parallel.zero = {} is not available yet (parameters stay whole on every rank); "
+              "valid: 0, 1 (optimizer state partitioned) or 2 (and gradients)",
               p.zero);
   OASES_CHECK(p.zero == 0 || p.dp_sync_every == 1,
               "parallel.zero = {} with parallel.dp_sync_every = {}: local SGD keeps a whole "

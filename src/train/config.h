@@ -59,7 +59,9 @@ struct ParallelConfig {
   // ZeRO over the group that sums each gradient bucket (the data-parallel group; with a layer
   // below tp, its replica group): 0 none; 1 each rank keeps the optimizer state of its own
   // 1/n block of every bucket, receives only that block's gradient sum, updates it and gathers
-  // the others' updated blocks (optim/zero_partition.h). 2 and 3 are not available yet.
+  // the others' updated blocks (optim/zero_partition.h); 2 also keeps only its blocks of the
+  // gradients once a bucket is reduced (model::ModelOptions::pageable_grads). 3 is not
+  // available yet.
   std::int64_t zero = 0;
   double comm_timeout_s = 300;    // a collective not done after this aborts the job; 0: never
   // Every rank must have started and met the others within this many seconds of starting,

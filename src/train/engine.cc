@@ -72,6 +72,7 @@ model::ModelOptions model_options(const RunConfig& config, const schedule::Sched
   o.tp_subgroup = groups.tp_subgroup;
   for (const auto& [begin, end] : stage_layer_ranges(config, pp.rank()))
     o.layer_ranges.push_back({begin, end});
+  o.pageable_grads = config.parallel.zero >= 2;
   return o;
 }
 
@@ -531,14 +532,50 @@ std::unique_ptr<comm::Work> TrainingEngine::reduce_bucket(int bucket) {
                : group->reduce_scatter_blocks_async(buffer, zero->second.counts(),
                                                     comm::ReduceOp::sum);
   };
-  if (reduce_in_bf16_) return std::make_unique<Bf16Reduction>(grads, start);
-  return start(grads);
+  std::unique_ptr<comm::Work> work = reduce_in_bf16_
+                                         ? std::make_unique<Bf16Reduction>(grads, start)
+                                         : start(grads);
+  if (zero_stage_ >= 2 && zero != zero_buckets_.end()) {
+    // ZeRO-2: the other ranks' blocks of a bucket go back to the operating system as soon as
+    // its reduction is seen complete (here, as later buckets start, and at the latest when the
+    // optimizer step waits for them all).
+    release_reduced_blocks(false);
+    unreleased_.push_back({work.get(), b.id});
+  }
+  return work;
+}
+
+void TrainingEngine::release_reduced_blocks(bool wait) {
+  std::erase_if(unreleased_, [&](const UnreleasedBucket& pending) {
+    if (!wait && !pending.reduction->test()) return false;
+    pending.reduction->wait();  // a bf16 reduction widens its result here
+    const ZeroBucket& zero = zero_buckets_.at(pending.bucket);
+    const model::Model::Bucket& b = model_.bucket(pending.bucket);
+    const auto block = static_cast<std::size_t>(zero.group->rank());
+    model_.release_grads(b.begin, zero.cuts[block]);
+    model_.release_grads(zero.cuts[block + 1], b.end);
+    return true;
+  });
+}
+
+void TrainingEngine::for_each_owned_range(
+    const std::function<void(std::int64_t, std::int64_t)>& visit) const {
+  for (const model::Model::Bucket& b : model_.grad_buckets()) {
+    const auto zero = zero_buckets_.find(b.id);
+    if (zero == zero_buckets_.end()) {
+      visit(b.begin, b.end);
+      continue;
+    }
+    const auto block = static_cast<std::size_t>(zero->second.group->rank());
+    visit(zero->second.cuts[block], zero->second.cuts[block + 1]);
+  }
 }
 
 void TrainingEngine::finish_reductions(std::vector<std::unique_ptr<comm::Work>>& reductions,
                                        StepResult& result) {
   const Stopwatch waited;
   for (auto& work : reductions) work->wait();
+  release_reduced_blocks(true);
   // ZeRO: the two stages holding a tied parameter cut it differently (it sits in different
   // buckets there), so each first gathers its reduced gradient whole over its own group.
   std::vector<std::unique_ptr<comm::Work>> gathers;
@@ -560,13 +597,21 @@ void TrainingEngine::finish_reductions(std::vector<std::unique_ptr<comm::Work>>&
 }
 
 void TrainingEngine::step_optimizer(std::int64_t step) {
-  optimizer_->step(model_.params(), model_.grads(), {learning_rate(step), step + 1});
-  // ZeRO: every rank's updated blocks to every rank of the bucket's group.
+  const optim::StepInfo info{learning_rate(step), step + 1};
+  if (zero_buckets_.empty()) {
+    optimizer_->step(model_.params(), model_.grads(), info);
+    model_.refresh_compute_params();
+    return;
+  }
+  // ZeRO: bucket by bucket, in the order the next forward reads them, so that the gather of
+  // one bucket's updated blocks travels while the next bucket's blocks are updated.
   std::vector<std::unique_ptr<comm::Work>> gathers;
-  for (const auto& [id, zero] : zero_buckets_) {
-    const model::Model::Bucket& b = model_.bucket(id);
-    gathers.push_back(zero.group->all_gather_blocks_async(
-        model_.params().view(b.begin, {b.end - b.begin}), zero.counts()));
+  for (const model::Model::Bucket& b : model_.grad_buckets()) {
+    optimizer_->step(model_.params(), model_.grads(), b.begin, b.end, info);
+    const auto zero = zero_buckets_.find(b.id);
+    if (zero == zero_buckets_.end()) continue;
+    gathers.push_back(zero->second.group->all_gather_blocks_async(
+        model_.params().view(b.begin, {b.end - b.begin}), zero->second.counts()));
   }
   for (auto& work : gathers) work->wait();
   model_.refresh_compute_params();
@@ -667,7 +712,13 @@ double TrainingEngine::clip_gradients(double loss_scale) {
   if (!std::isfinite(norm)) return norm;
   const double clip =
       config_.train.grad_clip > 0 ? optim::clip_coefficient(norm, config_.train.grad_clip) : 1.0;
-  if (config_.train.grad_clip > 0 || loss_scale != 1) optim::scale(grads, clip / loss_scale);
+  if (config_.train.grad_clip > 0 || loss_scale != 1) {
+    // Only the blocks this rank updates (all of them without ZeRO): under ZeRO-2 the rest of
+    // the array is not even resident.
+    for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
+      optim::scale(grads.view(begin, {end - begin}), clip / loss_scale);
+    });
+  }
   return norm;
 }
 
@@ -676,14 +727,24 @@ std::size_t TrainingEngine::activation_bytes() {
          schedule::peak_activation_bytes(model_.program(), schedule_for(local_batch(), true));
 }
 
-std::size_t TrainingEngine::memory_bytes() {
-  // Parameters and gradients (and 2bw's second weight version), the optimizer's state, and
-  // activations.
-  // (Under mixed precision, the 16-bit copy of the parameters too.)
+MemoryFigures TrainingEngine::memory_figures() {
   const auto count = static_cast<std::size_t>(model_.param_count());
-  return (two_bw_ ? 3 : 2) * count * dtype_size(model_.dtype()) +
-         (model_.mixed_precision() ? count * dtype_size(model_.activation_dtype()) : 0) +
-         optimizer_->state_bytes() + activation_bytes();
+  const std::size_t element = dtype_size(model_.dtype());
+  MemoryFigures m;
+  m.working_copy = model_.mixed_precision() ? count * dtype_size(model_.activation_dtype()) : 0;
+  m.params = (two_bw_ ? 2 : 1) * count * element + m.working_copy;
+  m.grads = count * element;
+  if (zero_stage_ >= 2) {
+    // Between steps only this rank's blocks are resident (during a backward also the buckets
+    // not yet reduced).
+    m.grads = 0;
+    for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
+      m.grads += static_cast<std::size_t>(end - begin) * element;
+    });
+  }
+  m.optimizer = optimizer_->state_bytes();
+  m.activations = activation_bytes();
+  return m;
 }
 
 const schedule::LoweredRun& TrainingEngine::two_bw_run(schedule::TwoBwRun run) {

@@ -71,6 +71,19 @@ struct Gemm16Resolution {
   std::string description;  // "convert+sgemm (...reason...)"; empty without mixed precision
 };
 
+// Bytes one rank holds for a run, by kind: what the start-up line, run.json and every metrics
+// record report, and what memory_bytes() sums.
+struct MemoryFigures {
+  // The parameters: the master copy (f32, or f64 in fp64 runs), 2bw's second weight version,
+  // and under mixed precision the 16-bit copy forward and backward read (also in working_copy).
+  std::size_t params = 0;
+  std::size_t working_copy = 0;
+  std::size_t grads = 0;        // the gradient accumulators
+  std::size_t optimizer = 0;    // this rank's optimizer state (its own blocks under ZeRO)
+  std::size_t activations = 0;  // peak of a training step: slots, scratch and kept tensors
+  std::size_t total() const { return params + grads + optimizer + activations; }
+};
+
 class TrainingEngine {
  public:
   // Every rank of the groups constructs the engine with the same config; the groups must
@@ -169,7 +182,8 @@ class TrainingEngine {
 
   // Bytes this rank holds for the run: parameters, gradients, optimizer state, and the peak
   // of activations under the training schedule.
-  std::size_t memory_bytes();
+  MemoryFigures memory_figures();
+  std::size_t memory_bytes() { return memory_figures().total(); }
   // Peak activation bytes of a training step: slots and scratch plus the schedule's peak of
   // kept tensors (predicted from the program; the executor measures the same).
   std::size_t activation_bytes();
@@ -206,6 +220,12 @@ class TrainingEngine {
   // data-parallel ones at once) when it runs below tp, else over the data-parallel group;
   // null when there is nothing to sum.
   std::unique_ptr<comm::Work> reduce_bucket(int bucket);
+  // ZeRO-2: gives back the gradient pages outside this rank's block of every bucket whose
+  // reduction has completed (`wait`: of every bucket, waiting for them).
+  void release_reduced_blocks(bool wait);
+  // Calls visit(begin, end) for the flat range of every bucket this rank updates: its block
+  // of a partitioned bucket, the whole of any other.
+  void for_each_owned_range(const std::function<void(std::int64_t, std::int64_t)>& visit) const;
   // The group that sums bucket `bucket`'s gradients (null: none), as reduce_bucket uses it.
   comm::Communicator* reduction_group(const model::Model::Bucket& bucket);
   // Waits for the step's gradient reductions, then makes the tied parameters' gradients whole
@@ -270,6 +290,12 @@ class TrainingEngine {
   };
   int zero_stage_ = 0;
   std::map<int, ZeroBucket> zero_buckets_;
+  // ZeRO-2: reductions started whose buckets still hold the other ranks' blocks.
+  struct UnreleasedBucket {
+    comm::Work* reduction = nullptr;  // owned by the step's list of reductions
+    int bucket = 0;
+  };
+  std::vector<UnreleasedBucket> unreleased_;
   ops::TpSubgroups tp_subgroup_;
   model::Model model_;
   std::unique_ptr<optim::Optimizer> optimizer_;

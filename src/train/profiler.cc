@@ -178,14 +178,17 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     const auto& layer0 = engine.model().layout().groups().at(1);  // the first layer's parameters
     degree.parameter_bytes_per_layer = (layer0.second - layer0.first) * element;
     degree.parameter_bytes = engine.model().param_count() * element;
-    // Besides parameters and gradients: the optimizer's state and, under mixed precision, the
-    // 16-bit working copy of the parameters.
+    // Besides parameters and gradients: the optimizer's state (under ZeRO the blocks this rank
+    // owns, per parameter it holds) and, under mixed precision, the 16-bit working copy of the
+    // parameters.
     const double working_copy =
         engine.model().mixed_precision()
             ? static_cast<double>(dtype_size(engine.model().activation_dtype()))
             : 0.0;
     profile.optimizer_state_ratio =
-        (engine.optimizer().state_bytes_per_parameter() + working_copy) /
+        (static_cast<double>(engine.optimizer().state_bytes()) /
+             static_cast<double>(std::max<std::int64_t>(1, engine.model().param_count())) +
+         working_copy) /
         static_cast<double>(element);
     degree.static_activation_bytes =
         static_cast<std::int64_t>(engine.model().static_activation_bytes());

@@ -146,8 +146,10 @@ void check_memory_limit(const RunConfig& config, TrainingEngine& engine) {
   OASES_CHECK(needed <= config.parallel.memory_limit,
               "parallel.memory_limit = {} bytes is too small: this model needs {} bytes "
               "(parameters, gradients, optimizer state and activations for micro_batch = {}); "
-              "raise the limit or lower train.micro_batch or the model size",
-              config.parallel.memory_limit, needed, config.train.micro_batch);
+              "raise the limit, lower train.micro_batch or the model size, or partition the "
+              "optimizer state with parallel.zero = 1 (now {})",
+              config.parallel.memory_limit, needed, config.train.micro_batch,
+              config.parallel.zero);
 }
 
 // Resumes from `resume_from` (the newest checkpoint, when checkpoint.resume found one) or
@@ -394,14 +396,7 @@ void write_run_description(const RunConfig& config, TrainingEngine& engine, comm
   std::vector<int> degrees;
   for (std::int64_t l = 0; l < config.model.layers; ++l)
     degrees.push_back(engine.model().layer_degree(l));
-  const auto weights = static_cast<std::int64_t>(engine.model().param_count() *
-                                                 dtype_size(engine.model().dtype()));
-  // Mixed precision: the 16-bit copy forward and backward read, beside the fp32 master.
-  const auto working_copy =
-      engine.model().mixed_precision()
-          ? static_cast<std::int64_t>(engine.model().param_count() *
-                                      dtype_size(engine.model().activation_dtype()))
-          : std::int64_t{0};
+  const MemoryFigures memory = engine.memory_figures();
   nlohmann::json run = {
       {"format", 1},
       {"config", to_toml(config)},
@@ -418,13 +413,14 @@ void write_run_description(const RunConfig& config, TrainingEngine& engine, comm
       {"start_step", start_step},
       {"schedule", schedule_description(engine.schedule_spec())},
       {"activation_compression", config.parallel.activation_compression},
+      {"zero", engine.zero_stage()},
       {"memory_bytes",
-       {{"parameters", weights},
-        {"gradients", weights},
-        {"optimizer", static_cast<std::int64_t>(engine.optimizer().state_bytes())},
-        {"activations", static_cast<std::int64_t>(engine.activation_bytes())}}}};
-  if (working_copy > 0) {
-    run["memory_bytes"]["working_copy"] = working_copy;
+       {{"parameters", memory.params - memory.working_copy},
+        {"gradients", memory.grads},
+        {"optimizer", memory.optimizer},
+        {"activations", memory.activations}}}};
+  if (memory.working_copy > 0) {
+    run["memory_bytes"]["working_copy"] = memory.working_copy;
     run["gemm16_path"] = engine.gemm16().description;
   }
   write_file_atomically((metrics.parent_path() / "run.json").string(), run.dump(2) + "\n");
@@ -516,26 +512,27 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
              static_cast<double>(engine.memory_bytes()) / (1 << 20));
   }
   const double mib = 1 << 20;
-  const double weights = static_cast<double>(engine.model().param_count()) *
-                         static_cast<double>(dtype_size(engine.model().dtype())) / mib;
+  const MemoryFigures memory = engine.memory_figures();
   const std::string working_copy =
-      engine.model().mixed_precision()
-          ? fmt::format(" (+ {:.1f} MiB {} copy)",
-                        static_cast<double>(engine.model().param_count()) *
-                            static_cast<double>(dtype_size(engine.model().activation_dtype())) / mib,
+      memory.working_copy > 0
+          ? fmt::format(" (+ {:.1f} MiB {} copy)", static_cast<double>(memory.working_copy) / mib,
                         t.precision)
           : std::string();
   const std::string zero =
       engine.zero_stage() > 0
-          ? fmt::format("; ZeRO-{}: the state of this rank's blocks only", engine.zero_stage())
+          ? fmt::format("; ZeRO-{}: the state{} of this rank's blocks only", engine.zero_stage(),
+                        engine.zero_stage() >= 2 ? " and gradients" : "")
           : std::string();
   log_info("memory per rank: parameters {:.1f} MiB{}, gradients {:.1f} MiB, optimizer state "
-           "{:.1f} MiB ({}, {} bytes, {:.3g} bytes per parameter{}), activations {:.1f} MiB",
-           weights, working_copy, weights,
-           static_cast<double>(engine.optimizer().state_bytes()) / mib,
-           engine.optimizer().name(), engine.optimizer().state_bytes(),
-           engine.optimizer().state_bytes_per_parameter(), zero,
-           static_cast<double>(engine.activation_bytes()) / mib);
+           "{:.1f} MiB ({}, {} bytes, {:.3g} bytes per parameter{}), activations {:.1f} MiB; "
+           "{:.1f} MiB in all",
+           static_cast<double>(memory.params - memory.working_copy) / mib, working_copy,
+           static_cast<double>(memory.grads) / mib, static_cast<double>(memory.optimizer) / mib,
+           engine.optimizer().name(), memory.optimizer,
+           static_cast<double>(memory.optimizer) /
+               static_cast<double>(std::max<std::int64_t>(1, engine.model().param_count())),
+           zero, static_cast<double>(memory.activations) / mib,
+           static_cast<double>(memory.total()) / mib);
   const schedule::ScheduleSpec& spec = engine.schedule_spec();
   const std::string& compression = config.parallel.activation_compression;
   log_info("schedule: {}, recompute {}, {} sub-batch(es) of {} sequences, {} micro-batch(es) "
@@ -562,6 +559,7 @@ struct StepFigures {
   double model_flops = 0;  // per second
   double mfu = 0;
   bool loss_scaling = false;  // fp16: the scale and skipped steps are reported
+  MemoryFigures memory;       // this rank's, as the start-up line gives them
 };
 
 void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::int64_t tokens) {
@@ -577,6 +575,9 @@ void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::
                          {"compute_s", f.result.compute_seconds},
                          {"exposed_comm_s", f.result.exposed_comm_seconds},
                          {"comm_s", f.result.comm_seconds},
+                         {"param_bytes", f.memory.params},
+                         {"grad_bytes", f.memory.grads},
+                         {"optimizer_bytes", f.memory.optimizer},
                          {"peak_activation_bytes", f.result.peak_activation_bytes},
                          {"peak_mem_bytes", peak_resident_bytes()},
                          {"time", unix_time_now()},
@@ -681,6 +682,7 @@ class Run {
   TrainSummary run() {
     const auto& t = config_.train;
     check_memory_limit(config_, engine_);
+    memory_ = engine_.memory_figures();
     TrainSummary summary;
     ProgressLine* progress = progress_ ? &*progress_ : nullptr;
     summary.start_step =
@@ -758,6 +760,7 @@ class Run {
                 clock.seconds(), f.result.loss_scale, f.result.skipped,
                 engine_.loss_scaler().skipped_steps(), std::nullopt};
     f.loss_scaling = t.precision == "fp16";
+    f.memory = memory_;
     const bool last = step + 1 == t.steps;
     if (data_->val_batches && ((step + 1) % t.eval_every == 0 || last))
       f.record.val_loss = validation_loss(engine_, *data_->val_batches, t.eval_steps);
@@ -807,6 +810,7 @@ class Run {
   std::optional<ProgressLine> progress_;
   std::unique_ptr<RunData> data_;
   TrainingEngine engine_;
+  MemoryFigures memory_;  // the engine's, once its training schedule exists
   RunConfig stored_config_;  // config_ as checkpoints store it (measured settings resolved)
   Batch batch_;
   double peak_flops_ = 1;

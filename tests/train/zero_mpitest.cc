@@ -1,10 +1,11 @@
-// ZeRO stage 1 (parallel.zero = 1) against the same layout without it, in fp64: every rank
-// keeps the optimizer state of its own block of each gradient bucket, receives only that
-// block's gradient sum and gathers the others' updated blocks. Losses, parameters and the
-// whole optimizer state (as checkpoints gather it) agree with zero = 0 to relative 1e-10 over
-// steps with gradient accumulation and clipping, for every optimizer, with tensor and pipeline
-// parallelism and per-layer plans; checkpoints resume across zero stages. Run at 2 ranks (data
-// parallel) and at 4 (dp 4, tp 2 x dp 2, pp 2 x dp 2).
+// ZeRO stages 1 and 2 (parallel.zero) against the same layout without them, in fp64: every
+// rank keeps the optimizer state of its own block of each gradient bucket, receives only that
+// block's gradient sum and gathers the others' updated blocks; stage 2 also gives back the
+// gradient pages outside its blocks. Losses, gradient norms, parameters and the whole optimizer
+// state (as checkpoints gather it) agree with zero = 0 to relative 1e-10 over steps with
+// gradient accumulation and clipping, for every optimizer, with tensor and pipeline parallelism
+// and per-layer plans; checkpoints resume across zero stages; the bytes each rank holds follow
+// the stage's formula. Run at 2 ranks (data parallel) and at 4 (dp 4, tp 2 x dp 2, pp 2 x dp 2).
 #include "comm/mesh.h"
 #include "core/philox.h"
 #include "kernels/kernels.h"
@@ -93,6 +94,7 @@ struct RunRecord {
   std::vector<double> params;                         // this rank's flat array
   std::map<std::string, std::vector<double>> state;   // whole optimizer state by name
   std::size_t state_bytes = 0;                        // this rank's optimizer
+  std::size_t resident_grad_bytes = 0;                // after the last step
 };
 
 std::map<std::string, std::vector<double>> whole_state(TrainingEngine& engine) {
@@ -118,6 +120,7 @@ void train(TrainingEngine& engine, std::int64_t first, std::int64_t steps, RunRe
   run.params = values(engine.model().params());
   run.state = whole_state(engine);
   run.state_bytes = engine.optimizer().state_bytes();
+  run.resident_grad_bytes = engine.model().resident_grad_bytes();
 }
 
 RunRecord train_fresh(const RunConfig& c, comm::Mesh& mesh) {
@@ -143,9 +146,9 @@ void expect_same(const RunRecord& zero, const RunRecord& reference, const std::s
   }
 }
 
-// Runs `layout` with zero 0 and 1 on a mesh of it and compares; also checks that the state is
-// split: the ranks of a data-parallel group hold between them exactly the state of one
-// replica, and none much more than its share.
+// Runs `layout` with zero 0, 1 and 2 on a mesh of it and compares; also checks that the state
+// is split: the ranks of a data-parallel group hold between them exactly the state of one
+// replica, and none much more than its share; and that stage 2 keeps less of the gradients.
 void compare(const std::string& optimizer, const Layout& layout) {
   const std::string what = fmt::format("{} tp{} dp{} pp{} {} {} plan {}", optimizer, layout.tp,
                                        layout.dp, layout.pp, layout.schedule, layout.pipeline,
@@ -153,23 +156,31 @@ void compare(const std::string& optimizer, const Layout& layout) {
   comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), layout.tp, layout.dp, layout.pp,
                                        mpitest::test_options());
   const RunRecord reference = train_fresh(config(optimizer, layout, 0), mesh);
-  const RunRecord zero = train_fresh(config(optimizer, layout, 1), mesh);
-  expect_same(zero, reference, what);
-  double bytes = static_cast<double>(zero.state_bytes);
-  mesh.dp_group().all_reduce(Tensor::of(&bytes, {1}));
-  if (layout.plan == "uniform") {
-    EXPECT_EQ(bytes, static_cast<double>(reference.state_bytes)) << what;
+  for (const int stage : {1, 2}) {
+    const std::string with = fmt::format("{} zero {}", what, stage);
+    const RunRecord zero = train_fresh(config(optimizer, layout, stage), mesh);
+    expect_same(zero, reference, with);
+    double bytes = static_cast<double>(zero.state_bytes);
+    mesh.dp_group().all_reduce(Tensor::of(&bytes, {1}));
+    if (layout.plan == "uniform") {
+      EXPECT_EQ(bytes, static_cast<double>(reference.state_bytes)) << with;
+    }
+    if (optimizer == "adamw") {
+      // Element-wise: blocks of ceil(bucket / dp) elements.
+      EXPECT_LE(static_cast<double>(zero.state_bytes),
+                static_cast<double>(reference.state_bytes) / layout.dp + 16.0 * 8 * 16)
+          << with;
+    }
+    EXPECT_LT(zero.state_bytes, reference.state_bytes) << with;
+    if (stage == 2) {
+      EXPECT_LT(zero.resident_grad_bytes, reference.resident_grad_bytes) << with;
+    } else {
+      EXPECT_EQ(zero.resident_grad_bytes, reference.resident_grad_bytes) << with;
+    }
   }
-  if (optimizer == "adamw") {
-    // Element-wise: blocks of ceil(bucket / dp) elements.
-    EXPECT_LE(static_cast<double>(zero.state_bytes),
-              static_cast<double>(reference.state_bytes) / layout.dp + 16.0 * 8 * 16)
-        << what;
-  }
-  EXPECT_LT(zero.state_bytes, reference.state_bytes) << what;
 }
 
-TEST(Zero1, DataParallelEqualsZeroZeroForEveryOptimizer) {
+TEST(Zero, DataParallelEqualsZeroZeroForEveryOptimizer) {
   if (mpitest::runtime().world_size() == 2) {
     for (const std::string optimizer : {"adamw", "adafactor", "sm3", "sgd"})
       compare(optimizer, {.dp = 2});
@@ -179,7 +190,7 @@ TEST(Zero1, DataParallelEqualsZeroZeroForEveryOptimizer) {
   }
 }
 
-TEST(Zero1, TensorParallelSchedulesAndPlansEqualZeroZero) {
+TEST(Zero, TensorParallelSchedulesAndPlansEqualZeroZero) {
   if (mpitest::runtime().world_size() != 4) GTEST_SKIP() << "needs 4 ranks (tp 2 x dp 2)";
   for (const std::string schedule : {"oases", "megatron"})
     compare("adamw", {.tp = 2, .dp = 2, .schedule = schedule});
@@ -190,7 +201,7 @@ TEST(Zero1, TensorParallelSchedulesAndPlansEqualZeroZero) {
   compare("adamw", {.tp = 2, .dp = 2, .schedule = "oases", .plan = "1,2", .micro_batch = 4});
 }
 
-TEST(Zero1, PipelinesEqualZeroZero) {
+TEST(Zero, PipelinesEqualZeroZero) {
   if (mpitest::runtime().world_size() != 4) GTEST_SKIP() << "needs 4 ranks (pp 2 x dp 2)";
   // GPT's tied word embedding sits in different buckets on the two stages.
   for (const std::string pipeline : {"1f1b", "zero-bubble"})
@@ -198,7 +209,55 @@ TEST(Zero1, PipelinesEqualZeroZero) {
   compare("adafactor", {.dp = 2, .pp = 2, .pipeline = "1f1b"});
 }
 
-TEST(Zero1, CheckpointsResumeAcrossZeroStages) {
+// The bytes a rank holds, measured (buffer sizes; resident gradient pages from mincore),
+// against each stage's formula per parameter: AdamW keeps 8 bytes of state per parameter in
+// fp32, mixed precision adds a 2-byte working copy to the 4-byte master; gradients are 4 bytes.
+//   zero 0: 4 (+2) + 4 + 8      zero 1: 4 (+2) + 4 + 8/dp      zero 2: 4 (+2) + 4/dp + 8/dp
+// within the blocks' rounding (a block holds ceil(bucket / dp) elements; pages of 4 KiB cut
+// the gradient blocks).
+TEST(Zero, PerRankBytesFollowTheFormulas) {
+  if (mpitest::runtime().world_size() != 2) GTEST_SKIP() << "runs at 2 ranks";
+  comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), 1, 2, 1, mpitest::test_options());
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (const int stage : {0, 1, 2}) {
+      RunConfig c = config("adamw", {.dp = 2}, stage);
+      c.model.hidden = 64;
+      c.model.ffn_hidden = 256;
+      c.model.vocab_size = 512;
+      c.train.precision = precision;
+      TrainingEngine engine(c, parallel_groups(mesh));
+      RunRecord run;
+      train(engine, 0, 2, run);
+      const auto total = static_cast<double>(engine.model().param_count());
+      const double parameters = static_cast<double>(engine.optimizer().layout().param_numel());
+      const double dp = stage >= 1 ? 2.0 : 1.0;
+      const double buckets = static_cast<double>(engine.model().grad_buckets().size());
+      const std::string what = fmt::format("{} zero {}", precision, stage);
+      const MemoryFigures figures = engine.memory_figures();
+      EXPECT_EQ(static_cast<double>(figures.params), total * (precision == "bf16" ? 6 : 4)) << what;
+      // The state of this rank's parameters' blocks: 8 bytes each, 1/dp of the buckets.
+      double whole_parameters = parameters;
+      mesh.dp_group().all_reduce(Tensor::of(&whole_parameters, {1}));
+      if (stage == 0) whole_parameters /= 2;
+      // (Blocks cut the flat range, alignment gaps between parameters included: up to 16
+      // elements of each parameter's gap may fall on either side.)
+      const double gaps = 16.0 * static_cast<double>(engine.model().layout().params().size());
+      EXPECT_NEAR(static_cast<double>(run.state_bytes), 8 * whole_parameters / dp, 8 * gaps)
+          << what;
+      EXPECT_EQ(figures.optimizer, run.state_bytes) << what;
+      const double page = 4096;
+      const double grads = static_cast<double>(run.resident_grad_bytes);
+      if (stage < 2) {
+        EXPECT_EQ(grads, 4 * total) << what;
+      } else {
+        EXPECT_NEAR(grads, 4 * total / dp, (2 * buckets + 2) * page) << what;
+        EXPECT_NEAR(static_cast<double>(figures.grads), 4 * total / dp, 4 * buckets) << what;
+      }
+    }
+  }
+}
+
+TEST(Zero, CheckpointsResumeAcrossZeroStages) {
   if (mpitest::runtime().world_size() != 2) GTEST_SKIP() << "runs at 2 ranks";
   comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), 1, 2, 1, mpitest::test_options());
   const std::filesystem::path dir =
@@ -216,7 +275,7 @@ TEST(Zero1, CheckpointsResumeAcrossZeroStages) {
       TrainingEngine engine(config(optimizer, layout, 0), parallel_groups(mesh));
       train(engine, 0, kSteps, reference);
     }
-    for (const int saved_at : {0, 1}) {
+    for (const int saved_at : {0, 1, 2}) {
       const std::string folder = (dir / fmt::format("{}_zero{}", optimizer, saved_at)).string();
       {
         TrainingEngine engine(config(optimizer, layout, saved_at), parallel_groups(mesh));
@@ -232,7 +291,7 @@ TEST(Zero1, CheckpointsResumeAcrossZeroStages) {
         mesh.world().barrier();
       }
       const std::string step_dir = *latest_checkpoint(folder);
-      for (const int resumed_at : {0, 1}) {
+      for (const int resumed_at : {0, 1, 2}) {
         TrainingEngine engine(config(optimizer, layout, resumed_at), parallel_groups(mesh));
         load_model_weights((std::filesystem::path(step_dir) / "model.safetensors").string(),
                            engine.model().layout(), engine.model().params());
