@@ -274,6 +274,11 @@ TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
   EXPECT_NE(error_of("[checkpoint]\nresume = true\n").find("checkpoint.dir"), std::string::npos);
   EXPECT_NE(error_of("[parallel]\ndp_sync_every = 0\n").find("parallel.dp_sync_every = 0 must be at least 1"), std::string::npos);
   EXPECT_NE(error_of("[parallel]\ndp_sync_every = 4\ntp = 2\nplan = \"1,1,2,2\"\n").find("parallel.dp_sync_every = 4 needs parallel.plan = \"uniform\""), std::string::npos);
+  EXPECT_NE(error_of("[parallel]\nzero = 4\n").find("parallel.zero = 4 is not a ZeRO stage; valid: 0 (none), 1"), std::string::npos);
+  EXPECT_NE(error_of("[parallel]\nzero = -1\n").find("parallel.zero = -1 is not a ZeRO stage"), std::string::npos);
+  EXPECT_NE(error_of("[parallel]\nzero = 3\n").find("parallel.zero = 3 is not available yet"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nglobal_batch = 8\n[parallel]\nzero = 1\ndp = 2\ndp_sync_every = 4\n").find("parallel.zero = 1 with parallel.dp_sync_every = 4"), std::string::npos);
+  EXPECT_EQ(error_of("[train]\nglobal_batch = 8\n[parallel]\nzero = 2\ndp = 2\n"), "");
 }
 
 // The cases below once hung, overflowed, read a disengaged optional or threw another exception
