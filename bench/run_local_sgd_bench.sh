@@ -2,14 +2,17 @@
 # Periodic synchronisation (parallel.dp_sync_every, local SGD) against synchronous data
 # parallelism: the demo (configs/demo.toml) trained by 2 processes at dp = 2 with
 # dp_sync_every = 1 (gradients summed every step), 4 and 8, from one build in one invocation.
-# Prints the validation-loss curve of each (every E steps), the mean step time and the mean
-# replica divergence measured before each average.
-#   bash bench/run_local_sgd_bench.sh [N=300] [E=50]
+# Prints the validation-loss curve of each (every E steps) and the mean replica divergence
+# measured before each average; then the mean step time of each from separate runs of T steps,
+# the intervals alternating round by round (ROUNDS) so that all see the same machine load.
+#   bash bench/run_local_sgd_bench.sh [N=300] [E=50] [T=40] [ROUNDS=2]
 # Environment: DATA=PREFIX  demo shards (default data/demo, made by scripts/demo.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-300}
 every=${2:-50}
+timing_steps=${3:-40}
+rounds=${4:-2}
 intervals=(1 4 8)
 
 cmake --preset release >/dev/null
@@ -27,10 +30,18 @@ for x in "${intervals[@]}"; do
     data.path="\"$data\"" checkpoint.dir='""' log.trace='""' log.every=1 \
     log.metrics="\"$out/x$x.jsonl\"" >/dev/null 2>"$out/x$x.log"
 done
+for round in $(seq 1 "$rounds"); do
+  for x in "${intervals[@]}"; do
+    "${mpirun_cmd[@]}" $oases train --quiet --config configs/demo.toml --set \
+      train.steps="$timing_steps" train.eval_every=1000000 train.threads=1 parallel.dp=2 \
+      parallel.dp_sync_every="$x" data.path="\"$data\"" checkpoint.dir='""' log.trace='""' \
+      log.every=1 log.metrics="\"$out/time_x${x}_$round.jsonl\"" >/dev/null 2>&1
+  done
+done
 
-/usr/bin/python3 - "$out" "$every" "${intervals[@]}" <<'PY'
+/usr/bin/python3 - "$out" "$every" "$rounds" "${intervals[@]}" <<'PY'
 import json, statistics, sys
-out, every, xs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+out, every, rounds, xs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 runs = {x: [json.loads(l) for l in open(f"{out}/x{x}.jsonl") if l.strip()] for x in xs}
 val = {x: {r["step"]: r["val_loss"] for r in rs if "val_loss" in r} for x, rs in runs.items()}
 steps = sorted(val[xs[0]])
@@ -41,12 +52,18 @@ for s in steps:
     row = [val[x][s] for x in xs]
     print(f"{s:>6} " + " ".join(f"{v:>9.4f}" for v in row) + " " +
           " ".join(f"{100 * (v / row[0] - 1):>+10.2f}%" for v in row[1:]))
-print(f"\n{'x':>3} {'step s':>8} {'train loss (last 50)':>21} {'divergence (mean)':>18}")
+def step_time(x):
+    per_round = []
+    for r in range(1, rounds + 1):
+        rs = [json.loads(l) for l in open(f"{out}/time_x{x}_{r}.jsonl") if l.strip()]
+        per_round.append(statistics.mean(t["step_time_s"] for t in rs if t["step"] >= 2 and "loss" in t))
+    return statistics.mean(per_round)
+times = {x: step_time(x) for x in xs}
+print(f"\n{'x':>3} {'step s':>8} {'vs 1':>6} {'train loss (last 50)':>21} {'divergence (mean)':>18}")
 for x, rs in runs.items():
     train = [r for r in rs if "loss" in r]
-    times = [r["step_time_s"] for r in train if r["step"] >= 2]
     last = statistics.mean(r["loss"] for r in train[-50:])
     div = [r["replica_divergence"] for r in rs if "replica_divergence" in r]
     d = f"{statistics.mean(div):.3g}" if div else "-"
-    print(f"{x:>3} {statistics.mean(times):>8.4f} {last:>21.4f} {d:>18}")
+    print(f"{x:>3} {times[x]:>8.4f} {times[x] / times[xs[0]]:>6.2f} {last:>21.4f} {d:>18}")
 PY

@@ -7,7 +7,17 @@
 
 namespace oases {
 
-void Buffer::Free::operator()(void* p) const { std::free(p); }
+void Buffer::Free::operator()(void* p) const {
+  if (owned) std::free(p);
+}
+
+Buffer Buffer::borrowed(void* data, std::size_t bytes, Device device) {
+  Buffer buffer;
+  buffer.data_ = std::unique_ptr<void, Free>(data, Free{false});
+  buffer.bytes_ = bytes;
+  buffer.device_ = device;
+  return buffer;
+}
 
 Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
   check_device_available(device);

@@ -19,6 +19,9 @@ class Buffer {
   Buffer() = default;
   // UserError when `device` is not available in this build (core/device.h).
   explicit Buffer(std::size_t bytes, Device device = Device::cpu());
+  // `bytes` of memory owned elsewhere (an OffloadStore's mapping, core/offload_store.h),
+  // which must outlive the buffer; zero-initialised by its owner.
+  static Buffer borrowed(void* data, std::size_t bytes, Device device = Device::cpu());
   Buffer(Buffer&&) noexcept = default;
   Buffer& operator=(Buffer&&) noexcept = default;
 
@@ -31,7 +34,12 @@ class Buffer {
   Tensor tensor(DType dtype, Shape shape) const;
 
  private:
-  struct Free { void operator()(void* p) const; };
+  struct Free {
+    Free() : owned(true) {}
+    explicit Free(bool owns) : owned(owns) {}
+    bool owned;
+    void operator()(void* p) const;
+  };
   std::unique_ptr<void, Free> data_;
   std::size_t bytes_ = 0;
   Device device_{};

@@ -72,6 +72,25 @@ void PageableBuffer::release(std::size_t offset, std::size_t bytes) {
                "madvise of {} bytes failed", end_page - first_page);
 }
 
+void PageableBuffer::zero_resident() {
+  if (data_ == nullptr) return;
+  const std::size_t page = page_size();
+  std::vector<unsigned char> resident(mapped_ / page);
+  OASES_ASSERT(mincore(data_, mapped_, resident.data()) == 0, "mincore failed");
+  char* base = static_cast<char*>(data_);
+  // Runs of resident pages at once; a page given back reads as zeros already.
+  for (std::size_t i = 0; i < resident.size();) {
+    if ((resident[i] & 1) == 0) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < resident.size() && (resident[j] & 1) != 0) ++j;
+    std::memset(base + i * page, 0, std::min(j * page, bytes_) - std::min(i * page, bytes_));
+    i = j;
+  }
+}
+
 std::size_t PageableBuffer::resident_bytes() const {
   if (data_ == nullptr) return 0;
   const std::size_t pages = mapped_ / page_size();

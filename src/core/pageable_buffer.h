@@ -32,6 +32,9 @@ class PageableBuffer {
   // (they read as zeros and take no memory until written), the partial pages at its ends are
   // written with zeros.
   void release(std::size_t offset, std::size_t bytes);
+  // Zeroes the whole buffer by writing only its resident pages (the others read as zeros):
+  // what is given back stays given back.
+  void zero_resident();
   // The bytes of the buffer's pages resident in memory now (mincore).
   std::size_t resident_bytes() const;
   static std::size_t page_size();

@@ -318,7 +318,7 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   layout_ = model_param_layout(config_, options_.tp->rank(), options_.tp->size(),
                                options_.layer_degrees, options_.layer_ranges);
   const auto bytes = static_cast<std::size_t>(layout_.total_numel()) * dtype_size(options_.dtype);
-  param_buffer_ = Buffer(bytes);
+  param_buffer_ = options_.allocate_params ? options_.allocate_params(bytes) : Buffer(bytes);
   params_ = param_buffer_.tensor(options_.dtype, {layout_.total_numel()});
   if (options_.pageable_grads) {
     pageable_grad_buffer_ = PageableBuffer(bytes);
@@ -364,7 +364,7 @@ const Model::Bucket& Model::bucket(int id) const {
 
 void Model::zero_grads() {
   if (options_.pageable_grads) {
-    pageable_grad_buffer_.release(0, pageable_grad_buffer_.bytes());
+    pageable_grad_buffer_.zero_resident();
   } else {
     kernels::zero(grads_);
   }

@@ -68,8 +68,11 @@ struct ModelOptions {
   // (gaps allowed): replaces first_layer and end_layer when not empty.
   std::vector<LayerRange> layer_ranges;
   // The gradients in pages the operating system can take back (core/pageable_buffer.h):
-  // release_grads() gives ranges back, zero_grads() gives back all (ZeRO-2).
+  // release_grads() gives ranges back, zero_grads() leaves them given back (ZeRO-2).
   bool pageable_grads = false;
+  // Where the parameters (the master copy) live: a zeroed buffer of the given size; empty: the
+  // heap. Under mixed precision parallel.offload = "optimizer+params" passes an OffloadStore's.
+  std::function<Buffer(std::size_t bytes)> allocate_params;
 };
 
 class Model {
@@ -108,7 +111,7 @@ class Model {
   void refresh_compute_params();
   std::int64_t param_count() const { return layout_.total_numel(); }  // incl. alignment padding
 
-  // Gradients := 0 (with pageable_grads: every page given back).
+  // Gradients := 0 (with pageable_grads: writing only the resident pages).
   void zero_grads();
   // Gradients of elements [begin, end) := 0; with pageable_grads their whole pages are given
   // back to the operating system. The bytes of gradient pages resident now (every byte without

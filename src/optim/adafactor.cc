@@ -23,8 +23,8 @@ double sum_of_squares(const T* x, std::int64_t n) {
 }  // namespace
 
 Adafactor::Adafactor(FlatLayout layout, const AdafactorHyperParams& hyper,
-                     std::unique_ptr<ShardReducer> reducer)
-    : Optimizer(std::move(layout), std::move(reducer)), hyper_(hyper) {
+                     std::unique_ptr<ShardReducer> reducer, StateAllocator allocate)
+    : Optimizer(std::move(layout), std::move(reducer), std::move(allocate)), hyper_(hyper) {
   OASES_ASSERT(hyper.beta1 >= 0 && hyper.beta1 < 1 && hyper.weight_decay >= 0,
                "Adafactor beta1 = {} must be in [0, 1) and weight_decay = {} >= 0", hyper.beta1,
                hyper.weight_decay);
@@ -41,8 +41,8 @@ Adafactor::Adafactor(FlatLayout layout, const AdafactorHyperParams& hyper,
     first += p.numel();
   }
   const std::size_t element = dtype_size(this->layout().dtype);
-  second_ = Buffer(static_cast<std::size_t>(second) * element);
-  if (hyper_.beta1 > 0) exp_avg_ = Buffer(static_cast<std::size_t>(first) * element);
+  second_ = allocate_state(static_cast<std::size_t>(second) * element);
+  if (hyper_.beta1 > 0) exp_avg_ = allocate_state(static_cast<std::size_t>(first) * element);
 }
 
 std::vector<StateTensor> Adafactor::state_layout(const ParamSlot& slot) const {

@@ -59,7 +59,7 @@ class Adafactor final : public Optimizer {
   // REQUIRES: beta1 in [0, 1); weight_decay >= 0; a reducer when some slot is split
   // (InternalError otherwise).
   Adafactor(FlatLayout layout, const AdafactorHyperParams& hyper,
-            std::unique_ptr<ShardReducer> reducer = nullptr);
+            std::unique_ptr<ShardReducer> reducer = nullptr, StateAllocator allocate = {});
 
   std::string_view name() const override { return "adafactor"; }
   std::size_t state_bytes() const override { return second_.bytes() + exp_avg_.bytes(); }

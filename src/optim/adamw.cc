@@ -15,8 +15,8 @@ std::size_t bytes_of(DType dtype, std::int64_t elements) {
 
 }  // namespace
 
-AdamW::AdamW(FlatLayout layout, const AdamWHyperParams& hyper)
-    : Optimizer(std::move(layout)), hyper_(hyper) {
+AdamW::AdamW(FlatLayout layout, const AdamWHyperParams& hyper, StateAllocator allocate)
+    : Optimizer(std::move(layout), nullptr, std::move(allocate)), hyper_(hyper) {
   OASES_ASSERT(hyper.beta1 >= 0 && hyper.beta1 < 1 && hyper.beta2 >= 0 && hyper.beta2 < 1,
                "AdamW betas ({}, {}) must be in [0, 1)", hyper.beta1, hyper.beta2);
   OASES_ASSERT(hyper.eps >= 0 && hyper.weight_decay >= 0,
@@ -28,8 +28,8 @@ AdamW::AdamW(FlatLayout layout, const AdamWHyperParams& hyper)
     packed += p.numel();
   }
   // Buffers start zeroed: PyTorch's moments before the first step.
-  exp_avg_ = Buffer(bytes_of(this->layout().dtype, packed));
-  exp_avg_sq_ = Buffer(bytes_of(this->layout().dtype, packed));
+  exp_avg_ = allocate_state(bytes_of(this->layout().dtype, packed));
+  exp_avg_sq_ = allocate_state(bytes_of(this->layout().dtype, packed));
 }
 
 std::size_t AdamW::state_bytes() const {

@@ -34,7 +34,7 @@ class AdamW final : public Optimizer {
  public:
   // REQUIRES: beta1, beta2 in [0, 1); eps, weight_decay >= 0 (InternalError otherwise;
   // make_optimizer reports user settings as UserErrors first); layout valid.
-  AdamW(FlatLayout layout, const AdamWHyperParams& hyper);
+  AdamW(FlatLayout layout, const AdamWHyperParams& hyper, StateAllocator allocate = {});
 
   std::string_view name() const override { return "adamw"; }
   const AdamWHyperParams& hyper_params() const { return hyper_; }

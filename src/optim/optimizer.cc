@@ -13,9 +13,14 @@
 
 namespace oases::optim {
 
-Optimizer::Optimizer(FlatLayout layout, std::unique_ptr<ShardReducer> reducer)
-    : layout_(std::move(layout)), reducer_(std::move(reducer)) {
+Optimizer::Optimizer(FlatLayout layout, std::unique_ptr<ShardReducer> reducer,
+                     StateAllocator allocate)
+    : layout_(std::move(layout)), reducer_(std::move(reducer)), allocate_(std::move(allocate)) {
   validate_layout(layout_);
+}
+
+Buffer Optimizer::allocate_state(std::size_t bytes) const {
+  return allocate_ ? allocate_(bytes) : Buffer(bytes);
 }
 
 void Optimizer::step(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,
@@ -72,23 +77,25 @@ void Optimizer::reduce_over_shards(std::size_t param, std::vector<double>& value
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const FlatLayout& layout,
-                                          std::unique_ptr<ShardReducer> reducer) {
+                                          std::unique_ptr<ShardReducer> reducer,
+                                          const StateAllocator& allocate) {
   validate_optimizer_config(config);
   if (config.name == "adafactor") {
     AdafactorHyperParams hyper;
     hyper.beta1 = config.adafactor_beta1;
     hyper.weight_decay = config.weight_decay;
     hyper.relative_step = config.relative_step;
-    return std::make_unique<Adafactor>(layout, hyper, std::move(reducer));
+    return std::make_unique<Adafactor>(layout, hyper, std::move(reducer), allocate);
   }
   if (config.name == "sm3")
     return std::make_unique<Sm3>(layout, Sm3HyperParams{config.momentum, config.weight_decay},
-                                 std::move(reducer));
+                                 std::move(reducer), allocate);
   if (config.name == "sgd")
     return std::make_unique<Sgd>(
-        layout, SgdHyperParams{config.momentum, config.nesterov, config.weight_decay});
+        layout, SgdHyperParams{config.momentum, config.nesterov, config.weight_decay}, allocate);
   return std::make_unique<AdamW>(
-      layout, AdamWHyperParams{config.beta1, config.beta2, config.eps, config.weight_decay});
+      layout, AdamWHyperParams{config.beta1, config.beta2, config.eps, config.weight_decay},
+      allocate);
 }
 
 }  // namespace oases::optim

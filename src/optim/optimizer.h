@@ -44,12 +44,14 @@
 //   }
 #pragma once
 
+#include "core/buffer.h"
 #include "core/tensor.h"
 #include "optim/flat_layout.h"
 #include "optim/shard_reducer.h"
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -81,6 +83,10 @@ struct StateTensor {
   // before it "<kind>_col.<param>" (Hugging Face's exp_avg_sq_row / exp_avg_sq_col).
   int reduced_dim = -1;
 };
+
+// Where an optimizer's state lives: a zeroed buffer of the given size. Empty: the heap
+// (Buffer). parallel.offload passes an OffloadStore's (core/offload_store.h).
+using StateAllocator = std::function<Buffer(std::size_t bytes)>;
 
 class Optimizer {
  public:
@@ -126,8 +132,12 @@ class Optimizer {
 
  protected:
   // Validates the layout (validate_layout). `reducer` combines statistics of split parameters
-  // (null: no parameter is split, or the optimizer needs no statistics over parameters).
-  explicit Optimizer(FlatLayout layout, std::unique_ptr<ShardReducer> reducer = nullptr);
+  // (null: no parameter is split, or the optimizer needs no statistics over parameters);
+  // `allocate` gives the state's storage (empty: the heap).
+  explicit Optimizer(FlatLayout layout, std::unique_ptr<ShardReducer> reducer = nullptr,
+                     StateAllocator allocate = {});
+  // Zeroed storage for `bytes` of state, from the allocator given.
+  Buffer allocate_state(std::size_t bytes) const;
 
   // step()'s work, called with arguments already checked, once per call to step().
   virtual void update(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,
@@ -141,6 +151,7 @@ class Optimizer {
  private:
   FlatLayout layout_;
   std::unique_ptr<ShardReducer> reducer_;
+  StateAllocator allocate_;
 };
 
 // The optimizer settings of a run ([train] section; names as there).
@@ -174,7 +185,9 @@ void validate_optimizer_config(const OptimizerConfig& config);
 // UserError: as validate_optimizer_config.
 // InternalError: the layout breaks an invariant of FlatLayout; (at the first step that needs
 //                it) a factored optimizer's split slot has no reducer.
+// `allocate` gives the state's storage (empty: the heap).
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const FlatLayout& layout,
-                                          std::unique_ptr<ShardReducer> reducer = nullptr);
+                                          std::unique_ptr<ShardReducer> reducer = nullptr,
+                                          const StateAllocator& allocate = {});
 
 }  // namespace oases::optim

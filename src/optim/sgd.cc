@@ -8,8 +8,8 @@
 namespace oases::optim {
 namespace k = oases::kernels::cpu;
 
-Sgd::Sgd(FlatLayout layout, const SgdHyperParams& hyper)
-    : Optimizer(std::move(layout)), hyper_(hyper) {
+Sgd::Sgd(FlatLayout layout, const SgdHyperParams& hyper, StateAllocator allocate)
+    : Optimizer(std::move(layout), nullptr, std::move(allocate)), hyper_(hyper) {
   OASES_ASSERT(hyper.momentum >= 0 && hyper.momentum < 1 && hyper.weight_decay >= 0,
                "SGD momentum = {} must be in [0, 1) and weight_decay = {} >= 0", hyper.momentum,
                hyper.weight_decay);
@@ -20,7 +20,8 @@ Sgd::Sgd(FlatLayout layout, const SgdHyperParams& hyper)
     packed += p.numel();
   }
   if (hyper_.momentum > 0)
-    momentum_buffer_ = Buffer(static_cast<std::size_t>(packed) * dtype_size(this->layout().dtype));
+    momentum_buffer_ =
+        allocate_state(static_cast<std::size_t>(packed) * dtype_size(this->layout().dtype));
 }
 
 std::vector<StateTensor> Sgd::state_layout(const ParamSlot& slot) const {

@@ -25,7 +25,7 @@ class Sgd final : public Optimizer {
  public:
   // REQUIRES: momentum in [0, 1); weight_decay >= 0; nesterov only with momentum > 0
   // (InternalError otherwise; make_optimizer reports user settings as UserErrors first).
-  Sgd(FlatLayout layout, const SgdHyperParams& hyper);
+  Sgd(FlatLayout layout, const SgdHyperParams& hyper, StateAllocator allocate = {});
 
   std::string_view name() const override { return "sgd"; }
   std::size_t state_bytes() const override { return momentum_buffer_.bytes(); }

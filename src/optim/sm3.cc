@@ -14,8 +14,9 @@ constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 14;
 
 }  // namespace
 
-Sm3::Sm3(FlatLayout layout, const Sm3HyperParams& hyper, std::unique_ptr<ShardReducer> reducer)
-    : Optimizer(std::move(layout), std::move(reducer)), hyper_(hyper) {
+Sm3::Sm3(FlatLayout layout, const Sm3HyperParams& hyper, std::unique_ptr<ShardReducer> reducer,
+         StateAllocator allocate)
+    : Optimizer(std::move(layout), std::move(reducer), std::move(allocate)), hyper_(hyper) {
   OASES_ASSERT(
       hyper.momentum >= 0 && hyper.momentum < 1 && hyper.weight_decay >= 0 && hyper.eps >= 0,
       "SM3 momentum = {} must be in [0, 1), weight_decay = {} and eps = {} >= 0", hyper.momentum,
@@ -33,8 +34,8 @@ Sm3::Sm3(FlatLayout layout, const Sm3HyperParams& hyper, std::unique_ptr<ShardRe
     momentum += p.numel();
   }
   const std::size_t element = dtype_size(this->layout().dtype);
-  accumulators_ = Buffer(static_cast<std::size_t>(accumulators) * element);
-  if (hyper_.momentum > 0) momentum_ = Buffer(static_cast<std::size_t>(momentum) * element);
+  accumulators_ = allocate_state(static_cast<std::size_t>(accumulators) * element);
+  if (hyper_.momentum > 0) momentum_ = allocate_state(static_cast<std::size_t>(momentum) * element);
 }
 
 bool Sm3::accepts_cut(const ParamSlot& slot) const {

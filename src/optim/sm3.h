@@ -42,7 +42,7 @@ class Sm3 final : public Optimizer {
   // REQUIRES: momentum in [0, 1); weight_decay >= 0; a reducer when some slot is split
   // (InternalError otherwise).
   Sm3(FlatLayout layout, const Sm3HyperParams& hyper,
-      std::unique_ptr<ShardReducer> reducer = nullptr);
+      std::unique_ptr<ShardReducer> reducer = nullptr, StateAllocator allocate = {});
 
   std::string_view name() const override { return "sm3"; }
   std::size_t state_bytes() const override { return accumulators_.bytes() + momentum_.bytes(); }

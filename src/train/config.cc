@@ -137,6 +137,8 @@ const std::map<std::string, SectionFields>& schema() {
         {"memory_limit", bind(&RunConfig::parallel, &ParallelConfig::memory_limit)},
         {"dp_sync_every", bind(&RunConfig::parallel, &ParallelConfig::dp_sync_every)},
         {"zero", bind(&RunConfig::parallel, &ParallelConfig::zero)},
+        {"offload", bind(&RunConfig::parallel, &ParallelConfig::offload)},
+        {"offload_dir", bind(&RunConfig::parallel, &ParallelConfig::offload_dir)},
         {"comm_timeout_s", bind(&RunConfig::parallel, &ParallelConfig::comm_timeout_s)},
         {"startup_timeout_s", bind(&RunConfig::parallel, &ParallelConfig::startup_timeout_s)}}},
       {"train",
@@ -790,6 +792,19 @@ void RunConfig::validate() const {
               "optimizer state on each replica and sums no gradients; valid: parallel.zero = 0, "
               "or parallel.dp_sync_every = 1",
               p.zero, p.dp_sync_every);
+  OASES_CHECK(p.offload == "none" || p.offload == "optimizer" || p.offload == "optimizer+params",
+              "parallel.offload = \"{}\" is not known; valid: \"none\", \"optimizer\", "
+              "\"optimizer+params\"",
+              p.offload);
+  OASES_CHECK(p.offload == "none" || !p.offload_dir.empty(),
+              "parallel.offload = \"{}\" needs parallel.offload_dir: a folder on local disk for "
+              "the scratch file that holds the offloaded state",
+              p.offload);
+  OASES_CHECK(p.offload != "optimizer+params" || t.precision == "bf16" || t.precision == "fp16",
+              "parallel.offload = \"optimizer+params\" needs train.precision = \"bf16\" or "
+              "\"fp16\" (forward and backward then read the 16-bit copy; at \"{}\" they read the "
+              "master weights themselves); valid: parallel.offload = \"optimizer\"",
+              t.precision);
   // Last: each setting's own error above is the more useful one.
   {
     // Batch b of the run reads token positions up to about b x global_batch x (seq_len + 1);
@@ -856,6 +871,8 @@ std::string to_toml(const RunConfig& c) {
                                       {"memory_limit", c.parallel.memory_limit},
                                       {"dp_sync_every", c.parallel.dp_sync_every},
                                       {"zero", c.parallel.zero},
+                                      {"offload", c.parallel.offload},
+                                      {"offload_dir", c.parallel.offload_dir},
                                       {"comm_timeout_s", c.parallel.comm_timeout_s},
                                       {"startup_timeout_s", c.parallel.startup_timeout_s}});
   const auto& t = c.train;

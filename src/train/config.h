@@ -63,6 +63,11 @@ struct ParallelConfig {
   // gradients once a bucket is reduced (model::ModelOptions::pageable_grads). 3 is not
   // available yet.
   std::int64_t zero = 0;
+  // "none", "optimizer" (the optimizer state) or "optimizer+params" (and the fp32 master
+  // weights; mixed precision only) kept in a scratch file under offload_dir between optimizer
+  // steps and read back ahead of each bucket's update (core/offload_store.h).
+  std::string offload = "none";
+  std::string offload_dir;
   double comm_timeout_s = 300;    // a collective not done after this aborts the job; 0: never
   // Every rank must have started and met the others within this many seconds of starting,
   // else the job aborts naming the ranks that did not arrive; 0: wait forever.

@@ -58,7 +58,8 @@ namespace {
 
 model::ModelOptions model_options(const RunConfig& config, const schedule::ScheduleSpec& spec,
                                   comm::Communicator& tp, comm::Communicator& pp,
-                                  const ParallelGroups& groups, const kernels::Gemm16Paths& paths) {
+                                  const ParallelGroups& groups, const kernels::Gemm16Paths& paths,
+                                  OffloadStore* offload) {
   model::ModelOptions o;
   o.dtype = parameter_dtype(config);
   if (compute_dtype(config) != o.dtype) o.mixed_precision = compute_dtype(config);
@@ -73,6 +74,8 @@ model::ModelOptions model_options(const RunConfig& config, const schedule::Sched
   for (const auto& [begin, end] : stage_layer_ranges(config, pp.rank()))
     o.layer_ranges.push_back({begin, end});
   o.pageable_grads = config.parallel.zero >= 2;
+  if (offload != nullptr && config.parallel.offload == "optimizer+params")
+    o.allocate_params = [offload](std::size_t bytes) { return offload->allocate(bytes); };
   return o;
 }
 
@@ -207,7 +210,12 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       local_sgd_(config.parallel.dp_sync_every > 1 && dp_->size() > 1),
       zero_stage_(static_cast<int>(config.parallel.zero)),
       tp_subgroup_(groups.tp_subgroup),
-      model_(config.model, model_options(config, spec_, *tp_, *pp_, groups, gemm16_.paths)),
+      offload_(config.parallel.offload == "none"
+                   ? nullptr
+                   : std::make_unique<OffloadStore>(config.parallel.offload_dir,
+                                                    "parallel.offload_dir")),
+      model_(config.model,
+             model_options(config, spec_, *tp_, *pp_, groups, gemm16_.paths, offload_.get())),
       optimizer_(make_engine_optimizer(groups)),
       // With train.lr = 0 (Adafactor's relative step) every rate is 0, min_lr included.
       lr_schedule_{config.train.lr, config.train.lr == 0 ? 0.0 : config.train.min_lr,
@@ -253,32 +261,50 @@ std::unique_ptr<optim::Optimizer> TrainingEngine::make_whole_optimizer() const {
 }
 
 std::unique_ptr<optim::Optimizer> TrainingEngine::make_engine_optimizer(const ParallelGroups&) {
-  if (zero_stage_ == 0) return make_whole_optimizer();
   const optim::FlatLayout whole = flat_layout(model_.layout(), model_.dtype());
   const optim::OptimizerConfig settings = optimizer_config(config_.train);
-  // Where the optimizer may cut a parameter depends on its kind alone: ask one over no
-  // parameters.
-  const std::unique_ptr<optim::Optimizer> probe =
-      optim::make_optimizer(settings, optim::FlatLayout{{}, 0, whole.dtype});
-  std::vector<optim::OwnedRange> owned;
-  for (const model::Model::Bucket& b : model_.grad_buckets()) {
-    comm::Communicator* group = reduction_group(b);
-    if (group == nullptr || group->size() == 1) {
-      owned.push_back({b.begin, b.end});
-      continue;
+  optim::FlatLayout mine = whole;
+  if (zero_stage_ > 0) {
+    // Where the optimizer may cut a parameter depends on its kind alone: ask one over no
+    // parameters.
+    const std::unique_ptr<optim::Optimizer> probe =
+        optim::make_optimizer(settings, optim::FlatLayout{{}, 0, whole.dtype});
+    std::vector<optim::OwnedRange> owned;
+    for (const model::Model::Bucket& b : model_.grad_buckets()) {
+      comm::Communicator* group = reduction_group(b);
+      if (group == nullptr || group->size() == 1) {
+        owned.push_back({b.begin, b.end});
+        continue;
+      }
+      ZeroBucket& zero = zero_buckets_[b.id];
+      zero.group = group;
+      zero.cuts = optim::partition_range(whole, b.begin, b.end, group->size(),
+                                         [&](const optim::ParamSlot& p) {
+                                           return probe->accepts_cut(p);
+                                         });
+      const auto block = static_cast<std::size_t>(group->rank());
+      owned.push_back({zero.cuts[block], zero.cuts[block + 1]});
     }
-    ZeroBucket& zero = zero_buckets_[b.id];
-    zero.group = group;
-    zero.cuts = optim::partition_range(whole, b.begin, b.end, group->size(),
-                                       [&](const optim::ParamSlot& p) {
-                                         return probe->accepts_cut(p);
-                                       });
-    const auto block = static_cast<std::size_t>(group->rank());
-    owned.push_back({zero.cuts[block], zero.cuts[block + 1]});
+    mine = optim::owned_layout(whole, owned);
   }
-  const optim::FlatLayout mine = optim::owned_layout(whole, owned);
-  return optim::make_optimizer(settings, mine,
-                               shard_reducer(mine, model_.layout(), *tp_, tp_subgroup_));
+  optim::StateAllocator allocate;
+  if (offload_) allocate = [this](std::size_t bytes) { return offload_->allocate(bytes); };
+  std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(
+      settings, mine, shard_reducer(mine, model_.layout(), *tp_, tp_subgroup_), allocate);
+  if (offload_) {
+    // What each bucket's update reads from the store: its parameters' state, and with
+    // "optimizer+params" its master weights.
+    for (const optim::StateTensor& s : optimizer->state_tensors())
+      offloaded_ranges_[model_.layout().find(s.param).group].emplace_back(s.view.raw(),
+                                                                          s.view.nbytes());
+    if (config_.parallel.offload == "optimizer+params") {
+      for (const model::Model::Bucket& b : model_.grad_buckets()) {
+        const Tensor master = model_.params().view(b.begin, {b.end - b.begin});
+        offloaded_ranges_[b.id].emplace_back(master.raw(), master.nbytes());
+      }
+    }
+  }
+  return optimizer;
 }
 
 std::int64_t TrainingEngine::owned_start(const optim::StateTensor& state) const {
@@ -313,7 +339,11 @@ void TrainingEngine::save_whole_optimizer_state(
 
 void TrainingEngine::load_whole_optimizer_state(
     const std::function<void(optim::Optimizer&)>& load) {
-  if (zero_buckets_.empty()) return load(*optimizer_);
+  if (zero_buckets_.empty()) {
+    load(*optimizer_);
+    if (offload_) offload_->evict_all();
+    return;
+  }
   const std::unique_ptr<optim::Optimizer> whole = make_whole_optimizer();
   load(*whole);
   std::map<std::string, Tensor> whole_views;
@@ -324,6 +354,7 @@ void TrainingEngine::load_whole_optimizer_state(
                                                    : source.view(owned_start(s), {s.view.numel()}),
                   s.view);
   }
+  if (offload_) offload_->evict_all();
 }
 
 const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, bool training) {
@@ -440,6 +471,8 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   std::vector<std::unique_ptr<comm::Work>> reductions;
   hooks.reduce_grads = [&](int bucket) {
     if (auto work = reduce_bucket(bucket)) reductions.push_back(std::move(work));
+    // The bucket's gradients are final: its update's state can start coming back now.
+    if (offload_) prefetch_offloaded(bucket);
   };
   hooks.optimizer_step = [&] {
     finish_reductions(reductions, result);
@@ -545,6 +578,12 @@ std::unique_ptr<comm::Work> TrainingEngine::reduce_bucket(int bucket) {
   return work;
 }
 
+void TrainingEngine::prefetch_offloaded(int bucket) {
+  const auto ranges = offloaded_ranges_.find(bucket);
+  if (ranges == offloaded_ranges_.end()) return;
+  for (const auto& [data, bytes] : ranges->second) offload_->prefetch(data, bytes);
+}
+
 void TrainingEngine::release_reduced_blocks(bool wait) {
   std::erase_if(unreleased_, [&](const UnreleasedBucket& pending) {
     if (!wait && !pending.reduction->test()) return false;
@@ -601,6 +640,7 @@ void TrainingEngine::step_optimizer(std::int64_t step) {
   if (zero_buckets_.empty()) {
     optimizer_->step(model_.params(), model_.grads(), info);
     model_.refresh_compute_params();
+    if (offload_) offload_->evict_all();
     return;
   }
   // ZeRO: bucket by bucket, in the order the next forward reads them, so that the gather of
@@ -615,6 +655,8 @@ void TrainingEngine::step_optimizer(std::int64_t step) {
   }
   for (auto& work : gathers) work->wait();
   model_.refresh_compute_params();
+  // What the step read back from the store goes back to it until the next step.
+  if (offload_) offload_->evict_all();
 }
 
 void TrainingEngine::sum_tied_gradients() {
@@ -744,6 +786,7 @@ MemoryFigures TrainingEngine::memory_figures() {
   }
   m.optimizer = optimizer_->state_bytes();
   m.activations = activation_bytes();
+  m.offloaded = offload_ ? offload_->allocated_bytes() : 0;
   return m;
 }
 
@@ -829,6 +872,7 @@ StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t*
       reductions.push_back(std::move(work));
       ++reduced;
     }
+    if (offload_) prefetch_offloaded(bucket);
   };
   hooks.optimizer_step = [&] {
     step_2bw_batch(reductions, result);

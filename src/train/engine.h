@@ -5,6 +5,7 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "core/offload_store.h"
 #include "model/model.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
@@ -81,7 +82,11 @@ struct MemoryFigures {
   std::size_t grads = 0;        // the gradient accumulators
   std::size_t optimizer = 0;    // this rank's optimizer state (its own blocks under ZeRO)
   std::size_t activations = 0;  // peak of a training step: slots, scratch and kept tensors
-  std::size_t total() const { return params + grads + optimizer + activations; }
+  // parallel.offload: the part of the above kept in the scratch file between optimizer steps
+  // (the optimizer state, and the master weights with "optimizer+params").
+  std::size_t offloaded = 0;
+  // What must fit in memory.
+  std::size_t total() const { return params + grads + optimizer + activations - offloaded; }
 };
 
 class TrainingEngine {
@@ -117,6 +122,8 @@ class TrainingEngine {
   // groups); the whole state lives only during the call.
   void save_whole_optimizer_state(const std::function<void(optim::Optimizer&)>& save);
   void load_whole_optimizer_state(const std::function<void(optim::Optimizer&)>& load);
+  // parallel.offload: the scratch store (null without offloading).
+  const OffloadStore* offload_store() const { return offload_.get(); }
   // parallel.zero in effect (0 when no bucket is summed over more than one rank).
   int zero_stage() const { return zero_buckets_.empty() ? 0 : zero_stage_; }
   // The schedule of training steps (auto settings resolved).
@@ -220,6 +227,9 @@ class TrainingEngine {
   // data-parallel ones at once) when it runs below tp, else over the data-parallel group;
   // null when there is nothing to sum.
   std::unique_ptr<comm::Work> reduce_bucket(int bucket);
+  // parallel.offload: starts reading back what bucket `bucket`'s update will touch in the
+  // store (its optimizer state, and its master weights), ahead of the optimizer step.
+  void prefetch_offloaded(int bucket);
   // ZeRO-2: gives back the gradient pages outside this rank's block of every bucket whose
   // reduction has completed (`wait`: of every bucket, waiting for them).
   void release_reduced_blocks(bool wait);
@@ -297,6 +307,9 @@ class TrainingEngine {
   };
   std::vector<UnreleasedBucket> unreleased_;
   ops::TpSubgroups tp_subgroup_;
+  std::unique_ptr<OffloadStore> offload_;
+  // parallel.offload: the byte ranges of the store each bucket's update reads, by bucket.
+  std::map<int, std::vector<std::pair<const void*, std::size_t>>> offloaded_ranges_;
   model::Model model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LrSchedule lr_schedule_;

@@ -414,11 +414,13 @@ void write_run_description(const RunConfig& config, TrainingEngine& engine, comm
       {"schedule", schedule_description(engine.schedule_spec())},
       {"activation_compression", config.parallel.activation_compression},
       {"zero", engine.zero_stage()},
+      {"offload", config.parallel.offload},
       {"memory_bytes",
        {{"parameters", memory.params - memory.working_copy},
         {"gradients", memory.grads},
         {"optimizer", memory.optimizer},
-        {"activations", memory.activations}}}};
+        {"activations", memory.activations},
+        {"offloaded", memory.offloaded}}}};
   if (memory.working_copy > 0) {
     run["memory_bytes"]["working_copy"] = memory.working_copy;
     run["gemm16_path"] = engine.gemm16().description;
@@ -523,16 +525,22 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
           ? fmt::format("; ZeRO-{}: the state{} of this rank's blocks only", engine.zero_stage(),
                         engine.zero_stage() >= 2 ? " and gradients" : "")
           : std::string();
+  const std::string offload =
+      memory.offloaded > 0
+          ? fmt::format("; {:.1f} MiB of it ({}) offloaded to a scratch file in {}",
+                        static_cast<double>(memory.offloaded) / mib, config.parallel.offload,
+                        config.parallel.offload_dir)
+          : std::string();
   log_info("memory per rank: parameters {:.1f} MiB{}, gradients {:.1f} MiB, optimizer state "
            "{:.1f} MiB ({}, {} bytes, {:.3g} bytes per parameter{}), activations {:.1f} MiB; "
-           "{:.1f} MiB in all",
+           "{:.1f} MiB in memory{}",
            static_cast<double>(memory.params - memory.working_copy) / mib, working_copy,
            static_cast<double>(memory.grads) / mib, static_cast<double>(memory.optimizer) / mib,
            engine.optimizer().name(), memory.optimizer,
            static_cast<double>(memory.optimizer) /
                static_cast<double>(std::max<std::int64_t>(1, engine.model().param_count())),
            zero, static_cast<double>(memory.activations) / mib,
-           static_cast<double>(memory.total()) / mib);
+           static_cast<double>(memory.total()) / mib, offload);
   const schedule::ScheduleSpec& spec = engine.schedule_spec();
   const std::string& compression = config.parallel.activation_compression;
   log_info("schedule: {}, recompute {}, {} sub-batch(es) of {} sequences, {} micro-batch(es) "

@@ -190,6 +190,17 @@ TEST(Zero, DataParallelEqualsZeroZeroForEveryOptimizer) {
   }
 }
 
+// Offloading composes: ZeRO-2 whose state lives in a scratch file between steps.
+TEST(Zero, OffloadedStateEqualsZeroZero) {
+  if (mpitest::runtime().world_size() != 2) GTEST_SKIP() << "runs at 2 ranks";
+  comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), 1, 2, 1, mpitest::test_options());
+  const RunRecord reference = train_fresh(config("adamw", {.dp = 2}, 0), mesh);
+  RunConfig c = config("adamw", {.dp = 2}, 2);
+  c.parallel.offload = "optimizer";
+  c.parallel.offload_dir = std::filesystem::temp_directory_path().string();
+  expect_same(train_fresh(c, mesh), reference, "zero 2 with the optimizer state offloaded");
+}
+
 TEST(Zero, TensorParallelSchedulesAndPlansEqualZeroZero) {
   if (mpitest::runtime().world_size() != 4) GTEST_SKIP() << "needs 4 ranks (tp 2 x dp 2)";
   for (const std::string schedule : {"oases", "megatron"})
