@@ -75,9 +75,11 @@ struct Profile {
   std::int64_t micro_batch = 1;
   int sub_batches = 1;
   // Bytes of one activation element of the run's precision (4: fp32, 8: fp64, 2: bf16 and
-  // fp16), and the bytes held per parameter byte besides parameters and gradients: the
-  // optimizer's state (AdamW: 2 moments) plus, under mixed precision, the 16-bit working copy
-  // (0.5 of the fp32 master), for the memory model.
+  // fp16), and the bytes held per parameter byte besides one copy of the parameters and one of
+  // the gradients, for the memory model: the optimizer's state (AdamW: 2 moments; under ZeRO
+  // this rank's blocks), under mixed precision the 16-bit working copy (0.5 of the fp32
+  // master), less what ZeRO-2 gives back of the gradients and what parallel.offload keeps off
+  // memory (so it may be negative).
   std::int64_t element_bytes = 4;
   double optimizer_state_ratio = 2;
   std::vector<DegreeProfile> degrees;  // ascending

@@ -178,18 +178,18 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     const auto& layer0 = engine.model().layout().groups().at(1);  // the first layer's parameters
     degree.parameter_bytes_per_layer = (layer0.second - layer0.first) * element;
     degree.parameter_bytes = engine.model().param_count() * element;
-    // Besides parameters and gradients: the optimizer's state (under ZeRO the blocks this rank
-    // owns, per parameter it holds) and, under mixed precision, the 16-bit working copy of the
-    // parameters.
-    const double working_copy =
-        engine.model().mixed_precision()
-            ? static_cast<double>(dtype_size(engine.model().activation_dtype()))
-            : 0.0;
+    // Per parameter byte, what the engine holds besides one copy of the parameters and one of
+    // the gradients, from the same figures the start-up line gives: the optimizer's state
+    // (under ZeRO the blocks this rank owns), the 16-bit working copy of mixed precision,
+    // less what ZeRO-2 gives back of the gradients and what is offloaded (so it may be
+    // negative).
+    const MemoryFigures memory = engine.memory_figures();
+    const double parameter_bytes = static_cast<double>(
+        std::max<std::int64_t>(1, engine.model().param_count()) * element);
     profile.optimizer_state_ratio =
-        (static_cast<double>(engine.optimizer().state_bytes()) /
-             static_cast<double>(std::max<std::int64_t>(1, engine.model().param_count())) +
-         working_copy) /
-        static_cast<double>(element);
+        static_cast<double>(memory.params + memory.grads + memory.optimizer - memory.offloaded) /
+            parameter_bytes -
+        2.0;
     degree.static_activation_bytes =
         static_cast<std::int64_t>(engine.model().static_activation_bytes());
     const OverlapSlowdown slowdown = measure_overlap_slowdown(mesh.tp_group(), c);
