@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/philox.h"
 #include "kernels/kernels.h"
+#include "support/numbers.h"
 #include "train/engine.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,8 @@
 
 namespace oases::model {
 namespace {
+
+using oases::testing::relative_difference;
 
 // Odd sizes everywhere: hidden not a power of two, head_dim not a multiple of the SIMD width,
 // ffn_hidden and the vocabulary prime.
@@ -73,15 +76,6 @@ std::vector<double> row_of(const Tensor& logits, std::int64_t r) {
             ? logits.data<double>()[r * vocab + v]
             : static_cast<double>(logits.data<float>()[r * vocab + v]);
   return row;
-}
-
-double relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (a[i] - b[i]) * (a[i] - b[i]);
-    norm += b[i] * b[i];
-  }
-  return std::sqrt(diff / norm);
 }
 
 // The full forward pass's logits [seq, vocab] of `tokens` and the incremental decoder's at

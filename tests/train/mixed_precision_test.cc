@@ -8,6 +8,7 @@
 #include "data/prepare_data.h"
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
+#include "support/numbers.h"
 #include "support/runs.h"
 #include "train/trainer.h"
 
@@ -21,6 +22,8 @@
 
 namespace oases::train {
 namespace {
+
+using oases::testing::relative_difference;
 
 namespace fs = std::filesystem;
 
@@ -56,15 +59,6 @@ std::vector<double> as_doubles(const Tensor& t) {
   std::vector<double> out(static_cast<std::size_t>(t.numel()));
   kernels::convert(t, Tensor::of(out.data(), {t.numel()}));
   return out;
-}
-
-double relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (a[i] - b[i]) * (a[i] - b[i]);
-    norm += b[i] * b[i];
-  }
-  return std::sqrt(diff / norm);
 }
 
 // The gradient of one batch in each precision against fp64's. Every activation a 16-bit run

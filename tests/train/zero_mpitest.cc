@@ -10,6 +10,7 @@
 #include "core/philox.h"
 #include "kernels/kernels.h"
 #include "mpi_test_support.h"
+#include "support/numbers.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/trainer.h"
@@ -24,6 +25,9 @@
 
 namespace oases::train {
 namespace {
+
+using oases::testing::relative_difference;
+using oases::testing::values;
 
 namespace mpitest = comm::mpitest;
 
@@ -72,21 +76,6 @@ std::vector<std::int32_t> tokens(std::int64_t step, std::uint32_t stream, std::i
         philox4x32({static_cast<std::uint32_t>(i), stream, static_cast<std::uint32_t>(step), 0},
                    {7, 11})[0] % 50);
   return t;
-}
-
-std::vector<double> values(const Tensor& t) {
-  std::vector<double> out(static_cast<std::size_t>(t.numel()));
-  kernels::convert(t, Tensor::of(out.data(), {t.numel()}));
-  return out;
-}
-
-double relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (a[i] - b[i]) * (a[i] - b[i]);
-    norm += b[i] * b[i];
-  }
-  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
 }
 
 struct RunRecord {
