@@ -216,7 +216,7 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
                                                     "parallel.offload_dir")),
       model_(config.model,
              model_options(config, spec_, *tp_, *pp_, groups, gemm16_.paths, offload_.get())),
-      optimizer_(make_engine_optimizer(groups)),
+      optimizer_(make_engine_optimizer()),
       // With train.lr = 0 (Adafactor's relative step) every rate is 0, min_lr included.
       lr_schedule_{config.train.lr, config.train.lr == 0 ? 0.0 : config.train.min_lr,
                    config.train.warmup_steps, config.train.lr_decay_steps, config.train.steps},
@@ -260,7 +260,7 @@ std::unique_ptr<optim::Optimizer> TrainingEngine::make_whole_optimizer() const {
                                shard_reducer(whole, model_.layout(), *tp_, tp_subgroup_));
 }
 
-std::unique_ptr<optim::Optimizer> TrainingEngine::make_engine_optimizer(const ParallelGroups&) {
+std::unique_ptr<optim::Optimizer> TrainingEngine::make_engine_optimizer() {
   const optim::FlatLayout whole = flat_layout(model_.layout(), model_.dtype());
   const optim::OptimizerConfig settings = optimizer_config(config_.train);
   optim::FlatLayout mine = whole;
@@ -318,7 +318,11 @@ std::int64_t TrainingEngine::owned_start(const optim::StateTensor& state) const 
 
 void TrainingEngine::save_whole_optimizer_state(
     const std::function<void(optim::Optimizer&)>& save) {
-  if (zero_buckets_.empty()) return save(*optimizer_);
+  if (zero_buckets_.empty()) {
+    save(*optimizer_);
+    if (offload_) offload_->evict_all();  // what the save read goes back to the store
+    return;
+  }
   const std::unique_ptr<optim::Optimizer> whole = make_whole_optimizer();
   std::map<std::string, Tensor> whole_views;
   for (const optim::StateTensor& s : whole->state_tensors()) whole_views.emplace(s.name, s.view);
@@ -334,6 +338,7 @@ void TrainingEngine::save_whole_optimizer_state(
     const auto zero = zero_buckets_.find(model_.layout().find(s.param).group);
     if (zero != zero_buckets_.end()) zero->second.group->all_reduce(s.view, comm::ReduceOp::sum);
   }
+  if (offload_) offload_->evict_all();
   save(*whole);
 }
 
@@ -618,7 +623,8 @@ void TrainingEngine::finish_reductions(std::vector<std::unique_ptr<comm::Work>>&
   // ZeRO: the two stages holding a tied parameter cut it differently (it sits in different
   // buckets there), so each first gathers its reduced gradient whole over its own group.
   std::vector<std::unique_ptr<comm::Work>> gathers;
-  for (const std::string& name : tied_params_) {
+  const bool holds_tied = pp_->rank() == 0 || pp_->rank() == pp_->size() - 1;
+  for (const std::string& name : holds_tied ? tied_params_ : std::vector<std::string>{}) {
     const model::ParamSpec& p = model_.layout().find(name);
     const auto zero = zero_buckets_.find(p.group);
     if (zero == zero_buckets_.end()) continue;

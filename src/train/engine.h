@@ -245,7 +245,7 @@ class TrainingEngine {
   // rank's updated blocks gathered, and the 16-bit copy refreshed.
   void step_optimizer(std::int64_t step);
   // ZeRO: the owned layout and the optimizer over it (or the whole layout without ZeRO).
-  std::unique_ptr<optim::Optimizer> make_engine_optimizer(const ParallelGroups& groups);
+  std::unique_ptr<optim::Optimizer> make_engine_optimizer();
   // ZeRO: where the part of a parameter that optimizer state `state` (of a cut parameter, so
   // element-wise) belongs to starts in the whole parameter.
   std::int64_t owned_start(const optim::StateTensor& state) const;
