@@ -106,6 +106,10 @@ struct SegmentShape {
   // run on every micro-batch and sub-batch (-1: none). Lets the data-parallel reduction of later
   // layers overlap the backward pass of earlier ones.
   int ready_bucket = -1;
+  // Gradient buckets (parameter groups, model::Model::Bucket::id) whose parameters the
+  // segment's Forward, Recompute, Backward and BackwardWeight read, ascending. Under ZeRO-3
+  // (schedule::shard_parameters) each must be gathered (WaitParams) before any of them runs.
+  std::vector<int> param_buckets = {};
   // Zero-bubble split of the backward pass (schedule/schedule.h: Backward with input_only,
   // BackwardWeight). With has_weight_part, the segment's backward stages can run as their input
   // part alone (everything the previous segment and a previous pipeline chunk wait for), leaving
@@ -142,6 +146,10 @@ struct Program {
   // (bytes - statistics bytes) / set_element_bytes elements in the encoding, and its
   // statistics as they were.
   std::size_t set_element_bytes = 4;
+  // Bytes of the parameters forward and backward read (the 16-bit copy under mixed precision)
+  // of each gradient bucket on this rank, indexed by bucket id (0 for ids this rank does not
+  // hold): what a ZeRO-3 gather brings in, for pricing it.
+  std::vector<std::size_t> bucket_param_bytes = {};
 };
 
 inline std::size_t statistics_bytes_of(const SegmentShape& shape, TensorSet set) {

@@ -33,6 +33,11 @@ struct StepHooks {
   // UseWeights(batch): the parameters segments read must hold the version `batch` computes with
   // (2bw weight stashing; schedule/pipeline_2bw.h).
   std::function<void(int batch)> use_weights = nullptr;
+  // ZeRO-3: GatherParams(bucket) starts the gather of a bucket's parameters, WaitParams(bucket)
+  // waits for it, ReleaseParams(bucket) gives back the blocks this rank does not own.
+  std::function<void(int bucket)> gather_params = nullptr;
+  std::function<void(int bucket)> wait_params = nullptr;
+  std::function<void(int bucket)> release_params = nullptr;
 };
 
 struct ExecutionStats {

@@ -128,6 +128,11 @@ enum class Op : std::uint8_t {
   encode,          // Encode(s, sets, mb, sb): hold live `sets` encoded (compress_kept_sets);
                    //   nothing reads them until their Decode
   decode,          // Decode(s, sets, mb, sb): bring encoded `sets` back, rounded by the encoding
+  gather_params,   // GatherParams(bucket): start gathering the bucket's parameters from the
+                   //   ranks that own their blocks (ZeRO-3; shard_parameters); asynchronous
+  wait_params,     // WaitParams(bucket): the gather has arrived; compute may read the bucket
+  release_params,  // ReleaseParams(bucket): give back the blocks of the bucket's parameters
+                   //   this rank does not own; they read as nothing until gathered again
 };
 
 enum class Direction : std::uint8_t { forward, backward };
@@ -197,6 +202,14 @@ struct ScheduleSpec {
   // parallel.recompute_every, by default default_recompute_every(model layers)). The other
   // policies do not read it.
   int recompute_every = 0;
+  // ZeRO-3 (parallel.zero = 3): parameters are sharded between uses, and the schedule gathers
+  // each bucket before the compute that reads it (shard_parameters). The verifier then holds
+  // every compute instruction to gathered parameters.
+  bool sharded_params = false;
+  // parallel.zero3_reshard_after_forward: true releases a bucket after its forward uses and
+  // gathers it again for the backward; false keeps it from a micro-batch's forward to its
+  // backward.
+  bool reshard_after_forward = true;
 };
 
 // k = round(sqrt(layers)), at least 1: the group size that minimises L / k + k, kept inputs
@@ -365,6 +378,18 @@ std::size_t peak_activation_bytes(const ops::Program& program, const Schedule& s
 // REQUIRES: `schedule` verifies; the result verifies too.
 void compress_kept_sets(const ops::Program& program, Schedule& schedule,
                         ops::ActivationEncoding encoding);
+
+// ZeRO-3 (spec.sharded_params): inserts the gathers and releases of parameter buckets
+// (ops::SegmentShape::param_buckets). A bucket's uses (the compute instructions that read it,
+// in order) fall into windows: a window ends after a backward-side use (Recompute, Backward,
+// BackwardWeight) followed by a forward one, and, with spec.reshard_after_forward, also after
+// a forward use followed by a backward-side one. Each window gets GatherParams(b) one compute
+// instruction ahead of its first use (so the gather travels while that instruction computes;
+// never before the previous window's release), WaitParams(b) right before its first use, and
+// ReleaseParams(b) right after its last. Nothing else moves. REQUIRES: `schedule` verifies
+// without sharded parameters and holds no parameter instructions; the result verifies with
+// them.
+void shard_parameters(const ops::Program& program, const ScheduleSpec& spec, Schedule& schedule);
 
 std::string to_string(const Instruction& instruction);
 std::string to_string(const Schedule& schedule);  // one instruction per line
