@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # ZeRO stages side by side at dp = 2 on the step-benchmark model (configs/bench.toml: GPT, 6
 # layers, hidden 512, seq 256, vocab 50304, micro-batch 8, one micro-batch per rank), from one
-# build in one invocation, for parallel.zero = 0, 1, 2 and zero 2 with the optimizer state
-# offloaded to a scratch file (parallel.offload = "optimizer", offload_dir = a temporary folder
-# on the local disk):
+# build in one invocation, for parallel.zero = 0, 1, 2, 3 and zero 2 and 3 with the optimizer
+# state offloaded to a scratch file (parallel.offload = "optimizer", offload_dir = a temporary
+# folder on the local disk):
 #  1. per-rank bytes (parameters, gradients, optimizer state, what of them is offloaded, peak
 #     activations, the process's peak resident set) and the mean step time of steps 2..S, the
 #     configurations alternating round by round so that all see the same machine load (2
@@ -22,11 +22,11 @@ source bench/capped_loopback.sh
 bench_steps=${1:-4}
 rounds=${2:-2}
 limit=${3:-1200000000}
-stages=(0 1 2 2o)
+stages=(0 1 2 2o 3 3o)
 # The settings of each configuration.
 settings() {
   case $1 in
-    2o) echo "parallel.zero=2 parallel.offload=\"optimizer\" parallel.offload_dir=\"$out\"" ;;
+    2o|3o) echo "parallel.zero=${1%o} parallel.offload=\"optimizer\" parallel.offload_dir=\"$out\"" ;;
     *) echo "parallel.zero=$1" ;;
   esac
 }
@@ -104,7 +104,8 @@ for z in stages:
     rows[z] = dict(time=statistics.mean(times), last=last, volume=per_step,
                    largest=int(open(f"{out}/largest_z{z}").read()))
 print("step-benchmark model at dp = 2, per rank (MiB):")
-print("(zero 2o: zero 2 with the optimizer state offloaded; 'offloaded' is not in memory)")
+print("(2o, 3o: zero 2, 3 with the optimizer state offloaded; 'offloaded' is not in memory;")
+print(" zero 3's params include what a step holds gathered at once)")
 print(f"{'zero':>4} {'params':>8} {'grads':>8} {'optimizer':>10} {'offloaded':>10} {'activations':>12} "
       f"{'peak RSS':>9} {'step s':>7} {'vs 0':>5} {'MB/step':>8} {'vs 0':>5}")
 for z, row in rows.items():

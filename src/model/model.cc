@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 
 namespace oases::model {
@@ -120,6 +121,7 @@ class Model::Builder final : public ParamResolver {
     const ParamSpec& spec = m_.layout_.find(name);
     auto [it, inserted] = first_user_.try_emplace(spec.group, segment_);
     if (!inserted) it->second = std::min(it->second, segment_);
+    groups_of_segment_[segment_].insert(spec.group);
     return {m_.layout_.view(m_.compute_params(), spec), m_.layout_.view(m_.grads_, spec)};
   }
   bool has(const std::string& name) const override { return m_.layout_.has(name); }
@@ -288,9 +290,17 @@ class Model::Builder final : public ParamResolver {
     for (int i = 0; i < next_id(); ++i) {
       ops::SegmentShape shape = m_.segments_[static_cast<std::size_t>(i)]->shape();
       if (auto it = ready.find(i); it != ready.end()) shape.ready_bucket = it->second;
+      if (auto it = groups_of_segment_.find(i); it != groups_of_segment_.end())
+        shape.param_buckets.assign(it->second.begin(), it->second.end());
       m_.program_.segments.push_back(std::move(shape));
     }
     m_.program_.set_element_bytes = dtype_size(m_.context_.dtype);
+    const std::size_t param_element = dtype_size(m_.compute_params().dtype());
+    for (const Bucket& b : m_.buckets_) {
+      auto& bytes = m_.program_.bucket_param_bytes;
+      if (bytes.size() <= static_cast<std::size_t>(b.id)) bytes.resize(b.id + 1, 0);
+      bytes[static_cast<std::size_t>(b.id)] = static_cast<std::size_t>(b.end - b.begin) * param_element;
+    }
   }
 
   Model& m_;
@@ -298,6 +308,7 @@ class Model::Builder final : public ParamResolver {
   const Architecture& arch_;
   int segment_ = 0;  // the segment whose parameters are being resolved
   mutable std::map<int, int> first_user_;  // group -> first segment using it
+  mutable std::map<int, std::set<int>> groups_of_segment_;  // segment -> groups it reads
   std::int64_t scratch_wide_ = 1;
   Tensor rope_cos_, rope_sin_;
 };
@@ -318,8 +329,16 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   layout_ = model_param_layout(config_, options_.tp->rank(), options_.tp->size(),
                                options_.layer_degrees, options_.layer_ranges);
   const auto bytes = static_cast<std::size_t>(layout_.total_numel()) * dtype_size(options_.dtype);
-  param_buffer_ = options_.allocate_params ? options_.allocate_params(bytes) : Buffer(bytes);
-  params_ = param_buffer_.tensor(options_.dtype, {layout_.total_numel()});
+  if (options_.allocate_params) {
+    param_buffer_ = options_.allocate_params(bytes);
+    params_ = param_buffer_.tensor(options_.dtype, {layout_.total_numel()});
+  } else if (options_.pageable_params) {
+    pageable_param_buffer_ = PageableBuffer(bytes);
+    params_ = pageable_param_buffer_.tensor(options_.dtype, {layout_.total_numel()});
+  } else {
+    param_buffer_ = Buffer(bytes);
+    params_ = param_buffer_.tensor(options_.dtype, {layout_.total_numel()});
+  }
   if (options_.pageable_grads) {
     pageable_grad_buffer_ = PageableBuffer(bytes);
     grads_ = pageable_grad_buffer_.tensor(options_.dtype, {layout_.total_numel()});
@@ -329,9 +348,14 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   }
   if (options_.mixed_precision) {
     const DType half = *options_.mixed_precision;
-    compute_param_buffer_ =
-        Buffer(static_cast<std::size_t>(layout_.total_numel()) * dtype_size(half));
-    compute_params_ = compute_param_buffer_.tensor(half, {layout_.total_numel()});
+    const auto half_bytes = static_cast<std::size_t>(layout_.total_numel()) * dtype_size(half);
+    if (options_.pageable_params) {
+      pageable_compute_param_buffer_ = PageableBuffer(half_bytes);
+      compute_params_ = pageable_compute_param_buffer_.tensor(half, {layout_.total_numel()});
+    } else {
+      compute_param_buffer_ = Buffer(half_bytes);
+      compute_params_ = compute_param_buffer_.tensor(half, {layout_.total_numel()});
+    }
   }
 
   context_.dtype = options_.mixed_precision.value_or(options_.dtype);
@@ -393,6 +417,45 @@ void Model::initialize(std::uint64_t seed) {
 
 void Model::refresh_compute_params() {
   if (mixed_precision()) kernels::convert(params_, compute_params_);
+}
+
+void Model::refresh_compute_params(std::int64_t begin, std::int64_t end) {
+  OASES_ASSERT(0 <= begin && begin <= end && end <= params_.numel(),
+               "refresh of parameters [{}, {}) of {}", begin, end, params_.numel());
+  if (mixed_precision() && begin < end)
+    kernels::convert(params_.view(begin, {end - begin}), compute_params_.view(begin, {end - begin}));
+}
+
+void Model::release_compute_params(std::int64_t begin, std::int64_t end) {
+  OASES_ASSERT(options_.pageable_params && 0 <= begin && begin <= end && end <= params_.numel(),
+               "release of parameters [{}, {}) of {} (pageable: {})", begin, end,
+               params_.numel(), options_.pageable_params);
+  const Tensor& copy = compute_params();
+  const std::size_t element = dtype_size(copy.dtype());
+  PageableBuffer& pages =
+      mixed_precision() ? pageable_compute_param_buffer_ : pageable_param_buffer_;
+  if (pages.data() == nullptr) return;  // the master placed by allocate_params
+  pages.release(static_cast<std::size_t>(begin) * element,
+                static_cast<std::size_t>(end - begin) * element);
+}
+
+void Model::release_master_params(std::int64_t begin, std::int64_t end) {
+  OASES_ASSERT(options_.pageable_params && mixed_precision() && 0 <= begin && begin <= end &&
+                   end <= params_.numel(),
+               "release of master parameters [{}, {}) of {}", begin, end, params_.numel());
+  if (pageable_param_buffer_.data() == nullptr) return;
+  const std::size_t element = dtype_size(options_.dtype);
+  pageable_param_buffer_.release(static_cast<std::size_t>(begin) * element,
+                                 static_cast<std::size_t>(end - begin) * element);
+}
+
+std::size_t Model::resident_param_bytes() const {
+  const auto resident = [](const PageableBuffer& pages, const Tensor& whole) {
+    return pages.data() != nullptr ? pages.resident_bytes() : whole.nbytes();
+  };
+  std::size_t bytes = resident(pageable_param_buffer_, params_);
+  if (mixed_precision()) bytes += resident(pageable_compute_param_buffer_, compute_params_);
+  return bytes;
 }
 
 }  // namespace oases::model

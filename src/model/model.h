@@ -70,6 +70,10 @@ struct ModelOptions {
   // The gradients in pages the operating system can take back (core/pageable_buffer.h):
   // release_grads() gives ranges back, zero_grads() leaves them given back (ZeRO-2).
   bool pageable_grads = false;
+  // The parameters (the master copy, unless allocate_params places it, and the 16-bit copy
+  // under mixed precision) in pages the operating system can take back as well:
+  // release_params() gives ranges back (ZeRO-3).
+  bool pageable_params = false;
   // Where the parameters (the master copy) live: a zeroed buffer of the given size; empty: the
   // heap. Under mixed precision parallel.offload = "optimizer+params" passes an OffloadStore's.
   std::function<Buffer(std::size_t bytes)> allocate_params;
@@ -109,6 +113,17 @@ class Model {
   // changes params() (an optimizer step, a checkpoint load, a weight-version swap) calls it
   // before the next forward.
   void refresh_compute_params();
+  // The same for elements [begin, end) alone (ZeRO-3: the blocks a rank owns).
+  void refresh_compute_params(std::int64_t begin, std::int64_t end);
+  // ZeRO-3 (pageable_params): gives back the pages of parameter elements [begin, end) of the
+  // copy forward and backward read (compute_params(); params() itself without mixed
+  // precision), or of the master copy params() (mixed precision only; nothing when
+  // allocate_params placed it). Released elements read as zeros until written.
+  void release_compute_params(std::int64_t begin, std::int64_t end);
+  void release_master_params(std::int64_t begin, std::int64_t end);
+  // Bytes of parameter pages resident now: the master copy and the 16-bit copy (every byte
+  // of them without pageable_params).
+  std::size_t resident_param_bytes() const;
   std::int64_t param_count() const { return layout_.total_numel(); }  // incl. alignment padding
 
   // Gradients := 0 (with pageable_grads: writing only the resident pages).
@@ -148,6 +163,8 @@ class Model {
   ParamLayout layout_;
   Buffer param_buffer_, grad_buffer_, compute_param_buffer_;
   PageableBuffer pageable_grad_buffer_;  // instead of grad_buffer_ with pageable_grads
+  // Instead of param_buffer_ and compute_param_buffer_ with pageable_params.
+  PageableBuffer pageable_param_buffer_, pageable_compute_param_buffer_;
   Tensor params_, grads_, compute_params_;
   Arena arena_;
   ops::ActivationStore store_;

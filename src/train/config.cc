@@ -137,6 +137,8 @@ const std::map<std::string, SectionFields>& schema() {
         {"memory_limit", bind(&RunConfig::parallel, &ParallelConfig::memory_limit)},
         {"dp_sync_every", bind(&RunConfig::parallel, &ParallelConfig::dp_sync_every)},
         {"zero", bind(&RunConfig::parallel, &ParallelConfig::zero)},
+        {"zero3_reshard_after_forward",
+         bind(&RunConfig::parallel, &ParallelConfig::zero3_reshard_after_forward)},
         {"offload", bind(&RunConfig::parallel, &ParallelConfig::offload)},
         {"offload_dir", bind(&RunConfig::parallel, &ParallelConfig::offload_dir)},
         {"comm_timeout_s", bind(&RunConfig::parallel, &ParallelConfig::comm_timeout_s)},
@@ -783,9 +785,11 @@ void RunConfig::validate() const {
               "parallel.zero = {} is not a ZeRO stage; valid: 0 (none), 1 (optimizer state "
               "partitioned), 2 (and gradients), 3 (and parameters)",
               p.zero);
-  OASES_CHECK(p.zero <= 2,
-              "parallel.zero = {} is not available yet (parameters stay whole on every rank); "
-              "valid: 0, 1 (optimizer state partitioned) or 2 (and gradients)",
+  OASES_CHECK(p.zero <= 2 || schedule::parse_pipeline_kind(p.pipeline, "parallel.pipeline") !=
+                                 schedule::PipelineKind::two_bw,
+              "parallel.zero = {} does not run with parallel.pipeline = \"2bw\" (its two "
+              "weight versions are whole copies); valid: parallel.zero = 0, 1 or 2 with 2bw, or "
+              "another parallel.pipeline",
               p.zero);
   OASES_CHECK(p.zero == 0 || p.dp_sync_every == 1,
               "parallel.zero = {} with parallel.dp_sync_every = {}: local SGD keeps a whole "
@@ -871,6 +875,8 @@ std::string to_toml(const RunConfig& c) {
                                       {"memory_limit", c.parallel.memory_limit},
                                       {"dp_sync_every", c.parallel.dp_sync_every},
                                       {"zero", c.parallel.zero},
+                                      {"zero3_reshard_after_forward",
+                                       c.parallel.zero3_reshard_after_forward},
                                       {"offload", c.parallel.offload},
                                       {"offload_dir", c.parallel.offload_dir},
                                       {"comm_timeout_s", c.parallel.comm_timeout_s},

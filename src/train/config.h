@@ -60,9 +60,14 @@ struct ParallelConfig {
   // below tp, its replica group): 0 none; 1 each rank keeps the optimizer state of its own
   // 1/n block of every bucket, receives only that block's gradient sum, updates it and gathers
   // the others' updated blocks (optim/zero_partition.h); 2 also keeps only its blocks of the
-  // gradients once a bucket is reduced (model::ModelOptions::pageable_grads). 3 is not
-  // available yet.
+  // gradients once a bucket is reduced (model::ModelOptions::pageable_grads); 3 also keeps
+  // only its blocks of the parameters between uses: the training schedule gathers each bucket
+  // before the compute that reads it and releases it after (schedule::shard_parameters).
   std::int64_t zero = 0;
+  // ZeRO-3: true releases a bucket's gathered parameters after a micro-batch's forward and
+  // gathers them again for its backward; false keeps them from forward to backward (fewer
+  // gathers, more memory).
+  bool zero3_reshard_after_forward = true;
   // "none", "optimizer" (the optimizer state) or "optimizer+params" (and the fp32 master
   // weights; mixed precision only) kept in a scratch file under offload_dir between optimizer
   // steps and read back ahead of each bucket's update (core/offload_store.h).

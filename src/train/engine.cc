@@ -74,6 +74,7 @@ model::ModelOptions model_options(const RunConfig& config, const schedule::Sched
   for (const auto& [begin, end] : stage_layer_ranges(config, pp.rank()))
     o.layer_ranges.push_back({begin, end});
   o.pageable_grads = config.parallel.zero >= 2;
+  o.pageable_params = config.parallel.zero >= 3;
   if (offload != nullptr && config.parallel.offload == "optimizer+params")
     o.allocate_params = [offload](std::size_t bytes) { return offload->allocate(bytes); };
   return o;
@@ -246,6 +247,101 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
         if (p.name == q.name) tied_params_.push_back(p.name);
     }
   }
+  // ZeRO-3: from here on each rank holds only its blocks of the parameters between uses.
+  spec_.sharded_params = zero_stage_ >= 3 && !zero_buckets_.empty();
+  spec_.reshard_after_forward = config.parallel.zero3_reshard_after_forward;
+  // ZeRO-1 and 2: the blocks an update changed are gathered by the next step's schedule,
+  // ahead of their first use, so the gathers travel while the forward computes. 2bw swaps
+  // whole weight versions between its batches and gathers at the update instead.
+  spec_.deferred_param_gather = zero_stage_ >= 1 && zero_stage_ <= 2 &&
+                                !zero_buckets_.empty() && !two_bw_;
+  shard_params();
+}
+
+void TrainingEngine::for_each_foreign_range(
+    int bucket, const std::function<void(std::int64_t, std::int64_t)>& visit) const {
+  const auto zero = zero_buckets_.find(bucket);
+  if (zero == zero_buckets_.end()) return;
+  const model::Model::Bucket& b = model_.bucket(bucket);
+  const auto block = static_cast<std::size_t>(zero->second.group->rank());
+  if (b.begin < zero->second.cuts[block]) visit(b.begin, zero->second.cuts[block]);
+  if (zero->second.cuts[block + 1] < b.end) visit(zero->second.cuts[block + 1], b.end);
+}
+
+void TrainingEngine::shard_params() {
+  stale_buckets_.clear();  // whole parameters were written
+  if (!spec_.sharded_params) return;
+  for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
+    model_.refresh_compute_params(begin, end);
+  });
+  for (const auto& [id, zero] : zero_buckets_) {
+    for_each_foreign_range(id, [&](std::int64_t begin, std::int64_t end) {
+      model_.release_compute_params(begin, end);
+      if (model_.mixed_precision()) model_.release_master_params(begin, end);
+    });
+  }
+}
+
+void TrainingEngine::gather_whole_params() {
+  if (!spec_.sharded_params && stale_buckets_.empty()) return;
+  std::vector<std::unique_ptr<comm::Work>> gathers;
+  for (const auto& [id, zero] : zero_buckets_) {
+    // Deferred gathers: the master copy's other blocks are stale in every bucket (only the
+    // 16-bit copy is gathered ahead of use); without mixed precision only in stale buckets.
+    if (spec_.deferred_param_gather && !model_.mixed_precision() && !stale_buckets_.contains(id))
+      continue;
+    const model::Model::Bucket& b = model_.bucket(id);
+    gathers.push_back(zero.group->all_gather_blocks_async(
+        model_.params().view(b.begin, {b.end - b.begin}), zero.counts()));
+  }
+  for (auto& work : gathers) work->wait();
+  if (spec_.deferred_param_gather) {
+    model_.refresh_compute_params();
+    stale_buckets_.clear();
+  }
+}
+
+runtime::StepHooks TrainingEngine::with_param_hooks(runtime::StepHooks hooks) {
+  if (spec_.deferred_param_gather) {
+    // Only buckets updated since their last gather travel; the others are whole already.
+    hooks.gather_params = [this](int bucket) {
+      if (!stale_buckets_.contains(bucket)) return;
+      const ZeroBucket& zero = zero_buckets_.at(bucket);
+      const model::Model::Bucket& b = model_.bucket(bucket);
+      param_gathers_[bucket] = zero.group->all_gather_blocks_async(
+          model_.compute_params().view(b.begin, {b.end - b.begin}), zero.counts());
+    };
+    hooks.wait_params = [this](int bucket) {
+      const auto gather = param_gathers_.find(bucket);
+      if (gather == param_gathers_.end()) return;
+      gather->second->wait();
+      param_gathers_.erase(gather);
+      stale_buckets_.erase(bucket);
+    };
+    return hooks;
+  }
+  if (!spec_.sharded_params) return hooks;
+  // Buckets nobody else holds (not partitioned) stay whole: their instructions do nothing.
+  hooks.gather_params = [this](int bucket) {
+    const auto zero = zero_buckets_.find(bucket);
+    if (zero == zero_buckets_.end()) return;
+    OASES_ASSERT(!param_gathers_.contains(bucket), "bucket {} gathered twice", bucket);
+    const model::Model::Bucket& b = model_.bucket(bucket);
+    param_gathers_[bucket] = zero->second.group->all_gather_blocks_async(
+        model_.compute_params().view(b.begin, {b.end - b.begin}), zero->second.counts());
+  };
+  hooks.wait_params = [this](int bucket) {
+    const auto gather = param_gathers_.find(bucket);
+    if (gather == param_gathers_.end()) return;
+    gather->second->wait();
+    param_gathers_.erase(gather);
+  };
+  hooks.release_params = [this](int bucket) {
+    for_each_foreign_range(bucket, [&](std::int64_t begin, std::int64_t end) {
+      model_.release_compute_params(begin, end);
+    });
+  };
+  return hooks;
 }
 
 std::vector<std::int64_t> TrainingEngine::ZeroBucket::counts() const {
@@ -318,6 +414,7 @@ std::int64_t TrainingEngine::owned_start(const optim::StateTensor& state) const 
 
 void TrainingEngine::save_whole_optimizer_state(
     const std::function<void(optim::Optimizer&)>& save) {
+  gather_whole_params();  // ZeRO-3: the checkpoint holds whole parameters
   if (zero_buckets_.empty()) {
     save(*optimizer_);
     if (offload_) offload_->evict_all();  // what the save read goes back to the store
@@ -340,6 +437,7 @@ void TrainingEngine::save_whole_optimizer_state(
   }
   if (offload_) offload_->evict_all();
   save(*whole);
+  shard_params();
 }
 
 void TrainingEngine::load_whole_optimizer_state(
@@ -395,6 +493,8 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
   }
   if (training && compression_)
     schedule::compress_kept_sets(model_.program(), schedule, *compression_);
+  if (spec.sharded_params || spec.deferred_param_gather)
+    schedule::shard_parameters(model_.program(), spec, schedule);
   schedule::verify_schedule(model_.program(), spec, schedule);
   return schedules_.emplace(key, std::move(schedule)).first->second;
 }
@@ -421,7 +521,9 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
   const schedule::Schedule& schedule = schedule_for(sequences, training);
   model_.loss().reset();
   if (training) model_.zero_grads();
-  const runtime::ExecutionStats stats = executor_.run(schedule, ctx, hooks, listener_);
+  const runtime::ExecutionStats stats =
+      executor_.run(schedule, ctx, with_param_hooks(hooks), listener_);
+  OASES_ASSERT(param_gathers_.empty(), "{} parameter gathers left in flight", param_gathers_.size());
   if (result) {
     result->compute_seconds += stats.compute_seconds;
     result->exposed_comm_seconds += stats.exposed_comm_seconds;
@@ -462,7 +564,7 @@ void TrainingEngine::logits(const std::int32_t* inputs, const Tensor& out) {
   ctx.dropout_enabled = false;
   ctx.logits_out = out;
   ctx.micro_batches.push_back({inputs, nullptr, 0});
-  executor_.run(schedule_for(model_.micro_batch(), false), ctx, {}, nullptr);
+  executor_.run(schedule_for(model_.micro_batch(), false), ctx, with_param_hooks({}), nullptr);
 }
 
 StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inputs,
@@ -643,9 +745,32 @@ void TrainingEngine::finish_reductions(std::vector<std::unique_ptr<comm::Work>>&
 
 void TrainingEngine::step_optimizer(std::int64_t step) {
   const optim::StepInfo info{learning_rate(step), step + 1};
+  if (spec_.sharded_params) {
+    // ZeRO-3: each rank updates its own blocks; the next forward gathers them where needed.
+    for (const model::Model::Bucket& b : model_.grad_buckets())
+      optimizer_->step(model_.params(), model_.grads(), b.begin, b.end, info);
+    for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
+      model_.refresh_compute_params(begin, end);
+    });
+    if (offload_) offload_->evict_all();
+    return;
+  }
   if (zero_buckets_.empty()) {
     optimizer_->step(model_.params(), model_.grads(), info);
     model_.refresh_compute_params();
+    if (offload_) offload_->evict_all();
+    return;
+  }
+  if (spec_.deferred_param_gather) {
+    // ZeRO-1 and 2: the next run's schedule gathers the updated blocks ahead of their use
+    // (with mixed precision those of the 16-bit copy; the master's only for a checkpoint).
+    for (const model::Model::Bucket& b : model_.grad_buckets()) {
+      optimizer_->step(model_.params(), model_.grads(), b.begin, b.end, info);
+      if (zero_buckets_.contains(b.id)) stale_buckets_.insert(b.id);
+    }
+    for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
+      model_.refresh_compute_params(begin, end);
+    });
     if (offload_) offload_->evict_all();
     return;
   }
@@ -770,6 +895,24 @@ double TrainingEngine::clip_gradients(double loss_scale) {
   return norm;
 }
 
+std::size_t TrainingEngine::peak_gathered_param_bytes() {
+  if (!spec_.sharded_params) return 0;
+  std::size_t live = 0, peak = 0;
+  const auto foreign_bytes = [&](int bucket) {
+    std::int64_t elements = 0;
+    for_each_foreign_range(bucket, [&](std::int64_t begin, std::int64_t end) {
+      elements += end - begin;
+    });
+    return static_cast<std::size_t>(elements) * dtype_size(model_.compute_params().dtype());
+  };
+  for (const schedule::Instruction& ins : schedule_for(local_batch(), true)) {
+    if (ins.op == schedule::Op::gather_params) live += foreign_bytes(ins.bucket);
+    if (ins.op == schedule::Op::release_params) live -= foreign_bytes(ins.bucket);
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
 std::size_t TrainingEngine::activation_bytes() {
   return model_.static_activation_bytes() +
          schedule::peak_activation_bytes(model_.program(), schedule_for(local_batch(), true));
@@ -793,6 +936,22 @@ MemoryFigures TrainingEngine::memory_figures() {
   m.optimizer = optimizer_->state_bytes();
   m.activations = activation_bytes();
   m.offloaded = offload_ ? offload_->allocated_bytes() : 0;
+  if (spec_.sharded_params) {
+    // ZeRO-3: this rank's blocks of both copies, plus the most of the others' blocks the
+    // training schedule holds gathered at once (of the copy forward and backward read).
+    std::size_t owned = 0;
+    for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
+      owned += static_cast<std::size_t>(end - begin);
+    });
+    const std::size_t half =
+        model_.mixed_precision() ? dtype_size(model_.activation_dtype()) : 0;
+    const std::size_t gathered = peak_gathered_param_bytes();
+    m.working_copy = owned * half + (model_.mixed_precision() ? gathered : 0);
+    m.params = owned * element + owned * half + gathered;
+    // The store holds the whole master copy; only this rank's blocks of it stand for memory.
+    if (offload_ && config_.parallel.offload == "optimizer+params")
+      m.offloaded -= (count - owned) * element;
+  }
   return m;
 }
 

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -120,8 +121,17 @@ class TrainingEngine {
   // rank's parts (gathered over the groups that own them), `load` a fresh one to fill, whose
   // parts each rank then keeps. Every rank calls alike (collective over the data-parallel
   // groups); the whole state lives only during the call.
+  // Under ZeRO-3 `save` also sees whole parameters in model().params() (gathered for the
+  // call, given back after).
   void save_whole_optimizer_state(const std::function<void(optim::Optimizer&)>& save);
   void load_whole_optimizer_state(const std::function<void(optim::Optimizer&)>& load);
+  // Whoever writes whole parameters into model().params() (a checkpoint load, weights to
+  // start from) and refreshes the 16-bit copy calls this afterwards (every rank alike). ZeRO-3:
+  // the 16-bit copy of this rank's blocks is refreshed and the pages of the others' blocks are
+  // given back; ZeRO-1 and 2: nothing is left to gather.
+  void shard_params();
+  // Whether parameters are partitioned between uses (ZeRO-3 over a group of more than one).
+  bool params_sharded() const { return spec_.sharded_params; }
   // parallel.offload: the scratch store (null without offloading).
   const OffloadStore* offload_store() const { return offload_.get(); }
   // parallel.zero in effect (0 when no bucket is summed over more than one rank).
@@ -194,6 +204,9 @@ class TrainingEngine {
   // Peak activation bytes of a training step: slots and scratch plus the schedule's peak of
   // kept tensors (predicted from the program; the executor measures the same).
   std::size_t activation_bytes();
+  // ZeRO-3: the most bytes of other ranks' parameter blocks the training schedule holds
+  // gathered at once (0 otherwise).
+  std::size_t peak_gathered_param_bytes();
 
  private:
   // Runs the schedule over `sequences` local rows (global sample index of row 0:
@@ -244,6 +257,15 @@ class TrainingEngine {
   // The optimizer's update with learning rate of step `step` (0-based), then, under ZeRO, every
   // rank's updated blocks gathered, and the 16-bit copy refreshed.
   void step_optimizer(std::int64_t step);
+  // ZeRO-3: the schedule's GatherParams, WaitParams and ReleaseParams, added to `hooks`.
+  runtime::StepHooks with_param_hooks(runtime::StepHooks hooks);
+  // ZeRO-3: calls visit(begin, end) for the flat ranges of bucket `bucket` this rank does not
+  // own (none for a bucket that is not partitioned).
+  void for_each_foreign_range(int bucket,
+                              const std::function<void(std::int64_t, std::int64_t)>& visit) const;
+  // Makes the master parameters whole (blocking): ZeRO-3 gathers every partitioned bucket;
+  // deferred gathers (ZeRO-1 and 2) the stale ones, and refresh the 16-bit copy.
+  void gather_whole_params();
   // ZeRO: the owned layout and the optimizer over it (or the whole layout without ZeRO).
   std::unique_ptr<optim::Optimizer> make_engine_optimizer();
   // ZeRO: where the part of a parameter that optimizer state `state` (of a cut parameter, so
@@ -306,6 +328,11 @@ class TrainingEngine {
     int bucket = 0;
   };
   std::vector<UnreleasedBucket> unreleased_;
+  // ZeRO-3: the parameter gathers a GatherParams started and no WaitParams has waited for.
+  std::map<int, std::unique_ptr<comm::Work>> param_gathers_;
+  // ZeRO-1 and 2 (schedule::ScheduleSpec::deferred_param_gather): buckets whose other ranks'
+  // blocks changed in the last update and have not been gathered since.
+  std::set<int> stale_buckets_;
   ops::TpSubgroups tp_subgroup_;
   std::unique_ptr<OffloadStore> offload_;
   // parallel.offload: the byte ranges of the store each bucket's update reads, by bucket.

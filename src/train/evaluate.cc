@@ -200,6 +200,8 @@ EvalResult evaluate_checkpoint(const EvalOptions& o, comm::Mesh& mesh) {
   TrainingEngine engine(config, parallel_groups(mesh));
   load_model_weights(io::resolve_model_file(folder), engine.model().layout(),
                      engine.model().params());
+  engine.model().refresh_compute_params();
+  engine.shard_params();
   EvalResult result = evaluate_shard(engine, shard, *tokenizer, o.batches);
   result.checkpoint = folder;
   result.shard = shard.path;

@@ -212,6 +212,8 @@ std::int64_t restore(const RunConfig& config, const TrainOptions& options,
     if (progress)
       progress->log(LogLevel::info, fmt::format("initialised weights from {}", options.init_from));
   }
+  // ZeRO-3: whole parameters were written above; each rank keeps its own blocks.
+  engine.shard_params();
   return start_step;
 }
 

@@ -276,7 +276,8 @@ TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
   EXPECT_NE(error_of("[parallel]\ndp_sync_every = 4\ntp = 2\nplan = \"1,1,2,2\"\n").find("parallel.dp_sync_every = 4 needs parallel.plan = \"uniform\""), std::string::npos);
   EXPECT_NE(error_of("[parallel]\nzero = 4\n").find("parallel.zero = 4 is not a ZeRO stage; valid: 0 (none), 1"), std::string::npos);
   EXPECT_NE(error_of("[parallel]\nzero = -1\n").find("parallel.zero = -1 is not a ZeRO stage"), std::string::npos);
-  EXPECT_NE(error_of("[parallel]\nzero = 3\n").find("parallel.zero = 3 is not available yet"), std::string::npos);
+  EXPECT_EQ(error_of("[train]\nglobal_batch = 8\n[parallel]\nzero = 3\ndp = 2\nzero3_reshard_after_forward = false\n"), "");
+  EXPECT_NE(error_of("[parallel]\nzero = 3\npp = 2\npipeline = \"2bw\"\n").find("parallel.zero = 3 does not run with parallel.pipeline = \"2bw\""), std::string::npos);
   EXPECT_NE(error_of("[train]\nglobal_batch = 8\n[parallel]\nzero = 1\ndp = 2\ndp_sync_every = 4\n").find("parallel.zero = 1 with parallel.dp_sync_every = 4"), std::string::npos);
   EXPECT_EQ(error_of("[train]\nglobal_batch = 8\n[parallel]\nzero = 2\ndp = 2\n"), "");
 }

@@ -1,7 +1,8 @@
-// ZeRO stages 1 and 2 (parallel.zero) against the same layout without them, in fp64: every
+// ZeRO stages 1, 2 and 3 (parallel.zero) against the same layout without them, in fp64: every
 // rank keeps the optimizer state of its own block of each gradient bucket, receives only that
 // block's gradient sum and gathers the others' updated blocks; stage 2 also gives back the
-// gradient pages outside its blocks. Losses, gradient norms, parameters and the whole optimizer
+// gradient pages outside its blocks, stage 3 the parameter pages too, gathering each bucket
+// where the schedule reads it. Losses, gradient norms, parameters and the whole optimizer
 // state (as checkpoints gather it) agree with zero = 0 to relative 1e-10 over steps with
 // gradient accumulation and clipping, for every optimizer, with tensor and pipeline parallelism
 // and per-layer plans; checkpoints resume across zero stages; the bytes each rank holds follow
@@ -39,6 +40,7 @@ struct Layout {
   std::string pipeline = "1f1b";
   std::string plan = "uniform";
   std::int64_t micro_batch = 2;
+  std::string grad_reduce = "fp32";  // train.grad_reduce_dtype
 };
 
 RunConfig config(const std::string& optimizer, const Layout& layout, int zero) {
@@ -66,6 +68,7 @@ RunConfig config(const std::string& optimizer, const Layout& layout, int zero) {
   c.parallel.pipeline = layout.pipeline;
   c.parallel.plan = layout.plan;
   c.parallel.zero = zero;
+  c.train.grad_reduce_dtype = layout.grad_reduce;
   return c;
 }
 
@@ -84,14 +87,17 @@ struct RunRecord {
   std::map<std::string, std::vector<double>> state;   // whole optimizer state by name
   std::size_t state_bytes = 0;                        // this rank's optimizer
   std::size_t resident_grad_bytes = 0;                // after the last step
+  std::size_t resident_param_bytes = 0;               // after the last step
 };
 
-std::map<std::string, std::vector<double>> whole_state(TrainingEngine& engine) {
-  std::map<std::string, std::vector<double>> out;
+// The whole optimizer state and parameters, as a checkpoint sees them (ZeRO-3 gathers the
+// parameters for it).
+void record_whole(TrainingEngine& engine, RunRecord& run) {
+  run.state.clear();
   engine.save_whole_optimizer_state([&](optim::Optimizer& whole) {
-    for (const optim::StateTensor& s : whole.state_tensors()) out[s.name] = values(s.view);
+    for (const optim::StateTensor& s : whole.state_tensors()) run.state[s.name] = values(s.view);
+    run.params = values(engine.model().params());
   });
-  return out;
 }
 
 // `steps` optimizer steps from `first` on, every rank handing its engine its share of the
@@ -106,8 +112,8 @@ void train(TrainingEngine& engine, std::int64_t first, std::int64_t steps, RunRe
     run.losses.push_back(r.loss);
     run.norms.push_back(r.grad_norm);
   }
-  run.params = values(engine.model().params());
-  run.state = whole_state(engine);
+  run.resident_param_bytes = engine.model().resident_param_bytes();
+  record_whole(engine, run);
   run.state_bytes = engine.optimizer().state_bytes();
   run.resident_grad_bytes = engine.model().resident_grad_bytes();
 }
@@ -138,17 +144,27 @@ void expect_same(const RunRecord& zero, const RunRecord& reference, const std::s
 // Runs `layout` with zero 0, 1 and 2 on a mesh of it and compares; also checks that the state
 // is split: the ranks of a data-parallel group hold between them exactly the state of one
 // replica, and none much more than its share; and that stage 2 keeps less of the gradients.
-void compare(const std::string& optimizer, const Layout& layout) {
-  const std::string what = fmt::format("{} tp{} dp{} pp{} {} {} plan {}", optimizer, layout.tp,
-                                       layout.dp, layout.pp, layout.schedule, layout.pipeline,
-                                       layout.plan);
+void compare(const std::string& optimizer, const Layout& layout,
+             const std::vector<int>& stages = {1, 2, 3}) {
+  const std::string what = fmt::format("{} tp{} dp{} pp{} {} {} plan {} reduce {}", optimizer,
+                                       layout.tp, layout.dp, layout.pp, layout.schedule,
+                                       layout.pipeline, layout.plan, layout.grad_reduce);
   comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), layout.tp, layout.dp, layout.pp,
                                        mpitest::test_options());
   const RunRecord reference = train_fresh(config(optimizer, layout, 0), mesh);
-  for (const int stage : {1, 2}) {
+  for (const int stage : stages) {
     const std::string with = fmt::format("{} zero {}", what, stage);
     const RunRecord zero = train_fresh(config(optimizer, layout, stage), mesh);
     expect_same(zero, reference, with);
+    if (stage == 3) {
+      EXPECT_LT(zero.resident_param_bytes, reference.resident_param_bytes) << with;
+      // Keeping gathered parameters from forward to backward changes no result.
+      RunConfig kept = config(optimizer, layout, 3);
+      kept.parallel.zero3_reshard_after_forward = false;
+      expect_same(train_fresh(kept, mesh), reference, with + " kept from forward to backward");
+    } else {
+      EXPECT_EQ(zero.resident_param_bytes, reference.resident_param_bytes) << with;
+    }
     double bytes = static_cast<double>(zero.state_bytes);
     mesh.dp_group().all_reduce(Tensor::of(&bytes, {1}));
     if (layout.plan == "uniform") {
@@ -161,7 +177,7 @@ void compare(const std::string& optimizer, const Layout& layout) {
           << with;
     }
     EXPECT_LT(zero.state_bytes, reference.state_bytes) << with;
-    if (stage == 2) {
+    if (stage >= 2) {
       EXPECT_LT(zero.resident_grad_bytes, reference.resident_grad_bytes) << with;
     } else {
       EXPECT_EQ(zero.resident_grad_bytes, reference.resident_grad_bytes) << with;
@@ -173,6 +189,9 @@ TEST(Zero, DataParallelEqualsZeroZeroForEveryOptimizer) {
   if (mpitest::runtime().world_size() == 2) {
     for (const std::string optimizer : {"adamw", "adafactor", "sm3", "sgd"})
       compare(optimizer, {.dp = 2});
+    // Gradients reduced in bf16: each owner sums the same two rounded values the all-reduce
+    // sums, so the stages still agree (at 2 ranks; more would sum in another order).
+    compare("adamw", {.dp = 2, .grad_reduce = "bf16"});
   } else {
     ASSERT_EQ(mpitest::runtime().world_size(), 4);
     for (const std::string optimizer : {"adamw", "adafactor"}) compare(optimizer, {.dp = 4});
@@ -213,13 +232,15 @@ TEST(Zero, PipelinesEqualZeroZero) {
 // against each stage's formula per parameter: AdamW keeps 8 bytes of state per parameter in
 // fp32, mixed precision adds a 2-byte working copy to the 4-byte master; gradients are 4 bytes.
 //   zero 0: 4 (+2) + 4 + 8      zero 1: 4 (+2) + 4 + 8/dp      zero 2: 4 (+2) + 4/dp + 8/dp
+//   zero 3: 4/dp (+2/dp) + 4/dp + 8/dp, plus the other ranks' blocks of the buckets gathered at
+//   once during a step (none between steps)
 // within the blocks' rounding (a block holds ceil(bucket / dp) elements; pages of 4 KiB cut
-// the gradient blocks).
+// the gradient and parameter blocks).
 TEST(Zero, PerRankBytesFollowTheFormulas) {
   if (mpitest::runtime().world_size() != 2) GTEST_SKIP() << "runs at 2 ranks";
   comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), 1, 2, 1, mpitest::test_options());
   for (const std::string precision : {"fp32", "bf16"}) {
-    for (const int stage : {0, 1, 2}) {
+    for (const int stage : {0, 1, 2, 3}) {
       RunConfig c = config("adamw", {.dp = 2}, stage);
       c.model.hidden = 64;
       c.model.ffn_hidden = 256;
@@ -234,7 +255,22 @@ TEST(Zero, PerRankBytesFollowTheFormulas) {
       const double buckets = static_cast<double>(engine.model().grad_buckets().size());
       const std::string what = fmt::format("{} zero {}", precision, stage);
       const MemoryFigures figures = engine.memory_figures();
-      EXPECT_EQ(static_cast<double>(figures.params), total * (precision == "bf16" ? 6 : 4)) << what;
+      const double param_bytes = precision == "bf16" ? 6 : 4;
+      const double page = 4096;
+      if (stage < 3) {
+        EXPECT_EQ(static_cast<double>(figures.params), total * param_bytes) << what;
+        EXPECT_EQ(static_cast<double>(run.resident_param_bytes), total * param_bytes) << what;
+      } else {
+        // Between steps only this rank's blocks are resident; the figure adds what a step
+        // holds gathered at most, which is more than nothing and less than the whole model.
+        const double gathered = static_cast<double>(engine.peak_gathered_param_bytes());
+        EXPECT_GT(gathered, 0) << what;
+        EXPECT_LT(gathered, total * (param_bytes == 6 ? 2 : 4)) << what;
+        EXPECT_NEAR(static_cast<double>(figures.params) - gathered, total * param_bytes / dp,
+                    param_bytes * buckets) << what;
+        EXPECT_NEAR(static_cast<double>(run.resident_param_bytes), total * param_bytes / dp,
+                    (param_bytes == 6 ? 4 : 2) * (buckets + 1) * page) << what;
+      }
       // The state of this rank's parameters' blocks: 8 bytes each, 1/dp of the buckets.
       double whole_parameters = parameters;
       mesh.dp_group().all_reduce(Tensor::of(&whole_parameters, {1}));
@@ -245,7 +281,6 @@ TEST(Zero, PerRankBytesFollowTheFormulas) {
       EXPECT_NEAR(static_cast<double>(run.state_bytes), 8 * whole_parameters / dp, 8 * gaps)
           << what;
       EXPECT_EQ(figures.optimizer, run.state_bytes) << what;
-      const double page = 4096;
       const double grads = static_cast<double>(run.resident_grad_bytes);
       if (stage < 2) {
         EXPECT_EQ(grads, 4 * total) << what;
@@ -275,7 +310,7 @@ TEST(Zero, CheckpointsResumeAcrossZeroStages) {
       TrainingEngine engine(config(optimizer, layout, 0), parallel_groups(mesh));
       train(engine, 0, kSteps, reference);
     }
-    for (const int saved_at : {0, 1, 2}) {
+    for (const int saved_at : {0, 1, 3}) {
       const std::string folder = (dir / fmt::format("{}_zero{}", optimizer, saved_at)).string();
       {
         TrainingEngine engine(config(optimizer, layout, saved_at), parallel_groups(mesh));
@@ -291,11 +326,12 @@ TEST(Zero, CheckpointsResumeAcrossZeroStages) {
         mesh.world().barrier();
       }
       const std::string step_dir = *latest_checkpoint(folder);
-      for (const int resumed_at : {0, 1, 2}) {
+      for (const int resumed_at : {0, 2, 3}) {
         TrainingEngine engine(config(optimizer, layout, resumed_at), parallel_groups(mesh));
         load_model_weights((std::filesystem::path(step_dir) / "model.safetensors").string(),
                            engine.model().layout(), engine.model().params());
         engine.model().refresh_compute_params();
+        engine.shard_params();
         TrainingState state;
         engine.load_whole_optimizer_state([&](optim::Optimizer& whole) {
           state = load_optimizer_state(step_dir, engine.model().layout(), whole);
