@@ -61,7 +61,7 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
                                 static_cast<int>(ins.direction), ins.replay};
     const ops::StepContext& ctx = ins.batch < 0 ? previous_batch : own_batch;
     const bool has_segment = ins.op != Op::reduce_grads && ins.op != Op::optimizer_step &&
-                             ins.op != Op::use_weights;
+                             ins.op != Op::use_weights && !schedule::is_parameter_op(ins.op);
     ops::Segment* segment = has_segment ? segments_[static_cast<std::size_t>(ins.segment)].get() : nullptr;
     const ops::SegmentShape* shape =
         has_segment ? &program_.segments[static_cast<std::size_t>(ins.segment)] : nullptr;
@@ -125,6 +125,27 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         OASES_ASSERT(hooks.use_weights, "{} without a use_weights hook", schedule::to_string(ins));
         hooks.use_weights(ins.batch);
         break;
+      case Op::gather_params:
+        if (hooks.gather_params) hooks.gather_params(ins.bucket);
+        break;
+      case Op::wait_params: {
+        if (hooks.wait_params) hooks.wait_params(ins.bucket);
+        // The compute lane can do nothing until the parameters are in: exposed communication.
+        const Clock::time_point arrived = Clock::now();
+        stats.exposed_comm_seconds += seconds(arrived - began);
+        if (listener) {
+          InstructionRecord record;
+          record.instruction = ins;
+          record.lane = Lane::compute;
+          record.began = began;
+          record.finished = arrived;
+          listener->record(record);
+        }
+        break;
+      }
+      case Op::release_params:
+        if (hooks.release_params) hooks.release_params(ins.bucket);
+        break;
       case Op::send: send(ins, *segment, listener); break;
       case Op::recv: {
         OASES_ASSERT(peers_ != nullptr, "{}: no point-to-point group", schedule::to_string(ins));
@@ -153,7 +174,8 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
     const Clock::time_point ended = Clock::now();
     if (is_compute(ins.op)) stats.compute_seconds += seconds(ended - began);
     const bool reported = is_compute(ins.op) || ins.op == Op::reduce_grads ||
-                          ins.op == Op::optimizer_step;
+                          ins.op == Op::optimizer_step || ins.op == Op::gather_params ||
+                          ins.op == Op::release_params;
     if (listener && reported) {
       InstructionRecord record;
       record.instruction = ins;

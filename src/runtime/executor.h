@@ -42,7 +42,9 @@ struct StepHooks {
 
 struct ExecutionStats {
   double compute_seconds = 0;        // Forward, Recompute and Backward instructions
-  double exposed_comm_seconds = 0;   // compute lane blocked on collectives (and on Sends at the end)
+  // Compute lane blocked on collectives (and on Sends at the end, and on parameter gathers in
+  // WaitParams).
+  double exposed_comm_seconds = 0;
   // Compute lane blocked on a pipeline Recv: this rank's share of the pipeline bubble, kept
   // apart from exposed communication as sim::RankSimResult keeps it.
   double bubble_seconds = 0;
@@ -58,14 +60,15 @@ enum class Lane { compute = 0, communication = 1, optimizer = 2, point_to_point 
 
 // One instruction as it ran. Compute instructions: their run on the compute lane; collectives
 // (reported at their Wait): their time on the wire, as the communicator measured it;
-// ReduceGrads and OptimizerStep: the hook's run on the optimizer lane; a RecvWait: its wait on
-// the compute lane (the lane can do nothing else meanwhile); a Send: its time on the wire on the
-// point-to-point lane. Waits, RecvStarts and Frees are not reported (a Wait's blocking shows in
-// the stats).
+// ReduceGrads, OptimizerStep, GatherParams and ReleaseParams: the hook's run on the optimizer
+// lane; a RecvWait or WaitParams: its wait on the compute lane (the lane can do nothing else
+// meanwhile); a Send: its time on the wire on the point-to-point lane. Waits, RecvStarts and
+// Frees are not reported (a Wait's blocking shows in the stats).
 struct InstructionRecord {
   using Clock = std::chrono::steady_clock;
   schedule::Instruction instruction;
-  const ops::SegmentShape* segment = nullptr;  // null for ReduceGrads and OptimizerStep
+  // Null for instructions without a segment (ReduceGrads, OptimizerStep, parameter ones).
+  const ops::SegmentShape* segment = nullptr;
   ops::CollectiveKind collective = ops::CollectiveKind::all_reduce;  // for collectives
   comm::ReduceOp reduce = comm::ReduceOp::sum;
   Lane lane = Lane::compute;
@@ -101,6 +104,10 @@ class Executor {
   // the message tag; RecvStart posts a receive into the segment's recv_buffer (acquired then)
   // and goes on; RecvWait blocks until that receive has arrived (counted as bubble_seconds).
   // Every send has completed and every posted receive has been waited when run() returns.
+  //
+  // GatherParams, WaitParams and ReleaseParams call their StepHooks (nothing where a hook is
+  // null); WaitParams' hook blocks until the gather is in, and that time counts as exposed
+  // communication, since the compute lane has to wait for it.
   ExecutionStats run(const schedule::Schedule& schedule, const ops::StepContext& ctx,
                      const StepHooks& hooks, InstructionListener* listener = nullptr);
   // A run of a no-flush pipeline (schedule/pipeline_2bw.h): instructions of batch -1 run in

@@ -73,6 +73,9 @@ std::string trace_name(const InstructionRecord& record) {
       return fmt::format("{} {} mb{} sb{} [{}]", ins.op == Op::encode ? "Encode" : "Decode",
                          segment, ins.micro_batch, ins.sub_batch, ops::tensor_sets_name(ins.sets));
     case Op::reduce_grads: return fmt::format("ReduceGrads bucket{}", ins.bucket);
+    case Op::gather_params: return fmt::format("GatherParams bucket{}", ins.bucket);
+    case Op::wait_params: return fmt::format("WaitParams bucket{}", ins.bucket);
+    case Op::release_params: return fmt::format("ReleaseParams bucket{}", ins.bucket);
     case Op::send:
     case Op::recv:
     case Op::recv_wait:  // a receive shows where the compute lane waits for it

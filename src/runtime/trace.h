@@ -2,13 +2,15 @@
 // microseconds). Open the written file in Perfetto or chrome://tracing. Lanes: the compute
 // lane runs segments; the communication lane shows each collective from the moment the
 // communicator began it to its completion; the optimizer lane the gradient reductions' issue
-// and the optimizer step. Under pipeline parallelism the compute lane also shows each Recv's
-// wait (the bubble) and the point-to-point lane each Send on the wire. It listens to the
-// executor (runtime/executor.h) and names each event after its instruction:
+// and the optimizer step (under ZeRO-3 also the issue of parameter gathers and releases).
+// Under pipeline parallelism the compute lane also shows each Recv's wait (the bubble) and the
+// point-to-point lane each Send on the wire; under ZeRO-3 it shows each WaitParams' wait. It
+// listens to the executor (runtime/executor.h) and names each event after its instruction:
 // "F attention.3 mb0 sb1", "R mlp.0 mb0 sb0 [internals]", "B1 head mb0 sb0",
 // "AR fwd head_softmax mb0 sb0", "AR-max fwd head mb0 sb0", "AG bwd reshard.2 mb0 sb0",
 // "ReduceGrads bucket3", "OptimizerStep", "Send act mb2 sb0 -> 1", "Recv grad mb1 sb0 <- 1"
-// (peers are pipeline stages).
+// (peers are pipeline stages), "GatherParams bucket3", "WaitParams bucket3",
+// "ReleaseParams bucket3".
 #pragma once
 
 #include "runtime/executor.h"

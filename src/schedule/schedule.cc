@@ -720,7 +720,7 @@ class Verifier {
       where_ = fmt::format("earlier run's instruction {} ({})", i, to_string(ins));
       check(ins.batch == -1, "an earlier run's instruction must belong to batch -1");
       check(ins.op != Op::optimizer_step && ins.op != Op::reduce_grads &&
-                ins.op != Op::use_weights,
+                ins.op != Op::use_weights && !is_parameter_op(ins.op),
             "an earlier run's part of batch -1 holds only its compute and messages");
       step_instance(i, ins);
     }
@@ -742,12 +742,14 @@ class Verifier {
 
   void step_instance(std::size_t index, const Instruction& ins) {
     check(ins.chunk >= 0, "negative chunk");
-    check(ins.op == Op::reduce_grads || ins.bucket == -1, "only ReduceGrads names a bucket");
+    check(ins.op == Op::reduce_grads || is_parameter_op(ins.op) || ins.bucket == -1,
+          "only ReduceGrads and the parameter instructions name a bucket");
     check(is_point_to_point(ins.op) || (ins.peer == -1 && ins.slot == -1),
           "only Send, RecvStart and RecvWait name a peer and a slot");
     check(ins.op == Op::backward || !ins.input_only, "only Backward runs input-only");
     if (ins.op == Op::optimizer_step) return optimizer_step(ins.batch);
     if (ins.op == Op::reduce_grads) return reduce_grads(ins);
+    if (is_parameter_op(ins.op)) return parameter_instruction(ins);
     check(ins.segment >= 0 && ins.segment < num_segments(), "no such segment");
     check(ins.micro_batch >= 0 && ins.micro_batch < spec_.micro_batches, "micro-batch out of range");
     check(ins.sub_batch >= 0 && ins.sub_batch < spec_.sub_batches, "sub-batch out of range");
@@ -759,6 +761,10 @@ class Verifier {
     if (compute && carry_.weight_versions && !replaying_)
       check(weights_of_batch_ == ins.batch,
             "computes without a UseWeights of its batch since the last OptimizerStep");
+    // What an earlier run computed (carry.earlier) ran on its own parameters.
+    if (spec_.sharded_params && !replaying_ &&
+        (compute || ins.op == Op::backward_weight))
+      check_parameters_gathered(shape);
     if (ins.op == Op::backward && ins.batch == 0 && !carry_.earlier.empty())
       check(stepped_.contains(-1),
             "a backward of batch 0 before the optimizer step of batch -1 (the two batches "
@@ -947,6 +953,11 @@ class Verifier {
         check(inst.stages_done == shape.backward_stages, who + ": backward incomplete");
       check(!inst.input_only || inst.weight_done, who + ": its weight part never ran");
     }
+    for (const auto& [bucket, state] : parameters_)
+      check(state == ParamState::sharded,
+            fmt::format("bucket {} is not sharded at the end ({})", bucket,
+                        state == ParamState::gathering ? "its GatherParams was never waited"
+                                                       : "gathered and never released"));
     const std::size_t batches = carry_.earlier.empty() ? 1 : 2;
     const std::size_t expected = batches * program_.segments.size() *
                                  static_cast<std::size_t>(spec_.micro_batches * spec_.sub_batches);
@@ -964,6 +975,7 @@ class Verifier {
   enum class CollState { none, started, waited };
   enum class PortState { empty, written, in_flight, reduced };
   enum class ReceiveState { none, posted, arrived };
+  enum class ParamState { sharded, gathering, gathered };
   // One receive of an instance: posted by its RecvStart (post, at position posted_at), usable
   // once its RecvWait has run.
   struct Receive {
@@ -1096,6 +1108,54 @@ class Verifier {
         }
     reduced_.insert({ins.batch, bucket});
   }
+  // GatherParams, WaitParams, ReleaseParams: a bucket goes sharded -> gathering -> gathered ->
+  // sharded, and only along those moves.
+  void parameter_instruction(const Instruction& ins) {
+    check(spec_.sharded_params,
+          "a parameter instruction in a schedule without sharded parameters "
+          "(ScheduleSpec::sharded_params)");
+    check(ins.bucket >= 0, "a parameter instruction needs a bucket (>= 0)");
+    Instruction plain{ins.op};
+    plain.bucket = ins.bucket;
+    check(ins == plain,
+          "a parameter instruction names its bucket alone (segment -1, every other field at its "
+          "default)");
+    const int bucket = ins.bucket;
+    ParamState& state = parameters_[bucket];
+    switch (ins.op) {
+      case Op::gather_params:
+        check(state == ParamState::sharded,
+              fmt::format("gathers bucket {}, which is {}", bucket,
+                          state == ParamState::gathering ? "already being gathered"
+                                                         : "already gathered"));
+        state = ParamState::gathering;
+        break;
+      case Op::wait_params:
+        check(state == ParamState::gathering,
+              fmt::format("waits for bucket {}, which no GatherParams is gathering ({})", bucket,
+                          state == ParamState::gathered ? "already gathered" : "sharded"));
+        state = ParamState::gathered;
+        break;
+      default:
+        check(state == ParamState::gathered,
+              fmt::format("releases bucket {}, which is not gathered ({})", bucket,
+                          state == ParamState::gathering ? "its gather was not waited"
+                                                         : "sharded"));
+        state = ParamState::sharded;
+        break;
+    }
+  }
+  // Compute reads the parameters of every bucket its segment names, which must be gathered.
+  void check_parameters_gathered(const SegmentShape& shape) {
+    for (int bucket : shape.param_buckets) {
+      const auto it = parameters_.find(bucket);
+      const ParamState state = it == parameters_.end() ? ParamState::sharded : it->second;
+      check(state == ParamState::gathered,
+            fmt::format("computes on sharded parameters of bucket {}{}", bucket,
+                        state == ParamState::gathering ? " (its GatherParams was not waited)"
+                                                       : ""));
+    }
+  }
   // Sending an activation reads the output from the sub-batch's collective buffer, as the next
   // segment's epilogue would.
   void send(const Instruction& ins, Instance& inst, const SegmentShape& shape) {
@@ -1209,6 +1269,7 @@ class Verifier {
   std::map<std::pair<int, int>, Port> ports_;  // by (lane, sub-batch)
   std::set<std::pair<int, int>> reduced_;  // (batch, bucket)
   std::set<int> stepped_;                  // batches whose optimizer step has run
+  std::map<int, ParamState> parameters_;   // by bucket; absent: sharded
   bool replaying_ = false;
   static constexpr int kNoWeights = 2;  // no batch's version is known to be in use
   int weights_of_batch_ = kNoWeights;  // whose weights compute instructions now run on
@@ -1489,6 +1550,9 @@ std::string to_string(const Instruction& ins) {
                          ops::tensor_sets_name(ins.sets), ins.micro_batch, ins.sub_batch,
                          ops::encoding_name(ins.encoding), chunk);
     case Op::reduce_grads: return fmt::format("ReduceGrads(bucket={}{})", ins.bucket, chunk);
+    case Op::gather_params: return fmt::format("GatherParams(bucket={}{})", ins.bucket, chunk);
+    case Op::wait_params: return fmt::format("WaitParams(bucket={}{})", ins.bucket, chunk);
+    case Op::release_params: return fmt::format("ReleaseParams(bucket={}{})", ins.bucket, chunk);
     case Op::optimizer_step:
       return chunk.empty() ? "OptimizerStep" : fmt::format("OptimizerStep({})", chunk.substr(2));
     case Op::use_weights: return fmt::format("UseWeights(batch={}{})", ins.batch, chunk.empty() ? "" : fmt::format(", chunk={}", ins.chunk));

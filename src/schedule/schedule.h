@@ -81,6 +81,13 @@
 // the previous segment and the previous chunk wait for; BackwardWeight runs them later, once
 // per instance. The sets it reads stay live until then and its stashed output gradients count
 // as activations; gradient buckets become final only after their weight parts.
+//
+// ZeRO-3. With parameters sharded across the data-parallel ranks (ScheduleSpec::sharded_params)
+// a rank keeps only its own block of each parameter bucket between uses: shard_parameters
+// brackets the compute that reads a bucket (ops::SegmentShape::param_buckets) with
+// GatherParams and WaitParams before and ReleaseParams after, and the verifier holds every
+// compute instruction to gathered parameters. The generators' and the pipeline lowerings'
+// schedules are sharded so after the fact; no-flush (2bw) runs are not.
 #pragma once
 
 #include "ops/program.h"
@@ -135,6 +142,12 @@ enum class Op : std::uint8_t {
                    //   this rank does not own; they read as nothing until gathered again
 };
 
+// GatherParams, WaitParams and ReleaseParams: they name a bucket and nothing else (segment -1),
+// and compute nothing.
+inline bool is_parameter_op(Op op) {
+  return op == Op::gather_params || op == Op::wait_params || op == Op::release_params;
+}
+
 enum class Direction : std::uint8_t { forward, backward };
 
 // What a point-to-point message carries across a chunk boundary.
@@ -144,7 +157,9 @@ using ops::Payload;  // activation, gradient (ops/program.h)
 // instructions compare equal exactly when they do the same thing.
 struct Instruction {
   Op op;
-  int segment = -1;  // index into this rank's Program; -1 for ReduceGrads and OptimizerStep
+  // Index into this rank's Program; -1 for ReduceGrads, OptimizerStep, UseWeights and the
+  // parameter instructions.
+  int segment = -1;
   int stage = 0;  // backward stage
   Direction direction = Direction::forward;  // which collective of the segment (start/wait)
   int micro_batch = 0;
@@ -157,7 +172,10 @@ struct Instruction {
   // Model chunk (pipeline stage, numbered along the model) the instruction belongs to. Every
   // instruction of a segment names the same chunk.
   int chunk = 0;
-  int bucket = -1;  // reduce_grads: the gradient bucket (ops::SegmentShape::ready_bucket)
+  // reduce_grads: the gradient bucket (ops::SegmentShape::ready_bucket); gather_params,
+  // wait_params, release_params: the bucket whose parameters they move
+  // (ops::SegmentShape::param_buckets).
+  int bucket = -1;
   Payload payload = Payload::activation;  // send/recv
   int peer = -1;  // send/recv/recv_wait: the other rank, as its rank in the point-to-point group
   // send/recv/recv_wait: the message's tag, which names it in traces (one per message of a step
@@ -309,6 +327,14 @@ void append_gradient_reductions(const ops::Program& program, Schedule& schedule)
 // backward stage, while every set it reads is live (a Free of such a set before it is
 // rejected at the Free); a bucket is final only once the BackwardWeights of its segments (from
 // its ready segment on) have run too.
+// Sharded parameters (spec.sharded_params; shard_parameters): each bucket's parameters start
+// sharded; GatherParams(b) takes a sharded bucket to gathering, WaitParams(b) a gathering one
+// to gathered, ReleaseParams(b) a gathered one back to sharded, and any other move is rejected
+// (a second gather, a wait without a gather in flight, a release of a bucket not gathered). A
+// Forward, Recompute, Backward or BackwardWeight computes only while every bucket of its
+// segment's param_buckets is gathered, and every bucket is sharded again by the end. Parameter
+// instructions name a bucket >= 0 and nothing else (segment -1, every other field at its
+// default; batch 0). Without spec.sharded_params a parameter instruction is rejected.
 // Throws InternalError naming the first violating instruction (its index and text).
 //
 // No-flush runs (2bw) declare what they share with the runs before and after them in `carry`:
@@ -335,7 +361,10 @@ void verify_schedule(const ops::Program& program, const ScheduleSpec& spec,
 
 // Checks that the ranks of one group (one schedule each) issue their collectives in the same
 // order, which the communicators' issue-order matching requires. Throws InternalError naming
-// the first rank and position that differ.
+// the first rank and position that differ. The group is the tensor-parallel one, whose
+// collectives are the segments' Starts; other instructions are not compared. GatherParams are
+// collectives of the data-parallel group instead, whose ranks (the replicas of one model
+// chunk) run one schedule, and so issue them in one order.
 void verify_collective_order(const std::vector<Schedule>& schedules_of_group);
 
 // Checks the Send/Recv of a point-to-point group (schedules_of_group[r]: rank r's schedule,
@@ -389,6 +418,13 @@ void compress_kept_sets(const ops::Program& program, Schedule& schedule,
 // ReleaseParams(b) right after its last. Nothing else moves. REQUIRES: `schedule` verifies
 // without sharded parameters and holds no parameter instructions; the result verifies with
 // them.
+// Where no compute instruction precedes a window (the first one of the step) its GatherParams
+// opens the schedule, so that it travels while the rank waits for its input. "Ahead of" is
+// right before that compute instruction, after whatever (a collective's Wait) precedes it.
+// Parameter instructions that land between the same two instructions run releases first, then
+// gathers, then waits, each kind by ascending bucket: every data-parallel rank runs the same
+// schedule, so all issue their gathers in the same order, as the group's collectives require.
+// REQUIRES also spec.sharded_params, and bucket ids >= 0 in param_buckets.
 void shard_parameters(const ops::Program& program, const ScheduleSpec& spec, Schedule& schedule);
 
 std::string to_string(const Instruction& instruction);

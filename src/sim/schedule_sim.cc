@@ -36,8 +36,14 @@ class Lanes {
     tp_.push_back({key, seconds});
   }
   void start_reduction(double seconds) { dp_.push_back({{}, seconds}); }
+  // A parameter gather goes on the data-parallel lane behind what was issued there before.
+  void start_gather(int bucket, double seconds) { dp_.push_back({{}, seconds, bucket}); }
   bool done(const CollectiveKey& key) const { return finished_.contains(key); }
   void forget(const CollectiveKey& key) { finished_.erase(key); }
+  void gathered_now(int bucket) { gathered_.insert(bucket); }
+  bool gathered(int bucket) const { return gathered_.contains(bucket); }
+  void forget_gather(int bucket) { gathered_.erase(bucket); }
+  // Every transfer on the data-parallel lane (reductions and gathers) has finished.
   bool reductions_done() const { return dp_.empty(); }
 
   // Runs `work` seconds of compute (as timed alone); returns how long it took.
@@ -85,6 +91,7 @@ class Lanes {
   struct Flow {
     CollectiveKey key;
     double remaining;
+    int gather = -1;  // data-parallel lane: the bucket a parameter gather brings in; -1: none
   };
 
   // Rates of the two lanes' head flows.
@@ -112,13 +119,17 @@ class Lanes {
       finished_.insert(tp_.front().key);
       tp_.pop_front();
     }
-    while (!dp_.empty() && dp_.front().remaining <= 1e-15) dp_.pop_front();
+    while (!dp_.empty() && dp_.front().remaining <= 1e-15) {
+      if (dp_.front().gather >= 0) gathered_.insert(dp_.front().gather);
+      dp_.pop_front();
+    }
   }
 
   const CostModel& costs_;
   double now_ = 0;
   std::deque<Flow> tp_, dp_;  // in issue order; only the first of each moves
   std::set<CollectiveKey> finished_;
+  std::set<int> gathered_;  // buckets whose gather has finished and not yet been waited
 };
 
 // One rank's instructions other than Send and Recv, run in order on its lanes.
@@ -165,6 +176,25 @@ class RankRun {
         lanes_.compute(costs_.optimizer_step);
         break;
       }
+      case Op::gather_params:
+        OASES_ASSERT(gathering_.insert(ins.bucket).second, "{} while the bucket is in flight",
+                     schedule::to_string(ins));
+        // Unpriced gathers are in place at once, not queued behind the reductions in flight.
+        if (costs_.gather_params) lanes_.start_gather(ins.bucket, costs_.gather_params(ins.bucket));
+        else lanes_.gathered_now(ins.bucket);
+        break;
+      case Op::wait_params: {
+        OASES_ASSERT(gathering_.erase(ins.bucket) == 1, "wait on a gather never started: {}",
+                     schedule::to_string(ins));
+        const double before = lanes_.now();
+        lanes_.idle_until([&] { return lanes_.gathered(ins.bucket); });
+        result_.exposed_comm_seconds += lanes_.now() - before;
+        lanes_.forget_gather(ins.bucket);
+        break;
+      }
+      case Op::release_params:
+        // Dropping the blocks this rank does not own: nothing to move.
+        break;
       case Op::free:
         break;
       case Op::use_weights:
@@ -211,6 +241,7 @@ class RankRun {
   Lanes lanes_;
   RankSimResult result_;
   std::set<CollectiveKey> started_;
+  std::set<int> gathering_;  // buckets gathered and not yet waited
 };
 
 void check_costs(const CostModel& costs) {

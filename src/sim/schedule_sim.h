@@ -3,7 +3,10 @@
 // back; the tensor-parallel collectives run on a communication lane in issue order (a
 // collective begins when it is issued and the ones before it are done), so Start never blocks
 // and Wait holds the compute lane until that collective ends. Data-parallel gradient reductions run on a lane of
-// their own and the optimizer step waits for all of them.
+// their own and the optimizer step waits for all of them. ZeRO-3's parameter gathers run on
+// that data-parallel lane too, in issue order with the reductions (one communicator carries
+// both): GatherParams puts the gather on the lane and goes on, WaitParams holds the compute
+// lane until it has arrived (exposed communication, as a Wait's), ReleaseParams is free.
 //
 // Lanes running at once slow each other, as they do on shared hardware: compute runs at
 // 1 / (1 + overlap_slowdown) of its speed while any communication is in flight (on CPUs the
@@ -38,6 +41,9 @@ struct CostModel {
   std::function<double(const schedule::Instruction&)> collective;
   // Seconds of the data-parallel reduction of a gradient bucket; null: none.
   std::function<double(int bucket)> reduce_grads;
+  // Seconds of the data-parallel all-gather of a bucket's parameters (a GatherParams
+  // instruction's, ZeRO-3); null: free, the parameters are in place at once.
+  std::function<double(int bucket)> gather_params;
   double optimizer_step = 0;
   double overlap_slowdown = 0;     // compute under in-flight communication takes (1 + this) x
   double collective_slowdown = 0;  // communication while compute runs takes (1 + this) x
@@ -59,7 +65,9 @@ struct CostModel {
 struct SimResult {
   double step_seconds = 0;
   double compute_seconds = 0;       // compute lane busy (slowdown included)
-  double exposed_comm_seconds = 0;  // compute lane waiting on collectives (TP and DP)
+  // Compute lane waiting on collectives (TP and DP: a Wait, the optimizer step's wait for the
+  // reductions, a WaitParams).
+  double exposed_comm_seconds = 0;
   double comm_seconds = 0;          // tensor-parallel lane busy
 };
 

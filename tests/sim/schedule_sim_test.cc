@@ -1,6 +1,7 @@
 // The simulator on GPT-shaped schedules with uniform costs, where the step time follows by
 // hand: blocking schedules pay every collective; overlapped ones hide a collective no longer
-// than the compute of the other sub-batch's phase.
+// than the compute of the other sub-batch's phase; a parameter gather (ZeRO-3) hides behind the
+// compute issued ahead of its wait.
 #include "sim/schedule_sim.h"
 
 #include "support/gpt_program.h"
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 namespace oases::sim {
 namespace {
@@ -272,6 +274,76 @@ TEST(Simulator, SqrtRecomputationPaysOneMoreForwardAndCollectivePerLayerSegment)
     EXPECT_DOUBLE_EQ(overlapped.compute_seconds, full_overlapped.compute_seconds) << "k=" << k;
     EXPECT_DOUBLE_EQ(overlapped.comm_seconds, full_overlapped.comm_seconds) << "k=" << k;
   }
+}
+
+schedule::Instruction with_bucket(Op op, int bucket) {
+  schedule::Instruction ins{op};
+  ins.bucket = bucket;
+  return ins;
+}
+
+// ZeRO-3: a gather travels on the data-parallel lane from its GatherParams; its WaitParams holds
+// the compute lane until it has arrived. With nothing computing in between, the whole gather
+// is exposed; behind a compute instruction at least as long, none of it.
+TEST(Simulator, ParameterGathersHideBehindTheComputeAheadOfThem) {
+  schedule::Instruction forward{Op::forward}, other{Op::forward};
+  forward.segment = 0;
+  other.segment = 1;
+  const auto gather = with_bucket(Op::gather_params, 0);
+  const auto wait = with_bucket(Op::wait_params, 0);
+  const auto release = with_bucket(Op::release_params, 0);
+  CostModel costs = uniform(1.0, 0.0);
+  costs.gather_params = [](int) { return 2.0; };
+
+  const SimResult exposed = simulate({gather, wait, forward, release}, costs);
+  EXPECT_DOUBLE_EQ(exposed.exposed_comm_seconds, 2.0);
+  EXPECT_DOUBLE_EQ(exposed.step_seconds, 3.0);
+  EXPECT_DOUBLE_EQ(exposed.comm_seconds, 0.0);  // not the tensor-parallel lane
+
+  const SimResult partly = simulate({gather, other, wait, forward, release}, costs);
+  EXPECT_DOUBLE_EQ(partly.exposed_comm_seconds, 1.0);
+  EXPECT_DOUBLE_EQ(partly.step_seconds, 3.0);
+
+  costs.gather_params = [](int) { return 0.75; };
+  const SimResult hidden = simulate({gather, other, wait, forward, release}, costs);
+  EXPECT_DOUBLE_EQ(hidden.exposed_comm_seconds, 0.0);
+  EXPECT_DOUBLE_EQ(hidden.step_seconds, 2.0);
+
+  // Gathers share the lane with the reductions, in issue order: one issued behind a 1 s
+  // reduction arrives after it.
+  costs.reduce_grads = [](int) { return 1.0; };
+  const auto reduce = with_bucket(Op::reduce_grads, 1);
+  EXPECT_DOUBLE_EQ(simulate({reduce, gather, wait, forward, release}, costs).exposed_comm_seconds,
+                   1.75);
+  // Unpriced gathers are free, even behind a reduction.
+  costs.gather_params = nullptr;
+  EXPECT_DOUBLE_EQ(simulate({reduce, gather, wait, forward, release}, costs).exposed_comm_seconds,
+                   0.0);
+}
+
+// A whole sharded step (megatron, one layer, resharded after forward) at compute 1 s and
+// gathers of 0.5 s: every gather hides behind the compute instruction ahead of its window,
+// except the first (nothing computes before it) and the head's backward one (its forward ends
+// right before, so it follows the release): 1 s exposed. One rank through simulate_ranks
+// gives the same.
+TEST(Simulator, ShardedStepExposesOnlyGathersWithoutComputeAhead) {
+  ops::Program program = testing::gpt_program(1);
+  const std::vector<std::vector<int>> buckets{{0}, {1}, {1}, {2}};
+  for (std::size_t s = 0; s < program.segments.size(); ++s)
+    program.segments[s].param_buckets = buckets[s];
+  ScheduleSpec spec{ScheduleKind::megatron, Recompute::none, 1, 1, true};
+  spec.sharded_params = true;
+  schedule::Schedule s = schedule::generate(program, spec);
+  schedule::shard_parameters(program, spec, s);
+  CostModel costs = uniform(1.0, 0.0);
+  costs.gather_params = [](int) { return 0.5; };
+  const SimResult r = simulate(s, costs);
+  const Counts n = count(s);
+  EXPECT_DOUBLE_EQ(r.exposed_comm_seconds, 1.0);
+  EXPECT_DOUBLE_EQ(r.step_seconds, n.compute * 1.0 + 1.0);
+  const MultiRankResult ranks = simulate_ranks({s}, costs);
+  EXPECT_DOUBLE_EQ(ranks.step_seconds, r.step_seconds);
+  EXPECT_DOUBLE_EQ(ranks.ranks.front().exposed_comm_seconds, r.exposed_comm_seconds);
 }
 
 }  // namespace
