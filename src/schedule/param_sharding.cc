@@ -1,9 +1,11 @@
 // schedule::shard_parameters (schedule.h): ZeRO-3's gathers and releases of parameter buckets
-// around the windows of compute that read them.
+// around the windows of compute that read them, and ZeRO-1/2's deferred gathers ahead of the
+// first use.
 #include "schedule/schedule.h"
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <map>
 #include <set>
@@ -32,7 +34,8 @@ struct Insertions {
 }  // namespace
 
 void shard_parameters(const ops::Program& program, const ScheduleSpec& spec, Schedule& schedule) {
-  OASES_ASSERT(spec.sharded_params, "shard_parameters for a schedule without sharded parameters");
+  OASES_ASSERT(spec.sharded_params != spec.deferred_param_gather,
+               "shard_parameters needs sharded parameters or deferred gathers (not both)");
   const std::size_t n = schedule.size();
   // uses[b]: positions of the compute instructions that read bucket b, in order.
   std::map<int, std::vector<std::size_t>> uses;
@@ -55,6 +58,31 @@ void shard_parameters(const ops::Program& program, const ScheduleSpec& spec, Sch
       std::vector<std::size_t>& positions = uses[bucket];
       if (positions.empty() || positions.back() != i) positions.push_back(i);
     }
+  }
+
+  if (spec.deferred_param_gather) {
+    // Gathers in the order of first use, all at the start; a wait before each first use.
+    std::vector<std::pair<std::size_t, int>> first_uses;
+    for (const auto& [bucket, positions] : uses) first_uses.emplace_back(positions.front(), bucket);
+    std::ranges::sort(first_uses);
+    Schedule out;
+    out.reserve(n + 2 * first_uses.size());
+    for (const auto& [position, bucket] : first_uses) {
+      Instruction gather{Op::gather_params};
+      gather.bucket = bucket;
+      out.push_back(gather);
+    }
+    std::size_t next = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      for (; next < first_uses.size() && first_uses[next].first == i; ++next) {
+        Instruction wait{Op::wait_params};
+        wait.bucket = first_uses[next].second;
+        out.push_back(wait);
+      }
+      out.push_back(schedule[i]);
+    }
+    schedule = std::move(out);
+    return;
   }
 
   // at[i]: what goes right before schedule[i] (at[n]: at the end).

@@ -762,7 +762,7 @@ class Verifier {
       check(weights_of_batch_ == ins.batch,
             "computes without a UseWeights of its batch since the last OptimizerStep");
     // What an earlier run computed (carry.earlier) ran on its own parameters.
-    if (spec_.sharded_params && !replaying_ &&
+    if ((spec_.sharded_params || spec_.deferred_param_gather) && !replaying_ &&
         (compute || ins.op == Op::backward_weight))
       check_parameters_gathered(shape);
     if (ins.op == Op::backward && ins.batch == 0 && !carry_.earlier.empty())
@@ -954,8 +954,9 @@ class Verifier {
       check(!inst.input_only || inst.weight_done, who + ": its weight part never ran");
     }
     for (const auto& [bucket, state] : parameters_)
-      check(state == ParamState::sharded,
-            fmt::format("bucket {} is not sharded at the end ({})", bucket,
+      check(state == (spec_.deferred_param_gather ? ParamState::gathered : ParamState::sharded),
+            fmt::format("bucket {} is not {} at the end ({})", bucket,
+                        spec_.deferred_param_gather ? "gathered" : "sharded",
                         state == ParamState::gathering ? "its GatherParams was never waited"
                                                        : "gathered and never released"));
     const std::size_t batches = carry_.earlier.empty() ? 1 : 2;
@@ -1111,9 +1112,12 @@ class Verifier {
   // GatherParams, WaitParams, ReleaseParams: a bucket goes sharded -> gathering -> gathered ->
   // sharded, and only along those moves.
   void parameter_instruction(const Instruction& ins) {
-    check(spec_.sharded_params,
+    check(spec_.sharded_params || spec_.deferred_param_gather,
           "a parameter instruction in a schedule without sharded parameters "
           "(ScheduleSpec::sharded_params)");
+    check(!spec_.deferred_param_gather || ins.op != Op::release_params,
+          "releases parameters under deferred gathers (ScheduleSpec::deferred_param_gather), "
+          "which keep every bucket whole");
     check(ins.bucket >= 0, "a parameter instruction needs a bucket (>= 0)");
     Instruction plain{ins.op};
     plain.bucket = ins.bucket;

@@ -228,6 +228,11 @@ struct ScheduleSpec {
   // gathers it again for the backward; false keeps it from a micro-batch's forward to its
   // backward.
   bool reshard_after_forward = true;
+  // ZeRO-1 and 2: each rank updates only its blocks, and the run's schedule gathers the
+  // others' updated blocks of each bucket ahead of its first use (shard_parameters), where the
+  // gathers travel while the forward computes; nothing is released. Exclusive with
+  // sharded_params.
+  bool deferred_param_gather = false;
 };
 
 // k = round(sqrt(layers)), at least 1: the group size that minimises L / k + k, kept inputs
@@ -334,7 +339,9 @@ void append_gradient_reductions(const ops::Program& program, Schedule& schedule)
 // Forward, Recompute, Backward or BackwardWeight computes only while every bucket of its
 // segment's param_buckets is gathered, and every bucket is sharded again by the end. Parameter
 // instructions name a bucket >= 0 and nothing else (segment -1, every other field at its
-// default; batch 0). Without spec.sharded_params a parameter instruction is rejected.
+// default; batch 0). Deferred gathers (spec.deferred_param_gather): the same moves and the same
+// rule for compute, except that ReleaseParams is rejected and buckets end gathered (each is
+// gathered at most once). Without either a parameter instruction is rejected.
 // Throws InternalError naming the first violating instruction (its index and text).
 //
 // No-flush runs (2bw) declare what they share with the runs before and after them in `carry`:
@@ -425,6 +432,11 @@ void compress_kept_sets(const ops::Program& program, Schedule& schedule,
 // gathers, then waits, each kind by ascending bucket: every data-parallel rank runs the same
 // schedule, so all issue their gathers in the same order, as the group's collectives require.
 // REQUIRES also spec.sharded_params, and bucket ids >= 0 in param_buckets.
+// Deferred gathers (spec.deferred_param_gather; ZeRO-1 and 2): every bucket the schedule reads
+// is gathered once, all GatherParams at the start of the schedule in the order of the buckets'
+// first uses (so the first bucket's gather arrives first and the rest travel behind it while
+// the forward computes), each WaitParams right before its bucket's first use, and nothing is
+// released.
 void shard_parameters(const ops::Program& program, const ScheduleSpec& spec, Schedule& schedule);
 
 std::string to_string(const Instruction& instruction);
