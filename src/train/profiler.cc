@@ -178,18 +178,21 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     const auto& layer0 = engine.model().layout().groups().at(1);  // the first layer's parameters
     degree.parameter_bytes_per_layer = (layer0.second - layer0.first) * element;
     degree.parameter_bytes = engine.model().param_count() * element;
-    // Per parameter byte, what the engine holds besides one copy of the parameters and one of
-    // the gradients, from the same figures the start-up line gives: the optimizer's state
-    // (under ZeRO the blocks this rank owns), the 16-bit working copy of mixed precision,
-    // less what ZeRO-2 gives back of the gradients and what is offloaded (so it may be
-    // negative).
+    // Per parameter byte, what the engine holds of each kind, from the same figures the
+    // start-up line and the metrics give (planner::Profile::param_bytes_ratio, ...). What is
+    // offloaded is the optimizer's state and, with "optimizer+params", the master weights: it
+    // comes off the optimizer's state first and the rest off the parameters.
     const MemoryFigures memory = engine.memory_figures();
     const double parameter_bytes = static_cast<double>(
         std::max<std::int64_t>(1, engine.model().param_count()) * element);
-    profile.optimizer_state_ratio =
-        static_cast<double>(memory.params + memory.grads + memory.optimizer - memory.offloaded) /
-            parameter_bytes -
-        2.0;
+    const std::size_t optimizer_offloaded = std::min(memory.offloaded, memory.optimizer);
+    const std::size_t params_offloaded =
+        std::min(memory.offloaded - optimizer_offloaded, memory.params);
+    profile.param_bytes_ratio =
+        static_cast<double>(memory.params - params_offloaded) / parameter_bytes;
+    profile.grad_bytes_ratio = static_cast<double>(memory.grads) / parameter_bytes;
+    profile.optimizer_bytes_ratio =
+        static_cast<double>(memory.optimizer - optimizer_offloaded) / parameter_bytes;
     degree.static_activation_bytes =
         static_cast<std::int64_t>(engine.model().static_activation_bytes());
     const OverlapSlowdown slowdown = measure_overlap_slowdown(mesh.tp_group(), c);
