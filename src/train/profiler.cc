@@ -136,6 +136,9 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
   profile.micro_batch = config.train.micro_batch;
   profile.sub_batches = spec.sub_batches;
   profile.element_bytes = static_cast<std::int64_t>(dtype_size(compute_dtype(config)));
+  profile.precision = config.train.precision;
+  profile.zero = static_cast<int>(config.parallel.zero);
+  profile.offload = config.parallel.offload;
   const std::int64_t sub_batch_rows = config.train.micro_batch / spec.sub_batches;
   for (int k = 1; k <= T; k *= 2) {
     // A degree-k replica handles k / T of each sub-batch.
@@ -148,6 +151,12 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     RunConfig c = config;
     c.parallel = ParallelConfig{};
     c.parallel.tp = k;
+    // The memory figures below (and the optimizer's time) are measured under the run's ZeRO
+    // stage and offload. This engine has no data-parallel ranks, so ZeRO shards nothing: the
+    // figures are those of a run at dp = 1, as parallel.plan = "auto" runs.
+    c.parallel.zero = config.parallel.zero;
+    c.parallel.offload = config.parallel.offload;
+    c.parallel.offload_dir = config.parallel.offload_dir;
     c.parallel.schedule = "fine-grained";
     c.train.micro_batch = c.train.global_batch = sub_batch_rows * k / T;
     c.checkpoint = {};
