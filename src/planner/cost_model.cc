@@ -21,12 +21,6 @@ std::string kind_at(const ops::Program& program, int segment) {
   return name.substr(0, name.find('.'));
 }
 
-// Parameters, gradients and the optimizer's state of `parameter_bytes` of parameters.
-std::int64_t state_bytes(const Profile& profile, std::int64_t parameter_bytes) {
-  return static_cast<std::int64_t>(
-      std::llround((2.0 + profile.optimizer_state_ratio) * static_cast<double>(parameter_bytes)));
-}
-
 std::int64_t scaled(std::int64_t bytes, double factor) {
   return static_cast<std::int64_t>(std::llround(static_cast<double>(bytes) * factor));
 }
@@ -90,6 +84,19 @@ void append_head(ops::Program& program, const ShapeOf& shape_of) {
 }
 
 }  // namespace
+
+MemoryBytes state_memory(const Profile& profile, std::int64_t parameter_bytes) {
+  const auto bytes = static_cast<double>(parameter_bytes);
+  const auto rounded = [](double b) { return static_cast<std::int64_t>(std::llround(b)); };
+  MemoryBytes m;
+  m.params = rounded(profile.param_bytes_ratio * bytes);
+  m.grads = rounded(profile.grad_bytes_ratio * bytes);
+  m.optimizer = rounded((profile.param_bytes_ratio + profile.grad_bytes_ratio +
+                         profile.optimizer_bytes_ratio) *
+                        bytes) -
+                m.params - m.grads;
+  return m;
+}
 
 ops::Program program_at(const Profile& profile, int degree, double rows) {
   return program_at(profile, degree, rows, static_cast<int>(profile.model.layers));
@@ -176,11 +183,11 @@ Prediction predict_uniform(const Profile& profile, int degree, const schedule::S
   // Boundary buffers: the profiled set for `rows`, plus one port set per extra sub-batch.
   const double factor = rows / static_cast<double>(d.rows);
   const std::int64_t port = 4 * static_cast<std::int64_t>(program.segments[1].checkpoint_bytes);
-  p.activation_bytes =
+  p.memory = state_memory(
+      profile, d.parameter_bytes - (profile.model.layers - layers) * d.parameter_bytes_per_layer);
+  p.memory.activations =
       scaled(d.static_activation_bytes, factor) + (spec.sub_batches - 1) * port +
       static_cast<std::int64_t>(schedule::peak_activation_bytes(program, schedule));
-  p.state_bytes = state_bytes(
-      profile, d.parameter_bytes - (profile.model.layers - layers) * d.parameter_bytes_per_layer);
   return p;
 }
 
@@ -317,11 +324,11 @@ Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
       sub_batch_rows * static_cast<double>(profile.model.seq_len * profile.model.hidden) *
       static_cast<double>(profile.element_bytes));
   const bool reshards = plan.reshards;
-  p.activation_bytes = scaled(full.static_activation_bytes, factor) +
-                       (spec.sub_batches - 1) * 4 * activation +
-                       (reshards ? spec.sub_batches * activation : 0) +
-                       static_cast<std::int64_t>(schedule::peak_activation_bytes(program, schedule));
-  p.state_bytes = state_bytes(profile, parameter_bytes);
+  p.memory = state_memory(profile, parameter_bytes);
+  p.memory.activations =
+      scaled(full.static_activation_bytes, factor) + (spec.sub_batches - 1) * 4 * activation +
+      (reshards ? spec.sub_batches * activation : 0) +
+      static_cast<std::int64_t>(schedule::peak_activation_bytes(program, schedule));
   return p;
 }
 

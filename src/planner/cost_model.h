@@ -28,13 +28,30 @@
 
 namespace oases::planner {
 
+// Bytes one rank holds, by the kinds of the engine's memory figures (train::MemoryFigures;
+// the metrics param_bytes, grad_bytes, optimizer_bytes and peak_activation_bytes).
+struct MemoryBytes {
+  std::int64_t params = 0;       // with any working copy and second weight version
+  std::int64_t grads = 0;
+  std::int64_t optimizer = 0;    // what stays in memory of the optimizer's state
+  std::int64_t activations = 0;  // boundary buffers, scratch and the peak of kept tensors
+  std::int64_t state() const { return params + grads + optimizer; }
+  std::int64_t total() const { return state() + activations; }
+  bool operator==(const MemoryBytes&) const = default;
+};
+
+// The parameters, gradients and optimizer state of `parameter_bytes` of (master) parameters, by
+// the profile's ratios (Profile::param_bytes_ratio, ...). Their sum is the sum of the ratios
+// times parameter_bytes, rounded once; the optimizer's part takes what rounding each part
+// apart would lose, so that the three add up to it exactly.
+MemoryBytes state_memory(const Profile& profile, std::int64_t parameter_bytes);
+
 struct Prediction {
   double step_seconds = 0;
   double compute_seconds = 0;
   double exposed_comm_seconds = 0;
-  std::int64_t activation_bytes = 0;  // boundary buffers + peak of kept tensors
-  std::int64_t state_bytes = 0;       // parameters, gradients, optimizer state
-  std::int64_t memory_bytes() const { return activation_bytes + state_bytes; }
+  MemoryBytes memory;  // per rank
+  std::int64_t memory_bytes() const { return memory.total(); }
 };
 
 // The GPT program of a degree-`degree` replica whose segment instances process `rows`

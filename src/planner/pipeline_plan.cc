@@ -100,11 +100,9 @@ StageCosts pipeline_stage_costs(const Profile& profile, const schedule::Schedule
       out.head_seconds += seconds;
   }
   if (memory_limit <= 0) return out;
-  // State: parameters, gradients and the optimizer's moments.
-  const double state_per_parameter_byte = 2.0 + profile.optimizer_state_ratio;
+  // State: parameters, gradients and the optimizer's state, as the cost model counts them.
   const auto state = [&](std::int64_t parameter_bytes) {
-    return static_cast<std::int64_t>(
-        std::llround(state_per_parameter_byte * static_cast<double>(parameter_bytes)));
+    return state_memory(profile, parameter_bytes).state();
   };
   // One layer's kept activations: the model with L layers against the model with L - 1, as
   // the planner prices a layer.

@@ -15,6 +15,7 @@
 #include <limits>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 namespace oases::planner {
 namespace {
@@ -32,6 +33,34 @@ std::int64_t units_up(double bytes, std::int64_t unit) {
   return static_cast<std::int64_t>(std::ceil(std::max(0.0, bytes) / static_cast<double>(unit)));
 }
 
+// The optional per-kind parts of a plan file's predicted memory (write_plan).
+void read_memory_parts(const nlohmann::json& j, Plan& plan, const std::string& path) {
+  const std::pair<const char*, std::int64_t MemoryBytes::*> parts[] = {
+      {"predicted_param_bytes", &MemoryBytes::params},
+      {"predicted_grad_bytes", &MemoryBytes::grads},
+      {"predicted_optimizer_bytes", &MemoryBytes::optimizer},
+      {"predicted_activation_bytes", &MemoryBytes::activations}};
+  bool any = false;
+  for (const auto& [key, part] : parts) any = any || j.contains(key);
+  if (!any) return;
+  std::int64_t sum = 0;
+  bool overflow = false;
+  for (const auto& [key, part] : parts) {
+    OASES_CHECK(j.contains(key), "plan file '{}': {} is missing (it has the other parts of the "
+                "predicted memory)", path, key);
+    const std::optional<std::int64_t> bytes = io::json_integer<std::int64_t>(j.at(key));
+    OASES_CHECK(bytes.has_value(), "plan file '{}': {} is not an integer", path, key);
+    plan.predicted_memory.*part = *bytes;
+    overflow = overflow || __builtin_add_overflow(sum, *bytes, &sum);
+  }
+  OASES_CHECK(!overflow && sum == plan.predicted_memory_bytes,
+              "plan file '{}': the parts of the predicted memory (parameters {}, gradients {}, "
+              "optimizer {}, activations {} bytes) do not sum to predicted_memory_bytes = {}",
+              path, plan.predicted_memory.params, plan.predicted_memory.grads,
+              plan.predicted_memory.optimizer, plan.predicted_memory.activations,
+              plan.predicted_memory_bytes);
+}
+
 }  // namespace
 
 PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
@@ -40,6 +69,7 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
   const auto L = static_cast<int>(profile.model.layers);
   const int T = profile.tp;
   PlanReport report;
+  report.memory_settings = profile.memory_settings();
   ChainProblem chain;
   chain.layers = L;
   chain.candidates = static_cast<int>(profile.degrees.size());
@@ -120,6 +150,7 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
     const Prediction chosen = predict_plan(profile, report.chosen.degrees, spec, micro_batch);
     report.chosen.predicted_step_seconds = chosen.step_seconds;
     report.chosen.predicted_memory_bytes = chosen.memory_bytes();
+    report.chosen.predicted_memory = chosen.memory;
     const std::int64_t excess = memory_limit > 0 ? chosen.memory_bytes() - memory_limit : 0;
     if (excess <= 0 || attempt == 3) break;
     chain.memory_limit -= (excess + unit - 1) / unit;
@@ -145,6 +176,15 @@ std::string format_plan_report(const PlanReport& report, const schedule::Schedul
   out += fmt::format("{:<22}{:>12.3f} s{:>12.1f} MiB{:>8}\n", "chosen",
                      report.chosen.predicted_step_seconds,
                      mib(report.chosen.predicted_memory_bytes), fits ? "yes" : "no (see below)");
+  const MemoryBytes& memory = report.chosen.predicted_memory;
+  out += fmt::format(
+      "memory per rank (pred.): params {:.1f} MiB, grads {:.1f} MiB, optimizer {:.1f} MiB, "
+      "activations {:.1f} MiB, total {:.1f} MiB{}\n",
+      mib(memory.params), mib(memory.grads), mib(memory.optimizer), mib(memory.activations),
+      mib(memory.total()),
+      report.memory_settings.empty()
+          ? std::string()
+          : fmt::format(" (state as profiled under {})", report.memory_settings));
   out += fmt::format(
       "degrees per layer: {}\nsolved by the dynamic program in {:.3f} s and by CBC in {:.3f} s "
       "(same optimum; the chain's additive estimate of the plan: {:.3f} s)\n",
@@ -157,12 +197,21 @@ std::string format_plan_report(const PlanReport& report, const schedule::Schedul
 }
 
 void write_plan(const Plan& plan, int tp, const std::string& path) {
-  const nlohmann::json j{{"format", "oases-plan"},
-                         {"version", 1},
-                         {"tp", tp},
-                         {"degrees", plan.degrees},
-                         {"predicted_step_s", plan.predicted_step_seconds},
-                         {"predicted_memory_bytes", plan.predicted_memory_bytes}};
+  nlohmann::json j{{"format", "oases-plan"},
+                   {"version", 1},
+                   {"tp", tp},
+                   {"degrees", plan.degrees},
+                   {"predicted_step_s", plan.predicted_step_seconds},
+                   {"predicted_memory_bytes", plan.predicted_memory_bytes}};
+  if (plan.predicted_memory != MemoryBytes{}) {
+    OASES_ASSERT(plan.predicted_memory.total() == plan.predicted_memory_bytes,
+                 "the plan's memory by kind sums to {} bytes, its total is {}",
+                 plan.predicted_memory.total(), plan.predicted_memory_bytes);
+    j["predicted_param_bytes"] = plan.predicted_memory.params;
+    j["predicted_grad_bytes"] = plan.predicted_memory.grads;
+    j["predicted_optimizer_bytes"] = plan.predicted_memory.optimizer;
+    j["predicted_activation_bytes"] = plan.predicted_memory.activations;
+  }
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   write_file_atomically(path, j.dump(2) + "\n");
@@ -210,6 +259,7 @@ Plan read_plan(const std::string& path, int tp, std::int64_t layers) {
     OASES_CHECK(memory.has_value(), "plan file '{}': predicted_memory_bytes is not an integer",
                 path);
     plan.predicted_memory_bytes = *memory;
+    read_memory_parts(j, plan, path);
   } catch (const nlohmann::json::exception& e) {
     OASES_FAIL("plan file '{}': {}", path, e.what());
   }

@@ -29,7 +29,10 @@ struct UniformOption {
 struct Plan {
   std::vector<int> degrees;  // per transformer layer
   double predicted_step_seconds = 0;
-  std::int64_t predicted_memory_bytes = 0;
+  std::int64_t predicted_memory_bytes = 0;  // per rank
+  // The same by kind, summing to predicted_memory_bytes; all 0 when read from a plan file
+  // written without them.
+  MemoryBytes predicted_memory;
 };
 
 struct PlanReport {
@@ -37,19 +40,28 @@ struct PlanReport {
   Plan chosen;                      // predicted by simulating its schedule (predict_plan)
   double chosen_chain_seconds = 0;  // the chain's additive estimate of the same plan
   double ilp_seconds = 0, dp_seconds = 0;  // solve times
+  // The settings the profile's memory ratios were measured under (Profile::memory_settings);
+  // empty when it does not record them.
+  std::string memory_settings;
 };
 
 // memory_limit: bytes per rank; 0 means none. UserError when no plan fits, saying by how much.
+// The memory per rank is the cost model's (Prediction::memory): the profile's per-kind ratios
+// of the parameters each layer's degree leaves on a rank, plus the schedule's activations.
 PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
                      std::int64_t micro_batch, std::int64_t memory_limit);
 
 // What `oases plan` prints: every uniform plan (predicted time, memory, whether it fits) and the
-// chosen degrees with their prediction and the solve times.
+// chosen degrees with their prediction, its memory per rank by kind (parameters, gradients,
+// optimizer state, activations) and the solve times.
 std::string format_plan_report(const PlanReport& report, const schedule::ScheduleSpec& spec,
                                std::int64_t memory_limit);
 
 // {"format": "oases-plan", "version": 1, "tp": T, "degrees": [...], "predicted_step_s": ..,
-//  "predicted_memory_bytes": ..}
+//  "predicted_memory_bytes": .., "predicted_param_bytes": .., "predicted_grad_bytes": ..,
+//  "predicted_optimizer_bytes": .., "predicted_activation_bytes": ..}
+// The four parts are optional on read (files written before them) and, when present, must sum
+// to predicted_memory_bytes.
 void write_plan(const Plan& plan, int tp, const std::string& path);
 // Reads a file written by write_plan for a tensor-parallel group of `tp` ranks and `layers`
 // layers. UserError naming the file when it is not such a plan.

@@ -4,9 +4,11 @@
 #include "core/error.h"
 #include "io/untrusted_json.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -21,6 +23,11 @@ const DegreeProfile* Profile::at_degree(int degree) const {
   for (const DegreeProfile& d : degrees)
     if (d.degree == degree) return &d;
   return nullptr;
+}
+
+std::string Profile::memory_settings() const {
+  if (precision.empty()) return "";
+  return fmt::format("zero {}, offload {}, precision {}", zero, offload, precision);
 }
 
 std::string Profile::reshard_key(int a, int b) {
@@ -55,6 +62,42 @@ T integer_at(const json& object, const std::string& key, const std::string& sour
   return integer_value<T>(object.at(key), key, source);
 }
 
+// The per-kind memory ratios and the settings they were measured under. A profile written
+// before them has only optimizer_state_ratio: one copy of the parameters, one of the gradients
+// and the rest as the optimizer's, the same total. Where both are present they must agree.
+void read_memory_ratios(const json& j, Profile& p, const std::string& source) {
+  const bool by_kind = j.contains("param_bytes_ratio") || j.contains("grad_bytes_ratio") ||
+                       j.contains("optimizer_bytes_ratio");
+  if (by_kind) {
+    p.param_bytes_ratio = j.at("param_bytes_ratio");
+    p.grad_bytes_ratio = j.at("grad_bytes_ratio");
+    p.optimizer_bytes_ratio = j.at("optimizer_bytes_ratio");
+    if (j.contains("optimizer_state_ratio")) {
+      const double whole = j.at("optimizer_state_ratio");
+      OASES_CHECK(std::abs(whole - p.optimizer_state_ratio()) <=
+                      1e-9 * std::max(1.0, std::abs(whole)),
+                  "{}: malformed profile (\"optimizer_state_ratio\" = {} but the parameter, "
+                  "gradient and optimizer ratios {}, {} and {} give {}: it must be their sum "
+                  "less 2)",
+                  source, whole, p.param_bytes_ratio, p.grad_bytes_ratio,
+                  p.optimizer_bytes_ratio, p.optimizer_state_ratio());
+    }
+  } else {
+    p.param_bytes_ratio = 1;
+    p.grad_bytes_ratio = 1;
+    p.optimizer_bytes_ratio = j.at("optimizer_state_ratio");
+  }
+  // Finite each, their sum may still overflow: it would print as null.
+  OASES_CHECK(std::isfinite(p.optimizer_state_ratio()),
+              "{}: malformed profile (the memory ratios {}, {} and {} are out of range)", source,
+              p.param_bytes_ratio, p.grad_bytes_ratio, p.optimizer_bytes_ratio);
+  if (j.contains("precision")) {
+    p.precision = j.at("precision");
+    p.zero = j.contains("zero") ? integer_at<int>(j, "zero", source) : 0;
+    p.offload = j.value("offload", std::string("none"));
+  }
+}
+
 json model_json(const model::ModelConfig& m) {
   return {{"arch", m.arch},           {"layers", m.layers},         {"hidden", m.hidden},
           {"heads", m.heads},         {"kv_heads", m.kv_head_count()},
@@ -85,17 +128,25 @@ std::string to_json(const Profile& p) {
                        {"activation_bytes", d.activation_bytes},
                        {"static_activation_bytes", d.static_activation_bytes}});
   }
-  return json{{"format", "oases-profile"},
-              {"version", Profile::kVersion},
-              {"model", model_json(p.model)},
-              {"tp", p.tp},
-              {"micro_batch", p.micro_batch},
-              {"sub_batches", p.sub_batches},
-              {"element_bytes", p.element_bytes},
-              {"optimizer_state_ratio", p.optimizer_state_ratio},
-              {"degrees", degrees},
-              {"reshards", p.reshards}}
-      .dump(2);
+  json out{{"format", "oases-profile"},
+           {"version", Profile::kVersion},
+           {"model", model_json(p.model)},
+           {"tp", p.tp},
+           {"micro_batch", p.micro_batch},
+           {"sub_batches", p.sub_batches},
+           {"element_bytes", p.element_bytes},
+           {"optimizer_state_ratio", p.optimizer_state_ratio()},
+           {"param_bytes_ratio", p.param_bytes_ratio},
+           {"grad_bytes_ratio", p.grad_bytes_ratio},
+           {"optimizer_bytes_ratio", p.optimizer_bytes_ratio},
+           {"degrees", degrees},
+           {"reshards", p.reshards}};
+  if (!p.precision.empty()) {
+    out["precision"] = p.precision;
+    out["zero"] = p.zero;
+    out["offload"] = p.offload;
+  }
+  return out.dump(2);
 }
 
 Profile profile_from_json(const std::string& text, const std::string& source) {
@@ -129,7 +180,7 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
     p.micro_batch = integer_at<std::int64_t>(j, "micro_batch", source);
     p.sub_batches = integer_at<int>(j, "sub_batches", source);
     p.element_bytes = integer_at<std::int64_t>(j, "element_bytes", source);
-    p.optimizer_state_ratio = j.at("optimizer_state_ratio");
+    read_memory_ratios(j, p, source);
     for (const json& d : j.at("degrees")) {
       DegreeProfile degree;
       degree.degree = integer_at<int>(d, "degree", source);

@@ -6,6 +6,8 @@
 //              "ffn_hidden": 4096, "vocab_size": 256, "seq_len": 256},
 //    "tp": 2, "micro_batch": 4, "sub_batches": 2,
 //    "element_bytes": 4, "optimizer_state_ratio": 2,
+//    "param_bytes_ratio": 1, "grad_bytes_ratio": 1, "optimizer_bytes_ratio": 2,
+//    "precision": "fp32", "zero": 0, "offload": "none",
 //    "degrees": [
 //      {"degree": 1, "rows": 1,
 //       "segments": {"attention": {"forward_s": .., "recompute_s": .., "backward0_s": ..,
@@ -30,6 +32,10 @@
 // is the all-gather that moves one sub-batch's r_l from the rows of degree-a groups to those of
 // a degree-b group (forward where the degree rises, backward where it falls), timed alone on
 // the whole tensor-parallel group.
+//
+// The per-kind memory ratios and the settings they were measured under (precision, zero,
+// offload) are optional on read: a profile without them reads as parameters 1, gradients 1 and
+// optimizer optimizer_state_ratio, and as measured under unknown settings.
 #pragma once
 
 #include "model/config.h"
@@ -75,15 +81,39 @@ struct Profile {
   std::int64_t micro_batch = 1;
   int sub_batches = 1;
   // Bytes of one activation element of the run's precision (4: fp32, 8: fp64, 2: bf16 and
-  // fp16), and the bytes held per parameter byte besides one copy of the parameters and one of
-  // the gradients, for the memory model: the optimizer's state (AdamW: 2 moments; under ZeRO
-  // this rank's blocks), under mixed precision the 16-bit working copy (0.5 of the fp32
-  // master), less what ZeRO-2 gives back of the gradients and what parallel.offload keeps off
-  // memory (so it may be negative).
+  // fp16).
   std::int64_t element_bytes = 4;
-  double optimizer_state_ratio = 2;
+  // The memory model's bytes held per byte of this rank's (master) parameters
+  // (DegreeProfile::parameter_bytes), by kind, from the engine's memory figures
+  // (train::MemoryFigures, the start-up line and the metrics param_bytes, grad_bytes,
+  // optimizer_bytes):
+  //   param_bytes_ratio: the parameters: the master copy, 2bw's second version and under mixed
+  //     precision the 16-bit working copy (1.5 for bf16 over fp32 masters);
+  //   grad_bytes_ratio: the gradient accumulators (under ZeRO-2 this rank's blocks);
+  //   optimizer_bytes_ratio: the optimizer's state (AdamW: 2 moments; under ZeRO this rank's
+  //     blocks).
+  // What parallel.offload keeps off memory is taken off the optimizer's state first and the
+  // rest (the master weights of "optimizer+params") off the parameters, so that each is what
+  // stays resident.
+  double param_bytes_ratio = 1;
+  double grad_bytes_ratio = 1;
+  double optimizer_bytes_ratio = 2;
+  // The settings the ratios were measured under: train.precision, parallel.zero and
+  // parallel.offload. precision is empty when the profile does not record them.
+  std::string precision;
+  int zero = 0;
+  std::string offload = "none";
   std::vector<DegreeProfile> degrees;  // ascending
   std::map<std::string, double> reshards;  // "a-b" with a < b -> seconds
+
+  // The bytes held per parameter byte besides one copy of the parameters and one of the
+  // gradients (the sum of the three ratios less 2; may be negative): the profile's
+  // "optimizer_state_ratio", the single figure profiles carried before the three.
+  double optimizer_state_ratio() const {
+    return param_bytes_ratio + grad_bytes_ratio + optimizer_bytes_ratio - 2.0;
+  }
+  // "zero 1, offload none, precision bf16"; empty when the profile does not record them.
+  std::string memory_settings() const;
 
   const DegreeProfile* at_degree(int degree) const;
   // Seconds of the reshard between degrees a and b in either direction (0 when a == b);

@@ -136,6 +136,9 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
   profile.micro_batch = config.train.micro_batch;
   profile.sub_batches = spec.sub_batches;
   profile.element_bytes = static_cast<std::int64_t>(dtype_size(compute_dtype(config)));
+  profile.precision = config.train.precision;
+  profile.zero = static_cast<int>(config.parallel.zero);
+  profile.offload = config.parallel.offload;
   const std::int64_t sub_batch_rows = config.train.micro_batch / spec.sub_batches;
   for (int k = 1; k <= T; k *= 2) {
     // A degree-k replica handles k / T of each sub-batch.
@@ -148,6 +151,12 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     RunConfig c = config;
     c.parallel = ParallelConfig{};
     c.parallel.tp = k;
+    // The memory figures below (and the optimizer's time) are measured under the run's ZeRO
+    // stage and offload. This engine has no data-parallel ranks, so ZeRO shards nothing: the
+    // figures are those of a run at dp = 1, as parallel.plan = "auto" runs.
+    c.parallel.zero = config.parallel.zero;
+    c.parallel.offload = config.parallel.offload;
+    c.parallel.offload_dir = config.parallel.offload_dir;
     c.parallel.schedule = "fine-grained";
     c.train.micro_batch = c.train.global_batch = sub_batch_rows * k / T;
     c.checkpoint = {};
@@ -178,18 +187,21 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     const auto& layer0 = engine.model().layout().groups().at(1);  // the first layer's parameters
     degree.parameter_bytes_per_layer = (layer0.second - layer0.first) * element;
     degree.parameter_bytes = engine.model().param_count() * element;
-    // Per parameter byte, what the engine holds besides one copy of the parameters and one of
-    // the gradients, from the same figures the start-up line gives: the optimizer's state
-    // (under ZeRO the blocks this rank owns), the 16-bit working copy of mixed precision,
-    // less what ZeRO-2 gives back of the gradients and what is offloaded (so it may be
-    // negative).
+    // Per parameter byte, what the engine holds of each kind, from the same figures the
+    // start-up line and the metrics give (planner::Profile::param_bytes_ratio, ...). What is
+    // offloaded is the optimizer's state and, with "optimizer+params", the master weights: it
+    // comes off the optimizer's state first and the rest off the parameters.
     const MemoryFigures memory = engine.memory_figures();
     const double parameter_bytes = static_cast<double>(
         std::max<std::int64_t>(1, engine.model().param_count()) * element);
-    profile.optimizer_state_ratio =
-        static_cast<double>(memory.params + memory.grads + memory.optimizer - memory.offloaded) /
-            parameter_bytes -
-        2.0;
+    const std::size_t optimizer_offloaded = std::min(memory.offloaded, memory.optimizer);
+    const std::size_t params_offloaded =
+        std::min(memory.offloaded - optimizer_offloaded, memory.params);
+    profile.param_bytes_ratio =
+        static_cast<double>(memory.params - params_offloaded) / parameter_bytes;
+    profile.grad_bytes_ratio = static_cast<double>(memory.grads) / parameter_bytes;
+    profile.optimizer_bytes_ratio =
+        static_cast<double>(memory.optimizer - optimizer_offloaded) / parameter_bytes;
     degree.static_activation_bytes =
         static_cast<std::int64_t>(engine.model().static_activation_bytes());
     const OverlapSlowdown slowdown = measure_overlap_slowdown(mesh.tp_group(), c);

@@ -1,7 +1,8 @@
 // `oases profile` and `oases plan` end to end: under mpirun with tp = 2 the profile measures
-// degrees 1 and 2 and the reshard between them, and reads back matching its config; the plan
-// verb prints every layer at each degree and the chosen degrees, writes a plan file, and says by
-// how much a memory limit no plan fits is too small.
+// degrees 1 and 2 and the reshard between them, and the memory per parameter byte by kind, and
+// reads back matching its config; the plan verb prints every layer at each degree and the
+// chosen degrees with their memory per rank by kind, writes a plan file, and says by how much a
+// memory limit no plan fits is too small.
 #include "planner/profile.h"
 #include "support/command.h"
 #include "train/config.h"
@@ -69,6 +70,12 @@ tp = 2
   EXPECT_EQ(profile.degrees[1].replica_reduce_per_layer_s, 0);
   EXPECT_GT(profile.degrees[0].parameter_bytes, profile.degrees[1].parameter_bytes);
   EXPECT_GT(profile.reshard_seconds(1, 2), 0);
+  // fp32 AdamW without ZeRO or offload: one copy of the parameters, one of the gradients, two
+  // moments; the settings they were measured under are recorded.
+  EXPECT_EQ(profile.param_bytes_ratio, 1.0);
+  EXPECT_EQ(profile.grad_bytes_ratio, 1.0);
+  EXPECT_EQ(profile.optimizer_bytes_ratio, 2.0);
+  EXPECT_EQ(profile.memory_settings(), "zero 0, offload none, precision fp32");
 
   const std::string plan_file = (dir / "plan.json").string();
   const std::string plan_command = std::string(OASES_BINARY) + " plan --config " +
@@ -76,12 +83,14 @@ tp = 2
   const auto plan = oases::testing::run_command(plan_command + " --output " + plan_file);
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
   for (const char* line : {"every layer at 1", "every layer at 2", "chosen", "degrees per layer: ",
-                           "solved by the dynamic program"})
+                           "solved by the dynamic program", "memory per rank (pred.): params ",
+                           "(state as profiled under zero 0, offload none, precision fp32)"})
     EXPECT_NE(plan.output.find(line), std::string::npos) << line << "\n" << plan.output;
   std::ifstream written(plan_file);
   ASSERT_TRUE(written.good());
   const std::string text((std::istreambuf_iterator<char>(written)), {});
   EXPECT_NE(text.find("\"format\": \"oases-plan\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"predicted_optimizer_bytes\""), std::string::npos) << text;
   const auto too_small =
       oases::testing::run_command(plan_command + " --set parallel.memory_limit=1000");
   EXPECT_NE(too_small.exit_code, 0);

@@ -4,7 +4,11 @@
 
 #include "core/error.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 
 namespace oases::planner {
 namespace {
@@ -58,8 +62,8 @@ TEST(CostModel, WithoutCommunicationTheStepIsItsComputeAndOptimizer) {
   const Prediction fine = predict_uniform(
       p, 2, spec(schedule::ScheduleKind::fine_grained, schedule::Recompute::fine_grained, 1), 4);
   EXPECT_NEAR(fine.step_seconds - none.step_seconds, 4 * 4e-3, 1e-12);
-  EXPECT_EQ(none.state_bytes, 4 * 1000);
-  EXPECT_LT(fine.activation_bytes, none.activation_bytes);
+  EXPECT_EQ(none.memory.state(), 4 * 1000);
+  EXPECT_LT(fine.memory.activations, none.memory.activations);
 }
 
 TEST(CostModel, OverlapHidesWhatBlockingSchedulesPay) {
@@ -83,7 +87,7 @@ TEST(CostModel, MixedPlanPaysEachLayerAtItsDegreeAndItsReshards) {
   // head 8, layer 1 16, layer 0 8, embedding 4 = 36 ms. Reshards add no compute. The optimizer
   // updates 1000 - 2 x 400 + 800 + 400 = 1400 bytes of parameters: 10 ms x 1.4.
   EXPECT_NEAR(mixed.step_seconds, 56e-3 + 14e-3, 1e-12);
-  EXPECT_EQ(mixed.state_bytes, 4 * 1400);
+  EXPECT_EQ(mixed.memory.state(), 4 * 1400);
   // Every layer at degree 2 is the uniform plan of the whole-model view.
   EXPECT_NEAR(predict_plan(p, {2, 2}, megatron, 4).step_seconds,
               predict_uniform(p, 2, megatron, 4).step_seconds, 1e-12);
@@ -92,6 +96,31 @@ TEST(CostModel, MixedPlanPaysEachLayerAtItsDegreeAndItsReshards) {
   p.reshards["1-2"] = 0.5e-3;
   EXPECT_NEAR(predict_plan(p, {1, 2}, megatron, 4).step_seconds - mixed.step_seconds, 1e-3,
               1e-12);
+}
+
+// The state splits by the profile's ratios; the parts add up to what the ratios' sum gives,
+// to the byte, however each part rounds.
+TEST(CostModel, StateSplitsIntoParametersGradientsAndOptimizerState) {
+  Profile p = synthetic(0.0);
+  p.param_bytes_ratio = 1.5;
+  p.grad_bytes_ratio = 1.0 / 3;
+  p.optimizer_bytes_ratio = 0.7;
+  for (const std::int64_t bytes : {0, 1, 7, 1000, 123457, 1 << 30}) {
+    const MemoryBytes m = state_memory(p, bytes);
+    const auto b = static_cast<double>(bytes);
+    EXPECT_EQ(m.params, std::llround(1.5 * b));
+    EXPECT_EQ(m.grads, std::llround(b / 3));
+    EXPECT_EQ(m.state(), std::llround((1.5 + 1.0 / 3 + 0.7) * b)) << bytes;
+    EXPECT_NEAR(static_cast<double>(m.optimizer), 0.7 * b, 1.0) << bytes;
+    EXPECT_EQ(m.activations, 0);
+  }
+  // A prediction carries the parts; its memory is their sum with the activations.
+  const Prediction mixed =
+      predict_plan(p, {1, 2}, spec(schedule::ScheduleKind::megatron, schedule::Recompute::none, 1), 4);
+  EXPECT_EQ(mixed.memory.params, std::llround(1.5 * 1400));
+  EXPECT_GT(mixed.memory.activations, 0);
+  EXPECT_EQ(mixed.memory_bytes(), mixed.memory.params + mixed.memory.grads +
+                                      mixed.memory.optimizer + mixed.memory.activations);
 }
 
 TEST(CostModel, ADegreeMissingFromTheProfileIsAnError) {
@@ -140,6 +169,81 @@ TEST(Planner, MixesDegreesWhenMemoryBindsAndSaysWhenNothingFits) {
               std::string::npos)
         << e.what();
   }
+}
+
+}  // namespace
+}  // namespace oases::planner
+
+namespace oases::planner {
+namespace {
+
+// Four layers whose weights dwarf their activations: 2 MiB per layer at degree 1, half at 2;
+// degree 1 is the faster (no collectives).
+Profile weighty() {
+  Profile p = synthetic(0.5);
+  p.model.layers = 4;
+  for (auto& d : p.degrees) {
+    d.parameter_bytes = (8 << 20) / d.degree;
+    d.parameter_bytes_per_layer = (2 << 20) / d.degree;
+  }
+  return p;
+}
+
+// The report's memory line is the chosen plan's prediction by kind, which sums to its total,
+// labelled with the settings the profile's ratios were measured under.
+TEST(Planner, ReportGivesTheChosenPlansMemoryPerRankByKind) {
+  Profile p = weighty();
+  p.param_bytes_ratio = 1.5;
+  p.grad_bytes_ratio = 1;
+  p.optimizer_bytes_ratio = 2;
+  p.precision = "bf16";
+  p.zero = 1;
+  const auto oases = spec(schedule::ScheduleKind::oases, schedule::Recompute::fine_grained, 2);
+  const PlanReport report = make_plan(p, oases, 4, 0);
+  const MemoryBytes& m = report.chosen.predicted_memory;
+  EXPECT_EQ(m, predict_plan(p, report.chosen.degrees, oases, 4).memory);
+  EXPECT_EQ(m.total(), report.chosen.predicted_memory_bytes);
+  EXPECT_GT(m.params, 0);
+  EXPECT_GT(m.grads, 0);
+  EXPECT_GT(m.optimizer, 0);
+  EXPECT_GT(m.activations, 0);
+  const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+  const std::string line = fmt::format(
+      "memory per rank (pred.): params {:.1f} MiB, grads {:.1f} MiB, optimizer {:.1f} MiB, "
+      "activations {:.1f} MiB, total {:.1f} MiB (state as profiled under zero 1, offload none, "
+      "precision bf16)\n",
+      mib(m.params), mib(m.grads), mib(m.optimizer), mib(m.activations),
+      mib(report.chosen.predicted_memory_bytes));
+  const std::string text = format_plan_report(report, oases, 0);
+  EXPECT_NE(text.find(line), std::string::npos) << line << text;
+  // A profile that does not record its settings: the line without the label.
+  p.precision.clear();
+  EXPECT_NE(format_plan_report(make_plan(p, oases, 4, 0), oases, 0).find(" MiB\ndegrees per layer"),
+            std::string::npos);
+}
+
+// ZeRO-3 over 4 data-parallel ranks keeps a quarter of the parameters, gradients and optimizer
+// state on a rank: under the same limit, the plan that ZeRO-0's state pushes to degree 2
+// stays at the faster degree 1.
+TEST(Planner, SmallerStatePerRankLetsLowerDegreesFit) {
+  const auto oases = spec(schedule::ScheduleKind::oases, schedule::Recompute::fine_grained, 2);
+  const std::int64_t limit = 20 << 20;
+  Profile zero0 = weighty();  // 1, 1 and 2 bytes per parameter byte: 32 MiB at degree 1
+  Profile zero3 = weighty();
+  zero3.param_bytes_ratio = zero3.grad_bytes_ratio = 0.25;
+  zero3.optimizer_bytes_ratio = 0.5;  // 8 MiB at degree 1
+  const PlanReport unsharded = make_plan(zero0, oases, 4, limit);
+  const PlanReport sharded = make_plan(zero3, oases, 4, limit);
+  EXPECT_FALSE(unsharded.uniform[0].fits);
+  EXPECT_TRUE(sharded.uniform[0].fits);
+  EXPECT_EQ(sharded.chosen.degrees, (std::vector<int>{1, 1, 1, 1}));
+  EXPECT_GT(std::count(unsharded.chosen.degrees.begin(), unsharded.chosen.degrees.end(), 2), 0);
+  for (const PlanReport* r : {&unsharded, &sharded})
+    EXPECT_LE(r->chosen.predicted_memory_bytes, limit);
+  EXPECT_LT(sharded.chosen.predicted_step_seconds, unsharded.chosen.predicted_step_seconds);
+  // The same parameters on a rank, a quarter of the state.
+  EXPECT_EQ(sharded.uniform[0].prediction.memory.state() * 4,
+            unsharded.uniform[0].prediction.memory.state());
 }
 
 }  // namespace

@@ -93,6 +93,18 @@ TEST(PipelinePlan, AutoSplitHonoursTheMemoryLimit) {
       {"parallel.memory_limit"});
 }
 
+TEST(PipelinePlan, StageMemoryCountsTheProfilesStateRatios) {
+  Profile profile = synthetic(6, 2, 4);
+  const StageCosts whole = pipeline_stage_costs(profile, within(4), 1, 2, 1 << 30);
+  // A quarter of each kind per rank (ZeRO-3 over 4 ranks): a layer's 400 parameter bytes hold
+  // 400 bytes of state instead of 1600, the rest of the model's 1000 bytes 1000 instead of 4000.
+  profile.param_bytes_ratio = profile.grad_bytes_ratio = 0.25;
+  profile.optimizer_bytes_ratio = 0.5;
+  const StageCosts sharded = pipeline_stage_costs(profile, within(4), 1, 2, 1 << 30);
+  EXPECT_EQ(whole.layer_bytes[0] - sharded.layer_bytes[0], 1600 - 400);
+  EXPECT_EQ(whole.embedding_bytes - sharded.embedding_bytes, 4000 - 1000);
+}
+
 TEST(PipelinePlan, GPipeAnd1F1BPredictTheSameStepAndBubble) {
   // Two stages of two layers, free embedding and head: each stage's forward F = 2 layers x 2
   // segments x 1 ms and backward B = 2 x 2 x 2 ms. GPipe and 1F1B both take (m + P - 1)(F + B)

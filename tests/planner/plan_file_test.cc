@@ -30,6 +30,23 @@ TEST(PlanFile, RoundTrips) {
   expect_user_error([&] { read_plan(path, 2, 5); }, {path, "has 4 layer degrees"});
 }
 
+TEST(PlanFile, CarriesThePredictedMemoryByKind) {
+  oases::testing::TempDir dir("plan_file");
+  const std::string path = dir.file("plan.json");
+  Plan plan;
+  plan.degrees = {2, 2, 2, 1};
+  plan.predicted_memory = {1000, 1000, 2000, 500};
+  plan.predicted_memory_bytes = plan.predicted_memory.total();
+  write_plan(plan, 2, path);
+  EXPECT_EQ(read_plan(path, 2, 4).predicted_memory, plan.predicted_memory);
+  // A plan file written without the parts reads with none.
+  write_bytes(path, R"({"format": "oases-plan", "version": 1, "tp": 2, "degrees": [2, 2, 2, 1], )"
+                    R"("predicted_step_s": 1.5, "predicted_memory_bytes": 4500})");
+  const Plan old = read_plan(path, 2, 4);
+  EXPECT_EQ(old.predicted_memory_bytes, 4500);
+  EXPECT_EQ(old.predicted_memory, MemoryBytes{});
+}
+
 // The cases below once threw nlohmann's exceptions, wrapped a degree into range or overflowed
 // the stack (found by fuzz/plan_fuzzer.cc).
 TEST(PlanFile, FieldsOfAnotherTypeOrOutOfRangeAreRejected) {
@@ -57,6 +74,21 @@ TEST(PlanFile, FieldsOfAnotherTypeOrOutOfRangeAreRejected) {
   rejected(R"({"format": "oases-plan", "version": 1, "tp": 2, "degrees": [1, 1, 1, 1], )"
            R"("predicted_memory_bytes": 1e300})",
            {"predicted_memory_bytes is not an integer"});
+  const std::string four_layers =
+      R"({"format": "oases-plan", "version": 1, "tp": 2, "degrees": [1, 1, 1, 1], )"
+      R"("predicted_memory_bytes": 4500, )";
+  rejected(four_layers + R"("predicted_param_bytes": 1000, "predicted_grad_bytes": 1000, )"
+                         R"("predicted_optimizer_bytes": 2000, "predicted_activation_bytes": 400})",
+           {"do not sum to predicted_memory_bytes = 4500"});
+  rejected(four_layers + R"("predicted_param_bytes": 1000})",
+           {"predicted_grad_bytes is missing"});
+  rejected(four_layers + R"("predicted_param_bytes": 9223372036854775807, )"
+                         R"("predicted_grad_bytes": 9223372036854775807, )"
+                         R"("predicted_optimizer_bytes": 2, "predicted_activation_bytes": 4500})",
+           {"do not sum to predicted_memory_bytes = 4500"});
+  rejected(four_layers + R"("predicted_param_bytes": 1.5, "predicted_grad_bytes": 0, )"
+                         R"("predicted_optimizer_bytes": 0, "predicted_activation_bytes": 0})",
+           {"predicted_param_bytes is not an integer"});
   rejected(R"({"format": "oases-plan", "version": )" + std::string(100000, '[') +
                std::string(100000, ']') + "}",
            {"deeper than 64 levels"});

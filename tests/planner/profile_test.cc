@@ -1,10 +1,13 @@
 #include "planner/profile.h"
 
 #include "core/error.h"
+#include "planner/cost_model.h"
 #include "support/files.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <fstream>
 
 namespace oases::planner {
@@ -68,6 +71,72 @@ TEST(Profile, RoundTripsThroughJson) {
   EXPECT_DOUBLE_EQ(q.reshard_seconds(2, 1), 2.5e-4);
   EXPECT_EQ(q.reshard_seconds(2, 2), 0.0);
   EXPECT_EQ(to_json(q), to_json(p));
+}
+
+TEST(Profile, RoundTripsTheMemoryRatiosAndTheSettingsTheyWereMeasuredUnder) {
+  Profile p = sample();
+  // bf16 over fp32 masters, ZeRO-2 at two ranks, AdamW's state offloaded.
+  p.param_bytes_ratio = 1.5;
+  p.grad_bytes_ratio = 0.5;
+  p.optimizer_bytes_ratio = 0;
+  p.precision = "bf16";
+  p.zero = 2;
+  p.offload = "optimizer";
+  const std::string text = to_json(p);
+  // The single figure older builds read is written too, consistent with the three.
+  EXPECT_EQ(nlohmann::json::parse(text).at("optimizer_state_ratio"), 0.0) << text;
+  const Profile q = profile_from_json(text, "p.json");
+  EXPECT_EQ(q.param_bytes_ratio, 1.5);
+  EXPECT_EQ(q.grad_bytes_ratio, 0.5);
+  EXPECT_EQ(q.optimizer_bytes_ratio, 0.0);
+  EXPECT_EQ(q.optimizer_state_ratio(), 0.0);
+  EXPECT_EQ(q.memory_settings(), "zero 2, offload optimizer, precision bf16");
+  EXPECT_EQ(to_json(q), text);
+}
+
+// A profile written before the per-kind ratios has only optimizer_state_ratio: it reads as one
+// copy of the parameters, one of the gradients and the rest as optimizer state, and the memory
+// model's state is the same to the byte.
+TEST(Profile, AProfileWithoutTheRatiosReadsWithTheSameTotals) {
+  nlohmann::json old = nlohmann::json::parse(to_json(sample()));
+  for (const char* key : {"param_bytes_ratio", "grad_bytes_ratio", "optimizer_bytes_ratio",
+                          "precision", "zero", "offload"})
+    old.erase(key);
+  for (const double ratio : {2.0, 2.1, 2.5, 0.7, -0.3}) {
+    old["optimizer_state_ratio"] = ratio;
+    const Profile p = profile_from_json(old.dump(), "old.json");
+    EXPECT_EQ(p.param_bytes_ratio, 1.0);
+    EXPECT_EQ(p.grad_bytes_ratio, 1.0);
+    EXPECT_EQ(p.optimizer_bytes_ratio, ratio);
+    EXPECT_NEAR(p.optimizer_state_ratio(), ratio, 1e-15);
+    EXPECT_EQ(p.memory_settings(), "");
+    for (const std::int64_t bytes : {0, 1, 999, 123457, 800000, 5000000}) {
+      // What the memory model counted from the single ratio.
+      const auto before =
+          static_cast<std::int64_t>(std::llround((2.0 + ratio) * static_cast<double>(bytes)));
+      const MemoryBytes state = state_memory(p, bytes);
+      EXPECT_EQ(state.state(), before) << ratio << " " << bytes;
+      EXPECT_EQ(state.params, bytes);
+      EXPECT_EQ(state.grads, bytes);
+    }
+  }
+}
+
+TEST(Profile, MemoryRatiosThatDisagreeOrAreIncompleteAreRejected) {
+  nlohmann::json j = nlohmann::json::parse(to_json(sample()));
+  j["optimizer_state_ratio"] = 1.0;  // the three give 2
+  testing::expect_user_error([&] { profile_from_json(j.dump(), "x.json"); },
+                             {"x.json: malformed profile (\"optimizer_state_ratio\" = 1 but",
+                              "give 2: it must be their sum less 2"});
+  j.erase("optimizer_state_ratio");
+  EXPECT_NO_THROW(profile_from_json(j.dump(), "x.json"));  // the three alone suffice
+  j.erase("grad_bytes_ratio");
+  testing::expect_user_error([&] { profile_from_json(j.dump(), "x.json"); },
+                             {"x.json: malformed profile", "grad_bytes_ratio"});
+  j["grad_bytes_ratio"] = 1e308;
+  j["optimizer_bytes_ratio"] = 1e308;
+  testing::expect_user_error([&] { profile_from_json(j.dump(), "x.json"); },
+                             {"x.json: malformed profile (the memory ratios"});
 }
 
 TEST(Profile, AProfileOfAnotherModelOrMissingADegreeIsRejected) {

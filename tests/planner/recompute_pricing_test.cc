@@ -54,15 +54,15 @@ TEST(RecomputePricing, SqrtCostsOneMoreForwardPerLayerSegmentAndItsSchedulesPeak
     EXPECT_NEAR(grouped.compute_seconds, full.compute_seconds, 1e-12) << "k=" << k;
     // The activations are the static buffers plus the peak of the very schedule priced.
     const ops::Program program = program_at(p, 1, 2.0);
-    EXPECT_EQ(grouped.activation_bytes,
+    EXPECT_EQ(grouped.memory.activations,
               2 * 1024 + static_cast<std::int64_t>(schedule::peak_activation_bytes(
                              program, schedule::generate(program, spec))))
         << "k=" << k;
-    EXPECT_LT(grouped.activation_bytes, none.activation_bytes) << "k=" << k;
-    EXPECT_EQ(grouped.state_bytes, none.state_bytes);
+    EXPECT_LT(grouped.memory.activations, none.memory.activations) << "k=" << k;
+    EXPECT_EQ(grouped.memory.state(), none.memory.state());
   }
-  EXPECT_EQ(predict_uniform(p, 1, spec_of(schedule::Recompute::sqrt, 1), 2).activation_bytes,
-            full.activation_bytes);
+  EXPECT_EQ(predict_uniform(p, 1, spec_of(schedule::Recompute::sqrt, 1), 2).memory.activations,
+            full.memory.activations);
 }
 
 }  // namespace
