@@ -613,7 +613,11 @@ int run_pipeline_plan(const PlanArgs& a, const oases::train::RunConfig& config,
 
 int run_plan(const PlanArgs& a) {
   const auto config = oases::train::load_run_config(a.config, a.overrides);
-  const auto measured = oases::planner::read_profile(a.profile);
+  // The profile's memory ratios were measured at dp = 1; the run's ZeRO stage divides them
+  // over its data-parallel group.
+  const auto measured = oases::planner::with_zero_share(
+      oases::planner::read_profile(a.profile), static_cast<int>(config.parallel.zero),
+      static_cast<int>(config.parallel.dp));
   const auto spec = oases::train::schedule_spec(config);
   std::vector<int> degrees;
   for (int k = 1; k <= config.parallel.tp; k *= 2) degrees.push_back(k);

@@ -256,8 +256,13 @@ class Model::Builder final : public ParamResolver {
     head.vocab_begin = shard.begin;
     head.vocab_valid = shard.valid;
     scratch_wide_ = std::max(scratch_wide_, ops::head_scratch_wide_elements(context()));
-    ops::append_head_segments(next_id(), context(), std::move(head), m_.loss_, m_.arena_,
+    const int head_id = next_id();
+    ops::append_head_segments(head_id, context(), std::move(head), m_.loss_, m_.arena_,
                               m_.segments_);
+    // Under tensor parallelism the loss segment's backward multiplies by the head's vocabulary
+    // weight: the segments after the head read what the head reads.
+    for (int id = head_id + 1; id < next_id(); ++id)
+      groups_of_segment_[id] = groups_of_segment_[head_id];
   }
 
   // Ends the chunk whose last layer is `last`. The chunk sends r_{last + 1} in the placement of

@@ -27,7 +27,21 @@ const DegreeProfile* Profile::at_degree(int degree) const {
 
 std::string Profile::memory_settings() const {
   if (precision.empty()) return "";
-  return fmt::format("zero {}, offload {}, precision {}", zero, offload, precision);
+  return fmt::format("zero {}{}, offload {}, precision {}", zero,
+                     data_parallel > 1 ? fmt::format(" over dp {}", data_parallel) : "", offload,
+                     precision);
+}
+
+Profile with_zero_share(Profile profile, int zero, int dp) {
+  OASES_CHECK(zero >= 0 && zero <= 3 && dp >= 1,
+              "parallel.zero = {} over parallel.dp = {}: valid stages 0-3 over dp >= 1", zero, dp);
+  const double share = 1.0 / static_cast<double>(dp);
+  if (zero >= 1) profile.optimizer_bytes_ratio *= share;
+  if (zero >= 2) profile.grad_bytes_ratio *= share;
+  if (zero >= 3) profile.param_bytes_ratio *= share;
+  profile.zero = zero;
+  profile.data_parallel = dp;
+  return profile;
 }
 
 std::string Profile::reshard_key(int a, int b) {

@@ -103,6 +103,9 @@ struct Profile {
   std::string precision;
   int zero = 0;
   std::string offload = "none";
+  // Profiles are measured at dp = 1, where ZeRO shards nothing; with_zero_share() sets the
+  // data-parallel group the ratios were then divided over (not stored in the file).
+  int data_parallel = 1;
   std::vector<DegreeProfile> degrees;  // ascending
   std::map<std::string, double> reshards;  // "a-b" with a < b -> seconds
 
@@ -121,6 +124,12 @@ struct Profile {
   double reshard_seconds(int a, int b) const;
   static std::string reshard_key(int a, int b);  // "a-b", smaller first
 };
+
+// `profile` for a run of ZeRO stage `zero` over `dp` data-parallel ranks: each rank keeps 1/dp
+// of the optimizer state (zero >= 1), of the gradients (>= 2) and of the parameters (3). A
+// layer below tp shares its blocks over a larger replica group, which this leaves out (the
+// model counts more than such a rank holds).
+Profile with_zero_share(Profile profile, int zero, int dp);
 
 std::string to_json(const Profile& profile);
 // UserError naming `source` when the text is not a profile of this format and version.

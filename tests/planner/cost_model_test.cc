@@ -229,9 +229,17 @@ TEST(Planner, SmallerStatePerRankLetsLowerDegreesFit) {
   const auto oases = spec(schedule::ScheduleKind::oases, schedule::Recompute::fine_grained, 2);
   const std::int64_t limit = 20 << 20;
   Profile zero0 = weighty();  // 1, 1 and 2 bytes per parameter byte: 32 MiB at degree 1
-  Profile zero3 = weighty();
-  zero3.param_bytes_ratio = zero3.grad_bytes_ratio = 0.25;
-  zero3.optimizer_bytes_ratio = 0.5;  // 8 MiB at degree 1
+  // ZeRO-3 over 4 data-parallel ranks, as `oases plan` applies it to a profile measured at
+  // dp = 1: a quarter of each kind, 8 MiB at degree 1.
+  const Profile zero3 = with_zero_share(weighty(), 3, 4);
+  EXPECT_DOUBLE_EQ(zero3.param_bytes_ratio, 0.25);
+  EXPECT_DOUBLE_EQ(zero3.grad_bytes_ratio, 0.25);
+  EXPECT_DOUBLE_EQ(zero3.optimizer_bytes_ratio, 0.5);
+  const Profile zero1 = with_zero_share(weighty(), 1, 4);
+  EXPECT_DOUBLE_EQ(zero1.param_bytes_ratio, 1);
+  EXPECT_DOUBLE_EQ(zero1.grad_bytes_ratio, 1);
+  EXPECT_DOUBLE_EQ(zero1.optimizer_bytes_ratio, 0.5);
+  EXPECT_EQ(with_zero_share(weighty(), 2, 2).grad_bytes_ratio, 0.5);
   const PlanReport unsharded = make_plan(zero0, oases, 4, limit);
   const PlanReport sharded = make_plan(zero3, oases, 4, limit);
   EXPECT_FALSE(unsharded.uniform[0].fits);

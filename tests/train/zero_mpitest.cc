@@ -41,10 +41,12 @@ struct Layout {
   std::string plan = "uniform";
   std::int64_t micro_batch = 2;
   std::string grad_reduce = "fp32";  // train.grad_reduce_dtype
+  std::string arch = "gpt";
 };
 
 RunConfig config(const std::string& optimizer, const Layout& layout, int zero) {
   RunConfig c;
+  c.model.arch = layout.arch;
   c.model.layers = 2;
   c.model.hidden = 32;
   c.model.heads = 2;
@@ -146,9 +148,10 @@ void expect_same(const RunRecord& zero, const RunRecord& reference, const std::s
 // replica, and none much more than its share; and that stage 2 keeps less of the gradients.
 void compare(const std::string& optimizer, const Layout& layout,
              const std::vector<int>& stages = {1, 2, 3}) {
-  const std::string what = fmt::format("{} tp{} dp{} pp{} {} {} plan {} reduce {}", optimizer,
-                                       layout.tp, layout.dp, layout.pp, layout.schedule,
-                                       layout.pipeline, layout.plan, layout.grad_reduce);
+  const std::string what = fmt::format("{} {} tp{} dp{} pp{} {} {} plan {} reduce {}",
+                                       layout.arch, optimizer, layout.tp, layout.dp, layout.pp,
+                                       layout.schedule, layout.pipeline, layout.plan,
+                                       layout.grad_reduce);
   comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), layout.tp, layout.dp, layout.pp,
                                        mpitest::test_options());
   const RunRecord reference = train_fresh(config(optimizer, layout, 0), mesh);
@@ -214,6 +217,10 @@ TEST(Zero, TensorParallelSchedulesAndPlansEqualZeroZero) {
   for (const std::string schedule : {"oases", "megatron"})
     compare("adamw", {.tp = 2, .dp = 2, .schedule = schedule});
   compare("sm3", {.tp = 2, .dp = 2, .schedule = "oases"});
+  // Every segment that computes on a parameter gathers it first (LLaMA's and BERT's heads and
+  // norms included).
+  for (const std::string arch : {"llama", "bert"})
+    compare("adamw", {.tp = 2, .dp = 2, .schedule = "oases", .arch = arch}, {3});
   // A layer at degree 1 sums its gradient over tensor- and data-parallel replicas at once:
   // its buckets are partitioned over that replica group.
   // (Its two replicas split each sub-batch of micro_batch / 2 sequences.)
