@@ -147,7 +147,8 @@ void check_memory_limit(const RunConfig& config, TrainingEngine& engine) {
               "parallel.memory_limit = {} bytes is too small: this model needs {} bytes "
               "(parameters, gradients, optimizer state and activations for micro_batch = {}); "
               "raise the limit, lower train.micro_batch or the model size, or partition the "
-              "optimizer state with parallel.zero = 1 (now {})",
+              "optimizer state, gradients and parameters over the data-parallel group with "
+              "parallel.zero = 1, 2 or 3 (now {})",
               config.parallel.memory_limit, needed, config.train.micro_batch,
               config.parallel.zero);
 }
@@ -524,8 +525,15 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
           : std::string();
   const std::string zero =
       engine.zero_stage() > 0
-          ? fmt::format("; ZeRO-{}: the state{} of this rank's blocks only", engine.zero_stage(),
-                        engine.zero_stage() >= 2 ? " and gradients" : "")
+          ? fmt::format("; ZeRO-{}: the state{} of this rank's blocks only{}", engine.zero_stage(),
+                        engine.zero_stage() == 2   ? " and gradients"
+                        : engine.zero_stage() == 3 ? ", gradients and parameters"
+                                                   : "",
+                        engine.params_sharded()
+                            ? fmt::format(", parameters with {:.1f} MiB gathered at most",
+                                          static_cast<double>(engine.peak_gathered_param_bytes()) /
+                                              (1 << 20))
+                            : std::string())
           : std::string();
   const std::string offload =
       memory.offloaded > 0

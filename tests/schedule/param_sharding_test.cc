@@ -4,7 +4,9 @@
 // verifies with sharded parameters, each WaitParams sits right before its window's first use,
 // each ReleaseParams right after its last, and each GatherParams one compute instruction ahead
 // (or right after the bucket's previous release, or at the start of the step). The verifier
-// rejects hand-broken schedules naming the instruction.
+// rejects hand-broken schedules naming the instruction. ZeRO-1/2's deferred gathers: every
+// bucket gathered once, all at the start in the order of first use, each waited right before
+// it, none released.
 #include "schedule/pipeline_lowering.h"
 #include "schedule/schedule.h"
 
@@ -582,6 +584,82 @@ TEST_F(ShardedBroken, ParameterInstructionsNameTheirBucketAlone) {
   Schedule negative = s;
   negative[gather].bucket = -1;
   expect_rejected(negative, "a parameter instruction needs a bucket (>= 0)");
+}
+
+// ---- Deferred gathers (ZeRO-1 and 2) ----
+
+ScheduleSpec deferred(ScheduleKind kind, Recompute recompute, int micro_batches, int sub_batches,
+                      bool training = true) {
+  ScheduleSpec spec{kind, recompute, micro_batches, sub_batches, training};
+  spec.deferred_param_gather = true;
+  return spec;
+}
+
+// Every bucket is gathered once: the gathers open the schedule in the order of the buckets'
+// first uses, each wait stands right before its bucket's first use, nothing is released, and
+// the result verifies (every bucket ends gathered).
+TEST(DeferredGathers, GatherEveryBucketOnceAheadOfItsFirstUse) {
+  const ops::Program program = with_param_buckets(gpt_program(3));
+  for (const ScheduleSpec& spec :
+       {deferred(ScheduleKind::megatron, Recompute::none, 2, 1),
+        deferred(ScheduleKind::oases, Recompute::fine_grained, 2, 2),
+        deferred(ScheduleKind::oases_interleaved, Recompute::fine_grained, 3, 2),
+        deferred(ScheduleKind::megatron, Recompute::full, 1, 1),
+        deferred(ScheduleKind::oases, Recompute::fine_grained, 2, 2, false)}) {
+    const std::string what =
+        std::string(name(spec.kind)) + (spec.training ? "" : " forward only");
+    const Schedule original = generate(program, spec);
+    Schedule s = original;
+    shard_parameters(program, spec, s);
+    EXPECT_NO_THROW(verify_schedule(program, spec, s)) << what;
+    EXPECT_EQ(without_parameter_instructions(s), original) << what;
+    std::vector<int> gathered, first_used;
+    std::map<int, int> waits;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      const Instruction& ins = s[i];
+      EXPECT_NE(ins.op, Op::release_params) << what;
+      if (ins.op == Op::gather_params) {
+        // All of them before anything else.
+        EXPECT_EQ(i, gathered.size()) << what;
+        gathered.push_back(ins.bucket);
+      }
+      if (ins.op == Op::wait_params) {
+        ++waits[ins.bucket];
+        std::size_t j = i + 1;
+        while (j < s.size() && s[j].op == Op::wait_params) ++j;
+        ASSERT_LT(j, s.size()) << what;
+        EXPECT_TRUE(reads(program, s[j], ins.bucket)) << what << " at " << i;
+        for (std::size_t k = 0; k < i; ++k)
+          EXPECT_FALSE(reads(program, s[k], ins.bucket)) << what << ": used before its wait";
+      }
+      if (is_compute(ins.op))
+        for (int b : program.segments[static_cast<std::size_t>(ins.segment)].param_buckets)
+          if (std::find(first_used.begin(), first_used.end(), b) == first_used.end())
+            first_used.push_back(b);
+    }
+    EXPECT_EQ(gathered, first_used) << what << ": gathers in the order of first use";
+    for (const auto& [bucket, count] : waits) EXPECT_EQ(count, 1) << what << " bucket " << bucket;
+    EXPECT_EQ(waits.size(), gathered.size()) << what;
+  }
+}
+
+TEST_F(ShardedBroken, DeferredGathersRejectReleasesAndComputeBeforeTheWait) {
+  const ScheduleSpec plan = deferred(ScheduleKind::megatron, Recompute::none, 1, 1);
+  Schedule s = generate(program, plan);
+  shard_parameters(program, plan, s);
+  EXPECT_NO_THROW(verify_schedule(program, plan, s));
+  const std::size_t wait = find(s, "WaitParams(bucket=1)");
+  expect_rejected(erased(s, wait), "computes on sharded parameters of bucket 1", &plan);
+  Instruction release{Op::release_params};
+  release.bucket = 1;
+  expect_rejected(inserted(s, s.size(), release),
+                  "releases parameters under deferred gathers", &plan);
+  // A gather never waited leaves its bucket short at the end.
+  Instruction gather{Op::gather_params};
+  gather.bucket = 7;
+  expect_rejected(inserted(s, 0, gather),
+                  "bucket 7 is not gathered at the end (its GatherParams was never waited)",
+                  &plan);
 }
 
 }  // namespace
