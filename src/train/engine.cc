@@ -250,9 +250,10 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
   // ZeRO-3: from here on each rank holds only its blocks of the parameters between uses.
   spec_.sharded_params = zero_stage_ >= 3 && !zero_buckets_.empty();
   spec_.reshard_after_forward = config.parallel.zero3_reshard_after_forward;
-  // ZeRO-1 and 2: the blocks an update changed are gathered by the next step's schedule,
-  // ahead of their first use, so the gathers travel while the forward computes. 2bw swaps
-  // whole weight versions between its batches and gathers at the update instead.
+  // ZeRO-1 and 2: the gather of the blocks an update changed starts as soon as the bucket is
+  // updated and is waited for by the next run's schedule, right before the bucket's first use,
+  // so it travels while the update goes on and the next forward computes. 2bw swaps whole
+  // weight versions between its batches and waits for the gathers at the update instead.
   spec_.deferred_param_gather = zero_stage_ >= 1 && zero_stage_ <= 2 &&
                                 !zero_buckets_.empty() && !two_bw_;
   shard_params();
@@ -268,7 +269,29 @@ void TrainingEngine::for_each_foreign_range(
   if (zero->second.cuts[block + 1] < b.end) visit(zero->second.cuts[block + 1], b.end);
 }
 
+TrainingEngine::~TrainingEngine() {
+  // The communicators outlive the engine, but not the parameters the gathers write into.
+  for (auto& [bucket, gather] : param_gathers_) gather->wait();
+}
+
+void TrainingEngine::finish_param_gathers() {
+  for (auto& [bucket, gather] : param_gathers_) {
+    gather->wait();
+    stale_buckets_.erase(bucket);
+  }
+  param_gathers_.clear();
+}
+
+void TrainingEngine::start_param_gather(int bucket) {
+  if (!stale_buckets_.contains(bucket) || param_gathers_.contains(bucket)) return;
+  const ZeroBucket& zero = zero_buckets_.at(bucket);
+  const model::Model::Bucket& b = model_.bucket(bucket);
+  param_gathers_[bucket] = zero.group->all_gather_blocks_async(
+      model_.compute_params().view(b.begin, {b.end - b.begin}), zero.counts());
+}
+
 void TrainingEngine::shard_params() {
+  finish_param_gathers();
   stale_buckets_.clear();  // whole parameters were written
   if (!spec_.sharded_params) return;
   for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
@@ -283,7 +306,9 @@ void TrainingEngine::shard_params() {
 }
 
 void TrainingEngine::gather_whole_params() {
-  if (!spec_.sharded_params && stale_buckets_.empty()) return;
+  finish_param_gathers();
+  if (!spec_.sharded_params && stale_buckets_.empty() && !model_.mixed_precision()) return;
+  if (!spec_.sharded_params && !spec_.deferred_param_gather) return;
   std::vector<std::unique_ptr<comm::Work>> gathers;
   for (const auto& [id, zero] : zero_buckets_) {
     // Deferred gathers: the master copy's other blocks are stale in every bucket (only the
@@ -303,14 +328,9 @@ void TrainingEngine::gather_whole_params() {
 
 runtime::StepHooks TrainingEngine::with_param_hooks(runtime::StepHooks hooks) {
   if (spec_.deferred_param_gather) {
-    // Only buckets updated since their last gather travel; the others are whole already.
-    hooks.gather_params = [this](int bucket) {
-      if (!stale_buckets_.contains(bucket)) return;
-      const ZeroBucket& zero = zero_buckets_.at(bucket);
-      const model::Model::Bucket& b = model_.bucket(bucket);
-      param_gathers_[bucket] = zero.group->all_gather_blocks_async(
-          model_.compute_params().view(b.begin, {b.end - b.begin}), zero.counts());
-    };
+    // Only buckets updated since their last gather travel (most are on their way since the
+    // update); the others are whole already.
+    hooks.gather_params = [this](int bucket) { start_param_gather(bucket); };
     hooks.wait_params = [this](int bucket) {
       const auto gather = param_gathers_.find(bucket);
       if (gather == param_gathers_.end()) return;
@@ -442,6 +462,7 @@ void TrainingEngine::save_whole_optimizer_state(
 
 void TrainingEngine::load_whole_optimizer_state(
     const std::function<void(optim::Optimizer&)>& load) {
+  finish_param_gathers();
   if (zero_buckets_.empty()) {
     load(*optimizer_);
     if (offload_) offload_->evict_all();
@@ -523,7 +544,9 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
   if (training) model_.zero_grads();
   const runtime::ExecutionStats stats =
       executor_.run(schedule, ctx, with_param_hooks(hooks), listener_);
-  OASES_ASSERT(param_gathers_.empty(), "{} parameter gathers left in flight", param_gathers_.size());
+  // (Deferred gathers started by the run's update travel on into the next run.)
+  OASES_ASSERT(!spec_.sharded_params || param_gathers_.empty(),
+               "{} parameter gathers left in flight", param_gathers_.size());
   if (result) {
     result->compute_seconds += stats.compute_seconds;
     result->exposed_comm_seconds += stats.exposed_comm_seconds;
@@ -762,15 +785,21 @@ void TrainingEngine::step_optimizer(std::int64_t step) {
     return;
   }
   if (spec_.deferred_param_gather) {
-    // ZeRO-1 and 2: the next run's schedule gathers the updated blocks ahead of their use
-    // (with mixed precision those of the 16-bit copy; the master's only for a checkpoint).
+    // ZeRO-1 and 2: each bucket's gather starts once its blocks are updated (with mixed
+    // precision, those of the 16-bit copy; the master's only for a checkpoint) and is waited
+    // for by the next run's schedule.
     for (const model::Model::Bucket& b : model_.grad_buckets()) {
       optimizer_->step(model_.params(), model_.grads(), b.begin, b.end, info);
-      if (zero_buckets_.contains(b.id)) stale_buckets_.insert(b.id);
+      const auto zero = zero_buckets_.find(b.id);
+      if (zero == zero_buckets_.end()) {
+        model_.refresh_compute_params(b.begin, b.end);
+        continue;
+      }
+      const auto block = static_cast<std::size_t>(zero->second.group->rank());
+      model_.refresh_compute_params(zero->second.cuts[block], zero->second.cuts[block + 1]);
+      stale_buckets_.insert(b.id);
+      start_param_gather(b.id);
     }
-    for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
-      model_.refresh_compute_params(begin, end);
-    });
     if (offload_) offload_->evict_all();
     return;
   }

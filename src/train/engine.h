@@ -96,6 +96,9 @@ class TrainingEngine {
   // outlive it. parallel.plan gives the layers' degrees (layer_degrees(config)); "auto" must be
   // resolved to a plan before.
   explicit TrainingEngine(const RunConfig& config, ParallelGroups groups = {});
+  ~TrainingEngine();
+  TrainingEngine(const TrainingEngine&) = delete;
+  TrainingEngine& operator=(const TrainingEngine&) = delete;
 
   comm::Communicator& tp() { return *tp_; }
   comm::Communicator& dp() { return *dp_; }
@@ -126,7 +129,9 @@ class TrainingEngine {
   void save_whole_optimizer_state(const std::function<void(optim::Optimizer&)>& save);
   void load_whole_optimizer_state(const std::function<void(optim::Optimizer&)>& load);
   // Whoever writes whole parameters into model().params() (a checkpoint load, weights to
-  // start from) and refreshes the 16-bit copy calls this afterwards (every rank alike). ZeRO-3:
+  // start from) and refreshes the 16-bit copy calls this afterwards (every rank alike; under
+  // ZeRO-1 and 2 no step may have run since the engine was made or the last call, so that no
+  // gather of updated blocks is still writing). ZeRO-3:
   // the 16-bit copy of this rank's blocks is refreshed and the pages of the others' blocks are
   // given back; ZeRO-1 and 2: nothing is left to gather.
   void shard_params();
@@ -257,6 +262,10 @@ class TrainingEngine {
   // The optimizer's update with learning rate of step `step` (0-based), then, under ZeRO, every
   // rank's updated blocks gathered, and the 16-bit copy refreshed.
   void step_optimizer(std::int64_t step);
+  // ZeRO-1 and 2: starts the gather of bucket `bucket`'s updated blocks unless it is whole or
+  // already on its way; finish_param_gathers() waits for every gather on its way.
+  void start_param_gather(int bucket);
+  void finish_param_gathers();
   // ZeRO-3: the schedule's GatherParams, WaitParams and ReleaseParams, added to `hooks`.
   runtime::StepHooks with_param_hooks(runtime::StepHooks hooks);
   // ZeRO-3: calls visit(begin, end) for the flat ranges of bucket `bucket` this rank does not
