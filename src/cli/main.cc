@@ -83,6 +83,7 @@ int run_on_every_rank(const oases::train::ParallelConfig& parallel, const RankBo
   try {
     oases::comm::MpiCommunicatorOptions comm_options;
     comm_options.timeout_seconds = parallel.comm_timeout_s;
+    comm_options.max_bytes_per_call = parallel.bucket_bytes;
     body(runtime, comm_options, mesh);
   } catch (const std::exception& e) {
     const int code =

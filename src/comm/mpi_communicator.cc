@@ -249,6 +249,8 @@ class MpiCommunicator::Engine {
                  INT_MAX);
     OASES_ASSERT(options_.timeout_seconds >= 0, "timeout_seconds = {} must be >= 0",
                  options_.timeout_seconds);
+    OASES_ASSERT(options_.max_bytes_per_call >= 0, "max_bytes_per_call = {} must be >= 0",
+                 options_.max_bytes_per_call);
     MPI_Comm_dup(parent, &comm_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -274,7 +276,16 @@ class MpiCommunicator::Engine {
   int size() const { return size_; }
   const std::string& name() const { return name_; }
   int max_tag() const { return max_tag_; }
-  std::int64_t max_per_call() const { return options_.max_elements_per_call; }
+  // The chunk size, in elements per block, of an operation on `blocks` blocks of `dtype`.
+  std::int64_t max_per_call(DType dtype, int blocks = 1) const {
+    std::int64_t most = options_.max_elements_per_call;
+    if (options_.max_bytes_per_call > 0)
+      most = std::min(most, std::max<std::int64_t>(
+                                1, options_.max_bytes_per_call /
+                                       static_cast<std::int64_t>(dtype_size(dtype) *
+                                                                 static_cast<std::size_t>(blocks))));
+    return most;
+  }
 
   std::unique_ptr<Work> submit(std::shared_ptr<Operation> op) {
     auto work = std::make_unique<MpiWork>(op);
@@ -608,7 +619,7 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(Tensor buffer, ReduceOp 
   auto operation = new_operation(OpKind::all_reduce, buffer, buffer);
   operation->reduce = op;
   operation->reported = buffer.numel();
-  plan_chunks(*operation, buffer.numel(), engine_->max_per_call());
+  plan_chunks(*operation, buffer.numel(), engine_->max_per_call(buffer.dtype()));
   return engine_->submit(std::move(operation));
 }
 
@@ -626,7 +637,7 @@ std::unique_ptr<Work> MpiCommunicator::all_gather_async(Tensor input, Tensor out
   auto operation = new_operation(OpKind::all_gather, input, output);
   operation->in_place = in_place;
   operation->reported = n;
-  plan_chunks(*operation, n, engine_->max_per_call());
+  plan_chunks(*operation, n, engine_->max_per_call(input.dtype(), size()));
   return engine_->submit(std::move(operation));
 }
 
@@ -643,7 +654,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(Tensor input, Tensor
   auto operation = new_operation(OpKind::reduce_scatter, input, output);
   operation->reduce = op;
   operation->reported = input.numel();
-  plan_chunks(*operation, n, engine_->max_per_call());
+  plan_chunks(*operation, n, engine_->max_per_call(input.dtype(), size()));
   return engine_->submit(std::move(operation));
 }
 
@@ -654,7 +665,7 @@ std::unique_ptr<Work> MpiCommunicator::broadcast_async(Tensor buffer, int root) 
   auto operation = new_operation(OpKind::broadcast, buffer, buffer);
   operation->peer = root;
   operation->reported = buffer.numel();
-  plan_chunks(*operation, buffer.numel(), engine_->max_per_call());
+  plan_chunks(*operation, buffer.numel(), engine_->max_per_call(buffer.dtype()));
   return engine_->submit(std::move(operation));
 }
 
@@ -668,7 +679,7 @@ std::unique_ptr<Work> MpiCommunicator::send_async(Tensor buffer, int peer, int t
   operation->peer = peer;
   operation->tag = tag;
   operation->reported = buffer.numel();
-  plan_chunks(*operation, buffer.numel(), engine_->max_per_call());
+  plan_chunks(*operation, buffer.numel(), engine_->max_per_call(buffer.dtype()));
   return engine_->submit(std::move(operation));
 }
 
@@ -682,7 +693,7 @@ std::unique_ptr<Work> MpiCommunicator::recv_async(Tensor buffer, int peer, int t
   operation->peer = peer;
   operation->tag = tag;
   operation->reported = buffer.numel();
-  plan_chunks(*operation, buffer.numel(), engine_->max_per_call());
+  plan_chunks(*operation, buffer.numel(), engine_->max_per_call(buffer.dtype()));
   return engine_->submit(std::move(operation));
 }
 
@@ -697,7 +708,7 @@ std::unique_ptr<Work> MpiCommunicator::all_to_all_async(Tensor input, Tensor out
   check_disjoint(input, output, "all_to_all", name());
   auto operation = new_operation(OpKind::all_to_all, input, output);
   operation->reported = input.numel();
-  plan_chunks(*operation, input.numel() / size(), engine_->max_per_call());
+  plan_chunks(*operation, input.numel() / size(), engine_->max_per_call(input.dtype(), size()));
   return engine_->submit(std::move(operation));
 }
 
@@ -741,7 +752,7 @@ std::unique_ptr<Work> MpiCommunicator::all_to_allv_async(Tensor input,
   auto operation = new_operation(OpKind::all_to_allv, input, output);
   operation->alltoallv_args = std::move(args);
   operation->reported = total_sent;
-  plan_chunks(*operation, 0, engine_->max_per_call());
+  plan_chunks(*operation, 0, engine_->max_per_call(input.dtype()));
   return engine_->submit(std::move(operation));
 }
 
@@ -752,7 +763,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_blocks_async(
   auto operation = new_operation(OpKind::reduce_scatter_blocks, buffer, buffer);
   operation->reduce = op;
   operation->reported = buffer.numel();
-  plan_chunks(*operation, std::ranges::max(counts), engine_->max_per_call());
+  plan_chunks(*operation, std::ranges::max(counts), engine_->max_per_call(buffer.dtype(), size()));
   operation->block_counts = std::move(counts);
   return engine_->submit(std::move(operation));
 }
@@ -763,14 +774,14 @@ std::unique_ptr<Work> MpiCommunicator::all_gather_blocks_async(Tensor buffer,
   check_blocks(buffer, counts, "all_gather_blocks");
   auto operation = new_operation(OpKind::all_gather_blocks, buffer, buffer);
   operation->reported = buffer.numel();
-  plan_chunks(*operation, std::ranges::max(counts), engine_->max_per_call());
+  plan_chunks(*operation, std::ranges::max(counts), engine_->max_per_call(buffer.dtype(), size()));
   operation->block_counts = std::move(counts);
   return engine_->submit(std::move(operation));
 }
 
 std::unique_ptr<Work> MpiCommunicator::barrier_async() {
   auto operation = new_operation(OpKind::barrier, Tensor(), Tensor());
-  plan_chunks(*operation, 0, engine_->max_per_call());
+  plan_chunks(*operation, 0, 1);
   return engine_->submit(std::move(operation));
 }
 

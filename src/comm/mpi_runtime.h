@@ -110,6 +110,12 @@ struct MpiCommunicatorOptions {
   // all_to_all). MPI-3 counts are int, so the default is the int limit; tests lower it to
   // exercise the chunked paths on small buffers. Must be >= 1.
   std::int64_t max_elements_per_call = std::numeric_limits<int>::max();
+  // Largest number of bytes one MPI call of a collective or message moves (all ranks' blocks
+  // of an all_gather, reduce_scatter or all_to_all together; all_to_allv excepted); 0: no
+  // bound beyond max_elements_per_call. Bounds the transport's own buffers whatever the size
+  // of the operation (parallel.bucket_bytes; ZeRO-R's constant buffer sizing). A chunk holds
+  // at least one element per block.
+  std::int64_t max_bytes_per_call = 0;
 };
 
 }  // namespace oases::comm

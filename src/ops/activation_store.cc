@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/kernels.h"
 
 #include <array>
 #include <cstddef>
@@ -107,6 +108,7 @@ Tensor ActivationStore::get(const ActivationKey& key) const {
   const auto it = live_.find(key);
   OASES_ASSERT(it != live_.end(), "activation {} read while not live", describe(key));
   OASES_ASSERT(!it->second.encoded, "activation {} read while encoded", describe(key));
+  OASES_ASSERT(it->second.parts == 0, "activation {} read while partitioned", describe(key));
   return it->second.view;
 }
 
@@ -127,6 +129,7 @@ void ActivationStore::encode(const ActivationKey& key, ActivationEncoding encodi
   OASES_ASSERT(it != live_.end(), "activation {} encoded while not live", describe(key));
   Block& block = it->second;
   OASES_ASSERT(!block.encoded, "activation {} encoded twice", describe(key));
+  OASES_ASSERT(block.parts == 0, "activation {} encoded while partitioned", describe(key));
   OASES_ASSERT(device_.is_cpu(), "activation encoding runs on the CPU only");
   const auto encoded_bytes = static_cast<std::size_t>(block.encodable) * encoded_element_bytes(encoding);
   const std::size_t kept_bytes =
@@ -178,6 +181,50 @@ void ActivationStore::decode(const ActivationKey& key) {
   block.buffer = std::move(wide);
   block.view = Tensor(block.buffer.data(), block.dtype, {block.elements}, device_);
   block.encoded = false;
+}
+
+bool ActivationStore::partitioned(const ActivationKey& key) const {
+  const auto it = live_.find(key);
+  return it != live_.end() && it->second.parts > 0;
+}
+
+void ActivationStore::partition(const ActivationKey& key, int part, int parts) {
+  auto it = live_.find(key);
+  OASES_ASSERT(it != live_.end(), "activation {} partitioned while not live", describe(key));
+  Block& block = it->second;
+  OASES_ASSERT(!block.encoded && block.parts == 0,
+               "activation {} partitioned while {}", describe(key),
+               block.encoded ? "encoded" : "partitioned");
+  OASES_ASSERT(parts >= 1 && part >= 0 && part < parts, "activation {}: slice {} of {}",
+               describe(key), part, parts);
+  const std::int64_t slice = slice_elements(block.elements, parts);
+  const std::int64_t begin = std::min(block.elements, slice * part);
+  const std::int64_t count = std::min(block.elements - begin, slice);
+  Buffer kept = take(static_cast<std::size_t>(slice) * dtype_size(block.dtype));
+  if (count > 0)
+    kernels::copy(block.view.view(begin, {count}), Tensor(kept.data(), block.dtype, {count}, device_));
+  give_back(std::move(block.buffer));
+  block.buffer = std::move(kept);
+  block.view = Tensor();
+  block.part = part;
+  block.parts = parts;
+}
+
+ActivationStore::Unpartitioned ActivationStore::unpartition(const ActivationKey& key) {
+  auto it = live_.find(key);
+  OASES_ASSERT(it != live_.end(), "activation {} gathered while not live", describe(key));
+  Block& block = it->second;
+  OASES_ASSERT(block.parts > 0, "activation {} gathered while not partitioned", describe(key));
+  const std::int64_t slice = slice_elements(block.elements, block.parts);
+  Buffer whole = take(static_cast<std::size_t>(slice * block.parts) * dtype_size(block.dtype));
+  const Tensor gathered(whole.data(), block.dtype, {slice * block.parts}, device_);
+  const Tensor own = gathered.view(slice * block.part, {slice});
+  kernels::copy(Tensor(block.buffer.data(), block.dtype, {slice}, device_), own);
+  give_back(std::move(block.buffer));
+  block.buffer = std::move(whole);
+  block.view = gathered.view(0, {block.elements});
+  block.parts = 0;
+  return {gathered, own};
 }
 
 }  // namespace oases::ops

@@ -10,6 +10,15 @@
 // reduction): encode() replaces it by a block of the same elements in the encoding, decode()
 // brings it back to its own dtype, rounded by the encoding. While encoded it cannot be read.
 // Both take the new block before they give up the old one, so for that moment both count.
+//
+// A live block whose contents are identical on the `parts` ranks of a group (a layer's
+// checkpoint under tensor parallelism) may be held as this rank's slice alone between its last
+// forward use and the backward that reads it (parallel.partition_activations, ZeRO-R's
+// partitioned activation checkpoints): partition() keeps slice `part` of the block's elements cut
+// into `parts` slices of ceil(elements / parts) (the last one padded); unpartition() takes a
+// whole block back with the own slice in place and hands out where every slice goes, for the
+// group's all-gather to fill. While partitioned a block cannot be read; after unpartition() it
+// reads what the gather has written (the caller waits for it first).
 #pragma once
 
 #include "core/buffer.h"
@@ -63,6 +72,22 @@ class ActivationStore {
   void decode(const ActivationKey& key);
   bool encoded(const ActivationKey& key) const;
 
+  // Keeps slice `part` of `parts` of the live, whole block of `key` (0 <= part < parts).
+  void partition(const ActivationKey& key, int part, int parts);
+  // The partitioned block of `key` made whole again: `gathered` is the padded block of parts x
+  // slice elements (the block's own elements first), `own` this rank's slice within it, already
+  // in place. An all-gather of `own` into `gathered` over the group fills the rest.
+  struct Unpartitioned {
+    Tensor gathered;
+    Tensor own;
+  };
+  Unpartitioned unpartition(const ActivationKey& key);
+  bool partitioned(const ActivationKey& key) const;
+  // Elements of each slice when `elements` are cut into `parts`.
+  static std::int64_t slice_elements(std::int64_t elements, int parts) {
+    return (elements + parts - 1) / parts;
+  }
+
   std::size_t live_bytes() const { return live_bytes_; }
   std::size_t peak_bytes() const { return peak_bytes_; }
   void reset_peak() { peak_bytes_ = live_bytes_; }
@@ -74,6 +99,7 @@ class ActivationStore {
     Buffer buffer;
     Tensor view;   // the elements in their own dtype; empty while encoded
     bool encoded = false;
+    int part = 0, parts = 0;  // partitioned: this rank's slice of `parts`; 0 parts: whole
     ActivationEncoding encoding = ActivationEncoding::bf16;
     DType dtype = DType::f32;  // the elements' own dtype
     std::int64_t elements = 0;

@@ -51,6 +51,9 @@ class LayerSegment : public Segment {
     return {CollectiveKind::all_reduce, comm::ReduceOp::sum, layer_.at.group,
             rows_of(Slot::input_grad, mb, sb), {}};
   }
+  comm::Communicator* replica_group() const override {
+    return layer_.at.degree > 1 ? layer_.at.group : nullptr;
+  }
   Tensor recv_buffer(Payload payload, int mb, int sb) override {
     OASES_ASSERT(layer_.input_from_peer && payload == Payload::activation,
                  "{} receives no {}", name(), payload == Payload::activation ? "activation" : "gradient");
@@ -102,6 +105,7 @@ class LayerSegment : public Segment {
     shape.degree = layer_.at.degree;
     shape.layer = layer_.layer;
     shape.recomputable = true;
+    shape.checkpoint_replicated = layer_.at.degree > 1;
     shape.input_from_peer = layer_.input_from_peer;
     if (layer_.input_from_peer)
       shape.received_bytes = static_cast<std::size_t>(tokens_ * m_.hidden) * dtype_size(m_.dtype);

@@ -98,6 +98,10 @@ struct SegmentShape {
   int layer = -1;
   // Whether schedules may drop this segment's sets after Forward and recompute them.
   bool recomputable = false;
+  // The checkpoint is identical on every rank of the segment's collective group (a layer's
+  // residual-stream input under tensor parallelism), so each rank may keep a slice of it
+  // between forward and backward and gather it back (schedule::partition_kept_checkpoints).
+  bool checkpoint_replicated = false;
   // Earlier segments whose kept sets this segment's Forward and Backward read besides the
   // previous segment's checkpoint (the vocab-parallel loss segments read the logits the head
   // keeps): those sets must stay live until this segment has run.

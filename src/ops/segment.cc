@@ -52,4 +52,26 @@ void Segment::decode(int mb, int sb, TensorSets sets) {
     if (sets & set) store_.decode(key(mb, sb, set));
 }
 
+namespace {
+comm::Communicator& checked_replica_group(const Segment& segment, TensorSets sets) {
+  OASES_ASSERT(sets == kCheckpoint, "segment {}: only the checkpoint is partitioned ({} asked)",
+               segment.name(), tensor_sets_name(sets));
+  comm::Communicator* group = segment.replica_group();
+  OASES_ASSERT(group != nullptr, "segment {} has no replicated checkpoint to partition",
+               segment.name());
+  return *group;
+}
+}  // namespace
+
+void Segment::partition(int mb, int sb, TensorSets sets) {
+  const comm::Communicator& group = checked_replica_group(*this, sets);
+  store_.partition(key(mb, sb, kCheckpoint), group.rank(), group.size());
+}
+
+Segment::CollectiveCall Segment::gather_sets(int mb, int sb, TensorSets sets) {
+  comm::Communicator& group = checked_replica_group(*this, sets);
+  const ActivationStore::Unpartitioned whole = store_.unpartition(key(mb, sb, kCheckpoint));
+  return {CollectiveKind::all_gather, comm::ReduceOp::sum, &group, whole.gathered, whole.own};
+}
+
 }  // namespace oases::ops

@@ -13,6 +13,10 @@
 //                                  Needs every set live.
 //   release(mb, sb, sets)          frees sets
 //   encode / decode(mb, sb, sets)  holds sets encoded between forward and backward, and back
+//   partition(mb, sb, sets)        keeps this rank's slice of sets that are identical across
+//                                  the segment's replica group (SegmentShape::
+//                                  checkpoint_replicated); gather_sets() makes them whole
+//                                  again with an all-gather over that group
 //
 // Zero-bubble pipelines split the backward pass of segments with SegmentShape::has_weight_part:
 //
@@ -105,6 +109,15 @@ class Segment {
     Tensor buffer;  // all_reduce: combined in place; all_gather: the whole gathered output
     Tensor block;   // all_gather: this rank's block of `buffer`, already in place
   };
+
+  // The ranks on which the segment's checkpoint is identical (SegmentShape::
+  // checkpoint_replicated; nullptr: none).
+  virtual comm::Communicator* replica_group() const { return nullptr; }
+  // Keeps this rank's slice of live `sets` (the checkpoint alone) out of the replica group's.
+  void partition(int mb, int sb, TensorSets sets);
+  // Makes partitioned `sets` whole again: the all-gather over the replica group that fills
+  // them; they may be read once it has completed.
+  CollectiveCall gather_sets(int mb, int sb, TensorSets sets);
   // The collectives named by shape().has_forward_collective / has_backward_collective.
   virtual CollectiveCall forward_collective(int mb, int sb);
   virtual CollectiveCall backward_collective(int mb, int sb);

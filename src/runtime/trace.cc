@@ -65,6 +65,13 @@ std::string trace_name(const InstructionRecord& record) {
                          ins.direction == schedule::Direction::forward ? "fwd" : "bwd",
                          ins.replay ? " replay" : "", segment, ins.micro_batch, ins.sub_batch);
     }
+    case Op::gather_sets:
+    case Op::wait_sets:
+      return fmt::format("AG {} {} mb{} sb{}", ops::tensor_sets_name(ins.sets), segment,
+                         ins.micro_batch, ins.sub_batch);
+    case Op::partition:
+      return fmt::format("Partition {} mb{} sb{} [{}]", segment, ins.micro_batch, ins.sub_batch,
+                         ops::tensor_sets_name(ins.sets));
     case Op::free:
       return fmt::format("Free {} mb{} sb{} [{}]", segment, ins.micro_batch, ins.sub_batch,
                          ops::tensor_sets_name(ins.sets));

@@ -786,7 +786,7 @@ class Verifier {
               "recomputes sets the segment does not have");
         for (auto set : {kCheckpoint, kInternals, kCore})
           if (ins.sets & set)
-            check(inst.sets[set] != SetState::live && inst.sets[set] != SetState::encoded,
+            check(inst.sets[set] == SetState::absent || inst.sets[set] == SetState::freed,
                   "recomputes a live set");
         // Each part of the segment reads what the part before it produced.
         if (ins.sets & kCheckpoint) read_input(ins);
@@ -881,7 +881,11 @@ class Verifier {
         check(ins.sets != 0 && (ins.sets & ~shape.sets) == 0, "frees sets the segment does not have");
         for (auto set : {kCheckpoint, kInternals, kCore}) {
           if (!(ins.sets & set)) continue;
-          check(inst.sets[set] == SetState::live || inst.sets[set] == SetState::encoded,
+          check(inst.sets[set] != SetState::gathering,
+                fmt::format("frees {} while its GatherSets is in flight",
+                            ops::tensor_sets_name(set)));
+          check(inst.sets[set] == SetState::live || inst.sets[set] == SetState::encoded ||
+                    inst.sets[set] == SetState::partitioned,
                 fmt::format("frees {}, which is not live", ops::tensor_sets_name(set)));
           inst.sets[set] = SetState::freed;
         }
@@ -904,6 +908,9 @@ class Verifier {
         }
         break;
       }
+      case Op::partition:
+      case Op::gather_sets:
+      case Op::wait_sets: partition_instruction(ins, inst, shape); break;
       default:
         break;
     }
@@ -946,9 +953,14 @@ class Verifier {
                 inst.replayed_collective != CollState::started &&
                 inst.backward_collective != CollState::started,
             who + ": a collective was never waited on");
-      for (auto set : {kCheckpoint, kInternals, kCore})
-        check(!inst.sets.contains(set) || inst.sets.at(set) != SetState::live,
+      for (auto set : {kCheckpoint, kInternals, kCore}) {
+        const SetState state = inst.sets.contains(set) ? inst.sets.at(set) : SetState::absent;
+        check(state != SetState::gathering,
+              fmt::format("{}: the GatherSets of its {} was never waited", who,
+                          ops::tensor_sets_name(set)));
+        check(state != SetState::live && state != SetState::partitioned,
               fmt::format("{}: {} is still live", who, ops::tensor_sets_name(set)));
+      }
       if (spec_.training)
         check(inst.stages_done == shape.backward_stages, who + ": backward incomplete");
       check(!inst.input_only || inst.weight_done, who + ": its weight part never ran");
@@ -972,7 +984,9 @@ class Verifier {
   const std::vector<Instruction>& started() const { return started_; }
 
  private:
-  enum class SetState { absent, live, encoded, freed };
+  // partitioned: only this rank's slice is held (Partition); gathering: its GatherSets is in
+  // flight; WaitSets makes it live again.
+  enum class SetState { absent, live, encoded, partitioned, gathering, freed };
   enum class CollState { none, started, waited };
   enum class PortState { empty, written, in_flight, reduced };
   enum class ReceiveState { none, posted, arrived };
@@ -1032,6 +1046,10 @@ class Verifier {
     check(state != SetState::encoded,
           fmt::format("reads {} of segment {} while it is encoded", ops::tensor_sets_name(set),
                       shape.name));
+    check(state != SetState::partitioned && state != SetState::gathering,
+          fmt::format("reads {} of segment {} while it is partitioned{}",
+                      ops::tensor_sets_name(set), shape.name,
+                      state == SetState::gathering ? " (its GatherSets was not waited)" : ""));
     check(state == SetState::live,
           fmt::format("reads {} of segment {} before it was computed", ops::tensor_sets_name(set),
                       shape.name));
@@ -1146,6 +1164,30 @@ class Verifier {
                           state == ParamState::gathering ? "its gather was not waited"
                                                          : "sharded"));
         state = ParamState::sharded;
+        break;
+    }
+  }
+  // Partition, GatherSets, WaitSets: a replicated checkpoint goes live -> partitioned ->
+  // gathering -> live, and only along those moves.
+  void partition_instruction(const Instruction& ins, Instance& inst, const SegmentShape& shape) {
+    check(ins.sets == kCheckpoint, "partitions, gathers or waits for sets other than the checkpoint");
+    check(shape.checkpoint_replicated && shape.collective_ranks > 1,
+          "partitions the checkpoint of a segment whose checkpoint is not replicated over a "
+          "group of ranks (SegmentShape::checkpoint_replicated)");
+    SetState& state = inst.sets[kCheckpoint];
+    switch (ins.op) {
+      case Op::partition:
+        check(state == SetState::live, "partitions the checkpoint, which is not live and whole");
+        state = SetState::partitioned;
+        break;
+      case Op::gather_sets:
+        check(state == SetState::partitioned, "gathers the checkpoint, which is not partitioned");
+        state = SetState::gathering;
+        break;
+      default:
+        check(state == SetState::gathering,
+              "waits for the checkpoint, which no GatherSets is gathering");
+        state = SetState::live;
         break;
     }
   }
@@ -1480,8 +1522,37 @@ std::size_t peak_activation_bytes(const Program& program, const Schedule& schedu
     if (it != encoded.end()) it->second &= static_cast<TensorSets>(~ins.sets);
     return bytes;
   };
+  // A partitioned checkpoint holds one slice of ceil(elements / ranks); its gather takes a
+  // whole block of ranks slices before it gives back the slice.
+  std::set<std::tuple<int, int, int, int>> partitioned;
+  const auto slice_bytes = [&](const SegmentShape& shape) {
+    const std::size_t element = program.set_element_bytes;
+    const std::size_t elements = shape.checkpoint_bytes / element;
+    const auto ranks = static_cast<std::size_t>(shape.collective_ranks);
+    return std::max<std::size_t>((elements + ranks - 1) / ranks * element, 1);
+  };
   for (const Instruction& ins : schedule) {
     const SegmentShape* shape = ins.segment >= 0 ? &shape_of(program, ins.segment) : nullptr;
+    const auto instance = std::tuple{ins.batch, ins.segment, ins.micro_batch, ins.sub_batch};
+    if (ins.op == Op::partition) {
+      live += slice_bytes(*shape);
+      peak = std::max(peak, live);
+      live -= shape->checkpoint_bytes;
+      partitioned.insert(instance);
+      continue;
+    }
+    if (ins.op == Op::gather_sets) {
+      live += slice_bytes(*shape) * static_cast<std::size_t>(shape->collective_ranks);
+      peak = std::max(peak, live);
+      live -= slice_bytes(*shape);
+      partitioned.erase(instance);
+      continue;
+    }
+    if (ins.op == Op::free && (ins.sets & kCheckpoint) && partitioned.erase(instance)) {
+      // The slice goes back instead of the whole block.
+      live -= slice_bytes(*shape);
+      live += shape->checkpoint_bytes;
+    }
     if (ins.op == Op::encode)
       encoding_of[{ins.batch, ins.segment, ins.micro_batch, ins.sub_batch}] = ins.encoding;
     if (ins.op == Op::forward) live += sets_bytes(ins.segment, shape->sets);
@@ -1553,6 +1624,15 @@ std::string to_string(const Instruction& ins) {
                          ins.op == Op::encode ? "Encode" : "Decode", ins.segment,
                          ops::tensor_sets_name(ins.sets), ins.micro_batch, ins.sub_batch,
                          ops::encoding_name(ins.encoding), chunk);
+    case Op::partition:
+    case Op::gather_sets:
+    case Op::wait_sets:
+      return fmt::format("{}(seg={}, {}, mb={}, sb={}{})",
+                         ins.op == Op::partition     ? "Partition"
+                         : ins.op == Op::gather_sets ? "GatherSets"
+                                                     : "WaitSets",
+                         ins.segment, ops::tensor_sets_name(ins.sets), ins.micro_batch,
+                         ins.sub_batch, chunk);
     case Op::reduce_grads: return fmt::format("ReduceGrads(bucket={}{})", ins.bucket, chunk);
     case Op::gather_params: return fmt::format("GatherParams(bucket={}{})", ins.bucket, chunk);
     case Op::wait_params: return fmt::format("WaitParams(bucket={}{})", ins.bucket, chunk);

@@ -140,6 +140,12 @@ enum class Op : std::uint8_t {
   wait_params,     // WaitParams(bucket): the gather has arrived; compute may read the bucket
   release_params,  // ReleaseParams(bucket): give back the blocks of the bucket's parameters
                    //   this rank does not own; they read as nothing until gathered again
+  partition,       // Partition(s, sets, mb, sb): keep only this rank's slice of live `sets`
+                   //   (the checkpoint of a segment with SegmentShape::checkpoint_replicated);
+                   //   nothing reads them until their WaitSets (partition_kept_checkpoints)
+  gather_sets,     // GatherSets(s, sets, mb, sb): start the all-gather over the segment's
+                   //   collective group that makes partitioned `sets` whole; asynchronous
+  wait_sets,       // WaitSets(s, sets, mb, sb): the gather has arrived; the sets read again
 };
 
 // GatherParams, WaitParams and ReleaseParams: they name a bucket and nothing else (segment -1),
@@ -414,6 +420,21 @@ std::size_t peak_activation_bytes(const ops::Program& program, const Schedule& s
 // REQUIRES: `schedule` verifies; the result verifies too.
 void compress_kept_sets(const ops::Program& program, Schedule& schedule,
                         ops::ActivationEncoding encoding);
+
+// Partitioned activation checkpoints (parallel.partition_activations; ZeRO-R): a checkpoint
+// that is identical on every rank of its segment's collective group (SegmentShape::
+// checkpoint_replicated, with more than one rank) is held as this rank's 1/ranks slice from its
+// last forward-side reader to the first backward-side one (the live intervals of
+// compress_kept_sets, when compute of other instances runs between them): Partition right
+// after the last forward-side reader, GatherSets right before the last compute instruction
+// of another micro-batch or sub-batch between the two (so that the all-gather travels while it
+// computes; where there is none, the last compute instruction between them) and WaitSets right
+// before the backward-side reader. Where
+// instructions land between the same two, GatherSets come before WaitSets; each kind keeps the
+// order of the intervals' Frees, the same on every rank of the group, as its collectives
+// require. Results are those of the schedule without the pass.
+// REQUIRES: `schedule` verifies and holds no Encode or Decode; the result verifies too.
+void partition_kept_checkpoints(const ops::Program& program, Schedule& schedule);
 
 // ZeRO-3 (spec.sharded_params): inserts the gathers and releases of parameter buckets
 // (ops::SegmentShape::param_buckets). A bucket's uses (the compute instructions that read it,

@@ -20,9 +20,13 @@ namespace {
 
 using CollectiveKey = std::tuple<int, int, int, int, bool>;
 
+// A checkpoint's gather (GatherSets, WaitSets) is told apart from the segment's own
+// collectives by a third direction.
 CollectiveKey key_of(const schedule::Instruction& ins) {
-  return {ins.segment, ins.micro_batch, ins.sub_batch, static_cast<int>(ins.direction),
-          ins.replay};
+  const bool set_gather =
+      ins.op == schedule::Op::gather_sets || ins.op == schedule::Op::wait_sets;
+  return {ins.segment, ins.micro_batch, ins.sub_batch,
+          set_gather ? 2 : static_cast<int>(ins.direction), ins.replay};
 }
 
 // The two communication lanes and the compute lane as fluids: every lane does work at a rate
@@ -149,14 +153,18 @@ class RankRun {
       case Op::backward_weight:
         result_.compute_seconds += lanes_.compute(compute_seconds(ins));
         break;
-      case Op::start: {
-        const double seconds = costs_.collective(ins);
+      case Op::start:
+      case Op::gather_sets: {
+        const double seconds = ins.op == Op::start ? costs_.collective(ins)
+                               : costs_.gather_sets  ? costs_.gather_sets(ins)
+                                                     : 0.0;
         lanes_.start_collective(key_of(ins), seconds);
         started_.insert(key_of(ins));
         result_.comm_seconds += seconds;
         break;
       }
-      case Op::wait: {
+      case Op::wait:
+      case Op::wait_sets: {
         const CollectiveKey key = key_of(ins);
         OASES_ASSERT(started_.erase(key) == 1, "wait on a collective never started: {}",
                      schedule::to_string(ins));
@@ -196,6 +204,7 @@ class RankRun {
         // Dropping the blocks this rank does not own: nothing to move.
         break;
       case Op::free:
+      case Op::partition:  // a copy of a slice: memory-bound, small against the producer
         break;
       case Op::use_weights:
         // A copy of the stage's parameters between two buffers (2bw): not in the cost model

@@ -44,6 +44,10 @@ struct CostModel {
   // Seconds of the data-parallel all-gather of a bucket's parameters (a GatherParams
   // instruction's, ZeRO-3); null: free, the parameters are in place at once.
   std::function<double(int bucket)> gather_params;
+  // Seconds of the tensor-parallel all-gather of a partitioned checkpoint (a GatherSets
+  // instruction's, partition_kept_checkpoints); it runs on the collectives' lane in issue
+  // order. Null: free, though still behind the collectives issued before it.
+  std::function<double(const schedule::Instruction&)> gather_sets;
   double optimizer_step = 0;
   double overlap_slowdown = 0;     // compute under in-flight communication takes (1 + this) x
   double collective_slowdown = 0;  // communication while compute runs takes (1 + this) x

@@ -132,6 +132,9 @@ const std::map<std::string, SectionFields>& schema() {
         {"recompute_every", bind(&RunConfig::parallel, &ParallelConfig::recompute_every)},
         {"activation_compression",
          bind(&RunConfig::parallel, &ParallelConfig::activation_compression)},
+        {"partition_activations",
+         bind(&RunConfig::parallel, &ParallelConfig::partition_activations)},
+        {"bucket_bytes", bind(&RunConfig::parallel, &ParallelConfig::bucket_bytes)},
         {"sub_batches", bind(&RunConfig::parallel, &ParallelConfig::sub_batches)},
         {"plan", bind(&RunConfig::parallel, &ParallelConfig::plan)},
         {"memory_limit", bind(&RunConfig::parallel, &ParallelConfig::memory_limit)},
@@ -632,6 +635,11 @@ void RunConfig::validate() const {
                         ","),
               model.layers > 8 ? ",..." : "");
   OASES_CHECK(p.memory_limit >= 0, "parallel.memory_limit = {} must be >= 0 bytes", p.memory_limit);
+  OASES_CHECK(p.bucket_bytes == 0 || p.bucket_bytes >= 1024,
+              "parallel.bucket_bytes = {} is too small to carry a collective; valid: 0 (no "
+              "bound) or at least 1024 bytes (e.g. 50000000, about what DeepSpeed's buckets "
+              "hold)",
+              p.bucket_bytes);
   OASES_CHECK(p.comm_timeout_s >= 0, "parallel.comm_timeout_s = {} must be >= 0 seconds (0: no timeout)",
               p.comm_timeout_s);
   OASES_CHECK(p.startup_timeout_s >= 0,
@@ -754,6 +762,12 @@ void RunConfig::validate() const {
               "\"2bw\" yet (its runs carry kept sets from one step to the next); valid: "
               "parallel.activation_compression = \"none\", or another parallel.pipeline",
               p.activation_compression);
+  OASES_CHECK(!p.partition_activations || p.activation_compression == "none",
+              "parallel.partition_activations = true with parallel.activation_compression = "
+              "\"{}\" is not supported yet (a checkpoint's slice is not held encoded); valid: "
+              "one of the two, i.e. parallel.activation_compression = \"none\" or "
+              "parallel.partition_activations = false",
+              p.activation_compression);
   OASES_CHECK(!(t.precision == "bf16" && p.activation_compression == "bf16"),
               "parallel.activation_compression = \"bf16\" with train.precision = \"bf16\" "
               "would change nothing (the kept activations are bf16 already); valid: "
@@ -870,6 +884,9 @@ std::string to_toml(const RunConfig& c) {
                                       {"recompute_every", c.parallel.recompute_every},
                                       {"activation_compression",
                                        c.parallel.activation_compression},
+                                      {"partition_activations",
+                                       c.parallel.partition_activations},
+                                      {"bucket_bytes", c.parallel.bucket_bytes},
                                       {"sub_batches", c.parallel.sub_batches},
                                       {"plan", c.parallel.plan},
                                       {"memory_limit", c.parallel.memory_limit},

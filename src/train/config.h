@@ -44,6 +44,15 @@ struct ParallelConfig {
   // How kept activations are held between forward and backward in training:
   // "none", "bf16" or "fp8" (e4m3) (schedule::compress_kept_sets).
   std::string activation_compression = "none";
+  // ZeRO-R's partitioned activation checkpoints: each layer's kept residual-stream input
+  // (r_l, h_l), identical on the ranks of its tensor-parallel group, is held as a 1/degree
+  // slice per rank between the passes and all-gathered before the backward pass reads it
+  // (schedule::partition_kept_checkpoints). No effect on layers at degree 1.
+  bool partition_activations = false;
+  // Bytes each collective moves per transport call (0: no bound): larger collectives run as
+  // consecutive pieces of at most this many bytes, so the transport's own buffers stay within
+  // it whatever the size of a bucket or a layer (ZeRO-R's constant buffer sizing).
+  std::int64_t bucket_bytes = 0;
   // Parts each micro-batch is split into by the overlapped schedules; 0: 2 where it divides
   // the micro-batch (else 1) for cross-pass and oases, 1 for the others.
   std::int64_t sub_batches = 0;

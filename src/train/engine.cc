@@ -499,8 +499,10 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
       pipeline.micro_batches = spec.micro_batches;
       if (pipeline.kind == schedule::PipelineKind::two_bw) {
         // A step on its own (the run of a drained step, without a predecessor in flight).
-        const schedule::LoweredRun run =
+        schedule::LoweredRun run =
             schedule::lower_2bw_run(model_.program(), spec, pipeline, pp_->rank(), {false, true});
+        if (config_.parallel.partition_activations)
+          schedule::partition_kept_checkpoints(model_.program(), run.schedule);
         schedule::verify_schedule(model_.program(), spec, run.schedule, run.carry);
         return schedules_.emplace(key, run.schedule).first->second;
       }
@@ -512,6 +514,8 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
   } else {
     schedule = schedule::generate(model_.program(), spec);
   }
+  if (training && config_.parallel.partition_activations)
+    schedule::partition_kept_checkpoints(model_.program(), schedule);
   if (training && compression_)
     schedule::compress_kept_sets(model_.program(), schedule, *compression_);
   if (spec.sharded_params || spec.deferred_param_gather)
@@ -996,6 +1000,8 @@ const schedule::LoweredRun& TrainingEngine::two_bw_run(schedule::TwoBwRun run) {
   pipeline.micro_batches = spec.micro_batches;
   schedule::LoweredRun lowered =
       schedule::lower_2bw_run(model_.program(), spec, pipeline, pp_->rank(), run);
+  if (config_.parallel.partition_activations)
+    schedule::partition_kept_checkpoints(model_.program(), lowered.schedule);
   schedule::verify_schedule(model_.program(), spec, lowered.schedule, lowered.carry);
   return two_bw_runs_.emplace(key, std::move(lowered)).first->second;
 }

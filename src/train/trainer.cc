@@ -416,6 +416,8 @@ void write_run_description(const RunConfig& config, TrainingEngine& engine, comm
       {"start_step", start_step},
       {"schedule", schedule_description(engine.schedule_spec())},
       {"activation_compression", config.parallel.activation_compression},
+      {"partition_activations", config.parallel.partition_activations},
+      {"bucket_bytes", config.parallel.bucket_bytes},
       {"zero", engine.zero_stage()},
       {"offload", config.parallel.offload},
       {"memory_bytes",
@@ -560,6 +562,21 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
            static_cast<double>(engine.activation_bytes()) / (1 << 20),
            compression == "none" ? std::string()
                                  : fmt::format(", kept in {} between the passes", compression));
+  if (config.parallel.partition_activations) {
+    std::size_t partitioned = 0;
+    for (const schedule::Instruction& ins : engine.schedule_for(engine.local_batch(), true))
+      partitioned += ins.op == schedule::Op::partition;
+    log_info("partitioned activation checkpoints: {}",
+             partitioned > 0
+                 ? fmt::format("{} per step held as 1/degree slices between the passes and "
+                               "gathered before their backward",
+                               partitioned)
+                 : std::string("none (no layer of this rank runs above degree 1, or no "
+                               "checkpoint waits between the passes)"));
+  }
+  if (config.parallel.bucket_bytes > 0)
+    log_info("communication: at most {} bytes per transport call (parallel.bucket_bytes)",
+             config.parallel.bucket_bytes);
 }
 
 // The figures of one step that go to the metrics file and the progress line.

@@ -328,14 +328,34 @@ TEST(MpiCommunicator, ChunkedOperationsMatchUnchunkedResults) {
   }
 }
 
+// A bound on the bytes of each call (parallel.bucket_bytes) cuts operations by their dtype's
+// size and, for block operations, their number of blocks; results are the same.
+TEST(MpiCommunicator, OperationsBoundedInBytesPerCallMatchUnboundedResults) {
+  const auto [tp, dp, pp] = varied_layout(runtime().world_size());
+  for (std::int64_t bytes : {64, 1}) {
+    SCOPED_TRACE(::testing::Message() << "max_bytes_per_call = " << bytes);
+    MpiCommunicatorOptions options = test_options();
+    options.max_bytes_per_call = bytes;
+    Mesh mesh = Mesh::create(runtime(), tp, dp, pp, options);
+    for (Communicator* group : groups_of(mesh)) {
+      for (std::int64_t n : {0, 1, 15, 16, 17, 100}) {
+        check_every_operation<float>(*group, n, false);
+        check_every_operation<std::int64_t>(*group, n, false);
+      }
+    }
+  }
+}
+
 // reduce_scatter_blocks and all_gather_blocks over blocks of unequal sizes (empty ones too),
 // whole and in chunks, against the same result formed here from every rank's contribution;
 // and the base class's versions (SelfCommunicator: a group of one) leave a lone block as it is.
 TEST(MpiCommunicator, BlockCollectivesOwnAndGatherUnequalBlocks) {
-  for (std::int64_t limit : {std::int64_t{1} << 20, std::int64_t{3}}) {
+  for (std::int64_t limit : {std::int64_t{1} << 20, std::int64_t{3}, std::int64_t{-24}}) {
+    // A negative limit: at most -limit bytes per call instead.
     SCOPED_TRACE(::testing::Message() << "max_elements_per_call = " << limit);
     MpiCommunicatorOptions options = test_options();
-    options.max_elements_per_call = limit;
+    if (limit > 0) options.max_elements_per_call = limit;
+    else options.max_bytes_per_call = -limit;
     MpiCommunicator c(MPI_COMM_WORLD, "blocks", options);
     const int n = c.size(), me = c.rank();
     for (const std::int64_t shift : {0, 1, 5}) {

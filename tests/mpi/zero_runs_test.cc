@@ -1,7 +1,9 @@
-// ZeRO through `oases train` at dp = 2 in fp64: stages 1 and 2 train exactly what stage 0
+// ZeRO through `oases train` at dp = 2 in fp64: stages 1 to 3 train exactly what stage 0
 // trains (losses, and the whole tensors of the checkpoints: model and optimizer state), a run
-// resumes from a ZeRO-2 checkpoint under ZeRO-0 and another under ZeRO-1 at tp 2 and continues
-// the straight run, and the metrics and run.json report each stage's bytes per rank.
+// resumes from a ZeRO-3 checkpoint under ZeRO-0 and another under ZeRO-3 at tp 2 x dp 2 and
+// continues the straight run, and the metrics and run.json report each stage's bytes per rank.
+// ZeRO-R likewise: partitioned activation checkpoints at tp 2 and transport calls bounded by
+// parallel.bucket_bytes train what the plain run trains, and the activation peak falls.
 #include "support/command.h"
 #include "support/pipeline_runs.h"
 #include "support/runs.h"
@@ -103,6 +105,26 @@ TEST_F(ZeroRuns, CheckpointsResumeUnderOtherStagesAndLayouts) {
                                         straight / "ckpt/step_6/optimizer.safetensors",
                                         c.name + " optimizer");
   }
+}
+
+TEST_F(ZeroRuns, ZeroRTrainsWhatThePlainRunTrains) {
+  const std::string settings = "checkpoint.every=4 parallel.schedule=megatron parallel.recompute=full ";
+  const fs::path plain = train({.tp = 2}, "tp2", settings);
+  const fs::path partitioned =
+      train({.tp = 2}, "tp2_partitioned", settings + "parallel.partition_activations=true");
+  oases::testing::expect_same_run(partitioned, plain, "partition_activations", 4);
+  EXPECT_LT(last_record(partitioned).at("peak_activation_bytes").get<double>(),
+            last_record(plain).at("peak_activation_bytes").get<double>());
+  const auto description = nlohmann::json::parse(std::ifstream(partitioned / "run.json"));
+  EXPECT_EQ(description.at("partition_activations"), true);
+  // 4 KiB per transport call: every reduction and gather of the runs goes in pieces.
+  const fs::path bounded =
+      train({.tp = 2}, "tp2_bounded", settings + "parallel.bucket_bytes=4096");
+  oases::testing::expect_same_run(bounded, plain, "bucket_bytes at tp 2", 4);
+  const fs::path zero2 = train({.dp = 2}, "zero2", "checkpoint.every=4 parallel.zero=2");
+  const fs::path zero2_bounded =
+      train({.dp = 2}, "zero2_bounded", "checkpoint.every=4 parallel.zero=2 parallel.bucket_bytes=4096");
+  oases::testing::expect_same_run(zero2_bounded, zero2, "bucket_bytes at zero 2", 4);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "support/gpt_program.h"
+#include "support/schedule_cases.h"
 
 #include <gtest/gtest.h>
 
@@ -17,23 +18,7 @@ namespace {
 
 using ops::ActivationEncoding;
 
-struct Case {
-  ScheduleKind kind;
-  Recompute recompute;
-  int sub_batches;
-};
-
-const std::vector<Case> kCases = {
-    {ScheduleKind::megatron, Recompute::none, 1},
-    {ScheduleKind::megatron, Recompute::full, 1},
-    {ScheduleKind::megatron, Recompute::selective, 1},
-    {ScheduleKind::megatron, Recompute::sqrt, 1},
-    {ScheduleKind::fine_grained, Recompute::fine_grained, 1},
-    {ScheduleKind::cross_pass, Recompute::full, 2},
-    {ScheduleKind::oases, Recompute::fine_grained, 2},
-    {ScheduleKind::oases_interleaved, Recompute::fine_grained, 2},
-    {ScheduleKind::oases_deferred, Recompute::fine_grained, 2},
-};
+using Case = testing::ScheduleCase;
 
 std::string describe(const Case& c, int micro_batches, int tp, ActivationEncoding encoding) {
   return std::string(name(c.kind)) + " " + std::string(name(c.recompute)) + " sb" +
@@ -62,7 +47,7 @@ TEST(CompressKeptSets, EverySchedulesCompressedFormVerifiesAndKeepsLess) {
     ops::Program program = testing::gpt_program(4, tp);
     for (ops::SegmentShape& shape : program.segments)
       shape.has_weight_part = shape.layer >= 0 || shape.name == "head_loss";
-    for (const Case& c : kCases) {
+    for (const Case& c : testing::within_stage_schedules()) {
       for (int micro_batches : {1, 3}) {
         ScheduleSpec spec{c.kind, c.recompute, micro_batches, c.sub_batches, true};
         if (c.recompute == Recompute::sqrt) spec.recompute_every = 2;

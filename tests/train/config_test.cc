@@ -270,6 +270,14 @@ TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
   EXPECT_NE(error_of("[train]\ngemm16_path = \"blas\"\n").find("train.gemm16_path = \"blas\" is not known; valid: \"auto\""), std::string::npos);
   EXPECT_NE(error_of("[train]\nprecision = \"bf16\"\n[parallel]\nactivation_compression = \"bf16\"\n").find("parallel.activation_compression = \"bf16\" with train.precision = \"bf16\" would change nothing"), std::string::npos);
   EXPECT_EQ(error_of("[train]\nprecision = \"bf16\"\n[parallel]\nactivation_compression = \"fp8\"\n"), "");
+  EXPECT_NE(error_of("[parallel]\npartition_activations = true\nactivation_compression = \"fp8\"\n")
+                .find("parallel.partition_activations = true with parallel.activation_compression = \"fp8\" is not supported yet"),
+            std::string::npos);
+  EXPECT_EQ(error_of("[parallel]\ntp = 2\npartition_activations = true\n"), "");
+  EXPECT_NE(error_of("[parallel]\nbucket_bytes = 100\n")
+                .find("parallel.bucket_bytes = 100 is too small to carry a collective; valid: 0 (no bound) or at least 1024 bytes"),
+            std::string::npos);
+  EXPECT_EQ(error_of("[parallel]\nbucket_bytes = 50000000\n"), "");
   EXPECT_NE(error_of("[train]\nprecision = \"fp16\"\nglobal_batch = 8\nmicro_batch = 1\n[parallel]\npp = 2\npipeline = \"2bw\"\n").find("train.precision = \"fp16\" does not run with parallel.pipeline = \"2bw\""), std::string::npos);
   EXPECT_NE(error_of("[checkpoint]\nresume = true\n").find("checkpoint.dir"), std::string::npos);
   EXPECT_NE(error_of("[parallel]\ndp_sync_every = 0\n").find("parallel.dp_sync_every = 0 must be at least 1"), std::string::npos);
