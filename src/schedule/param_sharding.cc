@@ -41,7 +41,10 @@ void shard_parameters(const ops::Program& program, const ScheduleSpec& spec, Sch
   std::map<int, std::vector<std::size_t>> uses;
   // previous_compute[i]: the last compute instruction before position i; -1: none.
   std::vector<std::ptrdiff_t> previous_compute(n, -1);
-  std::ptrdiff_t last_compute = -1;
+  // previous_switch[i]: the last UseWeights or OptimizerStep before position i (2bw: the weights
+  // the following compute reads change there); -1: none.
+  std::vector<std::ptrdiff_t> previous_switch(n + 1, -1);
+  std::ptrdiff_t last_compute = -1, last_switch = -1;
   for (std::size_t i = 0; i < n; ++i) {
     const Instruction& ins = schedule[i];
     OASES_ASSERT(!is_parameter_op(ins.op),
@@ -49,6 +52,9 @@ void shard_parameters(const ops::Program& program, const ScheduleSpec& spec, Sch
                  "instruction {} ({})",
                  i, to_string(ins));
     previous_compute[i] = last_compute;
+    previous_switch[i] = last_switch;
+    if (ins.op == Op::use_weights || ins.op == Op::optimizer_step)
+      last_switch = static_cast<std::ptrdiff_t>(i);
     if (!is_compute(ins.op)) continue;
     last_compute = static_cast<std::ptrdiff_t>(i);
     const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
@@ -91,7 +97,8 @@ void shard_parameters(const ops::Program& program, const ScheduleSpec& spec, Sch
     const bool was_backward = backward_side(schedule[previous].op);
     const bool is_backward = backward_side(schedule[next].op);
     return (was_backward && !is_backward) ||
-           (spec.reshard_after_forward && !was_backward && is_backward);
+           (spec.reshard_after_forward && !was_backward && is_backward) ||
+           previous_switch[next] > static_cast<std::ptrdiff_t>(previous);
   };
   std::size_t windows = 0;
   for (const auto& [bucket, positions] : uses) {
@@ -110,6 +117,9 @@ void shard_parameters(const ops::Program& program, const ScheduleSpec& spec, Sch
         gather = static_cast<std::size_t>(released_after) + 1;
       else if (ahead >= 0)
         gather = static_cast<std::size_t>(ahead);
+      // Never before the weights the window reads are in place.
+      if (previous_switch[begin] >= 0)
+        gather = std::max(gather, static_cast<std::size_t>(previous_switch[begin]) + 1);
       at[gather].gathers.insert(bucket);
       at[begin].waits.insert(bucket);
       at[end + 1].releases.insert(bucket);

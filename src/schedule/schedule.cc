@@ -731,6 +731,14 @@ class Verifier {
     where_ = fmt::format("instruction {} ({})", index, to_string(ins));
     check(ins.batch == 0 || (ins.batch == -1 && !carry_.earlier.empty()),
           "batch outside the run (valid: 0, and -1 in a run that finishes an earlier batch)");
+    if (spec_.sharded_params && (ins.op == Op::optimizer_step || ins.op == Op::use_weights)) {
+      // The weights change here: a gathered bucket would hold the other ranks' blocks of the
+      // version before.
+      for (const auto& [bucket, state] : parameters_)
+        check(state == ParamState::sharded,
+              fmt::format("changes the weights while bucket {} is {}", bucket,
+                          state == ParamState::gathering ? "being gathered" : "gathered"));
+    }
     if (ins.op == Op::use_weights) {
       check(carry_.weight_versions, "UseWeights in a run without weight versions");
       check(ins.segment == -1, "UseWeights names a segment");

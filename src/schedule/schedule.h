@@ -446,6 +446,9 @@ void partition_kept_checkpoints(const ops::Program& program, Schedule& schedule)
 // ReleaseParams(b) right after its last. Nothing else moves. REQUIRES: `schedule` verifies
 // without sharded parameters and holds no parameter instructions; the result verifies with
 // them.
+// A window also ends where a UseWeights or OptimizerStep lies between two uses (2bw: the
+// weights change there), and its GatherParams never comes before the last of those ahead of
+// its first use, so every bucket is sharded when the weights change.
 // Where no compute instruction precedes a window (the first one of the step) its GatherParams
 // opens the schedule, so that it travels while the rank waits for its input. "Ahead of" is
 // right before that compute instruction, after whatever (a collective's Wait) precedes it.

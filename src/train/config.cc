@@ -799,12 +799,6 @@ void RunConfig::validate() const {
               "parallel.zero = {} is not a ZeRO stage; valid: 0 (none), 1 (optimizer state "
               "partitioned), 2 (and gradients), 3 (and parameters)",
               p.zero);
-  OASES_CHECK(p.zero <= 2 || schedule::parse_pipeline_kind(p.pipeline, "parallel.pipeline") !=
-                                 schedule::PipelineKind::two_bw,
-              "parallel.zero = {} does not run with parallel.pipeline = \"2bw\" (its two "
-              "weight versions are whole copies); valid: parallel.zero = 0, 1 or 2 with 2bw, or "
-              "another parallel.pipeline",
-              p.zero);
   OASES_CHECK(p.zero == 0 || p.dp_sync_every == 1,
               "parallel.zero = {} with parallel.dp_sync_every = {}: local SGD keeps a whole "
               "optimizer state on each replica and sums no gradients; valid: parallel.zero = 0, "

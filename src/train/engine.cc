@@ -303,6 +303,7 @@ void TrainingEngine::shard_params() {
       if (model_.mixed_precision()) model_.release_master_params(begin, end);
     });
   }
+  if (versions_) versions_->release_others();
 }
 
 void TrainingEngine::gather_whole_params() {
@@ -318,6 +319,14 @@ void TrainingEngine::gather_whole_params() {
     const model::Model::Bucket& b = model_.bucket(id);
     gathers.push_back(zero.group->all_gather_blocks_async(
         model_.params().view(b.begin, {b.end - b.begin}), zero.counts()));
+  }
+  // 2bw under ZeRO-3: the stashed version, which a checkpoint saves too.
+  if (spec_.sharded_params && versions_) {
+    for (const auto& [id, zero] : zero_buckets_) {
+      const model::Model::Bucket& b = model_.bucket(id);
+      gathers.push_back(zero.group->all_gather_blocks_async(
+          versions_->older().view(b.begin, {b.end - b.begin}), zero.counts()));
+    }
   }
   for (auto& work : gathers) work->wait();
   if (spec_.deferred_param_gather) {
@@ -503,6 +512,7 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
             schedule::lower_2bw_run(model_.program(), spec, pipeline, pp_->rank(), {false, true});
         if (config_.parallel.partition_activations)
           schedule::partition_kept_checkpoints(model_.program(), run.schedule);
+        if (spec.sharded_params) schedule::shard_parameters(model_.program(), spec, run.schedule);
         schedule::verify_schedule(model_.program(), spec, run.schedule, run.carry);
         return schedules_.emplace(key, run.schedule).first->second;
       }
@@ -980,7 +990,7 @@ MemoryFigures TrainingEngine::memory_figures() {
         model_.mixed_precision() ? dtype_size(model_.activation_dtype()) : 0;
     const std::size_t gathered = peak_gathered_param_bytes();
     m.working_copy = owned * half + (model_.mixed_precision() ? gathered : 0);
-    m.params = owned * element + owned * half + gathered;
+    m.params = (two_bw_ ? 2 : 1) * owned * element + owned * half + gathered;
     // The store holds the whole master copy; only this rank's blocks of it stand for memory.
     if (offload_ && config_.parallel.offload == "optimizer+params")
       m.offloaded -= (count - owned) * element;
@@ -1002,15 +1012,30 @@ const schedule::LoweredRun& TrainingEngine::two_bw_run(schedule::TwoBwRun run) {
       schedule::lower_2bw_run(model_.program(), spec, pipeline, pp_->rank(), run);
   if (config_.parallel.partition_activations)
     schedule::partition_kept_checkpoints(model_.program(), lowered.schedule);
+  if (spec.sharded_params) schedule::shard_parameters(model_.program(), spec, lowered.schedule);
   schedule::verify_schedule(model_.program(), spec, lowered.schedule, lowered.carry);
   return two_bw_runs_.emplace(key, std::move(lowered)).first->second;
 }
 
 void TrainingEngine::set_stashed_weights(const Tensor& values, std::int64_t steps_done) {
   OASES_ASSERT(two_bw_ && !in_flight_step_, "stashed weights set outside a 2bw run or mid-stream");
-  versions_ = std::make_unique<WeightVersions>(model_.params(), steps_done);
+  versions_ = make_weight_versions(steps_done);
   versions_->set_older(values);
-  model_.refresh_compute_params();
+  refresh_held_compute_params();
+}
+
+std::unique_ptr<WeightVersions> TrainingEngine::make_weight_versions(std::int64_t newest) const {
+  std::vector<WeightVersions::Range> held;
+  if (spec_.sharded_params)
+    for_each_owned_range([&](std::int64_t begin, std::int64_t end) { held.emplace_back(begin, end); });
+  return std::make_unique<WeightVersions>(model_.params(), newest, std::move(held));
+}
+
+void TrainingEngine::refresh_held_compute_params() {
+  if (!spec_.sharded_params) return model_.refresh_compute_params();
+  for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
+    model_.refresh_compute_params(begin, end);
+  });
 }
 
 void TrainingEngine::step_2bw_batch(std::vector<std::unique_ptr<comm::Work>>& reductions,
@@ -1035,7 +1060,7 @@ StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t*
   const bool carries_in = in_flight_step_.has_value();
   // Both versions start as the loaded weights (W(-1) = W(0); after a resume without stashed
   // weights, W(step - 1) = W(step)).
-  if (!versions_) versions_ = std::make_unique<WeightVersions>(model_.params(), step);
+  if (!versions_) versions_ = make_weight_versions(step);
   OASES_ASSERT(versions_->newest() == (carries_in ? step - 1 : step),
                "2bw step {} with W({}) the newest weights", step, versions_->newest());
 
@@ -1081,16 +1106,18 @@ StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t*
   // Batch b of this call is step + b, which computes on W(step + b - 1).
   hooks.use_weights = [&](int batch) {
     versions_->use(step + batch - 1);
-    model_.refresh_compute_params();
+    // ZeRO-3: the other ranks' blocks are released here (the schedule's windows end at every
+    // UseWeights) and gathered again from the version now in place.
+    refresh_held_compute_params();
   };
 
   const schedule::LoweredRun& run = two_bw_run({carries_in, drain});
   model_.loss().reset();
   if (!carries_in) model_.zero_grads();
   const runtime::ExecutionStats stats =
-      executor_.run(run.schedule, own.context, previous, hooks, listener_);
+      executor_.run(run.schedule, own.context, previous, with_param_hooks(hooks), listener_);
   versions_->use(versions_->newest());  // between calls the model holds the newest weights
-  model_.refresh_compute_params();
+  refresh_held_compute_params();
   in_flight_step_ = drain ? std::nullopt : std::optional<std::int64_t>(step);
 
   result.compute_seconds = stats.compute_seconds;

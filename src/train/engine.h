@@ -293,6 +293,11 @@ class TrainingEngine {
   StepResult train_step_2bw(std::int64_t step, const std::int32_t* inputs,
                             const std::int32_t* targets, bool drain);
   const schedule::LoweredRun& two_bw_run(schedule::TwoBwRun run);
+  // 2bw: the two weight versions (under ZeRO-3 of this rank's blocks alone).
+  std::unique_ptr<WeightVersions> make_weight_versions(std::int64_t newest) const;
+  // The compute copy of the parameters this rank holds made current (under ZeRO-3 its blocks;
+  // the others are gathered where the schedule needs them).
+  void refresh_held_compute_params();
   // The data-parallel reductions and optimizer step of one batch in a 2bw call; its update
   // goes to the newest weights.
   void step_2bw_batch(std::vector<std::unique_ptr<comm::Work>>& reductions, StepResult& result);
@@ -356,7 +361,7 @@ class TrainingEngine {
   // next call (tokens kept per step parity: a call reads its own and the previous batch's),
   // and the lowered runs by (carries_in, drains).
   bool two_bw_ = false;
-  std::unique_ptr<WeightVersions> versions_;
+std::unique_ptr<WeightVersions> versions_;
   std::array<BatchInFlight, 2> batches_;
   std::optional<std::int64_t> in_flight_step_;
   std::map<std::pair<bool, bool>, schedule::LoweredRun> two_bw_runs_;

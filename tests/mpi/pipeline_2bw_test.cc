@@ -111,16 +111,17 @@ class TwoBwTraining : public ::testing::Test {
   static fs::path config_of(const std::string& arch) { return dir_ / (arch + ".toml"); }
   static fs::path init_of(const std::string& arch) { return dir_ / (arch + "_init.safetensors"); }
 
-  // Runs `arch` over tp x pp ranks with `extra` settings; returns the run's folder.
+  // Runs `arch` over tp x pp x dp ranks with `extra` settings; returns the run's folder.
   static fs::path train(const std::string& arch, int tp, int pp, const std::string& name,
-                        const std::string& extra) {
+                        const std::string& extra, int dp = 1) {
     const fs::path out = dir_ / name;
-    const int ranks = tp * pp;
+    const int ranks = tp * pp * dp;
     const std::string command =
         (ranks > 1 ? oases::testing::mpirun_prefix(ranks) : std::string()) + OASES_BINARY +
         " train --quiet --config " + config_of(arch).string() + " --init-from " +
         init_of(arch).string() + " --set parallel.tp=" + std::to_string(tp) +
-        " parallel.pp=" + std::to_string(pp) + " log.metrics=" +
+        " parallel.pp=" + std::to_string(pp) + " parallel.dp=" + std::to_string(dp) +
+        " log.metrics=" +
         quoted((out / "metrics.jsonl").string()) + " checkpoint.dir=" +
         quoted((out / "ckpt").string()) + " " + extra;
     const Result r = run_command(command);
@@ -205,6 +206,28 @@ TEST_F(TwoBwTraining, TooFewMicroBatchesPerStepIsAClearError) {
         "valid: train.global_batch = 6, 8, ..."})
     EXPECT_NE(r.output.find(part), std::string::npos) << "missing \"" << part << "\" in\n"
                                                        << r.output;
+}
+
+// ZeRO-3 over dp 2: each rank keeps its blocks of both weight versions; the run trains what
+// ZeRO-0 trains, its checkpoints (the stashed version gathered whole) equal ZeRO-0's, and a
+// ZeRO-0 checkpoint resumes under ZeRO-3 with the same later losses and weights.
+TEST_F(TwoBwTraining, ZeroThreeKeepsBlocksOfBothVersionsAndTrainsWhatZeroZeroTrains) {
+  // 16 / (2 x 2) = 4 micro-batches per step on each data-parallel replica, more than 2 stages.
+  const std::string settings = k2bw + " train.global_batch=16 train.steps=4 checkpoint.every=2 "
+                               "checkpoint.keep=0";
+  const fs::path zero0 = train("gpt", 1, 2, "dp2_zero0", settings, 2);
+  const fs::path zero3 = train("gpt", 1, 2, "dp2_zero3", settings + " parallel.zero=3", 2);
+  expect_same_losses(losses(zero3), losses(zero0), "zero 3");
+  expect_same_run(zero3, zero0, 2, "zero 3 step 2");
+  expect_same_run(zero3, zero0, 4, "zero 3 step 4");
+  const fs::path resumed = dir_ / "dp2_zero3_resumed";
+  fs::create_directories(resumed / "ckpt");
+  fs::copy(zero0 / "ckpt/step_2", resumed / "ckpt/step_2", fs::copy_options::recursive);
+  train("gpt", 1, 2, "dp2_zero3_resumed", settings + " parallel.zero=3 checkpoint.resume=true", 2);
+  const std::vector<double> straight = losses(zero0);
+  ASSERT_EQ(straight.size(), 4u);
+  expect_same_losses(losses(resumed), {straight.begin() + 2, straight.end()}, "resumed at zero 3");
+  expect_same_run(resumed, zero0, 4, "resumed at zero 3");
 }
 
 }  // namespace

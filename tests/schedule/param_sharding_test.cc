@@ -7,6 +7,7 @@
 // rejects hand-broken schedules naming the instruction. ZeRO-1/2's deferred gathers: every
 // bucket gathered once, all at the start in the order of first use, each waited right before
 // it, none released.
+#include "schedule/pipeline_2bw.h"
 #include "schedule/pipeline_lowering.h"
 #include "schedule/schedule.h"
 
@@ -290,6 +291,30 @@ TEST(ShardParameters, ForwardOnlyStepsGatherEachBucketOnce) {
   }
 }
 
+// Without an optimizer step a bucket left gathered is caught at the end.
+TEST(ShardParameters, AForwardOnlyStepLeavingABucketGatheredIsRejectedAtTheEnd) {
+  const ops::Program program = with_param_buckets(gpt_program(2, 2));
+  const ScheduleSpec spec = sharded(ScheduleKind::megatron, Recompute::none, 2, 1, true, false);
+  Schedule s = generate(program, spec);
+  shard_parameters(program, spec, s);
+  const auto last_release = std::find_if(s.rbegin(), s.rend(), [](const Instruction& ins) {
+    return ins.op == Op::release_params;
+  });
+  ASSERT_NE(last_release, s.rend());
+  const int bucket = last_release->bucket;
+  s.erase(std::next(last_release).base());
+  try {
+    verify_schedule(program, spec, s);
+    ADD_FAILURE() << "a bucket gathered at the end was accepted";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("bucket " + std::to_string(bucket) +
+                                         " is not sharded at the end (gathered and never "
+                                         "released)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // A segment reading two buckets (a head tied to the embeddings): both are gathered before it,
 // in ascending order, and the embeddings stay gathered from the embedding's forward through
 // the head's.
@@ -446,6 +471,70 @@ TEST(ShardParameters, InterleavedAndZeroBubblePipelinesVerify) {
   }
 }
 
+// 2bw runs: the weights change at every UseWeights and OptimizerStep, so every window ends
+// before them and no gather starts before the change ahead of its window; the runs verify with
+// their carry, the messages stay paired, and a release moved past a change is rejected.
+TEST(ShardParameters, TwoBwRunsHoldNoGatheredBucketWhereTheWeightsChange) {
+  const int stages = 2, m = 3;
+  const std::vector<ops::Program> programs = stage_programs(stages, 1, 1);
+  const PipelineSpec pipeline = pipeline_spec(PipelineKind::two_bw, stages, 1, m);
+  for (bool reshard : {true, false}) {
+    const ScheduleSpec spec = sharded(ScheduleKind::megatron, Recompute::none, m, 1, reshard);
+    for (const TwoBwRun kind : {TwoBwRun{false, true}, TwoBwRun{false, false},
+                                TwoBwRun{true, false}, TwoBwRun{true, true}}) {
+      const std::string what = describe(spec) + " 2bw run carries_in=" +
+                               std::to_string(kind.carries_in) + " drains=" +
+                               std::to_string(kind.drains);
+      std::vector<Schedule> ranks;
+      for (int r = 0; r < stages; ++r) {
+        const ops::Program& program = programs[static_cast<std::size_t>(r)];
+        const LoweredRun run = lower_2bw_run(program, spec, pipeline, r, kind);
+        Schedule s = run.schedule;
+        shard_parameters(program, spec, s);
+        EXPECT_NO_THROW(verify_schedule(program, spec, s, run.carry)) << what << " rank " << r;
+        EXPECT_EQ(without_parameter_instructions(s), run.schedule) << what;
+        std::map<int, int> gathered;  // bucket -> 0 sharded, 1 gathering or gathered
+        int switches = 0, gathers = 0;
+        for (const Instruction& ins : s) {
+          if (ins.op == Op::gather_params) ++gathers, gathered[ins.bucket] = 1;
+          if (ins.op == Op::release_params) gathered[ins.bucket] = 0;
+          if (ins.op != Op::use_weights && ins.op != Op::optimizer_step) continue;
+          ++switches;
+          for (const auto& [bucket, state] : gathered)
+            EXPECT_EQ(state, 0) << what << " rank " << r << ": bucket " << bucket
+                                << " gathered at " << to_string(ins);
+        }
+        EXPECT_GT(switches, 0) << what;
+        EXPECT_GT(gathers, 0) << what;
+        ranks.push_back(s);
+        // Hand-broken: the first release that precedes a change moved past it.
+        for (std::size_t i = 0; i + 1 < s.size(); ++i) {
+          if (s[i].op != Op::release_params) continue;
+          std::size_t change = i + 1;
+          while (change < s.size() && !is_compute(s[change].op) &&
+                 s[change].op != Op::use_weights && s[change].op != Op::optimizer_step)
+            ++change;
+          if (change == s.size() || is_compute(s[change].op)) continue;
+          Schedule broken = s;
+          const Instruction release = broken[i];
+          broken.erase(broken.begin() + static_cast<std::ptrdiff_t>(i));
+          broken.insert(broken.begin() + static_cast<std::ptrdiff_t>(change), release);
+          try {
+            verify_schedule(program, spec, broken, run.carry);
+            ADD_FAILURE() << what << ": a bucket gathered across a change of weights was accepted";
+          } catch (const InternalError& e) {
+            EXPECT_NE(std::string(e.what()).find("changes the weights while bucket"),
+                      std::string::npos)
+                << e.what();
+          }
+          break;
+        }
+      }
+      EXPECT_NO_THROW(verify_point_to_point(ranks)) << what;
+    }
+  }
+}
+
 TEST(ShardParameters, ForwardOnlyPipelinesVerify) {
   const int stages = 2;
   const std::vector<ops::Program> programs = stage_programs(stages, 2, 1);
@@ -555,11 +644,12 @@ TEST_F(ShardedBroken, WaitWithoutAGatherAndReleaseOfABucketNotGathered) {
                   "(ReleaseParams(bucket=1)): releases bucket 1, which is not gathered");
 }
 
-TEST_F(ShardedBroken, BucketLeftGatheredAtTheEnd) {
+// The optimizer step changes the weights: a bucket still gathered there would keep the other
+// ranks' blocks of the version before.
+TEST_F(ShardedBroken, BucketLeftGatheredAtTheOptimizerStep) {
   const Schedule s = good();
   expect_rejected(erased(s, find_last(s, "ReleaseParams(bucket=0)")),
-                  "at the end of the schedule: bucket 0 is not sharded at the end (gathered and "
-                  "never released)");
+                  "(OptimizerStep): changes the weights while bucket 0 is gathered");
 }
 
 TEST_F(ShardedBroken, ParameterInstructionsWithoutShardedParameters) {

@@ -42,6 +42,7 @@ struct Layout {
   std::int64_t micro_batch = 2;
   std::string grad_reduce = "fp32";  // train.grad_reduce_dtype
   std::string arch = "gpt";
+  std::int64_t micro_batches = 2;  // per rank and step
 };
 
 RunConfig config(const std::string& optimizer, const Layout& layout, int zero) {
@@ -54,7 +55,7 @@ RunConfig config(const std::string& optimizer, const Layout& layout, int zero) {
   c.model.vocab_size = 50;  // padded to a multiple of tp: the head's padding rows are cut too
   c.model.seq_len = kSeq;
   c.train.micro_batch = layout.micro_batch;
-  c.train.global_batch = layout.micro_batch * 2 * layout.dp;  // two micro-batches per rank
+  c.train.global_batch = layout.micro_batch * layout.micro_batches * layout.dp;
   c.train.steps = kSteps;
   c.train.lr = 1e-2;
   c.train.min_lr = 1e-3;
@@ -90,6 +91,7 @@ struct RunRecord {
   std::size_t state_bytes = 0;                        // this rank's optimizer
   std::size_t resident_grad_bytes = 0;                // after the last step
   std::size_t resident_param_bytes = 0;               // after the last step
+  std::vector<double> stashed;                        // 2bw: W(n - 1), whole
 };
 
 // The whole optimizer state and parameters, as a checkpoint sees them (ZeRO-3 gathers the
@@ -99,6 +101,7 @@ void record_whole(TrainingEngine& engine, RunRecord& run) {
   engine.save_whole_optimizer_state([&](optim::Optimizer& whole) {
     for (const optim::StateTensor& s : whole.state_tensors()) run.state[s.name] = values(s.view);
     run.params = values(engine.model().params());
+    if (const Tensor* stashed = engine.stashed_weights()) run.stashed = values(*stashed);
   });
 }
 
@@ -136,6 +139,10 @@ void expect_same(const RunRecord& zero, const RunRecord& reference, const std::s
         << what << " step " << i;
   }
   EXPECT_LT(relative_difference(zero.params, reference.params), 1e-10) << what;
+  ASSERT_EQ(zero.stashed.size(), reference.stashed.size()) << what;
+  if (!reference.stashed.empty()) {
+    EXPECT_LT(relative_difference(zero.stashed, reference.stashed), 1e-10) << what << " stashed";
+  }
   ASSERT_EQ(zero.state.size(), reference.state.size()) << what;
   for (const auto& [name, want] : reference.state) {
     ASSERT_TRUE(zero.state.contains(name)) << what << ": " << name;
@@ -232,6 +239,9 @@ TEST(Zero, PipelinesEqualZeroZero) {
   // GPT's tied word embedding sits in different buckets on the two stages.
   for (const std::string pipeline : {"1f1b", "zero-bubble"})
     compare("adamw", {.dp = 2, .pp = 2, .pipeline = pipeline});
+  // 2bw's two weight versions: under ZeRO-3 each rank keeps its blocks of both, the schedule's
+  // windows end where the version changes, and a checkpoint gathers the stashed one whole.
+  compare("adamw", {.dp = 2, .pp = 2, .pipeline = "2bw", .micro_batches = 4});
   compare("adafactor", {.dp = 2, .pp = 2, .pipeline = "1f1b"});
 }
 
