@@ -2,10 +2,10 @@
 
 #include "core/error.h"
 #include "kernels/cpu/convert.h"
-#include "kernels/kernels.h"
 
 #include <array>
 #include <cstddef>
+#include <cstring>
 
 #include <algorithm>
 
@@ -197,12 +197,16 @@ void ActivationStore::partition(const ActivationKey& key, int part, int parts) {
                block.encoded ? "encoded" : "partitioned");
   OASES_ASSERT(parts >= 1 && part >= 0 && part < parts, "activation {}: slice {} of {}",
                describe(key), part, parts);
+  OASES_ASSERT(device_.is_cpu(), "activation partitioning runs on the CPU only");
   const std::int64_t slice = slice_elements(block.elements, parts);
   const std::int64_t begin = std::min(block.elements, slice * part);
   const std::int64_t count = std::min(block.elements - begin, slice);
-  Buffer kept = take(static_cast<std::size_t>(slice) * dtype_size(block.dtype));
+  const std::size_t element = dtype_size(block.dtype);
+  Buffer kept = take(static_cast<std::size_t>(slice) * element);
   if (count > 0)
-    kernels::copy(block.view.view(begin, {count}), Tensor(kept.data(), block.dtype, {count}, device_));
+    std::memcpy(kept.data(),
+                static_cast<const std::byte*>(block.view.raw()) + static_cast<std::size_t>(begin) * element,
+                static_cast<std::size_t>(count) * element);
   give_back(std::move(block.buffer));
   block.buffer = std::move(kept);
   block.view = Tensor();
@@ -219,7 +223,7 @@ ActivationStore::Unpartitioned ActivationStore::unpartition(const ActivationKey&
   Buffer whole = take(static_cast<std::size_t>(slice * block.parts) * dtype_size(block.dtype));
   const Tensor gathered(whole.data(), block.dtype, {slice * block.parts}, device_);
   const Tensor own = gathered.view(slice * block.part, {slice});
-  kernels::copy(Tensor(block.buffer.data(), block.dtype, {slice}, device_), own);
+  std::memcpy(own.raw(), block.buffer.data(), static_cast<std::size_t>(slice) * dtype_size(block.dtype));
   give_back(std::move(block.buffer));
   block.buffer = std::move(whole);
   block.view = gathered.view(0, {block.elements});

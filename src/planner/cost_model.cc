@@ -66,6 +66,7 @@ ops::SegmentShape segment_shape(const DegreeProfile& d, double rows, const std::
     shape.core_bytes = bytes("core");
     shape.layer = l;
     shape.recomputable = true;
+    shape.checkpoint_replicated = d.degree > 1;
     if (kind == "attention") shape.ready_bucket = 1 + l;
   }
   return shape;
@@ -81,6 +82,25 @@ void append_head(ops::Program& program, const ShapeOf& shape_of) {
     program.segments.push_back(shape_of(kind));
     program.segments.back().reads_sets_of = {head};
   }
+}
+
+// The training schedule of `spec` for `program`, with its checkpoints partitioned where the spec
+// says so (the engine runs the same lowering).
+schedule::Schedule training_schedule(const ops::Program& program,
+                                     const schedule::ScheduleSpec& spec) {
+  schedule::Schedule schedule = schedule::generate(program, spec);
+  if (spec.training && spec.partitioned_checkpoints)
+    schedule::partition_kept_checkpoints(program, schedule);
+  return schedule;
+}
+
+// A partitioned checkpoint's gather at degree k moves what a reshard from degree 1 to k moves:
+// an all-gather over k ranks of k / T of the sub-batch's rows, 1 / k from each. Degrees the
+// profile has no such reshard for are left unpriced.
+double checkpoint_gather_seconds(const Profile& profile, int degree) {
+  if (degree <= 1) return 0.0;
+  const auto it = profile.reshards.find(Profile::reshard_key(1, degree));
+  return it == profile.reshards.end() ? 0.0 : it->second;
 }
 
 }  // namespace
@@ -153,6 +173,9 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows,
     return bucket == 0 ? per_byte * rest_bytes : 0.0;  // embeddings; ln_f is negligible
   };
   costs.optimizer_step = d.optimizer_s;
+  costs.gather_sets = [&profile, degree](const schedule::Instruction&) {
+    return checkpoint_gather_seconds(profile, degree);
+  };
   costs.overlap_slowdown = overlap_slowdown;
   // Measured on the whole group, whose traffic crosses the link the replicas' reductions use.
   costs.collective_slowdown = profile.degrees.back().collective_slowdown;
@@ -172,7 +195,7 @@ Prediction predict_uniform(const Profile& profile, int degree, const schedule::S
   // Rows of one segment instance on one replica.
   const double rows = static_cast<double>(micro_batch) * degree / profile.tp / spec.sub_batches;
   const ops::Program program = program_at(profile, degree, rows, layers);
-  const schedule::Schedule schedule = schedule::generate(program, spec);
+  const schedule::Schedule schedule = training_schedule(program, spec);
   const double slowdown = overlap_slowdown >= 0 ? overlap_slowdown : d.overlap_slowdown;
   const sim::SimResult sim =
       sim::simulate(schedule, costs_at(profile, degree, rows, program, slowdown));
@@ -293,6 +316,10 @@ Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
         kind + (ins.direction == schedule::Direction::forward ? ".fwd_s" : ".bwd_s"));
     return it == d.collectives.end() ? 0.0 : it->second * factor_of(ins.segment);
   };
+  costs.gather_sets = [&](const schedule::Instruction& ins) {
+    return checkpoint_gather_seconds(
+        profile, program.segments[static_cast<std::size_t>(ins.segment)].degree);
+  };
   costs.reduce_grads = [&](int bucket) {
     if (bucket < 1 || bucket > L) return 0.0;  // the embeddings and ln_f run at T: no replicas
     return degree_of(profile, degrees[static_cast<std::size_t>(bucket - 1)])
@@ -311,7 +338,7 @@ Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
   costs.collective_slowdown = full.collective_slowdown;
   costs.shared_link = true;  // a layer's replicas are ranks of the tensor-parallel group
 
-  const schedule::Schedule schedule = schedule::generate(program, spec);
+  const schedule::Schedule schedule = training_schedule(program, spec);
   const sim::SimResult sim = sim::simulate(schedule, costs);
   Prediction p;
   p.step_seconds = sim.step_seconds;

@@ -10,9 +10,10 @@
 //
 // predict_uniform is the older, whole-model view of a uniform plan: every layer at
 // degree k: tp / k replicas, each on k / tp of every micro-batch, each running the schedule on
-// its share (the layout tp = k, dp = T / k).
-// degree k: tp / k replicas, each on k / tp of every micro-batch, each running the schedule on
-// its share. The step time comes from simulating that schedule (sim/schedule_sim.h) with each
+// its share (the layout tp = k, dp = T / k). Under spec.partitioned_checkpoints both simulate
+// the schedule with the layers' checkpoints partitioned (schedule::partition_kept_checkpoints),
+// each gather priced as the profile's reshard from degree 1 to the layer's degree (the same
+// all-gather). The step time comes from simulating that schedule (sim/schedule_sim.h) with each
 // instruction's profiled time, scaled linearly from the profiled rows to the rows it runs on;
 // the replicas' gradient reduction and the optimizer step are included. Memory is parameters,
 // gradients and the optimizer state of this rank's shard, plus the schedule's activation peak.

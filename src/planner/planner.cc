@@ -162,8 +162,9 @@ std::string format_plan_report(const PlanReport& report, const schedule::Schedul
                                std::int64_t memory_limit) {
   const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
   std::string out = fmt::format(
-      "schedule {}, recompute {}, {} sub-batch(es); memory limit {}\n", schedule::name(spec.kind),
+      "schedule {}, recompute {}, {} sub-batch(es){}; memory limit {}\n", schedule::name(spec.kind),
       schedule::describe_recompute(spec), spec.sub_batches,
+      spec.partitioned_checkpoints ? ", checkpoints partitioned" : "",
       memory_limit > 0 ? fmt::format("{:.1f} MiB", static_cast<double>(memory_limit) / (1 << 20))
                        : std::string("none"));
   out += fmt::format("{:<22}{:>14}{:>16}{:>8}\n", "plan", "step (pred.)", "memory (pred.)", "fits");

@@ -239,6 +239,10 @@ struct ScheduleSpec {
   // gathers travel while the forward computes; nothing is released. Exclusive with
   // sharded_params.
   bool deferred_param_gather = false;
+  // parallel.partition_activations (ZeRO-R): training schedules hold the replicated
+  // checkpoints as slices between the passes (partition_kept_checkpoints, applied after
+  // generation like shard_parameters); what the engine runs and the planner prices.
+  bool partitioned_checkpoints = false;
 };
 
 // k = round(sqrt(layers)), at least 1: the group size that minimises L / k + k, kept inputs

@@ -458,6 +458,7 @@ schedule::ScheduleSpec schedule_spec(const RunConfig& config) {
     spec.recompute = schedule::parse_recompute(p.recompute, "parallel.recompute");
   }
   spec.recompute_every = resolved_recompute_every(config, spec.recompute);
+  spec.partitioned_checkpoints = p.partition_activations;
   const bool overlapped = spec.kind == schedule::ScheduleKind::cross_pass ||
                           spec.kind == schedule::ScheduleKind::oases ||
                           spec.kind == schedule::ScheduleKind::oases_interleaved ||

@@ -510,7 +510,7 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
         // A step on its own (the run of a drained step, without a predecessor in flight).
         schedule::LoweredRun run =
             schedule::lower_2bw_run(model_.program(), spec, pipeline, pp_->rank(), {false, true});
-        if (config_.parallel.partition_activations)
+        if (spec.partitioned_checkpoints)
           schedule::partition_kept_checkpoints(model_.program(), run.schedule);
         if (spec.sharded_params) schedule::shard_parameters(model_.program(), spec, run.schedule);
         schedule::verify_schedule(model_.program(), spec, run.schedule, run.carry);
@@ -524,7 +524,7 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
   } else {
     schedule = schedule::generate(model_.program(), spec);
   }
-  if (training && config_.parallel.partition_activations)
+  if (training && spec.partitioned_checkpoints)
     schedule::partition_kept_checkpoints(model_.program(), schedule);
   if (training && compression_)
     schedule::compress_kept_sets(model_.program(), schedule, *compression_);
@@ -1010,7 +1010,7 @@ const schedule::LoweredRun& TrainingEngine::two_bw_run(schedule::TwoBwRun run) {
   pipeline.micro_batches = spec.micro_batches;
   schedule::LoweredRun lowered =
       schedule::lower_2bw_run(model_.program(), spec, pipeline, pp_->rank(), run);
-  if (config_.parallel.partition_activations)
+  if (spec.partitioned_checkpoints)
     schedule::partition_kept_checkpoints(model_.program(), lowered.schedule);
   if (spec.sharded_params) schedule::shard_parameters(model_.program(), spec, lowered.schedule);
   schedule::verify_schedule(model_.program(), spec, lowered.schedule, lowered.carry);

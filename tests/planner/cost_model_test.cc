@@ -98,6 +98,36 @@ TEST(CostModel, MixedPlanPaysEachLayerAtItsDegreeAndItsReshards) {
               1e-12);
 }
 
+// Partitioned checkpoints (ZeRO-R): the model keeps a slice of each layer's kept checkpoint, so
+// the predicted activations fall; each gather costs what the profile's reshard from degree 1
+// moves (the same all-gather), hidden behind the compute ahead of its reader unless compute
+// slows under communication.
+TEST(CostModel, PartitionedCheckpointsKeepLessAndPriceTheirGathers) {
+  Profile p = synthetic(0.0);
+  p.reshards["1-2"] = 0.5e-3;
+  auto full = spec(schedule::ScheduleKind::megatron, schedule::Recompute::full, 1);
+  auto partitioned = full;
+  partitioned.partitioned_checkpoints = true;
+  for (const double slowdown : {0.0, 1.0}) {
+    const Prediction whole = predict_uniform(p, 2, full, 4, slowdown);
+    const Prediction sliced = predict_uniform(p, 2, partitioned, 4, slowdown);
+    EXPECT_LT(sliced.memory.activations, whole.memory.activations);
+    EXPECT_EQ(sliced.memory.state(), whole.memory.state());
+    EXPECT_NEAR(sliced.exposed_comm_seconds, whole.exposed_comm_seconds, 1e-12);
+    if (slowdown == 0) {
+      EXPECT_NEAR(sliced.step_seconds, whole.step_seconds, 1e-12);
+    } else {
+      EXPECT_GT(sliced.step_seconds, whole.step_seconds + 1e-4);
+    }
+    // The plan view agrees with the whole-model view.
+    const Prediction plan = predict_plan(p, {2, 2}, partitioned, 4, slowdown);
+    EXPECT_NEAR(plan.step_seconds, sliced.step_seconds, 1e-12);
+  }
+  // A layer at degree 1 has nothing to partition.
+  const Prediction mixed = predict_plan(p, {1, 1}, partitioned, 4);
+  EXPECT_EQ(mixed.memory.activations, predict_plan(p, {1, 1}, full, 4).memory.activations);
+}
+
 // The state splits by the profile's ratios; the parts add up to what the ratios' sum gives,
 // to the byte, however each part rounds.
 TEST(CostModel, StateSplitsIntoParametersGradientsAndOptimizerState) {
