@@ -57,11 +57,8 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
   std::vector<std::pair<Clock::time_point, Clock::time_point>> wire;
   for (const schedule::Instruction& ins : schedule) {
     const Clock::time_point began = Clock::now();
-    // A checkpoint's gather (GatherSets, WaitSets) is told apart from the segment's own
-    // collectives by a third direction.
-    const bool set_gather = ins.op == Op::gather_sets || ins.op == Op::wait_sets;
     const auto key = std::tuple{ins.segment, ins.micro_batch, ins.sub_batch,
-                                set_gather ? 2 : static_cast<int>(ins.direction), ins.replay};
+                                schedule::collective_channel(ins), ins.replay};
     const ops::StepContext& ctx = ins.batch < 0 ? previous_batch : own_batch;
     const bool has_segment = ins.op != Op::reduce_grads && ins.op != Op::optimizer_step &&
                              ins.op != Op::use_weights && !schedule::is_parameter_op(ins.op);
@@ -89,7 +86,8 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
       case Op::start:
       case Op::gather_sets: {
         const ops::Segment::CollectiveCall call =
-            set_gather ? segment->gather_sets(ins.micro_batch, ins.sub_batch, ins.sets)
+            ins.op == Op::gather_sets
+                ? segment->gather_sets(ins.micro_batch, ins.sub_batch, ins.sets)
             : ins.direction == schedule::Direction::forward
                 ? segment->forward_collective(ins.micro_batch, ins.sub_batch)
                 : segment->backward_collective(ins.micro_batch, ins.sub_batch);

@@ -198,6 +198,13 @@ struct Instruction {
 
 using Schedule = std::vector<Instruction>;
 
+// Which of an instance's collectives a Start or Wait (0 forward, 1 backward) or a GatherSets or
+// WaitSets (2: the gather of a partitioned checkpoint) names: what matches a wait to its start.
+inline int collective_channel(const Instruction& ins) {
+  if (ins.op == Op::gather_sets || ins.op == Op::wait_sets) return 2;
+  return ins.direction == Direction::forward ? 0 : 1;
+}
+
 enum class ScheduleKind {
   megatron,
   fine_grained,

@@ -20,13 +20,9 @@ namespace {
 
 using CollectiveKey = std::tuple<int, int, int, int, bool>;
 
-// A checkpoint's gather (GatherSets, WaitSets) is told apart from the segment's own
-// collectives by a third direction.
 CollectiveKey key_of(const schedule::Instruction& ins) {
-  const bool set_gather =
-      ins.op == schedule::Op::gather_sets || ins.op == schedule::Op::wait_sets;
-  return {ins.segment, ins.micro_batch, ins.sub_batch,
-          set_gather ? 2 : static_cast<int>(ins.direction), ins.replay};
+  return {ins.segment, ins.micro_batch, ins.sub_batch, schedule::collective_channel(ins),
+          ins.replay};
 }
 
 // The two communication lanes and the compute lane as fluids: every lane does work at a rate

@@ -508,13 +508,7 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
       pipeline.micro_batches = spec.micro_batches;
       if (pipeline.kind == schedule::PipelineKind::two_bw) {
         // A step on its own (the run of a drained step, without a predecessor in flight).
-        schedule::LoweredRun run =
-            schedule::lower_2bw_run(model_.program(), spec, pipeline, pp_->rank(), {false, true});
-        if (spec.partitioned_checkpoints)
-          schedule::partition_kept_checkpoints(model_.program(), run.schedule);
-        if (spec.sharded_params) schedule::shard_parameters(model_.program(), spec, run.schedule);
-        schedule::verify_schedule(model_.program(), spec, run.schedule, run.carry);
-        return schedules_.emplace(key, run.schedule).first->second;
+        return schedules_.emplace(key, lower_2bw(spec, {false, true}).schedule).first->second;
       }
       schedule = schedule::lower_pipeline(model_.program(), spec, pipeline, pp_->rank());
     } else {
@@ -1004,6 +998,11 @@ const schedule::LoweredRun& TrainingEngine::two_bw_run(schedule::TwoBwRun run) {
   schedule::ScheduleSpec spec = spec_;
   spec.micro_batches = static_cast<int>(local_batch() / model_.micro_batch());
   spec.training = true;
+  return two_bw_runs_.emplace(key, lower_2bw(spec, run)).first->second;
+}
+
+schedule::LoweredRun TrainingEngine::lower_2bw(const schedule::ScheduleSpec& spec,
+                                               schedule::TwoBwRun run) const {
   schedule::PipelineSpec pipeline;
   pipeline.kind = schedule::PipelineKind::two_bw;
   pipeline.stages = pp_->size();
@@ -1014,7 +1013,7 @@ const schedule::LoweredRun& TrainingEngine::two_bw_run(schedule::TwoBwRun run) {
     schedule::partition_kept_checkpoints(model_.program(), lowered.schedule);
   if (spec.sharded_params) schedule::shard_parameters(model_.program(), spec, lowered.schedule);
   schedule::verify_schedule(model_.program(), spec, lowered.schedule, lowered.carry);
-  return two_bw_runs_.emplace(key, std::move(lowered)).first->second;
+  return lowered;
 }
 
 void TrainingEngine::set_stashed_weights(const Tensor& values, std::int64_t steps_done) {

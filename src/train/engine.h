@@ -293,6 +293,8 @@ class TrainingEngine {
   StepResult train_step_2bw(std::int64_t step, const std::int32_t* inputs,
                             const std::int32_t* targets, bool drain);
   const schedule::LoweredRun& two_bw_run(schedule::TwoBwRun run);
+  // A 2bw run of `spec` lowered for this stage, with the passes the spec asks for, verified.
+  schedule::LoweredRun lower_2bw(const schedule::ScheduleSpec& spec, schedule::TwoBwRun run) const;
   // 2bw: the two weight versions (under ZeRO-3 of this rank's blocks alone).
   std::unique_ptr<WeightVersions> make_weight_versions(std::int64_t newest) const;
   // The compute copy of the parameters this rank holds made current (under ZeRO-3 its blocks;
