@@ -67,12 +67,18 @@ class Architecture {
   // The layer's blocks; the builder fills in name, layer, placement and epilogue.
   virtual ops::AttentionSpec attention(const BlockContext& at) const = 0;
   virtual ops::MlpSpec mlp(const BlockContext& at) const = 0;
+  // An MoE layer's feed-forward block (ModelConfig::is_moe_layer): its pre-norm, router and
+  // experts; the builder fills in the rest (moe_spec_settings).
+  virtual ops::MoeSpec moe(const BlockContext& at) const;
   // The head; the builder fills in the epilogue and the vocabulary range.
   virtual ops::HeadSpec head(const ParamResolver& params) const = 0;
 
   // The HF name of the word embedding the embedding segment reads (for the vocab range).
   virtual std::string word_embedding_name() const = 0;
 };
+
+// The routing settings, group size and expert dropout of config's MoE layers.
+void moe_spec_settings(const ModelConfig& config, ops::MoeSpec& spec);
 
 // The architecture of `config.arch` (validated).
 std::unique_ptr<Architecture> make_architecture(const ModelConfig& config);

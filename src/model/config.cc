@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace oases::model {
 
@@ -64,12 +65,66 @@ void ModelConfig::validate() const {
                 "head shares the word embedding; set it to true (or leave it out)",
                 arch);
   }
+  validate_moe();
   if (arch == "bert") {
     OASES_CHECK(seq_len >= 3,
                 "model.seq_len = {} is too short for BERT, whose sequences hold [CLS], at least "
                 "one token and [SEP]; use at least 3",
                 seq_len);
   }
+}
+
+void ModelConfig::validate_moe() const {
+  OASES_CHECK(moe_every >= 0, "model.moe_every = {} must be >= 0 (0: no MoE layers; k: every k-th "
+              "layer's feed-forward block is a mixture of experts)", moe_every);
+  if (moe_every == 0) return;
+  OASES_CHECK(moe_every <= layers,
+              "model.moe_every = {} is more than model.layers = {}: no layer would be an MoE layer; "
+              "use 1 to {} (or 0 for a dense model)", moe_every, layers, layers);
+  OASES_CHECK(arch == "gpt" || arch == "llama",
+              "model.moe_every = {}: mixture-of-experts layers exist for model.arch = \"gpt\" and "
+              "\"llama\", not \"{}\"; set model.moe_every = 0", moe_every, arch);
+  OASES_CHECK(experts >= 2, "model.experts = {} must be at least 2 with model.moe_every = {}",
+              experts, moe_every);
+  const std::vector<std::string> gates{"noisy-topk", "gshard", "switch", "expert-choice"};
+  OASES_CHECK(std::find(gates.begin(), gates.end(), moe_gate) != gates.end(),
+              "model.moe_gate = \"{}\" is not a gate; valid: \"{}\"", moe_gate,
+              fmt::join(gates, "\", \""));
+  OASES_CHECK(moe_top_k >= 0, "model.moe_top_k = {} must be >= 0 (0: the gate's default)", moe_top_k);
+  OASES_CHECK(moe_top_k <= experts,
+              "model.moe_top_k = {} is more than model.experts = {}: a token cannot go to more "
+              "experts than there are; use 1 to {}", moe_top_k, experts, experts);
+  if (moe_gate == "switch")
+    OASES_CHECK(moe_top_k <= 1, "model.moe_top_k = {}: the switch gate routes each token to one "
+                "expert; use 1 (or 0), or model.moe_gate = \"noisy-topk\" for top-k", moe_top_k);
+  if (moe_gate == "gshard")
+    OASES_CHECK(moe_top_k == 0 || moe_top_k == 2, "model.moe_top_k = {}: the gshard gate routes "
+                "each token to its top 2 experts; use 2 (or 0), or model.moe_gate = "
+                "\"noisy-topk\" for top-k", moe_top_k);
+  if (moe_gate == "expert-choice")
+    OASES_CHECK(moe_top_k == 0, "model.moe_top_k = {}: with expert-choice routing each expert "
+                "chooses its tokens (model.capacity_factor sets how many); leave moe_top_k at 0",
+                moe_top_k);
+  OASES_CHECK(capacity_factor > 0 && std::isfinite(capacity_factor),
+              "model.capacity_factor = {} must be positive (tokens an expert takes per group: "
+              "capacity_factor x top_k x group tokens / experts)", capacity_factor);
+  OASES_CHECK(eval_capacity_factor >= 0 && std::isfinite(eval_capacity_factor),
+              "model.eval_capacity_factor = {} must be positive (0: model.capacity_factor)",
+              eval_capacity_factor);
+  OASES_CHECK(moe_group_size >= 0, "model.moe_group_size = {} must be >= 0 (0: model.seq_len "
+              "tokens per dispatch group)", moe_group_size);
+  const std::int64_t group = moe_group_tokens();
+  OASES_CHECK(seq_len % group == 0 || group % seq_len == 0,
+              "model.moe_group_size = {} must divide model.seq_len = {} or be a multiple of it "
+              "(groups are consecutive tokens and may not straddle a sequence's end)", group, seq_len);
+  OASES_CHECK(moe_aux_loss_coef >= 0, "model.moe_aux_loss_coef = {} must be >= 0", moe_aux_loss_coef);
+  OASES_CHECK(moe_z_loss_coef >= 0, "model.moe_z_loss_coef = {} must be >= 0", moe_z_loss_coef);
+  OASES_CHECK(moe_router_noise >= 0, "model.moe_router_noise = {} must be >= 0", moe_router_noise);
+  OASES_CHECK(moe_init_scale > 0, "model.moe_init_scale = {} must be positive", moe_init_scale);
+  OASES_CHECK(expert_dropout >= 0 && expert_dropout < 1, "model.expert_dropout = {} must be in [0, 1)",
+              expert_dropout);
+  OASES_CHECK(moe_ffn_hidden >= 0, "model.moe_ffn_hidden = {} must be >= 0 (0: model.ffn_hidden)",
+              moe_ffn_hidden);
 }
 
 void ModelConfig::validate_tensor_parallel(std::int64_t tp) const {
@@ -96,20 +151,45 @@ void ModelConfig::validate_tensor_parallel(std::int64_t tp) const {
              tp, ffn_hidden, fmt::join(valid, ", "));
 }
 
+int ModelConfig::moe_choices() const {
+  if (moe_top_k > 0) return static_cast<int>(moe_top_k);
+  return moe_gate == "noisy-topk" || moe_gate == "gshard" ? 2 : 1;
+}
+
+namespace {
+
+// Parameters of one dense feed-forward block of width F (GPT and BERT with biases).
+std::int64_t feed_forward_params(const ModelConfig& c, std::int64_t F) {
+  const std::int64_t C = c.hidden;
+  return c.arch == "llama" ? 3 * C * F : (C * F + F) + (F * C + C);
+}
+
+std::int64_t router_params(const ModelConfig& c) {
+  const bool noise = c.moe_gate == "noisy-topk" && c.moe_router_noise > 0;
+  return c.hidden * c.experts * (noise ? 2 : 1);
+}
+
+}  // namespace
+
 std::int64_t ModelConfig::parameter_count() const {
-  const std::int64_t C = hidden, F = ffn_hidden, V = vocab_size, S = seq_len;
+  const std::int64_t C = hidden, V = vocab_size, S = seq_len;
   const std::int64_t A = heads * head_dim(), KV = kv_head_count() * head_dim();
+  const std::int64_t moe_layers = moe_layer_count();
+  // Every layer's feed-forward parameters: dense blocks and MoE layers' routers and experts.
+  const std::int64_t feed_forward =
+      (layers - moe_layers) * feed_forward_params(*this, ffn_hidden) +
+      moe_layers * (router_params(*this) + experts * feed_forward_params(*this, expert_ffn_hidden()));
   if (arch == "llama") {
-    const std::int64_t per_layer = 2 * C + C * (A + 2 * KV) + A * C + 3 * C * F;
-    return V * C * (tied_embeddings() ? 1 : 2) + layers * per_layer + C;
+    const std::int64_t per_layer = 2 * C + C * (A + 2 * KV) + A * C;
+    return V * C * (tied_embeddings() ? 1 : 2) + layers * per_layer + feed_forward + C;
   }
   if (arch == "bert") {
-    const std::int64_t per_layer = 4 * (C * C + C) + 2 * C + (C * F + F) + (F * C + C) + 2 * C;
-    return V * C + S * C + 2 * C + 2 * C + layers * per_layer + (C * C + C) + 2 * C + V;
+    const std::int64_t per_layer = 4 * (C * C + C) + 2 * C + 2 * C;
+    return V * C + S * C + 2 * C + 2 * C + layers * per_layer + feed_forward + (C * C + C) +
+           2 * C + V;
   }
-  const std::int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C +
-                                 (C * F + F) + (F * C + C);
-  return V * C + S * C + layers * per_layer + 2 * C;
+  const std::int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C;
+  return V * C + S * C + layers * per_layer + feed_forward + 2 * C;
 }
 
 double ModelConfig::training_flops_per_token() const {
@@ -117,7 +197,15 @@ double ModelConfig::training_flops_per_token() const {
   if (arch == "gpt") lookups = seq_len * hidden;
   else if (arch == "bert") lookups = seq_len * hidden + 2 * hidden;
   else if (!tied_embeddings()) lookups = vocab_size * hidden;
-  return 6.0 * static_cast<double>(parameter_count() - lookups) +
+  // A token passes through moe_top_k experts of an MoE layer (expert-choice: capacity_factor
+  // on average), not through all of them.
+  const double experts_per_token =
+      moe_gate == "expert-choice" ? capacity_factor : static_cast<double>(moe_choices());
+  const double idle_expert_params =
+      static_cast<double>(moe_layer_count()) *
+      (static_cast<double>(experts) - experts_per_token) *
+      static_cast<double>(feed_forward_params(*this, expert_ffn_hidden()));
+  return 6.0 * (static_cast<double>(parameter_count() - lookups) - idle_expert_params) +
          12.0 * static_cast<double>(layers) * static_cast<double>(hidden) *
              static_cast<double>(seq_len);
 }

@@ -31,6 +31,35 @@ struct ModelConfig {
   double norm_eps = 0;             // 0: the architecture's (gpt, llama: 1e-5; bert: 1e-12)
   double rope_theta = 10000;       // llama's rotary base
 
+  // Mixture of experts (ops/moe.h has the routing semantics). Layer l's feed-forward block is
+  // an MoE layer when moe_every > 0 and (l + 1) % moe_every == 0 (2: every other layer, as in
+  // GShard); 0: every layer is dense.
+  std::int64_t moe_every = 0;
+  std::int64_t experts = 0;             // experts per MoE layer (>= 2 with moe_every > 0)
+  std::string moe_gate = "switch";      // "noisy-topk", "gshard", "switch", "expert-choice"
+  std::int64_t moe_top_k = 0;           // experts per token; 0: the gate's (2, 2, 1, -)
+  double capacity_factor = 1.0;         // expert capacity factor in training
+  double eval_capacity_factor = 0;      // in evaluation and generation; 0: capacity_factor
+  std::int64_t moe_group_size = 0;      // tokens per dispatch group; 0: seq_len
+  double moe_aux_loss_coef = 0.01;      // load-balancing loss weight
+  double moe_z_loss_coef = 0;           // router z-loss weight
+  double moe_router_noise = 1.0;        // noisy-topk: scale of the learned noise; 0: none
+  double moe_init_scale = 1.0;          // variance scale of expert and router weights (0.1: Switch)
+  double expert_dropout = 0;            // dropout on the experts' hidden activations
+  std::int64_t moe_ffn_hidden = 0;      // each expert's hidden width; 0: ffn_hidden
+
+  bool is_moe_layer(std::int64_t layer) const {
+    return moe_every > 0 && (layer + 1) % moe_every == 0;
+  }
+  bool has_moe() const { return moe_every > 0 && moe_every <= layers; }
+  std::int64_t moe_layer_count() const { return moe_every > 0 ? layers / moe_every : 0; }
+  std::int64_t expert_ffn_hidden() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : ffn_hidden; }
+  int moe_choices() const;                    // moe_top_k or the gate's default
+  double moe_eval_capacity_factor() const {
+    return eval_capacity_factor > 0 ? eval_capacity_factor : capacity_factor;
+  }
+  std::int64_t moe_group_tokens() const { return moe_group_size > 0 ? moe_group_size : seq_len; }
+
   std::int64_t head_dim() const { return hidden / heads; }
   std::int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
   bool tied_embeddings() const;
@@ -45,6 +74,7 @@ struct ModelConfig {
 
   // Throws UserError naming the offending `model.*` key, its value and what is valid.
   void validate() const;
+  void validate_moe() const;
 
   // Parameters of the model (a tied embedding counted once).
   std::int64_t parameter_count() const;

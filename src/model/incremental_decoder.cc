@@ -67,13 +67,25 @@ IncrementalDecoder::IncrementalDecoder(const ModelConfig& config, const ParamLay
     rope_sin_ = arena_.allocate(dtype_, {seq, hd / 2});
     kernels::rotary_tables(seq, hd, config.rope_theta, rope_cos_, rope_sin_);
   }
+  OASES_CHECK(!config.has_moe() || config.moe_gate != "expert-choice",
+              "model.moe_gate = \"expert-choice\" cannot generate: each expert chooses its "
+              "tokens among the whole group (model.moe_group_size tokens), so a token's routing "
+              "depends on the tokens after it, which do not exist yet when it is generated; "
+              "generation needs a token-choice gate (\"switch\", \"gshard\", \"noisy-topk\")");
   ops::Placement whole;  // degree 1: this rank holds every head and column
   whole.rows = 1;
   for (std::int64_t l = 0; l < config.layers; ++l) {
     const BlockContext block{l, whole, nullptr, &resolver, rope_cos_, rope_sin_};
     Layer layer;
     layer.attention = architecture->attention(block);
-    layer.mlp = architecture->mlp(block);
+    if (config.is_moe_layer(l)) {
+      layer.moe = architecture->moe(block);
+      moe_spec_settings(config, *layer.moe);
+      layer.mlp.pre_norm = layer.moe->pre_norm;
+      layer.mlp.activation = layer.moe->activation;
+    } else {
+      layer.mlp = architecture->mlp(block);
+    }
     OASES_ASSERT(layer.attention.pre_norm.present() && layer.mlp.pre_norm.present(),
                  "incremental decoding supports pre-norm blocks only");
     layer.attention_bias = plain_residual_bias(
@@ -89,7 +101,9 @@ IncrementalDecoder::IncrementalDecoder(const ModelConfig& config, const ParamLay
                "incremental decoding supports a final norm and the vocabulary projection only");
 
   const ops::CoreAttention& attention = layers_.front().attention.attention;
-  const ops::MlpActivation& activation = layers_.front().mlp.activation;
+  ops::MlpActivation activation = layers_.front().mlp.activation;
+  for (const Layer& layer : layers_)
+    if (!layer.moe) activation = layer.mlp.activation;
   residual_ = arena_.allocate(dtype_, {seq, C});
   normed_ = arena_.allocate(dtype_, {seq, C});
   stats_ = arena_.allocate(dtype_, {2 * seq});
@@ -98,6 +112,15 @@ IncrementalDecoder::IncrementalDecoder(const ModelConfig& config, const ParamLay
   projected_ = arena_.allocate(dtype_, {seq, C});
   mlp_in_ = arena_.allocate(dtype_, {seq, activation.input_width()});
   mlp_act_ = arena_.allocate(dtype_, {seq, activation.width()});
+  if (config.has_moe()) {
+    const ops::MlpActivation& expert = ops::MlpActivation(
+        config.arch == "llama" ? ops::Activation::swiglu : ops::Activation::gelu_tanh,
+        config.expert_ffn_hidden());
+    router_logits_ = arena_.allocate(dtype_, {1, config.experts});
+    expert_in_ = arena_.allocate(dtype_, {1, expert.input_width()});
+    expert_act_ = arena_.allocate(dtype_, {1, expert.width()});
+    expert_out_ = arena_.allocate(dtype_, {1, C});
+  }
 }
 
 void IncrementalDecoder::append(std::span<const std::int32_t> tokens, const Tensor& logits) {
@@ -120,7 +143,9 @@ void IncrementalDecoder::append(std::span<const std::int32_t> tokens, const Tens
                              embedding_.vocab);
   for (Layer& layer : layers_) {
     run_attention(layer, n);
-    run_mlp(layer, n);
+    if (!layer.moe) run_mlp(layer, n);
+    else if (dtype_ == DType::f64) run_moe<double>(layer, n);
+    else run_moe<float>(layer, n);
   }
   const std::int64_t k = logits.dim(0);
   const Tensor features = normed_.rows(0, k);
@@ -169,6 +194,46 @@ void IncrementalDecoder::run_mlp(const Layer& layer, std::int64_t n) {
   const Tensor projected = projected_.rows(0, n);
   spec.down.forward(act, projected, kF32Paths);
   kernels::bias_dropout_add_forward(projected, layer.mlp_bias, x, x, 1, n, 0.0, {}, {});
+}
+
+template <class T>
+void IncrementalDecoder::run_moe(const Layer& layer, std::int64_t n) {
+  const ops::MoeSpec& spec = *layer.moe;
+  const ops::MlpActivation& activation = spec.activation;
+  const std::int64_t F = activation.width(), C = config_.hidden;
+  const Tensor x = residual_.rows(0, n), normed = normed_.rows(0, n);
+  spec.pre_norm.forward(x, normed, stats_.view(0, {2 * n}));
+  const Tensor projected = projected_.rows(0, n);
+  kernels::zero(projected);
+  const int experts = spec.router.experts;
+  std::vector<int> slot_token(static_cast<std::size_t>(experts));
+  std::vector<T> slot_weight(static_cast<std::size_t>(experts));
+  ops::MoeRandom evaluation;
+  evaluation.training = false;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const Tensor row = normed.rows(t, t + 1);
+    spec.router_linear.forward(row, router_logits_, kF32Paths);
+    // A group of one token: capacity 1 holds each of its (distinct) experts.
+    ops::moe_route<T>(spec.router, evaluation, 1, router_logits_.data<T>(), nullptr, 1,
+                      slot_token.data(), slot_weight.data());
+    T* out = projected.data<T>() + t * C;
+    for (int e = 0; e < experts; ++e) {
+      if (slot_token[static_cast<std::size_t>(e)] < 0) continue;
+      const ops::ExpertSpec& expert = spec.experts[static_cast<std::size_t>(e)];
+      if (expert.up.size() == 1) {
+        expert.up[0].forward(row, expert_in_, kF32Paths);
+      } else {
+        expert.up[0].forward(row, expert_in_.columns(0, F), kF32Paths);
+        expert.up[1].forward(row, expert_in_.columns(F, 2 * F), kF32Paths);
+      }
+      activation.forward(expert_in_, expert_act_);
+      expert.down.forward(expert_act_, expert_out_, kF32Paths);
+      const T w = slot_weight[static_cast<std::size_t>(e)];
+      const T* y = expert_out_.data<T>();
+      for (std::int64_t c = 0; c < C; ++c) out[c] += w * y[c];
+    }
+  }
+  kernels::bias_dropout_add_forward(projected, Tensor(), x, x, 1, n, 0.0, {}, {});
 }
 
 }  // namespace oases::model

@@ -17,8 +17,16 @@
 // clears the cache and appends a later window of its tokens again (train/generate.cc says
 // which).
 //
+// Mixture-of-experts layers (token-choice gates) route each appended position on its own, as a
+// group of one token with no capacity limit and no noise: a token's experts never depend on
+// the tokens after it. Training and evaluation enforce capacities over whole groups, so where
+// those drop tokens the decoder's logits differ from theirs. Expert-choice routing cannot run
+// one position at a time (an expert picks among the whole group): an error.
+//
 // Without dropout; not thread-safe (one decoder per generating thread).
 #pragma once
+
+#include <optional>
 
 #include "core/buffer.h"
 #include "core/tensor.h"
@@ -63,12 +71,15 @@ class IncrementalDecoder {
   struct Layer {
     ops::AttentionSpec attention;
     ops::MlpSpec mlp;
+    std::optional<ops::MoeSpec> moe;  // instead of mlp in an MoE layer
     Tensor attention_bias, mlp_bias;  // added after each block's output projection (or empty)
     Tensor keys, values;              // [kv_heads, capacity, head_dim]
   };
 
   void run_attention(Layer& layer, std::int64_t n);
   void run_mlp(const Layer& layer, std::int64_t n);
+  template <class T>
+  void run_moe(const Layer& layer, std::int64_t n);
 
   ModelConfig config_;
   DType dtype_;
@@ -80,6 +91,8 @@ class IncrementalDecoder {
   // Activations of up to capacity() rows: the residual stream, a norm's output and statistics,
   // q|k|v, attention output, a block's output projection, the MLP's input and activation.
   Tensor residual_, normed_, stats_, qkv_, attended_, projected_, mlp_in_, mlp_act_;
+  // One position's router logits and expert activations (MoE layers only).
+  Tensor router_logits_, expert_in_, expert_act_, expert_out_;
   std::int64_t length_ = 0;
 };
 

@@ -20,6 +20,24 @@ std::unique_ptr<Architecture> make_architecture(const ModelConfig& config) {
   return make_gpt(config);
 }
 
+ops::MoeSpec Architecture::moe(const BlockContext&) const {
+  OASES_FAIL("this architecture has no mixture-of-experts layers; set model.moe_every = 0");
+}
+
+void moe_spec_settings(const ModelConfig& config, ops::MoeSpec& spec) {
+  ops::MoeRouterSpec& router = spec.router;
+  router.gate = ops::parse_moe_gate(config.moe_gate);
+  router.experts = static_cast<int>(config.experts);
+  router.top_k = config.moe_gate == "expert-choice" ? 1 : config.moe_choices();
+  router.train_capacity_factor = config.capacity_factor;
+  router.eval_capacity_factor = config.moe_eval_capacity_factor();
+  router.router_noise = config.moe_router_noise;
+  router.aux_coef = config.moe_aux_loss_coef;
+  router.z_coef = config.moe_z_loss_coef;
+  spec.group_tokens = config.moe_group_tokens();
+  spec.expert_dropout = config.expert_dropout;
+}
+
 ParamLayout model_param_layout(const ModelConfig& config, int tp_rank, int tp_size,
                                const std::vector<int>& layer_degrees, std::int64_t first_layer,
                                std::int64_t end_layer) {
@@ -239,6 +257,7 @@ class Model::Builder final : public ParamResolver {
     m_.segments_.push_back(ops::make_attention_segment(attention_id, context(), std::move(attention)));
 
     begin_segment();
+    if (c_.is_moe_layer(layer)) return add_moe(block, attention_id);
     ops::MlpSpec mlp = arch_.mlp(block);
     mlp.name = "mlp." + std::to_string(layer);
     mlp.layer = static_cast<int>(layer);
@@ -246,6 +265,23 @@ class Model::Builder final : public ParamResolver {
     mlp.epilogue = ops::ResidualEpilogue(arch_.epilogue_into_mlp(layer, attention_id, *this));
     scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(mlp, c_.seq_len));
     m_.segments_.push_back(ops::make_mlp_segment(next_id(), context(), std::move(mlp)));
+  }
+
+  void add_moe(const BlockContext& block, int attention_id) {
+    const std::int64_t layer = block.layer;
+    OASES_CHECK(block.at.degree == 1,
+                "layer {} is a mixture-of-experts layer (model.moe_every = {}) and runs at "
+                "tensor-parallel degree {}; MoE layers run at degree 1 (parallel.tp = 1)",
+                layer, c_.moe_every, block.at.degree);
+    ops::MoeSpec moe = arch_.moe(block);
+    moe_spec_settings(c_, moe);
+    moe.name = "moe." + std::to_string(layer);
+    moe.layer = static_cast<int>(layer);
+    moe.at = block.at;
+    moe.epilogue = ops::ResidualEpilogue(arch_.epilogue_into_mlp(layer, attention_id, *this));
+    moe.stats = &m_.moe_stats_[static_cast<std::size_t>(layer)];
+    scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(moe, c_.seq_len));
+    m_.segments_.push_back(ops::make_moe_segment(next_id(), context(), std::move(moe)));
   }
 
   void add_head() {
@@ -374,6 +410,8 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   context_.seed = options_.seed;
   context_.dropout = config_.dropout;
   context_.store = &store_;
+  moe_stats_.resize(static_cast<std::size_t>(config_.layers));
+  reset_moe_stats();
   Builder(*this).build();
   initialize(options_.seed);
 }
@@ -389,6 +427,11 @@ const Model::Bucket& Model::bucket(int id) const {
     if (b.id == id) return b;
   OASES_ASSERT(false, "no gradient bucket {}", id);
   __builtin_unreachable();
+}
+
+void Model::reset_moe_stats() {
+  for (std::int64_t l = 0; l < config_.layers; ++l)
+    if (config_.is_moe_layer(l)) moe_stats_[static_cast<std::size_t>(l)].reset(static_cast<int>(config_.experts));
 }
 
 void Model::zero_grads() {

@@ -149,6 +149,10 @@ class Model {
   const Bucket& bucket(int id) const;
 
   ops::LossAccumulator& loss() { return loss_; }
+  // Per layer (indexed by layer; used where ModelConfig::is_moe_layer and this instance holds
+  // the layer): what the MoE segments report over the runs since reset_moe_stats().
+  const std::vector<ops::MoeLayerStats>& moe_stats() const { return moe_stats_; }
+  void reset_moe_stats();
   // Slots, scratch and tables, allocated once.
   std::size_t static_activation_bytes() const { return arena_.bytes_in_use(); }
   ops::ActivationStore& activations() { return store_; }
@@ -170,6 +174,7 @@ class Model {
   ops::ActivationStore store_;
   ops::ModelContext context_;
   ops::LossAccumulator loss_;
+  std::vector<ops::MoeLayerStats> moe_stats_;  // sized once: segments hold pointers into it
   std::vector<std::unique_ptr<ops::Segment>> segments_;
   ops::Program program_;
   std::vector<Bucket> buckets_;

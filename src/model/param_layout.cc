@@ -14,6 +14,11 @@ void ParamLayout::begin_group(int group) {
   group_ = group;
 }
 
+void ParamLayout::scale_last_init(double std_scale) {
+  OASES_ASSERT(!params_.empty(), "no parameter to scale");
+  params_.back().init_std_scale = std_scale;
+}
+
 void ParamLayout::add(std::string name, Shape full_shape, ParamInit init, Sharding sharding,
                       std::int64_t padded_rows, int degree) {
   OASES_ASSERT(!index_.contains(name), "parameter '{}' added twice", name);
@@ -109,7 +114,7 @@ void initialize_parameters(const ParamLayout& layout, std::int64_t layers, std::
       for (std::int64_t i = 0; i < n; ++i)
         values[static_cast<std::size_t>(i)] = layout.global_index(p, i) < 0 ? 0.0 : value;
     } else {
-      const double stddev = p.init == ParamInit::normal ? 0.02 : residual_std;
+      const double stddev = (p.init == ParamInit::normal ? 0.02 : residual_std) * p.init_std_scale;
       const PhiloxKey key = philox_key(seed, fnv1a64(p.name));
 #pragma omp parallel for schedule(static)
       for (std::int64_t i = 0; i < n; ++i) {

@@ -54,6 +54,9 @@ struct ParamSpec {
   int parts = 1;
   int part = 0;
   int group = 0;         // the parameter group (gradient bucket) it belongs to
+  // Multiplies the standard deviation of a normal initialisation (MoE experts and routers:
+  // sqrt(model.moe_init_scale)).
+  double init_std_scale = 1;
   std::int64_t numel() const { return shape.numel(); }
 };
 
@@ -71,6 +74,8 @@ class ParamLayout {
   // extent of dim 0; 0 means no padding.
   void add(std::string name, Shape full_shape, ParamInit init,
            Sharding sharding = Sharding::replicated, std::int64_t padded_rows = 0, int degree = 0);
+  // Sets init_std_scale of the parameter added last.
+  void scale_last_init(double std_scale);
 
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }

@@ -22,6 +22,7 @@
 #include "ops/epilogue.h"
 #include "ops/linear.h"
 #include "ops/mlp.h"
+#include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/segment.h"
 
@@ -62,12 +63,43 @@ struct MlpSpec : LayerSpec {
   RowParallelLinear down;
 };
 
+// A mixture-of-experts feed-forward block (ops/moe.h has the routing) in place of MlpSpec, at
+// degree 1 (every expert whole on this rank):
+//
+//   MoeSegment        h = epilogue(previous output)  [checkpoint]
+//                     -> [pre-norm] -> router logits (and noise logits) -> route each group
+//                     -> per expert: gather its tokens -> up -> activation [-> expert dropout]
+//                        -> down (with its bias)  [internals: logits, every expert's rows]
+//                     -> output = sum over a token's experts of weight x expert output
+//                                                                          | AR(output)
+//
+// The expert rows of expert e are rows [e * expert_rows, ...) of the internals' expert pieces,
+// filled in group order, then slot order; expert_rows = groups x the larger of the training and
+// evaluation capacities. Routing is recomputed from the kept logits wherever it is needed.
+struct ExpertSpec {
+  std::vector<ColumnParallelLinear> up;  // FC1 (GPT), or gate and up (LLaMA)
+  ColumnParallelLinear down;             // back to hidden, with the expert's bias where it has one
+};
+
+struct MoeSpec : LayerSpec {
+  MoeRouterSpec router;
+  ColumnParallelLinear router_linear;     // x [n, C] -> logits [n, E]
+  ColumnParallelLinear noise_linear;      // x -> noise logits (noisy-topk with noise only)
+  std::vector<ExpertSpec> experts;
+  MlpActivation activation;               // the experts' activation and hidden width
+  std::int64_t group_tokens = 0;          // tokens per dispatch group
+  double expert_dropout = 0;
+  MoeLayerStats* stats = nullptr;         // forward passes in training add to it
+};
+
 // Backward scratch the segments of a spec need beyond [tokens, hidden] (elements).
 std::int64_t scratch_wide_elements(const AttentionSpec& spec, std::int64_t seq_len);
 std::int64_t scratch_wide_elements(const MlpSpec& spec, std::int64_t seq_len);
+std::int64_t scratch_wide_elements(const MoeSpec& spec, std::int64_t seq_len);
 
 std::unique_ptr<Segment> make_attention_segment(int id, const ModelContext& model,
                                                 AttentionSpec spec);
 std::unique_ptr<Segment> make_mlp_segment(int id, const ModelContext& model, MlpSpec spec);
+std::unique_ptr<Segment> make_moe_segment(int id, const ModelContext& model, MoeSpec spec);
 
 }  // namespace oases::ops

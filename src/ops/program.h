@@ -42,6 +42,7 @@ using TensorSets = std::uint8_t;
 enum class CollectiveKind : std::uint8_t {
   all_reduce,  // combines the partial results of the ranks that share the segment's parameters
   all_gather,  // concatenates row blocks: a reshard between layers of different degrees
+  all_to_all,  // exchanges equal blocks: MoE dispatch and combine over the expert-parallel group
 };
 
 // How an all-reduce combines: sums of partial products, or the maximum (the vocab-parallel

@@ -106,8 +106,10 @@ class Segment {
     CollectiveKind kind = CollectiveKind::all_reduce;
     comm::ReduceOp op = comm::ReduceOp::sum;
     comm::Communicator* group = nullptr;
-    Tensor buffer;  // all_reduce: combined in place; all_gather: the whole gathered output
-    Tensor block;   // all_gather: this rank's block of `buffer`, already in place
+    Tensor buffer;  // all_reduce: combined in place; all_gather: the whole gathered output;
+                    // all_to_all: what arrives, block i from rank i
+    Tensor block;   // all_gather: this rank's block of `buffer`, already in place;
+                    // all_to_all: what leaves, block j to rank j (as large as `buffer`)
   };
 
   // The ranks on which the segment's checkpoint is identical (SegmentShape::

@@ -92,10 +92,18 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
                 ? segment->forward_collective(ins.micro_batch, ins.sub_batch)
                 : segment->backward_collective(ins.micro_batch, ins.sub_batch);
         OASES_ASSERT(call.group != nullptr, "{}: collective without a group", segment->name());
-        std::unique_ptr<comm::Work> work =
-            call.kind == ops::CollectiveKind::all_reduce
-                ? call.group->all_reduce_async(call.buffer, call.op)
-                : call.group->all_gather_async(call.block, call.buffer);
+        std::unique_ptr<comm::Work> work;
+        switch (call.kind) {
+          case ops::CollectiveKind::all_reduce:
+            work = call.group->all_reduce_async(call.buffer, call.op);
+            break;
+          case ops::CollectiveKind::all_gather:
+            work = call.group->all_gather_async(call.block, call.buffer);
+            break;
+          case ops::CollectiveKind::all_to_all:
+            work = call.group->all_to_all_async(call.block, call.buffer);
+            break;
+        }
         in_flight_[key] = {std::move(work), began, call};
         ++stats.collectives;
         break;

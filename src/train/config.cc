@@ -119,7 +119,20 @@ const std::map<std::string, SectionFields>& schema() {
         {"norm_eps", bind(&RunConfig::model, &M::norm_eps)},
         // The name of norm_eps in configs written before LLaMA's RMSNorm existed.
         {"layernorm_eps", bind(&RunConfig::model, &M::norm_eps)},
-        {"rope_theta", bind(&RunConfig::model, &M::rope_theta)}}},
+        {"rope_theta", bind(&RunConfig::model, &M::rope_theta)},
+        {"moe_every", bind(&RunConfig::model, &M::moe_every)},
+        {"experts", bind(&RunConfig::model, &M::experts)},
+        {"moe_gate", bind(&RunConfig::model, &M::moe_gate)},
+        {"moe_top_k", bind(&RunConfig::model, &M::moe_top_k)},
+        {"capacity_factor", bind(&RunConfig::model, &M::capacity_factor)},
+        {"eval_capacity_factor", bind(&RunConfig::model, &M::eval_capacity_factor)},
+        {"moe_group_size", bind(&RunConfig::model, &M::moe_group_size)},
+        {"moe_aux_loss_coef", bind(&RunConfig::model, &M::moe_aux_loss_coef)},
+        {"moe_z_loss_coef", bind(&RunConfig::model, &M::moe_z_loss_coef)},
+        {"moe_router_noise", bind(&RunConfig::model, &M::moe_router_noise)},
+        {"moe_init_scale", bind(&RunConfig::model, &M::moe_init_scale)},
+        {"expert_dropout", bind(&RunConfig::model, &M::expert_dropout)},
+        {"moe_ffn_hidden", bind(&RunConfig::model, &M::moe_ffn_hidden)}}},
       {"parallel",
        {{"tp", bind(&RunConfig::parallel, &ParallelConfig::tp)},
         {"dp", bind(&RunConfig::parallel, &ParallelConfig::dp)},
@@ -635,6 +648,25 @@ void RunConfig::validate() const {
                             p.tp),
                         ","),
               model.layers > 8 ? ",..." : "");
+  if (model.has_moe()) {
+    // MoE layers hold every expert whole on each rank: they run at tensor-parallel degree 1.
+    bool moe_at_degree_one = p.tp == 1;
+    if (!moe_at_degree_one && looks_like_degree_list(p.plan)) {
+      const std::vector<int> degrees = parse_degree_list(p.plan, model.layers, p.tp);
+      moe_at_degree_one = true;
+      for (std::int64_t l = 0; l < model.layers; ++l)
+        moe_at_degree_one &= !model.is_moe_layer(l) || degrees[static_cast<std::size_t>(l)] == 1;
+    }
+    OASES_CHECK(moe_at_degree_one,
+                "parallel.tp = {} with mixture-of-experts layers (model.moe_every = {}): MoE layers "
+                "run at tensor-parallel degree 1 (each rank routes its share of the rows); use "
+                "parallel.tp = 1, or a parallel.plan list of degrees that gives every MoE layer 1",
+                p.tp, model.moe_every);
+    OASES_CHECK(train.precision == "fp32" || train.precision == "fp64",
+                "train.precision = \"{}\" with mixture-of-experts layers (model.moe_every = {}): "
+                "MoE layers run in \"fp32\" or \"fp64\" for now",
+                train.precision, model.moe_every);
+  }
   OASES_CHECK(p.memory_limit >= 0, "parallel.memory_limit = {} must be >= 0 bytes", p.memory_limit);
   OASES_CHECK(p.bucket_bytes == 0 || p.bucket_bytes >= 1024,
               "parallel.bucket_bytes = {} is too small to carry a collective; valid: 0 (no "
@@ -868,6 +900,23 @@ std::string to_toml(const RunConfig& c) {
                                    {"tie_embeddings", c.model.tied_embeddings()},
                                    {"norm_eps", c.model.norm_epsilon()},
                                    {"rope_theta", c.model.rope_theta}});
+  if (c.model.moe_every > 0) {
+    toml::table& model = *root["model"].as_table();
+    model.insert("moe_every", c.model.moe_every);
+    model.insert("experts", c.model.experts);
+    model.insert("moe_gate", c.model.moe_gate);
+    model.insert("moe_top_k", c.model.moe_gate == "expert-choice" ? std::int64_t{0}
+                                                                   : std::int64_t{c.model.moe_choices()});
+    model.insert("capacity_factor", c.model.capacity_factor);
+    model.insert("eval_capacity_factor", c.model.moe_eval_capacity_factor());
+    model.insert("moe_group_size", c.model.moe_group_tokens());
+    model.insert("moe_aux_loss_coef", c.model.moe_aux_loss_coef);
+    model.insert("moe_z_loss_coef", c.model.moe_z_loss_coef);
+    model.insert("moe_router_noise", c.model.moe_router_noise);
+    model.insert("moe_init_scale", c.model.moe_init_scale);
+    model.insert("expert_dropout", c.model.expert_dropout);
+    model.insert("moe_ffn_hidden", c.model.expert_ffn_hidden());
+  }
   root.insert("parallel", toml::table{{"tp", c.parallel.tp},
                                       {"dp", c.parallel.dp},
                                       {"pp", c.parallel.pp},

@@ -549,6 +549,7 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
   }
   const schedule::Schedule& schedule = schedule_for(sequences, training);
   model_.loss().reset();
+  if (training) model_.reset_moe_stats();
   if (training) model_.zero_grads();
   const runtime::ExecutionStats stats =
       executor_.run(schedule, ctx, with_param_hooks(hooks), listener_);
@@ -640,7 +641,55 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
                reductions.size(), expected);
   result.loss = counted > 0 ? sum_over(*dp_, local) / counted : 0.0;
   if (pp_->size() > 1) pp_->broadcast(Tensor::of(&result.loss, {1}), pp_->size() - 1);
+  result.moe = moe_summary();
   return result;
+}
+
+MoeSummary TrainingEngine::moe_summary() {
+  MoeSummary summary;
+  const model::ModelConfig& c = config_.model;
+  if (!c.has_moe()) return summary;
+  // Per MoE layer: experts' counts, tokens, dropped, groups, aux sum, z sum. Each rank adds
+  // the layers it holds; MoE layers run at degree 1, so tensor-parallel ranks route distinct
+  // rows and every group sums.
+  const auto E = static_cast<std::size_t>(c.experts);
+  const std::size_t width = E + 5;
+  std::vector<std::int64_t> layers;
+  for (std::int64_t l = 0; l < c.layers; ++l)
+    if (c.is_moe_layer(l)) layers.push_back(l);
+  std::vector<double> packed(layers.size() * width, 0.0);
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const ops::MoeLayerStats& s = model_.moe_stats()[static_cast<std::size_t>(layers[i])];
+    if (s.tokens_per_expert.size() != E) continue;
+    double* row = &packed[i * width];
+    std::copy(s.tokens_per_expert.begin(), s.tokens_per_expert.end(), row);
+    row[E] = s.tokens;
+    row[E + 1] = s.dropped_tokens;
+    row[E + 2] = s.groups;
+    row[E + 3] = s.aux_sum;
+    row[E + 4] = s.z_sum;
+  }
+  const Tensor all = Tensor::of(packed.data(), {static_cast<std::int64_t>(packed.size())});
+  for (comm::Communicator* group : {tp_, dp_, pp_})
+    if (group->size() > 1) group->all_reduce(all, comm::ReduceOp::sum);
+  double tokens = 0, dropped = 0;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const double* row = &packed[i * width];
+    if (row[E + 2] == 0) continue;  // no training forward since the reset
+    MoeLayerReport report;
+    report.layer = layers[i];
+    report.tokens_per_expert_min = *std::min_element(row, row + E);
+    report.tokens_per_expert_max = *std::max_element(row, row + E);
+    report.dropped_fraction = row[E] > 0 ? row[E + 1] / row[E] : 0;
+    report.aux_loss = row[E + 3] / row[E + 2];
+    report.z_loss = row[E + 4] / row[E + 2];
+    summary.loss += c.moe_aux_loss_coef * report.aux_loss + c.moe_z_loss_coef * report.z_loss;
+    tokens += row[E];
+    dropped += row[E + 1];
+    summary.layers.push_back(report);
+  }
+  summary.dropped_fraction = tokens > 0 ? dropped / tokens : 0;
+  return summary;
 }
 
 void TrainingEngine::apply_update(std::int64_t step, double loss_scale, StepResult& result) {
@@ -1062,6 +1111,7 @@ StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t*
   if (!versions_) versions_ = make_weight_versions(step);
   OASES_ASSERT(versions_->newest() == (carries_in ? step - 1 : step),
                "2bw step {} with W({}) the newest weights", step, versions_->newest());
+  model_.reset_moe_stats();
 
   const std::int64_t seq = config_.model.seq_len, rows = local_batch();
   const std::int64_t local_tokens = rows * seq;
@@ -1135,6 +1185,7 @@ StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t*
                counted_targets(targets, local_tokens));
   result.loss = counted > 0 ? sum_over(*dp_, loss.sum) / counted : 0.0;
   if (pp_->size() > 1) pp_->broadcast(Tensor::of(&result.loss, {1}), pp_->size() - 1);
+  result.moe = moe_summary();
   return result;
 }
 

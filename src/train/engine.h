@@ -28,6 +28,22 @@
 
 namespace oases::train {
 
+// What the mixture-of-experts layers did over a run (training forward passes), summed over the
+// global batch: per MoE layer, and the objective they added to the loss.
+struct MoeLayerReport {
+  std::int64_t layer = 0;
+  double tokens_per_expert_min = 0, tokens_per_expert_max = 0;  // kept assignments
+  double dropped_fraction = 0;  // tokens routed to no expert (they pass through the residual)
+  double aux_loss = 0, z_loss = 0;  // means over the groups, before the coefficients
+};
+struct MoeSummary {
+  std::vector<MoeLayerReport> layers;
+  // sum over layers of moe_aux_loss_coef x aux_loss + moe_z_loss_coef x z_loss: what the
+  // objective adds to the (cross-entropy) loss.
+  double loss = 0;
+  double dropped_fraction = 0;  // over every MoE layer's tokens
+};
+
 struct StepResult {
   double loss = 0;           // mean per-token loss over the counted targets of the global batch
   double grad_norm = 0;      // global L2 norm of the gradient before clipping
@@ -42,6 +58,7 @@ struct StepResult {
   // mean's norm, before averaging.
   std::optional<double> replica_divergence;
   bool skipped = false;      // fp16: the gradients overflowed and the update was not applied
+  MoeSummary moe;            // empty without MoE layers
 };
 
 // The process groups this rank trains in. Null members mean a group of one.
@@ -188,6 +205,11 @@ class TrainingEngine {
   // parity). Returns the mean loss.
   double compute_gradients(std::int64_t step, const std::int32_t* inputs,
                            const std::int32_t* targets, std::int64_t sequences);
+
+  // The MoE layers' figures of the last training run (train_step, compute_gradients), summed
+  // over every rank (a collective over the tensor-, data- and pipeline-parallel groups: every
+  // rank calls it alike). Empty without MoE layers.
+  MoeSummary moe_summary();
 
   // Mean loss over `sequences` local rows per data-parallel rank (the mean over all ranks'
   // counted targets), without dropout or gradients. Under pipeline parallelism every stage

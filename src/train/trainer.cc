@@ -624,6 +624,19 @@ void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::
     line["skipped_steps"] = f.record.skipped_steps;
   }
   if (f.record.val_loss) line["val_loss"] = *f.record.val_loss;
+  if (!f.result.moe.layers.empty()) {
+    line["moe_loss"] = f.result.moe.loss;
+    line["moe_dropped_fraction"] = f.result.moe.dropped_fraction;
+    nlohmann::json layers = nlohmann::json::array();
+    for (const MoeLayerReport& r : f.result.moe.layers)
+      layers.push_back({{"layer", r.layer},
+                        {"tokens_per_expert_min", r.tokens_per_expert_min},
+                        {"tokens_per_expert_max", r.tokens_per_expert_max},
+                        {"dropped_fraction", r.dropped_fraction},
+                        {"aux_loss", r.aux_loss},
+                        {"z_loss", r.z_loss}});
+    line["moe"] = std::move(layers);
+  }
   metrics->append(line.dump());
 }
 
@@ -649,6 +662,8 @@ std::string progress_text(const StepFigures& f, std::int64_t steps, double eta_s
   if (f.loss_scaling)
     line += fmt::format(" | scale {:g} | skipped {}{}", f.record.loss_scale,
                         f.record.skipped_steps, f.record.skipped ? " (this step)" : "");
+  if (!f.result.moe.layers.empty())
+    line += fmt::format(" | dropped {:.1f}%", 100.0 * f.result.moe.dropped_fraction);
   if (f.record.val_loss) line += fmt::format(" | val_loss {:.4f}", *f.record.val_loss);
   return line;
 }

@@ -193,6 +193,39 @@ TEST(IncrementalDecoder, ClearRestartsAtPositionZero) {
             1e-13);
 }
 
+// MoE layers route each position alone; with an evaluation capacity that drops nothing the full
+// forward routes every token the same way, so both agree.
+train::RunConfig with_experts(train::RunConfig c, const std::string& gate, std::int64_t every) {
+  c.model.moe_every = every;
+  c.model.experts = 4;
+  c.model.moe_gate = gate;
+  c.model.moe_ffn_hidden = 23;
+  c.model.eval_capacity_factor = 4;  // capacity = the whole group: nothing overflows
+  return c;
+}
+
+TEST(IncrementalDecoder, MixtureOfExpertsLayersMatchFullForwardFp64) {
+  for (const char* gate : {"switch", "gshard", "noisy-topk"}) {
+    expect_same_logits(one_sequence(with_experts(odd_gpt(), gate, 2), "fp64"), {5, 1, 1, 4, 1, 1},
+                       1e-10);
+    expect_same_logits(one_sequence(with_experts(odd_llama(), gate, 1), "fp64"),
+                       std::vector<std::int64_t>(11, 1), 1e-10);
+  }
+}
+
+TEST(IncrementalDecoder, RejectsExpertChoiceRoutingWhichNeedsTheWholeGroup) {
+  const train::RunConfig c = one_sequence(with_experts(odd_gpt(), "expert-choice", 2), "fp64");
+  train::TrainingEngine engine(c);
+  try {
+    IncrementalDecoder decoder(c.model, engine.model().layout(), engine.model().params());
+    FAIL() << "an expert-choice decoder was built";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.moe_gate = \"expert-choice\" cannot generate"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(IncrementalDecoder, RejectsBert) {
   train::RunConfig c = one_sequence(odd_gpt(), "fp64");
   c.model.arch = "bert";

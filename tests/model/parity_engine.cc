@@ -44,6 +44,20 @@ train::RunConfig run_config(const nlohmann::json& j) {
   config.model.norm_eps = j.value("norm_eps", 0.0);
   config.model.rope_theta = j.value("rope_theta", 10000.0);
   config.model.dropout = 0;
+  // Mixture of experts (absent keys: a dense model), and the seed that keys its random numbers.
+  config.model.moe_every = j.value("moe_every", 0);
+  config.model.experts = j.value("experts", 0);
+  config.model.moe_gate = j.value("moe_gate", std::string("switch"));
+  config.model.moe_top_k = j.value("moe_top_k", 0);
+  config.model.capacity_factor = j.value("capacity_factor", 1.0);
+  config.model.eval_capacity_factor = j.value("eval_capacity_factor", 0.0);
+  config.model.moe_group_size = j.value("moe_group_size", 0);
+  config.model.moe_aux_loss_coef = j.value("moe_aux_loss_coef", 0.01);
+  config.model.moe_z_loss_coef = j.value("moe_z_loss_coef", 0.0);
+  config.model.moe_router_noise = j.value("moe_router_noise", 1.0);
+  config.model.expert_dropout = j.value("expert_dropout", 0.0);
+  config.model.moe_ffn_hidden = j.value("moe_ffn_hidden", 0);
+  if (j.contains("seed")) config.train.seed = j.at("seed");
   config.parallel.tp = j.value("tp", 1);
   config.train.precision = j.value("precision", std::string("fp32"));
   config.train.micro_batch = j.at("micro_batch");
@@ -94,7 +108,9 @@ void run(std::map<std::string, std::string>& args, train::ParallelGroups groups,
     engine.logits(inputs.data(), logits.tensor(dtype, {B * T, V}));
     out.add_copy("logits", dtype, {B, T, V}, logits.data());
   }
-  const double loss = engine.compute_gradients(0, inputs.data(), targets.data(), B);
+  // An MoE model's objective adds its layers' auxiliary terms to the cross-entropy.
+  const double cross_entropy = engine.compute_gradients(0, inputs.data(), targets.data(), B);
+  const double loss = cross_entropy + engine.moe_summary().loss;
   const float loss32 = static_cast<float>(loss);
   if (dtype == DType::f64) out.add_copy("loss", dtype, {1}, &loss);
   else out.add_copy("loss", dtype, {1}, &loss32);
@@ -102,8 +118,10 @@ void run(std::map<std::string, std::string>& args, train::ParallelGroups groups,
   train::add_whole_tensors(out, "grad.", model.layout(), model.grads(), tp ? *tp : self, writes);
 
   std::vector<double> losses;
-  for (std::int64_t step = 0; step < config.train.steps; ++step)
-    losses.push_back(engine.train_step(step, inputs.data(), targets.data()).loss);
+  for (std::int64_t step = 0; step < config.train.steps; ++step) {
+    const train::StepResult result = engine.train_step(step, inputs.data(), targets.data());
+    losses.push_back(result.loss + result.moe.loss);
+  }
   const auto n = static_cast<std::int64_t>(losses.size());
   if (dtype == DType::f64) {
     out.add_copy("losses", dtype, {n}, losses.data());

@@ -37,7 +37,12 @@ Files in --workdir/<precision>/ (the protocol between this driver and parity_eng
   cfg.json       {"arch": "gpt"|"llama"|"bert", "precision": "fp64"|"fp32", "layers", "hidden",
                   "heads", "kv_heads", "ffn_hidden", "vocab_size", "seq_len", "micro_batch",
                   "steps", "lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip",
-                  "norm_eps", "rope_theta", "tp"}
+                  "norm_eps", "rope_theta", "tp", "seed",
+                  "moe_every", "experts", "moe_gate", "moe_top_k", "capacity_factor",
+                  "eval_capacity_factor", "moe_group_size", "moe_aux_loss_coef",
+                  "moe_z_loss_coef", "moe_router_noise", "expert_dropout", "moe_ffn_hidden"}
+                 (the mixture-of-experts keys, below, are written for every run; moe_every 0
+                 is a dense model and the others then mean nothing)
   w.safetensors  every parameter under its Hugging Face name and layout (GPT-2: Conv1D
                  [in, out]; LLaMA, BERT: nn.Linear [out, in]), F64 in an fp64 run, F32 in an
                  fp32 run
@@ -56,6 +61,41 @@ btl self,vader -np <tp>` when --tp > 1. The trajectory is PyTorch's: every step 
 same batch, clips the gradients with clip_grad_norm_ (scale grad_clip / (norm + 1e-6) when
 below 1) and applies torch.optim.AdamW with a constant lr (decoupled decay p *= 1 - lr*wd on
 tensors with >= 2 dims only).
+
+Mixture of experts (GPT and LLaMA; torch_moe.py, src/ops/moe.h): with --moe-every k > 0 layer
+l (0-based) is an MoE layer iff (l + 1) % k == 0; its MLP becomes a router and --experts expert
+FFNs (names and layouts in torch_gpt.py / torch_llama.py). The cfg.json keys:
+  moe_every             (--moe-every) 0: dense
+  experts               (--experts) E
+  moe_gate              (--moe-gate) "noisy-topk" | "gshard" | "switch" | "expert-choice"
+  moe_top_k             (--moe-top-k) 0: the gate's (noisy-topk 2, gshard 2, switch 1;
+                        expert-choice takes 0 only)
+  capacity_factor       (--capacity-factor) training
+  eval_capacity_factor  (--eval-capacity-factor) evaluation; 0: capacity_factor
+  moe_group_size        (--moe-group-size) tokens per routing group, consecutive in global
+                        order (sample * seq_len + position; the micro-batch's row r is global
+                        sample r); 0: seq_len. Must divide seq_len or be a multiple of it, and
+                        divide micro_batch * seq_len
+  moe_aux_loss_coef     (--moe-aux-loss-coef)
+  moe_z_loss_coef       (--moe-z-loss-coef)
+  moe_router_noise      (--moe-router-noise) noisy-topk's noise scale
+  expert_dropout        (--expert-dropout) on each expert's hidden activation, site 5
+  moe_ffn_hidden        (--moe-ffn-hidden) each expert's hidden width; 0: ffn_hidden
+  seed                  (--seed) train.seed: keys router noise, random routing and expert
+                        dropout (and seeds this driver's weights and batch)
+For an MoE model "loss", "losses" and the gradients are those of the training objective:
+mean cross-entropy + sum over MoE layers of (moe_aux_loss_coef * mean over groups of aux +
+moe_z_loss_coef * mean over groups of z), in training mode (noise, random routing, expert
+dropout, capacity_factor) with the Philox step of the forward's optimizer step (0 for loss and
+grad; s for losses[s]). "logits" alone is computed in evaluation mode (no noise, every gshard
+second choice routed, no expert dropout, eval_capacity_factor) at the initial weights.
+Routing is piecewise constant, so the driver also checks that the test is meaningful:
+--expect-routing names what must happen in the fp64 reference's step-0 training forward
+(overflow: a choice dropped for capacity, or for expert-choice a token no expert took;
+random-skip: a gshard second choice skipped at random; unserved: a token reaching no expert;
+shared: a token taken by several experts), and PyTorch's fp32 runs must route exactly as its
+fp64 run in every forward (else the configuration sits on a routing tie and fp32 noise is not
+measurable); the smallest decision margin is printed.
 
 Special cases, where a true value is zero and only rounding noise is computed: the key bias
 (GPT: the k block of c_attn.bias; BERT: attention.self.key.bias) adds q.b_k to every score of
@@ -100,6 +140,7 @@ import safetensors_io  # noqa: E402
 import torch_bert  # noqa: E402
 import torch_gpt  # noqa: E402
 import torch_llama  # noqa: E402
+import torch_moe  # noqa: E402
 
 MODELS = {"gpt": torch_gpt, "llama": torch_llama, "bert": torch_bert}
 DEFAULT_NORM_EPS = {"gpt": torch_gpt.LAYER_NORM_EPS, "llama": torch_llama.DEFAULT_NORM_EPS,
@@ -109,6 +150,7 @@ SAFETENSORS_DTYPE = {"fp64": "F64", "fp32": "F32"}
 UNIT_ROUNDOFF_FP32 = 2.0 ** -24
 MPIRUN_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader"]
 MAX_FAILURE_LINES = 40  # per run; an engine that gets everything wrong need not list it all
+ROUTING_EXPECTATIONS = ("overflow", "random-skip", "unserved", "shared")
 
 
 def parse_args():
@@ -144,7 +186,27 @@ def parse_args():
     p.add_argument("--mpirun", default="mpirun", help="mpirun executable for --tp > 1")
     p.add_argument("--mask-fraction", type=float, default=0.3,
                    help="BERT: fraction of positions with a target; the rest are ignored")
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seed", type=int, default=1234,
+                   help="seeds the weights and the batch; also cfg.json's seed (the engine's "
+                        "Philox draws: router noise, random routing, expert dropout)")
+    moe = p.add_argument_group("mixture of experts (GPT, LLaMA; ops/moe.h, torch_moe.py)")
+    moe.add_argument("--moe-every", type=int, default=0,
+                     help="layer l is an MoE layer iff (l + 1) %% k == 0; 0: dense")
+    moe.add_argument("--experts", type=int, default=4)
+    moe.add_argument("--moe-gate", choices=torch_moe.GATES, default="switch")
+    moe.add_argument("--moe-top-k", type=int, default=0, help="0: the gate's default")
+    moe.add_argument("--capacity-factor", type=float, default=1.0)
+    moe.add_argument("--eval-capacity-factor", type=float, default=0.0,
+                     help="0: --capacity-factor")
+    moe.add_argument("--moe-group-size", type=int, default=0, help="0: --seq-len")
+    moe.add_argument("--moe-aux-loss-coef", type=float, default=0.01)
+    moe.add_argument("--moe-z-loss-coef", type=float, default=0.0)
+    moe.add_argument("--moe-router-noise", type=float, default=1.0)
+    moe.add_argument("--expert-dropout", type=float, default=0.0)
+    moe.add_argument("--moe-ffn-hidden", type=int, default=0, help="0: --ffn-hidden")
+    moe.add_argument("--expect-routing", default="",
+                     help="comma-separated, what the fp64 reference's step-0 training forward "
+                          "must show: " + ", ".join(ROUTING_EXPECTATIONS))
     p.add_argument("--fp64-tol", type=float, default=1e-10,
                    help="fp64 run: largest relative error against PyTorch fp64")
     p.add_argument("--fp32-slack", type=float, default=2.0,
@@ -173,7 +235,47 @@ def parse_args():
         args.norm_eps = DEFAULT_NORM_EPS[args.arch]
     if args.arch == "bert" and not 0 < args.mask_fraction <= 1:
         p.error("--mask-fraction must be in (0, 1]")
+    args.expect_routing = [e for e in args.expect_routing.split(",") if e]
+    unknown = [e for e in args.expect_routing if e not in ROUTING_EXPECTATIONS]
+    if unknown:
+        p.error(f"--expect-routing: unknown {', '.join(unknown)} (valid: "
+                f"{', '.join(ROUTING_EXPECTATIONS)})")
+    if args.moe_every > 0:
+        if args.arch == "bert":
+            p.error("--moe-every: mixture-of-experts layers exist for gpt and llama only")
+        group = args.moe_group_size or args.seq_len
+        if not (args.seq_len % group == 0 or group % args.seq_len == 0):
+            p.error(f"--moe-group-size {group} must divide --seq-len {args.seq_len} or be a "
+                    "multiple of it")
+        if (args.micro_batch * args.seq_len) % group != 0:
+            p.error(f"--moe-group-size {group} must divide the micro-batch's "
+                    f"{args.micro_batch * args.seq_len} tokens")
+    elif args.expect_routing:
+        p.error("--expect-routing needs --moe-every > 0")
     return args
+
+
+def moe_config(args):
+    """The torch_moe.MoeConfig of the command line, or None for a dense model."""
+    if args.moe_every <= 0:
+        return None
+    return torch_moe.MoeConfig(
+        every=args.moe_every, experts=args.experts, gate=args.moe_gate, top_k=args.moe_top_k,
+        capacity_factor=args.capacity_factor, eval_capacity_factor=args.eval_capacity_factor,
+        group_size=args.moe_group_size, aux_loss_coef=args.moe_aux_loss_coef,
+        z_loss_coef=args.moe_z_loss_coef, router_noise=args.moe_router_noise,
+        expert_dropout=args.expert_dropout, ffn_hidden=args.moe_ffn_hidden, seed=args.seed)
+
+
+def moe_json(args):
+    """The mixture-of-experts keys of cfg.json (torch_moe.CONFIG_KEYS)."""
+    return {"seed": args.seed, "moe_every": args.moe_every, "experts": args.experts,
+            "moe_gate": args.moe_gate, "moe_top_k": args.moe_top_k,
+            "capacity_factor": args.capacity_factor,
+            "eval_capacity_factor": args.eval_capacity_factor,
+            "moe_group_size": args.moe_group_size, "moe_aux_loss_coef": args.moe_aux_loss_coef,
+            "moe_z_loss_coef": args.moe_z_loss_coef, "moe_router_noise": args.moe_router_noise,
+            "expert_dropout": args.expert_dropout, "moe_ffn_hidden": args.moe_ffn_hidden}
 
 
 def model_config(args):
@@ -181,6 +283,9 @@ def model_config(args):
                   ffn_hidden=args.ffn_hidden, vocab_size=args.vocab_size, seq_len=args.seq_len,
                   norm_eps=args.norm_eps)
     try:
+        moe = moe_config(args)
+        if moe is not None:
+            common["moe"] = moe
         if args.arch == "gpt":
             return torch_gpt.GPTConfig(**common)
         if args.arch == "llama":
@@ -217,8 +322,16 @@ def run_reference(model, cfg, init_params, inputs, targets, args, dtype, order=N
     another order, which sums the gradients in another order: an equally valid result whose
     difference from the others is rounding. Logits are returned in the original row order.
     Also returns the pre-clipping gradient norm of every step, to show whether clipping was
-    exercised (a test that never clips cannot catch a clipping bug).
+    exercised (a test that never clips cannot catch a clipping bug), and for an MoE model the
+    torch_moe.MoeRun of every forward ({"train": [one per step], "eval": the logits' run}),
+    whose reports say how it routed (None for a dense model).
+
+    An MoE model's row r is global sample order[r] (r without `order`): routing groups and
+    Philox counters follow the global sample, not the row.
     """
+    moe = getattr(cfg, "moe", None)
+    samples = order if order is not None else torch.arange(inputs.shape[0])
+    routing = {"train": [], "eval": None} if moe is not None else None
     if order is not None:
         inputs, targets = inputs[order], targets[order]
     params = {n: t.detach().to(dtype).clone().requires_grad_(True)
@@ -231,12 +344,24 @@ def run_reference(model, cfg, init_params, inputs, targets, args, dtype, order=N
     grad_norms = []
     for step in range(args.steps):
         optimizer.zero_grad(set_to_none=True)
-        logits = model.forward(params, cfg, inputs)
-        loss = model.loss_fn(logits, targets)
+        if moe is None:
+            logits = model.forward(params, cfg, inputs)
+            loss = model.loss_fn(logits, targets)
+        else:
+            run = torch_moe.MoeRun(training=True, step=step, samples=samples)
+            logits = model.forward(params, cfg, inputs, run)
+            loss = model.loss_fn(logits, targets) + run.objective()
+            run.terms = []
+            routing["train"].append(run)
         loss.backward()
         if step == 0:
             # Step 0 runs at the initial weights: its logits, loss and (unclipped) gradients
-            # are the single-step part of the contract.
+            # are the single-step part of the contract. An MoE model's logits are those of
+            # evaluation mode.
+            if moe is not None:
+                routing["eval"] = torch_moe.MoeRun(training=False, step=0, samples=samples)
+                with torch.no_grad():
+                    logits = model.forward(params, cfg, inputs, routing["eval"])
             out["logits"] = logits.detach().clone()
             if order is not None:
                 out["logits"] = out["logits"][torch.argsort(order)]
@@ -250,7 +375,72 @@ def run_reference(model, cfg, init_params, inputs, targets, args, dtype, order=N
     out["losses"] = torch.stack(losses)
     for n, t in params.items():
         out["final." + n] = t.detach().clone()
-    return {k: v.to(torch.float64).numpy() for k, v in out.items()}, grad_norms
+    return {k: v.to(torch.float64).numpy() for k, v in out.items()}, grad_norms, routing
+
+
+def _same_decisions(a, b):
+    return a.keys() == b.keys() and all(
+        len(a[key]) == len(b[key]) and all(np.array_equal(u, v) for u, v in zip(a[key], b[key]))
+        for key in a)
+
+
+def _forwards(routing):
+    """(label, MoeRun) of every forward of a reference run."""
+    return [("logits (eval)", routing["eval"])] + [
+        (f"step {s} (train)", run) for s, run in enumerate(routing["train"])]
+
+
+def check_routing(args, routing64, routing32):
+    """Prints what the MoE reference's routing did and checks --expect-routing and that the
+    PyTorch fp32 runs route as the fp64 run; returns failure messages."""
+    failures = []
+    for label, run in (("step-0 training", routing64["train"][0]),
+                       ("evaluation (logits)", routing64["eval"])):
+        for layer, groups in sorted(run.reports.items()):
+            per_expert = [sum(g.tokens_per_expert[e] for g in groups)
+                          for e in range(args.experts)]
+            print(f"routing, {label}, layer {layer}: {len(groups)} group(s), capacity "
+                  f"{groups[0].capacity}, kept per expert {per_expert}, dropped choices "
+                  f"{sum(g.dropped_choices for g in groups)}, skipped second choices "
+                  f"{sum(g.skipped_choices for g in groups)}, unserved tokens "
+                  f"{sum(g.unserved_tokens for g in groups)}, shared tokens "
+                  f"{sum(g.shared_tokens for g in groups)}, aux "
+                  f"{np.mean([g.aux for g in groups]):.6f}, z {np.mean([g.z for g in groups]):.6f}",
+                  flush=True)
+    step0 = routing64["train"][0].summary()
+    expert_choice = args.moe_gate == "expert-choice"
+    seen = {"overflow": step0["unserved_tokens" if expert_choice else "dropped_choices"] > 0,
+            "random-skip": step0["skipped_choices"] > 0,
+            "unserved": step0["unserved_tokens"] > 0,
+            "shared": step0["shared_tokens"] > 0}
+    print("routing in the fp64 step-0 training forward: " + ", ".join(
+        f"{name} {'yes' if happened else 'no'}" for name, happened in seen.items())
+        + (f" (expected: {', '.join(args.expect_routing)})" if args.expect_routing else ""),
+        flush=True)
+    for name in args.expect_routing:
+        if not seen[name]:
+            failures.append(f"--expect-routing {name}: did not happen in PyTorch's fp64 step-0 "
+                            "training forward; the test does not exercise it (change the "
+                            "capacity factor, routers or --seed)")
+    margins = [(run.summary()["margin"], label) for label, run in _forwards(routing64)]
+    worst = min(margins)
+    print(f"smallest routing decision margin over every fp64 forward: {worst[0]:.3e} "
+          f"({worst[1]}; the gap between the values of a choice made and one not made)",
+          flush=True)
+    if routing32:
+        differ = []
+        for variant, r32 in enumerate(routing32):
+            for (label, run64), (_, run32) in zip(_forwards(routing64), _forwards(r32)):
+                if not _same_decisions(run32.decisions(), run64.decisions()):
+                    differ.append(f"PyTorch fp32 (row order {variant}) routes differently from "
+                                  f"fp64 in the {label} forward: the configuration sits on a "
+                                  "routing tie, where fp32 noise cannot be measured (change "
+                                  "--seed)")
+                    break
+        print(f"PyTorch fp32 routes as fp64 in every forward of {len(routing32)} row "
+              f"order(s): {'no' if differ else 'yes'}", flush=True)
+        failures += differ
+    return failures
 
 
 def engine_command(args, paths):
@@ -524,7 +714,8 @@ def write_inputs(args, precision, init, inputs, targets):
               "seq_len": args.seq_len, "micro_batch": args.micro_batch, "steps": args.steps,
               "lr": args.lr, "beta1": args.beta1, "beta2": args.beta2, "eps": args.eps,
               "weight_decay": args.weight_decay, "grad_clip": args.grad_clip,
-              "norm_eps": args.norm_eps, "rope_theta": args.rope_theta, "tp": args.tp}
+              "norm_eps": args.norm_eps, "rope_theta": args.rope_theta, "tp": args.tp,
+              **moe_json(args)}
     with open(paths["cfg"], "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
@@ -567,7 +758,9 @@ def main():
           f"targets predicted", flush=True)
 
     refs = {}
-    refs["fp64"], norms = run_reference(model, cfg, init, inputs, targets, args, torch.float64)
+    refs["fp64"], norms, routing64 = run_reference(model, cfg, init, inputs, targets, args,
+                                                   torch.float64)
+    routing32 = None
     if "fp32" in precisions:
         # PyTorch fp32's distance from fp64 is measured over several equally valid row orders
         # and the largest taken: after AdamW steps, which turn the rounding of near-zero
@@ -575,13 +768,22 @@ def main():
         gen = torch.Generator().manual_seed(args.seed + 7)
         orders = [None] + [torch.randperm(args.micro_batch, generator=gen)
                            for _ in range(args.fp32_variants - 1)]
-        refs["fp32"] = [run_reference(model, cfg, init, inputs, targets, args, torch.float32,
-                                      order)[0] for order in orders]
+        runs32 = [run_reference(model, cfg, init, inputs, targets, args, torch.float32, order)
+                  for order in orders]
+        refs["fp32"] = [r[0] for r in runs32]
+        routing32 = [r[2] for r in runs32] if routing64 is not None else None
     clipped = [k for k, n in enumerate(norms) if n > args.grad_clip]
     print(f"torch fp64 losses: {' '.join(f'{x:.9f}' for x in refs['fp64']['losses'])}",
           flush=True)
     print(f"gradient norms before clipping: {' '.join(f'{n:.4f}' for n in norms)} "
           f"(clipping active in {len(clipped)} of {len(norms)} steps)", flush=True)
+    if routing64 is not None:
+        problems = check_routing(args, routing64, routing32)
+        if problems:
+            for message in problems:
+                print(f"FAIL {message}", file=sys.stderr, flush=True)
+            fail(f"{args.arch} MoE reference: {len(problems)} problem(s) with the test's "
+                 "routing; the engine was not run")
 
     names = list(init)
     # A vocab-parallel head (tp > 1) never holds every logit: there the loss, every gradient

@@ -20,14 +20,21 @@ if(NOT oases_parity_torch_rc EQUAL 0)
 endif()
 
 # The reference models against independent formulations: GQA vs MHA with repeated k/v,
-# rotate_half vs complex rotation, naive per-element loops, gradcheck in float64.
-foreach(reference llama bert)
+# rotate_half vs complex rotation, naive per-element loops, gradcheck in float64; the MoE layer
+# (torch_moe.py, every gate of ops/moe.h) against a naive per-token loop and gradcheck with
+# routing held fixed, whole GPT and LLaMA MoE models by gradcheck.
+foreach(reference llama bert moe)
   add_test(NAME model.torch_${reference}_self_test
     COMMAND ${OASES_PARITY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/model/torch_${reference}.py
       --self-test)
   set_tests_properties(model.torch_${reference}_self_test PROPERTIES
     LABELS "model;torch" TIMEOUT 300)
 endforeach()
+# philox.py (the references' Philox 4x32-10, dropout rule and MoE draws) against known answers
+# printed by core/philox.h and Random123's published vectors.
+add_test(NAME model.philox_py_self_test
+  COMMAND ${OASES_PARITY_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/model/philox.py --self-test)
+set_tests_properties(model.philox_py_self_test PROPERTIES LABELS "model;torch" TIMEOUT 120)
 
 # The driver itself, on torch_engine.py: the engine protocol implemented with the reference
 # models (fed the micro-batch in reverse order, so it rounds as another correct engine would).
@@ -66,6 +73,45 @@ endfunction()
 oases_add_parity_driver_bug_test(grad_scale "FAIL fp32 grad[.][^\n]*torch fp32 error")
 oases_add_parity_driver_bug_test(no_clip "FAIL fp64 losses: engine fp64 error")
 oases_add_parity_driver_bug_test(wrong_dtype "not F64 as a fp64 run must write")
+
+# Mixture of experts (ops/moe.h, torch_moe.py): tiny GPT and LLaMA models whose MoE layers
+# must overflow their capacity (and, for gshard, skip second choices at random) in the
+# reference's step-0 training forward (--expect-routing); the parity tests below use the same
+# argument lists with parity_engine.
+set(oases_moe_gpt --arch gpt --layers 2 --hidden 32 --heads 4 --ffn-hidden 64 --vocab-size 61
+  --seq-len 16 --micro-batch 4 --steps 4)
+set(oases_moe_llama --arch llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --ffn-hidden 48
+  --vocab-size 61 --seq-len 16 --micro-batch 2 --steps 4)
+# gshard in groups of half a sequence, z-loss and aux loss on.
+set(oases_moe_gshard_gpt ${oases_moe_gpt} --moe-every 2 --experts 4 --moe-gate gshard
+  --capacity-factor 1.0 --moe-group-size 8 --moe-aux-loss-coef 0.01 --moe-z-loss-coef 0.001
+  --expect-routing overflow,random-skip)
+# noisy top-2 with learned noise, in groups of two sequences, a larger evaluation capacity.
+set(oases_moe_noisy_topk_llama ${oases_moe_llama} --moe-every 2 --experts 4
+  --moe-gate noisy-topk --moe-top-k 2 --capacity-factor 1.0 --eval-capacity-factor 2.0
+  --moe-group-size 32 --moe-aux-loss-coef 0.05 --moe-z-loss-coef 0.001 --moe-router-noise 0.5
+  --expert-dropout 0.1 --expect-routing overflow)
+add_test(NAME model.torch_parity_driver_moe_gshard_gpt
+  COMMAND ${oases_parity_driver} ${oases_moe_gshard_gpt}
+    --workdir ${CMAKE_CURRENT_BINARY_DIR}/model/torch_parity_driver_moe_gshard_gpt)
+add_test(NAME model.torch_parity_driver_moe_noisy_topk_llama
+  COMMAND ${oases_parity_driver} ${oases_moe_noisy_topk_llama}
+    --workdir ${CMAKE_CURRENT_BINARY_DIR}/model/torch_parity_driver_moe_noisy_topk_llama)
+set_tests_properties(model.torch_parity_driver_moe_gshard_gpt
+  model.torch_parity_driver_moe_noisy_topk_llama PROPERTIES LABELS "model;torch" TIMEOUT 300)
+# Planted MoE bugs: the objective without aux and z terms, every step drawing step 0's random
+# numbers, logits computed in training mode.
+function(oases_add_parity_driver_moe_bug_test bug expected)
+  add_test(NAME model.torch_parity_driver_finds_${bug}
+    COMMAND ${oases_parity_driver} ${oases_moe_gshard_gpt} --precision fp64
+      --workdir ${CMAKE_CURRENT_BINARY_DIR}/model/torch_parity_driver_${bug})
+  set_tests_properties(model.torch_parity_driver_finds_${bug} PROPERTIES
+    LABELS "model;torch" TIMEOUT 300 ENVIRONMENT "OASES_TORCH_ENGINE_BUG=${bug}"
+    PASS_REGULAR_EXPRESSION "${expected}" FAIL_REGULAR_EXPRESSION "PASS: ")
+endfunction()
+oases_add_parity_driver_moe_bug_test(moe_no_aux "FAIL fp64 loss: engine fp64 error")
+oases_add_parity_driver_moe_bug_test(moe_step0 "FAIL fp64 losses: engine fp64 error")
+oases_add_parity_driver_moe_bug_test(moe_train_logits "FAIL fp64 logits: engine fp64 error")
 
 if(EXISTS ${OASES_PARITY_ENGINE_SOURCE})
   add_executable(parity_engine ${OASES_PARITY_ENGINE_SOURCE})
@@ -118,6 +164,35 @@ if(EXISTS ${OASES_PARITY_ENGINE_SOURCE})
   oases_add_torch_parity_test(torch_parity_bert_odd_shapes --arch bert
     --layers 2 --hidden 48 --heads 3 --ffn-hidden 120 --vocab-size 203 --seq-len 29
     --micro-batch 3 --steps 10)
+
+  # Mixture of experts, every gate of ops/moe.h on GPT and three on LLaMA, 4 experts with
+  # decisive routers and capacity factor 1: each run must overflow capacity in the reference's
+  # step-0 training forward (--expect-routing; expert-choice: a token no expert takes), and
+  # PyTorch fp32 must route as fp64 in every forward. The logits are evaluation mode's.
+  # Switch in every layer, experts narrower than the dense FFN, expert dropout.
+  oases_add_torch_parity_test(torch_parity_moe_switch_gpt ${oases_moe_gpt} --moe-every 1
+    --experts 4 --moe-gate switch --capacity-factor 1.0 --moe-ffn-hidden 40
+    --expert-dropout 0.1 --expect-routing overflow)
+  # gshard with random routing, groups of 8 tokens (half a sequence), aux and z losses.
+  oases_add_torch_parity_test(torch_parity_moe_gshard_gpt ${oases_moe_gshard_gpt})
+  # Noisy top-2 with learned noise, groups of two sequences, a larger evaluation capacity.
+  oases_add_torch_parity_test(torch_parity_moe_noisy_topk_gpt ${oases_moe_gpt} --moe-every 2
+    --experts 4 --moe-gate noisy-topk --moe-top-k 2 --capacity-factor 1.0
+    --eval-capacity-factor 2.0 --moe-group-size 32 --moe-aux-loss-coef 0.05
+    --moe-z-loss-coef 0.001 --expect-routing overflow)
+  # Expert choice: some tokens taken by no expert, some by several.
+  oases_add_torch_parity_test(torch_parity_moe_expert_choice_gpt ${oases_moe_gpt} --moe-every 2
+    --experts 4 --moe-gate expert-choice --capacity-factor 1.0 --eval-capacity-factor 1.5
+    --moe-z-loss-coef 0.001 --expect-routing overflow,shared)
+  # LLaMA (grouped-query attention): gshard in every layer with expert dropout; noisy top-2
+  # in groups of two sequences with dropout; switch in groups of two sequences.
+  oases_add_torch_parity_test(torch_parity_moe_gshard_llama ${oases_moe_llama} --moe-every 1
+    --experts 4 --moe-gate gshard --capacity-factor 1.0 --expert-dropout 0.1
+    --expect-routing overflow,random-skip)
+  oases_add_torch_parity_test(torch_parity_moe_noisy_topk_llama ${oases_moe_noisy_topk_llama})
+  oases_add_torch_parity_test(torch_parity_moe_switch_llama ${oases_moe_llama} --moe-every 2
+    --experts 4 --moe-gate switch --capacity-factor 1.0 --moe-group-size 32
+    --moe-aux-loss-coef 0.02 --expect-routing overflow)
 else()
   message(STATUS "oases: ${OASES_PARITY_ENGINE_SOURCE} not written yet; "
     "PyTorch parity tests not registered")

@@ -8,6 +8,16 @@ without any transposes that could hide a layout bug.
 Semantics: pre-LN blocks, LayerNorm eps 1e-5 (GPTConfig.norm_eps), GeLU in its tanh form,
 causal attention scaled by 1/sqrt(head_dim), learned positions, LM head tied to wte without
 bias, mean cross-entropy over every target token, no dropout.
+
+Mixture of experts (GPTConfig.moe, a torch_moe.MoeConfig; None: dense): in layer i with
+moe.is_moe_layer(i) the MLP is replaced by torch_moe's MoE block on the ln_2 output, with
+  h.{i}.mlp.router.weight        [C, E]  (logits = x @ W)
+  h.{i}.mlp.router.noise_weight  [C, E]  (noisy-topk with moe_router_noise > 0 only)
+  h.{i}.mlp.experts.{j}.c_fc.weight [C, F], .c_fc.bias [F], .c_proj.weight [F, C],
+                        .c_proj.bias [C]  (F = moe_ffn_hidden or ffn_hidden)
+and no h.{i}.mlp.c_fc / c_proj. forward() then takes a torch_moe.MoeRun (training or
+evaluation, step, global sample indices) and adds the layers' aux and z terms to it; the
+objective is loss_fn(logits, targets) + run.objective().
 """
 
 import math
@@ -15,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+import torch_moe
 
 LAYER_NORM_EPS = 1e-5
 
@@ -28,6 +40,7 @@ class GPTConfig:
     vocab_size: int
     seq_len: int
     norm_eps: float = LAYER_NORM_EPS
+    moe: torch_moe.MoeConfig = None  # None: every layer dense
 
     def __post_init__(self):
         for field in ("layers", "hidden", "heads", "ffn_hidden", "vocab_size", "seq_len"):
@@ -37,6 +50,8 @@ class GPTConfig:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
         if not self.norm_eps > 0:
             raise ValueError("norm_eps must be positive")
+        if self.moe is not None and self.moe.every > self.layers:
+            raise ValueError(f"moe_every ({self.moe.every}) exceeds layers ({self.layers})")
 
     @property
     def head_dim(self):
@@ -57,6 +72,9 @@ def param_shapes(cfg):
         shapes[p + "attn.c_proj.bias"] = (C,)
         shapes[p + "ln_2.weight"] = (C,)
         shapes[p + "ln_2.bias"] = (C,)
+        if _is_moe_layer(cfg, i):
+            shapes.update(torch_moe.gpt_shapes(p, cfg.moe, C, F_))
+            continue
         shapes[p + "mlp.c_fc.weight"] = (C, F_)
         shapes[p + "mlp.c_fc.bias"] = (F_,)
         shapes[p + "mlp.c_proj.weight"] = (F_, C)
@@ -66,6 +84,10 @@ def param_shapes(cfg):
     return shapes
 
 
+def _is_moe_layer(cfg, i):
+    return cfg.moe is not None and cfg.moe.is_moe_layer(i)
+
+
 def init_params(cfg, seed, dtype=torch.float32):
     """Random parameters as leaf tensors with requires_grad.
 
@@ -73,6 +95,8 @@ def init_params(cfg, seed, dtype=torch.float32):
     nonzero, so a backward pass that forgets a bias or LN term shows up as a gradient
     mismatch instead of hiding behind zeros. Values are drawn in float32 and then cast, so a
     float64 model built from the same seed starts from exactly the float32 values.
+    MoE routers are N(0, 0.5^2) (decisive routing, no ties), noise weights N(0, 0.1^2),
+    experts like the dense MLP.
     """
     gen = torch.Generator().manual_seed(seed)
     params = {}
@@ -80,6 +104,9 @@ def init_params(cfg, seed, dtype=torch.float32):
         if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name == "ln_f.weight":
             # Gains near 1 keep activations well scaled while still differing per feature.
             value = 1.0 + 0.1 * torch.randn(shape, generator=gen, dtype=torch.float32)
+        elif torch_moe.router_init_std(name) is not None:
+            value = torch_moe.router_init_std(name) * torch.randn(shape, generator=gen,
+                                                                  dtype=torch.float32)
         else:
             value = 0.02 * torch.randn(shape, generator=gen, dtype=torch.float32)
         params[name] = value.to(dtype).requires_grad_(True)
@@ -120,8 +147,12 @@ def _layer_norm(x, params, prefix, cfg):
                         cfg.norm_eps)
 
 
-def forward(params, cfg, inputs):
-    """inputs: int64 [B, T] with T <= seq_len. Returns logits [B, T, vocab_size]."""
+def forward(params, cfg, inputs, moe_run=None):
+    """inputs: int64 [B, T] with T <= seq_len. Returns logits [B, T, vocab_size].
+
+    moe_run: a torch_moe.MoeRun for a model with MoE layers (None: evaluation, samples
+    0..B-1); ignored by a dense model.
+    """
     B, T = inputs.shape
     if T > cfg.seq_len:
         raise ValueError(f"sequence of {T} tokens exceeds seq_len {cfg.seq_len}")
@@ -130,6 +161,12 @@ def forward(params, cfg, inputs):
     for i in range(cfg.layers):
         p = f"h.{i}."
         x = x + _causal_self_attention(_layer_norm(x, params, p + "ln_1", cfg), params, p, cfg)
+        if _is_moe_layer(cfg, i):
+            if moe_run is None:
+                moe_run = torch_moe.MoeRun(training=False)
+            x = x + torch_moe.gpt_moe_block(_layer_norm(x, params, p + "ln_2", cfg), params, p,
+                                            i, cfg.moe, cfg.ffn_hidden, moe_run)
+            continue
         x = x + _mlp(_layer_norm(x, params, p + "ln_2", cfg), params, p)
     x = _layer_norm(x, params, "ln_f", cfg)
     return x @ params["wte.weight"].t()  # tied head, no bias

@@ -35,6 +35,20 @@ with hd = C / heads. Semantics:
   cross-entropy over every target (targets < 0 are ignored; the causal parity runs have none);
 - no dropout.
 
+Mixture of experts (LlamaConfig.moe, a torch_moe.MoeConfig; None: dense): in layer i with
+moe.is_moe_layer(i) the MLP is replaced by torch_moe's MoE block on the
+post_attention_layernorm output, with
+
+  model.layers.{i}.mlp.router.weight                 [E, C]  (logits = x @ W^T)
+  model.layers.{i}.mlp.router.noise_weight           [E, C]  (noisy-topk with noise only)
+  model.layers.{i}.mlp.experts.{j}.gate_proj.weight  [F, C]
+  model.layers.{i}.mlp.experts.{j}.up_proj.weight    [F, C]
+  model.layers.{i}.mlp.experts.{j}.down_proj.weight  [C, F]
+
+(F = moe_ffn_hidden or ffn_hidden; FFN_j(x) = down(silu(gate(x)) * up(x))) and no dense
+mlp.*_proj. forward() then takes a torch_moe.MoeRun; the objective is loss_fn(logits, targets)
++ run.objective().
+
 `python3 torch_llama.py --self-test` checks the model against itself and against independent
 formulations (GQA vs MHA with repeated k/v weights, rotate_half vs complex rotation, a naive
 per-element loop, finite differences); it exits non-zero when any check fails.
@@ -47,6 +61,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+import torch_moe
 from self_check import SelfCheck, relative
 
 DEFAULT_NORM_EPS = 1e-5
@@ -64,6 +79,7 @@ class LlamaConfig:
     seq_len: int
     norm_eps: float = DEFAULT_NORM_EPS
     rope_theta: float = DEFAULT_ROPE_THETA
+    moe: torch_moe.MoeConfig = None  # None: every layer dense
 
     def __post_init__(self):
         for field in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab_size",
@@ -80,6 +96,8 @@ class LlamaConfig:
             raise ValueError(f"rotary embedding needs an even head_dim, got {self.head_dim}")
         if not self.norm_eps > 0 or not self.rope_theta > 0:
             raise ValueError("norm_eps and rope_theta must be positive")
+        if self.moe is not None and self.moe.every > self.layers:
+            raise ValueError(f"moe_every ({self.moe.every}) exceeds layers ({self.layers})")
 
     @property
     def head_dim(self):
@@ -104,12 +122,19 @@ def param_shapes(cfg):
         shapes[p + "self_attn.v_proj.weight"] = (kv_rows, C)
         shapes[p + "self_attn.o_proj.weight"] = (C, q_rows)
         shapes[p + "post_attention_layernorm.weight"] = (C,)
+        if _is_moe_layer(cfg, i):
+            shapes.update(torch_moe.llama_shapes(p, cfg.moe, C, F_))
+            continue
         shapes[p + "mlp.gate_proj.weight"] = (F_, C)
         shapes[p + "mlp.up_proj.weight"] = (F_, C)
         shapes[p + "mlp.down_proj.weight"] = (C, F_)
     shapes["model.norm.weight"] = (C,)
     shapes["lm_head.weight"] = (V, C)
     return shapes
+
+
+def _is_moe_layer(cfg, i):
+    return cfg.moe is not None and cfg.moe.is_moe_layer(i)
 
 
 def init_params(cfg, seed, dtype=torch.float32):
@@ -119,7 +144,8 @@ def init_params(cfg, seed, dtype=torch.float32):
     from exactly the float32 values. Norm gains are 1 + 0.1 N(0, 1) (near one, differing per
     feature); projections are N(0, 1/fan_in) so that q.k scores are O(1) and attention is far
     from uniform (a wrong rotation, mask or head grouping then changes the result by much more
-    than rounding); token embeddings are N(0, 1).
+    than rounding); token embeddings are N(0, 1). MoE routers are N(0, 0.5^2) (decisive
+    routing, no ties), noise weights N(0, 0.1^2), experts like the dense MLP.
     """
     gen = torch.Generator().manual_seed(seed)
     params = {}
@@ -129,6 +155,8 @@ def init_params(cfg, seed, dtype=torch.float32):
             value = 1.0 + 0.1 * noise
         elif name == "model.embed_tokens.weight":
             value = noise
+        elif torch_moe.router_init_std(name) is not None:
+            value = torch_moe.router_init_std(name) * noise
         else:
             value = noise / math.sqrt(shape[1])
         params[name] = value.to(dtype).requires_grad_(True)
@@ -190,8 +218,12 @@ def _mlp(x, params, prefix):
     return F.linear(F.silu(gate) * up, params[prefix + "mlp.down_proj.weight"])
 
 
-def forward(params, cfg, inputs):
-    """inputs: int64 [B, T] with T <= seq_len. Returns logits [B, T, vocab_size]."""
+def forward(params, cfg, inputs, moe_run=None):
+    """inputs: int64 [B, T] with T <= seq_len. Returns logits [B, T, vocab_size].
+
+    moe_run: a torch_moe.MoeRun for a model with MoE layers (None: evaluation, samples
+    0..B-1); ignored by a dense model.
+    """
     B, T = inputs.shape
     if T > cfg.seq_len:
         raise ValueError(f"sequence of {T} tokens exceeds seq_len {cfg.seq_len}")
@@ -200,6 +232,13 @@ def forward(params, cfg, inputs):
         p = f"model.layers.{i}."
         x = x + _attention(rms_norm(x, params[p + "input_layernorm.weight"], cfg.norm_eps),
                            params, p, cfg)
+        if _is_moe_layer(cfg, i):
+            if moe_run is None:
+                moe_run = torch_moe.MoeRun(training=False)
+            x = x + torch_moe.llama_moe_block(
+                rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.norm_eps),
+                params, p, i, cfg.moe, cfg.ffn_hidden, moe_run)
+            continue
         x = x + _mlp(rms_norm(x, params[p + "post_attention_layernorm.weight"], cfg.norm_eps),
                      params, p)
     x = rms_norm(x, params["model.norm.weight"], cfg.norm_eps)

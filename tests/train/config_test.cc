@@ -290,6 +290,53 @@ TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
   EXPECT_EQ(error_of("[train]\nglobal_batch = 8\n[parallel]\nzero = 2\ndp = 2\n"), "");
 }
 
+TEST(RunConfig, MixtureOfExpertsSettingsRoundTripAndNameTheirErrors) {
+  const std::string moe = "[model]\nmoe_every = 2\nexperts = 4\n";
+  const RunConfig a = parse_run_config(moe + "moe_gate = \"gshard\"\ncapacity_factor = 1.25\n"
+                                       "eval_capacity_factor = 2.0\nmoe_group_size = 64\n"
+                                       "moe_z_loss_coef = 0.001\nexpert_dropout = 0.4\n", "t");
+  EXPECT_TRUE(a.model.is_moe_layer(1));
+  EXPECT_FALSE(a.model.is_moe_layer(2));
+  EXPECT_EQ(a.model.moe_choices(), 2);
+  const RunConfig b = parse_run_config(to_toml(a), "round trip");
+  EXPECT_EQ(b.model.moe_gate, "gshard");
+  EXPECT_EQ(b.model.capacity_factor, 1.25);
+  EXPECT_EQ(b.model.moe_eval_capacity_factor(), 2.0);
+  EXPECT_EQ(b.model.moe_group_tokens(), 64);
+  EXPECT_EQ(b.model.expert_dropout, 0.4);
+  // Expert choice has no top-k: its round trip must not invent one.
+  EXPECT_EQ(parse_run_config(to_toml(parse_run_config(moe + "moe_gate = \"expert-choice\"\n", "t")), "rt")
+                .model.moe_top_k, 0);
+  // Parameters: every expert counts, FLOPs only the active ones (top-2 of 4: half the experts).
+  const auto dense = parse_run_config("", "t").model;
+  EXPECT_GT(a.model.parameter_count(), dense.parameter_count());
+  EXPECT_LT(a.model.training_flops_per_token(), 6.0 * static_cast<double>(a.model.parameter_count()));
+
+  EXPECT_NE(error_of(moe + "moe_top_k = 5\nmoe_gate = \"noisy-topk\"\n")
+                .find("model.moe_top_k = 5 is more than model.experts = 4"), std::string::npos);
+  EXPECT_NE(error_of(moe + "capacity_factor = 0\n").find("model.capacity_factor = 0 must be positive"),
+            std::string::npos);
+  EXPECT_NE(error_of(moe + "capacity_factor = -1\n").find("model.capacity_factor = -1 must be positive"),
+            std::string::npos);
+  EXPECT_NE(error_of(moe + "moe_gate = \"top2\"\n").find("model.moe_gate = \"top2\" is not a gate; valid: \"noisy-topk\""),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nmoe_every = 2\nexperts = 1\n").find("model.experts = 1 must be at least 2"),
+            std::string::npos);
+  EXPECT_NE(error_of(moe + "moe_gate = \"switch\"\nmoe_top_k = 2\n").find("the switch gate routes each token to one expert"),
+            std::string::npos);
+  EXPECT_NE(error_of(moe + "moe_gate = \"expert-choice\"\nmoe_top_k = 2\n").find("each expert chooses its tokens"),
+            std::string::npos);
+  EXPECT_NE(error_of(moe + "moe_group_size = 48\n").find("model.moe_group_size = 48 must divide model.seq_len = 128 or be a multiple of it"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\narch = \"bert\"\nmoe_every = 2\nexperts = 4\n").find("not \"bert\""),
+            std::string::npos);
+  EXPECT_NE(error_of(moe + "[parallel]\ntp = 2\n").find("parallel.tp = 2 with mixture-of-experts layers"),
+            std::string::npos);
+  EXPECT_EQ(error_of(moe + "[parallel]\ntp = 2\nplan = \"2,1,2,1\"\n"), "");
+  EXPECT_NE(error_of(moe + "[train]\nprecision = \"bf16\"\n").find("train.precision = \"bf16\" with mixture-of-experts layers"),
+            std::string::npos);
+}
+
 // The cases below once hung, overflowed, read a disengaged optional or threw another exception
 // type than UserError (found by fuzz/run_config_fuzzer.cc).
 TEST(RunConfig, AbsurdSizesAreRejectedAtOnceListingValidValuesUpTo4096) {

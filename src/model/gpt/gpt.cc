@@ -1,5 +1,6 @@
 #include "model/gpt/gpt.h"
 
+#include <cmath>
 #include <string>
 
 namespace oases::model {
@@ -26,6 +27,7 @@ class Gpt final : public Architecture {
     layout.add(p + "attn.c_proj.bias", {C}, ParamInit::zeros);
     layout.add(p + "ln_2.weight", {C}, ParamInit::ones);
     layout.add(p + "ln_2.bias", {C}, ParamInit::zeros);
+    if (c_.is_moe_layer(layer)) return add_moe_parameters(layout, p, k);
     layout.add(p + "mlp.c_fc.weight", {C, F}, ParamInit::normal, Sharding::columns, 0, k);
     layout.add(p + "mlp.c_fc.bias", {F}, ParamInit::zeros, Sharding::columns, 0, k);
     layout.add(p + "mlp.c_proj.weight", {F, C}, ParamInit::normal_residual, Sharding::rows, 0, k);
@@ -47,7 +49,8 @@ class Gpt final : public Architecture {
       spec.site = {static_cast<std::uint32_t>(c_.layers), ops::kDropoutSiteEmbedding};
       return spec;
     }
-    spec.bias = params(prefix(layer - 1) + "mlp.c_proj.bias");
+    // An MoE layer's experts add their own biases before the combine.
+    if (!c_.is_moe_layer(layer - 1)) spec.bias = params(prefix(layer - 1) + "mlp.c_proj.bias");
     spec.site = {static_cast<std::uint32_t>(layer - 1), ops::kDropoutSiteMlp};
     spec.residual_segment = previous;
     return spec;
@@ -90,6 +93,29 @@ class Gpt final : public Architecture {
     spec.down = ops::RowParallelLinear(params(p + "mlp.c_proj.weight"), ops::WeightLayout::in_out);
     return spec;
   }
+  ops::MoeSpec moe(const BlockContext& b) const override {
+    const ParamResolver& params = *b.params;
+    const std::string p = prefix(b.layer);
+    ops::MoeSpec spec;
+    spec.pre_norm = ops::Norm(ops::NormKind::layer, params(p + "ln_2.weight"),
+                              params(p + "ln_2.bias"), c_.norm_epsilon());
+    spec.router_linear = ops::ColumnParallelLinear(params(p + "mlp.router.weight"), {},
+                                                   ops::WeightLayout::in_out);
+    if (params.has(p + "mlp.router.noise_weight"))
+      spec.noise_linear = ops::ColumnParallelLinear(params(p + "mlp.router.noise_weight"), {},
+                                                    ops::WeightLayout::in_out);
+    for (std::int64_t j = 0; j < c_.experts; ++j) {
+      const std::string e = p + "mlp.experts." + std::to_string(j) + ".";
+      ops::ExpertSpec expert;
+      expert.up = {ops::ColumnParallelLinear(params(e + "c_fc.weight"), params(e + "c_fc.bias"),
+                                             ops::WeightLayout::in_out)};
+      expert.down = ops::ColumnParallelLinear(params(e + "c_proj.weight"), params(e + "c_proj.bias"),
+                                              ops::WeightLayout::in_out);
+      spec.experts.push_back(std::move(expert));
+    }
+    spec.activation = ops::MlpActivation(ops::Activation::gelu_tanh, c_.expert_ffn_hidden() / b.at.degree);
+    return spec;
+  }
   ops::HeadSpec head(const ParamResolver& params) const override {
     ops::HeadSpec spec;
     spec.final_norm = ops::Norm(ops::NormKind::layer, params("ln_f.weight"), params("ln_f.bias"),
@@ -100,6 +126,25 @@ class Gpt final : public Architecture {
   std::string word_embedding_name() const override { return "wte.weight"; }
 
  private:
+  // Router (and noise weights: Shazeer et al. start them at zero) and every expert's FFN, laid
+  // out as GPT-2's MLP. Normal initialisations scaled by sqrt(model.moe_init_scale).
+  void add_moe_parameters(ParamLayout& layout, const std::string& p, int k) const {
+    const std::int64_t C = c_.hidden, F = c_.expert_ffn_hidden(), E = c_.experts;
+    const double scale = std::sqrt(c_.moe_init_scale);
+    layout.add(p + "mlp.router.weight", {C, E}, ParamInit::normal);
+    layout.scale_last_init(scale);
+    if (c_.moe_gate == "noisy-topk" && c_.moe_router_noise > 0)
+      layout.add(p + "mlp.router.noise_weight", {C, E}, ParamInit::zeros);
+    for (std::int64_t j = 0; j < E; ++j) {
+      const std::string e = p + "mlp.experts." + std::to_string(j) + ".";
+      layout.add(e + "c_fc.weight", {C, F}, ParamInit::normal, Sharding::columns, 0, k);
+      layout.scale_last_init(scale);
+      layout.add(e + "c_fc.bias", {F}, ParamInit::zeros, Sharding::columns, 0, k);
+      layout.add(e + "c_proj.weight", {F, C}, ParamInit::normal_residual, Sharding::rows, 0, k);
+      layout.scale_last_init(scale);
+      layout.add(e + "c_proj.bias", {C}, ParamInit::zeros);
+    }
+  }
   void add_word_embedding(ParamLayout& layout) const {
     layout.add("wte.weight", {c_.vocab_size, c_.hidden}, ParamInit::normal, Sharding::rows,
                c_.padded_vocab(layout.tp_size()));

@@ -1,5 +1,6 @@
 #include "model/llama/llama.h"
 
+#include <cmath>
 #include <string>
 
 namespace oases::model {
@@ -25,6 +26,7 @@ class Llama final : public Architecture {
     layout.add(p + "self_attn.v_proj.weight", {KV, C}, ParamInit::normal, Sharding::rows, 0, k);
     layout.add(p + "self_attn.o_proj.weight", {C, A}, ParamInit::normal, Sharding::columns, 0, k);
     layout.add(p + "post_attention_layernorm.weight", {C}, ParamInit::ones);
+    if (c_.is_moe_layer(layer)) return add_moe_parameters(layout, p, k);
     layout.add(p + "mlp.gate_proj.weight", {F, C}, ParamInit::normal, Sharding::rows, 0, k);
     layout.add(p + "mlp.up_proj.weight", {F, C}, ParamInit::normal, Sharding::rows, 0, k);
     layout.add(p + "mlp.down_proj.weight", {C, F}, ParamInit::normal, Sharding::columns, 0, k);
@@ -86,6 +88,29 @@ class Llama final : public Architecture {
     spec.down = ops::RowParallelLinear(params(p + "mlp.down_proj.weight"), ops::WeightLayout::out_in);
     return spec;
   }
+  ops::MoeSpec moe(const BlockContext& b) const override {
+    const ParamResolver& params = *b.params;
+    const std::string p = prefix(b.layer);
+    ops::MoeSpec spec;
+    spec.pre_norm = ops::Norm(ops::NormKind::rms, params(p + "post_attention_layernorm.weight"), {},
+                              c_.norm_epsilon());
+    spec.router_linear = ops::ColumnParallelLinear(params(p + "mlp.router.weight"), {},
+                                                   ops::WeightLayout::out_in);
+    if (params.has(p + "mlp.router.noise_weight"))
+      spec.noise_linear = ops::ColumnParallelLinear(params(p + "mlp.router.noise_weight"), {},
+                                                    ops::WeightLayout::out_in);
+    for (std::int64_t j = 0; j < c_.experts; ++j) {
+      const std::string e = p + "mlp.experts." + std::to_string(j) + ".";
+      ops::ExpertSpec expert;
+      for (const char* name : {"gate_proj.weight", "up_proj.weight"})
+        expert.up.emplace_back(params(e + name), ops::ParamRef{}, ops::WeightLayout::out_in);
+      expert.down = ops::ColumnParallelLinear(params(e + "down_proj.weight"), {},
+                                              ops::WeightLayout::out_in);
+      spec.experts.push_back(std::move(expert));
+    }
+    spec.activation = ops::MlpActivation(ops::Activation::swiglu, c_.expert_ffn_hidden() / b.at.degree);
+    return spec;
+  }
   ops::HeadSpec head(const ParamResolver& params) const override {
     ops::HeadSpec spec;
     spec.final_norm = ops::Norm(ops::NormKind::rms, params("model.norm.weight"), {}, c_.norm_epsilon());
@@ -96,6 +121,26 @@ class Llama final : public Architecture {
   std::string word_embedding_name() const override { return "model.embed_tokens.weight"; }
 
  private:
+  // Router (noise weights start at zero, as Shazeer et al.'s) and every expert's SwiGLU FFN.
+  // Normal initialisations scaled by sqrt(model.moe_init_scale).
+  void add_moe_parameters(ParamLayout& layout, const std::string& p, int k) const {
+    const std::int64_t C = c_.hidden, F = c_.expert_ffn_hidden(), E = c_.experts;
+    const double scale = std::sqrt(c_.moe_init_scale);
+    layout.add(p + "mlp.router.weight", {E, C}, ParamInit::normal);
+    layout.scale_last_init(scale);
+    if (c_.moe_gate == "noisy-topk" && c_.moe_router_noise > 0)
+      layout.add(p + "mlp.router.noise_weight", {E, C}, ParamInit::zeros);
+    for (std::int64_t j = 0; j < E; ++j) {
+      const std::string e = p + "mlp.experts." + std::to_string(j) + ".";
+      for (const char* name : {"gate_proj.weight", "up_proj.weight"}) {
+        layout.add(e + name, {F, C}, ParamInit::normal, Sharding::rows, 0, k);
+        layout.scale_last_init(scale);
+      }
+      layout.add(e + "down_proj.weight", {C, F}, ParamInit::normal, Sharding::columns, 0, k);
+      layout.scale_last_init(scale);
+    }
+  }
+
   ModelConfig c_;
 };
 

@@ -1,0 +1,203 @@
+// LayerSegment: what the segments of a transformer layer (attention, MLP, MoE) share: the
+// epilogue into their checkpoint, the optional pre-norm, the collectives over the layer's
+// group, the pipeline input and the stage-1 backward. Internal to ops/ (layer_segments.cc,
+// moe_segment.cc).
+#pragma once
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "ops/layer_segments.h"
+
+#include <utility>
+
+namespace oases::ops::detail {
+
+// What the attention and MLP segments share: the epilogue into their checkpoint, the optional
+// pre-norm, the collectives, the pipeline input and the stage-1 backward.
+class LayerSegment : public Segment {
+ public:
+  LayerSegment(int id, const ModelContext& model, const LayerSpec& spec)
+      : Segment(id, *model.store),
+        m_(model),
+        layer_(spec),
+        tokens_(spec.at.rows * model.seq_len),
+        checkpoint_(model.dtype),
+        internals_(model.dtype),
+        core_(model.dtype),
+        deferred_(model.dtype) {
+    const std::int64_t C = model.hidden;
+    stash_output_grad_ = deferred_.add(tokens_ * C);
+    residual_ = checkpoint_.add(tokens_ * C);
+    epilogue_kept_ = spec.epilogue.add_kept(checkpoint_, tokens_, C);
+    if (spec.pre_norm.present()) {
+      norm_out_ = internals_.add(tokens_ * C);
+      norm_stats_ = internals_.add_statistics(spec.pre_norm.stats_per_row() * tokens_);
+    }
+  }
+  const std::string& name() const override { return layer_.name; }
+
+  void forward(const StepContext& ctx, int mb, int sb) override {
+    run(ctx, mb, sb, kCheckpoint | kInternals | kCore | kOutput);
+  }
+  void backward(const StepContext& ctx, int mb, int sb, int stage) override {
+    run_backward(ctx, mb, sb, stage, false);
+  }
+  void backward_input(const StepContext& ctx, int mb, int sb, int stage) override {
+    run_backward(ctx, mb, sb, stage, true);
+  }
+  void recompute(const StepContext& ctx, int mb, int sb, TensorSets sets) override {
+    run(ctx, mb, sb, sets);
+  }
+  CollectiveCall forward_collective(int mb, int sb) override {
+    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, layer_.at.group, rows_of(Slot::output, mb, sb), {}};
+  }
+  CollectiveCall backward_collective(int mb, int sb) override {
+    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, layer_.at.group,
+            rows_of(Slot::input_grad, mb, sb), {}};
+  }
+  comm::Communicator* replica_group() const override {
+    return layer_.at.degree > 1 ? layer_.at.group : nullptr;
+  }
+  Tensor recv_buffer(Payload payload, int mb, int sb) override {
+    OASES_ASSERT(layer_.input_from_peer && payload == Payload::activation,
+                 "{} receives no {}", name(), payload == Payload::activation ? "activation" : "gradient");
+    return store().acquire(key(mb, sb, kReceivedInput), m_.dtype, tokens_ * m_.hidden)
+        .reshaped({tokens_, m_.hidden});
+  }
+  Tensor send_buffer(Payload payload, int mb, int sb) override {
+    OASES_ASSERT(layer_.input_from_peer && payload == Payload::gradient, "{} sends no {}", name(),
+                 payload == Payload::activation ? "activation" : "gradient");
+    return rows_of(Slot::residual_grad, mb, sb);  // the epilogue's copy leaves d(input) there
+  }
+
+ protected:
+  // Which gradients of a GEMM a backward forms: both, the input's, or the weight's.
+  enum class Part { whole, input, weight };
+
+  virtual void run(const StepContext& ctx, int mb, int sb, TensorSets parts) = 0;
+  // Stage 0 of the body's backward; with `defer`, without the GEMMs' weight gradients, whose
+  // output gradients go to the stash instead.
+  virtual void backward_body(const StepContext& ctx, int mb, int sb, bool defer) = 0;
+
+  void run_backward(const StepContext& ctx, int mb, int sb, int stage, bool defer) {
+    if (stage == 0) return backward_body(ctx, mb, sb, defer);
+    backward_to_previous(ctx, mb, sb, store().get(key(mb, sb, kCheckpoint)),
+                         store().get(key(mb, sb, kInternals)));
+  }
+  // The stash of an input-only backward: acquired by stage 0, released by the weight part.
+  Tensor acquire_stash(int mb, int sb) {
+    return store().acquire(key(mb, sb, kDeferredGradients), deferred_.dtype(), deferred_.elements());
+  }
+  // The output's gradient, where stage 0 reads it: its slot, or (deferring) its copy in the
+  // stash, which the weight part reads later.
+  Tensor output_grad(int mb, int sb, const Tensor& stash) const {
+    const Tensor slot = rows_of(Slot::output_grad, mb, sb);
+    if (stash.empty()) return slot;
+    const Tensor copy = matrix(stash, stash_output_grad_, m_.hidden);
+    kernels::copy(slot, copy);
+    return copy;
+  }
+
+  SegmentShape layer_shape(TensorSets sets) const {
+    SegmentShape shape;
+    shape.has_weight_part = true;
+    shape.deferred_gradient_bytes = deferred_.bytes();
+    shape.name = layer_.name;
+    shape.has_forward_collective = shape.has_backward_collective = true;
+    shape.backward_stages = 2;
+    shape.collective_ranks = layer_.at.degree;
+    shape.degree = layer_.at.degree;
+    shape.layer = layer_.layer;
+    shape.recomputable = true;
+    shape.checkpoint_replicated = layer_.at.degree > 1;
+    shape.input_from_peer = layer_.input_from_peer;
+    if (layer_.input_from_peer)
+      shape.received_bytes = static_cast<std::size_t>(tokens_ * m_.hidden) * dtype_size(m_.dtype);
+    shape.sets = sets;
+    shape.checkpoint_bytes = checkpoint_.bytes();
+    shape.internals_bytes = internals_.bytes();
+    shape.core_bytes = (sets & kCore) ? core_.bytes() : 0;
+    shape.checkpoint_statistics_bytes = checkpoint_.statistics_bytes();
+    shape.internals_statistics_bytes = internals_.statistics_bytes();
+    shape.core_statistics_bytes = (sets & kCore) ? core_.statistics_bytes() : 0;
+    shape.forward_collective_elements = shape.backward_collective_elements = tokens_ * m_.hidden;
+    return shape;
+  }
+
+  Tensor rows_of(Slot slot, int mb, int sb) const {
+    return m_.slot_rows(slot, mb, sb, layer_.at.rows);
+  }
+  Tensor matrix(const Tensor& block, std::int64_t offset, std::int64_t cols) const {
+    return block.view(offset, {tokens_, cols});
+  }
+  Tensor acquire_or_get(int mb, int sb, TensorSet set, TensorSets parts, const SetLayout& layout) {
+    return (parts & set) ? store().acquire(key(mb, sb, set), layout.dtype(), layout.elements(),
+                                           layout.encodable_elements())
+                         : store().get(key(mb, sb, set));
+  }
+  Tensor residual(const Tensor& checkpoint) const { return matrix(checkpoint, residual_, m_.hidden); }
+  ResidualEpilogue::Kept epilogue_kept(const Tensor& checkpoint) const {
+    return layer_.epilogue.kept(checkpoint, checkpoint_, epilogue_kept_, tokens_, m_.hidden);
+  }
+  Tensor norm_stats(const Tensor& internals) const {
+    return statistics_view(internals, internals_.statistics_offset(norm_stats_),
+                           layer_.pre_norm.stats_per_row() * tokens_);
+  }
+  // What the body computes from: the pre-norm's output, or the residual-stream value itself.
+  Tensor body_input(const Tensor& checkpoint, const Tensor& internals) const {
+    return layer_.pre_norm.present() ? matrix(internals, norm_out_, m_.hidden) : residual(checkpoint);
+  }
+
+  // Forms the checkpoint from the previous segment's reduced output (or a reshard's rows, or
+  // the activation received from the previous stage).
+  void run_epilogue(const StepContext& ctx, int mb, int sb, const Tensor& checkpoint) {
+    const ResidualEpilogue& epilogue = layer_.epilogue;
+    Tensor input;
+    if (layer_.input_from_peer) input = store().get(key(mb, sb, kReceivedInput)).reshaped({tokens_, m_.hidden});
+    else input = rows_of(epilogue.spec().copies_input ? Slot::reshard : Slot::output, mb, sb);
+    Tensor residual_in;
+    if (epilogue.spec().residual_segment >= 0)
+      residual_in = store()
+                        .get({epilogue.spec().residual_segment, mb, sb, kCheckpoint})
+                        .view(0, {tokens_, m_.hidden});
+    epilogue.forward(m_, ctx, mb, sb, layer_.at.rows, layer_.at.first_row, input, residual_in,
+                     residual(checkpoint), epilogue_kept(checkpoint));
+    if (layer_.input_from_peer) store().release(key(mb, sb, kReceivedInput));
+  }
+  void run_pre_norm(const Tensor& checkpoint, const Tensor& internals) const {
+    if (!layer_.pre_norm.present()) return;
+    layer_.pre_norm.forward(residual(checkpoint), matrix(internals, norm_out_, m_.hidden),
+                            norm_stats(internals));
+  }
+
+  // Stage 1: the reduced input gradient joins the residual gradient (through the pre-norm),
+  // then the epilogue's backward hands d(previous output) to the previous segment.
+  void backward_to_previous(const StepContext& ctx, int mb, int sb, const Tensor& checkpoint,
+                            const Tensor& internals) {
+    const Tensor input_grad = rows_of(Slot::input_grad, mb, sb);
+    const Tensor residual_grad = rows_of(Slot::residual_grad, mb, sb);
+    const Tensor scratch = m_.scratch_narrow.rows(0, tokens_);
+    if (layer_.pre_norm.present()) {
+      layer_.pre_norm.backward(input_grad, residual(checkpoint), norm_stats(internals), scratch);
+      kernels::add(residual_grad, scratch, residual_grad);
+    } else {
+      kernels::add(residual_grad, input_grad, residual_grad);
+    }
+    layer_.epilogue.backward(m_, ctx, mb, sb, layer_.at.rows, layer_.at.first_row, residual_grad,
+                             rows_of(Slot::output_grad, mb, sb), epilogue_kept(checkpoint), scratch);
+  }
+
+  const ModelContext& m_;
+  LayerSpec layer_;
+  std::int64_t tokens_;
+  // deferred_: the stash of an input-only backward (the output gradient, then what the
+  // segment adds).
+  SetLayout checkpoint_, internals_, core_, deferred_;
+  std::int64_t stash_output_grad_ = 0;             // in deferred_
+  std::int64_t residual_ = 0;                // in checkpoint_
+  ResidualEpilogue::KeptPieces epilogue_kept_;  // in checkpoint_
+  std::int64_t norm_out_ = 0;                 // in internals_
+  int norm_stats_ = -1;                       // in internals_
+};
+
+}  // namespace oases::ops::detail
