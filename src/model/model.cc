@@ -199,8 +199,17 @@ class Model::Builder final : public ParamResolver {
     OASES_ASSERT(!reshards || m_.options_.tp_subgroup,
                  "per-layer degrees need the tensor-parallel sub-groups");
     ops::ModelContext& ctx = m_.context_;
+    std::int64_t moe_rows = 0;
+    for (const LayerRange& range : m_.options_.layer_ranges)
+      for (std::int64_t l = range.begin; l < range.end; ++l) {
+        if (!c_.is_moe_layer(l)) continue;
+        ops::MoeSpec moe;
+        moe_spec_settings(c_, moe);
+        moe_rows = std::max(moe_rows, ops::moe_slot_rows(moe.router, moe.group_tokens,
+                                                         placement(l).rows * c_.seq_len));
+      }
     ctx.slots.allocate(m_.arena_, ctx.dtype, ctx.slot_lanes, ctx.sub_batches, ctx.tokens(), c_.hidden,
-                       reshards);
+                       reshards, moe_rows);
   }
 
   void add_embedding() {
@@ -280,8 +289,12 @@ class Model::Builder final : public ParamResolver {
     moe.at = block.at;
     moe.epilogue = ops::ResidualEpilogue(arch_.epilogue_into_mlp(layer, attention_id, *this));
     moe.stats = &m_.moe_stats_[static_cast<std::size_t>(layer)];
+    moe.expert_ranks = context().ep->size();
     scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(moe, c_.seq_len));
-    m_.segments_.push_back(ops::make_moe_segment(next_id(), context(), std::move(moe)));
+    const int dispatch = next_id();
+    ops::append_moe_segments(dispatch, context(), moe, m_.segments_);
+    // The experts read the layer's parameters the dispatch resolved.
+    groups_of_segment_[dispatch + 1] = groups_of_segment_[dispatch];
   }
 
   void add_head() {
@@ -407,6 +420,7 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   context_.sub_batches = options_.sub_batches;
   context_.slot_lanes = options_.slot_lanes;
   context_.tp = options_.tp;
+  context_.ep = options_.ep ? options_.ep : &self_ep_;
   context_.seed = options_.seed;
   context_.dropout = config_.dropout;
   context_.store = &store_;

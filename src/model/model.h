@@ -56,6 +56,9 @@ struct ModelOptions {
   // The tensor-parallel group this rank belongs to (a group of one: the whole model here); it
   // must outlive the model.
   comm::Communicator* tp = nullptr;
+  // The expert-parallel group (null: a group of one, every expert here); it must outlive the
+  // model.
+  comm::Communicator* ep = nullptr;
   // One degree per layer (each dividing tp's size; empty: all at tp's size); degrees below it
   // take their groups from tp_subgroup.
   std::vector<int> layer_degrees;
@@ -174,6 +177,7 @@ class Model {
   ops::ActivationStore store_;
   ops::ModelContext context_;
   ops::LossAccumulator loss_;
+  comm::SelfCommunicator self_ep_{"ep"};
   std::vector<ops::MoeLayerStats> moe_stats_;  // sized once: segments hold pointers into it
   std::vector<std::unique_ptr<ops::Segment>> segments_;
   ops::Program program_;

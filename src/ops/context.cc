@@ -6,14 +6,25 @@
 namespace oases::ops {
 
 void Slots::allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std::int64_t tokens,
-                     std::int64_t hidden, bool with_reshard) {
+                     std::int64_t hidden, bool with_reshard, std::int64_t moe_rows) {
   OASES_ASSERT(lanes >= 1 && sub_batches >= 1, "{} lanes of {} sub-batches", lanes, sub_batches);
   lanes_ = lanes;
   sub_batches_ = sub_batches;
   per_lane_.assign(static_cast<std::size_t>(lanes * sub_batches), {});
   for (auto& slots : per_lane_) {
     for (int s = 0; s < kSlotCount; ++s) {
-      if (static_cast<Slot>(s) == Slot::reshard && !with_reshard) continue;
+      const auto slot = static_cast<Slot>(s);
+      if (slot == Slot::reshard && !with_reshard) continue;
+      if (slot >= Slot::moe_send) {
+        if (moe_rows == 0) continue;
+        if (slot == Slot::moe_residual) {
+          slots[static_cast<std::size_t>(s)] = arena.allocate(dtype, {tokens, hidden});
+          continue;
+        }
+        slots[static_cast<std::size_t>(s)] =
+            arena.allocate(dtype, {moe_rows, slot == Slot::moe_routing ? 2 : hidden + 2});
+        continue;
+      }
       slots[static_cast<std::size_t>(s)] = arena.allocate(dtype, {tokens, hidden});
     }
   }

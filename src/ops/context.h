@@ -29,15 +29,27 @@ enum class Slot : std::uint8_t {
   input_grad,     // partial gradient of a block's input (the backward collective's buffer);
                   // also the gradient rows a reshard gathers in backward
   reshard,        // rows a reshard gathers in forward (present only where the degree changes)
+  // Mixture-of-experts layers only ([MoE rows, hidden + 2]: a token's row and its global sample
+  // and position; routing [MoE rows, 2]): what the dispatch and combine all-to-alls send and
+  // receive in forward, the same for the gradients in backward, and the routing (token,
+  // weight) of every slot the dispatch hands the combine, and the residual-stream value h it
+  // hands the combine ([tokens, hidden]), which keeps it for the next epilogue.
+  moe_send,
+  moe_recv,
+  moe_grad_send,
+  moe_grad_recv,
+  moe_routing,
+  moe_residual,
 };
-inline constexpr int kSlotCount = 5;
+inline constexpr int kSlotCount = 11;
 
 class Slots {
  public:
-  // Allocates every slot (reshard only when `with_reshard`) for `lanes` x `sub_batches`
-  // (micro-batch lane, sub-batch) pairs of `tokens` x `hidden` elements of `dtype` from `arena`.
+  // Allocates every slot (reshard only when `with_reshard`, the MoE slots only when moe_rows
+  // > 0) for `lanes` x `sub_batches` (micro-batch lane, sub-batch) pairs of `tokens` x `hidden`
+  // elements of `dtype` from `arena`.
   void allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std::int64_t tokens,
-                std::int64_t hidden, bool with_reshard);
+                std::int64_t hidden, bool with_reshard, std::int64_t moe_rows = 0);
   // [tokens, hidden]: the slot of micro-batch `micro_batch` (lane micro_batch % lanes) and
   // sub-batch `sub_batch`.
   const Tensor& at(Slot slot, int micro_batch, int sub_batch) const;
@@ -77,6 +89,9 @@ struct ModelContext {
   // (schedule::slot_lanes), else 1.
   int slot_lanes = 1;
   comm::Communicator* tp = nullptr;  // the tensor-parallel group (a group of one: no TP)
+  // The expert-parallel group: the ranks among which MoE layers dispatch tokens (a group of one:
+  // every expert on this rank).
+  comm::Communicator* ep = nullptr;
   std::uint64_t seed = 0;            // keys dropout masks
   double dropout = 0;                // probability at every dropout site
   ActivationStore* store = nullptr;

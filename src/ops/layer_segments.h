@@ -64,18 +64,23 @@ struct MlpSpec : LayerSpec {
 };
 
 // A mixture-of-experts feed-forward block (ops/moe.h has the routing) in place of MlpSpec, at
-// degree 1 (every expert whole on this rank):
+// degree 1, as three segments with the expert-parallel all-to-alls between them:
 //
-//   MoeSegment        h = epilogue(previous output)  [checkpoint]
-//                     -> [pre-norm] -> router logits (and noise logits) -> route each group
-//                     -> per expert: gather its tokens -> up -> activation [-> expert dropout]
-//                        -> down (with its bias)  [internals: logits, every expert's rows]
-//                     -> output = sum over a token's experts of weight x expert output
-//                                                                          | AR(output)
+//   moe_dispatch.l    h = epilogue(previous output)  [checkpoint]
+//                     -> [pre-norm] -> router logits (and noise logits)  [internals]
+//                     -> route each group; each slot's token row into the dispatch buffer
+//                                                         | A2A(dispatch) over the ep group
+//   experts.l         the rows that arrived  [checkpoint]
+//                     -> per local expert: up -> activation [-> expert dropout]  [internals]
+//                     -> down (with its bias) into the same rows  | A2A(combine)
+//   moe_combine.l     the rows that came back, and the routing  [checkpoint]
+//                     -> output = sum over a token's slots of weight x row  | AR (one rank)
 //
-// The expert rows of expert e are rows [e * expert_rows, ...) of the internals' expert pieces,
-// filled in group order, then slot order; expert_rows = groups x the larger of the training and
-// evaluation capacities. Routing is recomputed from the kept logits wherever it is needed.
+// Backward runs the other way: the combine sends each row's gradient (weight x the output's
+// gradient) back to its expert (A2A), the experts send their inputs' gradients back to the
+// tokens (A2A), and the dispatch adds them to its tokens' gradients together with the router's
+// (from the weights' gradients the combine formed). Every all-to-all exchanges whole buffers of
+// experts x groups x capacity rows (empty slots included), so its blocks are equal and fixed.
 struct ExpertSpec {
   std::vector<ColumnParallelLinear> up;  // FC1 (GPT), or gate and up (LLaMA)
   ColumnParallelLinear down;             // back to hidden, with the expert's bias where it has one
@@ -85,7 +90,8 @@ struct MoeSpec : LayerSpec {
   MoeRouterSpec router;
   ColumnParallelLinear router_linear;     // x [n, C] -> logits [n, E]
   ColumnParallelLinear noise_linear;      // x -> noise logits (noisy-topk with noise only)
-  std::vector<ExpertSpec> experts;
+  std::vector<ExpertSpec> experts;        // this rank's experts (experts / expert_ranks)
+  int expert_ranks = 1;                   // the expert-parallel group's size
   MlpActivation activation;               // the experts' activation and hidden width
   std::int64_t group_tokens = 0;          // tokens per dispatch group
   double expert_dropout = 0;
@@ -100,6 +106,12 @@ std::int64_t scratch_wide_elements(const MoeSpec& spec, std::int64_t seq_len);
 std::unique_ptr<Segment> make_attention_segment(int id, const ModelContext& model,
                                                 AttentionSpec spec);
 std::unique_ptr<Segment> make_mlp_segment(int id, const ModelContext& model, MlpSpec spec);
-std::unique_ptr<Segment> make_moe_segment(int id, const ModelContext& model, MoeSpec spec);
+// Appends the three segments of an MoE layer, ids first_id .. first_id + 2.
+void append_moe_segments(int first_id, const ModelContext& model, const MoeSpec& spec,
+                         std::vector<std::unique_ptr<Segment>>& segments);
+// Rows of the MoE buffers of a segment instance of `tokens` tokens: experts x groups x the
+// larger of the training and evaluation capacities.
+std::int64_t moe_slot_rows(const MoeRouterSpec& router, std::int64_t group_tokens,
+                           std::int64_t tokens);
 
 }  // namespace oases::ops

@@ -1,5 +1,6 @@
-// The mixture-of-experts segment (ops/layer_segments.h, MoeSpec): routing from ops/moe.h,
-// experts built from the linear ops, all on this rank.
+// The three segments of a mixture-of-experts layer (ops/layer_segments.h, MoeSpec): dispatch,
+// experts and combine, with the expert-parallel all-to-alls between them. Routing comes from
+// ops/moe.h; the experts are built from the linear ops.
 #include "core/buffer.h"
 #include "core/error.h"
 #include "kernels/kernels.h"
@@ -9,10 +10,16 @@
 #include "ops/moe.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 #include <vector>
 
 namespace oases::ops {
+
+// The combine's gradient of every slot's weight, which the dispatch's backward reads: kept
+// under the combine's key (ops/activation_store.h numbers the other private sets).
+inline constexpr std::uint8_t kMoeWeightGradients = 128;
+
 namespace {
 
 int larger_capacity(const MoeSpec& spec) {
@@ -20,77 +27,134 @@ int larger_capacity(const MoeSpec& spec) {
                   moe_capacity(spec.router, spec.group_tokens, false));
 }
 
-// Rows each expert's pieces hold: every group's slots at the larger capacity.
-std::int64_t rows_per_expert(const MoeSpec& spec, std::int64_t tokens) {
-  return tokens / spec.group_tokens * larger_capacity(spec);
+// What the three segments of one layer share. Every MoE buffer holds `experts x rows` rows of
+// `width` = hidden + 2 columns: a token's activations, then its global sample and position
+// (sample -1: an empty slot). Sent buffers are expert-major (expert e's rows [e x rows, ...),
+// within them group-major: slot s of group g is row g x capacity_max + s), so block j of the
+// all-to-all holds the experts of rank j; a received buffer is [source rank][local expert][rows].
+struct MoeLayout {
+  int experts = 0;            // E, over every rank
+  int ranks = 1;              // the expert-parallel group
+  int rank = 0;
+  int local = 0;              // experts on each rank: E / ranks
+  std::int64_t groups = 0;    // dispatch groups per segment instance
+  int capacity_max = 0;       // slots per group and expert (training or evaluation, the larger)
+  std::int64_t rows = 0;      // per expert and source: groups x capacity_max
+  std::int64_t width = 0;     // hidden + 2
+  std::int64_t hidden = 0;
+
+  MoeLayout(const ModelContext& model, const MoeSpec& spec) {
+    experts = spec.router.experts;
+    ranks = spec.expert_ranks;
+    rank = model.ep ? model.ep->rank() : 0;
+    OASES_ASSERT(ranks == (model.ep ? model.ep->size() : 1), "{} expert ranks in a group of {}",
+                 ranks, model.ep ? model.ep->size() : 1);
+    local = experts / ranks;
+    const std::int64_t tokens = spec.at.rows * model.seq_len;
+    groups = tokens / spec.group_tokens;
+    capacity_max = larger_capacity(spec);
+    rows = groups * capacity_max;
+    hidden = model.hidden;
+    width = hidden + 2;
+  }
+  std::int64_t total_rows() const { return experts * rows; }
+  // The first row of (source, local expert) in a received buffer.
+  std::int64_t received(int source, int local_expert) const {
+    return (static_cast<std::int64_t>(source) * local + local_expert) * rows;
+  }
+};
+
+// Rows of a received buffer that hold tokens, per local expert: (row in the buffer).
+template <class T>
+std::vector<std::vector<std::int64_t>> filled_rows(const MoeLayout& layout, const T* buffer) {
+  std::vector<std::vector<std::int64_t>> filled(static_cast<std::size_t>(layout.local));
+  for (int e = 0; e < layout.local; ++e)
+    for (int source = 0; source < layout.ranks; ++source)
+      for (std::int64_t r = 0; r < layout.rows; ++r) {
+        const std::int64_t row = layout.received(source, e) + r;
+        if (buffer[row * layout.width + layout.hidden] >= T(0))
+          filled[static_cast<std::size_t>(e)].push_back(row);
+      }
+  return filled;
 }
 
-class MoeSegment final : public detail::LayerSegment {
+// The slots of one segment instance, recomputed from the logits wherever needed:
+// slot_token[row] (the token within the instance, -1: empty) and its weight, for every row of
+// a sent buffer.
+struct InstanceRouting {
+  int capacity = 0;
+  std::vector<std::int64_t> slot_token;
+  std::vector<double> slot_weight;
+};
+
+// The dispatch: epilogue into h, pre-norm, router, routing; its output is the dispatch buffer
+// (and the routing slot), its forward collective the dispatch all-to-all.
+class MoeDispatchSegment final : public detail::LayerSegment {
  public:
-  MoeSegment(int id, const ModelContext& model, MoeSpec spec)
-      : LayerSegment(id, model, spec), spec_(std::move(spec)) {
+  MoeDispatchSegment(int id, const ModelContext& model, MoeSpec spec)
+      : LayerSegment(id, model, spec), spec_(std::move(spec)), layout_(model, spec_) {
     OASES_CHECK(model.dtype == DType::f32 || model.dtype == DType::f64,
                 "{}: mixture-of-experts layers run in fp32 or fp64 (train.precision), not {}",
                 name(), dtype_name(model.dtype));
     OASES_CHECK(tokens_ % spec_.group_tokens == 0,
                 "{}: model.moe_group_size = {} tokens must divide the {} tokens a segment instance "
-                "processes (train.micro_batch / parallel.sub_batches sequences of model.seq_len); "
-                "choose a group size that divides it",
+                "processes (train.micro_batch / parallel.sub_batches sequences of model.seq_len, "
+                "split over the tensor-parallel replicas); choose a group size that divides it",
                 name(), spec_.group_tokens, tokens_);
-    OASES_ASSERT(static_cast<int>(spec_.experts.size()) == spec_.router.experts,
-                 "{}: {} experts built for a router over {}", name(), spec_.experts.size(),
-                 spec_.router.experts);
-    experts_ = spec_.router.experts;
-    groups_ = tokens_ / spec_.group_tokens;
-    rows_ = rows_per_expert(spec_, tokens_);
-    const std::int64_t E = experts_, C = model.hidden;
+    const std::int64_t E = layout_.experts;
     logits_ = internals_.add(tokens_ * E);
     if (has_noise()) noise_logits_ = internals_.add(tokens_ * E);
-    pre_ = internals_.add(E * rows_ * spec_.activation.input_width());
-    act_ = internals_.add(E * rows_ * spec_.activation.width());
-    out_ = internals_.add(E * rows_ * C);
     router_grads_ = Buffer(static_cast<std::size_t>(2 * tokens_ * E) * dtype_size(model.dtype));
   }
 
   SegmentShape shape() const override {
     SegmentShape shape = layer_shape(kCheckpoint | kInternals);
-    shape.has_weight_part = false;  // the routing gradient needs every expert's output first
+    shape.has_weight_part = false;  // the router's gradient needs the combine's first
     shape.deferred_gradient_bytes = 0;
+    shape.backward_stages = 1;      // at degree 1 nothing sums the input's gradient
+    shape.has_backward_collective = false;
+    shape.backward_collective_elements = 0;
+    shape.forward_kind = CollectiveKind::all_to_all;
+    shape.collective_ranks = layout_.ranks;
+    shape.forward_collective_elements = layout_.total_rows() * layout_.width;
     return shape;
+  }
+  CollectiveCall forward_collective(int mb, int sb) override {
+    return {CollectiveKind::all_to_all, comm::ReduceOp::sum, m_.ep,
+            m_.slot(Slot::moe_recv, mb, sb).view(0, {layout_.total_rows() * layout_.width}),
+            m_.slot(Slot::moe_send, mb, sb).view(0, {layout_.total_rows() * layout_.width})};
+  }
+  CollectiveCall backward_collective(int, int) override {
+    OASES_FAIL("{} has no backward collective", name());
   }
 
   void forward(const StepContext& ctx, int mb, int sb) override {
     dispatch(ctx, mb, sb, kCheckpoint | kInternals | kOutput, ctx.head_mode == HeadMode::train);
   }
+  void backward(const StepContext& ctx, int mb, int sb, int stage) override {
+    OASES_ASSERT(stage == 0, "{} has one backward stage", name());
+    if (m_.dtype == DType::f64) backward_typed<double>(ctx, mb, sb);
+    else backward_typed<float>(ctx, mb, sb);
+    backward_to_previous(ctx, mb, sb, store().get(key(mb, sb, kCheckpoint)),
+                         store().get(key(mb, sb, kInternals)));
+  }
+  void backward_input(const StepContext& ctx, int mb, int sb, int stage) override {
+    backward(ctx, mb, sb, stage);
+  }
 
  private:
-  // One filled slot: the token (within the instance) and its index into the instance's slot
-  // table [groups, experts, capacity].
-  struct Entry {
-    std::int64_t token;
-    std::int64_t slot;
-  };
-  struct InstanceRouting {
-    int capacity = 0;
-    std::vector<int> slot_token;       // [groups * experts * capacity], token within the group
-    std::vector<double> slot_weight;
-    std::vector<std::vector<Entry>> by_expert;
-  };
-
   bool has_noise() const {
     return spec_.router.gate == MoeGate::noisy_top_k && spec_.router.router_noise > 0;
   }
-
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) override {
     dispatch(ctx, mb, sb, parts, false);
+  }
+  void backward_body(const StepContext&, int, int, bool) override {
+    OASES_FAIL("{}: backward runs whole", name());
   }
   void dispatch(const StepContext& ctx, int mb, int sb, TensorSets parts, bool collect) {
     if (m_.dtype == DType::f64) run_typed<double>(ctx, mb, sb, parts, collect);
     else run_typed<float>(ctx, mb, sb, parts, collect);
-  }
-  void backward_body(const StepContext& ctx, int mb, int sb, bool) override {
-    if (m_.dtype == DType::f64) backward_typed<double>(ctx, mb, sb);
-    else backward_typed<float>(ctx, mb, sb);
   }
 
   MoeRandom random_of(const StepContext& ctx, int mb, int sb, std::int64_t group) const {
@@ -109,23 +173,27 @@ class MoeSegment final : public detail::LayerSegment {
   InstanceRouting route_instance(const StepContext& ctx, int mb, int sb, const Tensor& internals,
                                  MoeLayerStats* stats) const {
     InstanceRouting routing;
-    const std::int64_t S = spec_.group_tokens, E = experts_;
+    const std::int64_t S = spec_.group_tokens, E = layout_.experts;
     routing.capacity = moe_capacity(spec_.router, S, ctx.dropout_enabled);
-    const auto cap = static_cast<std::int64_t>(routing.capacity);
-    const auto table = static_cast<std::size_t>(groups_ * E * cap);
-    routing.slot_token.assign(table, -1);
-    routing.slot_weight.assign(table, 0);
-    routing.by_expert.assign(static_cast<std::size_t>(E), {});
+    const int cap = routing.capacity;
+    routing.slot_token.assign(static_cast<std::size_t>(layout_.total_rows()), -1);
+    routing.slot_weight.assign(routing.slot_token.size(), 0);
     const T* logits = internals.data<T>() + logits_;
     const T* noise = has_noise() ? internals.data<T>() + noise_logits_ : nullptr;
-    std::vector<T> weights(static_cast<std::size_t>(E * cap));
-    for (std::int64_t g = 0; g < groups_; ++g) {
-      const std::size_t at = static_cast<std::size_t>(g * E * cap);
-      const MoeGroupStats group = moe_route<T>(
-          spec_.router, random_of(ctx, mb, sb, g), S, logits + g * S * E,
-          noise ? noise + g * S * E : nullptr, routing.capacity, &routing.slot_token[at], weights.data());
-      for (std::size_t i = 0; i < weights.size(); ++i)
-        routing.slot_weight[at + i] = static_cast<double>(weights[i]);
+    std::vector<int> tokens(static_cast<std::size_t>(E * cap));
+    std::vector<T> weights(tokens.size());
+    for (std::int64_t g = 0; g < layout_.groups; ++g) {
+      const MoeGroupStats group = moe_route<T>(spec_.router, random_of(ctx, mb, sb, g), S,
+                                               logits + g * S * E, noise ? noise + g * S * E : nullptr,
+                                               cap, tokens.data(), weights.data());
+      for (std::int64_t e = 0; e < E; ++e)
+        for (int s = 0; s < cap; ++s) {
+          const auto from = static_cast<std::size_t>(e * cap + s);
+          if (tokens[from] < 0) continue;
+          const auto row = static_cast<std::size_t>(e * layout_.rows + g * layout_.capacity_max + s);
+          routing.slot_token[row] = g * S + tokens[from];
+          routing.slot_weight[row] = static_cast<double>(weights[from]);
+        }
       if (stats) {
         for (std::size_t e = 0; e < group.tokens_per_expert.size(); ++e)
           stats->tokens_per_expert[e] += static_cast<double>(group.tokens_per_expert[e]);
@@ -136,102 +204,254 @@ class MoeSegment final : public detail::LayerSegment {
         stats->z_sum += group.z;
       }
     }
-    for (std::int64_t g = 0; g < groups_; ++g)
-      for (std::int64_t e = 0; e < E; ++e)
-        for (std::int64_t s = 0; s < cap; ++s) {
-          const std::int64_t slot = (g * E + e) * cap + s;
-          const int token = routing.slot_token[static_cast<std::size_t>(slot)];
-          if (token >= 0) routing.by_expert[static_cast<std::size_t>(e)].push_back({g * S + token, slot});
-        }
     return routing;
-  }
-
-  // Views of expert e's first n rows in the internals.
-  Tensor expert_rows(const Tensor& internals, std::int64_t piece, std::int64_t e, std::int64_t n,
-                     std::int64_t width) const {
-    return internals.view(piece + e * rows_ * width, {n, width});
-  }
-
-  template <class T>
-  static void gather(const Tensor& from, const std::vector<Entry>& entries, const Tensor& to) {
-    const std::int64_t C = from.dim(1);
-    for (std::size_t i = 0; i < entries.size(); ++i)
-      std::copy_n(from.data<T>() + entries[i].token * C, C, to.data<T>() + static_cast<std::int64_t>(i) * C);
-  }
-
-  // Expert dropout on expert e's hidden activations [n, F] (or its gradient), in place.
-  template <class T>
-  void expert_dropout(const StepContext& ctx, int mb, int sb, std::int64_t e,
-                      const std::vector<Entry>& entries, const Tensor& a) const {
-    const double p = spec_.expert_dropout;
-    if (p == 0 || !ctx.dropout_enabled) return;
-    const kernels::DropoutSite site{m_.seed, static_cast<std::uint32_t>(ctx.step),
-                                    static_cast<std::uint32_t>(layer_.layer), kDropoutSiteExpert};
-    const std::int64_t first = global_sample(m_, ctx, mb, sb, layer_.at.first_row);
-    const std::int64_t F = a.dim(1);
-    const T scale = static_cast<T>(1.0 / (1.0 - p));
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      const std::int64_t token = entries[i].token;
-      T* row = a.data<T>() + static_cast<std::int64_t>(i) * F;
-      for (std::int64_t f = 0; f < F; ++f)
-        row[f] = kernels::cpu::dropout_keep(site, p, first + token / m_.seq_len,
-                                            token % m_.seq_len, e * F + f)
-                     ? row[f] * scale
-                     : T(0);
-    }
   }
 
   template <class T>
   void run_typed(const StepContext& ctx, int mb, int sb, TensorSets parts, bool collect) {
-    const std::int64_t C = m_.hidden, E = experts_;
-    const MlpActivation& act = spec_.activation;
+    const std::int64_t E = layout_.experts, C = m_.hidden, W = layout_.width;
     const Tensor checkpoint = acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_);
     const Tensor internals = acquire_or_get(mb, sb, kInternals, parts, internals_);
     if (parts & kCheckpoint) run_epilogue(ctx, mb, sb, checkpoint);
-    if (!(parts & (kInternals | kOutput))) return;
     const Tensor x = body_input(checkpoint, internals);
     if (parts & kInternals) {
       run_pre_norm(checkpoint, internals);
       spec_.router_linear.forward(x, matrix(internals, logits_, E), m_.gemm16);
       if (has_noise()) spec_.noise_linear.forward(x, matrix(internals, noise_logits_, E), m_.gemm16);
     }
-    if (collect && spec_.stats && spec_.stats->tokens_per_expert.empty()) spec_.stats->reset(experts_);
+    if (!(parts & kOutput)) return;
+    if (collect && spec_.stats && spec_.stats->tokens_per_expert.empty()) spec_.stats->reset(static_cast<int>(E));
     const InstanceRouting routing =
         route_instance<T>(ctx, mb, sb, internals, collect ? spec_.stats : nullptr);
-    if (parts & kInternals) {
-      const Tensor gathered = m_.scratch_wide.view(0, {rows_, C});
-      for (std::int64_t e = 0; e < E; ++e) {
-        const auto& entries = routing.by_expert[static_cast<std::size_t>(e)];
-        const auto n = static_cast<std::int64_t>(entries.size());
-        if (n == 0) continue;
-        const ExpertSpec& expert = spec_.experts[static_cast<std::size_t>(e)];
-        const Tensor input = gathered.rows(0, n);
-        gather<T>(x, entries, input);
-        const Tensor pre = expert_rows(internals, pre_, e, n, act.input_width());
-        const Tensor hidden = expert_rows(internals, act_, e, n, act.width());
-        if (expert.up.size() == 1) {
-          expert.up[0].forward(input, pre, m_.gemm16);
-        } else {
-          expert.up[0].forward(input, pre.columns(0, act.width()), m_.gemm16);
-          expert.up[1].forward(input, pre.columns(act.width(), 2 * act.width()), m_.gemm16);
-        }
-        act.forward(pre, hidden);
-        expert_dropout<T>(ctx, mb, sb, e, entries, hidden);
-        expert.down.forward(hidden, expert_rows(internals, out_, e, n, C), m_.gemm16);
+    // The residual for the combine to keep; the dispatch buffer: each slot's token row and
+    // where it comes from; the routing for the combine.
+    kernels::copy(residual(checkpoint), rows_of(Slot::moe_residual, mb, sb));
+    T* send = m_.slot(Slot::moe_send, mb, sb).data<T>();
+    T* table = m_.slot(Slot::moe_routing, mb, sb).data<T>();
+    const std::int64_t first_sample = global_sample(m_, ctx, mb, sb, layer_.at.first_row);
+    const T* rows = x.data<T>();
+    for (std::int64_t row = 0; row < layout_.total_rows(); ++row) {
+      const std::int64_t token = routing.slot_token[static_cast<std::size_t>(row)];
+      T* out = send + row * W;
+      table[2 * row] = static_cast<T>(token);
+      table[2 * row + 1] = static_cast<T>(routing.slot_weight[static_cast<std::size_t>(row)]);
+      if (token < 0) {
+        std::fill_n(out, W, T(0));
+        out[C] = T(-1);
+        continue;
+      }
+      std::copy_n(rows + token * C, C, out);
+      out[C] = static_cast<T>(first_sample + token / m_.seq_len);
+      out[C + 1] = static_cast<T>(token % m_.seq_len);
+    }
+  }
+
+  template <class T>
+  void backward_typed(const StepContext& ctx, int mb, int sb) {
+    const std::int64_t C = m_.hidden, E = layout_.experts, S = spec_.group_tokens, W = layout_.width;
+    const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
+    const Tensor internals = store().get(key(mb, sb, kInternals));
+    const Tensor x = body_input(checkpoint, internals);
+    const InstanceRouting routing = route_instance<T>(ctx, mb, sb, internals, nullptr);
+    const Tensor dx = rows_of(Slot::input_grad, mb, sb);
+    kernels::zero(dx);
+    // Each slot's input gradient, back from its expert, onto its token.
+    const T* received = m_.slot(Slot::moe_grad_recv, mb, sb).data<T>();
+    T* d_x = dx.data<T>();
+    for (std::int64_t row = 0; row < layout_.total_rows(); ++row) {
+      const std::int64_t token = routing.slot_token[static_cast<std::size_t>(row)];
+      if (token < 0) continue;
+      const T* from = received + row * W;
+      T* to = d_x + token * C;
+      for (std::int64_t c = 0; c < C; ++c) to[c] += from[c];
+    }
+    // The router: the weights' gradients (from the combine) and the auxiliary terms back to
+    // the logits, then to x.
+    const ActivationKey weight_grads{id() + 2, mb, sb, kMoeWeightGradients};
+    const T* d_weight = store().get(weight_grads).data<T>();
+    const int cap = routing.capacity;
+    std::vector<T> group_grads(static_cast<std::size_t>(E * cap));
+    const Tensor d_logits = router_grads_.tensor(m_.dtype, {tokens_, E});
+    const Tensor d_noise = router_grads_.tensor(m_.dtype, {2 * tokens_, E}).rows(tokens_, 2 * tokens_);
+    const T* logits = internals.data<T>() + logits_;
+    const T* noise = has_noise() ? internals.data<T>() + noise_logits_ : nullptr;
+    const double per_group = static_cast<double>(S) * ctx.loss_gradient_scale;
+    for (std::int64_t g = 0; g < layout_.groups; ++g) {
+      for (std::int64_t e = 0; e < E; ++e)
+        for (int s = 0; s < cap; ++s)
+          group_grads[static_cast<std::size_t>(e * cap + s)] =
+              d_weight[e * layout_.rows + g * layout_.capacity_max + s];
+      moe_route_backward<T>(spec_.router, random_of(ctx, mb, sb, g), S, logits + g * S * E,
+                            noise ? noise + g * S * E : nullptr, cap, group_grads.data(),
+                            spec_.router.aux_coef * per_group, spec_.router.z_coef * per_group,
+                            d_logits.data<T>() + g * S * E,
+                            noise ? d_noise.data<T>() + g * S * E : nullptr);
+    }
+    store().release(weight_grads);
+    spec_.router_linear.backward(d_logits, x, dx, true, m_.gemm16);
+    if (has_noise()) spec_.noise_linear.backward(d_noise, x, dx, true, m_.gemm16);
+  }
+
+  MoeSpec spec_;
+  MoeLayout layout_;
+  std::int64_t logits_ = 0, noise_logits_ = 0;  // in internals_
+  Buffer router_grads_;  // d(logits) and d(noise logits) [tokens, E] each
+};
+
+// The experts: this rank's experts on the rows the dispatch all-to-all brought. Checkpoint: those
+// rows; internals: each expert's activations. Output: the experts' outputs in the same rows,
+// which the combine all-to-all sends back; backward: the rows' gradients, sent back by the
+// backward all-to-all.
+class MoeExpertsSegment final : public Segment {
+ public:
+  MoeExpertsSegment(int id, const ModelContext& model, MoeSpec spec)
+      : Segment(id, *model.store), m_(model), spec_(std::move(spec)), layout_(model, spec_),
+        name_("experts." + std::to_string(spec_.layer)), checkpoint_(model.dtype), internals_(model.dtype) {
+    OASES_ASSERT(static_cast<int>(spec_.experts.size()) == layout_.local,
+                 "{}: {} experts built for {} per rank", name_, spec_.experts.size(), layout_.local);
+    const std::int64_t rows = layout_.total_rows();
+    input_ = checkpoint_.add(rows * layout_.width);
+    pre_ = internals_.add(rows * spec_.activation.input_width());
+    act_ = internals_.add(rows * spec_.activation.width());
+  }
+  const std::string& name() const override { return name_; }
+  SegmentShape shape() const override {
+    SegmentShape shape;
+    shape.name = name_;
+    shape.has_forward_collective = shape.has_backward_collective = true;
+    shape.backward_stages = 2;
+    shape.forward_kind = shape.backward_kind = CollectiveKind::all_to_all;
+    shape.collective_ranks = layout_.ranks;
+    shape.degree = spec_.at.degree;
+    shape.layer = spec_.layer;
+    shape.recomputable = true;
+    shape.sets = kCheckpoint | kInternals;
+    shape.checkpoint_bytes = checkpoint_.bytes();
+    shape.internals_bytes = internals_.bytes();
+    shape.forward_collective_elements = shape.backward_collective_elements =
+        layout_.total_rows() * layout_.width;
+    return shape;
+  }
+  CollectiveCall forward_collective(int mb, int sb) override {
+    return a2a(Slot::moe_send, Slot::moe_recv, mb, sb);
+  }
+  CollectiveCall backward_collective(int mb, int sb) override {
+    return a2a(Slot::moe_grad_send, Slot::moe_grad_recv, mb, sb);
+  }
+
+  void forward(const StepContext& ctx, int mb, int sb) override {
+    run(ctx, mb, sb, kCheckpoint | kInternals | kOutput);
+  }
+  void recompute(const StepContext& ctx, int mb, int sb, TensorSets sets) override {
+    run(ctx, mb, sb, sets);
+  }
+  void backward(const StepContext& ctx, int mb, int sb, int stage) override {
+    if (stage == 1) return;  // the gradients went back to their tokens' ranks
+    if (m_.dtype == DType::f64) backward_typed<double>(ctx, mb, sb);
+    else backward_typed<float>(ctx, mb, sb);
+  }
+
+ private:
+  CollectiveCall a2a(Slot send, Slot receive, int mb, int sb) const {
+    const std::int64_t n = layout_.total_rows() * layout_.width;
+    return {CollectiveKind::all_to_all, comm::ReduceOp::sum, m_.ep,
+            m_.slot(receive, mb, sb).view(0, {n}), m_.slot(send, mb, sb).view(0, {n})};
+  }
+  void run(const StepContext& ctx, int mb, int sb, TensorSets parts) {
+    if (m_.dtype == DType::f64) run_typed<double>(ctx, mb, sb, parts);
+    else run_typed<float>(ctx, mb, sb, parts);
+  }
+  Tensor acquire_or_get(int mb, int sb, TensorSet set, TensorSets parts, const SetLayout& layout) {
+    return (parts & set) ? store().acquire(key(mb, sb, set), layout.dtype(), layout.elements(),
+                                           layout.encodable_elements())
+                         : store().get(key(mb, sb, set));
+  }
+  // Expert e's first n rows of an internals piece of `width` columns.
+  Tensor piece(const Tensor& internals, std::int64_t offset, int e, std::int64_t n,
+               std::int64_t width) const {
+    return internals.view(offset + e * layout_.ranks * layout_.rows * width, {n, width});
+  }
+  template <class T>
+  static void gather(const T* rows, std::int64_t row_width, const std::vector<std::int64_t>& which,
+                     std::int64_t columns, const Tensor& to) {
+    for (std::size_t i = 0; i < which.size(); ++i)
+      std::copy_n(rows + which[i] * row_width, columns,
+                  to.data<T>() + static_cast<std::int64_t>(i) * columns);
+  }
+  // Expert dropout on local expert e's hidden activations (or their gradient) [n, F], in place,
+  // keyed by each row's global sample and position.
+  template <class T>
+  void expert_dropout(const StepContext& ctx, int e, const T* input,
+                      const std::vector<std::int64_t>& which, const Tensor& a) const {
+    const double p = spec_.expert_dropout;
+    if (p == 0 || !ctx.dropout_enabled) return;
+    const kernels::DropoutSite site{m_.seed, static_cast<std::uint32_t>(ctx.step),
+                                    static_cast<std::uint32_t>(spec_.layer), kDropoutSiteExpert};
+    const std::int64_t F = a.dim(1), W = layout_.width, C = layout_.hidden;
+    const std::int64_t global_expert = static_cast<std::int64_t>(layout_.rank) * layout_.local + e;
+    const T scale = static_cast<T>(1.0 / (1.0 - p));
+    for (std::size_t i = 0; i < which.size(); ++i) {
+      const T* header = input + which[i] * W + C;
+      const auto sample = static_cast<std::int64_t>(header[0]);
+      const auto position = static_cast<std::int64_t>(header[1]);
+      T* row = a.data<T>() + static_cast<std::int64_t>(i) * F;
+      for (std::int64_t f = 0; f < F; ++f)
+        row[f] = kernels::cpu::dropout_keep(site, p, sample, position, global_expert * F + f)
+                     ? row[f] * scale
+                     : T(0);
+    }
+  }
+
+  template <class T>
+  void run_typed(const StepContext& ctx, int mb, int sb, TensorSets parts) {
+    const MlpActivation& act = spec_.activation;
+    const std::int64_t C = layout_.hidden, W = layout_.width, F = act.width();
+    const Tensor checkpoint = acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_);
+    const Tensor internals = acquire_or_get(mb, sb, kInternals, parts, internals_);
+    const std::int64_t n_all = layout_.total_rows();
+    if (parts & kCheckpoint)
+      kernels::copy(m_.slot(Slot::moe_recv, mb, sb).view(0, {n_all * W}),
+                    checkpoint.view(input_, {n_all * W}));
+    if (!(parts & (kInternals | kOutput))) return;
+    const T* input = checkpoint.data<T>() + input_;
+    const auto filled = filled_rows(layout_, input);
+    const Tensor gathered = m_.scratch_wide.view(0, {layout_.ranks * layout_.rows, C});
+    const Tensor outputs = m_.scratch_wide.view(layout_.ranks * layout_.rows * C,
+                                                {layout_.ranks * layout_.rows, C});
+    T* send = m_.slot(Slot::moe_send, mb, sb).data<T>();
+    if (parts & kOutput) {
+      // Empty slots go back empty.
+      for (std::int64_t row = 0; row < n_all; ++row) {
+        std::fill_n(send + row * W, W, T(0));
+        send[row * W + C] = T(-1);
       }
     }
-    if (parts & kOutput) {
-      const Tensor output = rows_of(Slot::output, mb, sb);
-      kernels::zero(output);
-      T* y = output.data<T>();
-      for (std::int64_t e = 0; e < E; ++e) {
-        const auto& entries = routing.by_expert[static_cast<std::size_t>(e)];
-        const T* out = internals.data<T>() + out_ + e * rows_ * C;
-        for (std::size_t i = 0; i < entries.size(); ++i) {
-          const T w = static_cast<T>(routing.slot_weight[static_cast<std::size_t>(entries[i].slot)]);
-          T* row = y + entries[i].token * C;
-          const T* source = out + static_cast<std::int64_t>(i) * C;
-          for (std::int64_t c = 0; c < C; ++c) row[c] += w * source[c];
+    for (int e = 0; e < layout_.local; ++e) {
+      const auto& which = filled[static_cast<std::size_t>(e)];
+      const auto n = static_cast<std::int64_t>(which.size());
+      if (n == 0) continue;
+      const ExpertSpec& expert = spec_.experts[static_cast<std::size_t>(e)];
+      const Tensor pre = piece(internals, pre_, e, n, act.input_width());
+      const Tensor hidden = piece(internals, act_, e, n, F);
+      if (parts & kInternals) {
+        const Tensor x = gathered.rows(0, n);
+        gather(input, W, which, C, x);
+        if (expert.up.size() == 1) {
+          expert.up[0].forward(x, pre, m_.gemm16);
+        } else {
+          expert.up[0].forward(x, pre.columns(0, F), m_.gemm16);
+          expert.up[1].forward(x, pre.columns(F, 2 * F), m_.gemm16);
+        }
+        act.forward(pre, hidden);
+        expert_dropout<T>(ctx, e, input, which, hidden);
+      }
+      if (parts & kOutput) {
+        const Tensor y = outputs.rows(0, n);
+        expert.down.forward(hidden, y, m_.gemm16);
+        for (std::int64_t i = 0; i < n; ++i) {
+          T* row = send + which[static_cast<std::size_t>(i)] * W;
+          std::copy_n(y.data<T>() + i * C, C, row);
+          std::copy_n(input + which[static_cast<std::size_t>(i)] * W + C, 2, row + C);
         }
       }
     }
@@ -239,97 +459,203 @@ class MoeSegment final : public detail::LayerSegment {
 
   template <class T>
   void backward_typed(const StepContext& ctx, int mb, int sb) {
-    const std::int64_t C = m_.hidden, E = experts_, S = spec_.group_tokens;
     const MlpActivation& act = spec_.activation;
+    const std::int64_t C = layout_.hidden, W = layout_.width, F = act.width();
+    const std::int64_t n_all = layout_.total_rows(), per_expert = layout_.ranks * layout_.rows;
     const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
     const Tensor internals = store().get(key(mb, sb, kInternals));
-    const Tensor x = body_input(checkpoint, internals);
-    const InstanceRouting routing = route_instance<T>(ctx, mb, sb, internals, nullptr);
-    const std::int64_t cap = routing.capacity;
-    const Tensor dy = rows_of(Slot::output_grad, mb, sb);
-    const Tensor dx = rows_of(Slot::input_grad, mb, sb);
-    kernels::zero(dx);
-    std::vector<T> d_weight(routing.slot_weight.size(), T(0));
-    // Scratch: gathered inputs, then output gradients (reused for the inputs' gradients),
-    // then the activation's and its input's gradients.
-    const Tensor gathered = m_.scratch_wide.view(0, {rows_, C});
-    const Tensor d_rows = m_.scratch_wide.view(rows_ * C, {rows_, C});
-    const Tensor d_hidden = m_.scratch_wide.view(2 * rows_ * C, {rows_, act.width()});
-    const Tensor d_pre =
-        m_.scratch_wide.view(rows_ * (2 * C + act.width()), {rows_, act.input_width()});
-    for (std::int64_t e = 0; e < E; ++e) {
-      const auto& entries = routing.by_expert[static_cast<std::size_t>(e)];
-      const auto n = static_cast<std::int64_t>(entries.size());
+    const T* input = checkpoint.data<T>() + input_;
+    const auto filled = filled_rows(layout_, input);
+    const T* d_out = m_.slot(Slot::moe_grad_recv, mb, sb).data<T>();
+    T* d_send = m_.slot(Slot::moe_grad_send, mb, sb).data<T>();
+    std::fill_n(d_send, n_all * W, T(0));
+    // Scratch: gathered inputs, output gradients (then the inputs' gradients), the hidden
+    // activations' and the up projections' gradients.
+    const Tensor gathered = m_.scratch_wide.view(0, {per_expert, C});
+    const Tensor d_rows = m_.scratch_wide.view(per_expert * C, {per_expert, C});
+    const Tensor d_hidden = m_.scratch_wide.view(2 * per_expert * C, {per_expert, F});
+    const Tensor d_pre = m_.scratch_wide.view(per_expert * (2 * C + F), {per_expert, act.input_width()});
+    for (int e = 0; e < layout_.local; ++e) {
+      const auto& which = filled[static_cast<std::size_t>(e)];
+      const auto n = static_cast<std::int64_t>(which.size());
       if (n == 0) continue;
       const ExpertSpec& expert = spec_.experts[static_cast<std::size_t>(e)];
-      const T* out = internals.data<T>() + out_ + e * rows_ * C;
-      const T* grad = dy.data<T>();
-      T* d_out = d_rows.data<T>();
-      for (std::int64_t i = 0; i < n; ++i) {
-        const Entry& entry = entries[static_cast<std::size_t>(i)];
-        const T w = static_cast<T>(routing.slot_weight[static_cast<std::size_t>(entry.slot)]);
-        const T* g = grad + entry.token * C;
-        double dot = 0;
-        for (std::int64_t c = 0; c < C; ++c) {
-          dot += static_cast<double>(out[i * C + c]) * static_cast<double>(g[c]);
-          d_out[i * C + c] = w * g[c];
-        }
-        d_weight[static_cast<std::size_t>(entry.slot)] = static_cast<T>(dot);
-      }
-      const Tensor hidden = expert_rows(internals, act_, e, n, act.width());
-      const Tensor pre = expert_rows(internals, pre_, e, n, act.input_width());
-      const Tensor dh = d_hidden.rows(0, n), dp = d_pre.rows(0, n), input = gathered.rows(0, n);
-      expert.down.backward(d_rows.rows(0, n), hidden, dh, false, m_.gemm16);
-      expert_dropout<T>(ctx, mb, sb, e, entries, dh);
+      const Tensor pre = piece(internals, pre_, e, n, act.input_width());
+      const Tensor hidden = piece(internals, act_, e, n, F);
+      const Tensor dy = d_rows.rows(0, n), dh = d_hidden.rows(0, n), dp = d_pre.rows(0, n);
+      const Tensor x = gathered.rows(0, n);
+      gather(d_out, W, which, C, dy);
+      expert.down.backward(dy, hidden, dh, false, m_.gemm16);
+      expert_dropout<T>(ctx, e, input, which, dh);
       act.backward(pre, dh, dp);
-      gather<T>(x, entries, input);
-      const Tensor d_input = d_rows.rows(0, n);
+      gather(input, W, which, C, x);
+      const Tensor dx = d_rows.rows(0, n);  // dy is consumed
       if (expert.up.size() == 1) {
-        expert.up[0].backward(dp, input, d_input, false, m_.gemm16);
+        expert.up[0].backward(dp, x, dx, false, m_.gemm16);
       } else {
-        expert.up[0].backward(dp.columns(0, act.width()), input, d_input, false, m_.gemm16);
-        expert.up[1].backward(dp.columns(act.width(), 2 * act.width()), input, d_input, true,
-                              m_.gemm16);
+        expert.up[0].backward(dp.columns(0, F), x, dx, false, m_.gemm16);
+        expert.up[1].backward(dp.columns(F, 2 * F), x, dx, true, m_.gemm16);
       }
-      T* d_x = dx.data<T>();
-      for (std::int64_t i = 0; i < n; ++i) {
-        T* row = d_x + entries[static_cast<std::size_t>(i)].token * C;
-        const T* source = d_input.data<T>() + i * C;
-        for (std::int64_t c = 0; c < C; ++c) row[c] += source[c];
-      }
+      for (std::int64_t i = 0; i < n; ++i)
+        std::copy_n(dx.data<T>() + i * C, C, d_send + which[static_cast<std::size_t>(i)] * W);
     }
-    // The router: d(weights) and the auxiliary terms back to the logits, then to x.
-    const Tensor d_logits = router_grads_.tensor(m_.dtype, {tokens_, E});
-    const Tensor d_noise = router_grads_.tensor(m_.dtype, {2 * tokens_, E}).rows(tokens_, 2 * tokens_);
-    const T* logits = internals.data<T>() + logits_;
-    const T* noise = has_noise() ? internals.data<T>() + noise_logits_ : nullptr;
-    const double per_group = static_cast<double>(S) * ctx.loss_gradient_scale;
-    for (std::int64_t g = 0; g < groups_; ++g)
-      moe_route_backward<T>(spec_.router, random_of(ctx, mb, sb, g), S, logits + g * S * E,
-                            noise ? noise + g * S * E : nullptr, routing.capacity,
-                            d_weight.data() + g * E * cap, spec_.router.aux_coef * per_group,
-                            spec_.router.z_coef * per_group, d_logits.data<T>() + g * S * E,
-                            noise ? d_noise.data<T>() + g * S * E : nullptr);
-    spec_.router_linear.backward(d_logits, x, dx, true, m_.gemm16);
-    if (has_noise()) spec_.noise_linear.backward(d_noise, x, dx, true, m_.gemm16);
   }
 
+  const ModelContext& m_;
   MoeSpec spec_;
-  std::int64_t experts_ = 0, groups_ = 0, rows_ = 0;
-  std::int64_t logits_ = 0, noise_logits_ = 0, pre_ = 0, act_ = 0, out_ = 0;  // in internals_
-  Buffer router_grads_;  // d(logits) and d(noise logits) [tokens, E] each
+  MoeLayout layout_;
+  std::string name_;
+  SetLayout checkpoint_, internals_;
+  std::int64_t input_ = 0, pre_ = 0, act_ = 0;
+};
+
+// The combine: each token's experts' outputs, weighted, into the output slot (the next
+// segment's epilogue adds the residual). Checkpoint: the residual h (read by the next
+// epilogue, as every layer segment's checkpoint is), the returned rows and the routing; backward:
+// the rows' gradients go back to the experts by the backward all-to-all, the weights' gradients
+// to the dispatch.
+class MoeCombineSegment final : public Segment {
+ public:
+  MoeCombineSegment(int id, const ModelContext& model, MoeSpec spec)
+      : Segment(id, *model.store), m_(model), spec_(std::move(spec)), layout_(model, spec_),
+        name_("moe_combine." + std::to_string(spec_.layer)), checkpoint_(model.dtype),
+        tokens_(spec_.at.rows * model.seq_len) {
+    // First the residual h, where the next epilogue reads its residual (ops/epilogue.h).
+    residual_ = checkpoint_.add(tokens_ * m_.hidden);
+    returned_ = checkpoint_.add(layout_.total_rows() * layout_.width);
+    routing_ = checkpoint_.add(layout_.total_rows() * 2);
+  }
+  const std::string& name() const override { return name_; }
+  SegmentShape shape() const override {
+    SegmentShape shape;
+    shape.name = name_;
+    shape.has_forward_collective = shape.has_backward_collective = true;
+    shape.backward_stages = 2;
+    shape.forward_kind = CollectiveKind::all_reduce;  // over the layer's group: one rank at degree 1
+    shape.backward_kind = CollectiveKind::all_to_all;
+    shape.collective_ranks = layout_.ranks;
+    shape.degree = spec_.at.degree;
+    shape.layer = spec_.layer;
+    shape.recomputable = true;
+    shape.sets = kCheckpoint;
+    shape.checkpoint_bytes = checkpoint_.bytes();
+    shape.forward_collective_elements = tokens_ * m_.hidden;
+    shape.backward_collective_elements = layout_.total_rows() * layout_.width;
+    return shape;
+  }
+  CollectiveCall forward_collective(int mb, int sb) override {
+    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, spec_.at.group,
+            m_.slot_rows(Slot::output, mb, sb, spec_.at.rows), {}};
+  }
+  CollectiveCall backward_collective(int mb, int sb) override {
+    const std::int64_t n = layout_.total_rows() * layout_.width;
+    return {CollectiveKind::all_to_all, comm::ReduceOp::sum, m_.ep,
+            m_.slot(Slot::moe_grad_recv, mb, sb).view(0, {n}),
+            m_.slot(Slot::moe_grad_send, mb, sb).view(0, {n})};
+  }
+  void forward(const StepContext&, int mb, int sb) override { run(mb, sb, kCheckpoint | kOutput); }
+  void recompute(const StepContext&, int mb, int sb, TensorSets sets) override { run(mb, sb, sets); }
+  void backward(const StepContext&, int mb, int sb, int stage) override {
+    if (stage == 1) return;  // the rows' gradients went to the experts
+    if (m_.dtype == DType::f64) backward_typed<double>(mb, sb);
+    else backward_typed<float>(mb, sb);
+  }
+
+ private:
+  void run(int mb, int sb, TensorSets parts) {
+    if (m_.dtype == DType::f64) run_typed<double>(mb, sb, parts);
+    else run_typed<float>(mb, sb, parts);
+  }
+  template <class T>
+  void run_typed(int mb, int sb, TensorSets parts) {
+    const std::int64_t n = layout_.total_rows(), C = layout_.hidden, W = layout_.width;
+    const Tensor checkpoint = (parts & kCheckpoint)
+                                  ? store().acquire(key(mb, sb, kCheckpoint), checkpoint_.dtype(),
+                                                    checkpoint_.elements(), checkpoint_.encodable_elements())
+                                  : store().get(key(mb, sb, kCheckpoint));
+    if (parts & kCheckpoint) {
+      kernels::copy(m_.slot_rows(Slot::moe_residual, mb, sb, spec_.at.rows),
+                    checkpoint.view(residual_, {tokens_, C}));
+      kernels::copy(m_.slot(Slot::moe_recv, mb, sb).view(0, {n * W}), checkpoint.view(returned_, {n * W}));
+      kernels::copy(m_.slot(Slot::moe_routing, mb, sb).view(0, {n * 2}), checkpoint.view(routing_, {n * 2}));
+    }
+    if (!(parts & kOutput)) return;
+    const Tensor output = m_.slot_rows(Slot::output, mb, sb, spec_.at.rows);
+    kernels::zero(output);
+    T* y = output.data<T>();
+    const T* rows = checkpoint.data<T>() + returned_;
+    const T* table = checkpoint.data<T>() + routing_;
+    for (std::int64_t row = 0; row < n; ++row) {
+      const auto token = static_cast<std::int64_t>(table[2 * row]);
+      if (token < 0) continue;
+      const T w = table[2 * row + 1];
+      const T* from = rows + row * W;
+      T* to = y + token * C;
+      for (std::int64_t c = 0; c < C; ++c) to[c] += w * from[c];
+    }
+  }
+  template <class T>
+  void backward_typed(int mb, int sb) {
+    const std::int64_t n = layout_.total_rows(), C = layout_.hidden, W = layout_.width;
+    const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
+    const T* rows = checkpoint.data<T>() + returned_;
+    const T* table = checkpoint.data<T>() + routing_;
+    const T* dy = m_.slot_rows(Slot::output_grad, mb, sb, spec_.at.rows).data<T>();
+    T* d_send = m_.slot(Slot::moe_grad_send, mb, sb).data<T>();
+    T* d_weight = store().acquire(key(mb, sb, kMoeWeightGradients), m_.dtype, n).data<T>();
+    for (std::int64_t row = 0; row < n; ++row) {
+      T* to = d_send + row * W;
+      const auto token = static_cast<std::int64_t>(table[2 * row]);
+      if (token < 0) {
+        std::fill_n(to, W, T(0));
+        d_weight[row] = T(0);
+        continue;
+      }
+      const T w = table[2 * row + 1];
+      const T* g = dy + token * C;
+      const T* from = rows + row * W;
+      double dot = 0;
+      for (std::int64_t c = 0; c < C; ++c) {
+        dot += static_cast<double>(from[c]) * static_cast<double>(g[c]);
+        to[c] = w * g[c];
+      }
+      to[C] = from[C];
+      to[C + 1] = from[C + 1];
+      d_weight[row] = static_cast<T>(dot);
+    }
+  }
+
+  const ModelContext& m_;
+  MoeSpec spec_;
+  MoeLayout layout_;
+  std::string name_;
+  SetLayout checkpoint_;
+  std::int64_t tokens_;
+  std::int64_t residual_ = 0, returned_ = 0, routing_ = 0;  // in checkpoint_
 };
 
 }  // namespace
 
-std::int64_t scratch_wide_elements(const MoeSpec& spec, std::int64_t seq_len) {
-  const std::int64_t rows = rows_per_expert(spec, spec.at.rows * seq_len);
-  return rows * (2 * spec.experts.front().down.local_out() + spec.activation.width() +
-                 spec.activation.input_width());
+std::int64_t moe_slot_rows(const MoeRouterSpec& router, std::int64_t group_tokens,
+                           std::int64_t tokens) {
+  const int capacity = std::max(moe_capacity(router, group_tokens, true),
+                                moe_capacity(router, group_tokens, false));
+  return static_cast<std::int64_t>(router.experts) * (tokens / group_tokens) * capacity;
 }
 
-std::unique_ptr<Segment> make_moe_segment(int id, const ModelContext& model, MoeSpec spec) {
-  return std::make_unique<MoeSegment>(id, model, std::move(spec));
+std::int64_t scratch_wide_elements(const MoeSpec& spec, std::int64_t seq_len) {
+  // The experts' scratch: one expert's rows from every source rank.
+  const std::int64_t rows = moe_slot_rows(spec.router, spec.group_tokens, spec.at.rows * seq_len) /
+                            spec.router.experts * spec.expert_ranks;
+  const std::int64_t hidden = spec.experts.front().down.local_out();
+  return rows * (2 * hidden + spec.activation.width() + spec.activation.input_width());
+}
+
+void append_moe_segments(int first_id, const ModelContext& model, const MoeSpec& spec,
+                         std::vector<std::unique_ptr<Segment>>& segments) {
+  segments.push_back(std::make_unique<MoeDispatchSegment>(first_id, model, spec));
+  segments.push_back(std::make_unique<MoeExpertsSegment>(first_id + 1, model, spec));
+  segments.push_back(std::make_unique<MoeCombineSegment>(first_id + 2, model, spec));
 }
 
 }  // namespace oases::ops
