@@ -156,6 +156,7 @@ int train_on_mpi_ranks(const oases::train::RunConfig& config,
         mesh.emplace(oases::comm::Mesh::create(
             runtime, static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.dp),
             static_cast<int>(config.parallel.pp), comm_options));
+        mesh->add_expert_groups(static_cast<int>(config.parallel.ep), comm_options);
         summary = oases::train::run_training(run_config, options, *mesh);
       });
 }

@@ -114,6 +114,17 @@ Mesh Mesh::single_process(int tp, int dp, int pp) {
   return mesh;
 }
 
+void Mesh::add_expert_groups(int ep, MpiCommunicatorOptions options) {
+  OASES_ASSERT(ep >= 1 && dp_ % ep == 0, "expert parallelism over {} of {} data-parallel ranks", ep,
+               dp_);
+  ep_ = ep;
+  if (ep == 1) return;
+  ep_group_ = split(tp_rank_ + tp_ * (dp_rank_ / ep + dp_ / ep * pp_rank_), dp_rank_ % ep, "ep",
+                    options);
+  expert_replica_group_ = split(dp_rank_ % ep + ep * pp_rank_, world_rank(), "expert-replicas",
+                                options);
+}
+
 Communicator& Mesh::tp_replica_group(int degree) {
   OASES_ASSERT(degree >= 1 && tp_ % degree == 0, "degree {} does not divide tp = {}", degree, tp_);
   if (degree == tp_) return *dp_group_;

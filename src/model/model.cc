@@ -40,22 +40,27 @@ void moe_spec_settings(const ModelConfig& config, ops::MoeSpec& spec) {
 
 ParamLayout model_param_layout(const ModelConfig& config, int tp_rank, int tp_size,
                                const std::vector<int>& layer_degrees, std::int64_t first_layer,
-                               std::int64_t end_layer) {
+                               std::int64_t end_layer, int ep_rank, int ep_size) {
   if (end_layer < 0) end_layer = config.layers;
   return model_param_layout(config, tp_rank, tp_size, layer_degrees,
-                            {LayerRange{first_layer, end_layer}});
+                            {LayerRange{first_layer, end_layer}}, ep_rank, ep_size);
 }
 
 ParamLayout model_param_layout(const ModelConfig& config, int tp_rank, int tp_size,
                                const std::vector<int>& layer_degrees,
-                               const std::vector<LayerRange>& layer_ranges) {
+                               const std::vector<LayerRange>& layer_ranges, int ep_rank,
+                               int ep_size) {
   OASES_ASSERT(!layer_ranges.empty(), "a model instance holds at least one chunk");
+  OASES_ASSERT(ep_size >= 1 && ep_rank >= 0 && ep_rank < ep_size &&
+                   (!config.has_moe() || config.experts % ep_size == 0),
+               "expert rank {} of {} for {} experts", ep_rank, ep_size, config.experts);
   const auto architecture = make_architecture(config);
   const auto degree = [&](std::int64_t l) {
     return layer_degrees.empty() ? tp_size : layer_degrees[static_cast<std::size_t>(l)];
   };
   const bool embedding = layer_ranges.front().begin == 0;
   ParamLayout layout(tp_rank, tp_size);
+  layout.set_expert_ranks(ep_rank, ep_size);
   if (embedding) {
     layout.begin_group(0);
     architecture->add_embedding_parameters(layout);
@@ -338,9 +343,15 @@ class Model::Builder final : public ParamResolver {
     }
     for (const auto& [group, range] : m_.layout_.groups()) {
       OASES_ASSERT(first_user_.contains(group), "parameter group {} is used by no segment", group);
-      const int layer = group >= 1 && group <= c_.layers ? group - 1 : -1;
-      m_.buckets_.push_back({group, range.first, range.second, layer});
+      const bool experts = group >= expert_group_of(c_.layers, 0);
+      const int layer = experts                            ? group - expert_group_of(c_.layers, 0)
+                        : group >= 1 && group <= c_.layers ? group - 1
+                                                           : -1;
+      m_.buckets_.push_back({group, range.first, range.second, layer, experts});
     }
+    // In memory order (an MoE layer's expert group follows its layer's group).
+    std::sort(m_.buckets_.begin(), m_.buckets_.end(),
+              [](const Bucket& a, const Bucket& b) { return a.begin < b.begin; });
     for (int i = 0; i < next_id(); ++i) {
       ops::SegmentShape shape = m_.segments_[static_cast<std::size_t>(i)]->shape();
       if (auto it = ready.find(i); it != ready.end()) shape.ready_bucket = it->second;
@@ -380,8 +391,9 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   check_options(config_, options_);
   architecture_ = make_architecture(config_);
 
+  comm::Communicator& ep = options_.ep ? *options_.ep : self_ep_;
   layout_ = model_param_layout(config_, options_.tp->rank(), options_.tp->size(),
-                               options_.layer_degrees, options_.layer_ranges);
+                               options_.layer_degrees, options_.layer_ranges, ep.rank(), ep.size());
   const auto bytes = static_cast<std::size_t>(layout_.total_numel()) * dtype_size(options_.dtype);
   if (options_.allocate_params) {
     param_buffer_ = options_.allocate_params(bytes);

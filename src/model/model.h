@@ -144,9 +144,10 @@ class Model {
 
   // A gradient bucket: the contiguous range of one parameter group.
   struct Bucket {
-    int id = 0;          // the group: 0 embedding, 1 + l layer l, layers + 1 head
+    int id = 0;          // the group: 0 embedding, 1 + l layer l, layers + 1 head, experts
     std::int64_t begin = 0, end = 0;
     int layer = -1;      // the transformer layer, or -1
+    bool experts = false;  // an MoE layer's experts (ParamLayout: expert_group_of)
   };
   const std::vector<Bucket>& grad_buckets() const { return buckets_; }
   const Bucket& bucket(int id) const;
@@ -188,15 +189,18 @@ class Model {
 // with the embedding group when first_layer is 0 and the head group when end_layer is the
 // last) held by rank `tp_rank` of a tensor-parallel group of `tp_size`, layer l split over
 // layer_degrees[l] ranks (empty: tp_size). What a Model allocates, without building it.
+// ep_rank of ep_size expert-parallel ranks holds its share of every MoE layer's experts.
 ParamLayout model_param_layout(const ModelConfig& config, int tp_rank = 0, int tp_size = 1,
                                const std::vector<int>& layer_degrees = {},
-                               std::int64_t first_layer = 0, std::int64_t end_layer = -1);
+                               std::int64_t first_layer = 0, std::int64_t end_layer = -1,
+                               int ep_rank = 0, int ep_size = 1);
 // The same for the layers of several chunks (ranges in model order, as
 // ModelOptions::layer_ranges): the embedding group when the first range starts at layer 0, each
 // range's layer groups in order, the head group when the last range ends at the last layer.
 ParamLayout model_param_layout(const ModelConfig& config, int tp_rank, int tp_size,
                                const std::vector<int>& layer_degrees,
-                               const std::vector<LayerRange>& layer_ranges);
+                               const std::vector<LayerRange>& layer_ranges, int ep_rank = 0,
+                               int ep_size = 1);
 
 // The first and last rows of the vocabulary this rank of `tp` ranks holds, and how many of
 // them are real tokens.

@@ -7,9 +7,11 @@
 // Conv1D weights [in, out]; LLaMA's and BERT's torch.nn.Linear weights [out, in]), so
 // checkpoints load in PyTorch as they are.
 //
-// Parameters come in groups, added in order and therefore contiguous: the embedding group
-// (id 0), one group per transformer layer l (id 1 + l) and the head group (id layers + 1).
-// Each group is one gradient bucket.
+// Parameters come in groups, each contiguous: the embedding group (id 0), one group per
+// transformer layer l (id 1 + l), the head group (id layers + 1), and for an MoE layer l the
+// group of this rank's experts (id expert_group_of(layers, l), added right after layer l's
+// group: its gradients are summed over other ranks than the rest of the layer's). Each group is
+// one gradient bucket.
 #pragma once
 
 #include "core/tensor.h"
@@ -60,13 +62,27 @@ struct ParamSpec {
   std::int64_t numel() const { return shape.numel(); }
 };
 
+// The parameter group of MoE layer `layer`'s experts in a model of `layers` layers.
+inline int expert_group_of(std::int64_t layers, std::int64_t layer) {
+  return static_cast<int>(layers + 2 + layer);
+}
+
 class ParamLayout {
  public:
   ParamLayout(int tp_rank = 0, int tp_size = 1) : tp_rank_(tp_rank), tp_size_(tp_size) {}
 
-  // Parameters added from now on belong to `group` (groups must be started in increasing
-  // order).
+  // Parameters added from now on belong to `group` (a group's parameters must be added without
+  // another group's between them).
   void begin_group(int group);
+
+  // Expert parallelism: this rank is rank `rank` of `size` that split every MoE layer's experts
+  // (it holds experts [rank x E / size, (rank + 1) x E / size)).
+  void set_expert_ranks(int rank, int size) {
+    ep_rank_ = rank;
+    ep_size_ = size;
+  }
+  int ep_rank() const { return ep_rank_; }
+  int ep_size() const { return ep_size_; }
 
   // Adds a parameter whose whole shape is `full_shape`; its shard shape follows `sharding`,
   // split `degree` ways (0: the group size; it must divide the group size). For
@@ -99,6 +115,7 @@ class ParamLayout {
  private:
   int tp_rank_;
   int tp_size_;
+  int ep_rank_ = 0, ep_size_ = 1;
   int group_ = 0;
   std::vector<ParamSpec> params_;
   std::map<std::string, std::size_t> index_;

@@ -209,20 +209,25 @@ void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
                                  io::SafetensorsWriter& optimizer_file, const RunConfig& config,
                                  const model::Model& model, optim::Optimizer& optimizer,
                                  comm::Communicator& tp, comm::Communicator& pp, bool write,
-                                 const Tensor* stashed_weights) {
+                                 const Tensor* stashed_weights, comm::Communicator* ep) {
   const model::ParamLayout& mine = model.layout();
+  // Under expert parallelism each expert lives on one rank of the expert-parallel group (on
+  // each stage): the writer's group brings it over first.
+  const int ep_size = ep ? ep->size() : 1, ep_rank = ep ? ep->rank() : 0;
   // This stage's state tensors by name; another stage's are known by their layout
   // (Optimizer::state_layout), which every rank can compute.
   std::map<std::string, Tensor> states;
   for (const optim::StateTensor& st : optimizer.state_tensors()) states.emplace(st.name, st.view);
   std::set<std::string> done;
   for (int stage = 0; stage < pp.size(); ++stage) {
-    // The stage's layers: one range, or several chunks with gaps between them.
-    std::vector<model::LayerRange> ranges;
-    for (const auto& [begin, end] : stage_layer_ranges(config, stage))
-      ranges.push_back({begin, end});
-    const model::ParamLayout layout = model::model_param_layout(config.model, tp.rank(), tp.size(),
-                                                                layer_degrees(config), ranges);
+   // The stage's layers: one range, or several chunks with gaps between them.
+   std::vector<model::LayerRange> ranges;
+   for (const auto& [begin, end] : stage_layer_ranges(config, stage))
+     ranges.push_back({begin, end});
+   for (int owner = 0; owner < ep_size; ++owner) {
+    const model::ParamLayout layout =
+        model::model_param_layout(config.model, tp.rank(), tp.size(), layer_degrees(config),
+                                  ranges, owner, ep_size);
     for (const model::ParamSpec& p : layout.params()) {
       if (!done.insert(p.name).second) continue;
       const auto share = [&](io::SafetensorsWriter& writer, const std::string& name, int reduced,
@@ -231,9 +236,11 @@ void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
           using T = decltype(zero);
           const std::vector<std::int64_t> shape = whole_state_shape(p, reduced);
           std::vector<T> whole(static_cast<std::size_t>(product(shape)), T(0));
-          if (pp.rank() == stage)
+          if (pp.rank() == stage && ep_rank == owner)
             whole = whole_state<T>(mine, mine.find(p.name), reduced, local(), tp);
-          pp.broadcast(Tensor::of(whole.data(), {static_cast<std::int64_t>(whole.size())}), stage);
+          const Tensor all = Tensor::of(whole.data(), {static_cast<std::int64_t>(whole.size())});
+          if (pp.rank() == stage && ep_size > 1) ep->broadcast(all, owner);
+          pp.broadcast(all, stage);
           const std::int64_t bad = count_non_finite(whole.data(), whole.size());
           OASES_CHECK(bad == 0,
                       "refusing to checkpoint '{}': {} of its {} values are NaN or infinite; "
@@ -249,6 +256,7 @@ void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
         share(optimizer_file, kStashedWeightsPrefix + p.name, -1,
               [&] { return mine.view(*stashed_weights, mine.find(p.name)); });
     }
+   }
   }
 }
 
@@ -321,13 +329,13 @@ std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                             std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
                             bool write_files,
                             const std::function<void(const std::string&)>& log,
-                            const Tensor* stashed_weights) {
+                            const Tensor* stashed_weights, comm::Communicator* ep) {
   const model::ParamLayout& layout = model.layout();
   io::SafetensorsWriter model_file, optimizer_file;
   try {
-    if (pp.size() > 1) {
+    if (pp.size() > 1 || (ep && ep->size() > 1)) {
       add_whole_tensors_of_stages(model_file, optimizer_file, config, model, optimizer, tp, pp,
-                                  write_files, stashed_weights);
+                                  write_files, stashed_weights, ep);
     } else {
       add_whole_tensors(model_file, "", layout, model.params(), tp, write_files);
       for (const optim::StateTensor& s : optimizer.state_tensors())

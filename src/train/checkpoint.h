@@ -66,9 +66,12 @@ std::string save_checkpoint(const std::string& dir, const RunConfig& config,
                             std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
                             bool write_files,
                             const std::function<void(const std::string&)>& log = {},
-                            const Tensor* stashed_weights = nullptr);
+                            const Tensor* stashed_weights = nullptr,
+                            comm::Communicator* ep = nullptr);
 // (`stashed_weights`: 2bw's older weight version, this rank's flat array like model.params(),
-// written beside the optimizer state.)
+// written beside the optimizer state. `ep`: under expert parallelism, the expert-parallel
+// group, every rank of which holds other experts; each expert's tensors are broadcast over it
+// from their owner.)
 
 // Reads a checkpoint's stashed weights (2bw) into `params` (this rank's shards, like
 // load_model_weights); false, leaving `params` as it was, when the checkpoint has none.

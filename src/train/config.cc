@@ -137,6 +137,7 @@ const std::map<std::string, SectionFields>& schema() {
        {{"tp", bind(&RunConfig::parallel, &ParallelConfig::tp)},
         {"dp", bind(&RunConfig::parallel, &ParallelConfig::dp)},
         {"pp", bind(&RunConfig::parallel, &ParallelConfig::pp)},
+        {"ep", bind(&RunConfig::parallel, &ParallelConfig::ep)},
         {"pipeline", bind(&RunConfig::parallel, &ParallelConfig::pipeline)},
         {"virtual_stages", bind(&RunConfig::parallel, &ParallelConfig::virtual_stages)},
         {"pipeline_layers", bind(&RunConfig::parallel, &ParallelConfig::pipeline_layers)},
@@ -648,6 +649,26 @@ void RunConfig::validate() const {
                             p.tp),
                         ","),
               model.layers > 8 ? ",..." : "");
+  OASES_CHECK(p.ep >= 1, "parallel.ep = {} must be at least 1", p.ep);
+  if (p.ep > 1) {
+    OASES_CHECK(model.has_moe(),
+                "parallel.ep = {} splits the experts of mixture-of-experts layers, but the model "
+                "has none (model.moe_every = 0); set parallel.ep = 1 or model.moe_every > 0",
+                p.ep);
+    OASES_CHECK(p.dp % p.ep == 0,
+                "parallel.ep = {} must divide parallel.dp = {}: the expert-parallel group is made "
+                "of data-parallel ranks; valid: a divisor of {}",
+                p.ep, p.dp, p.dp);
+    OASES_CHECK(p.dp_sync_every == 1,
+                "parallel.dp_sync_every = {} with parallel.ep = {}: local SGD averages the "
+                "data-parallel replicas, which hold different experts under expert parallelism; "
+                "use parallel.dp_sync_every = 1 or parallel.ep = 1",
+                p.dp_sync_every, p.ep);
+    OASES_CHECK(model.experts % p.ep == 0,
+                "model.experts = {} is not divisible by parallel.ep = {}: each expert-parallel "
+                "rank holds model.experts / parallel.ep whole experts; use an ep that divides {}",
+                model.experts, p.ep, model.experts);
+  }
   if (model.has_moe()) {
     // MoE layers hold every expert whole on each rank: they run at tensor-parallel degree 1.
     bool moe_at_degree_one = p.tp == 1;
@@ -920,6 +941,7 @@ std::string to_toml(const RunConfig& c) {
   root.insert("parallel", toml::table{{"tp", c.parallel.tp},
                                       {"dp", c.parallel.dp},
                                       {"pp", c.parallel.pp},
+                                      {"ep", c.parallel.ep},
                                       {"pipeline", c.parallel.pipeline},
                                       {"virtual_stages", c.parallel.virtual_stages},
                                       {"pipeline_layers", c.parallel.pipeline_layers},

@@ -21,6 +21,9 @@ namespace oases::train {
 
 struct ParallelConfig {
   std::int64_t tp = 1, dp = 1, pp = 1;
+  // Expert parallelism: the experts of every MoE layer are split over groups of ep data-parallel
+  // ranks (ep divides dp and model.experts), which exchange tokens by all-to-all.
+  std::int64_t ep = 1;
   // Pipeline schedule when pp > 1: "1f1b", "gpipe" or "interleaved" (schedule/pipeline.h;
   // "zero-bubble" and "2bw" are not available yet).
   std::string pipeline = "1f1b";

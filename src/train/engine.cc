@@ -69,6 +69,7 @@ model::ModelOptions model_options(const RunConfig& config, const schedule::Sched
   o.slot_lanes = schedule::slot_lanes(spec);
   o.seed = static_cast<std::uint64_t>(config.train.seed);
   o.tp = &tp;
+  o.ep = groups.ep;
   o.layer_degrees = layer_degrees(config);
   o.tp_subgroup = groups.tp_subgroup;
   for (const auto& [begin, end] : stage_layer_ranges(config, pp.rank()))
@@ -201,6 +202,8 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       dp_(groups.dp ? groups.dp : &self_dp_),
       pp_(groups.pp ? groups.pp : &self_pp_),
       tp_replica_group_(groups.tp_replica_group),
+      ep_(groups.ep && groups.ep->size() > 1 ? groups.ep : nullptr),
+      expert_replicas_(ep_ ? groups.expert_replicas : nullptr),
       spec_(train::schedule_spec(config)),
       compression_(train::activation_encoding(config)),
       gemm16_(resolve_gemm16(config, *tp_, *dp_, *pp_)),
@@ -633,10 +636,7 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
                                    scale * loss_scale, ops::HeadMode::train, hooks, &result);
   if (local_sgd_ && ((step + 1) % sync_every_ == 0 || drain))
     result.replica_divergence = average_replicas();
-  std::size_t expected = 0;
-  for (const model::Model::Bucket& b : model_.grad_buckets())
-    expected += (b.layer >= 0 && model_.layer_degree(b.layer) < tp_->size()) ||
-                (dp_->size() > 1 && !local_sgd_);
+  const std::size_t expected = reduced_bucket_count();
   OASES_ASSERT(reductions.size() == expected, "{} gradient buckets reduced of {}",
                reductions.size(), expected);
   result.loss = counted > 0 ? sum_over(*dp_, local) / counted : 0.0;
@@ -730,7 +730,15 @@ void TrainingEngine::stop_on_non_finite_gradient(std::int64_t step, double norm)
              step + 1, norm, first, advice);
 }
 
+std::size_t TrainingEngine::reduced_bucket_count() {
+  std::size_t count = 0;
+  for (const model::Model::Bucket& b : model_.grad_buckets()) count += reduction_group(b) != nullptr;
+  return count;
+}
+
 comm::Communicator* TrainingEngine::reduction_group(const model::Model::Bucket& b) {
+  // An MoE layer's experts split over expert-parallel ranks: the ranks with the same experts.
+  if (b.experts && ep_) return expert_replicas_->size() > 1 ? expert_replicas_ : nullptr;
   if (b.layer >= 0 && model_.layer_degree(b.layer) < tp_->size()) {
     OASES_ASSERT(tp_replica_group_, "layer {} at degree {} needs the replica groups", b.layer,
                  model_.layer_degree(b.layer));
@@ -907,19 +915,31 @@ double TrainingEngine::model_sum_of_squares(const Tensor& flat) {
   // (each tensor-parallel rank holds the same ones); a split parameter's, and every block of a
   // bucket partitioned over a layer's replica group (tensor- and data-parallel ranks at once),
   // over both groups.
+  // Under expert parallelism each expert-parallel rank holds other experts (identical on the
+  // ranks that replicate them): their squares are summed over the expert-parallel group, ZeRO's
+  // blocks of them first over the replicas.
   double sharded = 0, replicated = 0, replicated_blocks = 0, sharded_blocks = 0;
+  double experts = 0, expert_blocks = 0;
+  const int first_expert_group = model::expert_group_of(model_.config().layers, 0);
   for (const auto& p : model_.layout().params()) {
     // A tied parameter's copies on the first and last stage hold the same values: the first
     // stage counts it.
     if (pp_->rank() > 0 && std::ranges::find(tied_params_, p.name) != tied_params_.end())
       continue;
     const auto zero = zero_buckets_.find(p.group);
+    const bool expert = ep_ && p.group >= first_expert_group;
     if (zero != zero_buckets_.end()) {
       const auto block = static_cast<std::size_t>(zero->second.group->rank());
       const std::int64_t lo = std::max(p.offset, zero->second.cuts[block]);
       const std::int64_t hi = std::min(p.offset + p.numel(), zero->second.cuts[block + 1]);
       const double squares = lo < hi ? optim::sum_of_squares(flat, lo, hi) : 0.0;
-      (p.parts == 1 && zero->second.group == dp_ ? replicated_blocks : sharded_blocks) += squares;
+      (expert                                       ? expert_blocks
+       : p.parts == 1 && zero->second.group == dp_ ? replicated_blocks
+                                                    : sharded_blocks) += squares;
+      continue;
+    }
+    if (expert) {
+      experts += optim::sum_of_squares(flat, p.offset, p.offset + p.numel());
       continue;
     }
     const double squares = p.parts == 1 || tp_->rank() < p.parts
@@ -932,6 +952,10 @@ double TrainingEngine::model_sum_of_squares(const Tensor& flat) {
     dp_->all_reduce(Tensor::of(blocks, {2}), comm::ReduceOp::sum);
     replicated += blocks[0];
     sharded += blocks[1];
+  }
+  if (ep_) {
+    if (expert_replicas_ && expert_replicas_->size() > 1) expert_blocks = sum_over(*expert_replicas_, expert_blocks);
+    replicated += sum_over(*ep_, experts + expert_blocks);
   }
   double squares = sum_over(*tp_, sharded) + replicated;
   if (pp_->size() > 1) squares = sum_over(*pp_, squares);
@@ -1174,9 +1198,7 @@ StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t*
   result.bubble_seconds = stats.bubble_seconds;
   result.comm_seconds = stats.comm_seconds;
   result.peak_activation_bytes = stats.peak_activation_bytes;
-  std::size_t expected = 0;
-  for (const model::Model::Bucket& b : model_.grad_buckets())
-    expected += (b.layer >= 0 && model_.layer_degree(b.layer) < tp_->size()) || dp_->size() > 1;
+  const std::size_t expected = reduced_bucket_count();
   OASES_ASSERT(reduced == expected * updates, "{} gradient buckets reduced in {} updates of {}",
                reduced, updates, expected);
   const auto& loss = model_.loss();

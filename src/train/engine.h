@@ -74,6 +74,11 @@ struct ParallelGroups {
   // stage; it carries the activations and gradients between stages (Send/Recv), the sum of
   // GPT's tied word embedding gradient, the gradient norm and the loss.
   comm::Communicator* pp = nullptr;
+  // Expert parallelism (parallel.ep > 1; null otherwise): the ranks that split the MoE layers'
+  // experts (comm::Mesh::ep_group) and those that hold the same experts, over which their
+  // gradients are summed (comm::Mesh::expert_replica_group).
+  comm::Communicator* ep = nullptr;
+  comm::Communicator* expert_replicas = nullptr;
 };
 
 // The element type activations are computed in (train.precision: f32, f64, or bf16 / f16
@@ -278,6 +283,8 @@ class TrainingEngine {
   void for_each_owned_range(const std::function<void(std::int64_t, std::int64_t)>& visit) const;
   // The group that sums bucket `bucket`'s gradients (null: none), as reduce_bucket uses it.
   comm::Communicator* reduction_group(const model::Model::Bucket& bucket);
+  // The buckets reduction_group gives a group (whose reductions a step waits for).
+  std::size_t reduced_bucket_count();
   // Waits for the step's gradient reductions, then makes the tied parameters' gradients whole
   // and equal on both stages that hold them.
   void finish_reductions(std::vector<std::unique_ptr<comm::Work>>& reductions, StepResult& result);
@@ -337,6 +344,8 @@ class TrainingEngine {
   // (empty when pp = 1).
   std::vector<std::string> tied_params_;
   std::function<comm::Communicator&(int degree)> tp_replica_group_;
+  comm::Communicator* ep_ = nullptr;               // null: every expert on this rank
+  comm::Communicator* expert_replicas_ = nullptr;  // with ep_
   schedule::ScheduleSpec spec_;
   // parallel.activation_compression: applied to training schedules (not to 2bw runs).
   std::optional<ops::ActivationEncoding> compression_;

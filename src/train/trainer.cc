@@ -495,6 +495,15 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
   if (mesh.world_size() > 1)
     log_info("parallel: {} ranks = tp {} x dp {} x pp {}", mesh.world_size(), mesh.tp_size(),
              mesh.dp_size(), mesh.pp_size());
+  if (m.has_moe())
+    log_info("experts: {} MoE layers of {} experts ({} gate, {} per token, capacity factor {}), "
+             "{} per rank{}",
+             m.moe_layer_count(), m.experts, m.moe_gate,
+             m.moe_gate == "expert-choice" ? std::string("capacity") : std::to_string(m.moe_choices()),
+             m.capacity_factor, m.experts / mesh.ep_size(),
+             mesh.ep_size() > 1 ? fmt::format(" (ep {}: all-to-all over {} data-parallel ranks)",
+                                              mesh.ep_size(), mesh.ep_size())
+                                : std::string());
   if (config.parallel.pipeline == "2bw")
     log_info("pipeline: 2bw (no flush between steps; batch t computes on the weights one update "
              "older than those its update is applied to, so results differ from 1f1b by design)");
@@ -845,7 +854,7 @@ class Run {
             else
               log_warning("checkpoint: {}", what);
           },
-          engine_.stashed_weights());
+          engine_.stashed_weights(), mesh_.ep_size() > 1 ? &mesh_.ep_group() : nullptr);
     });
     mesh_.world().barrier();  // the checkpoint exists for every rank once this returns
     if (progress) progress->log(LogLevel::info, fmt::format("saved checkpoint {}", saved));
@@ -876,7 +885,9 @@ ParallelGroups parallel_groups(comm::Mesh& mesh) {
                         [&mesh](int degree) -> comm::Communicator& {
                           return mesh.tp_replica_group(degree);
                         },
-                        &mesh.pp_group()};
+                        &mesh.pp_group(),
+                        mesh.ep_size() > 1 ? &mesh.ep_group() : nullptr,
+                        mesh.ep_size() > 1 ? &mesh.expert_replica_group() : nullptr};
 }
 
 TrainSummary run_training(const RunConfig& config, const TrainOptions& options) {

@@ -335,6 +335,20 @@ TEST(RunConfig, MixtureOfExpertsSettingsRoundTripAndNameTheirErrors) {
   EXPECT_EQ(error_of(moe + "[parallel]\ntp = 2\nplan = \"2,1,2,1\"\n"), "");
   EXPECT_NE(error_of(moe + "[train]\nprecision = \"bf16\"\n").find("train.precision = \"bf16\" with mixture-of-experts layers"),
             std::string::npos);
+  // Expert parallelism.
+  const std::string batch = "[train]\nglobal_batch = 16\n";
+  EXPECT_EQ(error_of(moe + batch + "[parallel]\ndp = 4\nep = 2\n"), "");
+  EXPECT_EQ(parse_run_config(to_toml(parse_run_config(moe + batch + "[parallel]\ndp = 4\nep = 4\n", "t")), "rt")
+                .parallel.ep, 4);
+  EXPECT_NE(error_of("[model]\nmoe_every = 2\nexperts = 6\n" + batch + "[parallel]\ndp = 4\nep = 4\n")
+                .find("model.experts = 6 is not divisible by parallel.ep = 4"), std::string::npos);
+  EXPECT_NE(error_of(moe + batch + "[parallel]\ndp = 4\nep = 3\n").find("parallel.ep = 3 must divide parallel.dp = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of(batch + "[parallel]\ndp = 2\nep = 2\n").find("the model has none (model.moe_every = 0)"),
+            std::string::npos);
+  EXPECT_NE(error_of(moe + "[parallel]\nep = 0\n").find("parallel.ep = 0 must be at least 1"), std::string::npos);
+  EXPECT_NE(error_of(moe + batch + "[parallel]\ndp = 2\nep = 2\ndp_sync_every = 4\n").find("parallel.dp_sync_every = 4 with parallel.ep = 2"),
+            std::string::npos);
 }
 
 // The cases below once hung, overflowed, read a disengaged optional or threw another exception

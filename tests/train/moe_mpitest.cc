@@ -8,6 +8,9 @@
 #include "core/philox.h"
 #include "mpi_test_support.h"
 #include "support/numbers.h"
+#include "runtime/executor.h"
+#include "schedule/schedule.h"
+#include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/trainer.h"
 
@@ -16,6 +19,8 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,7 +37,7 @@ constexpr std::int64_t kSeq = 16, kSteps = 3, kGlobalBatch = 8;
 struct Layout {
   std::string gate = "switch";
   std::string arch = "gpt";
-  int tp = 1, dp = 1, pp = 1;
+  int tp = 1, dp = 1, pp = 1, ep = 1;
   std::string schedule = "megatron";
   std::string recompute = "none";
   std::string pipeline = "1f1b";
@@ -45,9 +50,9 @@ struct Layout {
 };
 
 std::string describe(const Layout& l) {
-  return fmt::format("{} {} tp{} dp{} pp{} {} recompute {} {} plan {} zero {} mb {} sb {} group {}",
-                     l.gate, l.arch, l.tp, l.dp, l.pp, l.schedule, l.recompute, l.pipeline, l.plan,
-                     l.zero, l.micro_batch, l.sub_batches, l.group_size);
+  return fmt::format("{} {} tp{} dp{} pp{} ep{} {} recompute {} {} plan {} zero {} mb {} sb {} group {}",
+                     l.gate, l.arch, l.tp, l.dp, l.pp, l.ep, l.schedule, l.recompute, l.pipeline,
+                     l.plan, l.zero, l.micro_batch, l.sub_batches, l.group_size);
 }
 
 RunConfig config(const Layout& layout) {
@@ -78,6 +83,7 @@ RunConfig config(const Layout& layout) {
   c.parallel.tp = layout.tp;
   c.parallel.dp = layout.dp;
   c.parallel.pp = layout.pp;
+  c.parallel.ep = layout.ep;
   c.parallel.schedule = layout.schedule;
   c.parallel.recompute = layout.recompute;
   c.parallel.pipeline = layout.pipeline;
@@ -102,11 +108,10 @@ struct RunRecord {
   std::vector<double> params;  // this rank's, in its layout
 };
 
-RunRecord train_run(const RunConfig& c, ParallelGroups groups) {
-  TrainingEngine engine(c, groups);
-  RunRecord run;
+void train_steps(TrainingEngine& engine, std::int64_t first, std::int64_t count, RunRecord& run) {
+  const RunConfig& c = engine.config();
   const std::int64_t global = c.train.global_batch * kSeq;
-  for (std::int64_t step = 0; step < kSteps; ++step) {
+  for (std::int64_t step = first; step < first + count; ++step) {
     const auto in = tokens(step, 1, global), out = tokens(step, 2, global);
     const std::int64_t at = engine.first_local_sample() * kSeq;
     const StepResult r = engine.train_step(step, in.data() + at, out.data() + at);
@@ -118,6 +123,12 @@ RunRecord train_run(const RunConfig& c, ParallelGroups groups) {
   engine.save_whole_optimizer_state([&](optim::Optimizer&) {
     run.params = values(engine.model().params());
   });
+}
+
+RunRecord train_run(const RunConfig& c, ParallelGroups groups) {
+  TrainingEngine engine(c, groups);
+  RunRecord run;
+  train_steps(engine, 0, kSteps, run);
   return run;
 }
 
@@ -157,11 +168,13 @@ void compare_on_mesh(const Layout& layout) {
   const RunRecord want = reference(layout);
   comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), layout.tp, layout.dp, layout.pp,
                                        mpitest::test_options());
-  const bool whole = layout.tp == 1 && layout.pp == 1;
+  mesh.add_expert_groups(layout.ep, mpitest::test_options());
+  const bool whole = layout.tp == 1 && layout.pp == 1 && layout.ep == 1;
   expect_same(train_run(config(layout), parallel_groups(mesh)), want, describe(layout), whole);
 }
 
 TEST(Moe, EveryGateOverflowsAndReportsWhatItDropped) {
+  if (mpitest::runtime().world_size() != 2) GTEST_SKIP() << "one-process runs: at 2 ranks only";
   for (const char* gate : {"switch", "gshard", "noisy-topk", "expert-choice"}) {
     // A token loses all of its choices only when every one overflows: top-2 needs less room.
     const bool two_choices = std::string(gate) == "noisy-topk" || std::string(gate) == "gshard";
@@ -175,6 +188,7 @@ TEST(Moe, EveryGateOverflowsAndReportsWhatItDropped) {
 }
 
 TEST(Moe, SchedulesAndRecomputationEqualTheOneProcessRun) {
+  if (mpitest::runtime().world_size() != 2) GTEST_SKIP() << "one-process runs: at 2 ranks only";
   for (const char* gate : {"switch", "gshard", "noisy-topk", "expert-choice"}) {
     compare_single_process({.gate = gate, .recompute = "full"});
     compare_single_process({.gate = gate, .schedule = "oases", .recompute = "fine-grained",
@@ -203,6 +217,143 @@ TEST(Moe, DataPipelineAndTensorParallelLayoutsEqualTheOneProcessRun) {
   compare_on_mesh({.gate = "expert-choice", .tp = 2, .schedule = "oases",
                    .recompute = "fine-grained", .plan = "2,1,2,1", .micro_batch = 4,
                    .sub_batches = 2});
+}
+
+TEST(Moe, ExpertParallelRunsEqualTheOneProcessRun) {
+  const int ranks = mpitest::runtime().world_size();
+  if (ranks == 2) {
+    for (const char* gate : {"switch", "gshard", "noisy-topk", "expert-choice"})
+      compare_on_mesh({.gate = gate, .dp = 2, .ep = 2, .micro_batch = 2});
+    compare_on_mesh({.gate = "gshard", .dp = 2, .ep = 2, .schedule = "oases",
+                     .recompute = "fine-grained", .micro_batch = 4, .sub_batches = 2});
+    compare_on_mesh({.gate = "switch", .arch = "llama", .dp = 2, .ep = 2, .recompute = "full",
+                     .zero = 1, .micro_batch = 2});
+    compare_on_mesh({.gate = "noisy-topk", .dp = 2, .ep = 2, .zero = 3, .micro_batch = 4});
+  } else if (ranks == 4) {
+    compare_on_mesh({.gate = "gshard", .dp = 4, .ep = 4, .micro_batch = 2});
+    // Expert replicas: dp 4 with ep 2 sums each expert's gradient over two ranks.
+    compare_on_mesh({.gate = "switch", .dp = 4, .ep = 2, .zero = 1, .micro_batch = 2});
+    // ep 2 x tp 2: the MoE layers at degree 1, each tensor-parallel rank routing its rows.
+    compare_on_mesh({.gate = "expert-choice", .tp = 2, .dp = 2, .ep = 2, .schedule = "oases",
+                     .recompute = "fine-grained", .plan = "2,1,2,1", .micro_batch = 4,
+                     .sub_batches = 2});
+    compare_on_mesh({.gate = "noisy-topk", .dp = 2, .pp = 2, .ep = 2, .micro_batch = 2});
+  } else {
+    GTEST_SKIP() << "runs at 2 and 4 ranks";
+  }
+}
+
+// A checkpoint written under ep 2 (each rank holding half the experts) holds whole tensors:
+// a one-process run resumes from it and ends where the one-process run straight through does.
+TEST(Moe, ACheckpointSavedAtEpTwoResumesAtEpOne) {
+  if (mpitest::runtime().world_size() != 2) GTEST_SKIP() << "runs at 2 ranks";
+  const Layout layout{.gate = "gshard", .dp = 2, .ep = 2, .micro_batch = 2};
+  const RunRecord straight = reference(layout);
+  comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), 1, 2, 1, mpitest::test_options());
+  mesh.add_expert_groups(2, mpitest::test_options());
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "oases_moe_mpitest_checkpoint";
+  if (mesh.world().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  mesh.world().barrier();
+  constexpr std::int64_t kFirst = 2;
+  {
+    TrainingEngine engine(config(layout), parallel_groups(mesh));
+    RunRecord first;
+    train_steps(engine, 0, kFirst, first);
+    TrainingState state;
+    state.step = state.data_position = kFirst;
+    state.seed = static_cast<std::uint64_t>(engine.config().train.seed);
+    engine.save_whole_optimizer_state([&](optim::Optimizer& whole) {
+      save_checkpoint(dir.string(), engine.config(), engine.model(), whole, state, "", 0,
+                      engine.tp(), engine.pp(), mesh.world().rank() == 0, {}, nullptr,
+                      &mesh.ep_group());
+    });
+    mesh.world().barrier();
+  }
+  const std::string step_dir = *latest_checkpoint(dir.string());
+  Layout single;
+  single.gate = layout.gate;
+  single.micro_batch = kGlobalBatch;
+  TrainingEngine engine(config(single), {});
+  load_model_weights((std::filesystem::path(step_dir) / "model.safetensors").string(),
+                     engine.model().layout(), engine.model().params());
+  engine.model().refresh_compute_params();
+  TrainingState state;
+  engine.load_whole_optimizer_state([&](optim::Optimizer& whole) {
+    state = load_optimizer_state(step_dir, engine.model().layout(), whole);
+  });
+  ASSERT_EQ(state.step, kFirst);
+  RunRecord rest;
+  train_steps(engine, kFirst, kSteps - kFirst, rest);
+  for (std::size_t i = 0; i < rest.losses.size(); ++i)
+    EXPECT_NEAR(rest.losses[i], straight.losses[kFirst + i], 1e-10 * straight.losses[kFirst + i])
+        << "step " << kFirst + i;
+  EXPECT_LT(relative_difference(rest.params, straight.params), 1e-10);
+  mesh.world().barrier();
+  if (mesh.world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Under oases with two sub-batches, each dispatch and combine all-to-all (forward and backward)
+// of one sub-batch is in flight while the other sub-batch computes. In the trace (compute
+// instructions reported as they end, collectives at their Wait): after the instruction that
+// issued the all-to-all (its segment's Forward, or backward stage 0) ends, a compute
+// instruction of the other sub-batch starts and ends before the all-to-all is waited for.
+TEST(Moe, OasesOverlapsEveryAllToAllWithTheOtherSubBatch) {
+  if (mpitest::runtime().world_size() != 2) GTEST_SKIP() << "runs at 2 ranks";
+  struct Recorder final : runtime::InstructionListener {
+    std::vector<runtime::InstructionRecord> records;
+    void record(const runtime::InstructionRecord& r) override { records.push_back(r); }
+  } recorder;
+  comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), 1, 2, 1, mpitest::test_options());
+  mesh.add_expert_groups(2, mpitest::test_options());
+  const Layout layout{.gate = "gshard", .dp = 2, .ep = 2, .schedule = "oases",
+                      .recompute = "fine-grained", .micro_batch = 4, .sub_batches = 2};
+  TrainingEngine engine(config(layout), parallel_groups(mesh));
+  engine.set_listener(&recorder);
+  RunRecord run;
+  train_steps(engine, 0, 1, run);
+  engine.set_listener(nullptr);
+  int all_to_alls = 0;
+  const auto& records = recorder.records;
+  using schedule::Op;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const runtime::InstructionRecord& a2a = records[i];
+    if (a2a.lane != runtime::Lane::communication || a2a.collective != ops::CollectiveKind::all_to_all)
+      continue;
+    ++all_to_alls;
+    const schedule::Instruction& ins = a2a.instruction;
+    const bool forward = ins.direction == schedule::Direction::forward;
+    // The instruction that issued it: the last one of its instance that produced its buffer.
+    std::optional<std::size_t> issuer;
+    for (std::size_t j = i; j-- > 0;) {
+      const schedule::Instruction& c = records[j].instruction;
+      if (records[j].lane != runtime::Lane::compute || c.segment != ins.segment ||
+          c.micro_batch != ins.micro_batch || c.sub_batch != ins.sub_batch)
+        continue;
+      if (forward ? (c.op == Op::forward || c.op == Op::recompute)
+                  : (c.op == Op::backward && c.stage == 0)) {
+        issuer = j;
+        break;
+      }
+    }
+    ASSERT_TRUE(issuer.has_value()) << schedule::to_string(ins);
+    bool overlapped = false;
+    for (std::size_t j = *issuer + 1; j < i && !overlapped; ++j) {
+      const runtime::InstructionRecord& c = records[j];
+      overlapped = c.lane == runtime::Lane::compute && c.segment != nullptr &&
+                   c.instruction.micro_batch == ins.micro_batch &&
+                   c.instruction.sub_batch != ins.sub_batch &&
+                   c.began >= records[*issuer].finished;
+    }
+    EXPECT_TRUE(overlapped) << schedule::to_string(ins)
+                            << ": no compute of the other sub-batch while it was in flight";
+  }
+  // Per instance and MoE layer: dispatch and combine forward, and both back (fine-grained
+  // recomputation replays none): 1 micro-batch per rank x 2 sub-batches x 2 layers x 4.
+  EXPECT_EQ(all_to_alls, 1 * 2 * 2 * 4);
 }
 
 TEST(Moe, AnMoeLayerAtTensorParallelDegreeAboveOneIsAClearError) {

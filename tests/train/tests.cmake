@@ -4,7 +4,7 @@
 #
 # Included from tests/CMakeLists.txt, so CMAKE_CURRENT_SOURCE_DIR is tests/ here.
 
-set(OASES_TRAIN_FOUR_RANK_TESTS zero_mpitest partition_activations_mpitest)
+set(OASES_TRAIN_FOUR_RANK_TESTS zero_mpitest partition_activations_mpitest moe_mpitest)
 file(GLOB OASES_TRAIN_MPI_TEST_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_SOURCE_DIR}/train/*_mpitest.cc)
 foreach(test_source ${OASES_TRAIN_MPI_TEST_SOURCES})

@@ -27,7 +27,7 @@ class Gpt final : public Architecture {
     layout.add(p + "attn.c_proj.bias", {C}, ParamInit::zeros);
     layout.add(p + "ln_2.weight", {C}, ParamInit::ones);
     layout.add(p + "ln_2.bias", {C}, ParamInit::zeros);
-    if (c_.is_moe_layer(layer)) return add_moe_parameters(layout, p, k);
+    if (c_.is_moe_layer(layer)) return add_moe_parameters(layout, layer, p, k);
     layout.add(p + "mlp.c_fc.weight", {C, F}, ParamInit::normal, Sharding::columns, 0, k);
     layout.add(p + "mlp.c_fc.bias", {F}, ParamInit::zeros, Sharding::columns, 0, k);
     layout.add(p + "mlp.c_proj.weight", {F, C}, ParamInit::normal_residual, Sharding::rows, 0, k);
@@ -104,8 +104,9 @@ class Gpt final : public Architecture {
     if (params.has(p + "mlp.router.noise_weight"))
       spec.noise_linear = ops::ColumnParallelLinear(params(p + "mlp.router.noise_weight"), {},
                                                     ops::WeightLayout::in_out);
-    for (std::int64_t j = 0; j < c_.experts; ++j) {
+    for (std::int64_t j = 0; j < c_.experts; ++j) {  // this rank's experts
       const std::string e = p + "mlp.experts." + std::to_string(j) + ".";
+      if (!params.has(e + (c_.arch == "llama" ? "down_proj.weight" : "c_proj.weight"))) continue;
       ops::ExpertSpec expert;
       expert.up = {ops::ColumnParallelLinear(params(e + "c_fc.weight"), params(e + "c_fc.bias"),
                                              ops::WeightLayout::in_out)};
@@ -128,14 +129,18 @@ class Gpt final : public Architecture {
  private:
   // Router (and noise weights: Shazeer et al. start them at zero) and every expert's FFN, laid
   // out as GPT-2's MLP. Normal initialisations scaled by sqrt(model.moe_init_scale).
-  void add_moe_parameters(ParamLayout& layout, const std::string& p, int k) const {
+  void add_moe_parameters(ParamLayout& layout, std::int64_t layer, const std::string& p,
+                          int k) const {
     const std::int64_t C = c_.hidden, F = c_.expert_ffn_hidden(), E = c_.experts;
     const double scale = std::sqrt(c_.moe_init_scale);
     layout.add(p + "mlp.router.weight", {C, E}, ParamInit::normal);
     layout.scale_last_init(scale);
     if (c_.moe_gate == "noisy-topk" && c_.moe_router_noise > 0)
       layout.add(p + "mlp.router.noise_weight", {C, E}, ParamInit::zeros);
-    for (std::int64_t j = 0; j < E; ++j) {
+    // This rank's experts, in a group of their own.
+    layout.begin_group(expert_group_of(c_.layers, layer));
+    const std::int64_t local = E / layout.ep_size();
+    for (std::int64_t j = layout.ep_rank() * local; j < (layout.ep_rank() + 1) * local; ++j) {
       const std::string e = p + "mlp.experts." + std::to_string(j) + ".";
       layout.add(e + "c_fc.weight", {C, F}, ParamInit::normal, Sharding::columns, 0, k);
       layout.scale_last_init(scale);

@@ -26,7 +26,7 @@ class Llama final : public Architecture {
     layout.add(p + "self_attn.v_proj.weight", {KV, C}, ParamInit::normal, Sharding::rows, 0, k);
     layout.add(p + "self_attn.o_proj.weight", {C, A}, ParamInit::normal, Sharding::columns, 0, k);
     layout.add(p + "post_attention_layernorm.weight", {C}, ParamInit::ones);
-    if (c_.is_moe_layer(layer)) return add_moe_parameters(layout, p, k);
+    if (c_.is_moe_layer(layer)) return add_moe_parameters(layout, layer, p, k);
     layout.add(p + "mlp.gate_proj.weight", {F, C}, ParamInit::normal, Sharding::rows, 0, k);
     layout.add(p + "mlp.up_proj.weight", {F, C}, ParamInit::normal, Sharding::rows, 0, k);
     layout.add(p + "mlp.down_proj.weight", {C, F}, ParamInit::normal, Sharding::columns, 0, k);
@@ -99,8 +99,9 @@ class Llama final : public Architecture {
     if (params.has(p + "mlp.router.noise_weight"))
       spec.noise_linear = ops::ColumnParallelLinear(params(p + "mlp.router.noise_weight"), {},
                                                     ops::WeightLayout::out_in);
-    for (std::int64_t j = 0; j < c_.experts; ++j) {
+    for (std::int64_t j = 0; j < c_.experts; ++j) {  // this rank's experts
       const std::string e = p + "mlp.experts." + std::to_string(j) + ".";
+      if (!params.has(e + (c_.arch == "llama" ? "down_proj.weight" : "c_proj.weight"))) continue;
       ops::ExpertSpec expert;
       for (const char* name : {"gate_proj.weight", "up_proj.weight"})
         expert.up.emplace_back(params(e + name), ops::ParamRef{}, ops::WeightLayout::out_in);
@@ -123,14 +124,18 @@ class Llama final : public Architecture {
  private:
   // Router (noise weights start at zero, as Shazeer et al.'s) and every expert's SwiGLU FFN.
   // Normal initialisations scaled by sqrt(model.moe_init_scale).
-  void add_moe_parameters(ParamLayout& layout, const std::string& p, int k) const {
+  void add_moe_parameters(ParamLayout& layout, std::int64_t layer, const std::string& p,
+                          int k) const {
     const std::int64_t C = c_.hidden, F = c_.expert_ffn_hidden(), E = c_.experts;
     const double scale = std::sqrt(c_.moe_init_scale);
     layout.add(p + "mlp.router.weight", {E, C}, ParamInit::normal);
     layout.scale_last_init(scale);
     if (c_.moe_gate == "noisy-topk" && c_.moe_router_noise > 0)
       layout.add(p + "mlp.router.noise_weight", {E, C}, ParamInit::zeros);
-    for (std::int64_t j = 0; j < E; ++j) {
+    // This rank's experts, in a group of their own.
+    layout.begin_group(expert_group_of(c_.layers, layer));
+    const std::int64_t local = E / layout.ep_size();
+    for (std::int64_t j = layout.ep_rank() * local; j < (layout.ep_rank() + 1) * local; ++j) {
       const std::string e = p + "mlp.experts." + std::to_string(j) + ".";
       for (const char* name : {"gate_proj.weight", "up_proj.weight"}) {
         layout.add(e + name, {F, C}, ParamInit::normal, Sharding::rows, 0, k);
