@@ -9,12 +9,22 @@
 #   noisy      noisy top-2 of experts 1024 wide
 # capacity_factor 2 (few tokens dropped, so each token really costs its active FLOPs).
 # Tokens/s is the mean of steps 2..S; configurations alternate round by round.
-#   bash bench/run_moe_bench.sh [S=6] [ROUNDS=2]
+#
+# Then expert parallelism, ep = dp = 2 (two ranks over TCP on a loopback capped at each of
+# RATES Mbit/s, bench/capped_loopback.sh), a smaller GPT (4 layers, hidden 256, seq 128, vocab 4096,
+# micro-batch 8; every other layer 8 gshard experts of 512, capacity factor 1.25): the
+# megatron schedule (one sub-batch: each all-to-all blocks the compute lane) against oases (two
+# sub-batches: one's all-to-all travels while the other computes), side by side: step time
+# and the compute lane's wait on the all-to-alls (exposed_a2a_s) as a share of their time on the
+# wire (a2a_s), means of steps 2..S.
+#   bash bench/run_moe_bench.sh [S=6] [ROUNDS=2] [RATES="1000 300"]
+# Needs root (ip netns) for the second part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/capped_loopback.sh
 bench_steps=${1:-6}
 rounds=${2:-2}
+rates=${3:-"1000 300"}
 configs=(dense gshard switch noisy)
 settings() {
   local moe="model.moe_every=2 model.experts=8 model.capacity_factor=2.0"
@@ -30,7 +40,8 @@ cmake --preset release >/dev/null
 cmake --build --preset release --target oases >/dev/null
 oases=$PWD/build/release/oases
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+ns=oases_moe_bench
+trap 'capped_loopback_stop $ns; rm -rf "$out"' EXIT
 bench_header "bash bench/run_moe_bench.sh $*"
 
 data="$out/data"
@@ -64,4 +75,42 @@ print(f"{'config':>8} {'tokens/s':>10} {'vs dense':>9} {'GFLOP/token':>12} {'dro
 for c, row in rows.items():
     print(f"{c:>8} {row['rate']:>10.0f} {row['rate'] / base['rate']:>9.2f} {row['flops'] / 1e9:>12.3f} "
           f"{100 * row['dropped']:>7.1f}%")
+PY
+
+ep_common=(model.layers=4 model.hidden=256 model.heads=4 model.ffn_hidden=1024 model.seq_len=128 model.vocab_size=4096
+           model.moe_every=2 model.experts=8 model.moe_gate=\"gshard\" model.moe_ffn_hidden=512
+           model.capacity_factor=1.25 train.micro_batch=8 train.global_batch=16 parallel.dp=2
+           parallel.ep=2 train.threads=1)
+for rate in $rates; do
+  capped_loopback_start $ns "$rate"
+  for round in $(seq 1 "$rounds"); do
+    for schedule in megatron oases; do
+      subs=1; [[ $schedule == oases ]] && subs=2
+      "${mpi_capped[@]}" "$oases" train --quiet --config configs/bench.toml --set \
+        train.steps="$bench_steps" "${ep_common[@]}" parallel.schedule=\"$schedule\" \
+        parallel.sub_batches=$subs log.metrics="\"$out/ep_${schedule}_${rate}_$round.jsonl\"" \
+        "${common[@]}" >/dev/null 2>"$out/ep_${schedule}_${rate}_$round.log"
+    done
+  done
+  capped_loopback_stop $ns
+done
+
+/usr/bin/python3 - "$out" "$rounds" $rates <<'PY'
+import json, statistics, sys
+out, rounds, rates = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def mean(name, key):
+    values = []
+    for r in range(1, rounds + 1):
+        rs = [json.loads(l) for l in open(f"{out}/{name}_{r}.jsonl") if l.strip()]
+        values.append(statistics.mean(x[key] for x in rs if x["step"] >= 2))
+    return statistics.mean(values)
+print("\nexpert parallelism, ep = dp = 2 over a capped loopback (rank 0's figures):")
+print(f"{'Mbit/s':>7} {'schedule':>9} {'step s':>7} {'vs':>5} {'a2a wire s':>10} {'a2a waited s':>12} {'exposed':>8}")
+for rate in rates:
+    base = mean(f"ep_megatron_{rate}", "step_time_s")
+    for schedule in ("megatron", "oases"):
+        name = f"ep_{schedule}_{rate}"
+        step, wire, waited = (mean(name, k) for k in ("step_time_s", "a2a_s", "exposed_a2a_s"))
+        print(f"{rate:>7} {schedule:>9} {step:>7.3f} {step / base:>5.2f} {wire:>10.3f} {waited:>12.3f} "
+              f"{waited / wire if wire > 0 else 0:>8.0%}")
 PY

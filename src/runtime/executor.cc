@@ -12,6 +12,8 @@ ExecutionStats& ExecutionStats::operator+=(const ExecutionStats& other) {
   exposed_comm_seconds += other.exposed_comm_seconds;
   bubble_seconds += other.bubble_seconds;
   comm_seconds += other.comm_seconds;
+  exposed_all_to_all_seconds += other.exposed_all_to_all_seconds;
+  all_to_all_seconds += other.all_to_all_seconds;
   collectives += other.collectives;
   peak_activation_bytes = std::max(peak_activation_bytes, other.peak_activation_bytes);
   return *this;
@@ -120,6 +122,11 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
         const comm::WorkTiming timing =
             it->second.work->timing().value_or(comm::WorkTiming{it->second.issued, done});
         if (it->second.call.group->size() > 1) wire.emplace_back(timing.began, timing.finished);
+        if (it->second.call.kind == ops::CollectiveKind::all_to_all) {
+          stats.exposed_all_to_all_seconds += seconds(done - began);
+          if (it->second.call.group->size() > 1)
+            stats.all_to_all_seconds += seconds(timing.finished - timing.began);
+        }
         if (listener) {
           InstructionRecord record{ins, shape, it->second.call.kind, it->second.call.op,
                                    Lane::communication, timing.began, timing.finished};

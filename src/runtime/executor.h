@@ -49,6 +49,10 @@ struct ExecutionStats {
   // apart from exposed communication as sim::RankSimResult keeps it.
   double bubble_seconds = 0;
   double comm_seconds = 0;           // collectives in flight on the wire (union of intervals)
+  // Of those: the MoE all-to-alls (dispatch and combine, both directions): the compute lane's
+  // wait on them, and their time on the wire (summed).
+  double exposed_all_to_all_seconds = 0;
+  double all_to_all_seconds = 0;
   int collectives = 0;               // collectives issued by the schedule
   std::size_t peak_activation_bytes = 0;  // slots and scratch + peak of the activation store
 

@@ -564,6 +564,8 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
     result->exposed_comm_seconds += stats.exposed_comm_seconds;
     result->bubble_seconds += stats.bubble_seconds;
     result->comm_seconds += stats.comm_seconds;
+    result->exposed_all_to_all_seconds += stats.exposed_all_to_all_seconds;
+    result->all_to_all_seconds += stats.all_to_all_seconds;
     result->peak_activation_bytes = std::max(result->peak_activation_bytes, stats.peak_activation_bytes);
   }
   const auto& loss = model_.loss();
@@ -1197,6 +1199,8 @@ StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t*
   result.exposed_comm_seconds += stats.exposed_comm_seconds;
   result.bubble_seconds = stats.bubble_seconds;
   result.comm_seconds = stats.comm_seconds;
+  result.exposed_all_to_all_seconds = stats.exposed_all_to_all_seconds;
+  result.all_to_all_seconds = stats.all_to_all_seconds;
   result.peak_activation_bytes = stats.peak_activation_bytes;
   const std::size_t expected = reduced_bucket_count();
   OASES_ASSERT(reduced == expected * updates, "{} gradient buckets reduced in {} updates of {}",

@@ -635,6 +635,8 @@ void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::
   if (f.record.val_loss) line["val_loss"] = *f.record.val_loss;
   if (!f.result.moe.layers.empty()) {
     line["moe_loss"] = f.result.moe.loss;
+    line["exposed_a2a_s"] = f.result.exposed_all_to_all_seconds;
+    line["a2a_s"] = f.result.all_to_all_seconds;
     line["moe_dropped_fraction"] = f.result.moe.dropped_fraction;
     nlohmann::json layers = nlohmann::json::array();
     for (const MoeLayerReport& r : f.result.moe.layers)
