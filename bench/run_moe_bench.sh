@@ -13,11 +13,12 @@
 # Then expert parallelism, ep = dp = 2 (two ranks over TCP on a loopback capped at each of
 # RATES Mbit/s, bench/capped_loopback.sh), a smaller GPT (4 layers, hidden 256, seq 128, vocab 4096,
 # micro-batch 8; every other layer 8 gshard experts of 512, capacity factor 1.25): the
-# megatron schedule (one sub-batch: each all-to-all blocks the compute lane) against oases (two
-# sub-batches: one's all-to-all travels while the other computes), side by side: step time
-# and the compute lane's wait on the all-to-alls (exposed_a2a_s) as a share of their time on the
-# wire (a2a_s), means of steps 2..S.
-#   bash bench/run_moe_bench.sh [S=6] [ROUNDS=2] [RATES="1000 300"]
+# megatron schedule (one sub-batch: each all-to-all blocks the compute lane) against
+# cross-pass without recomputation (the same compute in two sub-batches: one's all-to-all
+# travels while the other computes) and oases (cross-pass with fine-grained recomputation),
+# side by side: step time and the compute lane's wait on the all-to-alls (exposed_a2a_s) as a
+# share of their time on the wire (a2a_s), means of steps 2..S.
+#   bash bench/run_moe_bench.sh [S=6] [ROUNDS=2] [RATES="1000 300"] [PARTS="1 2"]
 # Needs root (ip netns) for the second part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,7 @@ source bench/capped_loopback.sh
 bench_steps=${1:-6}
 rounds=${2:-2}
 rates=${3:-"1000 300"}
+parts=${4:-"1 2"}
 configs=(dense gshard switch noisy)
 settings() {
   local moe="model.moe_every=2 model.experts=8 model.capacity_factor=2.0"
@@ -47,6 +49,7 @@ bench_header "bash bench/run_moe_bench.sh $*"
 data="$out/data"
 $oases prepare-data --input /usr/share/games/fortunes/fortunes --output "$data" >/dev/null
 common=(data.path="\"$data\"" checkpoint.dir='""' log.trace='""' log.every=1000000)
+if [[ " $parts " == *" 1 "* ]]; then
 for round in $(seq 1 "$rounds"); do
   for c in "${configs[@]}"; do
     "$oases" train --quiet --config configs/bench.toml --set train.steps="$bench_steps" \
@@ -76,6 +79,8 @@ for c, row in rows.items():
     print(f"{c:>8} {row['rate']:>10.0f} {row['rate'] / base['rate']:>9.2f} {row['flops'] / 1e9:>12.3f} "
           f"{100 * row['dropped']:>7.1f}%")
 PY
+fi
+[[ " $parts " == *" 2 "* ]] || exit 0
 
 ep_common=(model.layers=4 model.hidden=256 model.heads=4 model.ffn_hidden=1024 model.seq_len=128 model.vocab_size=4096
            model.moe_every=2 model.experts=8 model.moe_gate=\"gshard\" model.moe_ffn_hidden=512
@@ -84,11 +89,13 @@ ep_common=(model.layers=4 model.hidden=256 model.heads=4 model.ffn_hidden=1024 m
 for rate in $rates; do
   capped_loopback_start $ns "$rate"
   for round in $(seq 1 "$rounds"); do
-    for schedule in megatron oases; do
-      subs=1; [[ $schedule == oases ]] && subs=2
+    for schedule in megatron cross-pass oases; do
+      subs=2 recompute=auto
+      [[ $schedule == megatron ]] && subs=1
+      [[ $schedule == cross-pass ]] && recompute=none
       "${mpi_capped[@]}" "$oases" train --quiet --config configs/bench.toml --set \
         train.steps="$bench_steps" "${ep_common[@]}" parallel.schedule=\"$schedule\" \
-        parallel.sub_batches=$subs log.metrics="\"$out/ep_${schedule}_${rate}_$round.jsonl\"" \
+        parallel.recompute=\"$recompute\" parallel.sub_batches=$subs log.metrics="\"$out/ep_${schedule}_${rate}_$round.jsonl\"" \
         "${common[@]}" >/dev/null 2>"$out/ep_${schedule}_${rate}_$round.log"
     done
   done
@@ -108,7 +115,7 @@ print("\nexpert parallelism, ep = dp = 2 over a capped loopback (rank 0's figure
 print(f"{'Mbit/s':>7} {'schedule':>9} {'step s':>7} {'vs':>5} {'a2a wire s':>10} {'a2a waited s':>12} {'exposed':>8}")
 for rate in rates:
     base = mean(f"ep_megatron_{rate}", "step_time_s")
-    for schedule in ("megatron", "oases"):
+    for schedule in ("megatron", "cross-pass", "oases"):
         name = f"ep_{schedule}_{rate}"
         step, wire, waited = (mean(name, k) for k in ("step_time_s", "a2a_s", "exposed_a2a_s"))
         print(f"{rate:>7} {schedule:>9} {step:>7.3f} {step / base:>5.2f} {wire:>10.3f} {waited:>12.3f} "

@@ -683,6 +683,11 @@ void RunConfig::validate() const {
                 "run at tensor-parallel degree 1 (each rank routes its share of the rows); use "
                 "parallel.tp = 1, or a parallel.plan list of degrees that gives every MoE layer 1",
                 p.tp, model.moe_every);
+    OASES_CHECK(p.activation_compression == "none",
+                "parallel.activation_compression = \"{}\" with mixture-of-experts layers "
+                "(model.moe_every = {}): the MoE segments keep token indices beside their rows, "
+                "which an encoding would round; use \"none\"",
+                p.activation_compression, model.moe_every);
     OASES_CHECK(train.precision == "fp32" || train.precision == "fp64",
                 "train.precision = \"{}\" with mixture-of-experts layers (model.moe_every = {}): "
                 "MoE layers run in \"fp32\" or \"fp64\" for now",

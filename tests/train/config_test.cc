@@ -335,6 +335,9 @@ TEST(RunConfig, MixtureOfExpertsSettingsRoundTripAndNameTheirErrors) {
   EXPECT_EQ(error_of(moe + "[parallel]\ntp = 2\nplan = \"2,1,2,1\"\n"), "");
   EXPECT_NE(error_of(moe + "[train]\nprecision = \"bf16\"\n").find("train.precision = \"bf16\" with mixture-of-experts layers"),
             std::string::npos);
+  EXPECT_NE(error_of(moe + "[parallel]\nactivation_compression = \"fp8\"\n")
+                .find("parallel.activation_compression = \"fp8\" with mixture-of-experts layers"),
+            std::string::npos);
   // Expert parallelism.
   const std::string batch = "[train]\nglobal_batch = 16\n";
   EXPECT_EQ(error_of(moe + batch + "[parallel]\ndp = 4\nep = 2\n"), "");

@@ -41,6 +41,7 @@ struct Layout {
   std::string schedule = "megatron";
   std::string recompute = "none";
   std::string pipeline = "1f1b";
+  int virtual_stages = 1;
   std::string plan = "uniform";
   std::int64_t zero = 0;
   std::int64_t micro_batch = 4;
@@ -87,6 +88,7 @@ RunConfig config(const Layout& layout) {
   c.parallel.schedule = layout.schedule;
   c.parallel.recompute = layout.recompute;
   c.parallel.pipeline = layout.pipeline;
+  c.parallel.virtual_stages = layout.virtual_stages;
   c.parallel.plan = layout.plan;
   c.parallel.zero = layout.zero;
   c.parallel.sub_batches = layout.sub_batches;
@@ -213,6 +215,8 @@ TEST(Moe, DataPipelineAndTensorParallelLayoutsEqualTheOneProcessRun) {
                    .recompute = "fine-grained", .micro_batch = 4, .sub_batches = 2});
   compare_on_mesh({.gate = "gshard", .pp = 2, .micro_batch = 2});
   compare_on_mesh({.gate = "noisy-topk", .pp = 2, .pipeline = "zero-bubble", .micro_batch = 2});
+  compare_on_mesh({.gate = "expert-choice", .pp = 2, .pipeline = "interleaved",
+                   .virtual_stages = 2, .micro_batch = 2});
   // tp 2 with the MoE layers (1 and 3) at degree 1: each replica routes its own rows.
   compare_on_mesh({.gate = "expert-choice", .tp = 2, .schedule = "oases",
                    .recompute = "fine-grained", .plan = "2,1,2,1", .micro_batch = 4,
