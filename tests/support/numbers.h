@@ -2,10 +2,12 @@
 // that equivalence tests hold to a tolerance (kFp64Tolerance in fp64).
 #pragma once
 
+#include "core/philox.h"
 #include "core/tensor.h"
 #include "kernels/kernels.h"
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 namespace oases::testing {
@@ -25,6 +27,19 @@ inline double relative_difference(const std::vector<double>& a, const std::vecto
     norm += b[i] * b[i];
   }
   return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+// `count` token ids below `vocab` for step `step` and stream `stream` (inputs, targets),
+// drawn from Philox under `key`: the same on every rank, so each takes its own rows.
+inline std::vector<std::int32_t> philox_tokens(std::int64_t step, std::uint32_t stream,
+                                               std::int64_t count, std::uint32_t vocab,
+                                               PhiloxKey key) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(count));
+  for (std::size_t i = 0; i < t.size(); ++i)
+    t[i] = static_cast<std::int32_t>(
+        philox4x32({static_cast<std::uint32_t>(i), stream, static_cast<std::uint32_t>(step), 0},
+                   key)[0] % vocab);
+  return t;
 }
 
 }  // namespace oases::testing

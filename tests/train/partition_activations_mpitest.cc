@@ -82,12 +82,7 @@ RunConfig config(const Layout& layout, bool partition) {
 }
 
 std::vector<std::int32_t> tokens(std::int64_t step, std::uint32_t stream, std::int64_t count) {
-  std::vector<std::int32_t> t(static_cast<std::size_t>(count));
-  for (std::size_t i = 0; i < t.size(); ++i)
-    t[i] = static_cast<std::int32_t>(
-        philox4x32({static_cast<std::uint32_t>(i), stream, static_cast<std::uint32_t>(step), 0},
-                   {3, 17})[0] % 64);
-  return t;
+  return oases::testing::philox_tokens(step, stream, count, 64, {3, 17});
 }
 
 struct RunRecord {

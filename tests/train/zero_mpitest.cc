@@ -76,12 +76,7 @@ RunConfig config(const std::string& optimizer, const Layout& layout, int zero) {
 }
 
 std::vector<std::int32_t> tokens(std::int64_t step, std::uint32_t stream, std::int64_t count) {
-  std::vector<std::int32_t> t(static_cast<std::size_t>(count));
-  for (std::size_t i = 0; i < t.size(); ++i)
-    t[i] = static_cast<std::int32_t>(
-        philox4x32({static_cast<std::uint32_t>(i), stream, static_cast<std::uint32_t>(step), 0},
-                   {7, 11})[0] % 50);
-  return t;
+  return oases::testing::philox_tokens(step, stream, count, 50, {7, 11});
 }
 
 struct RunRecord {
