@@ -255,7 +255,7 @@ void check_costs(const CostModel& costs) {
 
 // The point-to-point link from one rank to another: its messages in issue order. The i-th
 // message sent meets the i-th receive posted.
-struct Link {
+struct MessageLink {
   struct Message {
     std::size_t send_position;
     double arrival;
@@ -293,7 +293,7 @@ MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
   const int group = static_cast<int>(schedules.size());
   std::vector<RankRun> ranks(schedules.size(), RankRun(costs));
   std::vector<std::size_t> next(schedules.size(), 0);  // each rank's next instruction
-  std::map<std::pair<int, int>, Link> links;           // (sender, receiver)
+  std::map<std::pair<int, int>, MessageLink> links;           // (sender, receiver)
   // Per rank: its posted receives not yet waited: the index of their message on the link and
   // the RecvStart's position.
   struct Posted {
@@ -322,25 +322,25 @@ MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
       const std::size_t position = next[rank];
       const schedule::Instruction& ins = schedule[position];
       if (ins.op == Op::send) {
-        Link& link = links[{rank, peer_of(rank, position)}];
+        MessageLink& link = links[{rank, peer_of(rank, position)}];
         const double seconds = costs.p2p ? costs.p2p(ins) : 0.0;
         link.free_at = std::max(link.free_at, run.lanes().now()) + seconds;
         link.sent.push_back({position, link.free_at});
         run.result().p2p_seconds += seconds;
       } else if (ins.op == Op::recv) {
-        Link& link = links[{peer_of(rank, position), rank}];
+        MessageLink& link = links[{peer_of(rank, position), rank}];
         OASES_ASSERT(posted[rank].emplace(receive_key(ins), Posted{link.posted, position}).second,
                      "{} posts a receive already posted", describe(rank, position, schedule));
         ++link.posted;
       } else if (ins.op == Op::recv_wait) {
         const int peer = peer_of(rank, position);
-        Link& link = links[{peer, rank}];
+        MessageLink& link = links[{peer, rank}];
         const auto post = posted[rank].find(receive_key(ins));
         OASES_ASSERT(post != posted[rank].end(), "{} waits for a receive never posted",
                      describe(rank, position, schedule));
         const int index = post->second.message;
         if (index >= static_cast<int>(link.sent.size())) break;  // blocked until the peer sends
-        const Link::Message message = link.sent[static_cast<std::size_t>(index)];
+        const MessageLink::Message message = link.sent[static_cast<std::size_t>(index)];
         const schedule::Instruction& sent = schedules[peer][message.send_position];
         const schedule::Instruction& receive = schedule[post->second.position];
         OASES_ASSERT(sent.payload == receive.payload && sent.micro_batch == receive.micro_batch &&
@@ -371,7 +371,7 @@ MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
     if (next[rank] == schedules[rank].size()) continue;
     const std::size_t position = next[rank];
     const int peer = schedules[rank][position].peer;
-    const Link& link = links[{peer, rank}];
+    const MessageLink& link = links[{peer, rank}];
     const std::size_t sent = link.sent.size();
     const std::string peer_state =
         next[peer] == schedules[peer].size()
@@ -402,6 +402,26 @@ MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
     result.step_seconds = std::max(result.step_seconds, run.result().step_seconds);
   }
   return result;
+}
+
+double all_to_all_seconds(double bytes, int ranks, const Link& link) {
+  if (ranks <= 1) return 0;
+  OASES_ASSERT(link.bytes_per_second > 0, "an all-to-all over a link without bandwidth");
+  const double block = bytes / ranks;
+  return (ranks - 1) * (link.latency_seconds + block / link.bytes_per_second);
+}
+
+void price_all_to_alls(CostModel& costs, const ops::Program& program, const Link& link) {
+  costs.collective = [&program, link, base = costs.collective](const schedule::Instruction& ins) {
+    const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
+    const bool forward = ins.direction == schedule::Direction::forward;
+    if ((forward ? shape.forward_kind : shape.backward_kind) != ops::CollectiveKind::all_to_all)
+      return base ? base(ins) : 0.0;
+    const auto elements = static_cast<double>(forward ? shape.forward_collective_elements
+                                                      : shape.backward_collective_elements);
+    return all_to_all_seconds(elements * static_cast<double>(program.set_element_bytes),
+                              shape.collective_ranks, link);
+  };
 }
 
 }  // namespace oases::sim

@@ -98,4 +98,22 @@ struct MultiRankResult {
 MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
                                const CostModel& costs);
 
+// A rank's link to its peers: bandwidth in each direction and latency per message.
+struct Link {
+  double bytes_per_second = 0;
+  double latency_seconds = 0;
+};
+
+// Seconds of an all-to-all among `ranks` ranks, each holding `bytes` in `ranks` equal blocks
+// (its own block stays): a rank sends its ranks - 1 other blocks over its link, one peer after
+// another, while receiving as many, so the exchange takes (ranks - 1) x (latency + block /
+// bandwidth), the per-peer volume times the peers. One rank: nothing.
+double all_to_all_seconds(double bytes, int ranks, const Link& link);
+
+// Prices the all-to-alls of `program`'s segments (SegmentShape::forward_kind or backward_kind
+// all_to_all: MoE dispatch and combine, over collective_ranks ranks, of *_collective_elements
+// elements of program.set_element_bytes each) with all_to_all_seconds over `link`; every other
+// collective keeps the price costs.collective gave it. `program` must outlive `costs`.
+void price_all_to_alls(CostModel& costs, const ops::Program& program, const Link& link);
+
 }  // namespace oases::sim

@@ -51,6 +51,33 @@ TEST(Simulator, BlockingSchedulesPayEveryCollective) {
   }
 }
 
+// MoE all-to-alls cost their per-peer volume: (ranks - 1) x (latency + block / bandwidth); the
+// other collectives keep their price.
+TEST(Simulator, AllToAllsCostTheirPerPeerVolume) {
+  const Link link{1e9, 1e-5};
+  EXPECT_DOUBLE_EQ(all_to_all_seconds(8e6, 4, link), 3 * (1e-5 + 2e6 / 1e9));
+  EXPECT_DOUBLE_EQ(all_to_all_seconds(8e6, 2, link), 1e-5 + 4e6 / 1e9);
+  EXPECT_DOUBLE_EQ(all_to_all_seconds(8e6, 1, link), 0.0);
+  ops::Program program = testing::gpt_program(3);
+  ops::SegmentShape& moe = program.segments[2];  // the first MLP, made an expert exchange
+  moe.forward_kind = moe.backward_kind = ops::CollectiveKind::all_to_all;
+  moe.collective_ranks = 4;
+  moe.forward_collective_elements = moe.backward_collective_elements = 1'000'000;
+  program.set_element_bytes = 8;
+  const auto s = schedule::generate(program, {ScheduleKind::megatron, Recompute::none, 2, 1, true});
+  CostModel costs = uniform(1.0, 0.25);
+  price_all_to_alls(costs, program, link);
+  int exchanges = 0;
+  for (const auto& ins : s) exchanges += ins.op == Op::start && ins.segment == 2;
+  EXPECT_EQ(exchanges, 2 * 2);  // forward and backward of 2 micro-batches
+  const Counts n = count(s);
+  const SimResult result = simulate(s, costs);
+  EXPECT_NEAR(result.step_seconds,
+              n.compute * 1.0 + (n.collectives - exchanges) * 0.25 +
+                  exchanges * all_to_all_seconds(8e6, 4, link),
+              1e-12);
+}
+
 TEST(Simulator, OverlappedSchedulesHideCollectivesNoLongerThanAPhase) {
   const ops::Program program = testing::gpt_program(3);
   for (auto [kind, r] : {std::pair{ScheduleKind::oases, Recompute::fine_grained},
