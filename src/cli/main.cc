@@ -23,6 +23,7 @@
 #include "train/trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -532,9 +533,11 @@ struct ProfileArgs {
 int run_profile(ProfileArgs& a) {
   const auto config = oases::train::load_run_config(a.config, a.overrides);
   if (!oases::comm::launched_by_mpi()) {
-    OASES_CHECK(config.parallel.tp == 1,
-                "parallel.tp = {} needs {} processes: launch with `mpirun -np {} oases profile ...`",
-                config.parallel.tp, config.parallel.tp, config.parallel.tp);
+    const std::int64_t ranks = config.parallel.tp * config.parallel.dp;
+    OASES_CHECK(ranks == 1,
+                "parallel.tp = {} and parallel.dp = {} need {} processes: launch with `mpirun -np "
+                "{} oases profile ...`",
+                config.parallel.tp, config.parallel.dp, ranks, ranks);
     const auto result = oases::train::run_profile(config, a.options, [](int tp, int dp) {
       return oases::comm::Mesh::single_process(tp, dp);
     });
@@ -545,8 +548,11 @@ int run_profile(ProfileArgs& a) {
   return run_on_every_rank(
       config.parallel, [&](auto& runtime, const auto& comm_options, auto&) {
         a.options.progress = runtime.world_rank() == 0;
+        // With parallel.ep > 1 the world holds ep copies of a tensor-parallel group's grid:
+        // the rest of it fills the third axis, so that every copy measures at once.
         const auto result = oases::train::run_profile(config, a.options, [&](int tp, int dp) {
-          return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
+          return oases::comm::Mesh::create(runtime, tp, dp, runtime.world_size() / (tp * dp),
+                                           comm_options);
         });
         if (runtime.world_rank() == 0) {
           oases::planner::write_profile(result, a.output);
@@ -613,21 +619,36 @@ int run_pipeline_plan(const PlanArgs& a, const oases::train::RunConfig& config,
   return 0;
 }
 
-int run_plan(const PlanArgs& a) {
-  const auto config = oases::train::load_run_config(a.config, a.overrides);
-  // The profile's memory ratios were measured at dp = 1; the run's ZeRO stage divides them
-  // over its data-parallel group.
-  const auto measured = oases::planner::with_zero_share(
-      oases::planner::read_profile(a.profile), static_cast<int>(config.parallel.zero),
-      static_cast<int>(config.parallel.dp));
-  const auto spec = oases::train::schedule_spec(config);
+// The profile at `path`, checked against the config (model, batch split, every degree up to
+// parallel.tp, the expert-parallel link), with its memory ratios (measured at dp = 1) divided
+// over the config's data-parallel group as its ZeRO stage does.
+oases::planner::Profile profile_for(const oases::train::RunConfig& config,
+                                    const oases::schedule::ScheduleSpec& spec,
+                                    const std::string& path) {
+  auto measured = oases::planner::with_zero_share(oases::planner::read_profile(path),
+                                                  static_cast<int>(config.parallel.zero),
+                                                  static_cast<int>(config.parallel.dp));
   std::vector<int> degrees;
   for (int k = 1; k <= config.parallel.tp; k *= 2) degrees.push_back(k);
   oases::planner::check_profile_matches(measured, config.model, config.train.micro_batch,
-                                        spec.sub_batches, degrees, a.profile);
+                                        spec.sub_batches, degrees, path,
+                                        static_cast<int>(config.parallel.ep));
+  return measured;
+}
+
+// parallel.expert_tp = 1 runs the MoE layers at degree 1 (train::layer_degrees).
+bool moe_at_degree_one(const oases::train::RunConfig& config) {
+  return config.model.has_moe() && config.parallel.tp > 1 && config.parallel.expert_tp == 1;
+}
+
+int run_plan(const PlanArgs& a) {
+  const auto config = oases::train::load_run_config(a.config, a.overrides);
+  const auto spec = oases::train::schedule_spec(config);
+  const auto measured = profile_for(config, spec, a.profile);
   if (config.parallel.pp > 1) return run_pipeline_plan(a, config, measured, spec);
   const auto report = oases::planner::make_plan(measured, spec, config.train.micro_batch,
-                                                config.parallel.memory_limit);
+                                                config.parallel.memory_limit,
+                                                moe_at_degree_one(config));
   fmt::print("{}", oases::planner::format_plan_report(report, spec, config.parallel.memory_limit));
   if (!a.output.empty()) {
     oases::planner::write_plan(report.chosen, static_cast<int>(config.parallel.tp), a.output);
@@ -648,6 +669,67 @@ Verb add_plan(CLI::App& app, PlanArgs& a) {
                 "activations and gradients crossing them (0: not priced)")
       ->capture_default_str();
   return {c, [&a] { return run_plan(a); }};
+}
+
+struct SimulateArgs {
+  std::string config, profile;
+  std::vector<std::string> overrides;
+};
+
+// The config's own layout predicted from a profile: each layer at the degree parallel.plan
+// gives it (a plan file, a list, "uniform": every layer at tp, MoE layers at 1 under
+// parallel.expert_tp = 1; "auto": the plan `oases plan` would choose), simulated with the
+// profiled times (planner::predict_plan). A data-parallel run is predicted per rank: its
+// gradient all-reduce over parallel.dp is not priced; the MoE all-to-alls are, over
+// parallel.ep ranks.
+int run_simulate(const SimulateArgs& a) {
+  const auto config = oases::train::load_run_config(a.config, a.overrides);
+  OASES_CHECK(config.parallel.pp == 1,
+              "oases simulate predicts one pipeline stage's layout; with parallel.pp = {} run "
+              "`oases plan`, which predicts every pipeline schedule",
+              config.parallel.pp);
+  const auto spec = oases::train::schedule_spec(config);
+  const auto measured = profile_for(config, spec, a.profile);
+  std::vector<int> plan;
+  if (config.parallel.plan == "auto") {
+    plan = oases::planner::make_plan(measured, spec, config.train.micro_batch,
+                                     config.parallel.memory_limit, moe_at_degree_one(config))
+               .chosen.degrees;
+  } else {
+    plan = oases::train::layer_degrees(config);
+  }
+  if (plan.empty())
+    plan.assign(static_cast<std::size_t>(config.model.layers), static_cast<int>(config.parallel.tp));
+  const oases::planner::Prediction p =
+      oases::planner::predict_plan(measured, plan, spec, config.train.micro_batch);
+  const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+  fmt::print("layer degrees {}{}\n", fmt::join(plan, ","),
+             config.model.has_moe()
+                 ? fmt::format(" (MoE layers: {}; all-to-alls over parallel.ep = {})",
+                               config.model.moe_layer_count(), config.parallel.ep)
+                 : std::string());
+  fmt::print("predicted step {:.4f} s: compute {:.4f} s, exposed communication {:.4f} s\n",
+             p.step_seconds, p.compute_seconds, p.exposed_comm_seconds);
+  fmt::print("predicted memory per rank {:.1f} MiB: parameters {:.1f}, gradients {:.1f}, "
+             "optimizer {:.1f}, activations {:.1f}\n",
+             mib(p.memory_bytes()), mib(p.memory.params), mib(p.memory.grads),
+             mib(p.memory.optimizer), mib(p.memory.activations));
+  if (config.parallel.dp > 1)
+    fmt::print("(per data-parallel rank: the gradient all-reduce over parallel.dp = {} is not "
+               "priced)\n",
+               config.parallel.dp);
+  return 0;
+}
+
+Verb add_simulate(CLI::App& app, SimulateArgs& a) {
+  auto* c = app.add_subcommand(
+      "simulate",
+      "Predict the step time and memory of the config's own layout (parallel.plan) from a "
+      "profile (oases profile), by simulating its schedule");
+  c->add_option("--config", a.config, "Run configuration (TOML)")->required();
+  c->add_option("--set", a.overrides, "Override config keys, as for train");
+  c->add_option("--profile", a.profile, "Profile written by oases profile")->required();
+  return {c, [&a] { return run_simulate(a); }};
 }
 
 Verb add_report(CLI::App& app, oases::train::ReportOptions& r) {
@@ -683,6 +765,7 @@ int run(int argc, char** argv) {
   oases::train::GenerateOptions generate;
   ProfileArgs profile;
   PlanArgs plan;
+  SimulateArgs simulate;
   EvalArgs eval;
   std::string verify_path;
   oases::train::ReportOptions report;
@@ -692,6 +775,7 @@ int run(int argc, char** argv) {
                                 add_generate(app, generate),
                                 add_profile(app, profile),
                                 add_plan(app, plan),
+                                add_simulate(app, simulate),
                                 add_verify_checkpoint(app, verify_path),
                                 add_eval(app, eval),
                                 add_report(app, report)};

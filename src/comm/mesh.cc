@@ -121,8 +121,18 @@ void Mesh::add_expert_groups(int ep, MpiCommunicatorOptions options) {
   if (ep == 1) return;
   ep_group_ = split(tp_rank_ + tp_ * (dp_rank_ / ep + dp_ / ep * pp_rank_), dp_rank_ % ep, "ep",
                     options);
-  expert_replica_group_ = split(dp_rank_ % ep + ep * pp_rank_, world_rank(), "expert-replicas",
-                                options);
+  for (int degree = 1; degree <= tp_; ++degree) {
+    if (tp_ % degree != 0) continue;
+    expert_replica_groups_[degree] =
+        split(dp_rank_ % ep + ep * (pp_rank_ * tp_ + tp_rank_ % degree), world_rank(),
+              fmt::format("expert-replicas[{}]", degree).c_str(), options);
+  }
+}
+
+Communicator& Mesh::expert_replica_group(int degree) {
+  OASES_ASSERT(degree >= 1 && tp_ % degree == 0, "degree {} does not divide tp = {}", degree, tp_);
+  if (ep_ == 1) return tp_replica_group(degree);
+  return *expert_replica_groups_.at(degree);
 }
 
 Communicator& Mesh::tp_replica_group(int degree) {

@@ -29,9 +29,10 @@
 // Expert parallelism (MoE layers, parallel.ep = e dividing dp): add_expert_groups(e) makes, after
 // create, the expert-parallel group ep_group() (the e data-parallel ranks that share dp_rank / e,
 // tp_rank and pp_rank, ordered by dp_rank % e; they split the experts and exchange tokens) and
-// expert_replica_group() (every rank of the pipeline stage with the same dp_rank % e, tensor-
-// parallel ranks included: the ranks that hold the same experts, over which their gradients
-// are summed; tp_replica_group(1) when e = 1).
+// expert_replica_group(k) for each degree k dividing tp (every rank of the pipeline stage with
+// the same dp_rank % e and the same tp_rank % k: the ranks that hold the same shard of the same
+// experts in a layer at degree k, over which their gradients are summed; tp_replica_group(k)
+// when e = 1).
 //
 // The rest of the engine always talks to a Mesh: a process started without a launcher uses
 // Mesh::single_process(), whose groups are SelfCommunicators.
@@ -87,15 +88,14 @@ class Mesh {
   void add_expert_groups(int ep, MpiCommunicatorOptions options = {});
   int ep_size() const { return ep_; }
   Communicator& ep_group() { return ep_ > 1 ? *ep_group_ : *self_; }
-  Communicator& expert_replica_group() {
-    return ep_ > 1 ? *expert_replica_group_ : tp_replica_group(1);
-  }
+  Communicator& expert_replica_group(int degree);
 
  private:
   Mesh(int tp, int dp, int pp, int world_rank);
 
   int tp_ = 1, dp_ = 1, pp_ = 1, ep_ = 1;
-  std::unique_ptr<Communicator> ep_group_, expert_replica_group_;
+  std::unique_ptr<Communicator> ep_group_;
+  std::map<int, std::unique_ptr<Communicator>> expert_replica_groups_;  // by degree
   int tp_rank_ = 0, dp_rank_ = 0, pp_rank_ = 0;
   std::unique_ptr<Communicator> world_, tp_group_, dp_group_, pp_group_;
   std::unique_ptr<Communicator> self_;  // groups of one (span == stride)

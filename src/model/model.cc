@@ -283,13 +283,9 @@ class Model::Builder final : public ParamResolver {
 
   void add_moe(const BlockContext& block, int attention_id) {
     const std::int64_t layer = block.layer;
-    OASES_CHECK(block.at.degree == 1,
-                "layer {} is a mixture-of-experts layer (model.moe_every = {}) and runs at "
-                "tensor-parallel degree {}; MoE layers run at degree 1 (parallel.tp = 1)",
-                layer, c_.moe_every, block.at.degree);
     ops::MoeSpec moe = arch_.moe(block);
     moe_spec_settings(c_, moe);
-    moe.name = "moe." + std::to_string(layer);
+    moe.name = "moe_dispatch." + std::to_string(layer);
     moe.layer = static_cast<int>(layer);
     moe.at = block.at;
     moe.epilogue = ops::ResidualEpilogue(arch_.epilogue_into_mlp(layer, attention_id, *this));

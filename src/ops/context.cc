@@ -3,6 +3,8 @@
 #include "core/buffer.h"
 #include "core/error.h"
 
+#include <algorithm>
+
 namespace oases::ops {
 
 void Slots::allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std::int64_t tokens,
@@ -21,8 +23,15 @@ void Slots::allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std:
           slots[static_cast<std::size_t>(s)] = arena.allocate(dtype, {tokens, hidden});
           continue;
         }
-        slots[static_cast<std::size_t>(s)] =
-            arena.allocate(dtype, {moe_rows, slot == Slot::moe_routing ? 2 : hidden + 2});
+        std::int64_t rows = moe_rows;
+        const std::int64_t width = slot == Slot::moe_routing ? moe_routing_elements(dtype)
+                                                              : hidden + moe_header_elements(dtype);
+        // The received gradients' buffer doubles as the one an MoE layer at degree > 1 sums
+        // over its tensor-parallel group: [tokens, hidden] input gradients, then a gradient per
+        // slot weight.
+        if (slot == Slot::moe_grad_recv)
+          rows = std::max(rows, (tokens * hidden + moe_rows + width - 1) / width);
+        slots[static_cast<std::size_t>(s)] = arena.allocate(dtype, {rows, width});
         continue;
       }
       slots[static_cast<std::size_t>(s)] = arena.allocate(dtype, {tokens, hidden});

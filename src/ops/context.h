@@ -29,11 +29,14 @@ enum class Slot : std::uint8_t {
   input_grad,     // partial gradient of a block's input (the backward collective's buffer);
                   // also the gradient rows a reshard gathers in backward
   reshard,        // rows a reshard gathers in forward (present only where the degree changes)
-  // Mixture-of-experts layers only ([MoE rows, hidden + 2]: a token's row and its global sample
-  // and position; routing [MoE rows, 2]): what the dispatch and combine all-to-alls send and
-  // receive in forward, the same for the gradients in backward, and the routing (token,
-  // weight) of every slot the dispatch hands the combine, and the residual-stream value h it
-  // hands the combine ([tokens, hidden]), which keeps it for the next epilogue.
+  // Mixture-of-experts layers only ([MoE rows, hidden + moe_header_elements]: a token's row and
+  // its global sample and position; routing [MoE rows, moe_routing_elements]): what the
+  // dispatch and combine all-to-alls send and receive in forward, the same for the gradients in
+  // backward, and the routing (token, weight) of every slot the dispatch hands the combine, and
+  // the residual-stream value h it
+  // hands the combine ([tokens, hidden]), which keeps it for the next epilogue. moe_grad_recv
+  // also holds what an MoE layer at degree > 1 sums over its group in backward ([tokens, hidden]
+  // input gradients, then one per slot weight), so it has at least that many elements.
   moe_send,
   moe_recv,
   moe_grad_send,
@@ -42,6 +45,17 @@ enum class Slot : std::uint8_t {
   moe_residual,
 };
 inline constexpr int kSlotCount = 11;
+
+// An MoE row ends in a header of 8 bytes, held as raw bits whatever the element type (a 16-bit
+// float cannot hold a position): the token's global sample and position as int32 (sample -1:
+// an empty slot). A routing row is 16 raw bytes: the token within the segment instance as
+// int64 (-1: empty) and the slot's weight as a double. In elements of `dtype`:
+inline constexpr std::int64_t moe_header_elements(DType dtype) {
+  return static_cast<std::int64_t>(8 / dtype_size(dtype));
+}
+inline constexpr std::int64_t moe_routing_elements(DType dtype) {
+  return static_cast<std::int64_t>(16 / dtype_size(dtype));
+}
 
 class Slots {
  public:

@@ -63,8 +63,12 @@ struct MlpSpec : LayerSpec {
   RowParallelLinear down;
 };
 
-// A mixture-of-experts feed-forward block (ops/moe.h has the routing) in place of MlpSpec, at
-// degree 1, as three segments with the expert-parallel all-to-alls between them:
+// A mixture-of-experts feed-forward block (ops/moe.h has the routing) in place of MlpSpec, as
+// three segments with the expert-parallel all-to-alls between them. At degree k > 1 every rank
+// of the layer's group routes the same rows (the router is replicated), each holds shard
+// tp_rank % k of every expert (FC1 by columns, FC2 by rows, the FC2 bias added by shard 0), and
+// its all-to-alls run in the ep group of its own tensor-parallel rank; the combine's output and
+// (in backward) the slot weights' gradients are partial sums over the group:
 //
 //   moe_dispatch.l    h = epilogue(previous output)  [checkpoint]
 //                     -> [pre-norm] -> router logits (and noise logits)  [internals]
@@ -74,12 +78,14 @@ struct MlpSpec : LayerSpec {
 //                     -> per local expert: up -> activation [-> expert dropout]  [internals]
 //                     -> down (with its bias) into the same rows  | A2A(combine)
 //   moe_combine.l     the rows that came back, and the routing  [checkpoint]
-//                     -> output = sum over a token's slots of weight x row  | AR (one rank)
+//                     -> output = sum over a token's slots of weight x row  | AR (layer group)
 //
 // Backward runs the other way: the combine sends each row's gradient (weight x the output's
 // gradient) back to its expert (A2A), the experts send their inputs' gradients back to the
 // tokens (A2A), and the dispatch adds them to its tokens' gradients together with the router's
-// (from the weights' gradients the combine formed). Every all-to-all exchanges whole buffers of
+// (from the weights' gradients the combine formed; at degree k > 1 the dispatch's backward
+// all-reduce first sums those and the input's gradient over the group). Every all-to-all
+// exchanges whole buffers of
 // experts x groups x capacity rows (empty slots included), so its blocks are equal and fixed.
 struct ExpertSpec {
   std::vector<ColumnParallelLinear> up;  // FC1 (GPT), or gate and up (LLaMA)

@@ -35,6 +35,11 @@ class ColumnParallelLinear {
                bool accumulate = false) const {
     kernels::linear_forward(x, weight_.value, layout_, bias_.value, y, accumulate, paths);
   }
+  // The product alone, without the bias: where another rank adds it (an expert split over a
+  // tensor-parallel group adds its output bias on one rank; each rank still forms its gradient).
+  void forward_without_bias(const Tensor& x, const Tensor& y, const Gemm16Paths& paths) const {
+    kernels::linear_forward(x, weight_.value, layout_, Tensor(), y, false, paths);
+  }
   // dx [n, in]: overwritten, or added to with accumulate_dx; empty to skip.
   void backward(const Tensor& dy, const Tensor& x, const Tensor& dx, bool accumulate_dx,
                 const Gemm16Paths& paths) const {
@@ -54,7 +59,9 @@ class ColumnParallelLinear {
   std::int64_t local_out() const {
     return layout_ == WeightLayout::in_out ? weight_.value.dim(1) : weight_.value.dim(0);
   }
+  const ParamRef& weight() const { return weight_; }
   const ParamRef& bias() const { return bias_; }
+  WeightLayout layout() const { return layout_; }
 
  private:
   ParamRef weight_, bias_;

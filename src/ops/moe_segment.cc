@@ -10,7 +10,9 @@
 #include "ops/moe.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -22,14 +24,76 @@ inline constexpr std::uint8_t kMoeWeightGradients = 128;
 
 namespace {
 
+// The type the router, the routing weights and every sum over a token's slots are computed in:
+// f64 in fp64 runs, else f32 (whatever the activations; 16-bit values are rounded once).
+template <class T>
+using Wide = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class T, class V>
+T narrow(V value) {
+  if constexpr (std::is_same_v<T, V>) return value;
+  else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) return static_cast<T>(value);
+  else return T(static_cast<float>(value));
+}
+
+// Runs body.template operator()<T>() for the activations' element type.
+template <class Body>
+void for_dtype(DType dtype, Body&& body) {
+  switch (dtype) {
+    case DType::f64: return body.template operator()<double>();
+    case DType::f32: return body.template operator()<float>();
+    case DType::bf16: return body.template operator()<BFloat16>();
+    case DType::f16: return body.template operator()<Float16>();
+    default: OASES_FAIL("mixture-of-experts layers do not run in {}", dtype_name(dtype));
+  }
+}
+
+// The raw header of an MoE row and a routing row (ops/context.h, moe_header_elements).
+struct RowHeader {
+  std::int32_t sample = -1, position = 0;
+};
+static_assert(sizeof(RowHeader) == 8);
+template <class T>
+RowHeader read_header(const T* at) {
+  RowHeader h;
+  std::memcpy(static_cast<void*>(&h), static_cast<const void*>(at), sizeof h);
+  return h;
+}
+template <class T>
+void write_header(T* at, RowHeader h) {
+  std::memcpy(static_cast<void*>(at), static_cast<const void*>(&h), sizeof h);
+}
+struct SlotRoute {
+  std::int64_t token = -1;  // within the segment instance; -1: an empty slot
+  double weight = 0;
+};
+static_assert(sizeof(SlotRoute) == 16);
+template <class T>
+SlotRoute read_route(const T* table, std::int64_t row) {
+  SlotRoute r;
+  std::memcpy(static_cast<void*>(&r), reinterpret_cast<const char*>(table) + row * sizeof r, sizeof r);
+  return r;
+}
+template <class T>
+void write_route(T* table, std::int64_t row, SlotRoute r) {
+  std::memcpy(reinterpret_cast<char*>(table) + row * sizeof r, static_cast<const void*>(&r), sizeof r);
+}
+
+// Empties row `row` of an MoE buffer: zeros, then the header of an empty slot.
+template <class T>
+void empty_row(T* buffer, std::int64_t row, std::int64_t width, std::int64_t hidden) {
+  std::fill_n(buffer + row * width, width, narrow<T>(0.0f));
+  write_header(buffer + row * width + hidden, RowHeader{});
+}
+
 int larger_capacity(const MoeSpec& spec) {
   return std::max(moe_capacity(spec.router, spec.group_tokens, true),
                   moe_capacity(spec.router, spec.group_tokens, false));
 }
 
 // What the three segments of one layer share. Every MoE buffer holds `experts x rows` rows of
-// `width` = hidden + 2 columns: a token's activations, then its global sample and position
-// (sample -1: an empty slot). Sent buffers are expert-major (expert e's rows [e x rows, ...),
+// `width` = hidden + header columns: a token's activations, then its global sample and position
+// as raw int32 (RowHeader; sample -1: an empty slot). Sent buffers are expert-major (expert e's rows [e x rows, ...),
 // within them group-major: slot s of group g is row g x capacity_max + s), so block j of the
 // all-to-all holds the experts of rank j; a received buffer is [source rank][local expert][rows].
 struct MoeLayout {
@@ -40,7 +104,9 @@ struct MoeLayout {
   std::int64_t groups = 0;    // dispatch groups per segment instance
   int capacity_max = 0;       // slots per group and expert (training or evaluation, the larger)
   std::int64_t rows = 0;      // per expert and source: groups x capacity_max
-  std::int64_t width = 0;     // hidden + 2
+  std::int64_t width = 0;     // hidden + header
+  std::int64_t header = 0;    // moe_header_elements
+  std::int64_t route = 0;     // moe_routing_elements: a routing row
   std::int64_t hidden = 0;
 
   MoeLayout(const ModelContext& model, const MoeSpec& spec) {
@@ -55,7 +121,9 @@ struct MoeLayout {
     capacity_max = larger_capacity(spec);
     rows = groups * capacity_max;
     hidden = model.hidden;
-    width = hidden + 2;
+    header = moe_header_elements(model.dtype);
+    route = moe_routing_elements(model.dtype);
+    width = hidden + header;
   }
   std::int64_t total_rows() const { return experts * rows; }
   // The first row of (source, local expert) in a received buffer.
@@ -72,7 +140,7 @@ std::vector<std::vector<std::int64_t>> filled_rows(const MoeLayout& layout, cons
     for (int source = 0; source < layout.ranks; ++source)
       for (std::int64_t r = 0; r < layout.rows; ++r) {
         const std::int64_t row = layout.received(source, e) + r;
-        if (buffer[row * layout.width + layout.hidden] >= T(0))
+        if (read_header(buffer + row * layout.width + layout.hidden).sample >= 0)
           filled[static_cast<std::size_t>(e)].push_back(row);
       }
   return filled;
@@ -93,27 +161,28 @@ class MoeDispatchSegment final : public detail::LayerSegment {
  public:
   MoeDispatchSegment(int id, const ModelContext& model, MoeSpec spec)
       : LayerSegment(id, model, spec), spec_(std::move(spec)), layout_(model, spec_) {
-    OASES_CHECK(model.dtype == DType::f32 || model.dtype == DType::f64,
-                "{}: mixture-of-experts layers run in fp32 or fp64 (train.precision), not {}",
-                name(), dtype_name(model.dtype));
     OASES_CHECK(tokens_ % spec_.group_tokens == 0,
                 "{}: model.moe_group_size = {} tokens must divide the {} tokens a segment instance "
                 "processes (train.micro_batch / parallel.sub_batches sequences of model.seq_len, "
                 "split over the tensor-parallel replicas); choose a group size that divides it",
                 name(), spec_.group_tokens, tokens_);
+    // The router's logits are statistics: f32 under 16-bit activations.
     const std::int64_t E = layout_.experts;
-    logits_ = internals_.add(tokens_ * E);
-    if (has_noise()) noise_logits_ = internals_.add(tokens_ * E);
-    router_grads_ = Buffer(static_cast<std::size_t>(2 * tokens_ * E) * dtype_size(model.dtype));
+    logits_ = internals_.add_statistics(tokens_ * E);
+    if (has_noise()) noise_logits_ = internals_.add_statistics(tokens_ * E);
+    router_grads_ =
+        Buffer(static_cast<std::size_t>(2 * tokens_ * E) * dtype_size(statistics_dtype(model.dtype)));
   }
 
   SegmentShape shape() const override {
     SegmentShape shape = layer_shape(kCheckpoint | kInternals);
     shape.has_weight_part = false;  // the router's gradient needs the combine's first
     shape.deferred_gradient_bytes = 0;
-    shape.backward_stages = 1;      // at degree 1 nothing sums the input's gradient
-    shape.has_backward_collective = false;
-    shape.backward_collective_elements = 0;
+    // At degree 1 nothing sums the input's gradient; at degree k the group sums it together
+    // with the slot weights' gradients, which are partial too (the experts' outputs are).
+    shape.backward_stages = split() ? 2 : 1;
+    shape.has_backward_collective = split();
+    shape.backward_collective_elements = split() ? reduced_elements() : 0;
     shape.forward_kind = CollectiveKind::all_to_all;
     shape.collective_ranks = layout_.ranks;
     shape.forward_collective_elements = layout_.total_rows() * layout_.width;
@@ -124,19 +193,25 @@ class MoeDispatchSegment final : public detail::LayerSegment {
             m_.slot(Slot::moe_recv, mb, sb).view(0, {layout_.total_rows() * layout_.width}),
             m_.slot(Slot::moe_send, mb, sb).view(0, {layout_.total_rows() * layout_.width})};
   }
-  CollectiveCall backward_collective(int, int) override {
-    OASES_FAIL("{} has no backward collective", name());
+  CollectiveCall backward_collective(int mb, int sb) override {
+    OASES_ASSERT(split(), "{} has no backward collective at degree 1", name());
+    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, layer_.at.group,
+            m_.slot(Slot::moe_grad_recv, mb, sb).view(0, {reduced_elements()}), {}};
   }
 
   void forward(const StepContext& ctx, int mb, int sb) override {
-    dispatch(ctx, mb, sb, kCheckpoint | kInternals | kOutput, ctx.head_mode == HeadMode::train);
+    // The ranks of a split layer route the same rows: the first counts them.
+    dispatch(ctx, mb, sb, kCheckpoint | kInternals | kOutput,
+             ctx.head_mode == HeadMode::train && layer_.at.shard == 0);
   }
+  // Stage 0 gathers the experts' input gradients onto the tokens; stage 1 (the same call at
+  // degree 1) adds the router's and runs on to the previous segment.
   void backward(const StepContext& ctx, int mb, int sb, int stage) override {
-    OASES_ASSERT(stage == 0, "{} has one backward stage", name());
-    if (m_.dtype == DType::f64) backward_typed<double>(ctx, mb, sb);
-    else backward_typed<float>(ctx, mb, sb);
-    backward_to_previous(ctx, mb, sb, store().get(key(mb, sb, kCheckpoint)),
-                         store().get(key(mb, sb, kInternals)));
+    OASES_ASSERT(stage < (split() ? 2 : 1), "{}: backward stage {}", name(), stage);
+    for_dtype(m_.dtype, [&]<class T>() { backward_typed<T>(ctx, mb, sb, stage); });
+    if (stage == 1 || !split())
+      backward_to_previous(ctx, mb, sb, store().get(key(mb, sb, kCheckpoint)),
+                           store().get(key(mb, sb, kInternals)));
   }
   void backward_input(const StepContext& ctx, int mb, int sb, int stage) override {
     backward(ctx, mb, sb, stage);
@@ -146,6 +221,10 @@ class MoeDispatchSegment final : public detail::LayerSegment {
   bool has_noise() const {
     return spec_.router.gate == MoeGate::noisy_top_k && spec_.router.router_noise > 0;
   }
+  bool split() const { return layer_.at.degree > 1; }
+  // What the backward collective sums: the input's gradient [tokens, hidden], then the
+  // gradient of every slot's weight.
+  std::int64_t reduced_elements() const { return tokens_ * m_.hidden + layout_.total_rows(); }
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) override {
     dispatch(ctx, mb, sb, parts, false);
   }
@@ -153,8 +232,12 @@ class MoeDispatchSegment final : public detail::LayerSegment {
     OASES_FAIL("{}: backward runs whole", name());
   }
   void dispatch(const StepContext& ctx, int mb, int sb, TensorSets parts, bool collect) {
-    if (m_.dtype == DType::f64) run_typed<double>(ctx, mb, sb, parts, collect);
-    else run_typed<float>(ctx, mb, sb, parts, collect);
+    for_dtype(m_.dtype, [&]<class T>() { run_typed<T>(ctx, mb, sb, parts, collect); });
+  }
+  // The router's logits [tokens, E] (and the noise logits) in the router's type.
+  Tensor logits(const Tensor& internals, int piece) const {
+    return statistics_view(internals, internals_.statistics_offset(piece), tokens_ * layout_.experts)
+        .view(0, {tokens_, layout_.experts});
   }
 
   MoeRandom random_of(const StepContext& ctx, int mb, int sb, std::int64_t group) const {
@@ -172,18 +255,19 @@ class MoeDispatchSegment final : public detail::LayerSegment {
   template <class T>
   InstanceRouting route_instance(const StepContext& ctx, int mb, int sb, const Tensor& internals,
                                  MoeLayerStats* stats) const {
+    using R = Wide<T>;
     InstanceRouting routing;
     const std::int64_t S = spec_.group_tokens, E = layout_.experts;
     routing.capacity = moe_capacity(spec_.router, S, ctx.dropout_enabled);
     const int cap = routing.capacity;
     routing.slot_token.assign(static_cast<std::size_t>(layout_.total_rows()), -1);
     routing.slot_weight.assign(routing.slot_token.size(), 0);
-    const T* logits = internals.data<T>() + logits_;
-    const T* noise = has_noise() ? internals.data<T>() + noise_logits_ : nullptr;
+    const R* logits = this->logits(internals, logits_).template data<R>();
+    const R* noise = has_noise() ? this->logits(internals, noise_logits_).template data<R>() : nullptr;
     std::vector<int> tokens(static_cast<std::size_t>(E * cap));
-    std::vector<T> weights(tokens.size());
+    std::vector<R> weights(tokens.size());
     for (std::int64_t g = 0; g < layout_.groups; ++g) {
-      const MoeGroupStats group = moe_route<T>(spec_.router, random_of(ctx, mb, sb, g), S,
+      const MoeGroupStats group = moe_route<R>(spec_.router, random_of(ctx, mb, sb, g), S,
                                                logits + g * S * E, noise ? noise + g * S * E : nullptr,
                                                cap, tokens.data(), weights.data());
       for (std::int64_t e = 0; e < E; ++e)
@@ -216,8 +300,9 @@ class MoeDispatchSegment final : public detail::LayerSegment {
     const Tensor x = body_input(checkpoint, internals);
     if (parts & kInternals) {
       run_pre_norm(checkpoint, internals);
-      spec_.router_linear.forward(x, matrix(internals, logits_, E), m_.gemm16);
-      if (has_noise()) spec_.noise_linear.forward(x, matrix(internals, noise_logits_, E), m_.gemm16);
+      // 16-bit x and weights give f32 logits: the product is formed and kept in f32.
+      spec_.router_linear.forward(x, logits(internals, logits_), m_.gemm16);
+      if (has_noise()) spec_.noise_linear.forward(x, logits(internals, noise_logits_), m_.gemm16);
     }
     if (!(parts & kOutput)) return;
     if (collect && spec_.stats && spec_.stats->tokens_per_expert.empty()) spec_.stats->reset(static_cast<int>(E));
@@ -232,64 +317,117 @@ class MoeDispatchSegment final : public detail::LayerSegment {
     const T* rows = x.data<T>();
     for (std::int64_t row = 0; row < layout_.total_rows(); ++row) {
       const std::int64_t token = routing.slot_token[static_cast<std::size_t>(row)];
-      T* out = send + row * W;
-      table[2 * row] = static_cast<T>(token);
-      table[2 * row + 1] = static_cast<T>(routing.slot_weight[static_cast<std::size_t>(row)]);
+      write_route(table, row, {token, routing.slot_weight[static_cast<std::size_t>(row)]});
       if (token < 0) {
-        std::fill_n(out, W, T(0));
-        out[C] = T(-1);
+        empty_row(send, row, W, C);
         continue;
       }
+      T* out = send + row * W;
       std::copy_n(rows + token * C, C, out);
-      out[C] = static_cast<T>(first_sample + token / m_.seq_len);
-      out[C + 1] = static_cast<T>(token % m_.seq_len);
+      write_header(out + C, {static_cast<std::int32_t>(first_sample + token / m_.seq_len),
+                             static_cast<std::int32_t>(token % m_.seq_len)});
     }
   }
 
   template <class T>
-  void backward_typed(const StepContext& ctx, int mb, int sb) {
-    const std::int64_t C = m_.hidden, E = layout_.experts, S = spec_.group_tokens, W = layout_.width;
-    const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
+  void backward_typed(const StepContext& ctx, int mb, int sb, int stage) {
+    using R = Wide<T>;
+    const std::int64_t C = m_.hidden, W = layout_.width;
     const Tensor internals = store().get(key(mb, sb, kInternals));
-    const Tensor x = body_input(checkpoint, internals);
     const InstanceRouting routing = route_instance<T>(ctx, mb, sb, internals, nullptr);
     const Tensor dx = rows_of(Slot::input_grad, mb, sb);
-    kernels::zero(dx);
-    // Each slot's input gradient, back from its expert, onto its token.
-    const T* received = m_.slot(Slot::moe_grad_recv, mb, sb).data<T>();
-    T* d_x = dx.data<T>();
+    const ActivationKey weight_grads{id() + 2, mb, sb, kMoeWeightGradients};
+    T* reduced = m_.slot(Slot::moe_grad_recv, mb, sb).data<T>();
+    const std::int64_t dx_elements = tokens_ * C;
+    if (stage == 1) {  // the group summed both
+      kernels::copy(Tensor::of(reduced, {tokens_, C}), dx);
+      std::vector<R> d_weight(static_cast<std::size_t>(layout_.total_rows()));
+      for (std::size_t i = 0; i < d_weight.size(); ++i)
+        d_weight[i] = static_cast<R>(reduced[dx_elements + static_cast<std::int64_t>(i)]);
+      return router_backward<T>(ctx, mb, sb, routing, internals, d_weight.data(), dx);
+    }
+    // Each slot's input gradient, back from its expert, onto its token (summed in the wide
+    // type: a token's slots add up before one rounding to 16 bits).
+    const T* received = reduced;
+    std::vector<R> summed;
+    R* d_x = nullptr;
+    if constexpr (std::is_same_v<T, R>) {
+      kernels::zero(dx);
+      d_x = dx.data<T>();
+    } else {
+      summed.assign(static_cast<std::size_t>(dx_elements), R(0));
+      d_x = summed.data();
+    }
     for (std::int64_t row = 0; row < layout_.total_rows(); ++row) {
       const std::int64_t token = routing.slot_token[static_cast<std::size_t>(row)];
       if (token < 0) continue;
       const T* from = received + row * W;
-      T* to = d_x + token * C;
-      for (std::int64_t c = 0; c < C; ++c) to[c] += from[c];
+      R* to = d_x + token * C;
+      for (std::int64_t c = 0; c < C; ++c) to[c] += static_cast<R>(from[c]);
     }
-    // The router: the weights' gradients (from the combine) and the auxiliary terms back to
-    // the logits, then to x.
-    const ActivationKey weight_grads{id() + 2, mb, sb, kMoeWeightGradients};
-    const T* d_weight = store().get(weight_grads).data<T>();
+    if constexpr (!std::is_same_v<T, R>)
+      kernels::convert(Tensor::of(summed.data(), {tokens_, C}), dx);
+    const R* d_weight = store().get(weight_grads).data<R>();
+    if (!split()) {
+      router_backward<T>(ctx, mb, sb, routing, internals, d_weight, dx);
+      return store().release(weight_grads);
+    }
+    // For the group to sum (in the activations' type, as every tensor-parallel sum is): the
+    // received rows are spent.
+    std::copy_n(dx.data<T>(), dx_elements, reduced);
+    for (std::int64_t i = 0; i < layout_.total_rows(); ++i)
+      reduced[dx_elements + i] = narrow<T>(d_weight[i]);
+    store().release(weight_grads);
+  }
+
+  // The router: the slot weights' (whole) gradients and the auxiliary terms back to the
+  // logits, then to x, added to dx. The router's backward runs in its own type: under 16-bit
+  // activations x and the weights are widened to f32 and dx's share is added in f32.
+  template <class T>
+  void router_backward(const StepContext& ctx, int mb, int sb, const InstanceRouting& routing,
+                       const Tensor& internals, const Wide<T>* d_weight, const Tensor& dx) {
+    using R = Wide<T>;
+    const std::int64_t E = layout_.experts, S = spec_.group_tokens;
+    const Tensor x = body_input(store().get(key(mb, sb, kCheckpoint)), internals);
     const int cap = routing.capacity;
-    std::vector<T> group_grads(static_cast<std::size_t>(E * cap));
-    const Tensor d_logits = router_grads_.tensor(m_.dtype, {tokens_, E});
-    const Tensor d_noise = router_grads_.tensor(m_.dtype, {2 * tokens_, E}).rows(tokens_, 2 * tokens_);
-    const T* logits = internals.data<T>() + logits_;
-    const T* noise = has_noise() ? internals.data<T>() + noise_logits_ : nullptr;
+    std::vector<R> group_grads(static_cast<std::size_t>(E * cap));
+    const DType router_dtype = statistics_dtype(m_.dtype);
+    const Tensor d_logits = router_grads_.tensor(router_dtype, {tokens_, E});
+    const Tensor d_noise = router_grads_.tensor(router_dtype, {2 * tokens_, E}).rows(tokens_, 2 * tokens_);
+    const R* logits = this->logits(internals, logits_).template data<R>();
+    const R* noise = has_noise() ? this->logits(internals, noise_logits_).template data<R>() : nullptr;
     const double per_group = static_cast<double>(S) * ctx.loss_gradient_scale;
     for (std::int64_t g = 0; g < layout_.groups; ++g) {
       for (std::int64_t e = 0; e < E; ++e)
         for (int s = 0; s < cap; ++s)
           group_grads[static_cast<std::size_t>(e * cap + s)] =
               d_weight[e * layout_.rows + g * layout_.capacity_max + s];
-      moe_route_backward<T>(spec_.router, random_of(ctx, mb, sb, g), S, logits + g * S * E,
+      moe_route_backward<R>(spec_.router, random_of(ctx, mb, sb, g), S, logits + g * S * E,
                             noise ? noise + g * S * E : nullptr, cap, group_grads.data(),
                             spec_.router.aux_coef * per_group, spec_.router.z_coef * per_group,
-                            d_logits.data<T>() + g * S * E,
-                            noise ? d_noise.data<T>() + g * S * E : nullptr);
+                            d_logits.data<R>() + g * S * E,
+                            noise ? d_noise.data<R>() + g * S * E : nullptr);
     }
-    store().release(weight_grads);
-    spec_.router_linear.backward(d_logits, x, dx, true, m_.gemm16);
-    if (has_noise()) spec_.noise_linear.backward(d_noise, x, dx, true, m_.gemm16);
+    if constexpr (std::is_same_v<T, R>) {
+      spec_.router_linear.backward(d_logits, x, dx, true, m_.gemm16);
+      if (has_noise()) spec_.noise_linear.backward(d_noise, x, dx, true, m_.gemm16);
+    } else {
+      std::vector<float> x_wide(static_cast<std::size_t>(x.numel())), dx_wide(x_wide.size());
+      const Tensor xw = Tensor::of(x_wide.data(), x.shape());
+      const Tensor dxw = Tensor::of(dx_wide.data(), dx.shape());
+      kernels::convert(x, xw);
+      kernels::convert(dx, dxw);
+      const auto widened_backward = [&](const ColumnParallelLinear& linear, const Tensor& dy) {
+        const ParamRef& w = linear.weight();
+        std::vector<float> w_wide(static_cast<std::size_t>(w.value.numel()));
+        const Tensor ww = Tensor::of(w_wide.data(), w.value.shape());
+        kernels::convert(w.value, ww);
+        kernels::linear_backward(dy, xw, ww, linear.layout(), dxw, true, w.grad, Tensor());
+      };
+      widened_backward(spec_.router_linear, d_logits);
+      if (has_noise()) widened_backward(spec_.noise_linear, d_noise);
+      kernels::convert(dxw, dx);
+    }
   }
 
   MoeSpec spec_;
@@ -347,8 +485,7 @@ class MoeExpertsSegment final : public Segment {
   }
   void backward(const StepContext& ctx, int mb, int sb, int stage) override {
     if (stage == 1) return;  // the gradients went back to their tokens' ranks
-    if (m_.dtype == DType::f64) backward_typed<double>(ctx, mb, sb);
-    else backward_typed<float>(ctx, mb, sb);
+    for_dtype(m_.dtype, [&]<class T>() { backward_typed<T>(ctx, mb, sb); });
   }
 
  private:
@@ -358,8 +495,7 @@ class MoeExpertsSegment final : public Segment {
             m_.slot(receive, mb, sb).view(0, {n}), m_.slot(send, mb, sb).view(0, {n})};
   }
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) {
-    if (m_.dtype == DType::f64) run_typed<double>(ctx, mb, sb, parts);
-    else run_typed<float>(ctx, mb, sb, parts);
+    for_dtype(m_.dtype, [&]<class T>() { run_typed<T>(ctx, mb, sb, parts); });
   }
   Tensor acquire_or_get(int mb, int sb, TensorSet set, TensorSets parts, const SetLayout& layout) {
     return (parts & set) ? store().acquire(key(mb, sb, set), layout.dtype(), layout.elements(),
@@ -387,18 +523,19 @@ class MoeExpertsSegment final : public Segment {
     if (p == 0 || !ctx.dropout_enabled) return;
     const kernels::DropoutSite site{m_.seed, static_cast<std::uint32_t>(ctx.step),
                                     static_cast<std::uint32_t>(spec_.layer), kDropoutSiteExpert};
+    // Keyed by the whole expert's hidden index: this rank holds columns [shard x F, +F).
     const std::int64_t F = a.dim(1), W = layout_.width, C = layout_.hidden;
     const std::int64_t global_expert = static_cast<std::int64_t>(layout_.rank) * layout_.local + e;
-    const T scale = static_cast<T>(1.0 / (1.0 - p));
+    const std::int64_t first = (global_expert * spec_.at.degree + spec_.at.shard) * F;
+    using R = Wide<T>;
+    const auto scale = static_cast<R>(1.0 / (1.0 - p));
     for (std::size_t i = 0; i < which.size(); ++i) {
-      const T* header = input + which[i] * W + C;
-      const auto sample = static_cast<std::int64_t>(header[0]);
-      const auto position = static_cast<std::int64_t>(header[1]);
+      const RowHeader header = read_header(input + which[i] * W + C);
       T* row = a.data<T>() + static_cast<std::int64_t>(i) * F;
       for (std::int64_t f = 0; f < F; ++f)
-        row[f] = kernels::cpu::dropout_keep(site, p, sample, position, global_expert * F + f)
-                     ? row[f] * scale
-                     : T(0);
+        row[f] = kernels::cpu::dropout_keep(site, p, header.sample, header.position, first + f)
+                     ? narrow<T>(static_cast<R>(row[f]) * scale)
+                     : narrow<T>(R(0));
     }
   }
 
@@ -421,10 +558,7 @@ class MoeExpertsSegment final : public Segment {
     T* send = m_.slot(Slot::moe_send, mb, sb).data<T>();
     if (parts & kOutput) {
       // Empty slots go back empty.
-      for (std::int64_t row = 0; row < n_all; ++row) {
-        std::fill_n(send + row * W, W, T(0));
-        send[row * W + C] = T(-1);
-      }
+      for (std::int64_t row = 0; row < n_all; ++row) empty_row(send, row, W, C);
     }
     for (int e = 0; e < layout_.local; ++e) {
       const auto& which = filled[static_cast<std::size_t>(e)];
@@ -447,11 +581,13 @@ class MoeExpertsSegment final : public Segment {
       }
       if (parts & kOutput) {
         const Tensor y = outputs.rows(0, n);
-        expert.down.forward(hidden, y, m_.gemm16);
+        // Split over a group, each rank's output is a partial sum: one of them adds the bias.
+        if (spec_.at.shard == 0) expert.down.forward(hidden, y, m_.gemm16);
+        else expert.down.forward_without_bias(hidden, y, m_.gemm16);
         for (std::int64_t i = 0; i < n; ++i) {
           T* row = send + which[static_cast<std::size_t>(i)] * W;
           std::copy_n(y.data<T>() + i * C, C, row);
-          std::copy_n(input + which[static_cast<std::size_t>(i)] * W + C, 2, row + C);
+          std::copy_n(input + which[static_cast<std::size_t>(i)] * W + C, layout_.header, row + C);
         }
       }
     }
@@ -468,7 +604,7 @@ class MoeExpertsSegment final : public Segment {
     const auto filled = filled_rows(layout_, input);
     const T* d_out = m_.slot(Slot::moe_grad_recv, mb, sb).data<T>();
     T* d_send = m_.slot(Slot::moe_grad_send, mb, sb).data<T>();
-    std::fill_n(d_send, n_all * W, T(0));
+    std::fill_n(d_send, n_all * W, narrow<T>(0.0f));
     // Scratch: gathered inputs, output gradients (then the inputs' gradients), the hidden
     // activations' and the up projections' gradients.
     const Tensor gathered = m_.scratch_wide.view(0, {per_expert, C});
@@ -523,7 +659,7 @@ class MoeCombineSegment final : public Segment {
     // First the residual h, where the next epilogue reads its residual (ops/epilogue.h).
     residual_ = checkpoint_.add(tokens_ * m_.hidden);
     returned_ = checkpoint_.add(layout_.total_rows() * layout_.width);
-    routing_ = checkpoint_.add(layout_.total_rows() * 2);
+    routing_ = checkpoint_.add(layout_.total_rows() * layout_.route);
   }
   const std::string& name() const override { return name_; }
   SegmentShape shape() const override {
@@ -557,14 +693,12 @@ class MoeCombineSegment final : public Segment {
   void recompute(const StepContext&, int mb, int sb, TensorSets sets) override { run(mb, sb, sets); }
   void backward(const StepContext&, int mb, int sb, int stage) override {
     if (stage == 1) return;  // the rows' gradients went to the experts
-    if (m_.dtype == DType::f64) backward_typed<double>(mb, sb);
-    else backward_typed<float>(mb, sb);
+    for_dtype(m_.dtype, [&]<class T>() { backward_typed<T>(mb, sb); });
   }
 
  private:
   void run(int mb, int sb, TensorSets parts) {
-    if (m_.dtype == DType::f64) run_typed<double>(mb, sb, parts);
-    else run_typed<float>(mb, sb, parts);
+    for_dtype(m_.dtype, [&]<class T>() { run_typed<T>(mb, sb, parts); });
   }
   template <class T>
   void run_typed(int mb, int sb, TensorSets parts) {
@@ -577,22 +711,33 @@ class MoeCombineSegment final : public Segment {
       kernels::copy(m_.slot_rows(Slot::moe_residual, mb, sb, spec_.at.rows),
                     checkpoint.view(residual_, {tokens_, C}));
       kernels::copy(m_.slot(Slot::moe_recv, mb, sb).view(0, {n * W}), checkpoint.view(returned_, {n * W}));
-      kernels::copy(m_.slot(Slot::moe_routing, mb, sb).view(0, {n * 2}), checkpoint.view(routing_, {n * 2}));
+      kernels::copy(m_.slot(Slot::moe_routing, mb, sb).view(0, {n * layout_.route}),
+                    checkpoint.view(routing_, {n * layout_.route}));
     }
     if (!(parts & kOutput)) return;
+    using R = Wide<T>;
     const Tensor output = m_.slot_rows(Slot::output, mb, sb, spec_.at.rows);
-    kernels::zero(output);
-    T* y = output.data<T>();
+    // A token's experts add up in the wide type, rounded once to 16 bits.
+    std::vector<R> summed;
+    R* y = nullptr;
+    if constexpr (std::is_same_v<T, R>) {
+      kernels::zero(output);
+      y = output.data<T>();
+    } else {
+      summed.assign(static_cast<std::size_t>(tokens_ * C), R(0));
+      y = summed.data();
+    }
     const T* rows = checkpoint.data<T>() + returned_;
     const T* table = checkpoint.data<T>() + routing_;
     for (std::int64_t row = 0; row < n; ++row) {
-      const auto token = static_cast<std::int64_t>(table[2 * row]);
-      if (token < 0) continue;
-      const T w = table[2 * row + 1];
+      const SlotRoute route = read_route(table, row);
+      if (route.token < 0) continue;
+      const auto w = static_cast<R>(route.weight);
       const T* from = rows + row * W;
-      T* to = y + token * C;
-      for (std::int64_t c = 0; c < C; ++c) to[c] += w * from[c];
+      R* to = y + route.token * C;
+      for (std::int64_t c = 0; c < C; ++c) to[c] += w * static_cast<R>(from[c]);
     }
+    if constexpr (!std::is_same_v<T, R>) kernels::convert(Tensor::of(y, {tokens_, C}), output);
   }
   template <class T>
   void backward_typed(int mb, int sb) {
@@ -601,27 +746,29 @@ class MoeCombineSegment final : public Segment {
     const T* rows = checkpoint.data<T>() + returned_;
     const T* table = checkpoint.data<T>() + routing_;
     const T* dy = m_.slot_rows(Slot::output_grad, mb, sb, spec_.at.rows).data<T>();
+    using R = Wide<T>;
     T* d_send = m_.slot(Slot::moe_grad_send, mb, sb).data<T>();
-    T* d_weight = store().acquire(key(mb, sb, kMoeWeightGradients), m_.dtype, n).data<T>();
+    // The slot weights' gradients, in the router's type (f32 under 16-bit activations).
+    R* d_weight =
+        store().acquire(key(mb, sb, kMoeWeightGradients), statistics_dtype(m_.dtype), n).data<R>();
     for (std::int64_t row = 0; row < n; ++row) {
       T* to = d_send + row * W;
-      const auto token = static_cast<std::int64_t>(table[2 * row]);
-      if (token < 0) {
-        std::fill_n(to, W, T(0));
-        d_weight[row] = T(0);
+      const SlotRoute route = read_route(table, row);
+      if (route.token < 0) {
+        std::fill_n(to, W, narrow<T>(0.0f));
+        d_weight[row] = R(0);
         continue;
       }
-      const T w = table[2 * row + 1];
-      const T* g = dy + token * C;
+      const auto w = static_cast<R>(route.weight);
+      const T* g = dy + route.token * C;
       const T* from = rows + row * W;
       double dot = 0;
       for (std::int64_t c = 0; c < C; ++c) {
         dot += static_cast<double>(from[c]) * static_cast<double>(g[c]);
-        to[c] = w * g[c];
+        to[c] = narrow<T>(w * static_cast<R>(g[c]));
       }
-      to[C] = from[C];
-      to[C + 1] = from[C + 1];
-      d_weight[row] = static_cast<T>(dot);
+      std::copy_n(from + C, layout_.header, to + C);
+      d_weight[row] = static_cast<R>(dot);
     }
   }
 

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
+#include <vector>
 
 namespace oases::planner {
 namespace {
@@ -25,11 +27,17 @@ std::int64_t scaled(std::int64_t bytes, double factor) {
   return static_cast<std::int64_t>(std::llround(static_cast<double>(bytes) * factor));
 }
 
-// The shape of a GPT segment of `kind` ("embedding", "attention", "mlp", "head"; layer l of
-// `layers`) at profile degree d processing `rows` sequences, set sizes scaled from the profile.
+// The shape of a GPT segment of `kind` ("embedding", "attention", "mlp", "head", or an MoE
+// layer's "moe_dispatch", "experts", "moe_combine"; layer l of `layers`) at profile degree d
+// processing `rows` sequences, set sizes and collective elements scaled from the profile; the
+// MoE all-to-alls span `ep` ranks.
 ops::SegmentShape segment_shape(const DegreeProfile& d, double rows, const std::string& kind,
-                                int l, int layers) {
+                                int l, int layers, int ep) {
   const double factor = rows / static_cast<double>(d.rows);
+  const auto elements = [&](const std::string& key) -> std::int64_t {
+    const auto it = d.collective_elements.find(key);
+    return it == d.collective_elements.end() ? 0 : scaled(it->second, factor);
+  };
   const auto bytes = [&](const std::string& set) -> std::size_t {
     const auto k = d.activation_bytes.find(kind);
     if (k == d.activation_bytes.end()) return 0;
@@ -56,6 +64,39 @@ ops::SegmentShape segment_shape(const DegreeProfile& d, double rows, const std::
   } else if (kind == "head_softmax" || kind == "head_loss") {
     shape.name = kind;
     shape.has_forward_collective = kind == "head_softmax";
+  } else if (kind == "moe_dispatch" || kind == "experts" || kind == "moe_combine") {
+    // As ops/moe_segment.cc shapes them: the dispatch's forward all-to-all sends the tokens to
+    // their experts (at degree k > 1 its backward all-reduce sums the partial input gradients
+    // over the layer's group), the experts' all-to-alls send the results back (forward) and the
+    // input gradients back (backward), the combine's forward all-reduce runs over the layer's
+    // group and its backward all-to-all sends the rows' gradients to their experts.
+    shape.name = kind + "." + std::to_string(l);
+    shape.layer = l;
+    shape.recomputable = true;
+    shape.collective_ranks = ep;
+    shape.has_forward_collective = true;
+    shape.forward_collective_elements = elements(kind + ".fwd");
+    shape.backward_collective_elements = elements(kind + ".bwd");
+    shape.checkpoint_bytes = bytes("checkpoint");
+    shape.internals_bytes = bytes("internals");
+    if (kind == "moe_dispatch") {
+      shape.forward_kind = ops::CollectiveKind::all_to_all;
+      shape.has_backward_collective = d.degree > 1;
+      shape.backward_stages = d.degree > 1 ? 2 : 1;
+      shape.sets = ops::kCheckpoint | ops::kInternals;
+      shape.checkpoint_replicated = d.degree > 1;
+    } else if (kind == "experts") {
+      shape.forward_kind = shape.backward_kind = ops::CollectiveKind::all_to_all;
+      shape.has_backward_collective = true;
+      shape.backward_stages = 2;
+      shape.sets = ops::kCheckpoint | ops::kInternals;
+    } else {
+      shape.backward_kind = ops::CollectiveKind::all_to_all;
+      shape.has_backward_collective = true;
+      shape.backward_stages = 2;
+      shape.sets = ops::kCheckpoint;
+      shape.internals_bytes = 0;
+    }
   } else {
     shape.name = kind + "." + std::to_string(l);
     shape.has_forward_collective = shape.has_backward_collective = true;
@@ -103,6 +144,31 @@ double checkpoint_gather_seconds(const Profile& profile, int degree) {
   return it == profile.reshards.end() ? 0.0 : it->second;
 }
 
+// The feed-forward kinds of a layer: the MLP, or an MoE layer's three segments.
+std::vector<std::string> feed_forward_kinds(bool moe) {
+  if (!moe) return {"mlp"};
+  return {std::begin(kMoeKinds), std::end(kMoeKinds)};
+}
+
+std::vector<bool> model_moe_layers(const Profile& profile, int layers) {
+  std::vector<bool> moe(static_cast<std::size_t>(layers));
+  for (int l = 0; l < layers; ++l) moe[static_cast<std::size_t>(l)] = profile.model.is_moe_layer(l);
+  return moe;
+}
+
+// Under expert parallelism the all-to-alls cross the measured link, priced by their per-peer
+// volume; in a group of one they keep the profiled time (a local copy).
+void price_expert_all_to_alls(const Profile& profile, sim::CostModel& costs,
+                              const ops::Program& program) {
+  if (profile.ep <= 1) return;
+  OASES_CHECK(profile.expert_link.bytes_per_second > 0,
+              "the profile prices all-to-alls over parallel.ep = {} ranks but has no measured "
+              "expert-parallel link; re-run `oases profile` with parallel.ep = {}",
+              profile.ep, profile.ep);
+  sim::price_all_to_alls(costs, program,
+                         {profile.expert_link.bytes_per_second, profile.expert_link.latency_s});
+}
+
 }  // namespace
 
 MemoryBytes state_memory(const Profile& profile, std::int64_t parameter_bytes) {
@@ -124,12 +190,17 @@ ops::Program program_at(const Profile& profile, int degree, double rows) {
 
 ops::Program program_at(const Profile& profile, int degree, double rows, int layers) {
   const DegreeProfile& d = degree_of(profile, degree);
+  const int ep = profile.ep;
   ops::Program program;
-  program.segments.push_back(segment_shape(d, rows, "embedding", -1, layers));
-  for (int l = 0; l < layers; ++l)
-    for (const std::string kind : {"attention", "mlp"})
-      program.segments.push_back(segment_shape(d, rows, kind, l, layers));
-  append_head(program, [&](const std::string& kind) { return segment_shape(d, rows, kind, -1, layers); });
+  program.set_element_bytes = static_cast<std::size_t>(profile.element_bytes);
+  program.segments.push_back(segment_shape(d, rows, "embedding", -1, layers, ep));
+  for (int l = 0; l < layers; ++l) {
+    program.segments.push_back(segment_shape(d, rows, "attention", l, layers, ep));
+    for (const std::string& kind : feed_forward_kinds(profile.model.is_moe_layer(l)))
+      program.segments.push_back(segment_shape(d, rows, kind, l, layers, ep));
+  }
+  append_head(program,
+              [&](const std::string& kind) { return segment_shape(d, rows, kind, -1, layers, ep); });
   return program;
 }
 
@@ -180,6 +251,7 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows,
   // Measured on the whole group, whose traffic crosses the link the replicas' reductions use.
   costs.collective_slowdown = profile.degrees.back().collective_slowdown;
   costs.shared_link = true;  // the replicas are ranks of one tensor-parallel group
+  price_expert_all_to_alls(profile, costs, program);
   return costs;
 }
 
@@ -225,7 +297,7 @@ struct PlanProgram {
 };
 
 PlanProgram plan_program(const Profile& profile, const std::vector<int>& degrees,
-                         double sub_batch_rows) {
+                         const std::vector<bool>& moe, double sub_batch_rows) {
   const int T = profile.tp;
   const auto L = static_cast<int>(degrees.size());
   const auto layer_degree = [&](int layer) {
@@ -233,9 +305,10 @@ PlanProgram plan_program(const Profile& profile, const std::vector<int>& degrees
   };
   const auto rows_at = [&](int k) { return sub_batch_rows * k / T; };
   const auto shape_at = [&](int k, const std::string& kind, int l) {
-    return segment_shape(degree_of(profile, k), rows_at(k), kind, l, L);
+    return segment_shape(degree_of(profile, k), rows_at(k), kind, l, L, profile.ep);
   };
   PlanProgram out;
+  out.program.set_element_bytes = static_cast<std::size_t>(profile.element_bytes);
   const auto add = [&](ops::SegmentShape shape, double rows) {
     out.program.segments.push_back(std::move(shape));
     out.rows.push_back(rows);
@@ -256,7 +329,8 @@ PlanProgram plan_program(const Profile& profile, const std::vector<int>& degrees
   add(shape_at(T, "embedding", -1), rows_at(T));
   for (int l = 0; l < L; ++l) {
     add_reshard(l);
-    for (const std::string kind : {"attention", "mlp"})
+    add(shape_at(layer_degree(l), "attention", l), rows_at(layer_degree(l)));
+    for (const std::string& kind : feed_forward_kinds(moe[static_cast<std::size_t>(l)]))
       add(shape_at(layer_degree(l), kind, l), rows_at(layer_degree(l)));
   }
   add_reshard(L);
@@ -272,10 +346,21 @@ PlanProgram plan_program(const Profile& profile, const std::vector<int>& degrees
 Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
                         const schedule::ScheduleSpec& spec, std::int64_t micro_batch,
                         double overlap_slowdown) {
+  return predict_plan(profile, degrees,
+                      model_moe_layers(profile, static_cast<int>(degrees.size())), spec,
+                      micro_batch, overlap_slowdown);
+}
+
+Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
+                        const std::vector<bool>& moe, const schedule::ScheduleSpec& spec,
+                        std::int64_t micro_batch, double overlap_slowdown) {
   const int T = profile.tp;
   const auto L = static_cast<int>(degrees.size());
+  OASES_CHECK(moe.size() == degrees.size(),
+              "a plan of {} layer degrees with {} MoE-layer flags: give one flag per layer",
+              degrees.size(), moe.size());
   const double sub_batch_rows = static_cast<double>(micro_batch) / spec.sub_batches;
-  const PlanProgram plan = plan_program(profile, degrees, sub_batch_rows);
+  const PlanProgram plan = plan_program(profile, degrees, moe, sub_batch_rows);
   const ops::Program& program = plan.program;
   const DegreeProfile& full = degree_of(profile, T);
 
@@ -337,6 +422,7 @@ Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
   costs.overlap_slowdown = overlap_slowdown >= 0 ? overlap_slowdown : full.overlap_slowdown;
   costs.collective_slowdown = full.collective_slowdown;
   costs.shared_link = true;  // a layer's replicas are ranks of the tensor-parallel group
+  price_expert_all_to_alls(profile, costs, program);
 
   const schedule::Schedule schedule = training_schedule(program, spec);
   const sim::SimResult sim = sim::simulate(schedule, costs);

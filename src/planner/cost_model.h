@@ -56,7 +56,10 @@ struct Prediction {
 };
 
 // The GPT program of a degree-`degree` replica whose segment instances process `rows`
-// sequences, with set sizes scaled from the profile.
+// sequences, with set sizes scaled from the profile. Layers where profile.model.is_moe_layer
+// run three segments in place of the MLP (moe_dispatch.l, experts.l, moe_combine.l, shaped as
+// ops/moe_segment.cc shapes them: all-to-alls over profile.ep ranks). costs_at prices those
+// all-to-alls over profile.expert_link when profile.ep > 1.
 ops::Program program_at(const Profile& profile, int degree, double rows);
 ops::Program program_at(const Profile& profile, int degree, double rows, int layers);
 
@@ -68,9 +71,18 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows,
 // (micro_batches: per step), micro_batch sequences per micro-batch of the whole group.
 // overlap_slowdown < 0 takes the profile's measured value (at degree T, as the collective
 // slowdown under compute).
+// Layer l is an MoE layer (three segments: moe_dispatch, experts, moe_combine, in place of the
+// MLP) where profile.model.is_moe_layer(l); its all-to-alls span profile.ep ranks and, for
+// ep > 1, are priced by their per-peer volume over profile.expert_link
+// (sim::price_all_to_alls), otherwise at their profiled times.
 Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
                         const schedule::ScheduleSpec& spec, std::int64_t micro_batch,
                         double overlap_slowdown = -1);
+// The same with moe[l] (one per layer) saying which layers are MoE layers: the planner prices
+// one layer of each kind by the difference of two plans.
+Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
+                        const std::vector<bool>& moe, const schedule::ScheduleSpec& spec,
+                        std::int64_t micro_batch, double overlap_slowdown = -1);
 
 // Every layer at `degree` under `spec` (kind, recompute, sub_batches, micro_batches: the
 // schedule each replica runs; micro_batch: sequences per micro-batch of the whole group).

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -64,7 +65,8 @@ void read_memory_parts(const nlohmann::json& j, Plan& plan, const std::string& p
 }  // namespace
 
 PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
-                     std::int64_t micro_batch, std::int64_t memory_limit) {
+                     std::int64_t micro_batch, std::int64_t memory_limit,
+                     bool moe_at_degree_one) {
   OASES_CHECK(!profile.degrees.empty(), "the profile has no degrees");
   const auto L = static_cast<int>(profile.model.layers);
   const int T = profile.tp;
@@ -73,45 +75,92 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
   ChainProblem chain;
   chain.layers = L;
   chain.candidates = static_cast<int>(profile.degrees.size());
+  // MoE layers (three segments in place of the MLP) cost what dense ones do not: each kind of
+  // layer is priced apart, as the difference between the whole model and the model less one
+  // layer of that kind.
+  std::vector<bool> moe(static_cast<std::size_t>(L));
+  for (int l = 0; l < L; ++l) moe[static_cast<std::size_t>(l)] = profile.model.is_moe_layer(l);
+  const auto without_one = [&](bool kind) -> std::optional<std::vector<bool>> {
+    const auto it = std::find(moe.begin(), moe.end(), kind);
+    if (it == moe.end()) return std::nullopt;
+    std::vector<bool> less = moe;
+    less.erase(less.begin() + (it - moe.begin()));
+    return less;
+  };
+  // The degrees of a uniform plan at k: every layer at k, save MoE layers that must run at 1.
+  const auto uniform_at = [&](int k) {
+    std::vector<int> degrees(static_cast<std::size_t>(L), k);
+    for (int l = 0; l < L; ++l)
+      if (moe_at_degree_one && moe[static_cast<std::size_t>(l)]) degrees[static_cast<std::size_t>(l)] = 1;
+    return degrees;
+  };
   std::vector<int> degrees;
-  std::vector<double> layer_time;
-  std::vector<double> layer_bytes;
+  // [kind][candidate]: kind 0 a dense layer, 1 an MoE layer.
+  std::vector<double> layer_time[2];
+  std::vector<double> layer_bytes[2];
   Prediction top_full;
   for (const DegreeProfile& d : profile.degrees) {
-    const auto every_layer_at = [&](int layers) {
-      return std::vector<int>(static_cast<std::size_t>(layers), d.degree);
-    };
-    const Prediction full = predict_plan(profile, every_layer_at(L), spec, micro_batch);
-    const Prediction less = predict_plan(profile, every_layer_at(L - 1), spec, micro_batch);
-    report.uniform.push_back(
-        {d.degree, full, memory_limit == 0 || full.memory_bytes() <= memory_limit});
+    const std::vector<int> every_layer(static_cast<std::size_t>(L), d.degree);
+    const Prediction full = predict_plan(profile, every_layer, moe, spec, micro_batch);
+    const Prediction uniform = moe_at_degree_one
+                                   ? predict_plan(profile, uniform_at(d.degree), moe, spec,
+                                                  micro_batch)
+                                   : full;
+    report.uniform.push_back({d.degree, uniform,
+                              memory_limit == 0 || uniform.memory_bytes() <= memory_limit,
+                              moe_at_degree_one && d.degree != 1});
     degrees.push_back(d.degree);
-    layer_time.push_back(std::max(0.0, full.step_seconds - less.step_seconds));
-    layer_bytes.push_back(static_cast<double>(full.memory_bytes() - less.memory_bytes()));
+    for (const bool kind : {false, true}) {
+      const std::optional<std::vector<bool>> less_moe = without_one(kind);
+      if (!less_moe) {
+        layer_time[kind].push_back(0);
+        layer_bytes[kind].push_back(0);
+        continue;
+      }
+      const Prediction less =
+          predict_plan(profile, std::vector<int>(static_cast<std::size_t>(L - 1), d.degree),
+                       *less_moe, spec, micro_batch);
+      layer_time[kind].push_back(std::max(0.0, full.step_seconds - less.step_seconds));
+      layer_bytes[kind].push_back(static_cast<double>(full.memory_bytes() - less.memory_bytes()));
+    }
     top_full = full;  // degrees ascend: the last is T, where the embedding and head run
+  }
+  // parallel.expert_tp = 1 keeps MoE layers at degree 1: any other degree costs more than
+  // every plan that respects it, so neither solver picks it while such a plan fits.
+  double penalty = 0;
+  if (moe_at_degree_one) {
+    for (const auto& times : layer_time)
+      for (double t : times) penalty += t;
+    penalty = 1e3 * (penalty + 1.0);
   }
   std::int64_t largest = 0;
   for (const UniformOption& u : report.uniform)
     largest = std::max(largest, u.prediction.memory_bytes());
   const std::int64_t unit = memory_unit(std::max(largest, memory_limit));
-  std::vector<std::int64_t> layer_memory;
-  for (double bytes : layer_bytes) layer_memory.push_back(units_up(bytes, unit));
-  const double fixed_time = top_full.step_seconds - L * layer_time.back();
-  const double fixed_bytes =
-      static_cast<double>(top_full.memory_bytes()) - L * layer_bytes.back();
+  std::vector<std::int64_t> layer_memory[2];
+  for (const bool kind : {false, true})
+    for (double bytes : layer_bytes[kind]) layer_memory[kind].push_back(units_up(bytes, unit));
+  double fixed_time = top_full.step_seconds;
+  double fixed_bytes = static_cast<double>(top_full.memory_bytes());
+  for (int l = 0; l < L; ++l) {
+    fixed_time -= layer_time[moe[static_cast<std::size_t>(l)]].back();
+    fixed_bytes -= layer_bytes[moe[static_cast<std::size_t>(l)]].back();
+  }
   // A degree change pays one measured all-gather per (micro-batch, sub-batch) instance,
   // counted as if nothing hid it; the embedding and the head sit at T, so the first and last
   // layers pay the change from and to T.
   const double instances = static_cast<double>(spec.micro_batches) * spec.sub_batches;
   const auto reshard = [&](int a, int b) { return profile.reshard_seconds(a, b) * instances; };
   for (int l = 0; l < L; ++l) {
-    std::vector<double> cost = layer_time;
+    const bool kind = moe[static_cast<std::size_t>(l)];
+    std::vector<double> cost = layer_time[kind];
     for (int k = 0; k < chain.candidates; ++k) {
       if (l == 0) cost[k] += reshard(T, degrees[k]);
       if (l == L - 1) cost[k] += reshard(degrees[k], T);
+      if (kind && moe_at_degree_one && degrees[k] != 1) cost[k] += penalty;
     }
     chain.layer_cost.push_back(cost);
-    chain.layer_memory.push_back(layer_memory);
+    chain.layer_memory.push_back(layer_memory[kind]);
     if (l + 1 < L) {
       std::vector<std::vector<double>> boundary(static_cast<std::size_t>(chain.candidates));
       for (int a = 0; a < chain.candidates; ++a)
@@ -145,6 +194,13 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
                  dp.cost);
     report.chosen.degrees.clear();
     for (int k : dp.choice) report.chosen.degrees.push_back(degrees[static_cast<std::size_t>(k)]);
+    for (int l = 0; l < L && moe_at_degree_one; ++l)
+      OASES_CHECK(!moe[static_cast<std::size_t>(l)] ||
+                      report.chosen.degrees[static_cast<std::size_t>(l)] == 1,
+                  "parallel.memory_limit = {} bytes leaves no plan with the MoE layers at degree "
+                  "1, as parallel.expert_tp = 1 runs them (the best gives layer {} degree {}); "
+                  "raise the limit, or set parallel.expert_tp = {}",
+                  memory_limit, l, report.chosen.degrees[static_cast<std::size_t>(l)], T);
     report.chosen_chain_seconds = fixed_time + dp.cost;
     // The chain is additive; the simulation of the chosen plan's own schedule is the prediction.
     const Prediction chosen = predict_plan(profile, report.chosen.degrees, spec, micro_batch);
@@ -170,7 +226,9 @@ std::string format_plan_report(const PlanReport& report, const schedule::Schedul
   out += fmt::format("{:<22}{:>14}{:>16}{:>8}\n", "plan", "step (pred.)", "memory (pred.)", "fits");
   for (const auto& u : report.uniform)
     out += fmt::format("{:<22}{:>12.3f} s{:>12.1f} MiB{:>8}\n",
-                       fmt::format("every layer at {}", u.degree), u.prediction.step_seconds,
+                       u.moe_at_degree_one ? fmt::format("dense at {}, MoE at 1", u.degree)
+                                           : fmt::format("every layer at {}", u.degree),
+                       u.prediction.step_seconds,
                        mib(u.prediction.memory_bytes()), u.fits ? "yes" : "no");
   const bool fits =
       memory_limit == 0 || report.chosen.predicted_memory_bytes <= memory_limit;

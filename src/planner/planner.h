@@ -1,8 +1,8 @@
 // The planner: from a Profile, the tensor-parallel degree of every transformer layer that
 // minimises the predicted step time within the memory limit (DESIGN.md, planner).
 //
-// Layers are alike, so one layer at degree k costs what the cost model predicts for the plan
-// with L layers at k minus the plan with L - 1 (time and memory; overlap included, as the
+// Layers of a kind (dense, MoE) are alike, so one layer at degree k costs what the cost model
+// predicts for the plan with L layers at k minus the plan with L - 1 (one layer of that kind less) (time and memory; overlap included, as the
 // simulator runs the whole schedule). A boundary between layers of different degrees pays the
 // profiled reshard (one all-gather along the batch per micro-batch and sub-batch) as if it
 // could not overlap. The embedding and the head stay at the full degree, so the first and last
@@ -24,6 +24,8 @@ struct UniformOption {
   int degree = 0;
   Prediction prediction;
   bool fits = true;  // within the memory limit
+  // The MoE layers stay at degree 1 (parallel.expert_tp = 1): only the dense ones run at degree.
+  bool moe_at_degree_one = false;
 };
 
 struct Plan {
@@ -48,8 +50,13 @@ struct PlanReport {
 // memory_limit: bytes per rank; 0 means none. UserError when no plan fits, saying by how much.
 // The memory per rank is the cost model's (Prediction::memory): the profile's per-kind ratios
 // of the parameters each layer's degree leaves on a rank, plus the schedule's activations.
+// Mixture-of-experts models: dense and MoE layers are priced apart (each as the difference
+// between the model and the model less one layer of its kind); with moe_at_degree_one
+// (parallel.expert_tp = 1 at tp > 1) every MoE layer gets degree 1, in the uniform options
+// too, and UserError says so when the memory limit leaves no such plan.
 PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
-                     std::int64_t micro_batch, std::int64_t memory_limit);
+                     std::int64_t micro_batch, std::int64_t memory_limit,
+                     bool moe_at_degree_one = false);
 
 // What `oases plan` prints: every uniform plan (predicted time, memory, whether it fits) and the
 // chosen degrees with their prediction, its memory per rank by kind (parameters, gradients,

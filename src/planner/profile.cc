@@ -112,10 +112,39 @@ void read_memory_ratios(const json& j, Profile& p, const std::string& source) {
   }
 }
 
+// The model keys a profile depends on. The MoE keys appear only for models with MoE layers, so
+// that a dense model's keys are those of the profiles written before them.
 json model_json(const model::ModelConfig& m) {
-  return {{"arch", m.arch},           {"layers", m.layers},         {"hidden", m.hidden},
-          {"heads", m.heads},         {"kv_heads", m.kv_head_count()},
-          {"ffn_hidden", m.ffn_hidden}, {"vocab_size", m.vocab_size}, {"seq_len", m.seq_len}};
+  json out{{"arch", m.arch},           {"layers", m.layers},         {"hidden", m.hidden},
+           {"heads", m.heads},         {"kv_heads", m.kv_head_count()},
+           {"ffn_hidden", m.ffn_hidden}, {"vocab_size", m.vocab_size}, {"seq_len", m.seq_len}};
+  if (m.has_moe()) {
+    out["moe_every"] = m.moe_every;
+    out["experts"] = m.experts;
+    out["moe_gate"] = m.moe_gate;
+    out["moe_top_k"] = m.moe_top_k;
+    out["capacity_factor"] = m.capacity_factor;
+    out["eval_capacity_factor"] = m.eval_capacity_factor;
+    out["moe_group_size"] = m.moe_group_size;
+    out["moe_ffn_hidden"] = m.moe_ffn_hidden;
+  }
+  return out;
+}
+
+void read_moe_model(const json& m, model::ModelConfig& model, const std::string& source) {
+  if (!m.contains("moe_every")) return;  // dense
+  model.moe_every = integer_at<std::int64_t>(m, "moe_every", source);
+  model.experts = integer_at<std::int64_t>(m, "experts", source);
+  model.moe_gate = m.at("moe_gate");
+  model.moe_top_k = integer_at<std::int64_t>(m, "moe_top_k", source);
+  model.capacity_factor = m.at("capacity_factor");
+  model.eval_capacity_factor = m.at("eval_capacity_factor");
+  model.moe_group_size = integer_at<std::int64_t>(m, "moe_group_size", source);
+  model.moe_ffn_hidden = integer_at<std::int64_t>(m, "moe_ffn_hidden", source);
+  OASES_CHECK(model.moe_every >= 1 && model.experts >= 2,
+              "{}: malformed profile (model.moe_every = {} and model.experts = {}: an MoE model "
+              "has moe_every >= 1 and at least 2 experts)",
+              source, model.moe_every, model.experts);
 }
 
 }  // namespace
@@ -141,6 +170,8 @@ std::string to_json(const Profile& p) {
                        {"parameter_bytes_per_layer", d.parameter_bytes_per_layer},
                        {"activation_bytes", d.activation_bytes},
                        {"static_activation_bytes", d.static_activation_bytes}});
+    if (!d.collective_elements.empty())
+      degrees.back()["collective_elements"] = d.collective_elements;
   }
   json out{{"format", "oases-profile"},
            {"version", Profile::kVersion},
@@ -160,6 +191,11 @@ std::string to_json(const Profile& p) {
     out["zero"] = p.zero;
     out["offload"] = p.offload;
   }
+  if (p.ep > 1) {
+    out["ep"] = p.ep;
+    out["expert_link"] = {{"bytes_per_second", p.expert_link.bytes_per_second},
+                          {"latency_s", p.expert_link.latency_s}};
+  }
   return out.dump(2);
 }
 
@@ -175,10 +211,11 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
               "{} is not a profile written by `oases profile` (no \"format\": \"oases-profile\")",
               source);
   const json version = j.value("version", json(0));
-  OASES_CHECK(version == Profile::kVersion,
-              "{} is a profile of format version {}; this build reads version {}: re-run `oases "
-              "profile`",
-              source, version.dump(), Profile::kVersion);
+  OASES_CHECK(version.is_number_integer() && version.get<int>() >= Profile::kOldestVersion &&
+                  version.get<int>() <= Profile::kVersion,
+              "{} is a profile of format version {}; this build reads versions {} to {}: re-run "
+              "`oases profile`",
+              source, version.dump(), Profile::kOldestVersion, Profile::kVersion);
   try {
     Profile p;
     const json& m = j.at("model");
@@ -190,6 +227,7 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
     p.model.ffn_hidden = integer_at<std::int64_t>(m, "ffn_hidden", source);
     p.model.vocab_size = integer_at<std::int64_t>(m, "vocab_size", source);
     p.model.seq_len = integer_at<std::int64_t>(m, "seq_len", source);
+    read_moe_model(m, p.model, source);
     p.tp = integer_at<int>(j, "tp", source);
     p.micro_batch = integer_at<std::int64_t>(j, "micro_batch", source);
     p.sub_batches = integer_at<int>(j, "sub_batches", source);
@@ -216,9 +254,23 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
           degree.activation_bytes[kind][set] = integer_value<std::int64_t>(value, set, source);
       degree.static_activation_bytes =
           integer_at<std::int64_t>(d, "static_activation_bytes", source);
+      if (d.contains("collective_elements"))
+        for (const auto& [key, value] : d.at("collective_elements").items())
+          degree.collective_elements[key] = integer_value<std::int64_t>(value, key, source);
       p.degrees.push_back(std::move(degree));
     }
     p.reshards = j.at("reshards").get<std::map<std::string, double>>();
+    if (j.contains("ep")) {
+      p.ep = integer_at<int>(j, "ep", source);
+      const json& link = j.at("expert_link");
+      p.expert_link = {link.at("bytes_per_second"), link.at("latency_s")};
+      OASES_CHECK(p.ep >= 1 && std::isfinite(p.expert_link.bytes_per_second) &&
+                      p.expert_link.bytes_per_second >= 0 &&
+                      std::isfinite(p.expert_link.latency_s) && p.expert_link.latency_s >= 0,
+                  "{}: malformed profile (\"ep\" = {}, expert link {} B/s and {} s latency: ep "
+                  "must be >= 1 and the link's figures finite and >= 0)",
+                  source, p.ep, p.expert_link.bytes_per_second, p.expert_link.latency_s);
+    }
     return p;
   } catch (const json::exception& e) {
     OASES_FAIL("{}: malformed profile ({})", source, e.what());
@@ -241,8 +293,13 @@ Profile read_profile(const std::string& path) {
 
 void check_profile_matches(const Profile& p, const model::ModelConfig& m, std::int64_t micro_batch,
                            int sub_batches, const std::vector<int>& degrees,
-                           const std::string& source) {
+                           const std::string& source, int ep) {
   const json measured = model_json(p.model), wanted = model_json(m);
+  OASES_CHECK(m.has_moe() == p.model.has_moe(),
+              "{} was measured for a {} model; this config's model {}: re-run `oases profile` "
+              "with this config",
+              source, p.model.has_moe() ? "mixture-of-experts" : "dense",
+              m.has_moe() ? "has MoE layers (model.moe_every > 0)" : "is dense");
   for (const auto& [key, value] : wanted.items())
     OASES_CHECK(measured.at(key) == value,
                 "{} was measured for another model: model.{} = {} there, {} in this config; "
@@ -269,6 +326,12 @@ void check_profile_matches(const Profile& p, const model::ModelConfig& m, std::i
                     "{} has no reshard time between degrees {} and {}; re-run `oases profile` "
                     "under mpirun with parallel.tp = {}",
                     source, a, b, degrees.back());
+  if (ep > 1 && m.has_moe())
+    OASES_CHECK(p.ep == ep && p.expert_link.bytes_per_second > 0,
+                "{} has no expert-parallel link measured over {} ranks (it was profiled at "
+                "parallel.ep = {}); this config splits the experts over parallel.ep = {}: re-run "
+                "`oases profile` under mpirun with parallel.ep = parallel.dp = {} ({} ranks)",
+                source, ep, p.ep, ep, ep, ep * degrees.back());
 }
 
 }  // namespace oases::planner

@@ -1,9 +1,12 @@
 // Profile: measured costs of one model's segments and collectives at each candidate
 // tensor-parallel degree, the planner's input. Written by `oases profile` as JSON:
 //
-//   {"format": "oases-profile", "version": 3,
+//   {"format": "oases-profile", "version": 4,
 //    "model": {"arch": "gpt", "layers": 4, "hidden": 1024, "heads": 16, "kv_heads": 16,
-//              "ffn_hidden": 4096, "vocab_size": 256, "seq_len": 256},
+//              "ffn_hidden": 4096, "vocab_size": 256, "seq_len": 256,
+//              "moe_every": 2, "experts": 8, "moe_gate": "gshard", "moe_top_k": 0,
+//              "capacity_factor": 1.25, "eval_capacity_factor": 0, "moe_group_size": 0,
+//              "moe_ffn_hidden": 0},  (the moe_* keys only for a model with MoE layers)
 //    "tp": 2, "micro_batch": 4, "sub_batches": 2,
 //    "element_bytes": 4, "optimizer_state_ratio": 2,
 //    "param_bytes_ratio": 1, "grad_bytes_ratio": 1, "optimizer_bytes_ratio": 2,
@@ -20,10 +23,25 @@
 //       "replica_reduce_per_layer_s": .., "overlap_slowdown": .., "collective_slowdown": .., "activation_bytes": {"attention":
 //       {"checkpoint": ..,
 //                       "internals": .., "core": ..}, ...}},
-//       "static_activation_bytes": ..},
+//       "static_activation_bytes": ..,
+//       "collective_elements": {"moe_dispatch.fwd": .., "experts.fwd": .., "experts.bwd": ..,
+//                               "moe_combine.fwd": .., "moe_combine.bwd": .., ...}},
 //      ...],
-//    "reshards": {"1-2": .., "1-4": .., "2-4": ..}}
+//    "reshards": {"1-2": .., "1-4": .., "2-4": ..},
+//    "ep": 2, "expert_link": {"bytes_per_second": .., "latency_s": ..}}
 //
+// Mixture-of-experts models: an MoE layer runs as three segments in place of the MLP
+// (ops/layer_segments.h), whose kinds "moe_dispatch", "experts" and "moe_combine" are measured
+// like the others, with their collectives and the elements each collective moves
+// ("collective_elements", at `rows`; they scale with the rows, as the dispatch groups do).
+// Segments are measured at ep = 1 (every expert local: the experts segment computes the same
+// slots as an expert-parallel rank, which gets E / ep experts' slots from ep ranks), so the
+// all-to-alls there move nothing over a wire. When the run splits experts over ep > 1 ranks
+// (parallel.ep), `oases profile` also measures the link between those ranks: blocking
+// all-to-alls of two sizes over the expert-parallel group, fitted as
+// (ep - 1) x (latency + block / bandwidth) (sim::all_to_all_seconds), which prices every
+// all-to-all of the plan by its per-peer volume. "ep" and "expert_link" are absent from dense
+// profiles and from those measured at ep = 1.
 // Times are medians over repeated steps, in seconds, per sub-batch instance of a segment (one
 // layer's segment, on `rows` sequences: a degree-k replica's share of a sub-batch, i.e.
 // micro_batch / sub_batches * k / tp). Collectives are timed alone (blocking), so they are
@@ -71,11 +89,28 @@ struct DegreeProfile {
   std::map<std::string, std::map<std::string, std::int64_t>> activation_bytes;  // kind -> set
   // Boundary buffers and scratch of one sub-batch of `rows` sequences, allocated once.
   std::int64_t static_activation_bytes = 0;
+  // Elements of the MoE segments' collective buffers at `rows`, by "<kind>.fwd" and
+  // "<kind>.bwd" (ops::SegmentShape::forward_collective_elements, ...); empty for dense models.
+  std::map<std::string, std::int64_t> collective_elements;
   bool operator==(const DegreeProfile&) const = default;
 };
 
+// The link between the ranks of an expert-parallel group, as sim::Link (bandwidth each way and
+// latency per message); bytes_per_second 0: not measured.
+struct ExpertLink {
+  double bytes_per_second = 0;
+  double latency_s = 0;
+  bool operator==(const ExpertLink&) const = default;
+};
+
+// The segment kinds of an MoE layer, in program order.
+inline constexpr const char* kMoeKinds[] = {"moe_dispatch", "experts", "moe_combine"};
+
 struct Profile {
-  static constexpr int kVersion = 3;
+  // Version 4 added the MoE model keys, collective_elements, ep and expert_link; version 3
+  // profiles (dense models) read as before.
+  static constexpr int kVersion = 4;
+  static constexpr int kOldestVersion = 3;
   model::ModelConfig model;
   int tp = 1;
   std::int64_t micro_batch = 1;
@@ -108,6 +143,10 @@ struct Profile {
   int data_parallel = 1;
   std::vector<DegreeProfile> degrees;  // ascending
   std::map<std::string, double> reshards;  // "a-b" with a < b -> seconds
+  // The expert-parallel group the MoE layers' all-to-alls span (parallel.ep) and its link
+  // (measured when ep > 1).
+  int ep = 1;
+  ExpertLink expert_link;
 
   // The bytes held per parameter byte besides one copy of the parameters and one of the
   // gradients (the sum of the three ratios less 2; may be negative): the profile's
@@ -138,9 +177,12 @@ void write_profile(const Profile& profile, const std::string& path);  // atomic
 Profile read_profile(const std::string& path);
 
 // UserError when the profile was measured for another model or batch split, or lacks one of
-// `degrees`, saying what differs and how to re-measure.
+// `degrees`, saying what differs and how to re-measure. Mixture-of-experts settings are part of
+// the model; a run with expert-parallel groups of `ep` > 1 ranks needs a profile whose link
+// was measured over such a group (ep < 1: not checked).
 void check_profile_matches(const Profile& profile, const model::ModelConfig& model,
                            std::int64_t micro_batch, int sub_batches,
-                           const std::vector<int>& degrees, const std::string& source);
+                           const std::vector<int>& degrees, const std::string& source,
+                           int ep = 0);
 
 }  // namespace oases::planner

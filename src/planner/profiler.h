@@ -29,7 +29,8 @@ class TimingCollector final : public runtime::InstructionListener {
   std::vector<double> optimizer_;
 };
 
-// The segment kind of a segment name ("attention.3" -> "attention").
+// The segment kind of a segment name ("attention.3" -> "attention", "moe_dispatch.3" ->
+// "moe_dispatch").
 std::string segment_kind(const std::string& name);
 
 double median(std::vector<double> values);

@@ -138,6 +138,7 @@ const std::map<std::string, SectionFields>& schema() {
         {"dp", bind(&RunConfig::parallel, &ParallelConfig::dp)},
         {"pp", bind(&RunConfig::parallel, &ParallelConfig::pp)},
         {"ep", bind(&RunConfig::parallel, &ParallelConfig::ep)},
+        {"expert_tp", bind(&RunConfig::parallel, &ParallelConfig::expert_tp)},
         {"pipeline", bind(&RunConfig::parallel, &ParallelConfig::pipeline)},
         {"virtual_stages", bind(&RunConfig::parallel, &ParallelConfig::virtual_stages)},
         {"pipeline_layers", bind(&RunConfig::parallel, &ParallelConfig::pipeline_layers)},
@@ -670,28 +671,26 @@ void RunConfig::validate() const {
                 model.experts, p.ep, model.experts);
   }
   if (model.has_moe()) {
-    // MoE layers hold every expert whole on each rank: they run at tensor-parallel degree 1.
-    bool moe_at_degree_one = p.tp == 1;
-    if (!moe_at_degree_one && looks_like_degree_list(p.plan)) {
+    OASES_CHECK(p.expert_tp == 0 || p.expert_tp == 1 || p.expert_tp == p.tp,
+                "parallel.expert_tp = {} with parallel.tp = {}: experts are either whole on each "
+                "rank (1) or split over the layer's tensor-parallel ranks ({}; 0, the default, "
+                "means the same)",
+                p.expert_tp, p.tp, p.tp);
+    if (p.expert_tp == 1 && p.tp > 1 && looks_like_degree_list(p.plan)) {
       const std::vector<int> degrees = parse_degree_list(p.plan, model.layers, p.tp);
-      moe_at_degree_one = true;
       for (std::int64_t l = 0; l < model.layers; ++l)
-        moe_at_degree_one &= !model.is_moe_layer(l) || degrees[static_cast<std::size_t>(l)] == 1;
+        OASES_CHECK(!model.is_moe_layer(l) || degrees[static_cast<std::size_t>(l)] == 1,
+                    "parallel.plan = \"{}\" gives layer {} (a mixture-of-experts layer) degree {}, "
+                    "but parallel.expert_tp = 1 keeps its experts whole, which runs the layer at "
+                    "degree 1; give MoE layers 1 in the plan, or set parallel.expert_tp = {} to "
+                    "split the experts",
+                    p.plan, l, degrees[static_cast<std::size_t>(l)], p.tp);
     }
-    OASES_CHECK(moe_at_degree_one,
-                "parallel.tp = {} with mixture-of-experts layers (model.moe_every = {}): MoE layers "
-                "run at tensor-parallel degree 1 (each rank routes its share of the rows); use "
-                "parallel.tp = 1, or a parallel.plan list of degrees that gives every MoE layer 1",
-                p.tp, model.moe_every);
     OASES_CHECK(p.activation_compression == "none",
                 "parallel.activation_compression = \"{}\" with mixture-of-experts layers "
                 "(model.moe_every = {}): the MoE segments keep token indices beside their rows, "
                 "which an encoding would round; use \"none\"",
                 p.activation_compression, model.moe_every);
-    OASES_CHECK(train.precision == "fp32" || train.precision == "fp64",
-                "train.precision = \"{}\" with mixture-of-experts layers (model.moe_every = {}): "
-                "MoE layers run in \"fp32\" or \"fp64\" for now",
-                train.precision, model.moe_every);
   }
   OASES_CHECK(p.memory_limit >= 0, "parallel.memory_limit = {} must be >= 0 bytes", p.memory_limit);
   OASES_CHECK(p.bucket_bytes == 0 || p.bucket_bytes >= 1024,
@@ -947,6 +946,7 @@ std::string to_toml(const RunConfig& c) {
                                       {"dp", c.parallel.dp},
                                       {"pp", c.parallel.pp},
                                       {"ep", c.parallel.ep},
+                                      {"expert_tp", c.parallel.expert_tp},
                                       {"pipeline", c.parallel.pipeline},
                                       {"virtual_stages", c.parallel.virtual_stages},
                                       {"pipeline_layers", c.parallel.pipeline_layers},
@@ -1034,11 +1034,25 @@ std::unique_ptr<data::Tokenizer> load_run_tokenizer(const RunConfig& config) {
 std::vector<int> layer_degrees(const RunConfig& config) {
   const auto& p = config.parallel;
   OASES_ASSERT(p.plan != "auto", "parallel.plan = \"auto\" must be resolved to a plan first");
-  if (p.plan == "uniform") return {};
-  if (looks_like_degree_list(p.plan)) return parse_degree_list(p.plan, config.model.layers, p.tp);
-  std::vector<int> degrees =
-      planner::read_plan(p.plan, static_cast<int>(p.tp), config.model.layers).degrees;
-  return parse_degree_list(fmt::format("{}", fmt::join(degrees, ",")), config.model.layers, p.tp);
+  const model::ModelConfig& model = config.model;
+  std::vector<int> degrees;
+  if (p.plan == "uniform") {
+    // Whole experts (parallel.expert_tp = 1) run their layers at degree 1.
+    if (p.tp == 1 || p.expert_tp != 1 || !model.has_moe()) return {};
+    for (std::int64_t l = 0; l < model.layers; ++l)
+      degrees.push_back(model.is_moe_layer(l) ? 1 : static_cast<int>(p.tp));
+    return degrees;
+  }
+  if (looks_like_degree_list(p.plan)) return parse_degree_list(p.plan, model.layers, p.tp);
+  degrees = planner::read_plan(p.plan, static_cast<int>(p.tp), model.layers).degrees;
+  degrees = parse_degree_list(fmt::format("{}", fmt::join(degrees, ",")), model.layers, p.tp);
+  for (std::int64_t l = 0; l < model.layers && p.expert_tp == 1; ++l)
+    OASES_CHECK(!model.is_moe_layer(l) || degrees[static_cast<std::size_t>(l)] == 1,
+                "the plan {} gives layer {} (a mixture-of-experts layer) degree {}, but "
+                "parallel.expert_tp = 1 runs MoE layers at degree 1; plan with expert_tp = 1, or "
+                "set parallel.expert_tp = {}",
+                p.plan, l, degrees[static_cast<std::size_t>(l)], p.tp);
+  return degrees;
 }
 
 }  // namespace oases::train

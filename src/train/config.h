@@ -24,6 +24,11 @@ struct ParallelConfig {
   // Expert parallelism: the experts of every MoE layer are split over groups of ep data-parallel
   // ranks (ep divides dp and model.experts), which exchange tokens by all-to-all.
   std::int64_t ep = 1;
+  // Tensor parallelism inside the experts: 0 (the default) or parallel.tp splits each expert of
+  // an MoE layer column/row-parallel over the layer's tensor-parallel ranks, as its attention and
+  // MLP are; 1 keeps every expert whole on each rank, which runs the MoE layers (their
+  // attention included) at tensor-parallel degree 1.
+  std::int64_t expert_tp = 0;
   // Pipeline schedule when pp > 1: "1f1b", "gpipe" or "interleaved" (schedule/pipeline.h;
   // "zero-bubble" and "2bw" are not available yet).
   std::string pipeline = "1f1b";

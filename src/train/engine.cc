@@ -12,8 +12,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <map>
 
 namespace oases::train {
 
@@ -740,7 +742,10 @@ std::size_t TrainingEngine::reduced_bucket_count() {
 
 comm::Communicator* TrainingEngine::reduction_group(const model::Model::Bucket& b) {
   // An MoE layer's experts split over expert-parallel ranks: the ranks with the same experts.
-  if (b.experts && ep_) return expert_replicas_->size() > 1 ? expert_replicas_ : nullptr;
+  if (b.experts && ep_) {
+    comm::Communicator& replicas = expert_replicas_(model_.layer_degree(b.layer));
+    return replicas.size() > 1 ? &replicas : nullptr;
+  }
   if (b.layer >= 0 && model_.layer_degree(b.layer) < tp_->size()) {
     OASES_ASSERT(tp_replica_group_, "layer {} at degree {} needs the replica groups", b.layer,
                  model_.layer_degree(b.layer));
@@ -918,10 +923,12 @@ double TrainingEngine::model_sum_of_squares(const Tensor& flat) {
   // bucket partitioned over a layer's replica group (tensor- and data-parallel ranks at once),
   // over both groups.
   // Under expert parallelism each expert-parallel rank holds other experts (identical on the
-  // ranks that replicate them): their squares are summed over the expert-parallel group, ZeRO's
-  // blocks of them first over the replicas.
+  // ranks that replicate them): their squares are summed over the expert-parallel group, split
+  // ones (experts of a layer at degree k > 1) over the tensor-parallel group too, from its first
+  // k ranks. ZeRO's blocks of them are first summed over the replicas of their shard.
   double sharded = 0, replicated = 0, replicated_blocks = 0, sharded_blocks = 0;
-  double experts = 0, expert_blocks = 0;
+  double experts = 0, expert_shards = 0;
+  std::map<int, std::array<double, 2>> expert_blocks;  // by degree: whole, split
   const int first_expert_group = model::expert_group_of(model_.config().layers, 0);
   for (const auto& p : model_.layout().params()) {
     // A tied parameter's copies on the first and last stage hold the same values: the first
@@ -935,19 +942,19 @@ double TrainingEngine::model_sum_of_squares(const Tensor& flat) {
       const std::int64_t lo = std::max(p.offset, zero->second.cuts[block]);
       const std::int64_t hi = std::min(p.offset + p.numel(), zero->second.cuts[block + 1]);
       const double squares = lo < hi ? optim::sum_of_squares(flat, lo, hi) : 0.0;
-      (expert                                       ? expert_blocks
-       : p.parts == 1 && zero->second.group == dp_ ? replicated_blocks
-                                                    : sharded_blocks) += squares;
-      continue;
-    }
-    if (expert) {
-      experts += optim::sum_of_squares(flat, p.offset, p.offset + p.numel());
+      if (expert) {
+        const int degree = model_.layer_degree(p.group - first_expert_group);
+        expert_blocks[degree][p.parts == 1 ? 0 : 1] += squares;
+        continue;
+      }
+      (p.parts == 1 && zero->second.group == dp_ ? replicated_blocks : sharded_blocks) += squares;
       continue;
     }
     const double squares = p.parts == 1 || tp_->rank() < p.parts
                                ? optim::sum_of_squares(flat, p.offset, p.offset + p.numel())
                                : 0.0;
-    (p.parts == 1 ? replicated : sharded) += squares;
+    if (expert) (p.parts == 1 ? experts : expert_shards) += squares;
+    else (p.parts == 1 ? replicated : sharded) += squares;
   }
   if (!zero_buckets_.empty()) {
     double blocks[2] = {replicated_blocks, sharded_blocks};
@@ -956,8 +963,16 @@ double TrainingEngine::model_sum_of_squares(const Tensor& flat) {
     sharded += blocks[1];
   }
   if (ep_) {
-    if (expert_replicas_ && expert_replicas_->size() > 1) expert_blocks = sum_over(*expert_replicas_, expert_blocks);
-    replicated += sum_over(*ep_, experts + expert_blocks);
+    for (auto& [degree, blocks] : expert_blocks) {
+      comm::Communicator& replicas = expert_replicas_(degree);
+      if (replicas.size() > 1) replicas.all_reduce(Tensor::of(blocks.data(), {2}), comm::ReduceOp::sum);
+      experts += blocks[0];
+      if (tp_->rank() < degree) expert_shards += blocks[1];
+    }
+    double totals[2] = {experts, expert_shards};
+    ep_->all_reduce(Tensor::of(totals, {2}), comm::ReduceOp::sum);
+    replicated += totals[0];
+    sharded += totals[1];
   }
   double squares = sum_over(*tp_, sharded) + replicated;
   if (pp_->size() > 1) squares = sum_over(*pp_, squares);

@@ -81,7 +81,7 @@ struct ParallelGroups {
   // experts (comm::Mesh::ep_group) and those that hold the same experts, over which their
   // gradients are summed (comm::Mesh::expert_replica_group).
   comm::Communicator* ep = nullptr;
-  comm::Communicator* expert_replicas = nullptr;
+  std::function<comm::Communicator&(int degree)> expert_replicas = nullptr;
 };
 
 // The element type activations are computed in (train.precision: f32, f64, or bf16 / f16
@@ -348,7 +348,7 @@ class TrainingEngine {
   std::vector<std::string> tied_params_;
   std::function<comm::Communicator&(int degree)> tp_replica_group_;
   comm::Communicator* ep_ = nullptr;               // null: every expert on this rank
-  comm::Communicator* expert_replicas_ = nullptr;  // with ep_
+  std::function<comm::Communicator&(int degree)> expert_replicas_;  // with ep_
   schedule::ScheduleSpec spec_;
   // parallel.activation_compression: applied to training schedules (not to 2bw runs).
   std::optional<ops::ActivationEncoding> compression_;

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <map>
 #include <vector>
 
@@ -117,16 +118,61 @@ void measure_reshards(planner::Profile& profile, const RunConfig& config,
   }
 }
 
+// The link between the ranks of the expert-parallel group (parallel.ep > 1): blocking
+// all-to-alls of a small buffer and of one MoE dispatch buffer (`dispatch_elements`, what a
+// sub-batch of the whole group sends), each per-peer time fitted as latency + block / bandwidth
+// (sim::all_to_all_seconds' model). Every ep group measures at once, as in a training step.
+planner::ExpertLink measure_expert_link(const RunConfig& config, std::int64_t dispatch_elements,
+                                        const ProfileOptions& options,
+                                        const std::function<comm::Mesh(int tp, int dp)>& make_mesh) {
+  const auto T = static_cast<int>(config.parallel.tp);
+  const auto ep = static_cast<int>(config.parallel.ep);
+  comm::Mesh mesh = make_mesh(T, ep);
+  mesh.add_expert_groups(ep);
+  comm::Communicator& group = mesh.ep_group();
+  const std::int64_t small = 64 * ep;
+  const std::int64_t large = std::max(dispatch_elements / ep * ep, 64 * small);
+  // Median seconds per peer of an all-to-all of `elements` floats on each rank.
+  const auto per_peer = [&](std::int64_t elements) {
+    std::vector<float> send(static_cast<std::size_t>(elements), 1.0f), recv(send.size());
+    std::vector<double> times;
+    for (int s = 0; s < options.steps + 2; ++s) {
+      mesh.world().barrier();
+      const Stopwatch clock;
+      group.all_to_all(Tensor::of(send.data(), {elements}), Tensor::of(recv.data(), {elements}));
+      if (s > 0) times.push_back(clock.seconds());  // the first warms the connections up
+    }
+    return median(times) / (ep - 1);
+  };
+  const double t_small = per_peer(small), t_large = per_peer(large);
+  const double block_small = static_cast<double>(small / ep * 4),
+               block_large = static_cast<double>(large / ep * 4);
+  planner::ExpertLink link;
+  // A larger block that took no longer (noise on a fast link) leaves the latency unknown: the
+  // large exchange's time is then all bandwidth.
+  link.bytes_per_second = t_large > t_small ? (block_large - block_small) / (t_large - t_small)
+                                            : block_large / std::max(t_large, 1e-9);
+  link.latency_s = std::max(0.0, t_small - block_small / link.bytes_per_second);
+  if (options.progress)
+    log_info("expert-parallel link over {} ranks: {:.1f} MB/s, {:.1f} us per message "
+             "(all-to-all of {} floats: {:.2f} ms)",
+             ep, link.bytes_per_second / 1e6, 1e6 * link.latency_s, large,
+             1e3 * t_large * (ep - 1));
+  return link;
+}
+
 }  // namespace
 
 planner::Profile run_profile(const RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh) {
   const schedule::ScheduleSpec spec = schedule_spec(config);
   const auto T = static_cast<int>(config.parallel.tp);
-  OASES_CHECK(config.parallel.dp == 1 && config.parallel.pp == 1,
-              "oases profile measures one tensor-parallel group: set parallel.dp = 1 and "
-              "parallel.pp = 1 (found dp = {}, pp = {})",
-              config.parallel.dp, config.parallel.pp);
+  const auto ep = static_cast<int>(config.parallel.ep);
+  OASES_CHECK((config.parallel.dp == 1 || config.parallel.dp == ep) && config.parallel.pp == 1,
+              "oases profile measures one tensor-parallel group, and with parallel.ep > 1 the "
+              "link of one expert-parallel group: set parallel.pp = 1 and parallel.dp = 1 or "
+              "parallel.dp = parallel.ep (found dp = {}, ep = {}, pp = {})",
+              config.parallel.dp, ep, config.parallel.pp);
   OASES_CHECK((T & (T - 1)) == 0, "parallel.tp = {}: the planner's degrees are powers of two", T);
   OASES_CHECK(options.steps >= 1, "--steps = {} must be at least 1", options.steps);
   OASES_CHECK(options.warmup_steps >= 0, "warm-up steps = {} must be >= 0", options.warmup_steps);
@@ -139,6 +185,7 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
   profile.precision = config.train.precision;
   profile.zero = static_cast<int>(config.parallel.zero);
   profile.offload = config.parallel.offload;
+  profile.ep = ep;
   const std::int64_t sub_batch_rows = config.train.micro_batch / spec.sub_batches;
   for (int k = 1; k <= T; k *= 2) {
     // A degree-k replica handles k / T of each sub-batch.
@@ -226,6 +273,15 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
       sets["checkpoint"] = static_cast<std::int64_t>(shape.checkpoint_bytes);
       sets["internals"] = static_cast<std::int64_t>(shape.internals_bytes);
       sets["core"] = static_cast<std::int64_t>(shape.core_bytes);
+      // What the MoE segments' collectives move, for pricing them at other rows and over the
+      // expert-parallel link (the all-to-alls exchange whole buffers of every expert's slots,
+      // the same at any ep).
+      const std::string kind = planner::segment_kind(shape.name);
+      if (std::find(std::begin(planner::kMoeKinds), std::end(planner::kMoeKinds), kind) !=
+          std::end(planner::kMoeKinds)) {
+        degree.collective_elements[kind + ".fwd"] = shape.forward_collective_elements;
+        degree.collective_elements[kind + ".bwd"] = shape.backward_collective_elements;
+      }
     }
     if (options.progress)
       log_info(
@@ -235,6 +291,14 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     profile.degrees.push_back(std::move(degree));
   }
   measure_reshards(profile, config, sub_batch_rows, options, make_mesh);
+  if (ep > 1) {
+    // A sub-batch's dispatch buffer at the whole group's degree: what the run's all-to-alls
+    // move per instance.
+    const planner::DegreeProfile& top = profile.degrees.back();
+    const auto it = top.collective_elements.find("moe_dispatch.fwd");
+    OASES_ASSERT(it != top.collective_elements.end(), "parallel.ep = {} without MoE segments", ep);
+    profile.expert_link = measure_expert_link(config, it->second, options, make_mesh);
+  }
   return profile;
 }
 
@@ -265,7 +329,8 @@ RunConfig plan_automatically(const RunConfig& config, const ProfileOptions& opti
   if (group.rank() == 0) {
     try {
       const planner::PlanReport report =
-          planner::make_plan(profile, step, config.train.micro_batch, config.parallel.memory_limit);
+          planner::make_plan(profile, step, config.train.micro_batch, config.parallel.memory_limit,
+                             config.model.has_moe() && config.parallel.expert_tp == 1);
       std::copy(report.chosen.degrees.begin(), report.chosen.degrees.end(), degrees.begin());
       if (!plan_path.empty()) planner::write_plan(report.chosen, T, plan_path);
       if (options.progress)

@@ -16,10 +16,15 @@ struct ProfileOptions {
   bool progress = true;
 };
 
-// Collective over every rank of the run (config.parallel.tp ranks; dp = pp = 1). For each
-// power-of-two degree k dividing tp, the ranks form tp / k groups of k (make_mesh(k, tp / k))
-// and each trains its share of a sub-batch with blocking collectives and fine-grained
-// recomputation, so that every segment action and every collective is timed on its own.
+// Collective over every rank of the run (config.parallel.tp ranks; dp = pp = 1, or dp =
+// parallel.ep > 1 for a mixture-of-experts model: tp x ep ranks). For each power-of-two degree
+// k dividing tp, the ranks form tp / k groups of k (make_mesh(k, tp / k), which must fill the
+// rest of the world with copies of that grid: with ep > 1 every tensor-parallel group measures
+// at once, as the data-parallel replicas of a run compute at once) and each trains its share of
+// a sub-batch with blocking collectives and fine-grained recomputation, so that every segment
+// action and every collective is timed on its own. MoE segments run with every expert local
+// (ep = 1); with parallel.ep > 1 the link of the expert-parallel group (make_mesh(tp, ep) with
+// its expert groups) is measured apart (planner::Profile::expert_link).
 // Every rank returns the profile of its group; rank 0's is the one to write.
 planner::Profile run_profile(const RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh);

@@ -501,9 +501,14 @@ void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh
              m.moe_layer_count(), m.experts, m.moe_gate,
              m.moe_gate == "expert-choice" ? std::string("capacity") : std::to_string(m.moe_choices()),
              m.capacity_factor, m.experts / mesh.ep_size(),
-             mesh.ep_size() > 1 ? fmt::format(" (ep {}: all-to-all over {} data-parallel ranks)",
-                                              mesh.ep_size(), mesh.ep_size())
-                                : std::string());
+             (mesh.ep_size() > 1 ? fmt::format(" (ep {}: all-to-all over {} data-parallel ranks)",
+                                               mesh.ep_size(), mesh.ep_size())
+                                 : std::string()) +
+                 (mesh.tp_size() == 1 ? std::string()
+                  : config.parallel.expert_tp == 1
+                      ? std::string(", whole (expert_tp 1: MoE layers at degree 1)")
+                      : fmt::format(", split over each layer's tensor-parallel ranks (expert_tp {})",
+                                    mesh.tp_size())));
   if (config.parallel.pipeline == "2bw")
     log_info("pipeline: 2bw (no flush between steps; batch t computes on the weights one update "
              "older than those its update is applied to, so results differ from 1f1b by design)");
@@ -889,7 +894,9 @@ ParallelGroups parallel_groups(comm::Mesh& mesh) {
                         },
                         &mesh.pp_group(),
                         mesh.ep_size() > 1 ? &mesh.ep_group() : nullptr,
-                        mesh.ep_size() > 1 ? &mesh.expert_replica_group() : nullptr};
+                        [&mesh](int degree) -> comm::Communicator& {
+                          return mesh.expert_replica_group(degree);
+                        }};
 }
 
 TrainSummary run_training(const RunConfig& config, const TrainOptions& options) {

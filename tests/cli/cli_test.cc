@@ -108,6 +108,34 @@ TEST_F(Cli, EveryVerbHasHelp) {
   }
 }
 
+// `oases profile` then `oases simulate` on a mixture-of-experts model, as a user runs them:
+// the prediction names the layout and the MoE layers; a profile of another model, or a
+// pipeline layout simulate does not predict, is an error saying what to run instead.
+TEST_F(Cli, ProfileThenSimulateAnMoeModel) {
+  const std::string config = "--config " + (dir_ / "tiny.toml").string();
+  const std::string moe = " --set model.moe_every=2 model.experts=4 model.moe_gate=\\\"gshard\\\"";
+  const std::string profile = (dir_ / "profile.json").string();
+  const Result measured =
+      run("profile " + config + moe + " --output " + profile + " --steps 1");
+  ASSERT_EQ(measured.exit_code, 0) << measured.output;
+  const nlohmann::json written = nlohmann::json::parse(read_file(profile));
+  EXPECT_EQ(written.at("model").at("experts"), 4);
+  EXPECT_TRUE(written.at("degrees").at(0).at("segments").contains("experts"));
+
+  const Result predicted = run("simulate " + config + moe + " --profile " + profile);
+  ASSERT_EQ(predicted.exit_code, 0) << predicted.output;
+  for (const char* fragment : {"layer degrees 1,1 (MoE layers: 1", "predicted step ",
+                               "predicted memory per rank "})
+    EXPECT_NE(predicted.output.find(fragment), std::string::npos) << predicted.output;
+  const auto step_at = predicted.output.find("predicted step ") + 15;
+  EXPECT_GT(std::stod(predicted.output.substr(step_at)), 0.0) << predicted.output;
+
+  expect_error(run("simulate " + config + " --profile " + profile),
+               {"mixture-of-experts model", "is dense", "re-run `oases profile`"});
+  expect_error(run("simulate " + config + moe + " parallel.pp=2 --profile " + profile),
+               {"parallel.pp = 2", "oases plan"});
+}
+
 TEST_F(Cli, UnknownKeyNamesKeyAndValidKeys) {
   expect_error(run(train("--set train.learning_rate=1e-3")),
                {"train.learning_rate", "valid keys in [train]", "lr"});

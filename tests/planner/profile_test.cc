@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "planner/cost_model.h"
+#include "support/errors.h"
 #include "support/files.h"
 
 #include <gtest/gtest.h>
@@ -46,14 +47,7 @@ Profile sample() {
   return p;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using oases::testing::user_error_of;
 
 TEST(Profile, RoundTripsThroughJson) {
   testing::TempDir dir("profile");
@@ -144,46 +138,51 @@ TEST(Profile, AProfileOfAnotherModelOrMissingADegreeIsRejected) {
   model::ModelConfig m = p.model;
   EXPECT_NO_THROW(check_profile_matches(p, m, 8, 2, {1, 2}, "p.json"));
   m.hidden = 256;
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(user_error_of([&] {
               check_profile_matches(p, m, 8, 2, {1, 2}, "p.json");
             })
                 .find("p.json was measured for another model: model.hidden = 128 there, 256 in "
                       "this config"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(user_error_of([&] {
               check_profile_matches(p, p.model, 8, 2, {1, 2, 4}, "p.json");
             }).find("p.json has no measurements at tensor-parallel degree 4 (it has 1, 2)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(user_error_of([&] {
               check_profile_matches(p, p.model, 4, 2, {1, 2}, "p.json");
             }).find("measured at train.micro_batch = 8 in 2 sub-batch(es)"),
             std::string::npos);
   Profile without_reshards = p;
   without_reshards.reshards.clear();
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(user_error_of([&] {
               check_profile_matches(without_reshards, p.model, 8, 2, {1, 2}, "p.json");
             }).find("p.json has no reshard time between degrees 1 and 2"),
             std::string::npos);
 }
 
 TEST(Profile, OtherFilesAreRejectedWithTheReason) {
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(user_error_of([] {
               profile_from_json("{", "x.json");
             }).find("x.json is not a profile: not valid JSON"),
             std::string::npos);
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(user_error_of([] {
               profile_from_json("{\"a\": 1}", "x.json");
             }).find("not a profile written by `oases profile`"),
             std::string::npos);
   std::string text = to_json(sample());
-  const auto at = text.find("\"version\": 3");
+  const std::string current = "\"version\": " + std::to_string(Profile::kVersion);
+  const auto at = text.find(current);
   ASSERT_NE(at, std::string::npos);
-  text.replace(at, 12, "\"version\": 9");
-  EXPECT_NE(error_of([&] {
+  text.replace(at, current.size(), "\"version\": 9");
+  EXPECT_NE(user_error_of([&] {
               profile_from_json(text, "x.json");
-            }).find("format version 9; this build reads version 3"),
+            }).find("format version 9; this build reads versions 3 to " +
+                    std::to_string(Profile::kVersion)),
             std::string::npos);
-  EXPECT_NE(error_of([] { read_profile("/nonexistent/p.json"); }).find("cannot read the profile"),
+  text.replace(text.find("\"version\": 9"), 12, "\"version\": 2");
+  EXPECT_NE(user_error_of([&] { profile_from_json(text, "x.json"); }).find("format version 2"),
+            std::string::npos);
+  EXPECT_NE(user_error_of([] { read_profile("/nonexistent/p.json"); }).find("cannot read the profile"),
             std::string::npos);
 }
 
@@ -198,27 +197,27 @@ TEST(Profile, FieldsOfAnotherTypeOrOutOfRangeAreRejected) {
     return out.replace(at, from.size(), to);
   };
   EXPECT_NE(
-      error_of([&] { profile_from_json(replaced("\"tp\": 2", "\"tp\": 4294967298"), "x.json"); })
+      user_error_of([&] { profile_from_json(replaced("\"tp\": 2", "\"tp\": 4294967298"), "x.json"); })
           .find("x.json: malformed profile (\"tp\" = 4294967298 is not an integer in "
                 "[-2147483648, 2147483647])"),
       std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(user_error_of([&] {
               profile_from_json(replaced("\"rows\": 2", "\"rows\": 2.5e94"), "x.json");
             }).find("\"rows\" = 2.5e+94 is not an integer"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(user_error_of([&] {
               profile_from_json(replaced("\"core\": 0", "\"core\": 1.5"), "x.json");
             }).find("\"core\" = 1.5 is not an integer"),
             std::string::npos);
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(user_error_of([] {
               profile_from_json("{\"format\": 7}", "x.json");
             }).find("x.json is not a profile written by `oases profile`"),
             std::string::npos);
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(user_error_of([] {
               profile_from_json(R"({"format": "oases-profile", "version": "3"})", "x.json");
             }).find("x.json is a profile of format version \"3\""),
             std::string::npos);
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(user_error_of([] {
               profile_from_json("{\"format\": \"oases-profile\", \"version\": 3, \"model\": " +
                                     std::string(100000, '[') + std::string(100000, ']') + "}",
                                 "x.json");

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace oases::train {
 namespace {
 
@@ -330,11 +332,22 @@ TEST(RunConfig, MixtureOfExpertsSettingsRoundTripAndNameTheirErrors) {
             std::string::npos);
   EXPECT_NE(error_of("[model]\narch = \"bert\"\nmoe_every = 2\nexperts = 4\n").find("not \"bert\""),
             std::string::npos);
-  EXPECT_NE(error_of(moe + "[parallel]\ntp = 2\n").find("parallel.tp = 2 with mixture-of-experts layers"),
-            std::string::npos);
+  // Experts split over the tensor-parallel group (the default), or whole with their layers at
+  // degree 1.
+  EXPECT_EQ(error_of(moe + "[parallel]\ntp = 2\n"), "");
   EXPECT_EQ(error_of(moe + "[parallel]\ntp = 2\nplan = \"2,1,2,1\"\n"), "");
-  EXPECT_NE(error_of(moe + "[train]\nprecision = \"bf16\"\n").find("train.precision = \"bf16\" with mixture-of-experts layers"),
+  EXPECT_EQ(layer_degrees(parse_run_config(moe + "[parallel]\ntp = 2\n", "t")), std::vector<int>{});
+  const RunConfig whole = parse_run_config(moe + "[parallel]\ntp = 2\nexpert_tp = 1\n", "t");
+  EXPECT_EQ(layer_degrees(whole), (std::vector<int>{2, 1, 2, 1}));
+  EXPECT_EQ(parse_run_config(to_toml(whole), "rt").parallel.expert_tp, 1);
+  EXPECT_NE(error_of(moe + "[parallel]\ntp = 4\nexpert_tp = 2\n")
+                .find("parallel.expert_tp = 2 with parallel.tp = 4: experts are either whole on each rank (1) or split"),
             std::string::npos);
+  EXPECT_NE(error_of(moe + "[parallel]\ntp = 2\nexpert_tp = 1\nplan = \"2,2,2,1\"\n")
+                .find("gives layer 1 (a mixture-of-experts layer) degree 2, but parallel.expert_tp = 1"),
+            std::string::npos);
+  EXPECT_EQ(error_of(moe + "[train]\nprecision = \"bf16\"\n"), "");
+  EXPECT_EQ(error_of(moe + "[train]\nprecision = \"fp16\"\n"), "");
   EXPECT_NE(error_of(moe + "[parallel]\nactivation_compression = \"fp8\"\n")
                 .find("parallel.activation_compression = \"fp8\" with mixture-of-experts layers"),
             std::string::npos);

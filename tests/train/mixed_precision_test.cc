@@ -91,6 +91,44 @@ TEST(MixedPrecision, GradientsAreWithinTheFormatsRoundingOfFp64) {
   }
 }
 
+// The same with mixture-of-experts layers (every other layer; noisy top-k keeping all four
+// experts, so no routing decision can flip between precisions, with router noise, the
+// auxiliary and z losses and expert dropout). The router runs in f32 from the 16-bit input and
+// weights; an MoE layer rounds its experts' pre- and post-activations and outputs and the
+// combined output in forward, and as many gradients and the slots' gradients in backward: 8
+// roundings more per MoE layer than the count above.
+TEST(MixedPrecision, MoeGradientsAreWithinTheFormatsRoundingOfFp64) {
+  const auto in = tokens(8 * 16, 1), out = tokens(8 * 16, 2);
+  const auto moe_config = [](const std::string& precision) {
+    RunConfig c = tiny_engine_config(precision);
+    c.model.moe_every = 2;
+    c.model.experts = 4;
+    c.model.moe_gate = "noisy-topk";
+    c.model.moe_top_k = 4;
+    c.model.moe_router_noise = 1.0;
+    c.model.moe_aux_loss_coef = 0.1;
+    c.model.moe_z_loss_coef = 0.01;
+    c.model.expert_dropout = 0.2;
+    c.validate();
+    return c;
+  };
+  TrainingEngine reference(moe_config("fp64"));
+  reference.compute_gradients(0, in.data(), out.data(), 8);
+  const std::vector<double> want = as_doubles(reference.model().grads());
+  const double layers = 2, moe_layers = 1;
+  const double roundings = 12 * layers + 4 + 8 * moe_layers;
+  for (const auto& [precision, unit] : std::vector<std::pair<std::string, double>>{
+           {"bf16", std::ldexp(1.0, -8)}, {"fp16", std::ldexp(1.0, -11)}, {"fp32", std::ldexp(1.0, -24)}}) {
+    TrainingEngine engine(moe_config(precision));
+    engine.compute_gradients(0, in.data(), out.data(), 8);
+    const double error = relative_difference(as_doubles(engine.model().grads()), want);
+    std::printf("MoE %s: gradient relative error %.3g = %.2f u\n", precision.c_str(), error,
+                error / unit);
+    EXPECT_LT(error, (precision == "fp32" ? roundings : std::sqrt(roundings)) * unit) << precision;
+    EXPECT_GT(error, 0.0) << precision;
+  }
+}
+
 // The step whose gradient overflows is skipped (the parameters stay as they were) and counted;
 // with hysteresis 2 the first overflow keeps the scale and the second halves it; after
 // train.loss_scale_window clean steps the scale doubles back.

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Predicted against measured step time of a mixture-of-experts GPT, in one run: for each
+# layout, `oases profile` measures the model on the ranks of that layout, `oases simulate`
+# predicts the step from the profile, and the same layout trains for S steps.
+#   one process      tp 1 (every expert local; no all-to-all crosses a wire)
+#   ep 2             dp = ep = 2: each rank holds half the experts, all-to-alls over the link
+#   tp 2 expert_tp 2 experts split over the tensor-parallel pair (the MoE layers at degree 2)
+#   tp 2 expert_tp 1 experts whole, the MoE layers at degree 1 (plan 2,1,2,1)
+# The two-rank layouts run over TCP on a loopback capped at RATE Mbit/s
+# (bench/capped_loopback.sh), so the profile's fitted expert link is that cap.
+# Model: GPT 4 layers, hidden 256, 4 heads, ffn 1024, seq 128, byte vocabulary, fp32,
+# micro-batch 8 (two sub-batches of 4, oases schedule), global batch 16; layers 1 and 3 are MoE
+# layers of 4 gshard experts 512 wide (capacity factor 1.25). One thread per rank.
+#   bash bench/run_moe_predict_bench.sh [S=6] [RATE=1000]    (as root)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/capped_loopback.sh
+steps=${1:-6}
+rate=${2:-1000}
+[[ $(id -u) -eq 0 ]] || { echo "needs root (ip netns, tc)" >&2; exit 2; }
+cmake --preset release >/dev/null
+cmake --build --preset release --target oases >/dev/null
+oases=$PWD/build/release/oases
+bench_header "bash bench/run_moe_predict_bench.sh $*"
+
+work=$(mktemp -d)
+ns=oases-moe-predict-$$
+trap 'capped_loopback_stop "$ns"; rm -rf "$work"' EXIT
+"$oases" prepare-data --input /usr/share/games/fortunes/fortunes --output "$work/data" \
+  --tokenizer byte >/dev/null
+cat >"$work/moe.toml" <<EOF
+[model]
+layers = 4
+hidden = 256
+heads = 4
+ffn_hidden = 1024
+vocab_size = 256
+seq_len = 128
+moe_every = 2
+experts = 4
+moe_gate = "gshard"
+moe_ffn_hidden = 512
+capacity_factor = 1.25
+[train]
+micro_batch = 8
+global_batch = 16
+steps = $steps
+threads = 1
+[parallel]
+schedule = "oases"
+sub_batches = 2
+[data]
+path = "$work/data"
+tokenizer = "byte"
+[log]
+peak_tflops = 1.0
+EOF
+echo "# model: GPT 4 layers, hidden 256, seq 128, byte vocabulary, fp32, micro-batch 8, global batch 16; layers 1 and 3: 4 gshard experts of 512; oases schedule; RATE $rate Mbit/s for two ranks; $steps steps per run (medians of steps 2-$steps)"
+capped_loopback_start "$ns" "$rate"
+mpi=("${mpi_capped[@]}")
+config=(--config "$work/moe.toml")
+
+# name | ranks | settings
+layouts=(
+  "one-process|1|"
+  "ep2|2|parallel.dp=2 parallel.ep=2 train.micro_batch=4"
+  "tp2-expert_tp2|2|parallel.tp=2"
+  "tp2-expert_tp1|2|parallel.tp=2 parallel.expert_tp=1"
+)
+for entry in "${layouts[@]}"; do
+  IFS='|' read -r name ranks settings <<<"$entry"
+  read -r -a extra <<<"$settings"
+  launch=("$oases")
+  [[ $ranks == 2 ]] && launch=("${mpi[@]}" "$oases")
+  set_args=()
+  ((${#extra[@]})) && set_args=(--set "${extra[@]}")
+  profile=$work/profile_$name.json
+  # expert_tp does not change what the profile measures (each degree's MoE segments).
+  [[ $name == tp2-expert_tp1 ]] && profile=$work/profile_tp2-expert_tp2.json
+  if [[ ! -f $profile ]]; then
+    "${launch[@]}" profile "${config[@]}" "${set_args[@]}" --output "$profile" \
+      --steps 3 >"$work/profile_$name.log" 2>&1 ||
+      { echo "profile $name failed:"; tail -5 "$work/profile_$name.log"; exit 1; }
+  fi
+  "$oases" simulate "${config[@]}" "${set_args[@]}" --profile "$profile" >"$work/sim_$name.txt" 2>&1 ||
+    { echo "simulate $name failed:"; cat "$work/sim_$name.txt"; exit 1; }
+  "${launch[@]}" train --quiet "${config[@]}" --set "${extra[@]}" \
+    log.metrics="\"$work/$name.jsonl\"" >"$work/train_$name.log" 2>&1 ||
+    { echo "train $name failed:"; tail -5 "$work/train_$name.log"; exit 1; }
+done
+
+/usr/bin/python3 - "$work" "${layouts[@]}" <<'PY'
+import json, re, statistics, sys
+work = sys.argv[1]
+print("| layout | predicted step s | measured step s | predicted / measured | measured a2a wire s | measured exposed a2a s |")
+print("|---|---|---|---|---|---|")
+for entry in sys.argv[2:]:
+    name = entry.split("|")[0]
+    text = open(f"{work}/sim_{name}.txt").read()
+    predicted = float(re.search(r"predicted step ([0-9.]+) s", text).group(1))
+    lines = [r for r in map(json.loads, open(f"{work}/{name}.jsonl")) if r["step"] > 0][1:]
+    measured = statistics.median(r["step_time_s"] for r in lines)
+    wire = statistics.median(r.get("a2a_s", 0.0) for r in lines)
+    exposed = statistics.median(r.get("exposed_a2a_s", 0.0) for r in lines)
+    print(f"| {name} | {predicted:.4f} | {measured:.4f} | {predicted / measured:.2f} | {wire:.4f} | {exposed:.4f} |")
+for entry in sys.argv[2:]:
+    name = entry.split("|")[0]
+    print(f"\n{name}:\n" + open(f"{work}/sim_{name}.txt").read().strip())
+PY
