@@ -538,6 +538,9 @@ int run_profile(ProfileArgs& a) {
                 "parallel.tp = {} and parallel.dp = {} need {} processes: launch with `mpirun -np "
                 "{} oases profile ...`",
                 config.parallel.tp, config.parallel.dp, ranks, ranks);
+    // Measured at the thread count training will use (train.threads).
+    const auto mine = oases::comm::this_process_placement();
+    oases::train::use_threads(config.train.threads, mine, mine);
     const auto result = oases::train::run_profile(config, a.options, [](int tp, int dp) {
       return oases::comm::Mesh::single_process(tp, dp);
     });
@@ -548,6 +551,8 @@ int run_profile(ProfileArgs& a) {
   return run_on_every_rank(
       config.parallel, [&](auto& runtime, const auto& comm_options, auto&) {
         a.options.progress = runtime.world_rank() == 0;
+        oases::train::use_threads(config.train.threads, runtime.placement(),
+                                  runtime.most_crowded_placement());
         // With parallel.ep > 1 the world holds ep copies of a tensor-parallel group's grid:
         // the rest of it fills the third axis, so that every copy measures at once.
         const auto result = oases::train::run_profile(config, a.options, [&](int tp, int dp) {
