@@ -22,6 +22,13 @@ class EmbeddingSegment final : public Segment {
     shape.collective_ranks = m_.tp_size();
     shape.degree = m_.tp_size();
     shape.forward_collective_elements = m_.tokens() * m_.hidden;
+    // Forward reads a word row (and a position row) per token and writes the output; backward
+    // reads the output's gradient and adds it into the tables' rows.
+    const double rows = static_cast<double>(m_.tokens() * m_.hidden) *
+                        static_cast<double>(dtype_size(m_.dtype));
+    shape.work.known = true;
+    shape.work.checkpoint.bytes = 3 * rows;
+    shape.work.backward_input = {Work{{}, 5 * rows}};
     return shape;
   }
 

@@ -61,6 +61,37 @@ class HeadBody {
     return matrix(internals, spec_.final_norm.present() ? final_out_ : transform_out_);
   }
 
+  // The body's work (SegmentWork): forward runs the epilogue, the transform (GEMM, GeLU, norm)
+  // and the final norm; backward runs them back, the transform's weight gradient apart.
+  double row_bytes() const {
+    return static_cast<double>(tokens_ * m_.hidden) * static_cast<double>(dtype_size(m_.dtype));
+  }
+  Work forward_work() const {
+    Work w;
+    w.bytes = (spec_.epilogue.spec().post_norm.present() ? 5 : 3) * row_bytes();
+    if (spec_.has_transform) {
+      w.matmuls.push_back({tokens_, m_.hidden, m_.hidden});
+      w.bytes += 4 * row_bytes();
+    }
+    if (spec_.final_norm.present()) w.bytes += 2 * row_bytes();
+    return w;
+  }
+  Work backward_work() const {
+    Work w;
+    w.bytes = (spec_.epilogue.spec().post_norm.present() ? 6 : 3) * row_bytes();
+    if (spec_.has_transform) {
+      w.matmuls.push_back({tokens_, m_.hidden, m_.hidden});
+      w.bytes += 6 * row_bytes();
+    }
+    if (spec_.final_norm.present()) w.bytes += 3 * row_bytes();
+    return w;
+  }
+  Work weight_work() const {
+    Work w;
+    if (spec_.has_transform) w.matmuls.push_back({m_.hidden, m_.hidden, tokens_});
+    return w;
+  }
+
   // From d(features) (reduced over the group) to d(previous output) in output_grad.
   void backward(const StepContext& ctx, int mb, int sb, const Tensor& internals,
                 const Tensor& d_features) const {
@@ -162,6 +193,17 @@ class FusedHeadSegment final : public Segment {
     shape.internals_bytes = internals_.bytes();
     shape.internals_statistics_bytes = internals_.statistics_bytes();
     shape.backward_collective_elements = m_.tokens() * m_.hidden;
+    // Forward forms the logits, the loss and their gradients, d(features) and the vocabulary
+    // weight's gradient (in training); backward runs the body back.
+    const std::int64_t n = m_.tokens(), C = m_.hidden, V = spec_.vocab_weight.value.dim(0);
+    const double logits = static_cast<double>(n * V) * static_cast<double>(dtype_size(m_.dtype));
+    SegmentWork& w = shape.work;
+    w.known = true;
+    w.internals = body_.forward_work();
+    w.internals.matmuls.insert(w.internals.matmuls.end(), {{n, V, C}, {n, C, V}, {V, C, n}});
+    w.internals.bytes += 2 * logits;
+    w.backward_input = {Work{}, body_.backward_work()};
+    w.backward_weight = body_.weight_work();
     return shape;
   }
 
@@ -251,6 +293,16 @@ class VocabParallelHeadSegment final : public Segment {
     shape.internals_statistics_bytes = internals_.statistics_bytes();
     shape.forward_collective_elements = m_.tokens();
     shape.backward_collective_elements = m_.tokens() * m_.hidden;
+    // Forward: the body, then this rank's logits and their row maxima; backward stage 1 runs
+    // the body back (stage 0 waits for head_loss's partial d(features)).
+    const std::int64_t n = m_.tokens();
+    SegmentWork& w = shape.work;
+    w.known = true;
+    w.internals = body_.forward_work();
+    w.internals.matmuls.push_back({n, local_rows(), m_.hidden});
+    w.internals.bytes += static_cast<double>(n * local_rows()) * static_cast<double>(dtype_size(m_.dtype));
+    w.backward_input = {Work{}, body_.backward_work()};
+    w.backward_weight = body_.weight_work();
     return shape;
   }
   const HeadSpec& spec() const { return spec_; }
@@ -311,6 +363,10 @@ class HeadSoftmaxSegment final : public Segment {
     shape.has_forward_collective = true;
     shape.forward_collective_elements = 2 * m_.tokens();
     shape.reads_sets_of = {head_.id()};
+    shape.work.known = true;
+    shape.work.checkpoint.bytes = static_cast<double>(m_.tokens() * head_.local_rows()) *
+                                  static_cast<double>(dtype_size(m_.dtype));
+    shape.work.backward_input = {Work{}};
     return shape;
   }
   void forward(const StepContext& ctx, int mb, int sb) override {
@@ -347,6 +403,14 @@ class HeadLossSegment final : public Segment {
     // The vocabulary GEMM's weight gradient can wait: it reads the logits' gradient and the
     // features, which the head keeps anyway.
     shape.has_weight_part = true;
+    // Forward turns the logits into their gradient in place; backward forms the partial
+    // d(features) and the vocabulary block's weight gradient.
+    const std::int64_t n = m_.tokens(), V = head_.local_rows(), C = m_.hidden;
+    shape.work.known = true;
+    shape.work.checkpoint.bytes =
+        2.0 * static_cast<double>(n * V) * static_cast<double>(dtype_size(m_.dtype));
+    shape.work.backward_input = {Work{{{n, C, V}}, 0}};
+    shape.work.backward_weight.matmuls = {{V, C, n}};
     return shape;
   }
   void forward(const StepContext& ctx, int mb, int sb) override {

@@ -124,6 +124,32 @@ class LayerSegment : public Segment {
     return shape;
   }
 
+  // Work shared by the layer segments (SegmentWork), per instance of tokens_ rows: the
+  // epilogue reads the output's partial sums and the residual and writes the checkpoint (a
+  // post-norm reads and writes it once more); the pre-norm reads the checkpoint and writes its
+  // output; backward stage 1 runs both backward (each reads its input and the gradient and
+  // writes a gradient).
+  double row_bytes() const {
+    return static_cast<double>(tokens_ * m_.hidden) * static_cast<double>(dtype_size(m_.dtype));
+  }
+  Work epilogue_work() const {
+    Work w;
+    w.bytes = (layer_.epilogue.spec().post_norm.present() ? 5 : 3) * row_bytes();
+    return w;
+  }
+  Work pre_norm_work() const {
+    Work w;
+    w.bytes = layer_.pre_norm.present() ? 2 * row_bytes() : 0;
+    return w;
+  }
+  Work stage_one_work() const {
+    Work w;
+    w.bytes = (3 + (layer_.pre_norm.present() ? 3 : 0) +
+               (layer_.epilogue.spec().post_norm.present() ? 3 : 0)) *
+              row_bytes();
+    return w;
+  }
+
   Tensor rows_of(Slot slot, int mb, int sb) const {
     return m_.slot_rows(slot, mb, sb, layer_.at.rows);
   }

@@ -26,7 +26,40 @@ class AttentionSegment final : public LayerSegment {
     lse_ = core_.add_statistics(a.lse_elements());
     stash_d_qkv_ = deferred_.add(tokens_ * a.qkv_width());
   }
-  SegmentShape shape() const override { return layer_shape(kCheckpoint | kInternals | kCore); }
+  SegmentShape shape() const override {
+    SegmentShape shape = layer_shape(kCheckpoint | kInternals | kCore);
+    // The score and probability matrices are formed whole ([seq, seq] per row and head, the
+    // causal mask applied to them), as Megatron-LM's fused softmax does.
+    const CoreAttention& a = spec_.attention;
+    const kernels::AttentionShape& h = a.shape();
+    const std::int64_t n = tokens_, C = m_.hidden, O = a.out_width();
+    const std::int64_t S = h.seq, d = h.head_dim, pairs = h.batch * h.heads;
+    const double e = static_cast<double>(dtype_size(m_.dtype));
+    const double scores = static_cast<double>(pairs * S * S) * e;
+    SegmentWork& w = shape.work;
+    w.known = true;
+    w.checkpoint = epilogue_work();
+    w.internals = pre_norm_work();
+    for (const ColumnParallelLinear& projection : spec_.qkv)
+      w.internals.matmuls.push_back({n, projection.local_out(), C});
+    if (a.rotary()) w.internals.bytes += 2.0 * static_cast<double>(n * (h.heads + h.kv_heads) * d) * e;
+    w.core.matmuls = {{S, S, d, pairs}, {S, d, S, pairs}};  // q k^T, then p v
+    w.core.bytes = 2 * scores;                               // softmax reads and writes them
+    w.output.matmuls = {{n, C, O}};
+    Work stage0;
+    stage0.matmuls.push_back({n, O, C});  // the output projection's input gradient
+    // d(p) = d(out) v^T, d(v) = p^T d(out), d(q) = d(s) k, d(k) = d(s)^T q.
+    stage0.matmuls.insert(stage0.matmuls.end(),
+                          {{S, S, d, pairs}, {S, d, S, pairs}, {S, d, S, pairs}, {S, d, S, pairs}});
+    stage0.bytes = 3 * scores;  // the softmax's backward reads p and d(p), writes d(s)
+    for (const ColumnParallelLinear& projection : spec_.qkv)
+      stage0.matmuls.push_back({n, C, projection.local_out()});
+    w.backward_input = {stage0, stage_one_work()};
+    w.backward_weight.matmuls.push_back({O, C, n});
+    for (const ColumnParallelLinear& projection : spec_.qkv)
+      w.backward_weight.matmuls.push_back({C, projection.local_out(), n});
+    return shape;
+  }
 
   void backward_weight(const StepContext&, int mb, int sb) override {
     const CoreAttention& a = spec_.attention;
@@ -125,7 +158,27 @@ class MlpSegment final : public LayerSegment {
     act_ = internals_.add(tokens_ * spec_.activation.width());
     stash_d_pre_ = deferred_.add(tokens_ * spec_.activation.input_width());
   }
-  SegmentShape shape() const override { return layer_shape(kCheckpoint | kInternals); }
+  SegmentShape shape() const override {
+    SegmentShape shape = layer_shape(kCheckpoint | kInternals);
+    const MlpActivation& act = spec_.activation;
+    const std::int64_t n = tokens_, C = m_.hidden, F = act.width(), in = act.input_width();
+    const double e = static_cast<double>(dtype_size(m_.dtype));
+    SegmentWork& w = shape.work;
+    w.known = true;
+    w.checkpoint = epilogue_work();
+    w.internals = pre_norm_work();
+    for (std::size_t i = 0; i < spec_.up.size(); ++i) w.internals.matmuls.push_back({n, F, C});
+    w.internals.bytes += static_cast<double>(n * (in + F)) * e;  // the activation
+    w.output.matmuls = {{n, C, F}};
+    Work stage0;
+    stage0.matmuls.push_back({n, F, C});
+    stage0.bytes = static_cast<double>(n * (2 * in + F)) * e;  // the activation's backward
+    for (std::size_t i = 0; i < spec_.up.size(); ++i) stage0.matmuls.push_back({n, C, F});
+    w.backward_input = {stage0, stage_one_work()};
+    w.backward_weight.matmuls.push_back({F, C, n});
+    for (std::size_t i = 0; i < spec_.up.size(); ++i) w.backward_weight.matmuls.push_back({C, F, n});
+    return shape;
+  }
 
   void backward_weight(const StepContext&, int mb, int sb) override {
     const MlpActivation& act = spec_.activation;

@@ -71,6 +71,44 @@ inline const char* encoding_name(ActivationEncoding encoding) {
   return encoding == ActivationEncoding::bf16 ? "bf16" : "fp8";
 }  // "checkpoint|internals", "-" for none
 
+// A matrix product [m, k] x [k, n], `count` times (core attention: once per row and head):
+// 2 m n k FLOPs each.
+struct MatMul {
+  std::int64_t m = 0, n = 0, k = 0, count = 1;
+  double flops() const {
+    return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
+           static_cast<double>(count);
+  }
+};
+
+// What a part of a segment instance's computation costs on a device: its matrix products (each
+// priced by a device's efficiency at its size) and the bytes its memory-bound kernels read and
+// write (norms, activations, softmax, dropout, residual adds, copies).
+struct Work {
+  std::vector<MatMul> matmuls;
+  double bytes = 0;
+  double flops() const;
+  Work& operator+=(const Work& other);
+};
+
+// A segment instance's work, for pricing its instructions on hardware this machine is not
+// (sim/). Forward is split by what each part produces, so that a Recompute of some sets costs
+// theirs: the checkpoint (the epilogue), the internals, the core, and the output (the partial
+// sums the forward collective reduces). Backward is given stage by stage without the weight
+// gradients, and the weight gradients apart: a whole stage 0 is backward_input[0] plus
+// backward_weight; under zero-bubble the input-only stage 0 and BackwardWeight take the parts.
+// Segments that do not describe their work leave `known` false (a profile's programs, whose
+// instructions take measured times).
+struct SegmentWork {
+  bool known = false;
+  Work checkpoint, internals, core, output;
+  std::vector<Work> backward_input;  // one per backward stage
+  Work backward_weight;
+  Work forward() const;
+  Work recompute(TensorSets sets) const;
+  Work backward(int stage, bool input_only) const;
+};
+
 struct SegmentShape {
   std::string name;
   bool has_forward_collective = false;
@@ -143,6 +181,8 @@ struct SegmentShape {
   // is live in the activation store from the receive's RecvStart until the Forward or backward
   // stage 0 that reads it has run.
   std::size_t received_bytes = 0;
+  // The arithmetic of one instance (ops/program.h SegmentWork).
+  SegmentWork work = {};
 };
 
 struct Program {

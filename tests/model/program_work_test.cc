@@ -1,0 +1,92 @@
+// The work each segment reports (ops/program.h SegmentWork): summed over a model's program,
+// its matrix products come to the FLOPs of the transformer counted by hand (forward: 2 C (3C)
+// for q|k|v, 2 C C for the projection, 2 C F twice for the MLP, 2 S C twice for scores and
+// their product with v, per layer and token; 2 C V for the logits; backward: twice each), and a
+// Recompute or a zero-bubble split costs exactly its parts.
+#include "comm/communicator.h"
+#include "model/model.h"
+
+#include <gtest/gtest.h>
+
+namespace oases::model {
+namespace {
+
+ModelOptions options(comm::Communicator& tp, std::int64_t micro_batch, int sub_batches) {
+  ModelOptions o;
+  o.tp = &tp;
+  o.micro_batch = micro_batch;
+  o.sub_batches = sub_batches;
+  return o;
+}
+
+// FLOPs of one training pass (forward, backward) over `tokens` tokens, by hand.
+double training_flops(const ModelConfig& c, double tokens, double ffn_projections) {
+  const double C = static_cast<double>(c.hidden), F = static_cast<double>(c.ffn_hidden),
+               S = static_cast<double>(c.seq_len), V = static_cast<double>(c.vocab_size),
+               L = static_cast<double>(c.layers);
+  const double kv = static_cast<double>(c.kv_head_count() * c.head_dim());
+  const double layer = 2 * C * (C + 2 * kv) + 2 * C * C + ffn_projections * 2 * C * F + 2 * F * C;
+  return tokens * 3 * (L * (layer + 4 * S * C) + 2 * C * V);
+}
+
+double program_flops(const ops::Program& program, int sub_batches) {
+  double total = 0;
+  for (const ops::SegmentShape& s : program.segments) {
+    EXPECT_TRUE(s.work.known) << s.name;
+    total += s.work.forward().flops();
+    for (int stage = 0; stage < s.backward_stages; ++stage)
+      total += s.work.backward(stage, false).flops();
+  }
+  return total * sub_batches;
+}
+
+TEST(ProgramWork, MatrixProductsAddUpToTheTransformersFlops) {
+  comm::SelfCommunicator tp;
+  for (const char* arch : {"gpt", "llama"}) {
+    ModelConfig c;
+    c.arch = arch;
+    c.layers = 3;
+    c.hidden = 48;
+    c.heads = 4;
+    c.kv_heads = std::string(arch) == "llama" ? 2 : 0;
+    c.ffn_hidden = 96;
+    c.vocab_size = 80;
+    c.seq_len = 16;
+    c.validate();
+    const Model model(c, options(tp, 4, 2));
+    const double tokens = 4.0 * 16;
+    EXPECT_NEAR(program_flops(model.program(), 2),
+                training_flops(c, tokens, std::string(arch) == "llama" ? 2 : 1),
+                1e-12 * training_flops(c, tokens, 1))
+        << arch;
+  }
+}
+
+TEST(ProgramWork, RecomputeAndTheZeroBubbleSplitCostTheirParts) {
+  comm::SelfCommunicator tp;
+  ModelConfig c;
+  c.layers = 1;
+  c.hidden = 32;
+  c.heads = 4;
+  c.ffn_hidden = 64;
+  c.vocab_size = 50;
+  c.seq_len = 8;
+  const Model model(c, options(tp, 2, 1));
+  for (const ops::SegmentShape& s : model.program().segments) {
+    if (s.name.rfind("attention", 0) != 0) continue;
+    const ops::SegmentWork& w = s.work;
+    EXPECT_DOUBLE_EQ(w.recompute(ops::kCheckpoint | ops::kInternals | ops::kCore | ops::kOutput).flops(),
+                     w.forward().flops());
+    EXPECT_DOUBLE_EQ(w.recompute(ops::kCore).flops(), w.core.flops());
+    EXPECT_GT(w.core.bytes, 0);
+    EXPECT_DOUBLE_EQ(w.backward(0, true).flops() + w.backward_weight.flops(),
+                     w.backward(0, false).flops());
+    // The weight gradients cost what the input gradients of the same products do.
+    EXPECT_DOUBLE_EQ(w.backward_weight.flops(), 2.0 * 2 * 8 * 32 * (3 * 32 + 32));
+    EXPECT_GT(w.backward(1, false).bytes, 0);
+    EXPECT_TRUE(w.backward(1, false).matmuls.empty());
+  }
+}
+
+}  // namespace
+}  // namespace oases::model
