@@ -43,6 +43,14 @@ class ReshardSegment final : public Segment {
     }
     (rises_ ? shape.forward_collective_elements : shape.backward_collective_elements) =
         large().rows * m_.seq_len * m_.hidden;
+    // The epilogue on the previous layer's rows, forward and back (the gathers are collectives).
+    const double rows = static_cast<double>(epilogue_tokens() * m_.hidden) *
+                        static_cast<double>(dtype_size(m_.dtype));
+    const double post_norm = spec_.epilogue.spec().post_norm.present() ? 1 : 0;
+    shape.work.known = true;
+    shape.work.checkpoint.bytes = (3 + 2 * post_norm) * rows;
+    shape.work.backward_input.assign(static_cast<std::size_t>(shape.backward_stages), Work{});
+    shape.work.backward_input.back().bytes = (3 + 3 * post_norm) * rows;
     return shape;
   }
 
@@ -159,6 +167,11 @@ class StageOutputSegment final : public Segment {
     shape.checkpoint_statistics_bytes = checkpoint_.statistics_bytes();
     shape.output_to_peer = true;
     shape.received_bytes = static_cast<std::size_t>(tokens_ * m_.hidden) * dtype_size(m_.dtype);
+    const double rows = static_cast<double>(tokens_ * m_.hidden) * static_cast<double>(dtype_size(m_.dtype));
+    const double post_norm = spec_.epilogue.spec().post_norm.present() ? 1 : 0;
+    shape.work.known = true;
+    shape.work.checkpoint.bytes = (3 + 2 * post_norm) * rows;
+    shape.work.backward_input = {Work{{}, (4 + 3 * post_norm) * rows}};
     return shape;
   }
   void forward(const StepContext& ctx, int mb, int sb) override {

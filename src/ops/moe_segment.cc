@@ -186,6 +186,30 @@ class MoeDispatchSegment final : public detail::LayerSegment {
     shape.forward_kind = CollectiveKind::all_to_all;
     shape.collective_ranks = layout_.ranks;
     shape.forward_collective_elements = layout_.total_rows() * layout_.width;
+    // The router's product (and the noise's), routing, and the copy of each slot's row; in
+    // backward the rows' gradients onto their tokens and the router's products back.
+    const std::int64_t E = layout_.experts, C = m_.hidden;
+    const int routers = has_noise() ? 2 : 1;
+    const double slots = static_cast<double>(layout_.total_rows() * layout_.width) *
+                         static_cast<double>(dtype_size(m_.dtype));
+    SegmentWork& w = shape.work;
+    w.known = true;
+    w.checkpoint = epilogue_work();
+    w.internals = pre_norm_work();
+    for (int r = 0; r < routers; ++r) w.internals.matmuls.push_back({tokens_, E, C});
+    w.output.bytes = 2 * slots;
+    // The router's backward (input and weight products) runs with the rest of the last stage:
+    // the dispatch has no weight part to defer.
+    Work gather, router = stage_one_work();
+    gather.bytes = slots + row_bytes();
+    for (int r = 0; r < routers; ++r)
+      router.matmuls.insert(router.matmuls.end(), {{tokens_, C, E}, {C, E, tokens_}});
+    if (split()) {
+      w.backward_input = {gather, router};
+    } else {
+      gather += router;
+      w.backward_input = {gather};
+    }
     return shape;
   }
   CollectiveCall forward_collective(int mb, int sb) override {
@@ -468,6 +492,33 @@ class MoeExpertsSegment final : public Segment {
     shape.internals_bytes = internals_.bytes();
     shape.forward_collective_elements = shape.backward_collective_elements =
         layout_.total_rows() * layout_.width;
+    // Each local expert's products on its slots from every source (all of them, as if full:
+    // the capacity bounds them), the activation, and the copies in and out of the buffers.
+    const MlpActivation& act = spec_.activation;
+    const std::int64_t rows = layout_.ranks * layout_.rows, C = layout_.hidden, F = act.width();
+    const double e = static_cast<double>(dtype_size(m_.dtype));
+    const double buffer = static_cast<double>(layout_.total_rows() * layout_.width) * e;
+    const auto ups = static_cast<std::int64_t>(spec_.experts.front().up.size());
+    SegmentWork& w = shape.work;
+    w.known = true;
+    w.checkpoint.bytes = 2 * buffer;
+    w.internals.bytes = buffer + static_cast<double>(layout_.local * rows * (act.input_width() + F)) * e;
+    w.output.bytes = 2 * buffer;
+    Work stage0;
+    stage0.bytes = 3 * buffer + static_cast<double>(layout_.local * rows * (2 * act.input_width() + F)) * e;
+    Work weights;
+    for (int x = 0; x < layout_.local; ++x) {
+      for (std::int64_t u = 0; u < ups; ++u) {
+        w.internals.matmuls.push_back({rows, F, C});
+        stage0.matmuls.push_back({rows, C, F});
+        weights.matmuls.push_back({C, F, rows});
+      }
+      w.output.matmuls.push_back({rows, C, F});
+      stage0.matmuls.push_back({rows, F, C});
+      weights.matmuls.push_back({F, C, rows});
+    }
+    w.backward_input = {stage0, Work{}};
+    w.backward_weight = weights;
     return shape;
   }
   CollectiveCall forward_collective(int mb, int sb) override {
@@ -677,6 +728,14 @@ class MoeCombineSegment final : public Segment {
     shape.checkpoint_bytes = checkpoint_.bytes();
     shape.forward_collective_elements = tokens_ * m_.hidden;
     shape.backward_collective_elements = layout_.total_rows() * layout_.width;
+    // The weighted sum of the returned rows into the output, and back.
+    const double e = static_cast<double>(dtype_size(m_.dtype));
+    const double buffer = static_cast<double>(layout_.total_rows() * layout_.width) * e;
+    const double rows = static_cast<double>(tokens_ * m_.hidden) * e;
+    shape.work.known = true;
+    shape.work.checkpoint.bytes = 2 * buffer + 2 * rows;
+    shape.work.output.bytes = buffer + rows;
+    shape.work.backward_input = {Work{{}, 2 * buffer + rows}, Work{}};
     return shape;
   }
   CollectiveCall forward_collective(int mb, int sb) override {

@@ -88,5 +88,60 @@ TEST(ProgramWork, RecomputeAndTheZeroBubbleSplitCostTheirParts) {
   }
 }
 
+// Every segment of a pipeline stage describes its work, the stage's boundary included.
+TEST(ProgramWork, EverySegmentOfAPipelineStageDescribesItsWork) {
+  comm::SelfCommunicator tp;
+  ModelConfig c;
+  c.layers = 2;
+  c.hidden = 32;
+  c.heads = 4;
+  c.ffn_hidden = 64;
+  c.vocab_size = 50;
+  c.seq_len = 8;
+  for (const ModelOptions& o : [&] {
+         ModelOptions first = options(tp, 2, 1), last = options(tp, 2, 1);
+         first.layer_ranges = {{0, 1}};
+         last.layer_ranges = {{1, 2}};
+         return std::vector<ModelOptions>{first, last};
+       }()) {
+    const Model model(c, o);
+    for (const ops::SegmentShape& s : model.program().segments) {
+      EXPECT_TRUE(s.work.known) << s.name;
+      EXPECT_GT(s.work.forward().bytes + s.work.forward().flops(), 0.0) << s.name;
+    }
+  }
+}
+
+// An MoE layer's experts multiply every slot of their buffers (the capacity bounds them): a
+// token's share is capacity x experts / tokens of a dense FFN pass.
+TEST(ProgramWork, MoeSegmentsPriceTheirExpertsOnTheCapacityRows) {
+  comm::SelfCommunicator tp;
+  ModelConfig c;
+  c.layers = 2;
+  c.hidden = 32;
+  c.heads = 4;
+  c.ffn_hidden = 64;
+  c.vocab_size = 50;
+  c.seq_len = 16;
+  c.moe_every = 2;
+  c.experts = 4;
+  c.moe_gate = "switch";
+  c.capacity_factor = 2.0;
+  c.validate();
+  const Model model(c, options(tp, 2, 1));
+  bool found = false;
+  for (const ops::SegmentShape& s : model.program().segments) {
+    EXPECT_TRUE(s.work.known) << s.name;
+    if (s.name != "experts.1") continue;
+    found = true;
+    // 2 sequences of 16 tokens in groups of 16: capacity ceil(2 x 1 x 16 / 4) = 8 per expert
+    // and group, so each of 4 experts takes 2 x 8 rows through FC1 and FC2.
+    const double rows = 4 * 2 * 8;
+    EXPECT_DOUBLE_EQ(s.work.forward().flops(), 2 * (2 * rows * 32 * 64));
+    EXPECT_DOUBLE_EQ(s.work.backward(0, false).flops(), 2 * s.work.forward().flops());
+  }
+  EXPECT_TRUE(found);
+}
+
 }  // namespace
 }  // namespace oases::model
