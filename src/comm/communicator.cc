@@ -114,4 +114,15 @@ std::unique_ptr<Work> SelfCommunicator::all_to_allv_async(Tensor input,
 }
 std::unique_ptr<Work> SelfCommunicator::barrier_async() { return done(); }
 
+ShapeOnlyCommunicator::ShapeOnlyCommunicator(int rank, int size, std::string group_name)
+    : rank_(rank), size_(size), name_(std::move(group_name)) {
+  OASES_ASSERT(size >= 1 && rank >= 0 && rank < size, "rank {} of a group of {}", rank, size);
+}
+
+std::unique_ptr<Work> ShapeOnlyCommunicator::refuse() const {
+  OASES_ASSERT(false, "group {} describes a shape only (rank {} of {}): nothing can move over it",
+               name_, rank_, size_);
+  __builtin_unreachable();
+}
+
 }  // namespace oases::comm

@@ -131,4 +131,32 @@ class SelfCommunicator final : public Communicator {
   std::string name_;
 };
 
+// A group's rank and size without the group: for building a rank's model to read its program
+// (the shapes, collectives and work a simulator prices) on a machine that does not run the
+// other ranks. Every operation is an InternalError naming the group.
+class ShapeOnlyCommunicator final : public Communicator {
+ public:
+  ShapeOnlyCommunicator(int rank, int size, std::string group_name = "shape-only");
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return name_; }
+  std::unique_ptr<Work> all_reduce_async(Tensor, ReduceOp) override { return refuse(); }
+  std::unique_ptr<Work> all_gather_async(Tensor, Tensor) override { return refuse(); }
+  std::unique_ptr<Work> reduce_scatter_async(Tensor, Tensor, ReduceOp) override { return refuse(); }
+  std::unique_ptr<Work> broadcast_async(Tensor, int) override { return refuse(); }
+  std::unique_ptr<Work> send_async(Tensor, int, int) override { return refuse(); }
+  std::unique_ptr<Work> recv_async(Tensor, int, int) override { return refuse(); }
+  std::unique_ptr<Work> all_to_all_async(Tensor, Tensor) override { return refuse(); }
+  std::unique_ptr<Work> all_to_allv_async(Tensor, std::vector<std::int64_t>, Tensor,
+                                          std::vector<std::int64_t>) override {
+    return refuse();
+  }
+  std::unique_ptr<Work> barrier_async() override { return refuse(); }
+
+ private:
+  std::unique_ptr<Work> refuse() const;
+  int rank_, size_;
+  std::string name_;
+};
+
 }  // namespace oases::comm

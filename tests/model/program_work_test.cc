@@ -8,6 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <memory>
+#include <utility>
+
 namespace oases::model {
 namespace {
 
@@ -110,6 +114,40 @@ TEST(ProgramWork, EverySegmentOfAPipelineStageDescribesItsWork) {
       EXPECT_GT(s.work.forward().bytes + s.work.forward().flops(), 0.0) << s.name;
     }
   }
+}
+
+// One rank of a tensor-parallel pair (a group known by its shape alone) does half of every
+// product: its heads, its columns and rows of the MLP, its block of the vocabulary. A plan
+// with a layer at degree 1 puts reshards around it, which describe their work too.
+TEST(ProgramWork, ARankOfATensorParallelGroupDoesItsShare) {
+  comm::ShapeOnlyCommunicator tp(1, 2, "tp");
+  ModelConfig c;
+  c.layers = 2;
+  c.hidden = 32;
+  c.heads = 4;
+  c.ffn_hidden = 64;
+  c.vocab_size = 256;  // divides into the two vocabulary blocks without padding
+  c.seq_len = 8;
+  const Model whole(c, options(tp, 4, 1));
+  const double tokens = 4.0 * 8;
+  EXPECT_NEAR(program_flops(whole.program(), 1), training_flops(c, tokens, 1) / 2,
+              1e-12 * training_flops(c, tokens, 1));
+  ModelOptions planned = options(tp, 4, 1);
+  planned.layer_degrees = {2, 1};
+  // tp_subgroup(span, stride): the ranks r of the pair with this rank's r / span and r % stride.
+  std::map<std::pair<int, int>, std::unique_ptr<comm::ShapeOnlyCommunicator>> subgroups;
+  planned.tp_subgroup = [&](int span, int stride) -> comm::Communicator& {
+    auto& group = subgroups[{span, stride}];
+    if (!group) group = std::make_unique<comm::ShapeOnlyCommunicator>((1 % span) / stride, span / stride);
+    return *group;
+  };
+  const Model mixed(c, planned);
+  int reshards = 0;
+  for (const ops::SegmentShape& s : mixed.program().segments) {
+    EXPECT_TRUE(s.work.known) << s.name;
+    reshards += s.name.rfind("reshard", 0) == 0;
+  }
+  EXPECT_EQ(reshards, 2);
 }
 
 // An MoE layer's experts multiply every slot of their buffers (the capacity bounds them): a
