@@ -1,0 +1,79 @@
+// Compute prices from a segment's work on a cluster's device (sim/roofline.h), against values
+// computed by hand: launch + FLOPs / (peak x GEMM efficiency at the product's size), launch +
+// bytes / (bandwidth x memory efficiency at the size); instructions take their part of the
+// segment's work.
+#include "sim/roofline.h"
+
+#include "core/error.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace oases::sim {
+namespace {
+
+DeviceSpec device() {
+  DeviceSpec d;
+  d.name = "test device";
+  d.memory_bytes_per_second = 1e11;
+  d.kernel_launch_seconds = 5e-6;
+  d.peak_flops = {{"fp32", 1e12}, {"bf16", 4e12}};
+  d.gemm_efficiency = {{1e6, 1e8}, {0.1, 0.5}};
+  d.gemm_efficiency_of["fp32"] = {{1e6, 1e8}, {0.2, 0.4}};
+  d.memory_efficiency = {{1e4, 1e8}, {0.2, 0.8}};
+  return d;
+}
+
+TEST(Roofline, ProductsAndMemoryKernelsTakeTheirEfficiencyAtTheirSize) {
+  const DeviceSpec d = device();
+  ops::Work w;
+  w.matmuls = {{100, 100, 100}};  // 2e6 FLOPs: log10(2) / 2 of the way from 1e6 to 1e8
+  const double at = std::log10(2.0) / 2;
+  EXPECT_NEAR(work_seconds(d, w, "bf16"), 5e-6 + 2e6 / (4e12 * (0.1 + at * 0.4)), 1e-15);
+  EXPECT_NEAR(work_seconds(d, w, "fp32"), 5e-6 + 2e6 / (1e12 * (0.2 + at * 0.2)), 1e-15);
+  // A batched product is one kernel whose size is all its instances.
+  ops::Work batched;
+  batched.matmuls = {{10, 10, 10, 500}};  // 500 x 2000 = 1e6 FLOPs
+  EXPECT_NEAR(work_seconds(d, batched, "bf16"), 5e-6 + 1e6 / (4e12 * 0.1), 1e-15);
+  ops::Work memory;
+  memory.bytes = 1e6;  // halfway in log10 between 1e4 and 1e8
+  EXPECT_NEAR(work_seconds(d, memory, "bf16"), 5e-6 + 1e6 / (1e11 * 0.5), 1e-15);
+  EXPECT_EQ(work_seconds(d, ops::Work{}, "bf16"), 0.0);
+  EXPECT_THROW(work_seconds(d, w, "fp16"), UserError);
+}
+
+TEST(Roofline, InstructionsTakeTheirPartOfTheSegmentsWork) {
+  ops::Program program;
+  ops::SegmentShape s;
+  s.name = "mlp.0";
+  s.backward_stages = 2;
+  s.work.known = true;
+  s.work.checkpoint.bytes = 1;
+  s.work.internals.matmuls = {{1, 1, 1}};
+  s.work.output.matmuls = {{2, 1, 1}};
+  s.work.backward_input = {ops::Work{{{3, 1, 1}}, 0}, ops::Work{{}, 7}};
+  s.work.backward_weight.matmuls = {{4, 1, 1}};
+  program.segments = {s};
+  using schedule::Op;
+  const auto flops = [&](Op op, int stage = 0, ops::TensorSets sets = 0, bool input_only = false) {
+    schedule::Instruction ins{op};
+    ins.segment = 0;
+    ins.stage = stage;
+    ins.sets = sets;
+    ins.input_only = input_only;
+    return instruction_work(program, ins).flops();
+  };
+  EXPECT_EQ(flops(Op::forward), 2.0 * (1 + 2));
+  EXPECT_EQ(flops(Op::recompute, 0, ops::kInternals), 2.0);
+  EXPECT_EQ(flops(Op::recompute, 0, ops::kInternals | ops::kOutput), 6.0);
+  EXPECT_EQ(flops(Op::backward, 0), 2.0 * (3 + 4));
+  EXPECT_EQ(flops(Op::backward, 0, 0, true), 6.0);
+  EXPECT_EQ(flops(Op::backward_weight), 8.0);
+  EXPECT_EQ(flops(Op::backward, 1), 0.0);
+  program.segments[0].work.known = false;
+  EXPECT_THROW(flops(Op::forward), InternalError);
+}
+
+}  // namespace
+}  // namespace oases::sim
