@@ -7,13 +7,13 @@
 namespace oases::sim {
 
 double work_seconds(const DeviceSpec& device, const ops::Work& work, const std::string& dtype) {
+  double seconds = 0;
   const auto peak = device.peak_flops.find(dtype);
-  OASES_CHECK(peak != device.peak_flops.end(),
+  OASES_CHECK(work.matmuls.empty() || peak != device.peak_flops.end(),
               "the device {} states no peak for {} (device.peak_tflops.{}); the config's "
               "train.precision needs it",
               device.name, dtype, dtype);
   const EfficiencyCurve& gemm = device.gemm_curve(dtype);
-  double seconds = 0;
   for (const ops::MatMul& m : work.matmuls) {
     const double flops = m.flops();
     if (flops <= 0) continue;

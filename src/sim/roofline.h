@@ -15,7 +15,8 @@
 namespace oases::sim {
 
 // Seconds of `work` on `device` with products in `dtype` ("fp32", "bf16", "fp16", "fp64").
-// REQUIRES: the device has a peak for dtype (UserError naming the device otherwise).
+// REQUIRES: the device has a peak for dtype when the work has products (UserError naming the
+// device otherwise).
 double work_seconds(const DeviceSpec& device, const ops::Work& work, const std::string& dtype);
 
 // The work of a compute instruction (Forward, Recompute, Backward, BackwardWeight) of
