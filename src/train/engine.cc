@@ -8,6 +8,7 @@
 #include "optim/zero_partition.h"
 #include "planner/stage_partition.h"
 #include "schedule/pipeline_lowering.h"
+#include "train/rank_schedule.h"
 
 #include <fmt/format.h>
 
@@ -207,7 +208,6 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       ep_(groups.ep && groups.ep->size() > 1 ? groups.ep : nullptr),
       expert_replicas_(ep_ ? groups.expert_replicas : nullptr),
       spec_(train::schedule_spec(config)),
-      compression_(train::activation_encoding(config)),
       gemm16_(resolve_gemm16(config, *tp_, *dp_, *pp_)),
       loss_scaling_(config.train.precision == "fp16"),
       scaler_(loss_scaler_for(config.train)),
@@ -502,35 +502,9 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
   schedule::ScheduleSpec spec = spec_;
   spec.micro_batches = static_cast<int>(sequences / model_.micro_batch());
   spec.training = training;
-  schedule::Schedule schedule;
-  if (pp_->size() > 1) {
-    const auto virtual_stages = static_cast<int>(config_.parallel.virtual_stages);
-    if (training) {
-      schedule::PipelineSpec pipeline;
-      pipeline.kind = schedule::parse_pipeline_kind(config_.parallel.pipeline, "parallel.pipeline");
-      pipeline.stages = pp_->size();
-      pipeline.virtual_stages = virtual_stages;
-      pipeline.micro_batches = spec.micro_batches;
-      if (pipeline.kind == schedule::PipelineKind::two_bw) {
-        // A step on its own (the run of a drained step, without a predecessor in flight).
-        return schedules_.emplace(key, lower_2bw(spec, {false, true}).schedule).first->second;
-      }
-      schedule = schedule::lower_pipeline(model_.program(), spec, pipeline, pp_->rank());
-    } else {
-      schedule = schedule::lower_forward_only_pipeline(model_.program(), spec, pp_->size(),
-                                                       virtual_stages, pp_->rank());
-    }
-  } else {
-    schedule = schedule::generate(model_.program(), spec);
-  }
-  if (training && spec.partitioned_checkpoints)
-    schedule::partition_kept_checkpoints(model_.program(), schedule);
-  if (training && compression_)
-    schedule::compress_kept_sets(model_.program(), schedule, *compression_);
-  if (spec.sharded_params || spec.deferred_param_gather)
-    schedule::shard_parameters(model_.program(), spec, schedule);
-  schedule::verify_schedule(model_.program(), spec, schedule);
-  return schedules_.emplace(key, std::move(schedule)).first->second;
+  return schedules_
+      .emplace(key, rank_schedule(config_, model_.program(), spec, pp_->size(), pp_->rank()))
+      .first->second;
 }
 
 double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs,
@@ -1093,17 +1067,7 @@ const schedule::LoweredRun& TrainingEngine::two_bw_run(schedule::TwoBwRun run) {
 
 schedule::LoweredRun TrainingEngine::lower_2bw(const schedule::ScheduleSpec& spec,
                                                schedule::TwoBwRun run) const {
-  schedule::PipelineSpec pipeline;
-  pipeline.kind = schedule::PipelineKind::two_bw;
-  pipeline.stages = pp_->size();
-  pipeline.micro_batches = spec.micro_batches;
-  schedule::LoweredRun lowered =
-      schedule::lower_2bw_run(model_.program(), spec, pipeline, pp_->rank(), run);
-  if (spec.partitioned_checkpoints)
-    schedule::partition_kept_checkpoints(model_.program(), lowered.schedule);
-  if (spec.sharded_params) schedule::shard_parameters(model_.program(), spec, lowered.schedule);
-  schedule::verify_schedule(model_.program(), spec, lowered.schedule, lowered.carry);
-  return lowered;
+  return two_bw_schedule(model_.program(), spec, pp_->size(), pp_->rank(), run);
 }
 
 void TrainingEngine::set_stashed_weights(const Tensor& values, std::int64_t steps_done) {

@@ -350,8 +350,6 @@ class TrainingEngine {
   comm::Communicator* ep_ = nullptr;               // null: every expert on this rank
   std::function<comm::Communicator&(int degree)> expert_replicas_;  // with ep_
   schedule::ScheduleSpec spec_;
-  // parallel.activation_compression: applied to training schedules (not to 2bw runs).
-  std::optional<ops::ActivationEncoding> compression_;
   Gemm16Resolution gemm16_;
   // fp16: loss scaling with skipped steps; other precisions stop on a non-finite gradient.
   bool loss_scaling_ = false;
