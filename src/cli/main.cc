@@ -12,7 +12,10 @@
 #include "planner/pipeline_plan.h"
 #include "planner/planner.h"
 #include "planner/stage_partition.h"
+#include "sim/cluster.h"
 #include "train/checkpoint.h"
+#include "train/cluster_profile.h"
+#include "train/cluster_simulation.h"
 #include "train/config.h"
 #include "train/evaluate.h"
 #include "train/generate.h"
@@ -579,10 +582,52 @@ Verb add_profile(CLI::App& app, ProfileArgs& a) {
 }
 
 struct PlanArgs {
-  std::string config, profile, output;
-  std::vector<std::string> overrides;
+  std::string config, profile, output, cluster;
+  std::vector<std::string> overrides, cluster_overrides;
   double link_gbps = 0;
 };
+
+// The slowest rank's memory of a cluster simulation.
+double peak_memory(const oases::train::ClusterSimulation& s) {
+  double most = 0;
+  for (const auto& rank : s.ranks) most = std::max(most, rank.memory.total());
+  return most;
+}
+
+// `config` with each of `variants` applied, simulated on the cluster: one line each with the
+// step, the slowest rank's bubble and exposed communication, and its memory against the device
+// (or why the variant cannot run).
+void print_cluster_variants(
+    const oases::train::RunConfig& config, const oases::sim::ClusterSpec& cluster,
+    const std::string& title,
+    const std::vector<std::pair<std::string, std::function<void(oases::train::RunConfig&)>>>& variants) {
+  fmt::print("{} on {} (simulated):\n", title, cluster.name);
+  fmt::print("  {:<34} {:>10} {:>10} {:>12} {:>12}\n", "", "step s", "bubble s", "exposed s",
+             "memory GiB");
+  for (const auto& [name, apply] : variants) {
+    oases::train::RunConfig c = config;
+    apply(c);
+    try {
+      const oases::train::ClusterSimulation s = oases::train::simulate_cluster(c, cluster);
+      double bubble = 0, exposed = 0;
+      for (const auto& rank : s.ranks) {
+        bubble = std::max(bubble, rank.time.bubble_seconds);
+        exposed = std::max(exposed, rank.time.exposed_comm_seconds);
+      }
+      const double memory = peak_memory(s);
+      fmt::print("  {:<34} {:>10.4f} {:>10.4f} {:>12.4f} {:>12.2f}{}\n", name, s.step_seconds, bubble,
+                 exposed, memory / (1 << 30),
+                 memory > cluster.device.memory_bytes ? "  does not fit" : "");
+    } catch (const oases::UserError& e) {
+      fmt::print("  {:<34} cannot run: {}\n", name, e.what());
+    }
+  }
+}
+
+// The planner's input: measured (--profile) or priced on a cluster description (--cluster).
+oases::planner::Profile plan_input(const PlanArgs& a, const oases::train::RunConfig& config,
+                                   const oases::schedule::ScheduleSpec& spec,
+                                   const oases::sim::ClusterSpec* cluster);
 
 // parallel.pp > 1: the stage split (resolving "auto" from the profile) and every pipeline
 // schedule's predicted step and bubble.
@@ -646,15 +691,64 @@ bool moe_at_degree_one(const oases::train::RunConfig& config) {
   return config.model.has_moe() && config.parallel.tp > 1 && config.parallel.expert_tp == 1;
 }
 
+oases::planner::Profile plan_input(const PlanArgs& a, const oases::train::RunConfig& config,
+                                   const oases::schedule::ScheduleSpec& spec,
+                                   const oases::sim::ClusterSpec* cluster) {
+  if (cluster == nullptr) return profile_for(config, spec, a.profile);
+  return oases::planner::with_zero_share(oases::train::cluster_profile(config, *cluster),
+                                         static_cast<int>(config.parallel.zero),
+                                         static_cast<int>(config.parallel.dp));
+}
+
 int run_plan(const PlanArgs& a) {
-  const auto config = oases::train::load_run_config(a.config, a.overrides);
+  OASES_CHECK(a.profile.empty() != a.cluster.empty(),
+              "oases plan needs one source of costs: --profile (measured here by `oases "
+              "profile`) or --cluster (a cluster description, clusters/*.toml){}",
+              a.profile.empty() ? "" : "; both were given");
+  OASES_CHECK(a.cluster_overrides.empty() || !a.cluster.empty(),
+              "--cluster-set applies to --cluster plans");
+  auto config = oases::train::load_run_config(a.config, a.overrides);
   const auto spec = oases::train::schedule_spec(config);
-  const auto measured = profile_for(config, spec, a.profile);
-  if (config.parallel.pp > 1) return run_pipeline_plan(a, config, measured, spec);
+  std::optional<oases::sim::ClusterSpec> cluster;
+  if (!a.cluster.empty()) cluster = oases::sim::load_cluster(a.cluster, a.cluster_overrides);
+  const auto measured = plan_input(a, config, spec, cluster ? &*cluster : nullptr);
+  if (config.parallel.pp > 1) {
+    PlanArgs args = a;
+    if (cluster && args.link_gbps == 0) {
+      // The link between consecutive stages' first ranks prices the messages.
+      const int tier = cluster->tier_between(0, static_cast<int>(config.parallel.tp * config.parallel.dp));
+      if (tier >= 0) args.link_gbps = cluster->tiers[static_cast<std::size_t>(tier)].link_bytes_per_second / 1e9;
+    }
+    const int status = run_pipeline_plan(args, config, measured, spec);
+    if (cluster) {
+      using Variant = std::pair<std::string, std::function<void(oases::train::RunConfig&)>>;
+      std::vector<Variant> kinds;
+      for (const char* kind : {"gpipe", "1f1b", "zero-bubble", "2bw"})
+        kinds.push_back({fmt::format("pipeline = \"{}\"", kind), [kind](oases::train::RunConfig& c) {
+                           c.parallel.pipeline = kind;
+                           c.parallel.virtual_stages = 1;
+                         }});
+      kinds.push_back({"pipeline = \"interleaved\", 2 chunks", [](oases::train::RunConfig& c) {
+                         c.parallel.pipeline = "interleaved";
+                         c.parallel.virtual_stages = 2;
+                       }});
+      print_cluster_variants(config, *cluster, "pipeline schedules", kinds);
+    }
+    return status;
+  }
   const auto report = oases::planner::make_plan(measured, spec, config.train.micro_batch,
                                                 config.parallel.memory_limit,
                                                 moe_at_degree_one(config));
   fmt::print("{}", oases::planner::format_plan_report(report, spec, config.parallel.memory_limit));
+  if (cluster) {
+    // The chosen plan on the whole cluster, under each ZeRO stage the data-parallel group allows.
+    config.parallel.plan = fmt::format("{}", fmt::join(report.chosen.degrees, ","));
+    std::vector<std::pair<std::string, std::function<void(oases::train::RunConfig&)>>> stages;
+    for (int zero = 0; zero <= (config.parallel.dp > 1 ? 3 : 0); ++zero)
+      stages.push_back({fmt::format("chosen plan, parallel.zero = {}", zero),
+                        [zero](oases::train::RunConfig& c) { c.parallel.zero = zero; }});
+    print_cluster_variants(config, *cluster, "ZeRO stages", stages);
+  }
   if (!a.output.empty()) {
     oases::planner::write_plan(report.chosen, static_cast<int>(config.parallel.tp), a.output);
     fmt::print("wrote {}\n", a.output);
@@ -664,10 +758,16 @@ int run_plan(const PlanArgs& a) {
 
 Verb add_plan(CLI::App& app, PlanArgs& a) {
   auto* c = app.add_subcommand(
-      "plan", "Choose each layer's tensor-parallel degree from a profile (oases profile)");
+      "plan", "Choose each layer's tensor-parallel degree from a profile (oases profile) or "
+      "for a cluster description (--cluster)");
   c->add_option("--config", a.config, "Run configuration (TOML)")->required();
   c->add_option("--set", a.overrides, "Override config keys, as for train");
-  c->add_option("--profile", a.profile, "Profile written by oases profile")->required();
+  c->add_option("--profile", a.profile, "Profile written by oases profile");
+  c->add_option("--cluster", a.cluster,
+                "Plan for a cluster description (clusters/*.toml) instead of a profile: costs "
+                "priced by the cluster simulator");
+  c->add_option("--cluster-set", a.cluster_overrides,
+                "Override cluster keys (section.key=value; tiers as tier.NAME.key=value)");
   c->add_option("--output", a.output, "Where to write the chosen plan (JSON)");
   c->add_option("--p2p-gbps", a.link_gbps,
                 "With parallel.pp > 1: GB/s of the links between pipeline stages, to price "
@@ -677,9 +777,28 @@ Verb add_plan(CLI::App& app, PlanArgs& a) {
 }
 
 struct SimulateArgs {
-  std::string config, profile;
-  std::vector<std::string> overrides;
+  std::string config, profile, cluster, trace;
+  std::vector<std::string> overrides, cluster_overrides;
+  bool every_rank = false;
 };
+
+// The config on a cluster description: every rank's schedule priced on its devices and links
+// (train/cluster_simulation.h).
+int run_cluster_simulate(const SimulateArgs& a) {
+  const auto config = oases::train::load_run_config(a.config, a.overrides);
+  const oases::sim::ClusterSpec cluster = oases::sim::load_cluster(a.cluster, a.cluster_overrides);
+  oases::train::ClusterSimulationOptions options;
+  options.fold = !a.every_rank;
+  options.record_events = !a.trace.empty();
+  const oases::train::ClusterSimulation simulation =
+      oases::train::simulate_cluster(config, cluster, options);
+  fmt::print("{}", oases::train::format_cluster_simulation(simulation, cluster));
+  if (!a.trace.empty()) {
+    oases::train::write_simulation_trace(simulation, a.trace);
+    fmt::print("wrote {}\n", a.trace);
+  }
+  return 0;
+}
 
 // The config's own layout predicted from a profile: each layer at the degree parallel.plan
 // gives it (a plan file, a list, "uniform": every layer at tp, MoE layers at 1 under
@@ -688,6 +807,13 @@ struct SimulateArgs {
 // gradient all-reduce over parallel.dp is not priced; the MoE all-to-alls are, over
 // parallel.ep ranks.
 int run_simulate(const SimulateArgs& a) {
+  OASES_CHECK(a.profile.empty() != a.cluster.empty(),
+              "oases simulate needs one source of costs: --profile (this machine, measured by "
+              "`oases profile`) or --cluster (a cluster description, clusters/*.toml){}",
+              a.profile.empty() ? "" : "; both were given");
+  if (!a.cluster.empty()) return run_cluster_simulate(a);
+  OASES_CHECK(a.cluster_overrides.empty() && a.trace.empty() && !a.every_rank,
+              "--cluster-set, --trace and --every-rank apply to --cluster simulations");
   const auto config = oases::train::load_run_config(a.config, a.overrides);
   OASES_CHECK(config.parallel.pp == 1,
               "oases simulate predicts one pipeline stage's layout; with parallel.pp = {} run "
@@ -729,11 +855,19 @@ int run_simulate(const SimulateArgs& a) {
 Verb add_simulate(CLI::App& app, SimulateArgs& a) {
   auto* c = app.add_subcommand(
       "simulate",
-      "Predict the step time and memory of the config's own layout (parallel.plan) from a "
-      "profile (oases profile), by simulating its schedule");
+      "Predict the step time and memory of the config's own layout (parallel.plan) by "
+      "simulating its schedules: on this machine from a profile (oases profile), or on a "
+      "cluster description (every rank, its devices and links)");
   c->add_option("--config", a.config, "Run configuration (TOML)")->required();
   c->add_option("--set", a.overrides, "Override config keys, as for train");
-  c->add_option("--profile", a.profile, "Profile written by oases profile")->required();
+  c->add_option("--profile", a.profile, "Profile written by oases profile");
+  c->add_option("--cluster", a.cluster, "Cluster description (clusters/*.toml)");
+  c->add_option("--cluster-set", a.cluster_overrides,
+                "Override cluster keys (section.key=value; tiers as tier.NAME.key=value)");
+  c->add_option("--trace", a.trace, "With --cluster: write a Chrome trace of the simulated step");
+  c->add_flag("--every-rank", a.every_rank,
+              "With --cluster: simulate every rank, not one per pipeline stage where the layout "
+              "is symmetric");
   return {c, [&a] { return run_simulate(a); }};
 }
 

@@ -5,15 +5,26 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <sys/mman.h>
+
 namespace oases {
 
+namespace {
+// From this size on a block is mapped rather than taken from the heap and cleared.
+constexpr std::size_t kMappedFrom = std::size_t{1} << 20;
+}  // namespace
+
 void Buffer::Free::operator()(void* p) const {
-  if (owned) std::free(p);
+  switch (owner) {
+    case Owner::heap: std::free(p); break;
+    case Owner::mapping: munmap(p, mapped_bytes); break;
+    case Owner::elsewhere: break;
+  }
 }
 
 Buffer Buffer::borrowed(void* data, std::size_t bytes, Device device) {
   Buffer buffer;
-  buffer.data_ = std::unique_ptr<void, Free>(data, Free{false});
+  buffer.data_ = std::unique_ptr<void, Free>(data, Free(Owner::elsewhere, 0));
   buffer.bytes_ = bytes;
   buffer.device_ = device;
   return buffer;
@@ -23,6 +34,14 @@ Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device
   check_device_available(device);
   if (bytes == 0) return;
   const std::size_t rounded = (bytes + Arena::kAlignment - 1) / Arena::kAlignment * Arena::kAlignment;
+  if (rounded >= kMappedFrom) {
+    // Page-aligned and zero until written; MAP_NORESERVE: pages never touched are never counted.
+    void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    OASES_CHECK(p != MAP_FAILED, "out of host memory mapping {} bytes", bytes);
+    data_ = std::unique_ptr<void, Free>(p, Free(Owner::mapping, rounded));
+    return;
+  }
   void* p = std::aligned_alloc(Arena::kAlignment, rounded);
   OASES_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
   std::memset(p, 0, rounded);

@@ -1,5 +1,7 @@
 // Buffer: an owning, 64-byte aligned, zero-initialised block of memory on a device
-// (move-only). Arena: hands out aligned slices of Buffers it owns. Everything a training step
+// (move-only). Blocks of a MiB or more are anonymous mappings, zero until written: they take
+// memory page by page as they are touched, so a model built only to read its shapes (a
+// simulated rank of a model far larger than this machine) costs address space, not memory. Arena: hands out aligned slices of Buffers it owns. Everything a training step
 // touches is allocated from arenas or buffers at start-up, so the steady state allocates
 // nothing.
 #pragma once
@@ -34,10 +36,12 @@ class Buffer {
   Tensor tensor(DType dtype, Shape shape) const;
 
  private:
+  enum class Owner { heap, mapping, elsewhere };
   struct Free {
-    Free() : owned(true) {}
-    explicit Free(bool owns) : owned(owns) {}
-    bool owned;
+    Free() : owner(Owner::heap), mapped_bytes(0) {}
+    Free(Owner o, std::size_t mapped) : owner(o), mapped_bytes(mapped) {}
+    Owner owner;
+    std::size_t mapped_bytes;  // Owner::mapping: the length to unmap
     void operator()(void* p) const;
   };
   std::unique_ptr<void, Free> data_;

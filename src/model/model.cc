@@ -435,7 +435,7 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   moe_stats_.resize(static_cast<std::size_t>(config_.layers));
   reset_moe_stats();
   Builder(*this).build();
-  initialize(options_.seed);
+  if (!options_.shape_only) initialize(options_.seed);
 }
 
 int Model::layer_degree(std::int64_t layer) const {

@@ -80,6 +80,10 @@ struct ModelOptions {
   // Where the parameters (the master copy) live: a zeroed buffer of the given size; empty: the
   // heap. Under mixed precision parallel.offload = "optimizer+params" passes an OffloadStore's.
   std::function<Buffer(std::size_t bytes)> allocate_params;
+  // Built only to read its program (shapes, collectives, work; a simulated rank): the
+  // parameters are left uninitialised zeros, so their pages are never touched (core/buffer.h).
+  // Such a model computes nothing meaningful and is not run.
+  bool shape_only = false;
 };
 
 class Model {

@@ -10,6 +10,8 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
+#include <string_view>
 #include <tuple>
 
 namespace oases::schedule {
@@ -704,7 +706,7 @@ class Verifier {
         chunk_of_(program.segments.size(), -1),
         carried_out_(carry.carried_out.begin(), carry.carried_out.end()) {
     slot_lanes_ = slot_lanes(spec);
-    where_ = "in the program";
+    at("in the program");
     for (int s = 0; s + 1 < num_segments(); ++s)
       if (shape_of(program_, s).output_to_peer != shape_of(program_, s + 1).input_from_peer)
         fail(fmt::format("segments {} and {} do not agree on a chunk boundary between them (one "
@@ -717,7 +719,7 @@ class Verifier {
     replaying_ = true;
     for (std::size_t i = 0; i < carry_.earlier.size(); ++i) {
       const Instruction& ins = carry_.earlier[i];
-      where_ = fmt::format("earlier run's instruction {} ({})", i, to_string(ins));
+      at("earlier run's instruction ", i, &ins);
       check(ins.batch == -1, "an earlier run's instruction must belong to batch -1");
       check(ins.op != Op::optimizer_step && ins.op != Op::reduce_grads &&
                 ins.op != Op::use_weights && !is_parameter_op(ins.op),
@@ -728,7 +730,7 @@ class Verifier {
   }
 
   void step(std::size_t index, const Instruction& ins) {
-    where_ = fmt::format("instruction {} ({})", index, to_string(ins));
+    at("instruction ", index, &ins);
     check(ins.batch == 0 || (ins.batch == -1 && !carry_.earlier.empty()),
           "batch outside the run (valid: 0, and -1 in a run that finishes an earlier batch)");
     if (spec_.sharded_params && (ins.op == Op::optimizer_step || ins.op == Op::use_weights)) {
@@ -925,7 +927,7 @@ class Verifier {
   }
 
   void finish() {
-    where_ = "at the end of the schedule";
+    at("at the end of the schedule");
     // First, as the most specific reason an instance is incomplete.
     for (const auto& [key, inst] : instances_) {
       const auto [batch, segment, mb, sb] = key;
@@ -1029,10 +1031,20 @@ class Verifier {
   };
 
   int num_segments() const { return static_cast<int>(program_.segments.size()); }
-  void check(bool ok, const std::string& what) const {
-    OASES_ASSERT(ok, "schedule rejected: {}: {}", where_, what);
+  // Where the verifier is, spelled out only when a check fails (the instruction formatted then).
+  void at(const char* place, std::size_t index = 0, const Instruction* ins = nullptr) {
+    where_place_ = place;
+    where_index_ = index;
+    where_instruction_ = ins;
   }
-  void fail(const std::string& what) const { check(false, what); }
+  std::string where() const {
+    if (where_instruction_ == nullptr) return where_place_;
+    return fmt::format("{}{} ({})", where_place_, where_index_, to_string(*where_instruction_));
+  }
+  void check(bool ok, std::string_view what) const {
+    OASES_ASSERT(ok, "schedule rejected: {}: {}", where(), what);
+  }
+  void fail(std::string_view what) const { check(false, what); }
   Instance& instance(int batch, int segment, int mb, int sb) {
     return instances_[{batch, segment, mb, sb}];
   }
@@ -1315,7 +1327,9 @@ class Verifier {
   const Program& program_;
   const ScheduleSpec& spec_;
   const RunCarry& carry_;
-  std::string where_;
+  const char* where_place_ = "";
+  std::size_t where_index_ = 0;
+  const Instruction* where_instruction_ = nullptr;
   std::vector<int> chunk_of_;  // per segment; -1 until an instruction names it
   std::set<int> carried_out_;
   std::map<std::tuple<int, int, int, int>, Instance> instances_;  // (batch, segment, mb, sb)

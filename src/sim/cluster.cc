@@ -175,6 +175,12 @@ DeviceSpec read_device(TableReader& root, const std::string& source) {
     if (peaks.has(dtype)) d.peak_flops[dtype] = peaks.number(dtype, true, true) * 1e12;
   peaks.finish();
   OASES_CHECK(d.peak_flops.contains("fp32"), "{}: device.peak_tflops.fp32 is missing", source);
+  if (r.has("step_efficiency")) {
+    d.step_efficiency = r.number("step_efficiency", true, true);
+    OASES_CHECK(d.step_efficiency <= 1,
+                "{}: device.step_efficiency = {}; a fraction of the kernels' figures is in (0, 1]",
+                source, d.step_efficiency);
+  }
   d.gemm_efficiency = read_curve(r, "gemm_efficiency", "flops", source, &d.gemm_efficiency_of);
   d.memory_efficiency = read_curve(r, "memory_efficiency", "bytes", source);
   r.finish();

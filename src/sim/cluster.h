@@ -17,6 +17,9 @@
 //   overlap_slowdown = 0.1          # compute runs 1 / (1 + this) as fast while a collective
 //                                   # shares the device (communication kernels take SMs)
 //   collective_slowdown = 0         # communication runs 1 / (1 + this) as fast under compute
+//   step_efficiency = 0.86          # what a training step reaches of the kernel curves below
+//                                   # (launch gaps, shapes, kernels the work leaves out);
+//                                   # calibrated on a stated measurement; 1 when absent
 //   [device.peak_tflops]            # dense peak per element type of the matrix products
 //   fp32 = 19.5
 //   bf16 = 312
@@ -77,6 +80,8 @@ struct DeviceSpec {
   double kernel_launch_seconds = 0;
   double overlap_slowdown = 0;
   double collective_slowdown = 0;
+  // Every kernel runs at this fraction of what its curve gives (device.step_efficiency).
+  double step_efficiency = 1;
   // Dense peak FLOP/s of matrix products by element type ("fp32", "bf16", "fp16", "fp64");
   // empty: compute comes from a profile (the device is this machine's).
   std::map<std::string, double> peak_flops;

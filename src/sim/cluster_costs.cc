@@ -3,11 +3,11 @@
 #include "core/error.h"
 #include "sim/roofline.h"
 
-#include <fmt/format.h>
 
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 namespace oases::sim {
@@ -22,51 +22,75 @@ int finishing_segment(const ops::Program& program, int bucket) {
   return -1;
 }
 
-// Collective prices by (group, bytes), each group's with every group of its kind at once.
+// Which group of a rank a collective runs over: every rank's group of one kind runs it at once.
+struct GroupKind {
+  enum Type { ep, tp_subgroup, tp_replicas, expert_replicas } type = tp_subgroup;
+  int a = 1, b = 1;  // tp_subgroup: (span, stride); replicas: (degree, unused)
+  auto operator<=>(const GroupKind&) const = default;
+
+  DeviceGroup group(const RankLayout& layout, int rank) const {
+    switch (type) {
+      case ep: return layout.ep_group(rank);
+      case tp_subgroup: return layout.tp_subgroup(rank, a, b);
+      case tp_replicas: return layout.tp_replica_group(rank, a);
+      case expert_replicas: return layout.expert_replica_group(rank, a);
+    }
+    return {};
+  }
+};
+
+// Collective prices by (operation, bytes, group kind), each with every group of its kind at
+// once; the concurrent groups of a kind are found once.
 class GroupPrices {
  public:
-  GroupPrices(const ClusterSpec& cluster, const RankLayout& layout) : cluster_(cluster), layout_(layout) {}
+  GroupPrices(const ClusterSpec& cluster, const RankLayout& layout, int rank)
+      : cluster_(cluster), layout_(layout), rank_(rank) {}
 
-  // `kind` names the collective (a segment's, a bucket's): prices are kept by it and bytes.
-  double price(CollectiveOp op, double bytes, const std::function<DeviceGroup(int)>& group_of,
-               int rank, const std::string& kind) {
-    const auto known = seconds_.find({kind, bytes});
+  double price(CollectiveOp op, double bytes, const GroupKind& kind) {
+    const auto key = std::make_tuple(op, bytes, kind);
+    const auto known = seconds_.find(key);
     if (known != seconds_.end()) return known->second;
     auto& concurrent = concurrent_[kind];
-    if (concurrent.empty()) concurrent = layout_.every(group_of);
-    const double seconds = collective_seconds(cluster_, op, bytes, group_of(rank), concurrent);
-    seconds_[{kind, bytes}] = seconds;
+    if (concurrent.empty())
+      concurrent = layout_.every([&](int r) { return kind.group(layout_, r); });
+    const double seconds = collective_seconds(cluster_, op, bytes, kind.group(layout_, rank_), concurrent);
+    seconds_[key] = seconds;
     return seconds;
   }
 
  private:
   const ClusterSpec& cluster_;
   RankLayout layout_;
-  std::map<std::string, std::vector<DeviceGroup>> concurrent_;
-  std::map<std::pair<std::string, double>, double> seconds_;
+  int rank_;
+  std::map<GroupKind, std::vector<DeviceGroup>> concurrent_;
+  std::map<std::tuple<CollectiveOp, double, GroupKind>, double> seconds_;
 };
 
-}  // namespace
-
-DeviceGroup segment_group(const ops::Program& program, int segment, bool forward,
-                          const RankLayout& layout, int rank) {
+GroupKind segment_group_kind(const ops::Program& program, int segment, bool forward) {
   const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(segment)];
   const ops::CollectiveKind kind = forward ? shape.forward_kind : shape.backward_kind;
   switch (kind) {
     case ops::CollectiveKind::all_to_all:
-      return layout.ep_group(rank);
+      return {GroupKind::ep};
     case ops::CollectiveKind::all_gather: {
       // A reshard runs at the degree of the layer before it; the gather joins collective_ranks
       // groups of the smaller degree into one of the larger.
       const bool rises = shape.has_forward_collective;
       const int larger = rises ? shape.degree * shape.collective_ranks : shape.degree;
       const int smaller = rises ? shape.degree : shape.degree / shape.collective_ranks;
-      return layout.tp_subgroup(rank, larger, smaller);
+      return {GroupKind::tp_subgroup, larger, smaller};
     }
     case ops::CollectiveKind::all_reduce:
       break;
   }
-  return layout.tp_subgroup(rank, shape.degree, 1);
+  return {GroupKind::tp_subgroup, shape.degree, 1};
+}
+
+}  // namespace
+
+DeviceGroup segment_group(const ops::Program& program, int segment, bool forward,
+                          const RankLayout& layout, int rank) {
+  return segment_group_kind(program, segment, forward).group(layout, rank);
 }
 
 CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
@@ -74,26 +98,22 @@ CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
   check_cluster_holds(cluster, at.layout.world(), cluster.name);
   const RankLayout layout = at.layout;
   const int rank = at.rank;
-  auto prices = std::make_shared<GroupPrices>(cluster, layout);
+  auto prices = std::make_shared<GroupPrices>(cluster, layout, rank);
   const double element = static_cast<double>(program.set_element_bytes);
   CostModel costs;
   // A device that computes from a profile leaves compute and the optimizer to the caller.
   const bool roofline = !cluster.device.computes_from_profile();
   if (roofline) costs.compute = roofline_compute(cluster.device, program, at.dtype);
-  costs.collective = [&program, layout, rank, prices, element](const schedule::Instruction& ins) {
+  costs.collective = [&program, prices, element](const schedule::Instruction& ins) {
     const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
     const bool forward = ins.direction == schedule::Direction::forward;
     const ops::CollectiveKind kind = forward ? shape.forward_kind : shape.backward_kind;
     const double bytes = element * static_cast<double>(forward ? shape.forward_collective_elements
                                                                : shape.backward_collective_elements);
-    const auto group_of = [&program, segment = ins.segment, forward, layout](int r) {
-      return segment_group(program, segment, forward, layout, r);
-    };
     const CollectiveOp op = kind == ops::CollectiveKind::all_to_all   ? CollectiveOp::all_to_all
                             : kind == ops::CollectiveKind::all_gather ? CollectiveOp::all_gather
                                                                       : CollectiveOp::all_reduce;
-    return prices->price(op, bytes, group_of, rank,
-                         fmt::format("{}.{}", shape.name, forward ? "fwd" : "bwd"));
+    return prices->price(op, bytes, segment_group_kind(program, ins.segment, forward));
   };
   // A bucket's replicas: the ranks holding the same shard of its parameters.
   const auto replicas = [&program, layout](int bucket) {
@@ -102,9 +122,7 @@ CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
         segment >= 0 ? &program.segments[static_cast<std::size_t>(segment)] : nullptr;
     const int degree = shape ? shape->degree : layout.tp;
     const bool experts = shape && is_experts(*shape) && layout.ep > 1;
-    return std::function<DeviceGroup(int)>([layout, degree, experts](int r) {
-      return experts ? layout.expert_replica_group(r, degree) : layout.tp_replica_group(r, degree);
-    });
+    return GroupKind{experts ? GroupKind::expert_replicas : GroupKind::tp_replicas, degree, 1};
   };
   const auto bucket_bytes = [&program](int bucket, double element_bytes, double param_element) {
     const auto& bytes = program.bucket_param_bytes;
@@ -116,26 +134,33 @@ CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
                                                                         : 4.0;
   const double grad_element = static_cast<double>(at.grad_element_bytes);
   const int zero = at.zero;
-  costs.reduce_grads = [prices, replicas, bucket_bytes, rank, zero, param_element,
-                        grad_element](int bucket) {
+  costs.reduce_grads = [prices, replicas, bucket_bytes, zero, param_element, grad_element](int bucket) {
     return prices->price(zero >= 2 ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce,
-                         bucket_bytes(bucket, grad_element, param_element), replicas(bucket), rank,
-                         fmt::format("bucket.{}", bucket));
+                         bucket_bytes(bucket, grad_element, param_element), replicas(bucket));
   };
-  if (zero >= 3)
-    costs.gather_params = [prices, replicas, bucket_bytes, rank, param_element](int bucket) {
+  // ZeRO-3 gathers ahead of use; ZeRO-1 and 2 gather the updated blocks ahead of the next use.
+  if (zero >= 1)
+    costs.gather_params = [prices, replicas, bucket_bytes, param_element](int bucket) {
       return prices->price(CollectiveOp::all_gather, bucket_bytes(bucket, param_element, param_element),
-                           replicas(bucket), rank, fmt::format("gather.{}", bucket));
+                           replicas(bucket));
     };
-  costs.p2p = [&cluster, &program, layout, rank](const schedule::Instruction& ins) {
+  // Every rank of this stage sends to its own peer stage at once; the pairs are found once per
+  // peer stage, the prices once per size.
+  auto messages = std::make_shared<std::map<std::pair<int, double>, double>>();
+  costs.p2p = [&cluster, &program, layout, rank, messages](const schedule::Instruction& ins) {
     const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
+    const double bytes = static_cast<double>(shape.received_bytes);
+    const auto known = messages->find({ins.peer, bytes});
+    if (known != messages->end()) return known->second;
     const DeviceGroup stages = layout.pp_group(rank);
     const int to = stages[static_cast<std::size_t>(ins.peer)];
     std::vector<std::pair<int, int>> concurrent;
     for (int r = 0; r < layout.world(); ++r)
       if (layout.pp_rank(r) == layout.pp_rank(rank))
         concurrent.push_back({r, layout.pp_group(r)[static_cast<std::size_t>(ins.peer)]});
-    return message_seconds(cluster, static_cast<double>(shape.received_bytes), rank, to, concurrent);
+    const double seconds = message_seconds(cluster, bytes, rank, to, concurrent);
+    (*messages)[{ins.peer, bytes}] = seconds;
+    return seconds;
   };
   // AdamW over this rank's share: the fp32 parameter, gradient and two moments read, the
   // parameter and moments written (and the 16-bit copy under mixed precision).

@@ -6,7 +6,8 @@
 //     every group of that kind running the same collective at once (the ranks of a kind run
 //     the same schedule together, so their transfers share the links they cross);
 //   - a gradient bucket's data-parallel reduction (ZeRO stages 0-1: all-reduce; 2-3:
-//     reduce-scatter) and ZeRO-3's parameter gathers (all-gather) over the bucket's replica
+//     reduce-scatter) and the parameter gathers of ZeRO-1 to 3 (all-gather; the schedule holds
+//     them where the engine shards parameters) over the bucket's replica
 //     group: tp_replica_group of the degree of the segment that finishes it, or the expert
 //     replica group for an MoE layer's experts;
 //   - a pipeline message of the segment's activation (or gradient) bytes to the peer stage,

@@ -17,11 +17,13 @@ double work_seconds(const DeviceSpec& device, const ops::Work& work, const std::
   for (const ops::MatMul& m : work.matmuls) {
     const double flops = m.flops();
     if (flops <= 0) continue;
-    seconds += device.kernel_launch_seconds + flops / (peak->second * gemm.at(flops));
+    seconds += device.kernel_launch_seconds +
+               flops / (peak->second * gemm.at(flops) * device.step_efficiency);
   }
   if (work.bytes > 0)
     seconds += device.kernel_launch_seconds +
-               work.bytes / (device.memory_bytes_per_second * device.memory_efficiency.at(work.bytes));
+               work.bytes / (device.memory_bytes_per_second * device.memory_efficiency.at(work.bytes) *
+                             device.step_efficiency);
   return seconds;
 }
 

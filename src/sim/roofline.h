@@ -2,7 +2,8 @@
 // each matrix product takes the kernel launch plus its FLOPs at the device's peak for the
 // element type times the GEMM efficiency at its size (a batched product, count > 1, is one
 // kernel whose size is all its instances together); the memory-bound kernels of a part take a
-// launch plus their bytes at the memory bandwidth times the memory efficiency at that size.
+// launch plus their bytes at the memory bandwidth times the memory efficiency at that size;
+// both efficiencies times the device's step_efficiency.
 #pragma once
 
 #include "ops/program.h"

@@ -29,15 +29,24 @@ CollectiveKey key_of(const schedule::Instruction& ins) {
 // set by what else is busy, and time advances to the next moment something finishes.
 class Lanes {
  public:
-  explicit Lanes(const CostModel& costs) : costs_(costs) {}
+  // `events`: where finished flows are recorded (null: nowhere), as rank `rank`'s.
+  Lanes(const CostModel& costs, std::vector<SimEvent>* events, int rank)
+      : costs_(costs), events_(events), rank_(rank) {}
 
   double now() const { return now_; }
-  void start_collective(const CollectiveKey& key, double seconds) {
-    tp_.push_back({key, seconds});
+  void start_collective(const CollectiveKey& key, double seconds, std::string name) {
+    push(tp_, {key, seconds, -1, now_, std::move(name)});
   }
-  void start_reduction(double seconds) { dp_.push_back({{}, seconds}); }
+  void start_reduction(double seconds, std::string name) {
+    push(dp_, {{}, seconds, -1, now_, std::move(name)});
+  }
   // A parameter gather goes on the data-parallel lane behind what was issued there before.
-  void start_gather(int bucket, double seconds) { dp_.push_back({{}, seconds, bucket}); }
+  void start_gather(int bucket, double seconds, std::string name) {
+    push(dp_, {{}, seconds, bucket, now_, std::move(name)});
+  }
+  void record(SimEvent::Lane lane, std::string name, double begin, double end) {
+    if (events_ != nullptr) events_->push_back({rank_, lane, std::move(name), begin, end});
+  }
   bool done(const CollectiveKey& key) const { return finished_.contains(key); }
   void forget(const CollectiveKey& key) { finished_.erase(key); }
   void gathered_now(int bucket) { gathered_.insert(bucket); }
@@ -92,7 +101,20 @@ class Lanes {
     CollectiveKey key;
     double remaining;
     int gather = -1;  // data-parallel lane: the bucket a parameter gather brings in; -1: none
+    double began = 0;  // when it reached the head of its lane and began to move
+    std::string name;  // for the trace
   };
+
+  void push(std::deque<Flow>& lane, Flow flow) {
+    if (events_ == nullptr) flow.name.clear();
+    lane.push_back(std::move(flow));
+  }
+  void retire(std::deque<Flow>& lane, SimEvent::Lane kind) {
+    Flow& head = lane.front();
+    record(kind, std::move(head.name), head.began, now_);
+    lane.pop_front();
+    if (!lane.empty()) lane.front().began = now_;
+  }
 
   // Rates of the two lanes' head flows.
   double comm_rate(bool computing) const {
@@ -117,15 +139,17 @@ class Lanes {
   void settle() {
     while (!tp_.empty() && tp_.front().remaining <= 1e-15) {
       finished_.insert(tp_.front().key);
-      tp_.pop_front();
+      retire(tp_, SimEvent::Lane::collectives);
     }
     while (!dp_.empty() && dp_.front().remaining <= 1e-15) {
       if (dp_.front().gather >= 0) gathered_.insert(dp_.front().gather);
-      dp_.pop_front();
+      retire(dp_, SimEvent::Lane::data_parallel);
     }
   }
 
   const CostModel& costs_;
+  std::vector<SimEvent>* events_;
+  int rank_;
   double now_ = 0;
   std::deque<Flow> tp_, dp_;  // in issue order; only the first of each moves
   std::set<CollectiveKey> finished_;
@@ -135,9 +159,11 @@ class Lanes {
 // One rank's instructions other than Send and Recv, run in order on its lanes.
 class RankRun {
  public:
-  explicit RankRun(const CostModel& costs) : costs_(costs), lanes_(costs) {}
+  RankRun(const CostModel& costs, std::vector<SimEvent>* events = nullptr, int rank = 0)
+      : costs_(costs), lanes_(costs, events, rank), recording_(events != nullptr) {}
 
   Lanes& lanes() { return lanes_; }
+  bool recording() const { return recording_; }
   RankSimResult& result() { return result_; }
 
   void run(const schedule::Instruction& ins) {
@@ -146,15 +172,18 @@ class RankRun {
       case Op::forward:
       case Op::recompute:
       case Op::backward:
-      case Op::backward_weight:
+      case Op::backward_weight: {
+        const double began = lanes_.now();
         result_.compute_seconds += lanes_.compute(compute_seconds(ins));
+        if (recording_) lanes_.record(SimEvent::Lane::compute, schedule::to_string(ins), began, lanes_.now());
         break;
+      }
       case Op::start:
       case Op::gather_sets: {
         const double seconds = ins.op == Op::start ? costs_.collective(ins)
                                : costs_.gather_sets  ? costs_.gather_sets(ins)
                                                      : 0.0;
-        lanes_.start_collective(key_of(ins), seconds);
+        lanes_.start_collective(key_of(ins), seconds, recording_ ? schedule::to_string(ins) : "");
         started_.insert(key_of(ins));
         result_.comm_seconds += seconds;
         break;
@@ -171,20 +200,26 @@ class RankRun {
         break;
       }
       case Op::reduce_grads:
-        if (costs_.reduce_grads) lanes_.start_reduction(costs_.reduce_grads(ins.bucket));
+        if (costs_.reduce_grads)
+          lanes_.start_reduction(costs_.reduce_grads(ins.bucket),
+                                 recording_ ? fmt::format("reduce bucket {}", ins.bucket) : "");
         break;
       case Op::optimizer_step: {
         const double before = lanes_.now();
         lanes_.idle_until([&] { return lanes_.reductions_done(); });
         result_.exposed_comm_seconds += lanes_.now() - before;
+        const double began = lanes_.now();
         lanes_.compute(costs_.optimizer_step);
+        if (recording_) lanes_.record(SimEvent::Lane::compute, "optimizer step", began, lanes_.now());
         break;
       }
       case Op::gather_params:
         OASES_ASSERT(gathering_.insert(ins.bucket).second, "{} while the bucket is in flight",
                      schedule::to_string(ins));
         // Unpriced gathers are in place at once, not queued behind the reductions in flight.
-        if (costs_.gather_params) lanes_.start_gather(ins.bucket, costs_.gather_params(ins.bucket));
+        if (costs_.gather_params)
+          lanes_.start_gather(ins.bucket, costs_.gather_params(ins.bucket),
+                              recording_ ? fmt::format("gather bucket {}", ins.bucket) : "");
         else lanes_.gathered_now(ins.bucket);
         break;
       case Op::wait_params: {
@@ -244,6 +279,7 @@ class RankRun {
 
   const CostModel& costs_;
   Lanes lanes_;
+  bool recording_;
   RankSimResult result_;
   std::set<CollectiveKey> started_;
   std::set<int> gathering_;  // buckets gathered and not yet waited
@@ -288,10 +324,21 @@ SimResult simulate(const schedule::Schedule& schedule, const CostModel& costs) {
 
 MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
                                const CostModel& costs) {
+  return simulate_ranks(schedules, std::vector<CostModel>(schedules.size(), costs));
+}
+
+MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
+                               const std::vector<CostModel>& costs, bool record_events) {
   using schedule::Op;
-  check_costs(costs);
+  OASES_ASSERT(costs.size() == schedules.size(), "{} cost models for {} ranks", costs.size(),
+               schedules.size());
+  for (const CostModel& c : costs) check_costs(c);
   const int group = static_cast<int>(schedules.size());
-  std::vector<RankRun> ranks(schedules.size(), RankRun(costs));
+  std::vector<SimEvent> events;
+  std::vector<RankRun> ranks;
+  ranks.reserve(schedules.size());
+  for (int r = 0; r < group; ++r)
+    ranks.emplace_back(costs[static_cast<std::size_t>(r)], record_events ? &events : nullptr, r);
   std::vector<std::size_t> next(schedules.size(), 0);  // each rank's next instruction
   std::map<std::pair<int, int>, MessageLink> links;           // (sender, receiver)
   // Per rank: its posted receives not yet waited: the index of their message on the link and
@@ -323,9 +370,13 @@ MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
       const schedule::Instruction& ins = schedule[position];
       if (ins.op == Op::send) {
         MessageLink& link = links[{rank, peer_of(rank, position)}];
-        const double seconds = costs.p2p ? costs.p2p(ins) : 0.0;
-        link.free_at = std::max(link.free_at, run.lanes().now()) + seconds;
+        const CostModel& sender = costs[static_cast<std::size_t>(rank)];
+        const double seconds = sender.p2p ? sender.p2p(ins) : 0.0;
+        const double leaves = std::max(link.free_at, run.lanes().now());
+        link.free_at = leaves + seconds;
         link.sent.push_back({position, link.free_at});
+        if (run.recording())
+          run.lanes().record(SimEvent::Lane::messages, schedule::to_string(ins), leaves, link.free_at);
         run.result().p2p_seconds += seconds;
       } else if (ins.op == Op::recv) {
         MessageLink& link = links[{peer_of(rank, position), rank}];
@@ -396,6 +447,10 @@ MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
   }
 
   MultiRankResult result;
+  std::stable_sort(events.begin(), events.end(), [](const SimEvent& a, const SimEvent& b) {
+    return std::tie(a.rank, a.begin) < std::tie(b.rank, b.begin);
+  });
+  result.events = std::move(events);
   for (RankRun& run : ranks) {
     run.finish();
     result.ranks.push_back(run.result());

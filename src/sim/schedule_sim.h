@@ -30,6 +30,7 @@
 #include "schedule/schedule.h"
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace oases::sim {
@@ -84,9 +85,21 @@ struct RankSimResult : SimResult {
   double p2p_seconds = 0;     // this rank's outgoing messages on their links
 };
 
+// One activity of a simulated rank, for a trace of the step: an instruction on the compute
+// lane, a collective on the tensor-parallel lane, a reduction or parameter gather on the
+// data-parallel lane, a message on its link (from the moment it leaves to its arrival).
+struct SimEvent {
+  enum class Lane { compute, collectives, data_parallel, messages };
+  int rank = 0;  // index into the simulated schedules
+  Lane lane = Lane::compute;
+  std::string name;  // schedule::to_string of the instruction (a reduction: "bucket N")
+  double begin = 0, end = 0;
+};
+
 struct MultiRankResult {
   double step_seconds = 0;           // the slowest rank's
   std::vector<RankSimResult> ranks;  // ranks[r]: schedules[r]'s
+  std::vector<SimEvent> events;      // with record_events: every activity, by rank then time
 };
 
 // The ranks of one point-to-point group run together: schedules[r] is rank r's and its peers
@@ -97,6 +110,11 @@ struct MultiRankResult {
 // its position and what it waits for).
 MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
                                const CostModel& costs);
+// The same with rank r's instructions priced by costs[r] (pipeline stages hold different
+// segments; a message is priced by its sender's p2p), and, with record_events, every activity
+// in MultiRankResult::events. REQUIRES: costs.size() == schedules.size().
+MultiRankResult simulate_ranks(const std::vector<schedule::Schedule>& schedules,
+                               const std::vector<CostModel>& costs, bool record_events = false);
 
 // A rank's link to its peers: bandwidth in each direction and latency per message.
 struct Link {

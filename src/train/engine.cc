@@ -57,28 +57,34 @@ optim::FlatLayout flat_layout(const model::ParamLayout& layout, DType dtype) {
   return flat;
 }
 
+model::ModelOptions stage_model_options(const RunConfig& config, const schedule::ScheduleSpec& spec,
+                                        int pp_rank) {
+  model::ModelOptions o;
+  o.dtype = parameter_dtype(config);
+  if (compute_dtype(config) != o.dtype) o.mixed_precision = compute_dtype(config);
+  o.micro_batch = config.train.micro_batch;
+  o.sub_batches = spec.sub_batches;
+  o.slot_lanes = schedule::slot_lanes(spec);
+  o.seed = static_cast<std::uint64_t>(config.train.seed);
+  o.layer_degrees = layer_degrees(config);
+  for (const auto& [begin, end] : stage_layer_ranges(config, pp_rank))
+    o.layer_ranges.push_back({begin, end});
+  o.pageable_grads = config.parallel.zero >= 2;
+  o.pageable_params = config.parallel.zero >= 3;
+  return o;
+}
+
 namespace {
 
 model::ModelOptions model_options(const RunConfig& config, const schedule::ScheduleSpec& spec,
                                   comm::Communicator& tp, comm::Communicator& pp,
                                   const ParallelGroups& groups, const kernels::Gemm16Paths& paths,
                                   OffloadStore* offload) {
-  model::ModelOptions o;
-  o.dtype = parameter_dtype(config);
-  if (compute_dtype(config) != o.dtype) o.mixed_precision = compute_dtype(config);
+  model::ModelOptions o = stage_model_options(config, spec, pp.rank());
   o.gemm16 = paths;
-  o.micro_batch = config.train.micro_batch;
-  o.sub_batches = spec.sub_batches;
-  o.slot_lanes = schedule::slot_lanes(spec);
-  o.seed = static_cast<std::uint64_t>(config.train.seed);
   o.tp = &tp;
   o.ep = groups.ep;
-  o.layer_degrees = layer_degrees(config);
   o.tp_subgroup = groups.tp_subgroup;
-  for (const auto& [begin, end] : stage_layer_ranges(config, pp.rank()))
-    o.layer_ranges.push_back({begin, end});
-  o.pageable_grads = config.parallel.zero >= 2;
-  o.pageable_params = config.parallel.zero >= 3;
   if (offload != nullptr && config.parallel.offload == "optimizer+params")
     o.allocate_params = [offload](std::size_t bytes) { return offload->allocate(bytes); };
   return o;

@@ -90,6 +90,11 @@ DType compute_dtype(const RunConfig& config);
 // The element type of the parameters (the master copy), their gradients and the optimizer:
 // f64 for train.precision = "fp64", else f32.
 DType parameter_dtype(const RunConfig& config);
+// The options of pipeline stage `pp_rank`'s model that follow from the config alone (element
+// types, batch split, slot lanes, seed, per-layer degrees, the stage's layers, ZeRO's pageable
+// arrays); the caller adds the communicators, 16-bit GEMM paths and parameter placement.
+model::ModelOptions stage_model_options(const RunConfig& config, const schedule::ScheduleSpec& spec,
+                                        int pp_rank);
 
 // The 16-bit matrix-product paths of a run and why: train.gemm16_path pinned, or measured on
 // one rank and broadcast to all (ranks that split a layer must round alike).

@@ -163,6 +163,31 @@ planner::ExpertLink measure_expert_link(const RunConfig& config, std::int64_t di
 
 }  // namespace
 
+planner::Profile profile_of_run(const RunConfig& config, const schedule::ScheduleSpec& spec) {
+  const auto T = static_cast<int>(config.parallel.tp);
+  OASES_CHECK((T & (T - 1)) == 0, "parallel.tp = {}: the planner's degrees are powers of two", T);
+  planner::Profile profile;
+  profile.model = config.model;
+  profile.tp = T;
+  profile.micro_batch = config.train.micro_batch;
+  profile.sub_batches = spec.sub_batches;
+  profile.element_bytes = static_cast<std::int64_t>(dtype_size(compute_dtype(config)));
+  profile.precision = config.train.precision;
+  profile.zero = static_cast<int>(config.parallel.zero);
+  profile.offload = config.parallel.offload;
+  profile.ep = static_cast<int>(config.parallel.ep);
+  const std::int64_t sub_batch_rows = config.train.micro_batch / spec.sub_batches;
+  for (int k = 1; k <= T; k *= 2) {
+    // A degree-k replica handles k / T of each sub-batch.
+    OASES_CHECK(sub_batch_rows * k % T == 0,
+                "a sub-batch of {} sequences does not split over {} replicas of degree {}: make "
+                "train.micro_batch / parallel.sub_batches a multiple of parallel.tp = {}",
+                sub_batch_rows, T / k, k, T);
+    config.model.validate_tensor_parallel(k);
+  }
+  return profile;
+}
+
 planner::Profile run_profile(const RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh) {
   const schedule::ScheduleSpec spec = schedule_spec(config);
@@ -173,27 +198,11 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
               "link of one expert-parallel group: set parallel.pp = 1 and parallel.dp = 1 or "
               "parallel.dp = parallel.ep (found dp = {}, ep = {}, pp = {})",
               config.parallel.dp, ep, config.parallel.pp);
-  OASES_CHECK((T & (T - 1)) == 0, "parallel.tp = {}: the planner's degrees are powers of two", T);
   OASES_CHECK(options.steps >= 1, "--steps = {} must be at least 1", options.steps);
   OASES_CHECK(options.warmup_steps >= 0, "warm-up steps = {} must be >= 0", options.warmup_steps);
-  planner::Profile profile;
-  profile.model = config.model;
-  profile.tp = T;
-  profile.micro_batch = config.train.micro_batch;
-  profile.sub_batches = spec.sub_batches;
-  profile.element_bytes = static_cast<std::int64_t>(dtype_size(compute_dtype(config)));
-  profile.precision = config.train.precision;
-  profile.zero = static_cast<int>(config.parallel.zero);
-  profile.offload = config.parallel.offload;
-  profile.ep = ep;
+  planner::Profile profile = profile_of_run(config, spec);
   const std::int64_t sub_batch_rows = config.train.micro_batch / spec.sub_batches;
   for (int k = 1; k <= T; k *= 2) {
-    // A degree-k replica handles k / T of each sub-batch.
-    OASES_CHECK(sub_batch_rows * k % T == 0,
-                "a sub-batch of {} sequences does not split over {} replicas of degree {}: make "
-                "train.micro_batch / parallel.sub_batches a multiple of parallel.tp = {}",
-                sub_batch_rows, T / k, k, T);
-    config.model.validate_tensor_parallel(k);
     comm::Mesh mesh = make_mesh(k, T / k);
     RunConfig c = config;
     c.parallel = ParallelConfig{};

@@ -16,6 +16,11 @@ struct ProfileOptions {
   bool progress = true;
 };
 
+// The profile's description of the run (model, batch split, element size, memory settings,
+// ep) with no degrees measured yet. UserError when parallel.tp is not a power of two or a
+// sub-batch does not split over some degree's replicas, or a degree does not divide the model.
+planner::Profile profile_of_run(const RunConfig& config, const schedule::ScheduleSpec& spec);
+
 // Collective over every rank of the run (config.parallel.tp ranks; dp = pp = 1, or dp =
 // parallel.ep > 1 for a mixture-of-experts model: tp x ep ranks). For each power-of-two degree
 // k dividing tp, the ranks form tp / k groups of k (make_mesh(k, tp / k), which must fill the

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 #include <sys/wait.h>
@@ -134,6 +135,75 @@ TEST_F(Cli, ProfileThenSimulateAnMoeModel) {
                {"mixture-of-experts model", "is dense", "re-run `oases profile`"});
   expect_error(run("simulate " + config + moe + " parallel.pp=2 --profile " + profile),
                {"parallel.pp = 2", "oases plan"});
+}
+
+// `oases simulate --cluster`: the config's ranks on a shipped cluster description, with the
+// step, throughput, MFU and per-stage table, a Chrome trace, "does not fit" on a device too
+// small, and one source of costs at a time.
+TEST_F(Cli, SimulateOnAClusterDescription) {
+  const std::string config = "--config " + (dir_ / "tiny.toml").string() +
+                             " --set parallel.tp=2 parallel.pp=2 parallel.dp=2 "
+                             "parallel.schedule=\\\"megatron\\\" train.global_batch=32";
+  const std::string cluster =
+      " --cluster " + std::string(OASES_SOURCE_DIR) + "/clusters/dgx-a100.toml";
+  const std::string trace = (dir_ / "trace.json").string();
+  const Result r = run("simulate " + config + cluster + " --trace " + trace);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* fragment : {"simulated step ", "on dgx-a100 (8 of 3072 devices", "tokens/s",
+                               "MFU ", "exposed comm", "bubble s", "wrote "})
+    EXPECT_NE(r.output.find(fragment), std::string::npos) << fragment << " in " << r.output;
+  EXPECT_EQ(r.output.find("does not fit"), std::string::npos) << r.output;
+  const nlohmann::json written = nlohmann::json::parse(read_file(trace));
+  std::set<int> ranks;
+  int computes = 0;
+  for (const auto& event : written.at("traceEvents")) {
+    if (event.at("ph") != "X") continue;
+    ranks.insert(event.at("pid").get<int>());
+    if (event.at("tid") == 0) ++computes;
+    EXPECT_GE(event.at("dur").get<double>(), 0.0);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 4}));  // one rank per stage stands for its stage
+  EXPECT_GT(computes, 0);
+
+  const Result tiny_device =
+      run("simulate " + config + cluster + " --cluster-set device.memory_gib=0.001");
+  ASSERT_EQ(tiny_device.exit_code, 0) << tiny_device.output;
+  for (const char* fragment : {"does not fit", "parameters ", "activations "})
+    EXPECT_NE(tiny_device.output.find(fragment), std::string::npos) << tiny_device.output;
+
+  expect_error(run("simulate " + config), {"--profile", "--cluster"});
+  expect_error(run("simulate " + config + cluster + " --cluster-set topology.nodes=0"),
+               {"topology.nodes"});
+}
+
+// `oases plan --cluster`: the planner priced on a cluster description. On links too slow for
+// activations every layer runs at degree 1 (its weight gradients cross the link once per step);
+// the chosen plan is then simulated under each ZeRO stage, and a pipelined config compares the
+// pipeline schedules on the cluster.
+TEST_F(Cli, PlanForAClusterDescription) {
+  const std::string planner_config =
+      "--config " + std::string(OASES_SOURCE_DIR) + "/configs/planner.toml";
+  const std::string cluster =
+      " --cluster " + std::string(OASES_SOURCE_DIR) + "/clusters/rtx3090-pcie.toml";
+  const Result slow = run("plan " + planner_config + cluster +
+                          " --set parallel.dp=2 --cluster-set tier.pcie.link_gbs=0.05");
+  ASSERT_EQ(slow.exit_code, 0) << slow.output;
+  for (const char* fragment : {"degrees per layer: 1 1 1 1", "ZeRO stages on rtx3090-pcie",
+                               "parallel.zero = 0", "parallel.zero = 3"})
+    EXPECT_NE(slow.output.find(fragment), std::string::npos) << fragment << " in " << slow.output;
+  const Result fast = run("plan " + planner_config + cluster);
+  ASSERT_EQ(fast.exit_code, 0) << fast.output;
+  EXPECT_NE(fast.output.find("degrees per layer: 2 2 2 2"), std::string::npos) << fast.output;
+
+  const Result pipelined =
+      run("plan " + planner_config + cluster +
+          " --set parallel.pp=2 parallel.schedule=\\\"megatron\\\"");
+  ASSERT_EQ(pipelined.exit_code, 0) << pipelined.output;
+  for (const char* fragment : {"pipeline schedules on rtx3090-pcie", "pipeline = \"1f1b\"",
+                               "pipeline = \"interleaved\", 2 chunks"})
+    EXPECT_NE(pipelined.output.find(fragment), std::string::npos) << fragment << " in "
+                                                                  << pipelined.output;
+  expect_error(run("plan " + planner_config), {"--profile", "--cluster"});
 }
 
 TEST_F(Cli, UnknownKeyNamesKeyAndValidKeys) {

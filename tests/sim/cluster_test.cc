@@ -117,6 +117,13 @@ TEST(Cluster, MalformedDescriptionsNameTheKeyTheValueAndWhatIsValid) {
             std::string::npos);
   EXPECT_NE(error_of(with("[device.peak_tflops]\nfp32 = 20\n", "[device.peak_tflops]\n")).find("device.peak_tflops.fp32 is missing"),
             std::string::npos);
+  EXPECT_NE(error_of(with("kernel_launch_us = 5", "kernel_launch_us = 5\nstep_efficiency = 1.5"))
+                .find("device.step_efficiency = 1.5; a fraction of the kernels' figures is in (0, 1]"),
+            std::string::npos);
+  EXPECT_DOUBLE_EQ(parse_cluster(with("kernel_launch_us = 5", "kernel_launch_us = 5\nstep_efficiency = 0.8"), "c.toml")
+                       .device.step_efficiency,
+                   0.8);
+  EXPECT_DOUBLE_EQ(parse_cluster(kTwoNodes, "c.toml").device.step_efficiency, 1.0);
 }
 
 TEST(Cluster, OverridesSetKeysAndTiersByName) {

@@ -257,6 +257,51 @@ TEST(MultiRankSimulator, PipelineBubblesMeetTheClosedForms) {
   }
 }
 
+// Per-rank prices: a pipeline whose last stage computes twice as slowly is the closed form of a
+// pipeline of that stage's speed for its share; each rank's events tile its compute lane, and
+// each message is an event from its departure to its arrival.
+TEST(MultiRankSimulator, EachRankTakesItsOwnPricesAndRecordsItsActivities) {
+  const int stages = 3, micro_batches = 4;
+  const std::vector<Schedule> schedules = pipeline(Order::one_f_one_b, stages, micro_batches);
+  std::vector<CostModel> costs(stages, forward_backward_costs(1.0, 2.0, 0.25));
+  costs[stages - 1] = forward_backward_costs(2.0, 4.0, 0.25);
+  const MultiRankResult result = simulate_ranks(schedules, costs, true);
+  ASSERT_EQ(result.ranks.size(), static_cast<std::size_t>(stages));
+  EXPECT_DOUBLE_EQ(result.ranks[stages - 1].compute_seconds, micro_batches * 6.0);
+  EXPECT_DOUBLE_EQ(result.ranks[0].compute_seconds, micro_batches * 3.0);
+  // Uniform prices with the slow stage's give a longer step; the fast ones a shorter one.
+  EXPECT_LT(result.step_seconds,
+            simulate_ranks(schedules, forward_backward_costs(2.0, 4.0, 0.25)).step_seconds);
+  EXPECT_GT(result.step_seconds,
+            simulate_ranks(schedules, forward_backward_costs(1.0, 2.0, 0.25)).step_seconds);
+  for (int r = 0; r < stages; ++r) {
+    double computing = 0, sending = 0;
+    int messages = 0;
+    double last_end = 0;
+    for (const SimEvent& e : result.events) {
+      if (e.rank != r) continue;
+      EXPECT_LE(e.begin, e.end);
+      if (e.lane == SimEvent::Lane::compute) {
+        EXPECT_GE(e.begin, last_end - 1e-12) << "rank " << r << ": compute events overlap";
+        last_end = e.end;
+        computing += e.end - e.begin;
+      } else if (e.lane == SimEvent::Lane::messages) {
+        ++messages;
+        sending += e.end - e.begin;
+        EXPECT_NE(e.name.find("Send"), std::string::npos) << e.name;
+      }
+    }
+    EXPECT_DOUBLE_EQ(computing, result.ranks[r].compute_seconds) << "rank " << r;
+    EXPECT_EQ(messages, count(schedules[r], Op::send)) << "rank " << r;
+    EXPECT_DOUBLE_EQ(sending, result.ranks[r].p2p_seconds) << "rank " << r;
+    EXPECT_LE(last_end, result.ranks[r].step_seconds + 1e-12);
+  }
+  // Without recording, the same result and no events.
+  const MultiRankResult quiet = simulate_ranks(schedules, costs);
+  EXPECT_TRUE(quiet.events.empty());
+  EXPECT_EQ(quiet.step_seconds, result.step_seconds);
+}
+
 // Each message on the critical path of GPipe (the first micro-batch's activations down the
 // pipeline, the first gradient back up) adds its d; messages no longer than F and B hide
 // behind the compute of the following micro-batches.

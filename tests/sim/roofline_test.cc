@@ -41,6 +41,11 @@ TEST(Roofline, ProductsAndMemoryKernelsTakeTheirEfficiencyAtTheirSize) {
   EXPECT_NEAR(work_seconds(d, memory, "bf16"), 5e-6 + 1e6 / (1e11 * 0.5), 1e-15);
   EXPECT_EQ(work_seconds(d, ops::Work{}, "bf16"), 0.0);
   EXPECT_THROW(work_seconds(d, w, "fp16"), UserError);
+  // A step efficiency of 0.5 halves every kernel's rate; launches stay as they are.
+  DeviceSpec derated = d;
+  derated.step_efficiency = 0.5;
+  EXPECT_NEAR(work_seconds(derated, w, "bf16"), 5e-6 + 2 * 2e6 / (4e12 * (0.1 + at * 0.4)), 1e-15);
+  EXPECT_NEAR(work_seconds(derated, memory, "bf16"), 5e-6 + 2 * 1e6 / (1e11 * 0.5), 1e-15);
 }
 
 TEST(Roofline, InstructionsTakeTheirPartOfTheSegmentsWork) {

@@ -1,0 +1,270 @@
+#include "train/cluster_simulation.h"
+
+#include "comm/communicator.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "optim/optimizer.h"
+#include "schedule/schedule.h"
+#include "sim/cluster_costs.h"
+#include "sim/placement.h"
+#include "train/engine.h"
+#include "train/rank_schedule.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <utility>
+
+namespace oases::train {
+
+sim::RankLayout rank_layout(const RunConfig& config) {
+  sim::RankLayout layout;
+  layout.tp = static_cast<int>(config.parallel.tp);
+  layout.dp = static_cast<int>(config.parallel.dp);
+  layout.pp = static_cast<int>(config.parallel.pp);
+  layout.ep = static_cast<int>(config.parallel.ep);
+  return layout;
+}
+
+namespace {
+
+// The products' element type as the cluster names it.
+std::string product_dtype(const RunConfig& config) {
+  const std::string& p = config.train.precision;
+  return p == "bf16" || p == "fp16" || p == "fp64" ? p : "fp32";
+}
+
+// The tiers between a group's consecutive devices: groups with the same signature cost the same.
+std::vector<int> signature(const sim::ClusterSpec& cluster, const sim::DeviceGroup& group) {
+  std::vector<int> tiers;
+  for (std::size_t i = 1; i < group.size(); ++i) tiers.push_back(cluster.tier_between(group[i - 1], group[i]));
+  return tiers;
+}
+
+}  // namespace
+
+std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const RunConfig& config,
+                                                     const schedule::ScheduleSpec& spec,
+                                                     const sim::ClusterSpec& cluster,
+                                                     const sim::RankLayout& layout, int rank) {
+  auto r = std::make_unique<ShapeOnlyRank>();
+  r->rank = rank;
+  r->stage = layout.pp_rank(rank);
+  const int tp_rank = layout.tp_rank(rank);
+  r->tp = std::make_unique<comm::ShapeOnlyCommunicator>(tp_rank, layout.tp, "tp");
+  model::ModelOptions options = stage_model_options(config, spec, r->stage);
+  options.shape_only = true;
+  options.tp = r->tp.get();
+  if (layout.ep > 1) {
+    r->ep = std::make_unique<comm::ShapeOnlyCommunicator>(layout.dp_rank(rank) % layout.ep, layout.ep, "ep");
+    options.ep = r->ep.get();
+  }
+  ShapeOnlyRank* self = r.get();
+  options.tp_subgroup = [self, tp_rank, tp = layout.tp](int span, int stride) -> comm::Communicator& {
+    if (span == tp && stride == 1) return *self->tp;
+    auto& group = self->subgroups[{span, stride}];
+    // Members share tp_rank / span and tp_rank % stride, ordered by tp_rank (comm/mesh.cc).
+    if (!group)
+      group = std::make_unique<comm::ShapeOnlyCommunicator>(tp_rank % span / stride, span / stride,
+                                                            fmt::format("tp[{}/{}]", span, stride));
+    return *group;
+  };
+  r->model = std::make_unique<model::Model>(config.model, std::move(options));
+  const ops::Program& program = r->model->program();
+  // The engine shards a bucket over its replicas under ZeRO where there are several
+  // (TrainingEngine's zero buckets): ZeRO-3 gathers parameters ahead of use, ZeRO-1 and 2 ahead
+  // of the next step's use (2bw waits for them at its update instead).
+  schedule::ScheduleSpec rank_spec = spec;
+  const auto zero_stage = static_cast<int>(config.parallel.zero);
+  bool replicated = layout.dp > 1;
+  for (const ops::SegmentShape& shape : program.segments) replicated = replicated || shape.degree < layout.tp;
+  if (zero_stage >= 1 && replicated) {
+    rank_spec.sharded_params = zero_stage >= 3;
+    rank_spec.reshard_after_forward = config.parallel.zero3_reshard_after_forward;
+    rank_spec.deferred_param_gather = zero_stage <= 2 && !(config.parallel.pipeline == "2bw" && layout.pp > 1);
+  }
+  r->schedule = rank_schedule(config, program, rank_spec, layout.pp, r->stage);
+
+  sim::ClusterRank at;
+  at.layout = layout;
+  at.rank = rank;
+  at.dtype = product_dtype(config);
+  at.grad_element_bytes = config.train.grad_reduce_dtype == "bf16" ? 2 : dtype_size(r->model->dtype());
+  at.zero = static_cast<int>(config.parallel.zero);
+  r->costs = sim::cluster_costs(cluster, program, at);
+
+  // Memory, as the engine's metrics count it.
+  const auto count = static_cast<double>(r->model->layout().total_numel());
+  const double element = static_cast<double>(dtype_size(r->model->dtype()));
+  const double half = r->model->mixed_precision() ? static_cast<double>(dtype_size(r->model->activation_dtype())) : 0;
+  const double dp = layout.dp;
+  const int zero = at.zero;
+  const bool two_bw = config.parallel.pipeline == "2bw" && layout.pp > 1;
+  r->memory.params = (two_bw ? 2 : 1) * count * element / (zero >= 3 ? dp : 1) + count * half / (zero >= 3 ? dp : 1);
+  r->memory.grads = count * element / (zero >= 2 ? dp : 1);
+  {
+    // The optimizer's state over this rank's whole layout: its buffers are mapped, never touched.
+    const std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(
+        optimizer_config(config.train), flat_layout(r->model->layout(), r->model->dtype()));
+    r->memory.optimizer = static_cast<double>(optimizer->state_bytes()) / (zero >= 1 ? dp : 1);
+  }
+  r->memory.activations = static_cast<double>(r->model->static_activation_bytes() +
+                                              schedule::peak_activation_bytes(program, r->schedule));
+
+  // The model's products over a step: forward and every backward part of each segment instance,
+  // once per sub-batch of every micro-batch.
+  double flops = 0;
+  for (const ops::SegmentShape& shape : program.segments) {
+    if (!shape.work.known) continue;
+    flops += shape.work.forward().flops() + shape.work.backward_weight.flops();
+    for (const ops::Work& part : shape.work.backward_input) flops += part.flops();
+  }
+  r->flops_per_step = flops * spec.sub_batches * spec.micro_batches;
+  return r;
+}
+
+bool cluster_layout_is_symmetric(const RunConfig& config, const sim::ClusterSpec& cluster) {
+  const sim::RankLayout layout = rank_layout(config);
+  std::vector<std::function<sim::DeviceGroup(int)>> kinds = {
+      [&](int r) { return layout.tp_group(r); }, [&](int r) { return layout.dp_group(r); },
+      [&](int r) { return layout.pp_group(r); }};
+  if (layout.ep > 1) {
+    kinds.push_back([&](int r) { return layout.ep_group(r); });
+    kinds.push_back([&](int r) { return layout.expert_replica_group(r, layout.tp); });
+    kinds.push_back([&](int r) { return layout.expert_replica_group(r, 1); });
+  }
+  for (int span = 2; span <= layout.tp; ++span)
+    for (int stride = 1; stride < span; ++stride)
+      if (layout.tp % span == 0 && span % stride == 0)
+        kinds.push_back([&, span, stride](int r) { return layout.tp_subgroup(r, span, stride); });
+  for (int degree = 1; degree < layout.tp; ++degree)
+    if (layout.tp % degree == 0)
+      kinds.push_back([&, degree](int r) { return layout.tp_replica_group(r, degree); });
+  for (const auto& group_of : kinds) {
+    const std::vector<int> first = signature(cluster, group_of(0));
+    for (int r = 1; r < layout.world(); ++r)
+      if (signature(cluster, group_of(r)) != first) return false;
+  }
+  return true;
+}
+
+ClusterSimulation simulate_cluster(const RunConfig& config, const sim::ClusterSpec& cluster,
+                                   const ClusterSimulationOptions& options) {
+  const sim::RankLayout layout = rank_layout(config);
+  sim::check_cluster_holds(cluster, layout.world(), cluster.name);
+  OASES_CHECK(!cluster.device.computes_from_profile(),
+              "the cluster {} computes from a profile of this machine (its device has no "
+              "peak_tflops); give `oases simulate` the profile (--profile) or a cluster with "
+              "device.peak_tflops",
+              cluster.name);
+  const std::string dtype = product_dtype(config);
+  const auto peak = cluster.device.peak_flops.find(dtype);
+  OASES_CHECK(peak != cluster.device.peak_flops.end(),
+              "train.precision = \"{}\" needs device.peak_tflops.{} in the cluster {}; it states {}",
+              config.train.precision, dtype, cluster.name,
+              fmt::join([&] {
+                std::vector<std::string> names;
+                for (const auto& [name, value] : cluster.device.peak_flops) names.push_back(name);
+                return names;
+              }(), ", "));
+  schedule::ScheduleSpec spec = schedule_spec(config);
+  spec.training = true;
+
+  ClusterSimulation out;
+  out.world = layout.world();
+  out.folded = options.fold && cluster_layout_is_symmetric(config, cluster);
+  out.tokens_per_step = static_cast<double>(config.train.global_batch * config.model.seq_len);
+  out.peak_flops_per_device = peak->second;
+
+  // Pipelines of ranks (one per tensor- and data-parallel position), stages in order.
+  std::vector<std::vector<int>> pipelines;
+  const int positions = out.folded ? 1 : layout.tp * layout.dp;
+  for (int position = 0; position < positions; ++position) {
+    std::vector<int> ranks;
+    for (int stage = 0; stage < layout.pp; ++stage)
+      ranks.push_back(layout.rank_of(position % layout.tp, position / layout.tp, stage));
+    pipelines.push_back(std::move(ranks));
+  }
+  for (const std::vector<int>& pipeline : pipelines) {
+    std::vector<std::unique_ptr<ShapeOnlyRank>> stages;
+    std::vector<schedule::Schedule> schedules;
+    std::vector<sim::CostModel> costs;
+    for (int rank : pipeline) {
+      stages.push_back(build_shape_only_rank(config, spec, cluster, layout, rank));
+      schedules.push_back(std::move(stages.back()->schedule));
+      costs.push_back(stages.back()->costs);
+    }
+    sim::MultiRankResult result = sim::simulate_ranks(schedules, costs, options.record_events);
+    out.step_seconds = std::max(out.step_seconds, result.step_seconds);
+    for (std::size_t s = 0; s < stages.size(); ++s) {
+      SimulatedRank rank;
+      rank.rank = stages[s]->rank;
+      rank.stage = stages[s]->stage;
+      rank.time = result.ranks[s];
+      rank.memory = stages[s]->memory;
+      out.ranks.push_back(rank);
+      // Every rank of a stage does what its representative does.
+      out.model_flops_per_step += stages[s]->flops_per_step * (out.folded ? layout.tp * layout.dp : 1);
+    }
+    for (sim::SimEvent& event : result.events) {
+      event.rank = pipeline[static_cast<std::size_t>(event.rank)];
+      out.events.push_back(std::move(event));
+    }
+  }
+  std::sort(out.ranks.begin(), out.ranks.end(),
+            [](const SimulatedRank& a, const SimulatedRank& b) { return a.rank < b.rank; });
+  return out;
+}
+
+std::string format_cluster_simulation(const ClusterSimulation& s, const sim::ClusterSpec& cluster) {
+  std::string out = fmt::format(
+      "simulated step {:.4f} s on {} ({} of {} devices{}): {:.0f} tokens/s, MFU {:.1f}% "
+      "({:.1f} TFLOP/s per device of model FLOPs)\n",
+      s.step_seconds, cluster.name, s.world, cluster.devices(),
+      s.folded ? "; one rank per pipeline stage stands for its stage (symmetric layout)" : "",
+      s.tokens_per_second(), 100 * s.mfu(), s.model_flops_per_step / s.step_seconds / s.world / 1e12);
+  const auto gib = [](double bytes) { return bytes / (1 << 30); };
+  out += fmt::format("{:>6} {:>5} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10}\n", "rank", "stage",
+                     "step s", "compute s", "exposed comm", "bubble s", "p2p s", "memory GiB");
+  std::vector<std::string> too_big;
+  for (const SimulatedRank& r : s.ranks) {
+    out += fmt::format("{:>6} {:>5} {:>10.4f} {:>10.4f} {:>12.4f} {:>10.4f} {:>10.4f} {:>10.2f}\n",
+                       r.rank, r.stage, r.time.step_seconds, r.time.compute_seconds,
+                       r.time.exposed_comm_seconds, r.time.bubble_seconds, r.time.p2p_seconds,
+                       gib(r.memory.total()));
+    if (r.memory.total() > cluster.device.memory_bytes)
+      too_big.push_back(fmt::format(
+          "rank {} (stage {}) does not fit: {:.2f} GiB (parameters {:.2f}, gradients {:.2f}, "
+          "optimizer {:.2f}, activations {:.2f}) on a {:.2f} GiB {}",
+          r.rank, r.stage, gib(r.memory.total()), gib(r.memory.params), gib(r.memory.grads),
+          gib(r.memory.optimizer), gib(r.memory.activations), gib(cluster.device.memory_bytes),
+          cluster.device.name));
+  }
+  for (const std::string& line : too_big) out += line + "\n";
+  return out;
+}
+
+void write_simulation_trace(const ClusterSimulation& s, const std::string& path) {
+  using json = nlohmann::json;
+  json events = json::array();
+  const char* lanes[] = {"compute", "tensor-parallel collectives", "data-parallel", "messages"};
+  for (const SimulatedRank& r : s.ranks) {
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r.rank},
+                      {"args", {{"name", fmt::format("rank {} (stage {})", r.rank, r.stage)}}}});
+    for (int lane = 0; lane < 4; ++lane)
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r.rank}, {"tid", lane},
+                        {"args", {{"name", lanes[lane]}}}});
+  }
+  for (const sim::SimEvent& e : s.events)
+    events.push_back({{"ph", "X"}, {"name", e.name}, {"pid", e.rank},
+                      {"tid", static_cast<int>(e.lane)}, {"ts", e.begin * 1e6},
+                      {"dur", (e.end - e.begin) * 1e6}});
+  write_file_atomically(path, json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump());
+}
+
+}  // namespace oases::train

@@ -1,0 +1,118 @@
+// Whole-cluster simulation: a run config on a cluster description (sim/cluster.h), every rank's
+// training step as the runtime would run it, priced on the devices and links it would run on.
+//
+// For each simulated rank the program is read from the rank's own model, built as the engine
+// builds it but shape-only (comm::ShapeOnlyCommunicator groups, parameters never touched:
+// model::ModelOptions::shape_only), so a GPT-175B stage costs address space, not memory. Its
+// schedule is train::rank_schedule's (generation or pipeline lowering and the config's passes,
+// the instructions the runtime executes), priced by sim::cluster_costs and run with the
+// pipeline's other stages by sim::simulate_ranks.
+//
+// Symmetry rule (folding). The ranks of one pipeline stage run the same instructions: they hold
+// equal shards of the same layers and differ only in which shard and which rows, and each of
+// their collectives is priced with every group of its kind running it at once. When in addition
+// every group of each kind (tensor-parallel group and sub-groups, layer replica groups,
+// data-parallel, pipeline, expert-parallel and expert-replica groups) meets the same tiers
+// between its consecutive members, every rank of a stage has the same prices, so one pipeline
+// of representatives (tensor- and data-parallel rank 0 of each stage) stands for all of them:
+// pp models and schedules, whatever the world size. Otherwise (a group straddling a node
+// boundary where its siblings do not) every rank is simulated, each pipeline of ranks on its own
+// (collectives are priced, not synchronised between ranks, which holds for ranks that issue
+// them together). The step is the slowest pipeline's.
+#pragma once
+
+#include "comm/communicator.h"
+#include "model/model.h"
+#include "sim/cluster.h"
+#include "sim/placement.h"
+#include "sim/schedule_sim.h"
+#include "train/config.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace oases::train {
+
+struct ClusterSimulationOptions {
+  bool fold = true;            // apply the symmetry rule where it holds (false: every rank)
+  bool record_events = false;  // keep every simulated activity (for write_simulation_trace)
+};
+
+// One rank's memory at its peak, in bytes: the same figures as the engine's memory metrics.
+struct SimulatedMemory {
+  double params = 0;       // master copy and the 16-bit working copy (ZeRO-3: this rank's share)
+  double grads = 0;        // gradient accumulators (ZeRO-2/3: this rank's share)
+  double optimizer = 0;    // the optimizer's state (ZeRO-1 and up: this rank's share)
+  double activations = 0;  // slots, scratch and the schedule's peak of kept sets
+  double total() const { return params + grads + optimizer + activations; }
+};
+
+struct SimulatedRank {
+  int rank = 0;   // world rank
+  int stage = 0;  // pipeline stage
+  sim::RankSimResult time;
+  SimulatedMemory memory;
+};
+
+struct ClusterSimulation {
+  int world = 0;
+  bool folded = false;                // one representative per stage stood for its ranks
+  double step_seconds = 0;
+  double tokens_per_step = 0;         // train.global_batch x model.seq_len
+  double model_flops_per_step = 0;    // forward and backward products of every rank, no recompute
+  double peak_flops_per_device = 0;   // the device's peak for the products' element type
+  std::vector<SimulatedRank> ranks;   // by world rank; folded: the representatives
+  std::vector<sim::SimEvent> events;  // record_events: SimEvent::rank is the world rank
+
+  double tokens_per_second() const { return tokens_per_step / step_seconds; }
+  // Model FLOPs utilisation: the model's FLOPs over the step at every device's peak.
+  double mfu() const { return model_flops_per_step / (step_seconds * world * peak_flops_per_device); }
+};
+
+// The config's ranks as the simulator places them (parallel.tp, dp, pp, ep).
+sim::RankLayout rank_layout(const RunConfig& config);
+
+// One rank as the simulator sees it: its model built shape-only, as the engine builds it, with
+// ShapeOnlyCommunicator groups of the rank's sizes and positions; its schedule
+// (train::rank_schedule); its prices on the cluster (sim::cluster_costs); its memory; and the
+// model FLOPs of its step. The communicators and the model outlive the prices and the schedule,
+// which refer to the program.
+struct ShapeOnlyRank {
+  int rank = 0, stage = 0;
+  std::unique_ptr<comm::ShapeOnlyCommunicator> tp, ep;
+  std::map<std::pair<int, int>, std::unique_ptr<comm::ShapeOnlyCommunicator>> subgroups;
+  std::unique_ptr<model::Model> model;
+  schedule::Schedule schedule;
+  sim::CostModel costs;
+  SimulatedMemory memory;
+  double flops_per_step = 0;
+};
+
+// World rank `rank` of `layout` running `config` under `spec` (schedule_spec(config), training).
+std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const RunConfig& config,
+                                                     const schedule::ScheduleSpec& spec,
+                                                     const sim::ClusterSpec& cluster,
+                                                     const sim::RankLayout& layout, int rank);
+
+// Whether the symmetry rule holds for the config's layout on the cluster.
+bool cluster_layout_is_symmetric(const RunConfig& config, const sim::ClusterSpec& cluster);
+
+// UserError when the cluster does not hold the config's ranks, computes from a profile (this
+// machine's CPU clusters), or lacks a peak for train.precision; or when the config cannot run.
+ClusterSimulation simulate_cluster(const RunConfig& config, const sim::ClusterSpec& cluster,
+                                   const ClusterSimulationOptions& options = {});
+
+// Step, throughput, MFU, exposed communication, bubble and memory per simulated rank (with
+// "does not fit" and the figures where a rank needs more than the device holds), as printed by
+// `oases simulate --cluster`.
+std::string format_cluster_simulation(const ClusterSimulation& simulation,
+                                      const sim::ClusterSpec& cluster);
+
+// The recorded events as a Chrome trace (chrome://tracing, Perfetto): a process per simulated
+// rank, a thread per lane, times in microseconds. Written to a temporary name and renamed.
+void write_simulation_trace(const ClusterSimulation& simulation, const std::string& path);
+
+}  // namespace oases::train

@@ -1,0 +1,117 @@
+// The planner's input priced on a cluster (train/cluster_profile.h): collectives, replica
+// reductions and reshards against the collective model on the groups by hand, the memory ratios
+// of fp32 AdamW, and the planner's prediction of a uniform plan from it against the whole-cluster
+// simulation of the same run.
+#include "train/cluster_profile.h"
+
+#include "planner/cost_model.h"
+#include "sim/collective_costs.h"
+#include "train/cluster_simulation.h"
+#include "train/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace oases::train {
+namespace {
+
+sim::ClusterSpec four_by_two() {
+  sim::ClusterSpec c;
+  c.name = "test-cluster";
+  c.nodes = 2;
+  c.devices_per_node = 4;
+  c.device.name = "test device";
+  c.device.memory_bytes = 16.0 * (1 << 30);
+  c.device.memory_bytes_per_second = 5e11;
+  c.device.kernel_launch_seconds = 4e-6;
+  c.device.overlap_slowdown = 0.1;
+  c.device.peak_flops = {{"fp32", 20e12}};
+  c.device.gemm_efficiency = {{1e6, 1e9, 1e11}, {0.05, 0.4, 0.8}};
+  c.device.memory_efficiency = {{1e4, 1e8}, {0.2, 0.85}};
+  c.tiers = {{"pcie", 4, 10e9, 0, 10e-6}, {"network", 8, 5e9, 5e9, 20e-6}};
+  return c;
+}
+
+RunConfig tiny(int tp, int dp) {
+  RunConfig config = parse_run_config("", "test");
+  config.model.layers = 4;
+  config.model.hidden = 128;
+  config.model.heads = 4;
+  config.model.ffn_hidden = 512;
+  config.model.vocab_size = 512;
+  config.model.seq_len = 64;
+  config.train.micro_batch = 8;
+  config.train.global_batch = 8 * dp * 2;
+  config.parallel.tp = tp;
+  config.parallel.dp = dp;
+  config.parallel.schedule = "oases";
+  return config;
+}
+
+TEST(ClusterProfile, CollectivesReductionsAndReshardsArePricedOnTheRunsGroups) {
+  const sim::ClusterSpec cluster = four_by_two();
+  const RunConfig config = tiny(4, 2);
+  const planner::Profile profile = cluster_profile(config, cluster);
+  planner::check_profile_matches(profile, config.model, config.train.micro_batch, 2, {1, 2, 4},
+                                 "cluster profile");
+  ASSERT_EQ(profile.degrees.size(), 3u);
+  const double row_bytes = 64.0 * 128 * 4;  // one sequence of the residual stream, fp32
+  // Degree 4 holds a whole sub-batch of 4 sequences; its attention all-reduce spans devices
+  // {0..3} beside {4..7} (the data-parallel copy).
+  const planner::DegreeProfile& top = profile.degrees[2];
+  EXPECT_EQ(top.rows, 4);
+  EXPECT_DOUBLE_EQ(top.collectives.at("attention.fwd_s"),
+                   sim::collective_seconds(cluster, sim::CollectiveOp::all_reduce, 4 * row_bytes,
+                                           {0, 1, 2, 3}, {{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  // Degree 1: tensor-parallel collectives over a group of one, free; each layer's gradients over its 8 replicas.
+  const planner::DegreeProfile& one = profile.degrees[0];
+  EXPECT_EQ(one.rows, 1);
+  EXPECT_EQ(one.collectives.at("attention.fwd_s"), 0.0);
+  EXPECT_DOUBLE_EQ(one.replica_reduce_per_layer_s,
+                   sim::collective_seconds(cluster, sim::CollectiveOp::all_reduce,
+                                           static_cast<double>(one.parameter_bytes_per_layer),
+                                           {0, 1, 2, 3, 4, 5, 6, 7}));
+  // Degree 4 still reduces over its data-parallel replica, across the nodes.
+  EXPECT_DOUBLE_EQ(top.replica_reduce_per_layer_s,
+                   sim::collective_seconds(cluster, sim::CollectiveOp::all_reduce,
+                                           static_cast<double>(top.parameter_bytes_per_layer), {0, 4},
+                                           {{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  // A quarter of the layer's weights (its norms and some biases are whole on every rank).
+  EXPECT_NEAR(static_cast<double>(top.parameter_bytes_per_layer * 4),
+              static_cast<double>(one.parameter_bytes_per_layer), 0.02 * one.parameter_bytes_per_layer);
+  // Reshard 1-2: pairs gather two sequences, every pair of the run at once.
+  EXPECT_DOUBLE_EQ(profile.reshards.at("1-2"),
+                   sim::collective_seconds(cluster, sim::CollectiveOp::all_gather, 2 * row_bytes,
+                                           {0, 1}, {{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  // Compute: a degree-k replica of a layer does k / T of the rows at 1 / k of the width; its
+  // products are the same size, so it prices within the launch overheads of the whole.
+  EXPECT_GT(one.segments.at("mlp").forward_s, 0.0);
+  EXPECT_NEAR(one.segments.at("mlp").forward_s, top.segments.at("mlp").forward_s,
+              0.5 * one.segments.at("mlp").forward_s);
+  EXPECT_GT(top.segments.at("attention").recompute_s, 0.0);
+  // fp32 AdamW: one copy of the parameters, one of the gradients, two moments.
+  EXPECT_DOUBLE_EQ(profile.param_bytes_ratio, 1.0);
+  EXPECT_DOUBLE_EQ(profile.grad_bytes_ratio, 1.0);
+  EXPECT_DOUBLE_EQ(profile.optimizer_bytes_ratio, 2.0);
+}
+
+// The planner's simulation of the uniform plan from the priced profile and the whole-cluster
+// simulation of the run price the same schedule from the same models (the planner on shapes
+// scaled from one layer's, with the embedding and head as profiled): they agree within 10%.
+TEST(ClusterProfile, UniformPlanPredictionAgreesWithTheClusterSimulation) {
+  const sim::ClusterSpec cluster = four_by_two();
+  for (int dp : {1, 2}) {
+    const RunConfig config = tiny(4, dp);
+    const planner::Profile profile = planner::with_zero_share(cluster_profile(config, cluster), 0, dp);
+    const schedule::ScheduleSpec spec = schedule_spec(config);
+    const planner::Prediction planned =
+        planner::predict_plan(profile, {4, 4, 4, 4}, spec, config.train.micro_batch);
+    const ClusterSimulation simulated = simulate_cluster(config, cluster);
+    EXPECT_NEAR(planned.step_seconds, simulated.step_seconds, 0.1 * simulated.step_seconds)
+        << "dp " << dp;
+  }
+}
+
+}  // namespace
+}  // namespace oases::train

@@ -1,0 +1,161 @@
+// Whole-cluster simulation (train/cluster_simulation.h): the folded simulation (one rank per
+// pipeline stage) against every rank simulated on its own devices, the symmetry rule, memory
+// and FLOP accounting against counts by hand, and the errors a user meets.
+#include "train/cluster_simulation.h"
+
+#include "core/error.h"
+#include "sim/collective_costs.h"
+#include "train/config.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace oases::train {
+namespace {
+
+// nodes x per_node devices: a switch inside a node, a network between nodes whose uplink
+// the node's devices share.
+sim::ClusterSpec cluster_of(int nodes, int per_node) {
+  sim::ClusterSpec c;
+  c.name = "test-cluster";
+  c.nodes = nodes;
+  c.devices_per_node = per_node;
+  c.device.name = "test device";
+  c.device.memory_bytes = 16.0 * (1 << 30);
+  c.device.memory_bytes_per_second = 5e11;
+  c.device.kernel_launch_seconds = 4e-6;
+  c.device.overlap_slowdown = 0.1;
+  c.device.peak_flops = {{"fp32", 20e12}, {"bf16", 300e12}};
+  c.device.gemm_efficiency = {{1e6, 1e9, 1e11}, {0.05, 0.4, 0.8}};
+  c.device.memory_efficiency = {{1e4, 1e8}, {0.2, 0.85}};
+  c.tiers = {{"switch", per_node, 200e9, 0, 3e-6},
+             {"network", nodes * per_node, 25e9, 100e9, 10e-6}};
+  return c;
+}
+
+// A small GPT on tp x dp x pp ranks with `micro_batches` micro-batches of 2 per data-parallel
+// rank per step.
+RunConfig tiny_config(int tp, int dp, int pp, int micro_batches) {
+  RunConfig config = parse_run_config("", "test");
+  config.model.layers = 8;
+  config.model.hidden = 64;
+  config.model.heads = 4;
+  config.model.ffn_hidden = 256;
+  config.model.vocab_size = 512;
+  config.model.seq_len = 32;
+  config.train.micro_batch = 2;
+  config.train.global_batch = 2 * dp * micro_batches;
+  config.parallel.tp = tp;
+  config.parallel.dp = dp;
+  config.parallel.pp = pp;
+  config.parallel.pipeline = "1f1b";
+  config.parallel.schedule = "megatron";
+  config.parallel.recompute = "none";
+  return config;
+}
+
+void expect_near_relative(double a, double b, const std::string& what) {
+  EXPECT_LE(std::abs(a - b), 1e-12 * std::max(std::abs(a), std::abs(b))) << what << ": " << a << " vs " << b;
+}
+
+// 64 ranks (tp 2 x dp 8 x pp 4) on 8 nodes of 8: every tensor-parallel pair inside a node, the
+// data-parallel groups across a node's four pairs and the pipeline across nodes. Every rank of a
+// stage simulated on its own gives the representative's figures.
+TEST(ClusterSimulation, FoldedEqualsEveryRankOnSixtyFourRanks) {
+  const sim::ClusterSpec cluster = cluster_of(8, 8);
+  const RunConfig config = tiny_config(2, 8, 4, 8);
+  ASSERT_TRUE(cluster_layout_is_symmetric(config, cluster));
+  const ClusterSimulation folded = simulate_cluster(config, cluster);
+  ClusterSimulationOptions every;
+  every.fold = false;
+  const ClusterSimulation unfolded = simulate_cluster(config, cluster, every);
+  ASSERT_TRUE(folded.folded);
+  ASSERT_FALSE(unfolded.folded);
+  ASSERT_EQ(folded.ranks.size(), 4u);
+  ASSERT_EQ(unfolded.ranks.size(), 64u);
+  expect_near_relative(folded.step_seconds, unfolded.step_seconds, "step");
+  expect_near_relative(folded.model_flops_per_step, unfolded.model_flops_per_step, "model FLOPs");
+  for (const SimulatedRank& rank : unfolded.ranks) {
+    const SimulatedRank& representative = folded.ranks.at(static_cast<std::size_t>(rank.stage));
+    const std::string what = "rank " + std::to_string(rank.rank);
+    expect_near_relative(rank.time.step_seconds, representative.time.step_seconds, what + " step");
+    expect_near_relative(rank.time.compute_seconds, representative.time.compute_seconds, what + " compute");
+    expect_near_relative(rank.time.exposed_comm_seconds, representative.time.exposed_comm_seconds,
+                         what + " exposed");
+    expect_near_relative(rank.time.bubble_seconds, representative.time.bubble_seconds, what + " bubble");
+    expect_near_relative(rank.memory.total(), representative.memory.total(), what + " memory");
+  }
+  // The pipeline's first stage waits in bubbles, and the data-parallel reductions cost something.
+  EXPECT_GT(folded.ranks[3].time.bubble_seconds + folded.ranks[0].time.bubble_seconds, 0.0);
+  EXPECT_GT(folded.ranks[0].time.exposed_comm_seconds, 0.0);
+}
+
+// Nodes of 3 devices under tp 2: pair {0, 1} is inside a node, {2, 3} straddles two. The rule
+// does not fold, and the straddling pair pays for the network.
+TEST(ClusterSimulation, AnAsymmetricLayoutIsSimulatedRankByRank) {
+  const sim::ClusterSpec cluster = cluster_of(2, 3);
+  const RunConfig config = tiny_config(2, 2, 1, 2);
+  EXPECT_FALSE(cluster_layout_is_symmetric(config, cluster));
+  const ClusterSimulation s = simulate_cluster(config, cluster);
+  EXPECT_FALSE(s.folded);
+  ASSERT_EQ(s.ranks.size(), 4u);
+  EXPECT_GT(s.ranks[2].time.exposed_comm_seconds, s.ranks[0].time.exposed_comm_seconds);
+  double slowest = 0;
+  for (const SimulatedRank& rank : s.ranks) slowest = std::max(slowest, rank.time.step_seconds);
+  EXPECT_EQ(s.step_seconds, slowest);
+}
+
+// Memory and FLOPs by hand for one rank holding the whole model (fp32, AdamW).
+TEST(ClusterSimulation, MemoryAndModelFlopsFollowTheCountsByHand) {
+  const sim::ClusterSpec cluster = cluster_of(1, 2);
+  RunConfig config = tiny_config(1, 1, 1, 3);
+  const ClusterSimulation s = simulate_cluster(config, cluster);
+  ASSERT_EQ(s.ranks.size(), 1u);
+  const double h = 64, f = 256, V = 512, S = 32, L = 8, rows = 2;
+  // Per layer: QKV, projection, two MLP matrices with biases, two norms; plus the token and
+  // position embeddings and the final norm (the head ties to the token embedding).
+  const double per_layer = 3 * h * h + 3 * h + h * h + h + h * f + f + f * h + h + 4 * h;
+  const double params = L * per_layer + V * h + S * h + 2 * h;
+  EXPECT_DOUBLE_EQ(s.ranks[0].memory.params, 4 * params);
+  EXPECT_DOUBLE_EQ(s.ranks[0].memory.grads, 4 * params);
+  EXPECT_DOUBLE_EQ(s.ranks[0].memory.optimizer, 8 * params);
+  EXPECT_GT(s.ranks[0].memory.activations, 0.0);
+  // Forward products per layer: 2 x tokens x (4 h^2 + 2 h f) and the attention's 2 x 2 S^2 h
+  // per sequence; the head 2 x tokens x h V; backward twice the forward.
+  const double tokens = rows * S;
+  const double forward = L * (2 * tokens * (4 * h * h + 2 * h * f) + rows * 4 * S * S * h) +
+                         2 * tokens * h * V;
+  EXPECT_NEAR(s.model_flops_per_step, 3 * forward * 3, 1e-9 * 9 * forward);
+  EXPECT_DOUBLE_EQ(s.tokens_per_step, 3 * rows * S);
+}
+
+TEST(ClusterSimulation, ClustersThatCannotRunTheConfigAreClearErrors) {
+  const RunConfig config = tiny_config(2, 2, 2, 4);
+  try {
+    simulate_cluster(config, cluster_of(1, 4));
+    FAIL() << "a cluster of 4 devices ran 8 ranks";
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("4"), std::string::npos) << what;
+    EXPECT_NE(what.find("8"), std::string::npos) << what;
+  }
+  sim::ClusterSpec profile_only = cluster_of(2, 4);
+  profile_only.device.peak_flops.clear();
+  EXPECT_THROW(simulate_cluster(config, profile_only), UserError);
+  RunConfig fp16 = config;
+  fp16.train.precision = "fp16";
+  try {
+    simulate_cluster(fp16, cluster_of(2, 4));
+    FAIL() << "fp16 priced on a device without an fp16 peak";
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("peak_tflops.fp16"), std::string::npos) << what;
+    EXPECT_NE(what.find("bf16, fp32"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace oases::train
