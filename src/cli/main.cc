@@ -790,6 +790,16 @@ int run_cluster_simulate(const SimulateArgs& a) {
   oases::train::ClusterSimulationOptions options;
   options.fold = !a.every_rank;
   options.record_events = !a.trace.empty();
+  std::optional<oases::planner::Profile> measured;
+  if (!a.profile.empty()) {
+    OASES_CHECK(cluster.device.computes_from_profile(),
+                "--profile {} with --cluster {}: the cluster's device computes by roofline "
+                "(device.peak_tflops); a profile prices compute only on a cluster of this "
+                "machine (device.compute = \"profile\")",
+                a.profile, a.cluster);
+    measured = profile_for(config, oases::train::schedule_spec(config), a.profile);
+    options.profile = &*measured;
+  }
   const oases::train::ClusterSimulation simulation =
       oases::train::simulate_cluster(config, cluster, options);
   fmt::print("{}", oases::train::format_cluster_simulation(simulation, cluster));
@@ -807,10 +817,10 @@ int run_cluster_simulate(const SimulateArgs& a) {
 // gradient all-reduce over parallel.dp is not priced; the MoE all-to-alls are, over
 // parallel.ep ranks.
 int run_simulate(const SimulateArgs& a) {
-  OASES_CHECK(a.profile.empty() != a.cluster.empty(),
-              "oases simulate needs one source of costs: --profile (this machine, measured by "
-              "`oases profile`) or --cluster (a cluster description, clusters/*.toml){}",
-              a.profile.empty() ? "" : "; both were given");
+  OASES_CHECK(!a.profile.empty() || !a.cluster.empty(),
+              "oases simulate needs a source of costs: --profile (this machine, measured by "
+              "`oases profile`), --cluster (a cluster description, clusters/*.toml), or both "
+              "(a cluster of this machine's ranks, which computes from the profile)");
   if (!a.cluster.empty()) return run_cluster_simulate(a);
   OASES_CHECK(a.cluster_overrides.empty() && a.trace.empty() && !a.every_rank,
               "--cluster-set, --trace and --every-rank apply to --cluster simulations");

@@ -255,6 +255,29 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows,
   return costs;
 }
 
+std::function<double(const schedule::Instruction&)> profiled_compute(const Profile& profile,
+                                                                     const ops::Program& program,
+                                                                     double sub_batch_rows) {
+  return [&profile, &program, sub_batch_rows](const schedule::Instruction& ins) {
+    const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
+    const DegreeProfile& d = degree_of(profile, shape.degree);
+    const auto it = d.segments.find(kind_at(program, ins.segment));
+    if (it == d.segments.end()) return 0.0;  // a reshard's epilogue: counted in attention's
+    const SegmentTimes& t = it->second;
+    const double factor = sub_batch_rows * shape.degree / profile.tp / static_cast<double>(d.rows);
+    switch (ins.op) {
+      case schedule::Op::forward: return t.forward_s * factor;
+      case schedule::Op::recompute:
+        // Whole-layer recomputation also reruns the output GEMM and, for the MLP half, the
+        // epilogue: a forward pass; the others regenerate what fine-grained recomputation does.
+        return (ins.sets & ops::kOutput ? t.forward_s : t.recompute_s) * factor;
+      case schedule::Op::backward:
+        return (ins.stage == 0 ? t.backward0_s : t.backward1_s) * factor;
+      default: return 0.0;
+    }
+  };
+}
+
 Prediction predict_uniform(const Profile& profile, int degree, const schedule::ScheduleSpec& spec,
                            std::int64_t micro_batch, double overlap_slowdown) {
   return predict_uniform(profile, degree, spec, micro_batch, static_cast<int>(profile.model.layers),
@@ -372,22 +395,7 @@ Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
     return plan.rows[static_cast<std::size_t>(segment)] /
            static_cast<double>(segment_profile(segment).rows);
   };
-  costs.compute = [&](const schedule::Instruction& ins) {
-    const std::string kind = kind_at(program, ins.segment);
-    const DegreeProfile& d = segment_profile(ins.segment);
-    const auto it = d.segments.find(kind);
-    if (it == d.segments.end()) return 0.0;  // a reshard's epilogue: counted in attention's
-    const SegmentTimes& t = it->second;
-    const double factor = factor_of(ins.segment);
-    switch (ins.op) {
-      case schedule::Op::forward: return t.forward_s * factor;
-      case schedule::Op::recompute:
-        return (ins.sets & ops::kOutput ? t.forward_s : t.recompute_s) * factor;
-      case schedule::Op::backward:
-        return (ins.stage == 0 ? t.backward0_s : t.backward1_s) * factor;
-      default: return 0.0;
-    }
-  };
+  costs.compute = profiled_compute(profile, program, sub_batch_rows);
   costs.collective = [&](const schedule::Instruction& ins) {
     const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
     const std::string kind = kind_at(program, ins.segment);

@@ -25,6 +25,7 @@
 #include "sim/schedule_sim.h"
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace oases::planner {
@@ -62,6 +63,15 @@ struct Prediction {
 // all-to-alls over profile.expert_link when profile.ep > 1.
 ops::Program program_at(const Profile& profile, int degree, double rows);
 ops::Program program_at(const Profile& profile, int degree, double rows, int layers);
+
+// CostModel::compute from the profile's times for any program whose segments are named by kind
+// ("attention.3") and run at a degree of the profile: each instruction takes its kind's time at
+// the segment's degree, scaled from the profile's rows to the segment's (sub_batch_rows x
+// degree / tp); kinds the profile lacks (reshards, stage outputs) cost nothing. `profile` and
+// `program` must outlive the function.
+std::function<double(const schedule::Instruction&)> profiled_compute(const Profile& profile,
+                                                                     const ops::Program& program,
+                                                                     double sub_batch_rows);
 
 // Instruction costs of that program for the simulator.
 sim::CostModel costs_at(const Profile& profile, int degree, double rows,

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "optim/optimizer.h"
+#include "planner/cost_model.h"
 #include "schedule/schedule.h"
 #include "sim/cluster_costs.h"
 #include "sim/placement.h"
@@ -51,7 +52,8 @@ std::vector<int> signature(const sim::ClusterSpec& cluster, const sim::DeviceGro
 std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const RunConfig& config,
                                                      const schedule::ScheduleSpec& spec,
                                                      const sim::ClusterSpec& cluster,
-                                                     const sim::RankLayout& layout, int rank) {
+                                                     const sim::RankLayout& layout, int rank,
+                                                     const planner::Profile* profile) {
   auto r = std::make_unique<ShapeOnlyRank>();
   r->rank = rank;
   r->stage = layout.pp_rank(rank);
@@ -97,6 +99,21 @@ std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const RunConfig& config,
   at.grad_element_bytes = config.train.grad_reduce_dtype == "bf16" ? 2 : dtype_size(r->model->dtype());
   at.zero = static_cast<int>(config.parallel.zero);
   r->costs = sim::cluster_costs(cluster, program, at);
+  if (cluster.device.computes_from_profile()) {
+    OASES_ASSERT(profile != nullptr, "the cluster {} computes from a profile", cluster.name);
+    r->costs.compute = planner::profiled_compute(
+        *profile, program, static_cast<double>(config.train.micro_batch) / spec.sub_batches);
+    // Profiled backward stages are whole: a zero-bubble BackwardWeight takes about half of
+    // stage 0 (its weight-gradient products, as many as the input gradient's).
+    r->costs.weight_gradient_share = 0.5;
+    const planner::DegreeProfile& whole = *profile->at_degree(layout.tp);
+    double parameter_bytes = static_cast<double>(r->model->param_count() * dtype_size(r->model->dtype()));
+    if (at.zero >= 1) parameter_bytes /= layout.dp;
+    r->costs.optimizer_step = whole.optimizer_s * parameter_bytes /
+                              static_cast<double>(std::max<std::int64_t>(1, whole.parameter_bytes));
+    r->costs.overlap_slowdown = whole.overlap_slowdown;
+    r->costs.collective_slowdown = whole.collective_slowdown;
+  }
 
   // Memory, as the engine's metrics count it.
   const auto count = static_cast<double>(r->model->layout().total_numel());
@@ -157,14 +174,24 @@ ClusterSimulation simulate_cluster(const RunConfig& config, const sim::ClusterSp
                                    const ClusterSimulationOptions& options) {
   const sim::RankLayout layout = rank_layout(config);
   sim::check_cluster_holds(cluster, layout.world(), cluster.name);
-  OASES_CHECK(!cluster.device.computes_from_profile(),
+  const bool profiled = cluster.device.computes_from_profile();
+  OASES_CHECK(!profiled || options.profile != nullptr,
               "the cluster {} computes from a profile of this machine (its device has no "
-              "peak_tflops); give `oases simulate` the profile (--profile) or a cluster with "
-              "device.peak_tflops",
+              "peak_tflops); give `oases simulate` the config's profile (--profile, written by "
+              "`oases profile`) or a cluster with device.peak_tflops",
               cluster.name);
+  schedule::ScheduleSpec spec = schedule_spec(config);
+  spec.training = true;
+  if (profiled) {
+    std::vector<int> degrees;
+    for (int k = 1; k <= layout.tp; k *= 2) degrees.push_back(k);
+    planner::check_profile_matches(*options.profile, config.model, config.train.micro_batch,
+                                   spec.sub_batches, degrees, "the profile",
+                                   static_cast<int>(config.parallel.ep));
+  }
   const std::string dtype = product_dtype(config);
   const auto peak = cluster.device.peak_flops.find(dtype);
-  OASES_CHECK(peak != cluster.device.peak_flops.end(),
+  OASES_CHECK(profiled || peak != cluster.device.peak_flops.end(),
               "train.precision = \"{}\" needs device.peak_tflops.{} in the cluster {}; it states {}",
               config.train.precision, dtype, cluster.name,
               fmt::join([&] {
@@ -172,14 +199,12 @@ ClusterSimulation simulate_cluster(const RunConfig& config, const sim::ClusterSp
                 for (const auto& [name, value] : cluster.device.peak_flops) names.push_back(name);
                 return names;
               }(), ", "));
-  schedule::ScheduleSpec spec = schedule_spec(config);
-  spec.training = true;
 
   ClusterSimulation out;
   out.world = layout.world();
   out.folded = options.fold && cluster_layout_is_symmetric(config, cluster);
   out.tokens_per_step = static_cast<double>(config.train.global_batch * config.model.seq_len);
-  out.peak_flops_per_device = peak->second;
+  out.peak_flops_per_device = profiled ? 0 : peak->second;
 
   // Pipelines of ranks (one per tensor- and data-parallel position), stages in order.
   std::vector<std::vector<int>> pipelines;
@@ -195,7 +220,7 @@ ClusterSimulation simulate_cluster(const RunConfig& config, const sim::ClusterSp
     std::vector<schedule::Schedule> schedules;
     std::vector<sim::CostModel> costs;
     for (int rank : pipeline) {
-      stages.push_back(build_shape_only_rank(config, spec, cluster, layout, rank));
+      stages.push_back(build_shape_only_rank(config, spec, cluster, layout, rank, options.profile));
       schedules.push_back(std::move(stages.back()->schedule));
       costs.push_back(stages.back()->costs);
     }
@@ -222,12 +247,15 @@ ClusterSimulation simulate_cluster(const RunConfig& config, const sim::ClusterSp
 }
 
 std::string format_cluster_simulation(const ClusterSimulation& s, const sim::ClusterSpec& cluster) {
+  const double tflops = s.model_flops_per_step / s.step_seconds / s.world / 1e12;
   std::string out = fmt::format(
-      "simulated step {:.4f} s on {} ({} of {} devices{}): {:.0f} tokens/s, MFU {:.1f}% "
-      "({:.1f} TFLOP/s per device of model FLOPs)\n",
-      s.step_seconds, cluster.name, s.world, cluster.devices(),
+      "simulated step {:.4f} s on {} ({} of {} devices{}): {:.0f} tokens/s, {}\n", s.step_seconds,
+      cluster.name, s.world, cluster.devices(),
       s.folded ? "; one rank per pipeline stage stands for its stage (symmetric layout)" : "",
-      s.tokens_per_second(), 100 * s.mfu(), s.model_flops_per_step / s.step_seconds / s.world / 1e12);
+      s.tokens_per_second(),
+      s.peak_flops_per_device > 0
+          ? fmt::format("MFU {:.1f}% ({:.1f} TFLOP/s per device of model FLOPs)", 100 * s.mfu(), tflops)
+          : fmt::format("{:.3f} TFLOP/s per device of model FLOPs (compute from the profile)", tflops));
   const auto gib = [](double bytes) { return bytes / (1 << 30); };
   out += fmt::format("{:>6} {:>5} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10}\n", "rank", "stage",
                      "step s", "compute s", "exposed comm", "bubble s", "p2p s", "memory GiB");

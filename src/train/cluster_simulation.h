@@ -23,6 +23,7 @@
 
 #include "comm/communicator.h"
 #include "model/model.h"
+#include "planner/profile.h"
 #include "sim/cluster.h"
 #include "sim/placement.h"
 #include "sim/schedule_sim.h"
@@ -39,6 +40,13 @@ namespace oases::train {
 struct ClusterSimulationOptions {
   bool fold = true;            // apply the symmetry rule where it holds (false: every rank)
   bool record_events = false;  // keep every simulated activity (for write_simulation_trace)
+  // Compute for a cluster whose device computes from a profile (this machine's CPU ranks):
+  // every compute instruction takes its segment kind's profiled time at the segment's degree
+  // (planner::profiled_compute), a zero-bubble BackwardWeight half of its stage 0; the
+  // optimizer step the profiled one over this rank's share of the parameters; the slowdowns
+  // the profile's, measured at the whole group's degree. Must outlive the call; it must match
+  // the config (planner::check_profile_matches).
+  const planner::Profile* profile = nullptr;
 };
 
 // One rank's memory at its peak, in bytes: the same figures as the engine's memory metrics.
@@ -92,16 +100,19 @@ struct ShapeOnlyRank {
 };
 
 // World rank `rank` of `layout` running `config` under `spec` (schedule_spec(config), training).
+// `profile`: as ClusterSimulationOptions::profile (needed where the cluster computes from one).
 std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const RunConfig& config,
                                                      const schedule::ScheduleSpec& spec,
                                                      const sim::ClusterSpec& cluster,
-                                                     const sim::RankLayout& layout, int rank);
+                                                     const sim::RankLayout& layout, int rank,
+                                                     const planner::Profile* profile = nullptr);
 
 // Whether the symmetry rule holds for the config's layout on the cluster.
 bool cluster_layout_is_symmetric(const RunConfig& config, const sim::ClusterSpec& cluster);
 
 // UserError when the cluster does not hold the config's ranks, computes from a profile (this
-// machine's CPU clusters), or lacks a peak for train.precision; or when the config cannot run.
+// machine's CPU clusters) and none matching the config is given, or lacks a peak for
+// train.precision; or when the config cannot run.
 ClusterSimulation simulate_cluster(const RunConfig& config, const sim::ClusterSpec& cluster,
                                    const ClusterSimulationOptions& options = {});
 

@@ -670,12 +670,13 @@ void RunConfig::validate() const {
                 "rank holds model.experts / parallel.ep whole experts; use an ep that divides {}",
                 model.experts, p.ep, model.experts);
   }
+  // Checked on dense models too: a setting the run cannot take is an error wherever it appears.
+  OASES_CHECK(p.expert_tp == 0 || p.expert_tp == 1 || p.expert_tp == p.tp,
+              "parallel.expert_tp = {} with parallel.tp = {}: experts are either whole on each "
+              "rank (1) or split over the layer's tensor-parallel ranks ({}; 0, the default, "
+              "means the same)",
+              p.expert_tp, p.tp, p.tp);
   if (model.has_moe()) {
-    OASES_CHECK(p.expert_tp == 0 || p.expert_tp == 1 || p.expert_tp == p.tp,
-                "parallel.expert_tp = {} with parallel.tp = {}: experts are either whole on each "
-                "rank (1) or split over the layer's tensor-parallel ranks ({}; 0, the default, "
-                "means the same)",
-                p.expert_tp, p.tp, p.tp);
     if (p.expert_tp == 1 && p.tp > 1 && looks_like_degree_list(p.plan)) {
       const std::vector<int> degrees = parse_degree_list(p.plan, model.layers, p.tp);
       for (std::int64_t l = 0; l < model.layers; ++l)

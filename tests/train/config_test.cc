@@ -343,6 +343,10 @@ TEST(RunConfig, MixtureOfExpertsSettingsRoundTripAndNameTheirErrors) {
   EXPECT_NE(error_of(moe + "[parallel]\ntp = 4\nexpert_tp = 2\n")
                 .find("parallel.expert_tp = 2 with parallel.tp = 4: experts are either whole on each rank (1) or split"),
             std::string::npos);
+  // A dense model takes no invalid value either (whatever the model, 2 is not a choice at tp 4).
+  EXPECT_NE(error_of("[parallel]\ntp = 4\nexpert_tp = 2\n").find("parallel.expert_tp = 2 with parallel.tp = 4"),
+            std::string::npos);
+  EXPECT_EQ(error_of("[parallel]\ntp = 2\nexpert_tp = 1\n"), "");
   EXPECT_NE(error_of(moe + "[parallel]\ntp = 2\nexpert_tp = 1\nplan = \"2,2,2,1\"\n")
                 .find("gives layer 1 (a mixture-of-experts layer) degree 2, but parallel.expert_tp = 1"),
             std::string::npos);

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The cluster simulator against real runs on this machine: two CPU ranks over TCP on a loopback
+# capped with tc (bench/capped_loopback.sh), described by clusters/this-machine-loopback.toml
+# with half the cap's rate as each direction's link (--cluster-set tier.loopback.link_gbs; tc
+# shapes both directions of the loopback together, see the cluster file) and compute from
+# `oases profile` (each family of configs profiled once, at the first rate, under the same cap).
+# Model: configs/overlap.toml (GPT 6 layers, hidden 1024, 16 heads, seq 256, byte vocabulary,
+# fp32, micro-batch 4); one thread per rank. Configurations:
+#   tp 2 under megatron (full recomputation), fine-grained, cross-pass and oases, at RATE1 and
+#     RATE2 Mbit/s (8)
+#   dp 2 (tp 1, micro-batch 2), pp 2 with 1f1b and with gpipe (tp 1, 4 micro-batches of 2),
+#     a mixed plan (tp 2, layers at degrees 1,2,1,2,1,2, oases), ep 2 (layers 1, 3, 5 mixture
+#     of experts, 4 gshard experts, dp = ep = 2), at RATE1 (5)
+# For each: `oases simulate --cluster` predicts the step, `oases train` measures it (median of
+# STEPS steps after the first); prints both, the error of each, the mean absolute percentage
+# error and Spearman's rank correlation.
+#   bash bench/run_cluster_validation.sh [RATE1=800] [RATE2=300] [STEPS=5]    (as root)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/capped_loopback.sh
+rate1=${1:-800}
+rate2=${2:-300}
+steps=${3:-5}
+[[ $(id -u) -eq 0 ]] || { echo "needs root (ip netns, tc)" >&2; exit 2; }
+cmake --preset release >/dev/null
+cmake --build --preset release --target oases >/dev/null
+oases=$PWD/build/release/oases
+bench_header "bash bench/run_cluster_validation.sh $*"
+work=$(mktemp -d)
+ns=oases-cluster-validation-$$
+trap 'capped_loopback_stop "$ns"; rm -rf "$work"' EXIT
+"$oases" prepare-data --input /usr/share/games/fortunes/fortunes --output "$work/data" \
+  --tokenizer byte >/dev/null
+common=(--config configs/overlap.toml --set train.threads=1 data.path="\"$work/data\"")
+moe='model.moe_every=2 model.experts=4 model.moe_gate="gshard"'
+
+# name | profile family | rate | settings
+cases=$(cat <<EOF
+tp2-megatron|tp2-sb1|$rate1|parallel.schedule="megatron" parallel.recompute="full"
+tp2-fine-grained|tp2-sb1|$rate1|parallel.schedule="fine-grained"
+tp2-cross-pass|tp2-sb2|$rate1|parallel.schedule="cross-pass" parallel.sub_batches=2
+tp2-oases|tp2-sb2|$rate1|parallel.schedule="oases" parallel.sub_batches=2
+tp2-megatron|tp2-sb1|$rate2|parallel.schedule="megatron" parallel.recompute="full"
+tp2-fine-grained|tp2-sb1|$rate2|parallel.schedule="fine-grained"
+tp2-cross-pass|tp2-sb2|$rate2|parallel.schedule="cross-pass" parallel.sub_batches=2
+tp2-oases|tp2-sb2|$rate2|parallel.schedule="oases" parallel.sub_batches=2
+dp2|tp1-mb2|$rate1|parallel.tp=1 parallel.dp=2 train.micro_batch=2 train.global_batch=4 parallel.schedule="megatron" parallel.recompute="none"
+pp2-1f1b|tp1-mb2|$rate1|parallel.tp=1 parallel.pp=2 train.micro_batch=2 train.global_batch=8 parallel.pipeline="1f1b" parallel.schedule="megatron" parallel.recompute="none"
+pp2-gpipe|tp1-mb2|$rate1|parallel.tp=1 parallel.pp=2 train.micro_batch=2 train.global_batch=8 parallel.pipeline="gpipe" parallel.schedule="megatron" parallel.recompute="none"
+mixed-plan|tp2-sb2|$rate1|parallel.schedule="oases" parallel.sub_batches=2 parallel.plan="1,2,1,2,1,2"
+ep2|ep2|$rate1|$moe parallel.tp=1 parallel.dp=2 parallel.ep=2 train.micro_batch=4 train.global_batch=8 parallel.schedule="megatron" parallel.recompute="none"
+EOF
+)
+declare -A family=(
+  [tp2-sb1]='parallel.schedule="megatron" parallel.recompute="full"'
+  [tp2-sb2]='parallel.schedule="oases" parallel.sub_batches=2'
+  [tp1-mb2]='parallel.tp=1 train.micro_batch=2 train.global_batch=2 parallel.schedule="megatron" parallel.recompute="none"'
+  [ep2]="$moe"' parallel.tp=1 parallel.dp=2 parallel.ep=2 train.global_batch=8 parallel.schedule="megatron" parallel.recompute="none"'
+)
+
+current_rate=""
+run_capped() {  # rate, command...
+  local rate=$1; shift
+  if [[ $rate != "$current_rate" ]]; then
+    capped_loopback_stop "$ns"
+    capped_loopback_start "$ns" "$rate"
+    current_rate=$rate
+  fi
+  "${mpi_capped[@]}" "$@" </dev/null  # mpirun would read the loop's input
+}
+for f in "${!family[@]}"; do
+  read -r -a settings <<<"${family[$f]}"
+  if [[ $f == tp1-mb2 ]]; then  # one rank: nothing crosses the link
+    OMP_NUM_THREADS=1 "$oases" profile "${common[@]}" "${settings[@]}" \
+      --output "$work/$f.json" --steps 3 >"$work/$f.profile.log" 2>&1
+  else
+    run_capped "$rate1" "$oases" profile "${common[@]}" "${settings[@]}" \
+      --output "$work/$f.json" --steps 3 >"$work/$f.profile.log" 2>&1
+  fi
+done
+
+: >"$work/rows.txt"
+while IFS='|' read -r name fam rate settings; do
+  read -r -a extra <<<"$settings"
+  link=$(printf "%.6f" "$(echo "$rate / 16000" | bc -l)")  # half the cap each way
+  predicted=$("$oases" simulate "${common[@]}" "${extra[@]}" --cluster clusters/this-machine-loopback.toml \
+    --cluster-set tier.loopback.link_gbs="$link" --profile "$work/$fam.json" |
+    sed -n 's/^simulated step \([0-9.]*\) s.*/\1/p')
+  metrics="$work/$name-$rate.jsonl"
+  run_capped "$rate" "$oases" train --quiet "${common[@]}" "${extra[@]}" train.steps=$((steps + 1)) \
+    log.metrics="\"$metrics\"" >"$work/$name-$rate.log" 2>&1 ||
+    { echo "run $name at $rate failed:"; tail -5 "$work/$name-$rate.log"; exit 1; }
+  echo "$name $rate $predicted $metrics" >>"$work/rows.txt"
+done <<<"$cases"
+
+python3 - "$work/rows.txt" <<'PY'
+import sys
+sys.path.insert(0, "bench")
+from fidelity import median_step_time, spearman
+rows = []
+for line in open(sys.argv[1]):
+    name, rate, predicted, metrics = line.split()
+    rows.append((name, int(rate), float(predicted), median_step_time(metrics)))
+print("| configuration | cap Mbit/s | predicted s | measured s | error |")
+print("|---|---|---|---|---|")
+for name, rate, p, m in rows:
+    print(f"| {name} | {rate} | {p:.3f} | {m:.3f} | {100 * (p - m) / m:+.1f}% |")
+mape = sum(abs(p - m) / m for _, _, p, m in rows) / len(rows)
+rho = spearman([r[2] for r in rows], [r[3] for r in rows])
+print(f"\n{len(rows)} configurations: mean absolute percentage error {100 * mape:.1f}%, "
+      f"Spearman {rho:.3f}")
+PY
