@@ -3,7 +3,7 @@
 # capped with tc (bench/capped_loopback.sh), described by clusters/this-machine-loopback.toml
 # with half the cap's rate as each direction's link (--cluster-set tier.loopback.link_gbs; tc
 # shapes both directions of the loopback together, see the cluster file) and compute from
-# `oases profile` (each family of configs profiled once, at the first rate, under the same cap).
+# `oases profile` (each family of configs profiled under the cap of each rate it runs at).
 # Model: configs/overlap.toml (GPT 6 layers, hidden 1024, 16 heads, seq 256, byte vocabulary,
 # fp32, micro-batch 4); one thread per rank. Configurations:
 #   tp 2 under megatron (full recomputation), fine-grained, cross-pass and oases, at RATE1 and
@@ -68,23 +68,26 @@ run_capped() {  # rate, command...
   fi
   "${mpi_capped[@]}" "$@" </dev/null  # mpirun would read the loop's input
 }
-for f in "${!family[@]}"; do
-  read -r -a settings <<<"${family[$f]}"
-  if [[ $f == tp1-mb2 ]]; then  # one rank: nothing crosses the link
-    OMP_NUM_THREADS=1 "$oases" profile "${common[@]}" "${settings[@]}" \
-      --output "$work/$f.json" --steps 3 >"$work/$f.profile.log" 2>&1
+# Each family is profiled under the cap of each rate it runs at (the compute slowdown under
+# communication follows the TCP stack's load, which follows the rate).
+while IFS='|' read -r name fam rate settings; do
+  [[ -f "$work/$fam-$rate.json" ]] && continue
+  read -r -a fsettings <<<"${family[$fam]}"
+  if [[ $fam == tp1-mb2 ]]; then  # one rank: nothing crosses the link
+    OMP_NUM_THREADS=1 "$oases" profile "${common[@]}" "${fsettings[@]}" \
+      --output "$work/$fam-$rate.json" --steps 3 >"$work/$fam-$rate.profile.log" 2>&1 </dev/null
   else
-    run_capped "$rate1" "$oases" profile "${common[@]}" "${settings[@]}" \
-      --output "$work/$f.json" --steps 3 >"$work/$f.profile.log" 2>&1
+    run_capped "$rate" "$oases" profile "${common[@]}" "${fsettings[@]}" \
+      --output "$work/$fam-$rate.json" --steps 3 >"$work/$fam-$rate.profile.log" 2>&1
   fi
-done
+done <<<"$cases"
 
 : >"$work/rows.txt"
 while IFS='|' read -r name fam rate settings; do
   read -r -a extra <<<"$settings"
   link=$(printf "%.6f" "$(echo "$rate / 16000" | bc -l)")  # half the cap each way
   predicted=$("$oases" simulate "${common[@]}" "${extra[@]}" --cluster clusters/this-machine-loopback.toml \
-    --cluster-set tier.loopback.link_gbs="$link" --profile "$work/$fam.json" |
+    --cluster-set tier.loopback.link_gbs="$link" --profile "$work/$fam-$rate.json" |
     sed -n 's/^simulated step \([0-9.]*\) s.*/\1/p')
   metrics="$work/$name-$rate.jsonl"
   run_capped "$rate" "$oases" train --quiet "${common[@]}" "${extra[@]}" train.steps=$((steps + 1)) \

@@ -248,6 +248,7 @@ ClusterSpec parse_cluster(const std::string& toml_text, const std::string& sourc
     tier.link_bytes_per_second = t.number("link_gbs", true, true) * 1e9;
     tier.uplink_bytes_per_second = t.number("uplink_gbs", false, false) * 1e9;
     tier.latency_seconds = t.number("latency_us", true, false) * 1e-6;
+    if (t.has("efficiency")) tier.efficiency = read_curve(t, "efficiency", "bytes", source);
     t.finish();
     OASES_CHECK(tier.span > previous && tier.span % previous == 0,
                 "{}: {}.span = {} (\"{}\"); each tier's span must be a multiple of the one "

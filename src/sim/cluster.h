@@ -43,6 +43,9 @@
 //                                   # direction, shared by its devices' transfers (0: only
 //                                   # the devices' links limit it)
 //   latency_us = 3                  # per message (per step of a ring)
+//   [tier.efficiency]               # optional: the fraction of the bandwidth a transfer
+//   bytes = [4e6, 5e7]              # reaches against its size (a collective's buffer, a
+//   fraction = [1.0, 0.85]          # message), as the device curves; absent: 1
 //   [[tier]]
 //   name = "infiniband"
 //   span = 32                       # the last tier spans every device
@@ -101,6 +104,9 @@ struct LinkTier {
   double link_bytes_per_second = 0;
   double uplink_bytes_per_second = 0;  // 0: unlimited beyond the links
   double latency_seconds = 0;
+  // Fraction of the bandwidth a transfer of a given size reaches (empty: the whole of it).
+  EfficiencyCurve efficiency;
+  double efficiency_at(double bytes) const { return efficiency.x.empty() ? 1.0 : efficiency.at(bytes); }
 };
 
 struct ClusterSpec {

@@ -92,7 +92,7 @@ double tree_all_reduce(const ClusterSpec& cluster, double bytes, const DeviceGro
   for (const DeviceGroup& g : concurrent)
     for (DeviceGroup& part : per_node(cluster, g)) all_local.push_back(std::move(part));
   for (const DeviceGroup& part : local)
-    inside = std::max(inside, ring_all_reduce(ring_path(cluster, part, all_local), bytes, part.size()));
+    inside = std::max(inside, ring_all_reduce(ring_path(cluster, part, all_local, bytes), bytes, part.size()));
   // Across nodes: the node's devices of the group send through their links, sharing the node's
   // uplink with the other groups that cross it.
   const int network = static_cast<int>(cluster.tiers.size()) - 1;
@@ -111,7 +111,7 @@ double tree_all_reduce(const ClusterSpec& cluster, double bytes, const DeviceGro
     double b = net.link_bytes_per_second * static_cast<double>(part.size());
     if (net.uplink_bytes_per_second > 0)
       b = std::min(b, net.uplink_bytes_per_second / std::max(1, crossing));
-    bandwidth = std::min(bandwidth, b);
+    bandwidth = std::min(bandwidth, b * net.efficiency_at(bytes));
   }
   const double depth = std::ceil(std::log2(static_cast<double>(nodes)));
   return inside + 2 * bytes / bandwidth + 2 * depth * net.latency_seconds;
@@ -142,11 +142,12 @@ double all_to_all(const ClusterSpec& cluster, double bytes, const DeviceGroup& g
       const int tier = cluster.tier_between(a, b);
       const LinkTier& t = tier_at(cluster, tier);
       const int lower = cluster.lower_span(tier);
+      const double efficiency = t.efficiency_at(bytes);
       latency = std::max(latency, t.latency_seconds);
-      seconds = std::max(seconds, link_load[{a, tier}] / t.link_bytes_per_second);
+      seconds = std::max(seconds, link_load[{a, tier}] / (t.link_bytes_per_second * efficiency));
       if (t.uplink_bytes_per_second > 0)
-        seconds = std::max({seconds, out_load[{tier, a / lower}] / t.uplink_bytes_per_second,
-                            in_load[{tier, b / lower}] / t.uplink_bytes_per_second});
+        seconds = std::max({seconds, out_load[{tier, a / lower}] / (t.uplink_bytes_per_second * efficiency),
+                            in_load[{tier, b / lower}] / (t.uplink_bytes_per_second * efficiency)});
     }
   return seconds + static_cast<double>(n - 1) * latency;
 }
@@ -154,7 +155,7 @@ double all_to_all(const ClusterSpec& cluster, double bytes, const DeviceGroup& g
 }  // namespace
 
 RingPath ring_path(const ClusterSpec& cluster, const DeviceGroup& group,
-                   const std::vector<DeviceGroup>& concurrent) {
+                   const std::vector<DeviceGroup>& concurrent, double bytes) {
   check_group(cluster, group);
   const DeviceGroup ring = sorted(group);
   if (ring.size() < 2) return {kUnlimited, 0};
@@ -167,7 +168,9 @@ RingPath ring_path(const ClusterSpec& cluster, const DeviceGroup& group,
     const int lower = cluster.lower_span(tier);
     const auto members = std::count_if(ring.begin(), ring.end(), [&](int d) { return d / lower == a / lower; });
     const double channels = t.link_bytes_per_second * static_cast<double>(members);
-    path.bytes_per_second = std::min({path.bytes_per_second, channels, load.share(cluster, a, b)});
+    const double efficiency = bytes > 0 ? t.efficiency_at(bytes) : 1.0;
+    path.bytes_per_second = std::min(
+        {path.bytes_per_second, channels * efficiency, load.share(cluster, a, b) * efficiency});
     path.latency_seconds = std::max(path.latency_seconds, t.latency_seconds);
   }
   return path;
@@ -181,13 +184,13 @@ double collective_seconds(const ClusterSpec& cluster, CollectiveOp op, double by
   if (n < 2 || bytes <= 0) return 0;
   switch (op) {
     case CollectiveOp::all_reduce: {
-      const double ring = ring_all_reduce(ring_path(cluster, group, all), bytes, n);
+      const double ring = ring_all_reduce(ring_path(cluster, group, all, bytes), bytes, n);
       if (per_node(cluster, group).size() < 2) return ring;
       return std::min(ring, tree_all_reduce(cluster, bytes, group, all));
     }
     case CollectiveOp::all_gather:
     case CollectiveOp::reduce_scatter: {
-      const RingPath path = ring_path(cluster, group, all);
+      const RingPath path = ring_path(cluster, group, all, bytes);
       const double steps = static_cast<double>(n - 1);
       return steps / static_cast<double>(n) * bytes / path.bytes_per_second + steps * path.latency_seconds;
     }
@@ -211,7 +214,8 @@ double message_seconds(const ClusterSpec& cluster, double bytes, int from, int t
     if (a == from && cluster.tier_between(a, b) == tier) ++from_link;
   }
   const double bandwidth = std::min(t.link_bytes_per_second / std::max(1, from_link),
-                                    load.share(cluster, from, to));
+                                    load.share(cluster, from, to)) *
+                           t.efficiency_at(bytes);
   return bytes / bandwidth + t.latency_seconds;
 }
 

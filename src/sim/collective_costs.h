@@ -27,6 +27,9 @@
 // Point-to-point. S bytes from a to b cross tier u = tier_between(a, b): S / bandwidth + latency,
 // the bandwidth being link(u) shared with the concurrent messages leaving a's domain, and the
 // uplinks of both domains shared likewise.
+//
+// Transfer size. Every bandwidth above is taken times its tier's efficiency at the transfer's
+// size S (LinkTier::efficiency; 1 where the tier gives none).
 #pragma once
 
 #include "sim/cluster.h"
@@ -56,7 +59,8 @@ struct RingPath {
   double bytes_per_second = 0;
   double latency_seconds = 0;
 };
+// `bytes` > 0: each hop's bandwidth times its tier's efficiency at that transfer size.
 RingPath ring_path(const ClusterSpec& cluster, const DeviceGroup& group,
-                   const std::vector<DeviceGroup>& concurrent = {});
+                   const std::vector<DeviceGroup>& concurrent = {}, double bytes = 0);
 
 }  // namespace oases::sim

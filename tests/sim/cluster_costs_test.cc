@@ -24,7 +24,7 @@ ClusterSpec two_by_two() {
   c.device.peak_flops = {{"fp32", 1e12}};
   c.device.gemm_efficiency = {{1e6, 1e9}, {0.2, 0.6}};
   c.device.memory_efficiency = {{1e4, 1e8}, {0.3, 0.9}};
-  c.tiers = {{"pcie", 2, 10e9, 0, 5e-6}, {"network", 4, 5e9, 5e9, 10e-6}};
+  c.tiers = {{"pcie", 2, 10e9, 0, 5e-6, {}}, {"network", 4, 5e9, 5e9, 10e-6, {}}};
   return c;
 }
 

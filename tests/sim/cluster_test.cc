@@ -124,6 +124,15 @@ TEST(Cluster, MalformedDescriptionsNameTheKeyTheValueAndWhatIsValid) {
                        .device.step_efficiency,
                    0.8);
   EXPECT_DOUBLE_EQ(parse_cluster(kTwoNodes, "c.toml").device.step_efficiency, 1.0);
+  // A tier's transfer-size efficiency, and its errors named under the tier.
+  const std::string curve = "latency_us = 5\n[tier.efficiency]\nbytes = [1e6, 1e8]\nfraction = [1.0, 0.5]\n";
+  const ClusterSpec sized = parse_cluster(with("latency_us = 5\n", curve), "c.toml");
+  EXPECT_DOUBLE_EQ(sized.tiers[1].efficiency_at(1e8), 0.5);
+  EXPECT_DOUBLE_EQ(sized.tiers[1].efficiency_at(1e5), 1.0);
+  EXPECT_DOUBLE_EQ(sized.tiers[0].efficiency_at(1e8), 1.0);  // none given
+  EXPECT_NE(error_of(with("latency_us = 5\n", "latency_us = 5\n[tier.efficiency]\nbytes = [1e6]\nfraction = [1.0, 0.5]\n"))
+                .find("tier[1].efficiency.bytes has 1 points"),
+            std::string::npos);
 }
 
 TEST(Cluster, OverridesSetKeysAndTiersByName) {

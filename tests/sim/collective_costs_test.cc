@@ -16,7 +16,7 @@ ClusterSpec two_nodes() {
   c.name = "test";
   c.nodes = 2;
   c.devices_per_node = 4;
-  c.tiers = {{"pair", 2, 50e9, 0, 2e-6}, {"pcie", 4, 10e9, 0, 5e-6}, {"network", 8, 5e9, 5e9, 10e-6}};
+  c.tiers = {{"pair", 2, 50e9, 0, 2e-6, {}}, {"pcie", 4, 10e9, 0, 5e-6, {}}, {"network", 8, 5e9, 5e9, 10e-6, {}}};
   return c;
 }
 
@@ -78,7 +78,7 @@ TEST(CollectiveCosts, SmallAllReducesOverManyNodesTakeTheTree) {
   c.name = "many nodes";
   c.nodes = 64;
   c.devices_per_node = 1;
-  c.tiers = {{"network", 64, 10e9, 0, 20e-6}};
+  c.tiers = {{"network", 64, 10e9, 0, 20e-6, {}}};
   DeviceGroup all;
   for (int d = 0; d < 64; ++d) all.push_back(d);
   // 1 KB: the ring's 126 latencies against the tree's 2 x 6.
@@ -96,6 +96,22 @@ TEST(CollectiveCosts, AllToAllAcrossNodesIsBoundByTheSharedNic) {
   // from both its devices: 0.8 s, plus three steps at the network's latency.
   EXPECT_NEAR(collective_seconds(c, CollectiveOp::all_to_all, 4e9, {0, 1, 4, 5}), 0.8 + 3 * 10e-6, 1e-12);
   EXPECT_EQ(collective_seconds(c, CollectiveOp::all_to_all, 4e9, {3}), 0.0);
+}
+
+// A tier's transfer-size efficiency: a 1e8-byte transfer on a tier that reaches half its
+// bandwidth at that size takes twice the bandwidth term (latency unchanged); a size the curve
+// holds at 1 is priced as without a curve; messages and all-to-alls likewise.
+TEST(CollectiveCosts, LargeTransfersTakeTheirTiersEfficiency) {
+  ClusterSpec c = two_nodes();
+  c.tiers[1].efficiency = {{1e6, 1e8}, {1.0, 0.5}};  // PCIe
+  EXPECT_NEAR(collective_seconds(c, CollectiveOp::all_reduce, 1e8, {1, 2}), 1e8 / (0.5 * 10e9) + 2 * 5e-6, 1e-12);
+  EXPECT_NEAR(collective_seconds(c, CollectiveOp::all_reduce, 1e6, {1, 2}), 1e6 / 10e9 + 2 * 5e-6, 1e-12);
+  EXPECT_NEAR(collective_seconds(c, CollectiveOp::all_gather, 1e8, {1, 2}), 0.5 * 1e8 / (0.5 * 10e9) + 5e-6, 1e-12);
+  EXPECT_NEAR(message_seconds(c, 1e8, 1, 2), 1e8 / (0.5 * 10e9) + 5e-6, 1e-12);
+  // The bridged pair's tier has no curve.
+  EXPECT_NEAR(collective_seconds(c, CollectiveOp::all_reduce, 1e8, {0, 1}), 1e8 / 50e9 + 2 * 2e-6, 1e-12);
+  // An all-to-all over PCIe: each device sends 1e8 / 2 to the other at half the link.
+  EXPECT_NEAR(collective_seconds(c, CollectiveOp::all_to_all, 1e8, {1, 2}), 0.5e8 / (0.5 * 10e9) + 5e-6, 1e-12);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ sim::ClusterSpec four_by_two() {
   c.device.peak_flops = {{"fp32", 20e12}};
   c.device.gemm_efficiency = {{1e6, 1e9, 1e11}, {0.05, 0.4, 0.8}};
   c.device.memory_efficiency = {{1e4, 1e8}, {0.2, 0.85}};
-  c.tiers = {{"pcie", 4, 10e9, 0, 10e-6}, {"network", 8, 5e9, 5e9, 20e-6}};
+  c.tiers = {{"pcie", 4, 10e9, 0, 10e-6, {}}, {"network", 8, 5e9, 5e9, 20e-6, {}}};
   return c;
 }
 

@@ -31,8 +31,8 @@ sim::ClusterSpec cluster_of(int nodes, int per_node) {
   c.device.peak_flops = {{"fp32", 20e12}, {"bf16", 300e12}};
   c.device.gemm_efficiency = {{1e6, 1e9, 1e11}, {0.05, 0.4, 0.8}};
   c.device.memory_efficiency = {{1e4, 1e8}, {0.2, 0.85}};
-  c.tiers = {{"switch", per_node, 200e9, 0, 3e-6},
-             {"network", nodes * per_node, 25e9, 100e9, 10e-6}};
+  c.tiers = {{"switch", per_node, 200e9, 0, 3e-6, {}},
+             {"network", nodes * per_node, 25e9, 100e9, 10e-6, {}}};
   return c;
 }
 
