@@ -3,7 +3,8 @@
 # capped with tc (bench/capped_loopback.sh), described by clusters/this-machine-loopback.toml
 # with half the cap's rate as each direction's link (--cluster-set tier.loopback.link_gbs; tc
 # shapes both directions of the loopback together, see the cluster file) and compute from
-# `oases profile` (each family of configs profiled under the cap of each rate it runs at).
+# `oases profile` (each family of configs profiled under the cap of each rate it runs at, on both
+# ranks at once, as the runs compute).
 # Model: configs/overlap.toml (GPT 6 layers, hidden 1024, 16 heads, seq 256, byte vocabulary,
 # fp32, micro-batch 4); one thread per rank. Configurations:
 #   tp 2 under megatron (full recomputation), fine-grained, cross-pass and oases, at RATE1 and
@@ -69,17 +70,15 @@ run_capped() {  # rate, command...
   "${mpi_capped[@]}" "$@" </dev/null  # mpirun would read the loop's input
 }
 # Each family is profiled under the cap of each rate it runs at (the compute slowdown under
-# communication follows the TCP stack's load, which follows the rate).
+# communication follows the TCP stack's load, which follows the rate), on both ranks at once:
+# the tensor-parallel pair, or for tp 1 two copies of the one-rank group, since two ranks
+# computing side by side on the two cores are slower than one alone (10-15% here), as in the
+# runs they predict.
 while IFS='|' read -r name fam rate settings; do
   [[ -f "$work/$fam-$rate.json" ]] && continue
   read -r -a fsettings <<<"${family[$fam]}"
-  if [[ $fam == tp1-mb2 ]]; then  # one rank: nothing crosses the link
-    OMP_NUM_THREADS=1 "$oases" profile "${common[@]}" "${fsettings[@]}" \
-      --output "$work/$fam-$rate.json" --steps 3 >"$work/$fam-$rate.profile.log" 2>&1 </dev/null
-  else
-    run_capped "$rate" "$oases" profile "${common[@]}" "${fsettings[@]}" \
-      --output "$work/$fam-$rate.json" --steps 3 >"$work/$fam-$rate.profile.log" 2>&1
-  fi
+  run_capped "$rate" "$oases" profile "${common[@]}" "${fsettings[@]}" \
+    --output "$work/$fam-$rate.json" --steps 5 >"$work/$fam-$rate.profile.log" 2>&1
 done <<<"$cases"
 
 : >"$work/rows.txt"

@@ -359,8 +359,13 @@ class Model::Builder final : public ParamResolver {
     const std::size_t param_element = dtype_size(m_.compute_params().dtype());
     for (const Bucket& b : m_.buckets_) {
       auto& bytes = m_.program_.bucket_param_bytes;
-      if (bytes.size() <= static_cast<std::size_t>(b.id)) bytes.resize(b.id + 1, 0);
+      auto& experts = m_.program_.bucket_holds_experts;
+      if (bytes.size() <= static_cast<std::size_t>(b.id)) {
+        bytes.resize(b.id + 1, 0);
+        experts.resize(b.id + 1, false);
+      }
       bytes[static_cast<std::size_t>(b.id)] = static_cast<std::size_t>(b.end - b.begin) * param_element;
+      experts[static_cast<std::size_t>(b.id)] = b.experts;
     }
   }
 

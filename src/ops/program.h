@@ -195,6 +195,10 @@ struct Program {
   // of each gradient bucket on this rank, indexed by bucket id (0 for ids this rank does not
   // hold): what a ZeRO-3 gather brings in, for pricing it.
   std::vector<std::size_t> bucket_param_bytes = {};
+  // Whether each gradient bucket holds a mixture-of-experts layer's experts (indexed like
+  // bucket_param_bytes): their replicas are the expert-data-parallel ranks, not the
+  // data-parallel ones.
+  std::vector<bool> bucket_holds_experts = {};
 };
 
 inline std::size_t statistics_bytes_of(const SegmentShape& shape, TensorSet set) {

@@ -261,10 +261,16 @@ std::function<double(const schedule::Instruction&)> profiled_compute(const Profi
   return [&profile, &program, sub_batch_rows](const schedule::Instruction& ins) {
     const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
     const DegreeProfile& d = degree_of(profile, shape.degree);
-    const auto it = d.segments.find(kind_at(program, ins.segment));
+    const std::string kind = kind_at(program, ins.segment);
+    const auto it = d.segments.find(kind);
     if (it == d.segments.end()) return 0.0;  // a reshard's epilogue: counted in attention's
     const SegmentTimes& t = it->second;
-    const double factor = sub_batch_rows * shape.degree / profile.tp / static_cast<double>(d.rows);
+    double factor = sub_batch_rows * shape.degree / profile.tp / static_cast<double>(d.rows);
+    // The experts take the busiest expert-parallel rank's time (Profile::expert_load_imbalance).
+    if (kind == "experts")
+      if (const auto busiest = profile.expert_load_imbalance.find(shape.layer);
+          busiest != profile.expert_load_imbalance.end())
+        factor *= busiest->second;
     switch (ins.op) {
       case schedule::Op::forward: return t.forward_s * factor;
       case schedule::Op::recompute:

@@ -67,8 +67,9 @@ ops::Program program_at(const Profile& profile, int degree, double rows, int lay
 // CostModel::compute from the profile's times for any program whose segments are named by kind
 // ("attention.3") and run at a degree of the profile: each instruction takes its kind's time at
 // the segment's degree, scaled from the profile's rows to the segment's (sub_batch_rows x
-// degree / tp); kinds the profile lacks (reshards, stage outputs) cost nothing. `profile` and
-// `program` must outlive the function.
+// degree / tp), an MoE layer's experts times the layer's Profile::expert_load_imbalance (the
+// busiest expert-parallel rank's share); kinds the profile lacks (reshards, stage outputs)
+// cost nothing. `profile` and `program` must outlive the function.
 std::function<double(const schedule::Instruction&)> profiled_compute(const Profile& profile,
                                                                      const ops::Program& program,
                                                                      double sub_batch_rows);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -195,6 +196,11 @@ std::string to_json(const Profile& p) {
     out["ep"] = p.ep;
     out["expert_link"] = {{"bytes_per_second", p.expert_link.bytes_per_second},
                           {"latency_s", p.expert_link.latency_s}};
+    if (!p.expert_load_imbalance.empty()) {
+      json imbalance = json::object();
+      for (const auto& [layer, ratio] : p.expert_load_imbalance) imbalance[std::to_string(layer)] = ratio;
+      out["expert_load_imbalance"] = imbalance;
+    }
   }
   return out.dump(2);
 }
@@ -270,11 +276,42 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
                   "{}: malformed profile (\"ep\" = {}, expert link {} B/s and {} s latency: ep "
                   "must be >= 1 and the link's figures finite and >= 0)",
                   source, p.ep, p.expert_link.bytes_per_second, p.expert_link.latency_s);
+      if (j.contains("expert_load_imbalance"))
+        for (const auto& [key, value] : j.at("expert_load_imbalance").items()) {
+          const double ratio = value.get<double>();
+          OASES_CHECK(std::isfinite(ratio) && ratio >= 1.0,
+                      "{}: malformed profile (expert_load_imbalance of layer {} = {}: the busiest "
+                      "rank's load over the mean is a finite ratio >= 1)",
+                      source, key, ratio);
+          int layer = -1;
+          const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), layer);
+          OASES_CHECK(error == std::errc() && end == key.data() + key.size() && layer >= 0,
+                      "{}: malformed profile (expert_load_imbalance key \"{}\": a layer index)",
+                      source, key);
+          p.expert_load_imbalance[layer] = ratio;
+        }
     }
     return p;
   } catch (const json::exception& e) {
     OASES_FAIL("{}: malformed profile ({})", source, e.what());
   }
+}
+
+double expert_load_imbalance(const std::vector<double>& tokens_per_expert, int ep) {
+  const auto experts = static_cast<int>(tokens_per_expert.size());
+  OASES_CHECK(ep >= 1 && experts % ep == 0,
+              "parallel.ep = {} does not divide the {} experts of a layer: each expert-parallel "
+              "rank holds experts / ep of them",
+              ep, experts);
+  const int local = experts / ep;
+  double busiest = 0, total = 0;
+  for (int rank = 0; rank < ep; ++rank) {
+    double load = 0;
+    for (int e = rank * local; e < (rank + 1) * local; ++e) load += tokens_per_expert[static_cast<std::size_t>(e)];
+    busiest = std::max(busiest, load);
+    total += load;
+  }
+  return total > 0 ? busiest * ep / total : 1.0;
 }
 
 void write_profile(const Profile& profile, const std::string& path) {

@@ -28,7 +28,8 @@
 //                               "moe_combine.fwd": .., "moe_combine.bwd": .., ...}},
 //      ...],
 //    "reshards": {"1-2": .., "1-4": .., "2-4": ..},
-//    "ep": 2, "expert_link": {"bytes_per_second": .., "latency_s": ..}}
+//    "ep": 2, "expert_link": {"bytes_per_second": .., "latency_s": ..},
+//    "expert_load_imbalance": {"1": .., "3": .., ...}}
 //
 // Mixture-of-experts models: an MoE layer runs as three segments in place of the MLP
 // (ops/layer_segments.h), whose kinds "moe_dispatch", "experts" and "moe_combine" are measured
@@ -147,6 +148,12 @@ struct Profile {
   // (measured when ep > 1).
   int ep = 1;
   ExpertLink expert_link;
+  // Per MoE layer (by layer index), the busiest expert-parallel rank's kept assignments over
+  // the mean rank's, from the routing of the profiled steps (ep > 1; absent layers: 1). The
+  // engine computes only the tokens routed to an expert and every rank waits for the combine's
+  // all-to-all, so a layer's experts take the busiest rank's time: the simulation scales the
+  // experts' profiled time (the mean rank's, as an ep = 1 run has it) by this.
+  std::map<int, double> expert_load_imbalance;
 
   // The bytes held per parameter byte besides one copy of the parameters and one of the
   // gradients (the sum of the three ratios less 2; may be negative): the profile's
@@ -163,6 +170,12 @@ struct Profile {
   double reshard_seconds(int a, int b) const;
   static std::string reshard_key(int a, int b);  // "a-b", smaller first
 };
+
+// The busiest of `ep` expert-parallel ranks' load over the mean rank's, given each expert's
+// kept assignments (rank j holds experts [j E / ep, (j + 1) E / ep), as model::Model places
+// them): Profile::expert_load_imbalance of one layer. 1 when nothing was routed. UserError
+// when ep does not divide the experts.
+double expert_load_imbalance(const std::vector<double>& tokens_per_expert, int ep);
 
 // `profile` for a run of ZeRO stage `zero` over `dp` data-parallel ranks: each rank keeps 1/dp
 // of the optimizer state (zero >= 1), of the gradients (>= 2) and of the parameters (3). A

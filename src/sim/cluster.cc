@@ -248,6 +248,12 @@ ClusterSpec parse_cluster(const std::string& toml_text, const std::string& sourc
     tier.link_bytes_per_second = t.number("link_gbs", true, true) * 1e9;
     tier.uplink_bytes_per_second = t.number("uplink_gbs", false, false) * 1e9;
     tier.latency_seconds = t.number("latency_us", true, false) * 1e-6;
+    const std::string sharing = t.has("sharing") ? t.string("sharing", true) : "fair";
+    OASES_CHECK(sharing == "fair" || sharing == "issue-order",
+                "{}: {}.sharing = \"{}\" (\"{}\"); valid: \"fair\" (concurrent transfers split "
+                "the bandwidth) or \"issue-order\" (they move one at a time, in issue order)",
+                source, where, sharing, tier.name);
+    tier.in_issue_order = sharing == "issue-order";
     if (t.has("efficiency")) tier.efficiency = read_curve(t, "efficiency", "bytes", source);
     t.finish();
     OASES_CHECK(tier.span > previous && tier.span % previous == 0,

@@ -43,6 +43,14 @@
 //                                   # direction, shared by its devices' transfers (0: only
 //                                   # the devices' links limit it)
 //   latency_us = 3                  # per message (per step of a ring)
+//   sharing = "fair"                # how a device's concurrent transfers (its tensor-parallel
+//                                   # collectives beside its gradient reductions) share a link:
+//                                   # "fair" (each gets an equal part, as NCCL's channels and
+//                                   # a tc queue give; the default) or "issue-order" (a
+//                                   # transport that sends one pair of processes' messages in
+//                                   # the order they were issued, whatever their communicator,
+//                                   # as Open MPI's TCP transport does: a later transfer waits
+//                                   # for the earlier ones)
 //   [tier.efficiency]               # optional: the fraction of the bandwidth a transfer
 //   bytes = [4e6, 5e7]              # reaches against its size (a collective's buffer, a
 //   fraction = [1.0, 0.85]          # message), as the device curves; absent: 1
@@ -107,6 +115,9 @@ struct LinkTier {
   // Fraction of the bandwidth a transfer of a given size reaches (empty: the whole of it).
   EfficiencyCurve efficiency;
   double efficiency_at(double bytes) const { return efficiency.x.empty() ? 1.0 : efficiency.at(bytes); }
+  // Concurrent transfers of a device on this tier move one at a time, in issue order
+  // (sharing = "issue-order"), instead of splitting the bandwidth ("fair").
+  bool in_issue_order = false;
 };
 
 struct ClusterSpec {

@@ -4,6 +4,7 @@
 #include "sim/roofline.h"
 
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -12,8 +13,6 @@
 
 namespace oases::sim {
 namespace {
-
-bool is_experts(const ops::SegmentShape& shape) { return shape.name.rfind("experts.", 0) == 0; }
 
 // The segment whose backward finishes `bucket` (ops::SegmentShape::ready_bucket); -1: none.
 int finishing_segment(const ops::Program& program, int bucket) {
@@ -121,7 +120,10 @@ CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
     const ops::SegmentShape* shape =
         segment >= 0 ? &program.segments[static_cast<std::size_t>(segment)] : nullptr;
     const int degree = shape ? shape->degree : layout.tp;
-    const bool experts = shape && is_experts(*shape) && layout.ep > 1;
+    const auto& holds_experts = program.bucket_holds_experts;
+    const bool experts = layout.ep > 1 && bucket >= 0 &&
+                         static_cast<std::size_t>(bucket) < holds_experts.size() &&
+                         holds_experts[static_cast<std::size_t>(bucket)];
     return GroupKind{experts ? GroupKind::expert_replicas : GroupKind::tp_replicas, degree, 1};
   };
   const auto bucket_bytes = [&program](int bucket, double element_bytes, double param_element) {
@@ -172,8 +174,19 @@ CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
   if (roofline) costs.optimizer_step = work_seconds(cluster.device, step, at.dtype);
   costs.overlap_slowdown = cluster.device.overlap_slowdown;
   costs.collective_slowdown = cluster.device.collective_slowdown;
-  costs.shared_link = layout.dp > 1 && layout.tp > 1 &&
-                      cluster.tier_of(layout.tp_group(rank)) == cluster.tier_of(layout.dp_group(rank));
+  // A layer's replicas (over data parallelism, and inside the tensor-parallel group for layers
+  // below its degree) reduce on the tensor-parallel collectives' link when their groups meet
+  // the same tier.
+  int smallest_degree = layout.tp;
+  for (const ops::SegmentShape& shape : program.segments)
+    smallest_degree = std::min(smallest_degree, std::max(1, shape.degree));
+  const DeviceGroup tensor_parallel = layout.tp_group(rank);
+  const DeviceGroup replicas_of_smallest = layout.tp_replica_group(rank, smallest_degree);
+  const int tp_tier = cluster.tier_of(tensor_parallel);
+  costs.shared_link = tensor_parallel.size() > 1 && replicas_of_smallest.size() > 1 &&
+                      tp_tier == cluster.tier_of(replicas_of_smallest);
+  costs.shared_link_in_issue_order =
+      costs.shared_link && cluster.tiers[static_cast<std::size_t>(tp_tier)].in_issue_order;
   return costs;
 }
 

@@ -35,14 +35,14 @@ class Lanes {
 
   double now() const { return now_; }
   void start_collective(const CollectiveKey& key, double seconds, std::string name) {
-    push(tp_, {key, seconds, -1, now_, std::move(name)});
+    push(tp_, {key, seconds, -1, now_, 0, std::move(name)});
   }
   void start_reduction(double seconds, std::string name) {
-    push(dp_, {{}, seconds, -1, now_, std::move(name)});
+    push(dp_, {{}, seconds, -1, now_, 0, std::move(name)});
   }
   // A parameter gather goes on the data-parallel lane behind what was issued there before.
   void start_gather(int bucket, double seconds, std::string name) {
-    push(dp_, {{}, seconds, bucket, now_, std::move(name)});
+    push(dp_, {{}, seconds, bucket, now_, 0, std::move(name)});
   }
   void record(SimEvent::Lane lane, std::string name, double begin, double end) {
     if (events_ != nullptr) events_->push_back({rank_, lane, std::move(name), begin, end});
@@ -102,11 +102,13 @@ class Lanes {
     double remaining;
     int gather = -1;  // data-parallel lane: the bucket a parameter gather brings in; -1: none
     double began = 0;  // when it reached the head of its lane and began to move
+    std::uint64_t issued = 0;  // place in the rank's issue order (both lanes)
     std::string name;  // for the trace
   };
 
   void push(std::deque<Flow>& lane, Flow flow) {
     if (events_ == nullptr) flow.name.clear();
+    flow.issued = issued_++;
     lane.push_back(std::move(flow));
   }
   void retire(std::deque<Flow>& lane, SimEvent::Lane kind) {
@@ -116,23 +118,28 @@ class Lanes {
     if (!lane.empty()) lane.front().began = now_;
   }
 
-  // Rates of the two lanes' head flows.
-  double comm_rate(bool computing) const {
+  // Rate of a lane's head flow (0 for an empty lane, or one waiting its turn on the link).
+  double comm_rate(const std::deque<Flow>& lane, bool computing) const {
+    if (lane.empty()) return 0.0;
     const double cpu = computing ? 1 / (1 + costs_.collective_slowdown) : 1.0;
-    const double share = costs_.shared_link && !tp_.empty() && !dp_.empty() ? 0.5 : 1.0;
-    return cpu * share;
+    const std::deque<Flow>& other = &lane == &tp_ ? dp_ : tp_;
+    if (!costs_.shared_link || other.empty()) return cpu;
+    if (!costs_.shared_link_in_issue_order) return cpu * 0.5;
+    // The earlier-issued head moves alone.
+    return lane.front().issued < other.front().issued ? cpu : 0.0;
   }
   double next_comm_event(bool computing) const {
     double dt = std::numeric_limits<double>::infinity();
-    const double rate = comm_rate(computing);
-    if (!tp_.empty()) dt = std::min(dt, tp_.front().remaining / rate);
-    if (!dp_.empty()) dt = std::min(dt, dp_.front().remaining / rate);
+    for (const std::deque<Flow>* lane : {&tp_, &dp_}) {
+      const double rate = comm_rate(*lane, computing);
+      if (rate > 0) dt = std::min(dt, lane->front().remaining / rate);
+    }
     return dt;
   }
   void advance(double dt, bool computing) {
-    const double rate = comm_rate(computing);
-    if (!tp_.empty()) tp_.front().remaining -= dt * rate;
-    if (!dp_.empty()) dp_.front().remaining -= dt * rate;
+    const double tp_rate = comm_rate(tp_, computing), dp_rate = comm_rate(dp_, computing);
+    if (tp_rate > 0) tp_.front().remaining -= dt * tp_rate;
+    if (dp_rate > 0) dp_.front().remaining -= dt * dp_rate;
     now_ += dt;
   }
   // Retires the flows that have finished (zero-length ones included).
@@ -152,6 +159,7 @@ class Lanes {
   int rank_;
   double now_ = 0;
   std::deque<Flow> tp_, dp_;  // in issue order; only the first of each moves
+  std::uint64_t issued_ = 0;
   std::set<CollectiveKey> finished_;
   std::set<int> gathered_;  // buckets whose gather has finished and not yet been waited
 };

@@ -13,7 +13,8 @@
 // progress threads and the network stack take cores; on GPUs communication kernels take SMs);
 // communication runs at 1 / (1 + collective_slowdown) while compute runs (the network stack
 // waits for a core); and with `shared_link` the two communication lanes split the link's
-// bandwidth while both are busy. Time advances from one completion to the next, so only the
+// bandwidth while both are busy (or, with shared_link_in_issue_order, the head issued first
+// moves alone). Time advances from one completion to the next, so only the
 // overlapping parts of two activities slow down.
 //
 // simulate_ranks runs the schedules of a pipeline's ranks together, each with the semantics
@@ -55,6 +56,10 @@ struct CostModel {
   // The data-parallel reductions use the same link as the tensor-parallel collectives (the
   // replicas of a layer inside the tensor-parallel group).
   bool shared_link = false;
+  // On a shared link, the two lanes' transfers move one at a time in the order they were
+  // issued (a transport that keeps one process pair's messages in order) instead of splitting
+  // the bandwidth.
+  bool shared_link_in_issue_order = false;
   // Seconds a point-to-point message (a Send instruction's) spends on its link; null: none.
   std::function<double(const schedule::Instruction&)> p2p;
   // Zero-bubble's split backward, for costs that time whole backward stages (profiles do): the

@@ -232,9 +232,25 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
       engine.train_step(s, inputs.data(), targets.data());
     planner::TimingCollector timings;
     engine.set_listener(&timings);
-    for (int s = 0; s < options.steps; ++s)
+    // Each MoE layer's kept assignments per expert over the timed steps (the stats restart
+    // with every step).
+    std::map<int, std::vector<double>> routed;
+    for (int s = 0; s < options.steps; ++s) {
       engine.train_step(options.warmup_steps + s, inputs.data(), targets.data());
+      const auto& stats = engine.model().moe_stats();
+      for (std::size_t layer = 0; layer < stats.size(); ++layer) {
+        const std::vector<double>& counts = stats[layer].tokens_per_expert;
+        if (counts.empty()) continue;
+        auto& sum = routed[static_cast<int>(layer)];
+        sum.resize(counts.size(), 0.0);
+        for (std::size_t e = 0; e < counts.size(); ++e) sum[e] += counts[e];
+      }
+    }
     engine.set_listener(nullptr);
+    // The routing of the most rows (the whole group's) stands for the run's.
+    if (k == T && ep > 1)
+      for (const auto& [layer, counts] : routed)
+        profile.expert_load_imbalance[layer] = planner::expert_load_imbalance(counts, ep);
     planner::DegreeProfile degree;
     degree.degree = k;
     degree.rows = c.train.micro_batch;

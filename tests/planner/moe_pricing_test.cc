@@ -221,6 +221,64 @@ TEST(MoeCostModel, ASlowerLinkSlowsTheStepOfAnMoePlan) {
   EXPECT_LT(predict_plan(dense, degrees, oases_spec(), 4).compute_seconds, a.compute_seconds);
 }
 
+// The busiest rank's load over the mean: four experts over two ranks (experts 0-1 and 2-3),
+// over four (one each), and none routed.
+TEST(MoeProfile, ExpertLoadImbalanceIsTheBusiestRanksShareOverTheMean) {
+  EXPECT_DOUBLE_EQ(expert_load_imbalance({100, 300, 200, 200}, 2), 1.0);
+  EXPECT_DOUBLE_EQ(expert_load_imbalance({300, 100, 50, 50}, 2), 400.0 / 250.0);
+  EXPECT_DOUBLE_EQ(expert_load_imbalance({300, 100, 50, 50}, 4), 300.0 / 125.0);
+  EXPECT_DOUBLE_EQ(expert_load_imbalance({300, 100, 50, 50}, 1), 1.0);
+  EXPECT_DOUBLE_EQ(expert_load_imbalance({0, 0, 0, 0}, 2), 1.0);
+  EXPECT_NE(user_error_of([] { expert_load_imbalance({1, 2, 3}, 2); })
+                .find("parallel.ep = 2 does not divide the 3 experts"),
+            std::string::npos);
+}
+
+// The imbalance survives the JSON; a ratio under 1 or a key that is no layer is rejected.
+TEST(MoeProfile, RoundTripsTheExpertLoadImbalance) {
+  Profile p = moe_profile(2);
+  p.expert_load_imbalance = {{1, 1.25}, {3, 1.5}};
+  const Profile q = profile_from_json(to_json(p), "p.json");
+  EXPECT_EQ(q.expert_load_imbalance, p.expert_load_imbalance);
+  nlohmann::json j = nlohmann::json::parse(to_json(p));
+  j["expert_load_imbalance"]["1"] = 0.5;
+  EXPECT_NE(user_error_of([&] { profile_from_json(j.dump(), "p.json"); })
+                .find("expert_load_imbalance of layer 1 = 0.5"),
+            std::string::npos);
+  j = nlohmann::json::parse(to_json(p));
+  j["expert_load_imbalance"]["x"] = 1.0;
+  EXPECT_NE(user_error_of([&] { profile_from_json(j.dump(), "p.json"); })
+                .find("expert_load_imbalance key \"x\""),
+            std::string::npos);
+}
+
+// A layer's experts take its busiest rank's time: each experts instruction of layer 3 costs
+// 1.5 times its balanced price, layer 1's and every other kind's stay.
+TEST(MoeCostModel, ExpertsTakeTheBusiestRanksTime) {
+  Profile balanced = moe_profile(2), skewed = moe_profile(2);
+  skewed.expert_load_imbalance = {{3, 1.5}};
+  const std::vector<int> degrees = {2, 1, 2, 1};
+  const ops::Program program = program_at(balanced, 2, 2.0);
+  const auto even = profiled_compute(balanced, program, 2.0);
+  const auto busiest = profiled_compute(skewed, program, 2.0);
+  int experts_seen = 0;
+  for (std::size_t i = 0; i < program.segments.size(); ++i)
+    for (const schedule::Op op : {schedule::Op::forward, schedule::Op::backward}) {
+      schedule::Instruction ins{op};
+      ins.segment = static_cast<int>(i);
+      const ops::SegmentShape& shape = program.segments[i];
+      const bool scaled = shape.name == "experts.3";
+      experts_seen += scaled;
+      if (scaled) {
+        EXPECT_GT(even(ins), 0.0);
+      }
+      EXPECT_DOUBLE_EQ(busiest(ins), (scaled ? 1.5 : 1.0) * even(ins)) << shape.name;
+    }
+  EXPECT_EQ(experts_seen, 2);
+  EXPECT_GT(predict_plan(skewed, degrees, oases_spec(), 4).step_seconds,
+            predict_plan(balanced, degrees, oases_spec(), 4).step_seconds);
+}
+
 TEST(MoePlanner, PlansAnMoeModelAndKeepsMoeLayersAtDegreeOneUnderWholeExperts) {
   const Profile p = moe_profile(2);
   const PlanReport free = make_plan(p, oases_spec(), 4, 0);

@@ -9,6 +9,10 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <memory>
+#include <utility>
+
 namespace oases::sim {
 namespace {
 
@@ -28,9 +32,7 @@ ClusterSpec two_by_two() {
   return c;
 }
 
-TEST(ClusterCosts, EachPriceIsItsCollectiveOnTheGroupsDevices) {
-  const ClusterSpec cluster = two_by_two();
-  comm::ShapeOnlyCommunicator tp(1, 2, "tp");
+model::ModelConfig two_layers() {
   model::ModelConfig config;
   config.layers = 2;
   config.hidden = 32;
@@ -38,6 +40,13 @@ TEST(ClusterCosts, EachPriceIsItsCollectiveOnTheGroupsDevices) {
   config.ffn_hidden = 64;
   config.vocab_size = 256;
   config.seq_len = 8;
+  return config;
+}
+
+TEST(ClusterCosts, EachPriceIsItsCollectiveOnTheGroupsDevices) {
+  const ClusterSpec cluster = two_by_two();
+  comm::ShapeOnlyCommunicator tp(1, 2, "tp");
+  const model::ModelConfig config = two_layers();
   model::ModelOptions options;
   options.tp = &tp;
   options.micro_batch = 4;
@@ -80,8 +89,70 @@ TEST(ClusterCosts, EachPriceIsItsCollectiveOnTheGroupsDevices) {
                                       static_cast<double>(program.bucket_param_bytes[bucket]), {1, 3},
                                       {{0, 2}, {1, 3}}));
   EXPECT_LT(zero3.optimizer_step, costs.optimizer_step);
+  // A layer below the tensor-parallel degree reduces over the tensor-parallel pair's own link
+  // (layer 0 at degree 1 on tp 2, dp 1): shared, in issue order where the tier keeps it.
+  {
+    comm::ShapeOnlyCommunicator pair(1, 2, "tp");
+    model::ModelOptions mixed_options = options;
+    mixed_options.tp = &pair;
+    mixed_options.layer_degrees = {1, 2};
+    std::map<std::pair<int, int>, std::unique_ptr<comm::ShapeOnlyCommunicator>> subgroups;
+    mixed_options.tp_subgroup = [&](int span, int stride) -> comm::Communicator& {
+      if (span == 2 && stride == 1) return pair;
+      auto& group = subgroups[{span, stride}];
+      if (!group) group = std::make_unique<comm::ShapeOnlyCommunicator>(1 % span / stride, span / stride, "sub");
+      return *group;
+    };
+    const model::Model mixed(config, mixed_options);
+    ClusterSpec in_order = cluster;
+    EXPECT_TRUE(cluster_costs(cluster, mixed.program(), {.layout = {.tp = 2}, .rank = 1}).shared_link);
+    EXPECT_FALSE(cluster_costs(cluster, mixed.program(), {.layout = {.tp = 2}, .rank = 1})
+                     .shared_link_in_issue_order);
+    in_order.tiers[0].in_issue_order = true;
+    EXPECT_TRUE(cluster_costs(in_order, mixed.program(), {.layout = {.tp = 2}, .rank = 1})
+                    .shared_link_in_issue_order);
+    EXPECT_FALSE(cluster_costs(in_order, program, {.layout = {.tp = 2}, .rank = 1}).shared_link);
+  }
   // Eight ranks do not fit on four devices.
   EXPECT_THROW(cluster_costs(cluster, program, {.layout = {.tp = 2, .dp = 4}, .rank = 1}), UserError);
+}
+
+// A mixture-of-experts layer's experts are reduced over the ranks holding the same experts
+// (dp 4 = 2 expert groups of ep 2: rank 1 shares its experts with rank 3), the rest of the
+// model over every data-parallel rank; with dp = ep no rank shares its experts.
+TEST(ClusterCosts, ExpertBucketsReduceOverTheirExpertReplicas) {
+  const ClusterSpec cluster = two_by_two();
+  comm::ShapeOnlyCommunicator tp(0, 1, "tp");
+  comm::ShapeOnlyCommunicator ep(1, 2, "ep");
+  model::ModelConfig config = two_layers();
+  config.moe_every = 2;
+  config.experts = 4;
+  model::ModelOptions options;
+  options.tp = &tp;
+  options.ep = &ep;
+  options.micro_batch = 4;
+  const model::Model model(config, options);
+  const ops::Program& program = model.program();
+  ASSERT_EQ(program.bucket_holds_experts.size(), program.bucket_param_bytes.size());
+  int experts = -1, dense = -1;
+  for (const model::Model::Bucket& b : model.grad_buckets()) {
+    EXPECT_EQ(program.bucket_holds_experts.at(static_cast<std::size_t>(b.id)), b.experts);
+    (b.experts ? experts : dense) = b.id;
+  }
+  ASSERT_GE(experts, 0);
+  ASSERT_GE(dense, 0);
+  const auto bytes = [&](int bucket) { return static_cast<double>(program.bucket_param_bytes.at(bucket)); };
+
+  const CostModel four = cluster_costs(cluster, program, {.layout = {.tp = 1, .dp = 4, .ep = 2}, .rank = 1});
+  EXPECT_DOUBLE_EQ(four.reduce_grads(experts),
+                   collective_seconds(cluster, CollectiveOp::all_reduce, bytes(experts), {1, 3},
+                                      {{0, 2}, {1, 3}}));
+  EXPECT_DOUBLE_EQ(four.reduce_grads(dense),
+                   collective_seconds(cluster, CollectiveOp::all_reduce, bytes(dense), {0, 1, 2, 3},
+                                      {{0, 1, 2, 3}}));
+  const CostModel two = cluster_costs(cluster, program, {.layout = {.tp = 1, .dp = 2, .ep = 2}, .rank = 1});
+  EXPECT_EQ(two.reduce_grads(experts), 0.0);
+  EXPECT_GT(two.reduce_grads(dense), 0.0);
 }
 
 }  // namespace

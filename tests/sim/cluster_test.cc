@@ -76,6 +76,10 @@ TEST(Cluster, ParsesTopologyDeviceAndTiers) {
   ASSERT_EQ(c.tiers.size(), 3u);
   EXPECT_DOUBLE_EQ(c.tiers[2].uplink_bytes_per_second, 5e9);
   EXPECT_DOUBLE_EQ(c.tiers[1].uplink_bytes_per_second, 0);
+  EXPECT_FALSE(c.tiers[1].in_issue_order);  // "fair" unless said
+  EXPECT_TRUE(parse_cluster(with("link_gbs = 10", "link_gbs = 10\nsharing = \"issue-order\""), "c.toml")
+                  .tiers[1]
+                  .in_issue_order);
   // Devices talk over the innermost tier that holds both.
   EXPECT_EQ(c.tier_between(0, 1), 0);
   EXPECT_EQ(c.tier_between(1, 2), 1);
@@ -114,6 +118,9 @@ TEST(Cluster, MalformedDescriptionsNameTheKeyTheValueAndWhatIsValid) {
   EXPECT_NE(error_of(with("flops = [1e6, 1e8]", "flops = [1e6]")).find("has 1 points and device.gemm_efficiency.fraction 2"),
             std::string::npos);
   EXPECT_NE(error_of(with("name = \"network\"", "name = \"pcie\"")).find("two tiers are named \"pcie\""),
+            std::string::npos);
+  EXPECT_NE(error_of(with("link_gbs = 10", "link_gbs = 10\nsharing = \"round-robin\""))
+                .find("tier[1].sharing = \"round-robin\" (\"pcie\"); valid: \"fair\""),
             std::string::npos);
   EXPECT_NE(error_of(with("[device.peak_tflops]\nfp32 = 20\n", "[device.peak_tflops]\n")).find("device.peak_tflops.fp32 is missing"),
             std::string::npos);

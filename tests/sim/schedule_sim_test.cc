@@ -243,6 +243,31 @@ TEST(Simulator, ReductionsAndCollectivesShareTheLink) {
   EXPECT_NEAR(simulate({start, reduce, wait, step}, costs).step_seconds, 1.5, 1e-12);
 }
 
+// On a link that keeps issue order, a collective issued behind a reduction waits for all of
+// it: ReduceGrads (1 s) then Start/Wait of a 0.5 s collective: the collective ends at 1.5 s,
+// the reduction at 1 s as alone. Issued first, the collective moves alone and the reduction
+// after it: both end at 0.5 s and 1.5 s.
+TEST(Simulator, OnALinkInIssueOrderALaterTransferWaitsForTheEarlierOnes) {
+  schedule::Instruction reduce{schedule::Op::reduce_grads}, start{schedule::Op::start},
+      wait{schedule::Op::wait}, step{schedule::Op::optimizer_step};
+  reduce.bucket = 0;
+  start.segment = wait.segment = 1;
+  CostModel costs = uniform(1.0, 0.5);
+  costs.reduce_grads = [](int) { return 1.0; };
+  costs.shared_link = true;
+  costs.shared_link_in_issue_order = true;
+  const SimResult behind = simulate({reduce, start, wait}, costs);
+  EXPECT_NEAR(behind.step_seconds, 1.5, 1e-12);
+  EXPECT_NEAR(behind.exposed_comm_seconds, 1.5, 1e-12);
+  EXPECT_NEAR(simulate({reduce, start, wait, step}, costs).step_seconds, 1.5, 1e-12);
+  const SimResult ahead = simulate({start, reduce, wait}, costs);
+  EXPECT_NEAR(ahead.exposed_comm_seconds, 0.5, 1e-12);
+  EXPECT_NEAR(simulate({start, reduce, wait, step}, costs).step_seconds, 1.5, 1e-12);
+  // Without a shared link the flag changes nothing.
+  costs.shared_link = false;
+  EXPECT_NEAR(simulate({reduce, start, wait, step}, costs).step_seconds, 1.0, 1e-12);
+}
+
 // A collective slowed by compute: 0.5 s of wire at half speed while 0.6 s of compute runs
 // moves 0.3 s of it, and the last 0.2 s run at full speed once the compute lane waits.
 TEST(Simulator, CollectivesSlowWhileComputeRuns) {
