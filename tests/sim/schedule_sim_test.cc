@@ -224,14 +224,23 @@ TEST(Simulator, OnlyTheOverlappedPartOfAnInstructionIsSlowed) {
   EXPECT_NEAR(simulate(compute_behind_a_collective(), costs).compute_seconds, 1.25, 1e-12);
 }
 
+// ReduceGrads of bucket 0, Start and Wait of segment 1's collective, OptimizerStep.
+struct LinkInstructions {
+  schedule::Instruction reduce{schedule::Op::reduce_grads}, start{schedule::Op::start},
+      wait{schedule::Op::wait}, step{schedule::Op::optimizer_step};
+};
+LinkInstructions reduction_and_collective() {
+  LinkInstructions i;
+  i.reduce.bucket = 0;
+  i.start.segment = i.wait.segment = 1;
+  return i;
+}
+
 // On a shared link a collective that meets a reduction in flight moves at half speed while they
 // overlap: ReduceGrads (1 s) then Start/Wait of a 0.5 s collective takes 1 s on the wire, and
 // the reduction ends 0.5 s later than alone, which the optimizer step waits for.
 TEST(Simulator, ReductionsAndCollectivesShareTheLink) {
-  schedule::Instruction reduce{schedule::Op::reduce_grads}, start{schedule::Op::start},
-      wait{schedule::Op::wait}, step{schedule::Op::optimizer_step};
-  reduce.bucket = 0;
-  start.segment = wait.segment = 1;
+  const auto [reduce, start, wait, step] = reduction_and_collective();
   CostModel costs = uniform(1.0, 0.5);
   costs.reduce_grads = [](int) { return 1.0; };
   EXPECT_NEAR(simulate({reduce, start, wait, step}, costs).step_seconds, 1.0, 1e-12);
@@ -248,10 +257,7 @@ TEST(Simulator, ReductionsAndCollectivesShareTheLink) {
 // the reduction at 1 s as alone. Issued first, the collective moves alone and the reduction
 // after it: both end at 0.5 s and 1.5 s.
 TEST(Simulator, OnALinkInIssueOrderALaterTransferWaitsForTheEarlierOnes) {
-  schedule::Instruction reduce{schedule::Op::reduce_grads}, start{schedule::Op::start},
-      wait{schedule::Op::wait}, step{schedule::Op::optimizer_step};
-  reduce.bucket = 0;
-  start.segment = wait.segment = 1;
+  const auto [reduce, start, wait, step] = reduction_and_collective();
   CostModel costs = uniform(1.0, 0.5);
   costs.reduce_grads = [](int) { return 1.0; };
   costs.shared_link = true;
