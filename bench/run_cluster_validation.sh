@@ -13,15 +13,19 @@
 #     a mixed plan (tp 2, layers at degrees 1,2,1,2,1,2, oases), ep 2 (layers 1, 3, 5 mixture
 #     of experts, 4 gshard experts, dp = ep = 2), at RATE1 (5)
 # For each: `oases simulate --cluster` predicts the step, `oases train` measures it (median of
-# STEPS steps after the first); prints both, the error of each, the mean absolute percentage
-# error and Spearman's rank correlation.
-#   bash bench/run_cluster_validation.sh [RATE1=800] [RATE2=300] [STEPS=5]    (as root)
+# STEPS steps after the first). The host is shared and its speed drifts by 10-30% over minutes,
+# so the whole sequence (profiles, predictions, runs) is repeated ROUNDS times, one round after
+# the other, and each configuration's prediction and measurement are the medians over the
+# rounds. Prints both with the spread of the rounds, the error of each, the mean absolute
+# percentage error and Spearman's rank correlation (of the medians, and of each round alone).
+#   bash bench/run_cluster_validation.sh [RATE1=800] [RATE2=300] [STEPS=5] [ROUNDS=3]  (as root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/capped_loopback.sh
 rate1=${1:-800}
 rate2=${2:-300}
 steps=${3:-5}
+rounds=${4:-3}
 [[ $(id -u) -eq 0 ]] || { echo "needs root (ip netns, tc)" >&2; exit 2; }
 cmake --preset release >/dev/null
 cmake --build --preset release --target oases >/dev/null
@@ -74,41 +78,58 @@ run_capped() {  # rate, command...
 # the tensor-parallel pair, or for tp 1 two copies of the one-rank group, since two ranks
 # computing side by side on the two cores are slower than one alone (10-15% here), as in the
 # runs they predict.
-while IFS='|' read -r name fam rate settings; do
-  [[ -f "$work/$fam-$rate.json" ]] && continue
-  read -r -a fsettings <<<"${family[$fam]}"
-  run_capped "$rate" "$oases" profile "${common[@]}" "${fsettings[@]}" \
-    --output "$work/$fam-$rate.json" --steps 5 >"$work/$fam-$rate.profile.log" 2>&1
-done <<<"$cases"
-
 : >"$work/rows.txt"
-while IFS='|' read -r name fam rate settings; do
-  read -r -a extra <<<"$settings"
-  link=$(printf "%.6f" "$(echo "$rate / 16000" | bc -l)")  # half the cap each way
-  predicted=$("$oases" simulate "${common[@]}" "${extra[@]}" --cluster clusters/this-machine-loopback.toml \
-    --cluster-set tier.loopback.link_gbs="$link" --profile "$work/$fam-$rate.json" |
-    sed -n 's/^simulated step \([0-9.]*\) s.*/\1/p')
-  metrics="$work/$name-$rate.jsonl"
-  run_capped "$rate" "$oases" train --quiet "${common[@]}" "${extra[@]}" train.steps=$((steps + 1)) \
-    log.metrics="\"$metrics\"" >"$work/$name-$rate.log" 2>&1 ||
-    { echo "run $name at $rate failed:"; tail -5 "$work/$name-$rate.log"; exit 1; }
-  echo "$name $rate $predicted $metrics" >>"$work/rows.txt"
-done <<<"$cases"
+for round in $(seq 1 "$rounds"); do
+  while IFS='|' read -r name fam rate settings; do
+    [[ -f "$work/$fam-$rate-$round.json" ]] && continue
+    read -r -a fsettings <<<"${family[$fam]}"
+    run_capped "$rate" "$oases" profile "${common[@]}" "${fsettings[@]}" \
+      --output "$work/$fam-$rate-$round.json" --steps 5 >"$work/$fam-$rate-$round.profile.log" 2>&1
+  done <<<"$cases"
+
+  while IFS='|' read -r name fam rate settings; do
+    read -r -a extra <<<"$settings"
+    link=$(printf "%.6f" "$(echo "$rate / 16000" | bc -l)")  # half the cap each way
+    predicted=$("$oases" simulate "${common[@]}" "${extra[@]}" --cluster clusters/this-machine-loopback.toml \
+      --cluster-set tier.loopback.link_gbs="$link" --profile "$work/$fam-$rate-$round.json" |
+      sed -n 's/^simulated step \([0-9.]*\) s.*/\1/p')
+    metrics="$work/$name-$rate-$round.jsonl"
+    run_capped "$rate" "$oases" train --quiet "${common[@]}" "${extra[@]}" train.steps=$((steps + 1)) \
+      log.metrics="\"$metrics\"" >"$work/$name-$rate-$round.log" 2>&1 ||
+      { echo "run $name at $rate failed:"; tail -5 "$work/$name-$rate-$round.log"; exit 1; }
+    echo "$name $rate $round $predicted $metrics" >>"$work/rows.txt"
+  done <<<"$cases"
+done
 
 python3 - "$work/rows.txt" <<'PY'
+import statistics
 import sys
 sys.path.insert(0, "bench")
 from fidelity import median_step_time, spearman
-rows = []
+runs = {}  # (name, rate) -> [(round, predicted, measured)], in the cases' order
 for line in open(sys.argv[1]):
-    name, rate, predicted, metrics = line.split()
-    rows.append((name, int(rate), float(predicted), median_step_time(metrics)))
-print("| configuration | cap Mbit/s | predicted s | measured s | error |")
+    name, rate, rnd, predicted, metrics = line.split()
+    runs.setdefault((name, int(rate)), []).append(
+        (int(rnd), float(predicted), median_step_time(metrics)))
+
+def summary(rows):
+    mape = sum(abs(p - m) / m for _, _, p, m in rows) / len(rows)
+    rho = spearman([r[2] for r in rows], [r[3] for r in rows])
+    return mape, rho
+
+rows = [(name, rate, statistics.median(p for _, p, _ in r), statistics.median(m for _, _, m in r))
+        for (name, rate), r in runs.items()]
+print("| configuration | cap Mbit/s | predicted s (rounds' range) | measured s (rounds' range) | error |")
 print("|---|---|---|---|---|")
-for name, rate, p, m in rows:
-    print(f"| {name} | {rate} | {p:.3f} | {m:.3f} | {100 * (p - m) / m:+.1f}% |")
-mape = sum(abs(p - m) / m for _, _, p, m in rows) / len(rows)
-rho = spearman([r[2] for r in rows], [r[3] for r in rows])
-print(f"\n{len(rows)} configurations: mean absolute percentage error {100 * mape:.1f}%, "
-      f"Spearman {rho:.3f}")
+for (name, rate, p, m), r in zip(rows, runs.values()):
+    ps, ms = [x[1] for x in r], [x[2] for x in r]
+    print(f"| {name} | {rate} | {p:.3f} ({min(ps):.3f}-{max(ps):.3f}) | "
+          f"{m:.3f} ({min(ms):.3f}-{max(ms):.3f}) | {100 * (p - m) / m:+.1f}% |")
+mape, rho = summary(rows)
+print(f"\n{len(rows)} configurations, medians of {len(next(iter(runs.values())))} rounds: "
+      f"mean absolute percentage error {100 * mape:.1f}%, Spearman {rho:.3f}")
+for rnd in sorted({x[0] for r in runs.values() for x in r}):
+    alone = [(n, rt, p, m) for (n, rt), r in runs.items() for k, p, m in r if k == rnd]
+    mape, rho = summary(alone)
+    print(f"round {rnd} alone: mean absolute percentage error {100 * mape:.1f}%, Spearman {rho:.3f}")
 PY

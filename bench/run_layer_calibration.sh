@@ -2,7 +2,8 @@
 # Calibration of device.step_efficiency of clusters/dgx-a100.toml on a published layer time:
 # Korthikanti et al. 2022 (arXiv 2205.05198), Table 4: one transformer layer of their 22B GPT
 # (hidden 6144, 64 heads, seq 2048, micro-batch 4, tensor parallel 8 on one DGX A100, no
-# recomputation, no sequence parallelism) takes 7.7 ms forward and 11.9 ms backward.
+# recomputation, no sequence parallelism) takes 7.7 ms forward and 11.9 ms backward (with
+# Megatron-LM's default hidden and attention dropout 0.1, simulated the same).
 # The simulated layer is read from the Chrome trace of `oases simulate --cluster` (a middle
 # layer: its attention and MLP segments' compute and their blocking all-reduces), at the file's
 # step_efficiency and at 1; the step_efficiency that matches the published forward + backward is
@@ -26,6 +27,8 @@ heads = 64
 ffn_hidden = 24576
 vocab_size = 51200
 seq_len = 2048
+dropout = 0.1
+attention_dropout = 0.1
 [train]
 micro_batch = 4
 global_batch = 4

@@ -7,7 +7,8 @@
 # hidden 4096; 8 (two servers) for hidden 8192 and 12288, which the paper too spreads over two
 # servers for its largest models (a quarter of their weights and optimizer state per GPU would
 # not fit 24 GiB beside the activations). Data parallelism takes the rest of the 32 GPUs.
-# Megatron: the megatron schedule with full recomputation; Oases: the oases schedule (two
+# Hidden and attention dropout 0.1 (Megatron-LM's defaults). Megatron: the megatron schedule
+# with full recomputation; Oases: the oases schedule (two
 # sub-batches offset, fine-grained recomputation). The paper reports Oases up to 1.63x
 # (NVLink bridges) and 1.95x (PCIe only) faster than Megatron-LM.
 #   bash bench/run_oases_3090_prediction.sh
@@ -25,6 +26,8 @@ cat >"$work/gpt.toml" <<EOF
 [model]
 vocab_size = 50257
 seq_len = 1024
+dropout = 0.1
+attention_dropout = 0.1
 [train]
 micro_batch = 8
 precision = "fp16"

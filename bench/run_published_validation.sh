@@ -9,6 +9,8 @@
 #    paper's formula, recomputation included). The table states no micro-batch size: 1 is
 #    assumed (Megatron's choice for its pipelined runs). Each row is simulated with the 1F1B
 #    schedule and, where the layers split evenly into two chunks per stage, the interleaved one.
+#    Hidden and attention dropout 0.1, Megatron-LM's defaults (the attention probabilities'
+#    dropout is a kernel of its own there, priced by its memory traffic).
 # 2. Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
 #    (arXiv 2205.05198), Table 5: iteration time with full recomputation (its baseline column;
 #    sequence parallelism, in its other column, is not in this engine), configurations of its
@@ -33,7 +35,8 @@ cat >"$work/gpt.toml" <<EOF
 [model]
 vocab_size = 51200
 seq_len = 2048
-dropout = 0.0
+dropout = 0.1
+attention_dropout = 0.1
 [train]
 micro_batch = 1
 precision = "bf16"

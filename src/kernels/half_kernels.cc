@@ -344,24 +344,26 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
 }
 
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                       const AttentionShape& shape) {
+                       const AttentionShape& shape, const AttentionDropout& dropout) {
   half_type("attention_forward", {&qkv, &out});
   check_f32("attention_forward", {&lse});
   check_contiguous("attention_forward", {&qkv, &out, &lse});
   const F32Image qkv32 = input(qkv), out32 = output(out);
-  cpu::attention_forward<float>(qkv32.data(), out32.data(), lse.data<float>(), cpu_shape(shape));
+  cpu::attention_forward<float>(qkv32.data(), out32.data(), lse.data<float>(), cpu_shape(shape),
+                                dropout);
   out32.store();
 }
 
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dqkv, const AttentionShape& shape) {
+                        const Tensor& dqkv, const AttentionShape& shape,
+                        const AttentionDropout& dropout) {
   half_type("attention_backward", {&dout, &qkv, &out, &dqkv});
   check_f32("attention_backward", {&lse});
   check_contiguous("attention_backward", {&dout, &qkv, &out, &lse, &dqkv});
   const F32Image dout32 = input(dout), qkv32 = input(qkv), out32 = input(out),
                  dqkv32 = output(dqkv);
   cpu::attention_backward<float>(dout32.data(), qkv32.data(), out32.data(), lse.data<float>(),
-                                 dqkv32.data(), cpu_shape(shape));
+                                 dqkv32.data(), cpu_shape(shape), dropout);
   dqkv32.store();
 }
 

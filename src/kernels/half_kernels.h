@@ -43,9 +43,10 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
                       const Tensor& dx, const Tensor& dweight);
 
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                       const AttentionShape& shape);
+                       const AttentionShape& shape, const AttentionDropout& dropout);
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dqkv, const AttentionShape& shape);
+                        const Tensor& dqkv, const AttentionShape& shape,
+                        const AttentionDropout& dropout);
 
 void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const Tensor& cos,
                    const Tensor& sin);

@@ -139,25 +139,27 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
 }
 
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                       const AttentionShape& s) {
-  if (half::is_half(qkv.dtype())) return half::attention_forward(qkv, out, lse, s);
+                       const AttentionShape& s, const AttentionDropout& dropout) {
+  if (half::is_half(qkv.dtype())) return half::attention_forward(qkv, out, lse, s, dropout);
   const DType dtype = common_dtype("attention_forward", {&qkv, &out, &lse});
   check_contiguous("attention_forward", {&qkv, &out, &lse});
   by_dtype(dtype, "attention_forward", [&](auto zero) {
     using T = decltype(zero);
-    cpu::attention_forward<T>(qkv.data<T>(), out.data<T>(), lse.data<T>(), cpu_shape(s));
+    cpu::attention_forward<T>(qkv.data<T>(), out.data<T>(), lse.data<T>(), cpu_shape(s), dropout);
   });
 }
 
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                        const Tensor& lse, const Tensor& dqkv, const AttentionShape& s) {
-  if (half::is_half(dout.dtype())) return half::attention_backward(dout, qkv, out, lse, dqkv, s);
+                        const Tensor& lse, const Tensor& dqkv, const AttentionShape& s,
+                        const AttentionDropout& dropout) {
+  if (half::is_half(dout.dtype()))
+    return half::attention_backward(dout, qkv, out, lse, dqkv, s, dropout);
   const DType dtype = common_dtype("attention_backward", {&dout, &qkv, &out, &lse, &dqkv});
   check_contiguous("attention_backward", {&dout, &qkv, &out, &lse, &dqkv});
   by_dtype(dtype, "attention_backward", [&](auto zero) {
     using T = decltype(zero);
     cpu::attention_backward<T>(dout.data<T>(), qkv.data<T>(), out.data<T>(), lse.data<T>(),
-                               dqkv.data<T>(), cpu_shape(s));
+                               dqkv.data<T>(), cpu_shape(s), dropout);
   });
 }
 

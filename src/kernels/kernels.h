@@ -88,15 +88,19 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
 
 // Core attention over a [B * seq, (heads + 2 kv_heads) * head_dim] matrix of q|k|v rows;
 // out [B * seq, heads * head_dim], lse [B, heads, seq]. (cpu/attention.h)
+// `dropout` drops attention probabilities (cpu/attention.h has the mask's rule); backward must
+// be given the forward's.
 struct AttentionShape {
   std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = true;
 };
+using cpu::AttentionDropout;
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                       const AttentionShape& shape);
+                       const AttentionShape& shape, const AttentionDropout& dropout = {});
 // dqkv overwritten, same layout as qkv.
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                        const Tensor& lse, const Tensor& dqkv, const AttentionShape& shape);
+                        const Tensor& lse, const Tensor& dqkv, const AttentionShape& shape,
+                        const AttentionDropout& dropout = {});
 
 // Causal attention of `rows` new positions over a key/value cache (cpu/cached_attention.h):
 // qkv [rows, >= (heads + 2 kv_heads) * head_dim] (strided rows allowed) holds the new

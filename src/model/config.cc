@@ -50,6 +50,8 @@ void ModelConfig::validate() const {
               "model.vocab_size = {} must be in [2, 2^31)", vocab_size);
   OASES_CHECK(seq_len >= 1, "model.seq_len = {} must be at least 1", seq_len);
   OASES_CHECK(dropout >= 0.0 && dropout < 1.0, "model.dropout = {} must be in [0, 1)", dropout);
+  OASES_CHECK(attention_dropout >= 0.0 && attention_dropout < 1.0,
+              "model.attention_dropout = {} must be in [0, 1)", attention_dropout);
   OASES_CHECK(norm_eps >= 0, "model.norm_eps = {} must be positive (0: the architecture's default)",
               norm_eps);
   OASES_CHECK(rope_theta > 0, "model.rope_theta = {} must be positive", rope_theta);

@@ -25,6 +25,9 @@ struct ModelConfig {
   std::int64_t vocab_size = 256;
   std::int64_t seq_len = 128;      // also the number of learned positions
   double dropout = 0.0;            // after the embedding and on both residual branches
+  // On the attention probabilities, after the softmax (Megatron-LM's attention_dropout,
+  // GPT-2's attn_pdrop).
+  double attention_dropout = 0.0;
   // Whether the LM head shares the word embedding; unset: the architecture's (gpt, bert: yes;
   // llama: no).
   std::optional<bool> tie_embeddings;

@@ -436,6 +436,7 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   context_.ep = options_.ep ? options_.ep : &self_ep_;
   context_.seed = options_.seed;
   context_.dropout = config_.dropout;
+  context_.attention_dropout = config_.attention_dropout;
   context_.store = &store_;
   moe_stats_.resize(static_cast<std::size_t>(config_.layers));
   reset_moe_stats();

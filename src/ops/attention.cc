@@ -9,13 +9,15 @@ void CoreAttention::rotate(const Tensor& qkv) const {
                         shape_.head_dim, cos_, sin_, false);
 }
 
-void CoreAttention::forward(const Tensor& qkv, const Tensor& out, const Tensor& lse) const {
-  kernels::attention_forward(qkv, out, lse, shape_);
+void CoreAttention::forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            const kernels::AttentionDropout& dropout) const {
+  kernels::attention_forward(qkv, out, lse, shape_, dropout);
 }
 
 void CoreAttention::backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                             const Tensor& lse, const Tensor& dqkv) const {
-  kernels::attention_backward(dout, qkv, out, lse, dqkv, shape_);
+                             const Tensor& lse, const Tensor& dqkv,
+                             const kernels::AttentionDropout& dropout) const {
+  kernels::attention_backward(dout, qkv, out, lse, dqkv, shape_, dropout);
   // A rotation's transpose is its inverse: the gradient before rotation.
   if (!cos_.empty())
     kernels::rotary_apply(dqkv, shape_.batch, shape_.seq, shape_.heads + shape_.kv_heads,

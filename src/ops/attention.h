@@ -29,11 +29,14 @@ class CoreAttention {
   // rotate twice). No-op without rotary.
   void rotate(const Tensor& qkv) const;
   // qkv [n, qkv_width()] (already rotated); out [n, out_width()]; lse [lse_elements()].
-  void forward(const Tensor& qkv, const Tensor& out, const Tensor& lse) const;
+  // `dropout` drops attention probabilities (its offsets are the global indices of this call's
+  // first sequence and first head).
+  void forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
+               const kernels::AttentionDropout& dropout = {}) const;
   // dqkv [n, qkv_width()] overwritten with the gradient of the projections' outputs (before
-  // rotation).
+  // rotation); `dropout` as in forward.
   void backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                const Tensor& dqkv) const;
+                const Tensor& dqkv, const kernels::AttentionDropout& dropout = {}) const;
 
  private:
   kernels::AttentionShape shape_;

@@ -107,7 +107,8 @@ struct ModelContext {
   // every expert on this rank).
   comm::Communicator* ep = nullptr;
   std::uint64_t seed = 0;            // keys dropout masks
-  double dropout = 0;                // probability at every dropout site
+  double dropout = 0;                // probability at every residual-stream dropout site
+  double attention_dropout = 0;      // probability of dropping an attention probability
   ActivationStore* store = nullptr;
   Slots slots;
   // Backward scratch shared by every segment and sub-batch (one action runs at a time):

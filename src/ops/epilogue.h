@@ -13,7 +13,8 @@
 //
 // Dropout sites are numbered forever (part of the mask key), so that checkpoints and tests
 // stay reproducible: the embedding's site is (layer = model.layers, site 0); the residual
-// branches of layer l are (l, 1) after attention and (l, 2) after the MLP.
+// branches of layer l are (l, 1) after attention and (l, 2) after the MLP; layer l's attention
+// probabilities are (l, 6) (kernels/cpu/attention.h; sites 3 to 5 are the MoE layers', ops/moe.h).
 #pragma once
 
 #include "kernels/kernels.h"
@@ -28,6 +29,7 @@ namespace oases::ops {
 inline constexpr std::uint32_t kDropoutSiteEmbedding = 0;
 inline constexpr std::uint32_t kDropoutSiteAttention = 1;
 inline constexpr std::uint32_t kDropoutSiteMlp = 2;
+inline constexpr std::uint32_t kDropoutSiteAttentionProbabilities = 6;
 
 struct DropoutSiteId {
   std::uint32_t layer = 0;

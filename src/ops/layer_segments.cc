@@ -45,13 +45,17 @@ class AttentionSegment final : public LayerSegment {
     if (a.rotary()) w.internals.bytes += 2.0 * static_cast<double>(n * (h.heads + h.kv_heads) * d) * e;
     w.core.matmuls = {{S, S, d, pairs}, {S, d, S, pairs}};  // q k^T, then p v
     w.core.bytes = 2 * scores;                               // softmax reads and writes them
+    // Dropout on the probabilities, a kernel of its own there: reads p, writes the dropped p
+    // and a one-byte mask; its backward reads the gradient and the mask and writes.
+    const double dropout_traffic = m_.attention_dropout > 0 ? 2 * scores + scores / e : 0.0;
+    w.core.bytes += dropout_traffic;
     w.output.matmuls = {{n, C, O}};
     Work stage0;
     stage0.matmuls.push_back({n, O, C});  // the output projection's input gradient
     // d(p) = d(out) v^T, d(v) = p^T d(out), d(q) = d(s) k, d(k) = d(s)^T q.
     stage0.matmuls.insert(stage0.matmuls.end(),
                           {{S, S, d, pairs}, {S, d, S, pairs}, {S, d, S, pairs}, {S, d, S, pairs}});
-    stage0.bytes = 3 * scores;  // the softmax's backward reads p and d(p), writes d(s)
+    stage0.bytes = 3 * scores + dropout_traffic;  // the softmax's backward reads p and d(p), writes d(s)
     for (const ColumnParallelLinear& projection : spec_.qkv)
       stage0.matmuls.push_back({n, C, projection.local_out()});
     w.backward_input = {stage0, stage_one_work()};
@@ -75,7 +79,7 @@ class AttentionSegment final : public LayerSegment {
   }
 
  private:
-  void backward_body(const StepContext&, int mb, int sb, bool defer) override {
+  void backward_body(const StepContext& ctx, int mb, int sb, bool defer) override {
     const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
     const Tensor internals = store().get(key(mb, sb, kInternals));
     const CoreAttention& a = spec_.attention;
@@ -90,7 +94,9 @@ class AttentionSegment final : public LayerSegment {
     else spec_.out_proj.backward(d_output, attn_out, d_attn, m_.gemm16);
     const Tensor d_qkv = defer ? matrix(stash, stash_d_qkv_, a.qkv_width())
                                : m_.scratch_wide.view(0, {tokens_, a.qkv_width()});
-    a.backward(d_attn, qkv, attn_out, statistics_view(core, core_.statistics_offset(lse_), a.lse_elements()), d_qkv);
+    a.backward(d_attn, qkv, attn_out,
+               statistics_view(core, core_.statistics_offset(lse_), a.lse_elements()), d_qkv,
+               probability_dropout(ctx, mb, sb));
     // This rank's heads contribute a partial gradient of the input; the group sums it.
     project_qkv_back(d_qkv, body_input(checkpoint, internals), rows_of(Slot::input_grad, mb, sb),
                      defer ? Part::input : Part::whole);
@@ -136,9 +142,24 @@ class AttentionSegment final : public LayerSegment {
       }
       a.rotate(qkv);
     }
-    if (parts & kCore) a.forward(qkv, attn_out, statistics_view(core, core_.statistics_offset(lse_), a.lse_elements()));
+    if (parts & kCore)
+      a.forward(qkv, attn_out,
+                statistics_view(core, core_.statistics_offset(lse_), a.lse_elements()),
+                probability_dropout(ctx, mb, sb));
     // Row-parallel projection: partial sums; its bias is added after the reduction.
     if (parts & kOutput) spec_.out_proj.forward(attn_out, rows_of(Slot::output, mb, sb), m_.gemm16);
+  }
+
+  // The attention-probability dropout of sub-batch sb of micro-batch mb: keyed by this layer,
+  // the global indices of the group's sequences and of this shard's heads (a shard holds heads
+  // [shard * local, (shard + 1) * local)), so every layout draws the same mask.
+  kernels::AttentionDropout probability_dropout(const StepContext& ctx, int mb, int sb) const {
+    if (!ctx.dropout_enabled || m_.attention_dropout == 0) return {};
+    const kernels::DropoutSite site{m_.seed, static_cast<std::uint32_t>(ctx.step),
+                                    static_cast<std::uint32_t>(spec_.layer),
+                                    kDropoutSiteAttentionProbabilities};
+    return {m_.attention_dropout, site, global_sample(m_, ctx, mb, sb, spec_.at.first_row),
+            static_cast<std::int64_t>(spec_.at.shard) * spec_.attention.shape().heads};
   }
 
   AttentionSpec spec_;

@@ -115,6 +115,7 @@ const std::map<std::string, SectionFields>& schema() {
         {"vocab_size", bind(&RunConfig::model, &M::vocab_size)},
         {"seq_len", bind(&RunConfig::model, &M::seq_len)},
         {"dropout", bind(&RunConfig::model, &M::dropout)},
+        {"attention_dropout", bind(&RunConfig::model, &M::attention_dropout)},
         {"tie_embeddings", bind(&RunConfig::model, &M::tie_embeddings)},
         {"norm_eps", bind(&RunConfig::model, &M::norm_eps)},
         // The name of norm_eps in configs written before LLaMA's RMSNorm existed.
@@ -923,6 +924,7 @@ std::string to_toml(const RunConfig& c) {
                                    {"ffn_hidden", c.model.ffn_hidden},
                                    {"vocab_size", c.model.vocab_size},
                                    {"seq_len", c.model.seq_len}, {"dropout", c.model.dropout},
+                                   {"attention_dropout", c.model.attention_dropout},
                                    {"tie_embeddings", c.model.tied_embeddings()},
                                    {"norm_eps", c.model.norm_epsilon()},
                                    {"rope_theta", c.model.rope_theta}});

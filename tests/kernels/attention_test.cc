@@ -69,13 +69,25 @@ struct NaiveLayout {
   std::int64_t ld, C, group;
 };
 
+// The factor attention dropout applies to probability (i, j) of head h of row b: 1 / (1 - p)
+// where attention_probability_keep keeps it, else 0 (1 without dropout).
+double dropout_factor(const AttentionDropout& dropout, std::int64_t b, std::int64_t h,
+                      std::int64_t i, std::int64_t j) {
+  if (dropout.p == 0) return 1.0;
+  return attention_probability_keep(dropout.site, dropout.p, dropout.sample_offset + b,
+                                    dropout.head_offset + h, i, j)
+             ? 1.0 / (1.0 - dropout.p)
+             : 0.0;
+}
+
 // The textbook computation: the whole [seq, seq] score matrix of each head, masked, softmaxed
-// and multiplied by V, in double.
+// (and dropped out) and multiplied by V, in double.
 struct Reference {
   std::vector<double> out, lse;
 };
 
-Reference naive_forward(const std::vector<double>& qkv, const AttentionShape& s) {
+Reference naive_forward(const std::vector<double>& qkv, const AttentionShape& s,
+                        const AttentionDropout& dropout = {}) {
   const NaiveLayout at(s);
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
   Reference ref{std::vector<double>(out_size(s)), std::vector<double>(lse_size(s))};
@@ -96,7 +108,8 @@ Reference naive_forward(const std::vector<double>& qkv, const AttentionShape& s)
           sum += std::exp(scores[static_cast<std::size_t>(j)] - mx);
         ref.lse[static_cast<std::size_t>((b * s.heads + h) * s.seq + i)] = mx + std::log(sum);
         for (std::int64_t j = 0; j < at.key_end(i); ++j) {
-          const double p = std::exp(scores[static_cast<std::size_t>(j)] - mx) / sum;
+          const double p = std::exp(scores[static_cast<std::size_t>(j)] - mx) / sum *
+                           dropout_factor(dropout, b, h, i, j);
           for (std::int64_t d = 0; d < s.head_dim; ++d)
             ref.out[at.o(b, h, i, d)] += p * qkv[at.v(b, h, j, d)];
         }
@@ -112,9 +125,10 @@ Reference naive_forward(const std::vector<double>& qkv, const Shape& s) {
 
 // The textbook backward pass on the full probability matrix, in double:
 //   dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)), dQ = scale dS K, dK = scale dS^T Q
-// (a kv head's gradients summing over the q heads of its group).
+// (a kv head's gradients summing over the q heads of its group). With dropout factors M,
+// dV = (M * P)^T dO and dP = M * (dO V^T).
 std::vector<double> naive_backward(const std::vector<double>& dout, const std::vector<double>& qkv,
-                                   const AttentionShape& s) {
+                                   const AttentionShape& s, const AttentionDropout& dropout = {}) {
   const NaiveLayout at(s);
   const std::int64_t n = s.seq, hd = s.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -146,15 +160,16 @@ std::vector<double> naive_backward(const std::vector<double>& dout, const std::v
           double dot = 0;
           for (std::int64_t d = 0; d < hd; ++d)
             dot += dout[at.o(b, h, i, d)] * qkv[at.v(b, h, j, d)];
-          cell(dP, i, j) = dot;
-          row += dot * cell(P, i, j);
+          cell(dP, i, j) = dot * dropout_factor(dropout, b, h, i, j);
+          row += cell(dP, i, j) * cell(P, i, j);
         }
         for (std::int64_t j = 0; j < at.key_end(i); ++j) {
           const double ds = cell(P, i, j) * (cell(dP, i, j) - row);
           for (std::int64_t d = 0; d < hd; ++d) {
             dqkv[at.q(b, h, i, d)] += scale * ds * qkv[at.k(b, h, j, d)];
             dqkv[at.k(b, h, j, d)] += scale * ds * qkv[at.q(b, h, i, d)];
-            dqkv[at.v(b, h, j, d)] += cell(P, i, j) * dout[at.o(b, h, i, d)];
+            dqkv[at.v(b, h, j, d)] +=
+                cell(P, i, j) * dropout_factor(dropout, b, h, i, j) * dout[at.o(b, h, i, d)];
           }
         }
       }
@@ -529,6 +544,199 @@ TEST(AttentionGeneral, HeadsNotDivisibleByKvHeadsAreInternalErrors) {
                InternalError);
   EXPECT_THROW(attention_backward(out.data(), qkv.data(), out.data(), lse.data(), dqkv.data(),
                                   AttentionShape{1, 1, 2, 4, 2}),
+               InternalError);
+}
+
+// Attention dropout: a quarter of the probabilities dropped, at offsets into a larger batch
+// and head range so that the global indices matter.
+AttentionDropout some_dropout(double p = 0.25) {
+  return {p, DropoutSite{1234, 7, 3, 6}, 5, 2};
+}
+
+TEST(AttentionDropout, ForwardMatchesNaiveReferenceWithTheMask) {
+  const AttentionDropout dropout = some_dropout();
+  for (const AttentionShape& s : kGeneralShapes) {
+    for (std::int64_t block : {std::int64_t{1}, std::int64_t{3}, kAttentionBlock}) {
+      SCOPED_TRACE(describe(s) + " block=" + std::to_string(block));
+      const std::vector<double> qkv = random_vector(qkv_size(s), 101 + s.seq, -2.0, 2.0);
+      const Reference ref = naive_forward(qkv, s, dropout);
+      std::vector<double> out(out_size(s), -7.0), lse(lse_size(s), -7.0);
+      detail::attention_forward_blocked(qkv.data(), out.data(), lse.data(), s, block, dropout);
+      for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref.out[i], 1e-12) << i;
+      // The log-sum-exp is that of the probabilities before dropout.
+      for (std::size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], ref.lse[i], 1e-12) << i;
+    }
+  }
+}
+
+TEST(AttentionDropout, BackwardMatchesNaiveReferenceWithTheMask) {
+  const AttentionDropout dropout = some_dropout();
+  for (const AttentionShape& s : kGeneralShapes) {
+    SCOPED_TRACE(describe(s));
+    const std::vector<double> qkv = random_vector(qkv_size(s), 111, -2.0, 2.0);
+    const std::vector<double> dout = random_vector(out_size(s), 112);
+    const std::vector<double> expected = naive_backward(dout, qkv, s, dropout);
+    for (std::int64_t block : {std::int64_t{3}, kAttentionBlock}) {
+      std::vector<double> out(out_size(s)), lse(lse_size(s)), dqkv(qkv_size(s), 5.0);
+      detail::attention_forward_blocked(qkv.data(), out.data(), lse.data(), s, block, dropout);
+      detail::attention_backward_blocked(dout.data(), qkv.data(), out.data(), lse.data(),
+                                         dqkv.data(), s, block, dropout);
+      for (std::size_t i = 0; i < dqkv.size(); ++i)
+        ASSERT_NEAR(dqkv[i], expected[i], 1e-11) << "block " << block << " element " << i;
+    }
+    // Float against the double reference within AttentionGeneral's bound, widened by the
+    // 1 / (1 - p) factor.
+    const std::vector<float> qkv_f = to_float(qkv), dout_f = to_float(dout);
+    std::vector<float> out_f(out_size(s)), lse_f(lse_size(s)), dqkv_f(qkv_size(s));
+    attention_forward(qkv_f.data(), out_f.data(), lse_f.data(), s, dropout);
+    attention_backward(dout_f.data(), qkv_f.data(), out_f.data(), lse_f.data(), dqkv_f.data(), s,
+                       dropout);
+    for (std::size_t i = 0; i < dqkv_f.size(); ++i) ASSERT_NEAR(dqkv_f[i], expected[i], 4e-4) << i;
+  }
+}
+
+TEST(AttentionDropout, BackwardMatchesFiniteDifferences) {
+  // The mask does not depend on qkv, so the loss is smooth in it.
+  const SingleThreaded single_threaded;
+  const AttentionDropout dropout = some_dropout(0.4);
+  for (const AttentionShape& s :
+       {AttentionShape{2, 7, 4, 2, 3, true}, AttentionShape{1, 9, 3, 1, 3, false}}) {
+    for (std::int64_t block : {std::int64_t{2}, std::int64_t{4}}) {
+      SCOPED_TRACE(describe(s) + " block=" + std::to_string(block));
+      std::vector<double> qkv = random_vector(qkv_size(s), 121, -1.0, 1.0);
+      const std::vector<double> w = random_vector(out_size(s), 122, -1.0, 1.0);
+      std::vector<double> out(out_size(s)), lse(lse_size(s));
+      auto forward = [&] {
+        detail::attention_forward_blocked(qkv.data(), out.data(), lse.data(), s, block, dropout);
+      };
+      forward();
+      std::vector<double> dqkv(qkv_size(s), 123.0);
+      detail::attention_backward_blocked(w.data(), qkv.data(), out.data(), lse.data(), dqkv.data(),
+                                         s, block, dropout);
+      expect_gradient_matches("dqkv", qkv, dqkv, [&] {
+        forward();
+        return oases::testing::dot(w, out);
+      });
+    }
+  }
+}
+
+TEST(AttentionDropout, DropsTheGivenFractionWithIndependentDraws) {
+  // 4 * 256 * 256 draws: the dropped fraction is within 5 standard deviations of p, and the
+  // four keys that share a Philox block are not correlated (each pair of neighbours in a block
+  // is dropped together about p^2 of the time).
+  const DropoutSite site{99, 3, 1, 6};
+  for (double p : {0.1, 0.5}) {
+    std::int64_t dropped = 0, both = 0, pairs = 0, draws = 0;
+    for (std::int64_t head = 0; head < 4; ++head) {
+      for (std::int64_t i = 0; i < 256; ++i) {
+        bool previous = false;
+        for (std::int64_t j = 0; j < 256; ++j) {
+          const bool drop = !attention_probability_keep(site, p, 11, head, i, j);
+          dropped += drop;
+          ++draws;
+          if (j % 4 != 0) {
+            both += drop && previous;
+            ++pairs;
+          }
+          previous = drop;
+        }
+      }
+    }
+    const double n = static_cast<double>(draws), m = static_cast<double>(pairs);
+    EXPECT_NEAR(static_cast<double>(dropped) / n, p, 5 * std::sqrt(p * (1 - p) / n)) << p;
+    EXPECT_NEAR(static_cast<double>(both) / m, p * p, 5 * std::sqrt(p * p * (1 - p * p) / m)) << p;
+  }
+  // Another head, sample, layer or step draws another mask.
+  auto mask = [](const DropoutSite& s, std::int64_t sample, std::int64_t head) {
+    std::vector<bool> bits;
+    for (std::int64_t i = 0; i < 16; ++i)
+      for (std::int64_t j = 0; j < 16; ++j)
+        bits.push_back(attention_probability_keep(s, 0.5, sample, head, i, j));
+    return bits;
+  };
+  const std::vector<bool> base = mask(site, 0, 0);
+  EXPECT_NE(base, mask(site, 0, 1));
+  EXPECT_NE(base, mask(site, 1, 0));
+  EXPECT_NE(base, mask({99, 4, 1, 6}, 0, 0));
+  EXPECT_NE(base, mask({99, 3, 2, 6}, 0, 0));
+  EXPECT_EQ(base, mask(site, 0, 0));
+}
+
+TEST(AttentionDropout, SplittingHeadsAndRowsWithOffsetsDrawsTheSameMask) {
+  // What tensor parallelism (heads) and data parallelism or sub-batches (rows) do: each part
+  // called with its global offsets equals the whole call, bit for bit.
+  const AttentionShape whole{4, 40, 4, 4, 5, true};
+  const AttentionDropout dropout = some_dropout();
+  const std::vector<double> qkv = random_vector(qkv_size(whole), 131, -2.0, 2.0);
+  const std::vector<double> dout = random_vector(out_size(whole), 132);
+  std::vector<double> out(out_size(whole)), lse(lse_size(whole)), dqkv(qkv_size(whole));
+  attention_forward(qkv.data(), out.data(), lse.data(), whole, dropout);
+  attention_backward(dout.data(), qkv.data(), out.data(), lse.data(), dqkv.data(), whole, dropout);
+  const std::int64_t hd = whole.head_dim, C = whole.heads * hd, ld = 3 * C;
+  // Part (rows [b0, b0 + 2), heads [h0, h0 + 2)): its own qkv [2 * seq, 3 * 2 * hd].
+  for (std::int64_t b0 : {0, 2}) {
+    for (std::int64_t h0 : {0, 2}) {
+      const AttentionShape part{2, whole.seq, 2, 2, hd, true};
+      const std::int64_t pc = 2 * hd, pld = 3 * pc;
+      std::vector<double> pqkv(qkv_size(part)), pdout(out_size(part));
+      for (std::int64_t r = 0; r < 2 * whole.seq; ++r) {
+        const std::int64_t row = b0 * whole.seq + r;
+        for (std::int64_t part_of = 0; part_of < 3; ++part_of)
+          for (std::int64_t c = 0; c < pc; ++c)
+            pqkv[static_cast<std::size_t>(r * pld + part_of * pc + c)] =
+                qkv[static_cast<std::size_t>(row * ld + part_of * C + h0 * hd + c)];
+        for (std::int64_t c = 0; c < pc; ++c)
+          pdout[static_cast<std::size_t>(r * pc + c)] =
+              dout[static_cast<std::size_t>(row * C + h0 * hd + c)];
+      }
+      AttentionDropout shifted = dropout;
+      shifted.sample_offset += b0;
+      shifted.head_offset += h0;
+      std::vector<double> pout(out_size(part)), plse(lse_size(part)), pdqkv(qkv_size(part));
+      attention_forward(pqkv.data(), pout.data(), plse.data(), part, shifted);
+      attention_backward(pdout.data(), pqkv.data(), pout.data(), plse.data(), pdqkv.data(), part,
+                         shifted);
+      for (std::int64_t r = 0; r < 2 * whole.seq; ++r) {
+        const std::int64_t row = b0 * whole.seq + r;
+        for (std::int64_t c = 0; c < pc; ++c)
+          ASSERT_EQ(pout[static_cast<std::size_t>(r * pc + c)],
+                    out[static_cast<std::size_t>(row * C + h0 * hd + c)]);
+        for (std::int64_t part_of = 0; part_of < 3; ++part_of)
+          for (std::int64_t c = 0; c < pc; ++c)
+            ASSERT_EQ(pdqkv[static_cast<std::size_t>(r * pld + part_of * pc + c)],
+                      dqkv[static_cast<std::size_t>(row * ld + part_of * C + h0 * hd + c)]);
+      }
+    }
+  }
+}
+
+TEST(AttentionDropout, ZeroProbabilityIsNoDropoutAndIsThreadIndependent) {
+  const AttentionShape s{2, 150, 4, 2, 16, true};
+  const std::vector<float> qkv = to_float(random_vector(qkv_size(s), 141, -2.0, 2.0));
+  const std::vector<float> dout = to_float(random_vector(out_size(s), 142));
+  auto run = [&](const AttentionDropout& dropout) {
+    std::vector<float> out(out_size(s)), lse(lse_size(s)), dqkv(qkv_size(s));
+    attention_forward(qkv.data(), out.data(), lse.data(), s, dropout);
+    attention_backward(dout.data(), qkv.data(), out.data(), lse.data(), dqkv.data(), s, dropout);
+    out.insert(out.end(), lse.begin(), lse.end());
+    out.insert(out.end(), dqkv.begin(), dqkv.end());
+    return out;
+  };
+  EXPECT_EQ(run(some_dropout(0.0)), run({}));
+  EXPECT_NE(run(some_dropout()), run({}));
+  oases::testing::expect_independent_of_thread_count("dropout",
+                                                     [&] { return run(some_dropout()); });
+}
+
+TEST(AttentionDropout, InvalidProbabilityIsAnInternalError) {
+  const AttentionShape s{1, 2, 1, 1, 4, true};
+  std::vector<float> qkv(3 * 8), out(8), lse(2);
+  EXPECT_THROW(attention_forward(qkv.data(), out.data(), lse.data(), s, some_dropout(1.0)),
+               InternalError);
+  EXPECT_THROW(attention_forward(qkv.data(), out.data(), lse.data(), s, some_dropout(-0.1)),
+               InternalError);
+  EXPECT_THROW(attention_probability_keep({0, 0, 0, 6}, 0.5, 0, std::int64_t{1} << 24, 0, 0),
                InternalError);
 }
 

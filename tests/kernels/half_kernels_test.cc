@@ -756,6 +756,46 @@ TYPED_TEST(Half16Test, AttentionForwardAndBackward) {
   }
 }
 
+// Attention dropout under 16-bit storage: the f32 kernel on the widened inputs with the same
+// mask, rounded once (out, dqkv) or as computed (lse); and the mask does drop something.
+TYPED_TEST(Half16Test, AttentionDropoutIsTheF32KernelOnTheWidenedValues) {
+  using Half = TypeParam;
+  const AttentionShape s{2, 9, 4, 2, 8, true};
+  const AttentionDropout dropout{0.3, cpu::DropoutSite{5, 2, 1, 6}, 3, 4};
+  const std::int64_t ld = (s.heads + 2 * s.kv_heads) * s.head_dim, rows = s.batch * s.seq;
+  const std::int64_t width = s.heads * s.head_dim;
+  const std::int64_t lse_n = s.batch * s.heads * s.seq;
+  std::mt19937 rng(19);
+  Values<Half> qkv(rows * ld, rng, -1.5, 1.5), dout(rows * width, rng, -1, 1);
+  std::vector<Half> out16(rows * width), dqkv16(rows * ld), plain16(rows * width);
+  std::vector<float> out32(rows * width), dqkv32(rows * ld), lse16(lse_n), lse32(lse_n);
+  attention_forward(qkv.t16({rows, ld}), Tensor::of(out16.data(), {rows, width}),
+                    Tensor::of(lse16.data(), {s.batch, s.heads, s.seq}), s, dropout);
+  attention_forward(qkv.t32({rows, ld}), Tensor::of(out32.data(), {rows, width}),
+                    Tensor::of(lse32.data(), {s.batch, s.heads, s.seq}), s, dropout);
+  attention_backward(dout.t16({rows, width}), qkv.t16({rows, ld}),
+                     Tensor::of(out16.data(), {rows, width}),
+                     Tensor::of(lse16.data(), {s.batch, s.heads, s.seq}),
+                     Tensor::of(dqkv16.data(), {rows, ld}), s, dropout);
+  const std::vector<float> out_as_stored = widened(out16);
+  attention_backward(dout.t32({rows, width}), qkv.t32({rows, ld}),
+                     Tensor::of(out_as_stored.data(), {rows, width}),
+                     Tensor::of(lse32.data(), {s.batch, s.heads, s.seq}),
+                     Tensor::of(dqkv32.data(), {rows, ld}), s, dropout);
+  for (std::size_t i = 0; i < out16.size(); ++i)
+    ASSERT_EQ(out16[i].bits, Half(out32[i]).bits) << "out at " << i;
+  for (std::size_t i = 0; i < lse16.size(); ++i)
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(lse16[i]), std::bit_cast<std::uint32_t>(lse32[i]))
+        << "lse at " << i;
+  for (std::size_t i = 0; i < dqkv16.size(); ++i)
+    ASSERT_EQ(dqkv16[i].bits, Half(dqkv32[i]).bits) << "dqkv at " << i;
+  std::vector<float> plain_lse(lse_n);
+  attention_forward(qkv.t16({rows, ld}), Tensor::of(plain16.data(), {rows, width}),
+                    Tensor::of(plain_lse.data(), {s.batch, s.heads, s.seq}), s);
+  EXPECT_NE(widened(plain16), widened(out16));
+  EXPECT_EQ(plain_lse, lse16);  // the log-sum-exp is taken before dropout
+}
+
 // ---- Cross-entropy ---------------------------------------------------------------------------
 
 // Softmax cross-entropy over 16-bit logits [n, ld] (padding columns past V), losses f32, the

@@ -33,6 +33,18 @@ double training_flops(const ModelConfig& c, double tokens, double ffn_projection
   return tokens * 3 * (L * (layer + 4 * S * C) + 2 * C * V);
 }
 
+// GPT of `layers` layers, hidden 32, 4 heads, sequences of 8.
+ModelConfig small(std::int64_t layers) {
+  ModelConfig c;
+  c.layers = layers;
+  c.hidden = 32;
+  c.heads = 4;
+  c.ffn_hidden = 64;
+  c.vocab_size = 50;
+  c.seq_len = 8;
+  return c;
+}
+
 double program_flops(const ops::Program& program, int sub_batches) {
   double total = 0;
   for (const ops::SegmentShape& s : program.segments) {
@@ -68,13 +80,7 @@ TEST(ProgramWork, MatrixProductsAddUpToTheTransformersFlops) {
 
 TEST(ProgramWork, RecomputeAndTheZeroBubbleSplitCostTheirParts) {
   comm::SelfCommunicator tp;
-  ModelConfig c;
-  c.layers = 1;
-  c.hidden = 32;
-  c.heads = 4;
-  c.ffn_hidden = 64;
-  c.vocab_size = 50;
-  c.seq_len = 8;
+  const ModelConfig c = small(1);
   const Model model(c, options(tp, 2, 1));
   for (const ops::SegmentShape& s : model.program().segments) {
     if (s.name.rfind("attention", 0) != 0) continue;
@@ -92,16 +98,36 @@ TEST(ProgramWork, RecomputeAndTheZeroBubbleSplitCostTheirParts) {
   }
 }
 
+// Attention dropout adds the traffic of a dropout kernel on the [seq, seq] probabilities of
+// every (row, head): forward reads them and writes the dropped ones and a one-byte mask;
+// backward reads the gradient and the mask and writes. Nothing else changes.
+TEST(ProgramWork, AttentionDropoutMovesTheProbabilitiesTwiceMore) {
+  comm::SelfCommunicator tp;
+  const ModelConfig c = small(1);
+  ModelConfig dropped = c;
+  dropped.attention_dropout = 0.1;
+  const Model plain(c, options(tp, 2, 1)), with(dropped, options(tp, 2, 1));
+  const double probabilities = 2.0 * 4 * 8 * 8;  // rows x heads x seq x seq
+  const double e = sizeof(float);
+  const double traffic = probabilities * (2 * e + 1);
+  ASSERT_EQ(plain.program().segments.size(), with.program().segments.size());
+  for (std::size_t i = 0; i < plain.program().segments.size(); ++i) {
+    const ops::SegmentWork& a = plain.program().segments[i].work;
+    const ops::SegmentWork& b = with.program().segments[i].work;
+    const bool attention = plain.program().segments[i].name.rfind("attention", 0) == 0;
+    EXPECT_DOUBLE_EQ(b.core.bytes - a.core.bytes, attention ? traffic : 0.0);
+    if (plain.program().segments[i].backward_stages > 0) {
+      EXPECT_DOUBLE_EQ(b.backward(0, false).bytes - a.backward(0, false).bytes,
+                       attention ? traffic : 0.0);
+    }
+    EXPECT_DOUBLE_EQ(b.forward().flops(), a.forward().flops());
+  }
+}
+
 // Every segment of a pipeline stage describes its work, the stage's boundary included.
 TEST(ProgramWork, EverySegmentOfAPipelineStageDescribesItsWork) {
   comm::SelfCommunicator tp;
-  ModelConfig c;
-  c.layers = 2;
-  c.hidden = 32;
-  c.heads = 4;
-  c.ffn_hidden = 64;
-  c.vocab_size = 50;
-  c.seq_len = 8;
+  const ModelConfig c = small(2);
   for (const ModelOptions& o : [&] {
          ModelOptions first = options(tp, 2, 1), last = options(tp, 2, 1);
          first.layer_ranges = {{0, 1}};

@@ -52,6 +52,7 @@ ffn_hidden = 128
 vocab_size = 257
 seq_len = 24
 dropout = 0.1
+attention_dropout = 0.1
 [train]
 precision = "fp64"  # the verification precision: every layout agrees to 1e-10
 micro_batch = )" << micro_batch

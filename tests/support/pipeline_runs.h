@@ -17,7 +17,7 @@
 
 namespace oases::testing {
 
-// The TOML of a tiny model trained in fp64 with dropout 0.1 for `steps` steps on the token
+// The TOML of a tiny model trained in fp64 with dropout and attention dropout 0.1 for `steps` steps on the token
 // shards at `data` (prepare_fortunes_data): `layers` layers of `arch` ("gpt", "llama": two kv
 // heads), hidden 32, 4 heads, sequences of 16, and 4 micro-batches of 2 per step.
 // `train_extra` lines go to the [train] section.
@@ -33,6 +33,7 @@ heads = 4
 vocab_size = 257
 seq_len = 16
 dropout = 0.1
+attention_dropout = 0.1
 [train]
 precision = "fp64"
 micro_batch = 2

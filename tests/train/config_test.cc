@@ -31,11 +31,12 @@ std::string error_of_counts(const std::string& toml) {
 TEST(RunConfig, ParsesSectionsAndOverrides) {
   const RunConfig c = parse_run_config("[model]\nlayers = 3\n[train]\nlr = 1e-3\n", "t",
                                        {"train.lr=5e-4", "data.path=data/x", "model.dropout=0.2",
-                                        "checkpoint.resume=true", "checkpoint.dir=\"runs/a\""});
+                                        "model.attention_dropout=0.15", "checkpoint.resume=true", "checkpoint.dir=\"runs/a\""});
   EXPECT_EQ(c.model.layers, 3);
   EXPECT_DOUBLE_EQ(c.train.lr, 5e-4);
   EXPECT_EQ(c.data.path, "data/x");
   EXPECT_DOUBLE_EQ(c.model.dropout, 0.2);
+  EXPECT_DOUBLE_EQ(c.model.attention_dropout, 0.15);
   EXPECT_TRUE(c.checkpoint.resume);
   EXPECT_EQ(c.checkpoint.dir, "runs/a");
 }
@@ -261,6 +262,9 @@ TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
   EXPECT_NE(error_of("[model]\nhidden = 100\nheads = 3\n").find("model.heads = 3 must divide model.hidden = 100"), std::string::npos);
   EXPECT_NE(error_of("[train]\nmicro_batch = 4\nglobal_batch = 10\n").find("train.global_batch = 10 must be a multiple"), std::string::npos);
   EXPECT_NE(error_of("[model]\ndropout = 1.0\n").find("model.dropout = 1 must be in [0, 1)"), std::string::npos);
+  EXPECT_NE(error_of("[model]\nattention_dropout = -0.5\n")
+                .find("model.attention_dropout = -0.5 must be in [0, 1)"),
+            std::string::npos);
   EXPECT_NE(error_of("", {"train.lr"}).find("expected section.key=value"), std::string::npos);
   EXPECT_NE(error_of("", {"lr=3"}).find("section.key"), std::string::npos);
   EXPECT_NE(error_of("[model\n").find("not valid TOML"), std::string::npos);

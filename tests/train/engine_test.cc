@@ -53,12 +53,13 @@ double relative_difference(const Tensor& a, const Tensor& b) {
 }
 
 // Gradient accumulation over micro-batches is the same computation as one big micro-batch,
-// dropout included (masks are keyed by the global sample index): in fp64 the two agree to the
-// verification tolerance, relative 1e-10.
+// dropout and attention dropout included (masks are keyed by the global sample index): in fp64
+// the two agree to the verification tolerance, relative 1e-10.
 TEST(TrainingEngine, AccumulationEqualsOneLargeMicroBatch) {
   for (const std::string arch : {"gpt", "llama", "bert"}) {
     RunConfig c = fp64(tiny(8, 8)), d = fp64(tiny(2, 8));
     c.model.arch = d.model.arch = arch;
+    c.model.attention_dropout = d.model.attention_dropout = 0.1;
     TrainingEngine whole(c), split(d);
     const auto in = tokens(8 * 16, 1), out = tokens(8 * 16, 2);
     for (int step = 0; step < 3; ++step) {
@@ -128,6 +129,21 @@ TEST(TrainingEngine, DropoutChangesTrainingLossButNotEvaluation) {
   const auto in = tokens(4 * 16, 3), out = tokens(4 * 16, 4);
   EXPECT_EQ(a.evaluate(in.data(), out.data(), 4), b.evaluate(in.data(), out.data(), 4));
   EXPECT_NE(a.compute_gradients(0, in.data(), out.data(), 4), b.compute_gradients(0, in.data(), out.data(), 4));
+}
+
+TEST(TrainingEngine, AttentionDropoutChangesTrainingLossButNotEvaluation) {
+  for (const std::string arch : {"gpt", "llama", "bert"}) {
+    RunConfig with = fp64(tiny(4, 4)), without = fp64(tiny(4, 4));
+    with.model.arch = without.model.arch = arch;
+    with.model.dropout = without.model.dropout = 0;
+    with.model.attention_dropout = 0.2;
+    TrainingEngine a(with), b(without);
+    const auto in = tokens(4 * 16, 3), out = tokens(4 * 16, 4);
+    EXPECT_EQ(a.evaluate(in.data(), out.data(), 4), b.evaluate(in.data(), out.data(), 4)) << arch;
+    EXPECT_NE(a.compute_gradients(0, in.data(), out.data(), 4),
+              b.compute_gradients(0, in.data(), out.data(), 4))
+        << arch;
+  }
 }
 
 TEST(TrainingEngine, LearningRateWarmsUpThenFollowsCosine) {

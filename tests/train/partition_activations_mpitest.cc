@@ -61,6 +61,7 @@ RunConfig config(const Layout& layout, bool partition) {
   c.model.vocab_size = 64;
   c.model.seq_len = kSeq;
   c.model.dropout = 0.1;  // keyed masks: recomputed and partitioned runs draw the same
+  c.model.attention_dropout = 0.1;
   c.train.micro_batch = layout.micro_batch;
   c.train.global_batch = layout.micro_batch * layout.micro_batches * layout.dp;
   c.train.steps = kSteps;

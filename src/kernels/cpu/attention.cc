@@ -1,6 +1,7 @@
 #include "kernels/cpu/attention.h"
 
 #include "core/error.h"
+#include "core/philox.h"
 #include "kernels/cpu/fast_exp.h"
 #include "kernels/cpu/gemm.h"
 
@@ -120,6 +121,83 @@ OASES_VECTOR_CLONES void score_gradient_tile(const T* p, T* dp, int64_t nq, int6
   }
 }
 
+// The keep decisions of one (sample, head) pair's probabilities (attention_probability_keep's
+// rule), with the key derived once.
+class ProbabilityMask {
+ public:
+  ProbabilityMask(const AttentionDropout& dropout, int64_t global_sample, int64_t global_head)
+      : key_(philox_key(dropout.site.seed,
+                        (std::uint64_t{dropout.site.layer} << 32 |
+                         (dropout.site.site | static_cast<std::uint32_t>(global_head) << 8)) +
+                            1)),
+        sample_(static_cast<std::uint32_t>(global_sample)),
+        step_(dropout.site.step),
+        p_(dropout.p) {}
+
+  bool keep(int64_t query, int64_t key) const {
+    const PhiloxCounter counter = {static_cast<std::uint32_t>(key >> 2),
+                                   static_cast<std::uint32_t>(query), sample_, step_};
+    return keep_word(philox4x32(counter, key_), key);
+  }
+
+  // m[r, j] = scale where probability (i0 + r, j0 + j) is kept, else 0, over an [nq, nk] tile
+  // (row stride `block`); zero past the causal limit of a diagonal tile. One Philox block
+  // serves four adjacent keys.
+  template <class T>
+  void fill_tile(T* m, int64_t i0, int64_t nq, int64_t j0, int64_t nk, int64_t block,
+                 bool diagonal, T scale) const {
+    for (int64_t r = 0; r < nq; ++r) {
+      T* mrow = m + r * block;
+      const int64_t limit = diagonal ? r + 1 : nk;
+      const auto query = static_cast<std::uint32_t>(i0 + r);
+      PhiloxCounter bits{};
+      int64_t bits_for = -1;  // the group of four keys `bits` holds
+      for (int64_t j = 0; j < limit; ++j) {
+        const int64_t key = j0 + j;
+        if (key >> 2 != bits_for) {
+          bits_for = key >> 2;
+          bits = philox4x32({static_cast<std::uint32_t>(bits_for), query, sample_, step_}, key_);
+        }
+        mrow[j] = keep_word(bits, key) ? scale : T(0);
+      }
+      for (int64_t j = limit; j < nk; ++j) mrow[j] = T(0);
+    }
+  }
+
+ private:
+  bool keep_word(const PhiloxCounter& bits, int64_t key) const {
+    // uniform_open0 is k / 2^24 for an integer k, so the comparison in double is exact.
+    return static_cast<double>(uniform_open0(bits[static_cast<std::size_t>(key & 3)])) > p_;
+  }
+
+  PhiloxKey key_;
+  std::uint32_t sample_, step_;
+  double p_;
+};
+
+// In place over an [nq, nk] tile (row stride `block`): a[r, j] *= m[r, j].
+template <class T>
+OASES_VECTOR_CLONES void multiply_tile(T* a, const T* m, int64_t nq, int64_t nk, int64_t block) {
+  for (int64_t r = 0; r < nq; ++r) {
+    T* arow = a + r * block;
+    const T* mrow = m + r * block;
+#pragma omp simd
+    for (int64_t j = 0; j < nk; ++j) arow[j] *= mrow[j];
+  }
+}
+
+void check_dropout(const AttentionDropout& dropout, const AttentionShape& shape) {
+  OASES_ASSERT(dropout.p >= 0.0 && dropout.p < 1.0,
+               "attention dropout probability must be in [0, 1), got {}", dropout.p);
+  if (dropout.p == 0.0) return;
+  OASES_ASSERT(dropout.site.site < 256, "attention dropout site {} must be below 256",
+               dropout.site.site);
+  OASES_ASSERT(dropout.sample_offset >= 0 && dropout.head_offset >= 0 &&
+                   dropout.head_offset + shape.heads <= (int64_t{1} << 24),
+               "attention dropout: sample offset {}, heads {}..{} (heads must be below 2^24)",
+               dropout.sample_offset, dropout.head_offset, dropout.head_offset + shape.heads);
+}
+
 void check_shape(const AttentionShape& shape, int64_t block) {
   const int64_t B = shape.batch, seq = shape.seq, heads = shape.heads;
   const int64_t kv_heads = shape.kv_heads, head_dim = shape.head_dim;
@@ -157,8 +235,11 @@ namespace detail {
 
 template <class T>
 void attention_forward_blocked(const T* qkv, T* out, T* lse, const AttentionShape& shape,
-                               int64_t block) {
+                               int64_t block, const AttentionDropout& dropout) {
   check_shape(shape, block);
+  check_dropout(dropout, shape);
+  const bool drops = dropout.p > 0.0;
+  const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
   const int64_t seq = shape.seq, heads = shape.heads, head_dim = shape.head_dim;
   const HeadColumns cols(shape);
   const int64_t ld = cols.qkv_ld, C = cols.out_ld;
@@ -166,11 +247,12 @@ void attention_forward_blocked(const T* qkv, T* out, T* lse, const AttentionShap
   const int64_t tasks = shape.batch * heads * blocks;
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
 
-  // Per thread: a score tile, an output accumulator and the running max and sum of a
-  // query block.
+  // Per thread: a score tile, an output accumulator, the running max and sum of a query
+  // block, and with dropout a mask tile.
   const int64_t tile = block * block;
   const int64_t acc_size = block * head_dim;
-  ThreadScratch<T> scratch(tile + acc_size + 2 * block, omp_get_max_threads());
+  ThreadScratch<T> scratch(tile + acc_size + 2 * block + (drops ? tile : 0),
+                           omp_get_max_threads());
 
   // A task is one query block of one (batch, q head); every output element is written by
   // exactly one task with a fixed order of operations, so the result does not depend on
@@ -183,6 +265,7 @@ void attention_forward_blocked(const T* qkv, T* out, T* lse, const AttentionShap
     T* acc = s + tile;
     T* row_max = acc + acc_size;
     T* row_sum = row_max + block;
+    T* mask = row_sum + block;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bh = task / blocks;
@@ -193,6 +276,7 @@ void attention_forward_blocked(const T* qkv, T* out, T* lse, const AttentionShap
       const int64_t nq = std::min(block, seq - i0);
       const T* q = qkv + (b * seq + i0) * ld + h * head_dim;
       const int64_t key_blocks = shape.causal ? qb + 1 : blocks;
+      const ProbabilityMask dropped(dropout, dropout.sample_offset + b, dropout.head_offset + h);
 
       std::fill(row_max, row_max + nq, -std::numeric_limits<T>::infinity());
       std::fill(row_sum, row_sum + nq, T(0));
@@ -203,8 +287,14 @@ void attention_forward_blocked(const T* qkv, T* out, T* lse, const AttentionShap
         const T* k = key_row + cols.k_begin + kv_head * head_dim;
         const T* v = key_row + cols.v_begin + kv_head * head_dim;
         tile_gemm(false, true, nq, nk, head_dim, T(1), q, ld, k, ld, T(0), s, block);
-        online_softmax_tile(s, nq, nk, block, shape.causal && kb == qb, kb == 0, scale, row_max,
-                            row_sum, acc, head_dim);
+        const bool diagonal = shape.causal && kb == qb;
+        online_softmax_tile(s, nq, nk, block, diagonal, kb == 0, scale, row_max, row_sum, acc,
+                            head_dim);
+        // The row sums above are the undropped ones; only the products with v see the mask.
+        if (drops) {
+          dropped.fill_tile(mask, i0, nq, j0, nk, block, diagonal, keep_scale);
+          multiply_tile(s, mask, nq, nk, block);
+        }
         tile_gemm(false, false, nq, head_dim, nk, T(1), s, block, v, ld, kb == 0 ? T(0) : T(1), acc,
                   head_dim);
       }
@@ -222,8 +312,12 @@ void attention_forward_blocked(const T* qkv, T* out, T* lse, const AttentionShap
 
 template <class T>
 void attention_backward_blocked(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
-                                const AttentionShape& shape, int64_t block) {
+                                const AttentionShape& shape, int64_t block,
+                                const AttentionDropout& dropout) {
   check_shape(shape, block);
+  check_dropout(dropout, shape);
+  const bool drops = dropout.p > 0.0;
+  const T keep_scale = static_cast<T>(1.0 / (1.0 - dropout.p));
   const int64_t seq = shape.seq, heads = shape.heads, head_dim = shape.head_dim;
   const HeadColumns cols(shape);
   const int64_t ld = cols.qkv_ld, C = cols.out_ld, group = cols.group;
@@ -231,10 +325,10 @@ void attention_backward_blocked(const T* dout, const T* qkv, const T* out, const
   const int64_t pairs = shape.batch * shape.kv_heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
 
-  // Per thread: the probability tile, the dP / dS tile and D for every row of every q head
-  // of the group.
+  // Per thread: the probability tile, the dP / dS tile, D for every row of every q head of the
+  // group, and with dropout a mask tile.
   const int64_t tile = block * block;
-  ThreadScratch<T> scratch(2 * tile + group * seq, omp_get_max_threads());
+  ThreadScratch<T> scratch(2 * tile + group * seq + (drops ? tile : 0), omp_get_max_threads());
 
   // One (batch, kv head) per task: its dK and dV rows collect contributions from every query
   // block of every q head of its group, so keeping the pair on one thread makes the
@@ -245,6 +339,7 @@ void attention_backward_blocked(const T* dout, const T* qkv, const T* out, const
     T* p = scratch.for_thread(omp_get_thread_num());
     T* ds = p + tile;
     T* row_dot_all = ds + tile;  // D_i = dO_i . O_i, [group, seq]
+    T* mask = row_dot_all + group * seq;
 #pragma omp for schedule(dynamic)
     for (int64_t pair = 0; pair < pairs; ++pair) {
       const int64_t b = pair / shape.kv_heads, kv_head = pair % shape.kv_heads;
@@ -290,6 +385,8 @@ void attention_backward_blocked(const T* dout, const T* qkv, const T* out, const
           T* dq_all = dqkv_b + h * head_dim;
           const T* row_dot = row_dot_all + r * seq;
           const T* l_all = lse + bh * seq;
+          const ProbabilityMask dropped(dropout, dropout.sample_offset + b,
+                                        dropout.head_offset + h);
           for (int64_t qb = shape.causal ? kb : 0; qb < blocks; ++qb) {
             const int64_t i0 = qb * block;
             const int64_t nq = std::min(block, seq - i0);
@@ -300,10 +397,19 @@ void attention_backward_blocked(const T* dout, const T* qkv, const T* out, const
 
             tile_gemm(false, true, nq, nk, head_dim, T(1), q, ld, k, ld, T(0), p, block);
             probabilities_tile(p, nq, nk, block, diagonal, scale, l_all + i0);
-            // dV_j += P^T dO_i
-            tile_gemm(true, false, nk, head_dim, nq, T(1), p, block, dor, C, T(1), dv, ld);
-            // dP = dO_i V_j^T, then dS = P * (dP - D) in place.
+            if (drops) {
+              // dV_j += P~^T dO_i with the dropped P~ = mask * P (formed in the dS tile).
+              dropped.fill_tile(mask, i0, nq, j0, nk, block, diagonal, keep_scale);
+              std::copy_n(p, (nq - 1) * block + nk, ds);
+              multiply_tile(ds, mask, nq, nk, block);
+              tile_gemm(true, false, nk, head_dim, nq, T(1), ds, block, dor, C, T(1), dv, ld);
+            } else {
+              // dV_j += P^T dO_i
+              tile_gemm(true, false, nk, head_dim, nq, T(1), p, block, dor, C, T(1), dv, ld);
+            }
+            // dP~ = dO_i V_j^T; dP = mask * dP~; then dS = P * (dP - D) in place.
             tile_gemm(false, true, nq, nk, head_dim, T(1), dor, C, v, ld, T(0), ds, block);
+            if (drops) multiply_tile(ds, mask, nq, nk, block);
             score_gradient_tile(p, ds, nq, nk, block, row_dot + i0);
             // dQ_i += scale dS K_j;  dK_j += scale dS^T Q_i
             tile_gemm(false, false, nq, head_dim, nk, scale, ds, block, k, ld, T(1), dq, ld);
@@ -332,15 +438,24 @@ void attention_backward_blocked(const T* dout, const T* qkv, const T* out, const
 
 }  // namespace detail
 
+bool attention_probability_keep(const DropoutSite& site, double p, int64_t global_sample,
+                                int64_t global_head, int64_t query, int64_t key) {
+  const AttentionDropout dropout{p, site, 0, 0};
+  check_dropout(dropout, AttentionShape{1, 1, global_head + 1, global_head + 1, 1, true});
+  if (p == 0.0) return true;
+  return ProbabilityMask(dropout, global_sample, global_head).keep(query, key);
+}
+
 template <class T>
-void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& shape) {
-  detail::attention_forward_blocked(qkv, out, lse, shape, kAttentionBlock);
+void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& shape,
+                       const AttentionDropout& dropout) {
+  detail::attention_forward_blocked(qkv, out, lse, shape, kAttentionBlock, dropout);
 }
 
 template <class T>
 void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
-                        const AttentionShape& shape) {
-  detail::attention_backward_blocked(dout, qkv, out, lse, dqkv, shape, kAttentionBlock);
+                        const AttentionShape& shape, const AttentionDropout& dropout) {
+  detail::attention_backward_blocked(dout, qkv, out, lse, dqkv, shape, kAttentionBlock, dropout);
 }
 
 template <class T>
@@ -357,13 +472,15 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
 }
 
 #define OASES_INSTANTIATE(T)                                                                      \
-  template void attention_forward<T>(const T*, T*, T*, const AttentionShape&);                    \
+  template void attention_forward<T>(const T*, T*, T*, const AttentionShape&,                     \
+                                     const AttentionDropout&);                                    \
   template void attention_backward<T>(const T*, const T*, const T*, const T*, T*,                 \
-                                      const AttentionShape&);                                     \
+                                      const AttentionShape&, const AttentionDropout&);            \
   template void detail::attention_forward_blocked<T>(const T*, T*, T*, const AttentionShape&,     \
-                                                     int64_t);                                    \
+                                                     int64_t, const AttentionDropout&);           \
   template void detail::attention_backward_blocked<T>(const T*, const T*, const T*, const T*, T*, \
-                                                      const AttentionShape&, int64_t);            \
+                                                      const AttentionShape&, int64_t,             \
+                                                      const AttentionDropout&);                   \
   template void attention_forward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t);       \
   template void attention_backward<T>(const T*, const T*, const T*, const T*, T*, int64_t,        \
                                       int64_t, int64_t, int64_t);                                 \

@@ -18,7 +18,19 @@
 // element is computed by one task in a fixed order, so results are bitwise reproducible and do
 // not depend on the number of threads. Float softmax uses exp_approx (kernels/cpu/fast_exp.h,
 // relative error < 3e-7); double is exact up to rounding.
+//
+// Attention dropout (Megatron-LM's attention_dropout, PyTorch's dropout_p): each probability is
+// dropped with probability p after the softmax and the survivors scaled by 1 / (1 - p), so
+//   out_h = (mask * softmax(...) / (1 - p)) v_g.
+// The row sums (and so lse) are those of the probabilities before dropout. Backward uses the
+// same identity as without dropout, D_i = dO_i . O_i = sum_j P~_ij dP~_ij (P~ the dropped
+// probabilities), and regenerates the mask tile by tile; nothing of size [seq, seq] is kept.
+// The mask is a pure function of global indices (the rule of attention_probability_keep), so
+// every tensor-parallel split of the heads, every split of the batch and recomputation draw
+// the same one.
 #pragma once
+
+#include "kernels/cpu/dropout.h"
 
 #include <cstdint>
 
@@ -30,16 +42,35 @@ struct AttentionShape {
   bool causal = true;
 };
 
+// Dropout on the attention probabilities of one call. p = 0 (the default) draws nothing.
+struct AttentionDropout {
+  double p = 0;                     // probability of dropping a probability, in [0, 1)
+  DropoutSite site;                 // seed, step, layer and site of the mask's stream
+  std::int64_t sample_offset = 0;   // global index of batch row 0
+  std::int64_t head_offset = 0;     // global index of query head 0
+};
+
+// True when probability (query, key) of head global_head of sample global_sample survives.
+// Exactly (the CUDA twin must draw the same bits):
+//   key     = philox_key(seed, ((uint64(layer) << 32) | (site | global_head << 8)) + 1)
+//   counter = {uint32(key / 4), uint32(query), uint32(global_sample), step}
+//   keep    = double(uniform_open0(philox4x32(counter, key)[key % 4])) > p
+// (one Philox block serves four adjacent keys; the site word carries the head above bit 8,
+// so site must be < 256 and the global head < 2^24).
+bool attention_probability_keep(const DropoutSite& site, double p, std::int64_t global_sample,
+                                std::int64_t global_head, std::int64_t query, std::int64_t key);
+
 // lse [batch, heads, seq]: the log-sum-exp of each row of scaled, masked scores; the backward
 // pass rebuilds the probabilities from it tile by tile.
 template <class T>
-void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& shape);
+void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& shape,
+                       const AttentionDropout& dropout = {});
 
 // dqkv (the layout of qkv) overwritten with the gradient with respect to qkv. dqkv must not
-// alias any input.
+// alias any input. `dropout` must be the forward pass's.
 template <class T>
 void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
-                        const AttentionShape& shape);
+                        const AttentionShape& shape, const AttentionDropout& dropout = {});
 
 // Causal multi-head attention (GPT-2): the functions above with
 // AttentionShape{B, seq, heads, heads, head_dim, true}, so qkv [B, seq, 3C], lse [B, heads,
@@ -64,11 +95,12 @@ namespace detail {
 // blocks (and partial ones) on small shapes. Any block >= 1 gives the same mathematics.
 template <class T>
 void attention_forward_blocked(const T* qkv, T* out, T* lse, const AttentionShape& shape,
-                               std::int64_t block);
+                               std::int64_t block, const AttentionDropout& dropout = {});
 
 template <class T>
 void attention_backward_blocked(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
-                                const AttentionShape& shape, std::int64_t block);
+                                const AttentionShape& shape, std::int64_t block,
+                                const AttentionDropout& dropout = {});
 
 // Causal multi-head forms.
 template <class T>
