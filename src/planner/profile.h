@@ -82,7 +82,9 @@ struct DegreeProfile {
   // Seconds to sum one transformer layer's gradients over the tp / degree replicas (0 for one).
   double replica_reduce_per_layer_s = 0;
   // How much slower compute runs while a collective of this group is in flight (0.1: 10%);
-  // on CPUs the progress thread and the network stack share the cores.
+  // on CPUs the progress thread and the network stack share the cores. At degree 1 (a group
+  // of one), a collective over the ranks beside it (its replicas, or the copies of the group a
+  // launcher ran beside it); 0 where there are none.
   double overlap_slowdown = 0;
   // How much longer a collective of this group takes while compute runs (0.2: 20%): on CPUs
   // the compute threads take the cores the network stack needs.

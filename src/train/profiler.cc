@@ -24,9 +24,10 @@ namespace {
 using planner::median;
 
 // How compute and communication slow each other down on these devices (every rank of the
-// group calls it): a GEMM of the MLP's shape timed alone and while an all-reduce of one
-// activation is in flight on `group`, and that all-reduce timed alone and while GEMMs run. The
-// GEMM loop runs until the all-reduce completes, so the comparison covers the whole transfer.
+// group calls it): a GEMM of the MLP's shape at tensor-parallel degree `degree` timed alone and
+// while an all-reduce of one activation is in flight on `group`, and that all-reduce timed alone
+// and while GEMMs run. The GEMM loop runs until the all-reduce completes, so the comparison
+// covers the whole transfer.
 struct OverlapSlowdown {
   double compute = 0;     // GEMM time under the all-reduce / alone - 1
   double collective = 0;  // all-reduce time under GEMMs / alone - 1
@@ -39,11 +40,12 @@ double wire_seconds(const comm::Work& work, double fallback) {
                 : fallback;
 }
 
-OverlapSlowdown measure_overlap_slowdown(comm::Communicator& group, const RunConfig& c) {
+OverlapSlowdown measure_overlap_slowdown(comm::Communicator& group, const RunConfig& c,
+                                         int degree) {
   if (group.size() == 1) return {};
   namespace k = kernels::cpu;
   const std::int64_t n = c.train.micro_batch * c.model.seq_len, C = c.model.hidden,
-                     F = c.model.ffn_hidden / group.size();
+                     F = c.model.ffn_hidden / degree;
   std::vector<float> x(static_cast<std::size_t>(n * C), 0.5f),
       w(static_cast<std::size_t>(C * F), 0.01f), y(static_cast<std::size_t>(n * F));
   std::vector<float> activation(static_cast<std::size_t>(n * C), 1.0f);
@@ -276,7 +278,14 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
         static_cast<double>(memory.optimizer - optimizer_offloaded) / parameter_bytes;
     degree.static_activation_bytes =
         static_cast<std::int64_t>(engine.model().static_activation_bytes());
-    const OverlapSlowdown slowdown = measure_overlap_slowdown(mesh.tp_group(), c);
+    // A group of one rank has no tensor-parallel link, but its compute still shares the device
+    // with reductions over the ranks beside it: its replicas at this degree (dp group), or with
+    // tp 1 the copies of the group started beside it (the mesh's third axis). Measured over
+    // those, as a data-parallel run's gradient all-reduces would run.
+    comm::Communicator& beside = mesh.tp_group().size() > 1   ? mesh.tp_group()
+                                 : mesh.dp_group().size() > 1 ? mesh.dp_group()
+                                                              : mesh.pp_group();
+    const OverlapSlowdown slowdown = measure_overlap_slowdown(beside, c, k);
     degree.overlap_slowdown = slowdown.compute;
     degree.collective_slowdown = slowdown.collective;
     // Replicas of a layer sum its gradients: time that over the replica group.
