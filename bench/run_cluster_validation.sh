@@ -4,7 +4,9 @@
 # with half the cap's rate as each direction's link (--cluster-set tier.loopback.link_gbs; tc
 # shapes both directions of the loopback together, see the cluster file) and compute from
 # `oases profile` (each family of configs profiled under the cap of each rate it runs at, on both
-# ranks at once, as the runs compute).
+# ranks at once, as the runs compute; the overlapped family's profile measures how compute and
+# communication slow each other from steps of its oases schedule, which also stand for the
+# cross-pass schedule and the mixed plan).
 # Model: configs/overlap.toml (GPT 6 layers, hidden 1024, 16 heads, seq 256, byte vocabulary,
 # fp32, micro-batch 4); one thread per rank. Configurations:
 #   tp 2 under megatron (full recomputation), fine-grained, cross-pass and oases, at RATE1 and

@@ -1,6 +1,7 @@
 #include "planner/cost_model.h"
 
 #include "core/error.h"
+#include "planner/profiler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -212,19 +213,7 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows,
   costs.compute = [&program, d, factor](const schedule::Instruction& ins) {
     const auto it = d.segments.find(kind_at(program, ins.segment));
     if (it == d.segments.end()) return 0.0;
-    const SegmentTimes& t = it->second;
-    switch (ins.op) {
-      case schedule::Op::forward:
-        return t.forward_s * factor;
-      case schedule::Op::recompute:
-        // Whole-layer recomputation also reruns the output GEMM and, for the MLP half, the
-        // epilogue: a forward pass; the others regenerate what fine-grained recomputation does.
-        return (ins.sets & ops::kOutput ? t.forward_s : t.recompute_s) * factor;
-      case schedule::Op::backward:
-        return (ins.stage == 0 ? t.backward0_s : t.backward1_s) * factor;
-      default:
-        return 0.0;
-    }
+    return segment_seconds(it->second, ins) * factor;
   };
   costs.collective = [&program, d, factor](const schedule::Instruction& ins) {
     const std::string key = kind_at(program, ins.segment) +
@@ -264,23 +253,13 @@ std::function<double(const schedule::Instruction&)> profiled_compute(const Profi
     const std::string kind = kind_at(program, ins.segment);
     const auto it = d.segments.find(kind);
     if (it == d.segments.end()) return 0.0;  // a reshard's epilogue: counted in attention's
-    const SegmentTimes& t = it->second;
     double factor = sub_batch_rows * shape.degree / profile.tp / static_cast<double>(d.rows);
     // The experts take the busiest expert-parallel rank's time (Profile::expert_load_imbalance).
     if (kind == "experts")
       if (const auto busiest = profile.expert_load_imbalance.find(shape.layer);
           busiest != profile.expert_load_imbalance.end())
         factor *= busiest->second;
-    switch (ins.op) {
-      case schedule::Op::forward: return t.forward_s * factor;
-      case schedule::Op::recompute:
-        // Whole-layer recomputation also reruns the output GEMM and, for the MLP half, the
-        // epilogue: a forward pass; the others regenerate what fine-grained recomputation does.
-        return (ins.sets & ops::kOutput ? t.forward_s : t.recompute_s) * factor;
-      case schedule::Op::backward:
-        return (ins.stage == 0 ? t.backward0_s : t.backward1_s) * factor;
-      default: return 0.0;
-    }
+    return segment_seconds(it->second, ins) * factor;
   };
 }
 

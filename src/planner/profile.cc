@@ -192,6 +192,10 @@ std::string to_json(const Profile& p) {
     out["zero"] = p.zero;
     out["offload"] = p.offload;
   }
+  if (p.replica_link.ranks > 0)
+    out["replica_link"] = {{"bytes", p.replica_link.bytes},
+                           {"ranks", p.replica_link.ranks},
+                           {"seconds", p.replica_link.seconds}};
   if (p.ep > 1) {
     out["ep"] = p.ep;
     out["expert_link"] = {{"bytes_per_second", p.expert_link.bytes_per_second},
@@ -266,6 +270,16 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
       p.degrees.push_back(std::move(degree));
     }
     p.reshards = j.at("reshards").get<std::map<std::string, double>>();
+    if (j.contains("replica_link")) {
+      const json& link = j.at("replica_link");
+      p.replica_link = {integer_at<std::int64_t>(link, "bytes", source),
+                        integer_at<int>(link, "ranks", source), link.at("seconds").get<double>()};
+      OASES_CHECK(p.replica_link.bytes > 0 && p.replica_link.ranks >= 2 &&
+                      std::isfinite(p.replica_link.seconds) && p.replica_link.seconds > 0,
+                  "{}: malformed profile (replica_link: {} bytes over {} ranks in {} s: bytes "
+                  "must be > 0, ranks >= 2 and seconds finite and > 0)",
+                  source, p.replica_link.bytes, p.replica_link.ranks, p.replica_link.seconds);
+    }
     if (j.contains("ep")) {
       p.ep = integer_at<int>(j, "ep", source);
       const json& link = j.at("expert_link");

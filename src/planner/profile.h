@@ -82,12 +82,15 @@ struct DegreeProfile {
   // Seconds to sum one transformer layer's gradients over the tp / degree replicas (0 for one).
   double replica_reduce_per_layer_s = 0;
   // How much slower compute runs while a collective of this group is in flight (0.1: 10%);
-  // on CPUs the progress thread and the network stack share the cores. At degree 1 (a group
-  // of one), a collective over the ranks beside it (its replicas, or the copies of the group a
+  // on CPUs the progress thread and the network stack share the cores. At the whole group's
+  // degree under a schedule that overlaps its collectives (cross-pass, oases, ...), measured
+  // from that schedule's own training steps (planner::OverlapCollector) where enough of them
+  // overlapped; otherwise from a GEMM loop under an all-reduce of one activation. At degree 1
+  // (a group of one), over the ranks beside it (its replicas, or the copies of the group a
   // launcher ran beside it); 0 where there are none.
   double overlap_slowdown = 0;
   // How much longer a collective of this group takes while compute runs (0.2: 20%): on CPUs
-  // the compute threads take the cores the network stack needs.
+  // the compute threads take the cores the network stack needs. Measured as overlap_slowdown.
   double collective_slowdown = 0;
   std::map<std::string, std::map<std::string, std::int64_t>> activation_bytes;  // kind -> set
   // Boundary buffers and scratch of one sub-batch of `rows` sequences, allocated once.
@@ -104,6 +107,16 @@ struct ExpertLink {
   double bytes_per_second = 0;
   double latency_s = 0;
   bool operator==(const ExpertLink&) const = default;
+};
+
+// A blocking all-reduce between the ranks a data-parallel run's gradient reductions cross on
+// the profiled machine: `bytes` per rank (one transformer layer's gradients at degree 1) over
+// `ranks` ranks took `seconds`. ranks 0: not measured.
+struct ReplicaLink {
+  std::int64_t bytes = 0;
+  int ranks = 0;
+  double seconds = 0;
+  bool operator==(const ReplicaLink&) const = default;
 };
 
 // The segment kinds of an MoE layer, in program order.
@@ -156,6 +169,11 @@ struct Profile {
   // all-to-all, so a layer's experts take the busiest rank's time: the simulation scales the
   // experts' profiled time (the mean rank's, as an ep = 1 run has it) by this.
   std::map<int, double> expert_load_imbalance;
+  // The link the replicas' gradients cross: at tp > 1 the degree-1 replicas' all-reduce
+  // (DegreeProfile::replica_reduce_per_layer_s), at tp = 1 one over the copies of the group a
+  // launcher ran beside it. A cluster description of this machine takes its link's efficiency
+  // at that transfer size from it (train::calibrate_replica_link). Optional in the file.
+  ReplicaLink replica_link;
 
   // The bytes held per parameter byte besides one copy of the parameters and one of the
   // gradients (the sum of the three ratios less 2; may be negative): the profile's

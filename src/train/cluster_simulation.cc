@@ -8,6 +8,7 @@
 #include "planner/cost_model.h"
 #include "schedule/schedule.h"
 #include "sim/cluster_costs.h"
+#include "sim/collective_costs.h"
 #include "sim/placement.h"
 #include "train/engine.h"
 #include "train/rank_schedule.h"
@@ -19,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <utility>
 
 namespace oases::train {
@@ -145,6 +147,31 @@ std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const RunConfig& config,
   return r;
 }
 
+sim::ClusterSpec calibrate_replica_link(const sim::ClusterSpec& cluster,
+                                        const planner::Profile& profile) {
+  const planner::ReplicaLink& link = profile.replica_link;
+  if (link.ranks < 2 || link.ranks > cluster.devices() || link.seconds <= 0) return cluster;
+  sim::DeviceGroup group(static_cast<std::size_t>(link.ranks));
+  std::iota(group.begin(), group.end(), 0);
+  sim::ClusterSpec out = cluster;
+  sim::LinkTier& tier = out.tiers.at(static_cast<std::size_t>(out.tier_of(group)));
+  const sim::EfficiencyCurve given = tier.efficiency;
+  tier.efficiency = {};
+  const sim::RingPath ring = sim::ring_path(out, group);
+  const double n = link.ranks, bytes = static_cast<double>(link.bytes);
+  const double on_the_wire = link.seconds - 2 * (n - 1) * ring.latency_seconds;
+  const double at_full_rate = 2 * (n - 1) / n * bytes / ring.bytes_per_second;
+  const double fraction =
+      on_the_wire > 0 ? std::clamp(at_full_rate / on_the_wire, 1e-3, 1.0) : 1.0;
+  for (std::size_t i = 0; i < given.x.size() && given.x[i] < bytes; ++i) {
+    tier.efficiency.x.push_back(given.x[i]);
+    tier.efficiency.fraction.push_back(given.fraction[i]);
+  }
+  tier.efficiency.x.push_back(bytes);
+  tier.efficiency.fraction.push_back(fraction);
+  return out;
+}
+
 bool cluster_layout_is_symmetric(const RunConfig& config, const sim::ClusterSpec& cluster) {
   const sim::RankLayout layout = rank_layout(config);
   std::vector<std::function<sim::DeviceGroup(int)>> kinds = {
@@ -170,8 +197,12 @@ bool cluster_layout_is_symmetric(const RunConfig& config, const sim::ClusterSpec
   return true;
 }
 
-ClusterSimulation simulate_cluster(const RunConfig& config, const sim::ClusterSpec& cluster,
+ClusterSimulation simulate_cluster(const RunConfig& config, const sim::ClusterSpec& given,
                                    const ClusterSimulationOptions& options) {
+  const sim::ClusterSpec cluster =
+      given.device.computes_from_profile() && options.profile != nullptr
+          ? calibrate_replica_link(given, *options.profile)
+          : given;
   const sim::RankLayout layout = rank_layout(config);
   sim::check_cluster_holds(cluster, layout.world(), cluster.name);
   const bool profiled = cluster.device.computes_from_profile();

@@ -44,8 +44,9 @@ struct ClusterSimulationOptions {
   // every compute instruction takes its segment kind's profiled time at the segment's degree
   // (planner::profiled_compute), a zero-bubble BackwardWeight half of its stage 0; the
   // optimizer step the profiled one over this rank's share of the parameters; the slowdowns
-  // the profile's, measured at the whole group's degree. Must outlive the call; it must match
-  // the config (planner::check_profile_matches).
+  // the profile's, measured at the whole group's degree; the link's efficiency for large
+  // transfers the profile's measured all-reduce (calibrate_replica_link). Must outlive the call;
+  // it must match the config (planner::check_profile_matches).
   const planner::Profile* profile = nullptr;
 };
 
@@ -106,6 +107,18 @@ std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const RunConfig& config,
                                                      const sim::ClusterSpec& cluster,
                                                      const sim::RankLayout& layout, int rank,
                                                      const planner::Profile* profile = nullptr);
+
+// `cluster` with its link taking its efficiency at the profile's Profile::replica_link size from
+// that measurement (a cluster that computes from a profile describes the machine the profile
+// was taken on, and how much of a link a large transfer reaches depends on that machine's
+// network stack): the tier holding the first replica_link.ranks devices gets the point
+// (bytes, fraction) on its efficiency curve in place of its points at and beyond that size, the
+// fraction being what makes the ring all-reduce of sim/collective_costs.h take the measured
+// time, within (0, 1]. Smaller transfers keep the curve's points below that size (none: the
+// measured fraction holds for them too). Unchanged when the profile has no replica_link or the
+// cluster fewer devices.
+sim::ClusterSpec calibrate_replica_link(const sim::ClusterSpec& cluster,
+                                        const planner::Profile& profile);
 
 // Whether the symmetry rule holds for the config's layout on the cluster.
 bool cluster_layout_is_symmetric(const RunConfig& config, const sim::ClusterSpec& cluster);

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <vector>
 
 namespace oases::train {
@@ -89,6 +90,29 @@ OverlapSlowdown measure_overlap_slowdown(comm::Communicator& group, const RunCon
   }
   return {std::max(0.0, median(overlapped) / median(alone) - 1.0),
           std::max(0.0, median(reduce_overlapped) / median(reduce_alone) - 1.0)};
+}
+
+// Fixed random tokens for the profile's steps (any will do: the compute does not depend on
+// them, except an MoE router's choices, which the profile records).
+struct Tokens {
+  std::vector<std::int32_t> inputs, targets;
+};
+Tokens profile_tokens(const RunConfig& c) {
+  const auto tokens = static_cast<std::size_t>(c.train.micro_batch * c.model.seq_len);
+  Tokens t{std::vector<std::int32_t>(tokens), std::vector<std::int32_t>(tokens)};
+  const PhiloxKey key = philox_key(static_cast<std::uint64_t>(c.train.seed), fnv1a64("profile"));
+  for (std::size_t i = 0; i < tokens; ++i) {
+    const auto block = philox4x32({static_cast<std::uint32_t>(i), 0, 0, 0}, key);
+    const auto vocab = static_cast<std::uint32_t>(c.model.vocab_size);
+    t.inputs[i] = static_cast<std::int32_t>(block[0] % vocab);
+    t.targets[i] = static_cast<std::int32_t>(block[1] % vocab);
+  }
+  return t;
+}
+
+// Schedules whose compute runs while their own tensor-parallel collectives are on the wire.
+bool overlaps_collectives(schedule::ScheduleKind kind) {
+  return kind != schedule::ScheduleKind::megatron && kind != schedule::ScheduleKind::fine_grained;
 }
 
 // The all-gather of a reshard between degrees a < b: every group of b ranks gathers one
@@ -220,25 +244,43 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     c.checkpoint = {};
     c.log = {};
     TrainingEngine engine(c, ParallelGroups{&mesh.tp_group(), nullptr, {}, {}});
-    const std::int64_t tokens = c.train.micro_batch * c.model.seq_len;
-    std::vector<std::int32_t> inputs(static_cast<std::size_t>(tokens)), targets(inputs.size());
-    const PhiloxKey key = philox_key(static_cast<std::uint64_t>(c.train.seed), fnv1a64("profile"));
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-      const auto block = philox4x32({static_cast<std::uint32_t>(i), 0, 0, 0}, key);
-      inputs[i] =
-          static_cast<std::int32_t>(block[0] % static_cast<std::uint32_t>(c.model.vocab_size));
-      targets[i] =
-          static_cast<std::int32_t>(block[1] % static_cast<std::uint32_t>(c.model.vocab_size));
+    const Tokens tokens = profile_tokens(c);
+    // At the whole group's degree, a schedule that overlaps compute with its collectives runs
+    // its own steps too, one after each timed blocking step (so that both see the shared host
+    // alike): they measure how compute and communication slow each other in training steps
+    // rather than in a synthetic loop (planner::OverlapCollector).
+    std::unique_ptr<TrainingEngine> overlapped;
+    Tokens overlapped_tokens;
+    if (k == T && T > 1 && overlaps_collectives(spec.kind)) {
+      RunConfig o = c;
+      o.parallel.schedule = config.parallel.schedule;
+      o.parallel.recompute = config.parallel.recompute;
+      o.parallel.recompute_every = config.parallel.recompute_every;
+      o.parallel.sub_batches = config.parallel.sub_batches;
+      o.train.micro_batch = o.train.global_batch = config.train.micro_batch;
+      overlapped = std::make_unique<TrainingEngine>(
+          o, ParallelGroups{&mesh.tp_group(), nullptr, {}, {}});
+      overlapped_tokens = profile_tokens(o);
     }
-    for (int s = 0; s < options.warmup_steps; ++s)
-      engine.train_step(s, inputs.data(), targets.data());
+    for (int s = 0; s < options.warmup_steps; ++s) {
+      engine.train_step(s, tokens.inputs.data(), tokens.targets.data());
+      if (overlapped)
+        overlapped->train_step(s, overlapped_tokens.inputs.data(), overlapped_tokens.targets.data());
+    }
     planner::TimingCollector timings;
+    planner::OverlapCollector overlap;
     engine.set_listener(&timings);
+    if (overlapped) overlapped->set_listener(&overlap);
     // Each MoE layer's kept assignments per expert over the timed steps (the stats restart
     // with every step).
     std::map<int, std::vector<double>> routed;
     for (int s = 0; s < options.steps; ++s) {
-      engine.train_step(options.warmup_steps + s, inputs.data(), targets.data());
+      engine.train_step(options.warmup_steps + s, tokens.inputs.data(), tokens.targets.data());
+      if (overlapped) {
+        overlapped->train_step(options.warmup_steps + s, overlapped_tokens.inputs.data(),
+                               overlapped_tokens.targets.data());
+        overlap.end_step();
+      }
       const auto& stats = engine.model().moe_stats();
       for (std::size_t layer = 0; layer < stats.size(); ++layer) {
         const std::vector<double>& counts = stats[layer].tokens_per_expert;
@@ -288,19 +330,42 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     const OverlapSlowdown slowdown = measure_overlap_slowdown(beside, c, k);
     degree.overlap_slowdown = slowdown.compute;
     degree.collective_slowdown = slowdown.collective;
-    // Replicas of a layer sum its gradients: time that over the replica group.
+    if (overlapped) {
+      overlapped->set_listener(nullptr);
+      const planner::OverlapCollector::Estimate traced = overlap.estimate(degree);
+      if (traced.compute_slowdown) degree.overlap_slowdown = *traced.compute_slowdown;
+      if (traced.collective_slowdown) degree.collective_slowdown = *traced.collective_slowdown;
+      if (options.progress)
+        log_info("degree {}: under the {} schedule, {:.0f}% of compute ran with a collective on "
+                 "the wire and {:.0f}% of the collectives' time beside compute; slowdowns {:.3f} "
+                 "(compute{}) and {:.3f} (collectives{})",
+                 k, schedule::name(spec.kind), 100 * traced.compute_share_in_flight,
+                 100 * traced.collective_share_under_compute, degree.overlap_slowdown,
+                 traced.compute_slowdown ? ", traced" : ", synthetic loop",
+                 degree.collective_slowdown,
+                 traced.collective_slowdown ? ", traced" : ", synthetic loop");
+    }
+    // Replicas of a layer sum its gradients: time that over the replica group. At degree 1 the
+    // same all-reduce also describes the link a data-parallel run's reductions cross
+    // (Profile::replica_link); with tp = 1 it is timed over the ranks beside the group.
     comm::Communicator& replicas = mesh.dp_group();
-    if (replicas.size() > 1) {
+    comm::Communicator* reducing = replicas.size() > 1          ? &replicas
+                                   : k == 1 && beside.size() > 1 ? &beside
+                                                                 : nullptr;
+    if (reducing != nullptr) {
       std::vector<float> grads(static_cast<std::size_t>(degree.parameter_bytes_per_layer / element),
                                1.0f);
       std::vector<double> times;
       for (int s = 0; s < options.steps + 1; ++s) {
-        replicas.barrier();
+        reducing->barrier();
         const Stopwatch clock;
-        replicas.all_reduce(Tensor::of(grads.data(), {static_cast<std::int64_t>(grads.size())}));
+        reducing->all_reduce(Tensor::of(grads.data(), {static_cast<std::int64_t>(grads.size())}));
         if (s > 0) times.push_back(clock.seconds());  // the first warms the connections up
       }
-      degree.replica_reduce_per_layer_s = median(times);
+      if (reducing == &replicas) degree.replica_reduce_per_layer_s = median(times);
+      if (k == 1)
+        profile.replica_link = {static_cast<std::int64_t>(grads.size() * sizeof(float)),
+                                reducing->size(), median(times)};
     }
     for (const ops::SegmentShape& shape : engine.model().program().segments) {
       auto& sets = degree.activation_bytes[planner::segment_kind(shape.name)];

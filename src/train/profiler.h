@@ -29,7 +29,10 @@ planner::Profile profile_of_run(const RunConfig& config, const schedule::Schedul
 // a sub-batch with blocking collectives and fine-grained recomputation, so that every segment
 // action and every collective is timed on its own. MoE segments run with every expert local
 // (ep = 1); with parallel.ep > 1 the link of the expert-parallel group (make_mesh(tp, ep) with
-// its expert groups) is measured apart (planner::Profile::expert_link).
+// its expert groups) is measured apart (planner::Profile::expert_link). At degree tp, when the
+// run's schedule overlaps compute with its collectives, that schedule's own steps run after
+// each timed step and give the degree's overlap_slowdown and collective_slowdown
+// (planner::OverlapCollector); otherwise a GEMM loop under an all-reduce gives them.
 // Every rank returns the profile of its group; rank 0's is the one to write.
 planner::Profile run_profile(const RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh);

@@ -43,6 +43,9 @@ tp = 2
       std::string(OASES_BINARY) + " profile --config " + (dir / "tiny.toml").string() +
       " --steps 2 --output " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The run's schedule (auto: oases at tp 2) overlaps: its own steps at degree 2 measure how
+  // compute and communication slow each other.
+  EXPECT_NE(r.output.find("degree 2: under the oases schedule"), std::string::npos) << r.output;
   const auto profile = oases::planner::read_profile(out);
   const auto config = oases::train::load_run_config((dir / "tiny.toml").string());
   EXPECT_NO_THROW(oases::planner::check_profile_matches(profile, config.model, 4, 2, {1, 2}, out));
@@ -67,6 +70,10 @@ tp = 2
   EXPECT_FALSE(profile.degrees[0].collectives.contains("head_softmax.fwd_s"));
   // Two replicas of degree 1 sum their gradients; one replica of degree 2 has nobody to sum with.
   EXPECT_GT(profile.degrees[0].replica_reduce_per_layer_s, 0);
+  // The degree-1 replicas' reduction also describes the link: one layer's fp32 gradients.
+  EXPECT_EQ(profile.replica_link.ranks, 2);
+  EXPECT_EQ(profile.replica_link.bytes, profile.degrees[0].parameter_bytes_per_layer);
+  EXPECT_EQ(profile.replica_link.seconds, profile.degrees[0].replica_reduce_per_layer_s);
   EXPECT_EQ(profile.degrees[1].replica_reduce_per_layer_s, 0);
   EXPECT_GT(profile.degrees[0].parameter_bytes, profile.degrees[1].parameter_bytes);
   EXPECT_GT(profile.reshard_seconds(1, 2), 0);

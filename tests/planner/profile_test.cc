@@ -67,6 +67,30 @@ TEST(Profile, RoundTripsThroughJson) {
   EXPECT_EQ(to_json(q), to_json(p));
 }
 
+TEST(Profile, RoundTripsTheReplicaLinkAndRejectsAMalformedOne) {
+  Profile p = sample();
+  EXPECT_EQ(to_json(p).find("replica_link"), std::string::npos);  // optional: absent unmeasured
+  p.replica_link = {50'384'896, 2, 1.0126};
+  const std::string text = to_json(p);
+  EXPECT_EQ(profile_from_json(text, "p.json").replica_link, p.replica_link);
+  const auto with = [&](const std::string& from, const std::string& to) {
+    std::string out = text;
+    const auto at = out.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return out.replace(at, from.size(), to);
+  };
+  const std::string error = user_error_of(
+      [&] { profile_from_json(with("\"ranks\": 2", "\"ranks\": 1"), "p.json"); });
+  EXPECT_NE(error.find("p.json: malformed profile (replica_link: 50384896 bytes over 1 ranks in "
+                       "1.0126 s: bytes must be > 0, ranks >= 2 and seconds finite and > 0)"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(user_error_of([&] {
+              profile_from_json(with("\"seconds\": 1.0126", "\"seconds\": -1"), "p.json");
+            }).find("replica_link"),
+            std::string::npos);
+}
+
 TEST(Profile, RoundTripsTheMemoryRatiosAndTheSettingsTheyWereMeasuredUnder) {
   Profile p = sample();
   // bf16 over fp32 masters, ZeRO-2 at two ranks, AdamW's state offloaded.

@@ -157,5 +157,65 @@ TEST(ClusterSimulation, ClustersThatCannotRunTheConfigAreClearErrors) {
   }
 }
 
+// Two CPU ranks over one capped link, as clusters/this-machine-loopback.toml describes them.
+sim::ClusterSpec loopback(sim::EfficiencyCurve efficiency) {
+  sim::ClusterSpec c;
+  c.name = "test-loopback";
+  c.nodes = 2;
+  c.devices_per_node = 1;
+  c.device.name = "CPU rank";
+  c.device.memory_bytes = 8.0 * (1 << 30);
+  c.device.memory_bytes_per_second = 1e10;
+  c.tiers = {{"loopback", 2, 50e6, 0, 60e-6, std::move(efficiency)}};
+  return c;
+}
+
+planner::Profile measured_link(std::int64_t bytes, int ranks, double seconds) {
+  planner::Profile p;
+  p.replica_link = {bytes, ranks, seconds};
+  return p;
+}
+
+TEST(CalibrateReplicaLink, TheMeasuredAllReduceTakesItsMeasuredTime) {
+  // 50 MB each way at 50 MB/s: 1 s on the wire, plus 2 steps of 60 us. Measured 1.25 s more:
+  // the link reached 0.8 of its rate at that size.
+  const sim::ClusterSpec given = loopback({{4.2e6, 1e8}, {1.0, 0.6}});
+  const double seconds = 1.25 + 120e-6;
+  const sim::ClusterSpec c = calibrate_replica_link(given, measured_link(50'000'000, 2, seconds));
+  const sim::EfficiencyCurve& curve = c.tiers.at(0).efficiency;
+  ASSERT_EQ(curve.x, (std::vector<double>{4.2e6, 5e7}));  // the point beyond it is replaced
+  EXPECT_DOUBLE_EQ(curve.fraction.at(0), 1.0);
+  EXPECT_NEAR(curve.fraction.at(1), 0.8, 1e-12);
+  EXPECT_NEAR(sim::collective_seconds(c, sim::CollectiveOp::all_reduce, 5e7, {0, 1}), seconds,
+              1e-12);
+  // Below the first point transfers are priced as before; beyond the measured size the
+  // measured fraction holds.
+  EXPECT_DOUBLE_EQ(sim::collective_seconds(c, sim::CollectiveOp::all_reduce, 1e6, {0, 1}),
+                   sim::collective_seconds(given, sim::CollectiveOp::all_reduce, 1e6, {0, 1}));
+  EXPECT_DOUBLE_EQ(c.tiers[0].efficiency_at(2e8), curve.fraction.at(1));
+}
+
+TEST(CalibrateReplicaLink, WithoutACurveTheFractionHoldsForEverySize) {
+  const sim::ClusterSpec c =
+      calibrate_replica_link(loopback({}), measured_link(50'000'000, 2, 2.0 + 120e-6));
+  EXPECT_NEAR(c.tiers[0].efficiency_at(1e3), 0.5, 1e-12);
+  EXPECT_NEAR(c.tiers[0].efficiency_at(5e7), 0.5, 1e-12);
+}
+
+TEST(CalibrateReplicaLink, AFasterMeasurementThanTheLinkIsTheWholeLink) {
+  const sim::ClusterSpec c =
+      calibrate_replica_link(loopback({}), measured_link(50'000'000, 2, 0.9));
+  EXPECT_DOUBLE_EQ(c.tiers[0].efficiency_at(5e7), 1.0);
+}
+
+TEST(CalibrateReplicaLink, NothingMeasuredOrTooFewDevicesLeavesTheClusterAlone) {
+  const sim::ClusterSpec given = loopback({{4.2e6, 5.04e7}, {1.0, 0.854}});
+  for (const planner::Profile& p : {planner::Profile{}, measured_link(50'000'000, 4, 1.0)}) {
+    const sim::ClusterSpec c = calibrate_replica_link(given, p);
+    EXPECT_EQ(c.tiers[0].efficiency.x, given.tiers[0].efficiency.x);
+    EXPECT_EQ(c.tiers[0].efficiency.fraction, given.tiers[0].efficiency.fraction);
+  }
+}
+
 }  // namespace
 }  // namespace oases::train
