@@ -175,18 +175,22 @@ CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
   costs.overlap_slowdown = cluster.device.overlap_slowdown;
   costs.collective_slowdown = cluster.device.collective_slowdown;
   // A layer's replicas (over data parallelism, and inside the tensor-parallel group for layers
-  // below its degree) reduce on the tensor-parallel collectives' link when their groups meet
-  // the same tier.
+  // below its degree) reduce on the collectives' link when their groups meet the same tier. The
+  // collectives' lane carries the tensor-parallel collectives and, with ep > 1, the MoE layers'
+  // all-to-alls over the expert-parallel group.
   int smallest_degree = layout.tp;
   for (const ops::SegmentShape& shape : program.segments)
     smallest_degree = std::min(smallest_degree, std::max(1, shape.degree));
-  const DeviceGroup tensor_parallel = layout.tp_group(rank);
   const DeviceGroup replicas_of_smallest = layout.tp_replica_group(rank, smallest_degree);
-  const int tp_tier = cluster.tier_of(tensor_parallel);
-  costs.shared_link = tensor_parallel.size() > 1 && replicas_of_smallest.size() > 1 &&
-                      tp_tier == cluster.tier_of(replicas_of_smallest);
-  costs.shared_link_in_issue_order =
-      costs.shared_link && cluster.tiers[static_cast<std::size_t>(tp_tier)].in_issue_order;
+  if (replicas_of_smallest.size() > 1) {
+    const int replica_tier = cluster.tier_of(replicas_of_smallest);
+    const auto meets = [&](const DeviceGroup& group) {
+      return group.size() > 1 && cluster.tier_of(group) == replica_tier;
+    };
+    costs.shared_link = meets(layout.tp_group(rank)) || (layout.ep > 1 && meets(layout.ep_group(rank)));
+    costs.shared_link_in_issue_order =
+        costs.shared_link && cluster.tiers[static_cast<std::size_t>(replica_tier)].in_issue_order;
+  }
   return costs;
 }
 

@@ -53,8 +53,9 @@ struct CostModel {
   double optimizer_step = 0;
   double overlap_slowdown = 0;     // compute under in-flight communication takes (1 + this) x
   double collective_slowdown = 0;  // communication while compute runs takes (1 + this) x
-  // The data-parallel reductions use the same link as the tensor-parallel collectives (the
-  // replicas of a layer inside the tensor-parallel group).
+  // The data-parallel reductions use the same link as the collectives' lane (the replicas of a
+  // layer inside the tensor-parallel group, or the experts' all-to-alls between data-parallel
+  // ranks that are also the layer's replicas).
   bool shared_link = false;
   // On a shared link, the two lanes' transfers move one at a time in the order they were
   // issued (a transport that keeps one process pair's messages in order) instead of splitting

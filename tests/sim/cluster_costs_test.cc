@@ -153,6 +153,16 @@ TEST(ClusterCosts, ExpertBucketsReduceOverTheirExpertReplicas) {
   const CostModel two = cluster_costs(cluster, program, {.layout = {.tp = 1, .dp = 2, .ep = 2}, .rank = 1});
   EXPECT_EQ(two.reduce_grads(experts), 0.0);
   EXPECT_GT(two.reduce_grads(dense), 0.0);
+  // The experts' all-to-alls (the collectives' lane) and the dense layers' reductions cross the
+  // same pair of devices: they share its link.
+  EXPECT_TRUE(two.shared_link);
+  EXPECT_FALSE(two.shared_link_in_issue_order);
+  ClusterSpec in_order = cluster;
+  for (LinkTier& tier : in_order.tiers) tier.in_issue_order = true;
+  EXPECT_TRUE(cluster_costs(in_order, program, {.layout = {.tp = 1, .dp = 2, .ep = 2}, .rank = 1})
+                  .shared_link_in_issue_order);
+  // Without experts the collectives' lane is idle at tp 1: nothing to share.
+  EXPECT_FALSE(cluster_costs(cluster, program, {.layout = {.tp = 1, .dp = 2}, .rank = 1}).shared_link);
 }
 
 }  // namespace
