@@ -1,7 +1,6 @@
 #include "planner/cost_model.h"
 
 #include "core/error.h"
-#include "planner/profiler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -203,6 +202,18 @@ ops::Program program_at(const Profile& profile, int degree, double rows, int lay
   append_head(program,
               [&](const std::string& kind) { return segment_shape(d, rows, kind, -1, layers, ep); });
   return program;
+}
+
+double segment_seconds(const SegmentTimes& t, const schedule::Instruction& ins) {
+  switch (ins.op) {
+    case schedule::Op::forward: return t.forward_s;
+    case schedule::Op::recompute:
+      // Whole-layer recomputation also reruns the output GEMM and, for the MLP half, the
+      // epilogue: a forward pass; the others regenerate what fine-grained recomputation does.
+      return ins.sets & ops::kOutput ? t.forward_s : t.recompute_s;
+    case schedule::Op::backward: return ins.stage == 0 ? t.backward0_s : t.backward1_s;
+    default: return 0.0;
+  }
 }
 
 sim::CostModel costs_at(const Profile& profile, int degree, double rows,

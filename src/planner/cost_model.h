@@ -64,6 +64,10 @@ struct Prediction {
 ops::Program program_at(const Profile& profile, int degree, double rows);
 ops::Program program_at(const Profile& profile, int degree, double rows, int layers);
 
+// A Forward's, Recompute's or Backward's time from its segment's profiled times: a Recompute
+// with ops::kOutput reruns the whole forward; 0 for other ops.
+double segment_seconds(const SegmentTimes& times, const schedule::Instruction& instruction);
+
 // CostModel::compute from the profile's times for any program whose segments are named by kind
 // ("attention.3") and run at a degree of the profile: each instruction takes its kind's time at
 // the segment's degree, scaled from the profile's rows to the segment's (sub_batch_rows x

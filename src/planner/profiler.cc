@@ -1,6 +1,6 @@
 #include "planner/profiler.h"
 
-#include "ops/program.h"
+#include "planner/cost_model.h"
 
 #include <algorithm>
 #include <chrono>
@@ -17,18 +17,6 @@ double blocking_seconds(const DegreeProfile& degree, const std::string& kind,
   }
   const auto it = degree.segments.find(kind);
   return it == degree.segments.end() ? 0.0 : segment_seconds(it->second, ins);
-}
-
-double segment_seconds(const SegmentTimes& t, const schedule::Instruction& ins) {
-  switch (ins.op) {
-    case schedule::Op::forward: return t.forward_s;
-    case schedule::Op::recompute:
-      // Whole-layer recomputation also reruns the output GEMM and, for the MLP half, the
-      // epilogue: a forward pass; the others regenerate what fine-grained recomputation does.
-      return ins.sets & ops::kOutput ? t.forward_s : t.recompute_s;
-    case schedule::Op::backward: return ins.stage == 0 ? t.backward0_s : t.backward1_s;
-    default: return 0.0;
-  }
 }
 
 void OverlapCollector::record(const runtime::InstructionRecord& r) {

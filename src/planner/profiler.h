@@ -69,10 +69,6 @@ class OverlapCollector final : public runtime::InstructionListener {
   std::optional<runtime::InstructionRecord::Clock::time_point> origin_;
 };
 
-// A Forward's, Recompute's or Backward's time from its segment's profiled times, as the cost
-// model prices it: a Recompute with ops::kOutput reruns the whole forward; 0 for other ops.
-double segment_seconds(const SegmentTimes& times, const schedule::Instruction& instruction);
-
 // What one instruction costs alone, from a degree's profiled timings as the cost model prices
 // it (planner::costs_at): compute from the segment's times, a Wait's collective from the
 // collective's wire time; 0 for what the profile has no time for.
