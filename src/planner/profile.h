@@ -28,6 +28,7 @@
 //                               "moe_combine.fwd": .., "moe_combine.bwd": .., ...}},
 //      ...],
 //    "reshards": {"1-2": .., "1-4": .., "2-4": ..},
+//    "replica_link": {"bytes": .., "ranks": 2, "seconds": ..},  (optional: ReplicaLink)
 //    "ep": 2, "expert_link": {"bytes_per_second": .., "latency_s": ..},
 //    "expert_load_imbalance": {"1": .., "3": .., ...}}
 //

@@ -327,6 +327,8 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     comm::Communicator& beside = mesh.tp_group().size() > 1   ? mesh.tp_group()
                                  : mesh.dp_group().size() > 1 ? mesh.dp_group()
                                                               : mesh.pp_group();
+    // The GEMM loop runs even where the traced steps will give the slowdowns: it is collective,
+    // and each rank decides from its own trace whether that measured anything.
     const OverlapSlowdown slowdown = measure_overlap_slowdown(beside, c, k);
     degree.overlap_slowdown = slowdown.compute;
     degree.collective_slowdown = slowdown.collective;
