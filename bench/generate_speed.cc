@@ -8,9 +8,9 @@
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "kernels/cpu/blas_runtime.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 #include "train/engine.h"
-#include "train/generate.h"
+#include "generate/generate.h"
 
 #include <nlohmann/json.hpp>
 #include <omp.h>
@@ -37,14 +37,14 @@ int main(int argc, char** argv) {
     else { std::fprintf(stderr, "unknown flag %s\n", flag.c_str()); return 2; }
   }
   try {
-    train::RunConfig config = train::load_run_config(config_path, overrides);
+    plan::RunConfig config = plan::load_run_config(config_path, overrides);
     config.train.micro_batch = 1;
     config.train.global_batch = 1;
     config.checkpoint = {};
     const auto tokenizer =
-        data::make_tokenizer(config.data.tokenizer, train::tokenizer_model_path(config));
+        data::make_tokenizer(config.data.tokenizer, plan::tokenizer_model_path(config));
     train::TrainingEngine engine(config);
-    train::GenerateOptions options;
+    generate::GenerateOptions options;
     options.prompt = "The ";
     options.max_new_tokens = tokens;
     options.sampling.temperature = 0;
@@ -53,9 +53,9 @@ int main(int argc, char** argv) {
     std::string cached_text, full_text;
     for (int r = 0; r < repeats; ++r) {
       options.kv_cache = true;
-      const train::Generation a = train::generate(engine, *tokenizer, options);
+      const generate::Generation a = generate::generate(engine, *tokenizer, options);
       options.kv_cache = false;
-      const train::Generation b = train::generate(engine, *tokenizer, options);
+      const generate::Generation b = generate::generate(engine, *tokenizer, options);
       cached = std::max(cached, a.tokens_per_second());
       full = std::max(full, b.tokens_per_second());
       cached_text = a.samples[0];

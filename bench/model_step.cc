@@ -9,7 +9,7 @@
 #include "core/timer.h"
 #include "kernels/cpu/blas_runtime.h"
 #include "kernels/cpu/peak_flops.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 #include "train/engine.h"
 
 #include <nlohmann/json.hpp>
@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     else { std::fprintf(stderr, "unknown flag %s\n", flag.c_str()); return 2; }
   }
   try {
-    const train::RunConfig config = train::load_run_config(config_path, overrides);
+    const plan::RunConfig config = plan::load_run_config(config_path, overrides);
     const std::int64_t rows = config.train.global_batch, seq = config.model.seq_len;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * seq)), targets(inputs.size());
     const PhiloxKey key = philox_key(7, 0);

@@ -6,7 +6,7 @@
 // "plan,step_s,memory_bytes,fits" per plan, then "chosen,<plan>,<step_s>,<memory_bytes>".
 #include "planner/cost_model.h"
 #include "planner/planner.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -22,9 +22,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const auto profile = oases::planner::read_profile(argv[1]);
-  const auto config = oases::train::load_run_config(argv[2]);
+  const auto config = oases::plan::load_run_config(argv[2]);
   const std::int64_t limit = std::atoll(argv[3]);
-  const auto spec = oases::train::schedule_spec(config);
+  const auto spec = oases::plan::schedule_spec(config);
   const auto plan_name = [](const std::vector<int>& degrees) {
     return fmt::format("{}", fmt::join(degrees, ""));
   };

@@ -4,7 +4,7 @@
 //   build/release/bench/planner_predict PROFILE.json CONFIG.toml [OVERLAP_SLOWDOWN]
 // (without OVERLAP_SLOWDOWN: the slowdown the profile measured)
 #include "planner/cost_model.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <fmt/format.h>
 
@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const auto profile = oases::planner::read_profile(argv[1]);
-  const auto config = oases::train::load_run_config(argv[2]);
+  const auto config = oases::plan::load_run_config(argv[2]);
   const double slowdown = argc > 3 ? std::atof(argv[3]) : -1.0;  // -1: the profile's measurement
   using oases::schedule::Recompute;
   using oases::schedule::ScheduleKind;

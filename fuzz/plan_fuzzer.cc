@@ -1,10 +1,10 @@
 // libFuzzer target: planner::read_plan, the plan file `oases plan` writes, read the way a run
-// with `parallel.plan = <file>` reads it (train::layer_degrees, which also checks every degree
+// with `parallel.plan = <file>` reads it (plan::layer_degrees, which also checks every degree
 // against parallel.tp). The file is read for parallel.tp = 2 and model.layers = 4, as the
 // seed corpus was written.
 #include "fuzz_support.h"
 #include "planner/planner.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -25,12 +25,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     require(plan.degrees.size() == static_cast<std::size_t>(kLayers),
             "read_plan accepted a plan for another number of layers");
 
-  oases::train::RunConfig config;
+  oases::plan::RunConfig config;
   config.model.layers = kLayers;
   config.parallel.tp = kTp;
   config.parallel.plan = scratch.path();
   std::vector<int> degrees;
-  if (!accepts([&] { degrees = oases::train::layer_degrees(config); })) return 0;
+  if (!accepts([&] { degrees = oases::plan::layer_degrees(config); })) return 0;
   require(read && degrees == plan.degrees,
           "layer_degrees accepted a plan that read_plan rejects, or changed its degrees");
   for (const int degree : degrees)

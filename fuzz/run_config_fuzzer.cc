@@ -1,4 +1,4 @@
-// libFuzzer target: train::parse_run_config, the TOML run configuration with --set overrides.
+// libFuzzer target: plan::parse_run_config, the TOML run configuration with --set overrides.
 //
 // Input: the TOML text, then optionally NUL-separated `section.key=value` overrides (TOML
 // text cannot hold a NUL, so the split loses nothing):  <toml> \0 <override> \0 <override> ...
@@ -7,7 +7,7 @@
 // per-layer degrees must resolve. A plan naming a file is not opened (the fuzzer could name
 // any file, /dev/zero included); the plan file reader has its own target.
 #include "fuzz_support.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -38,22 +38,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     begin = end;
   }
 
-  oases::train::RunConfig config;
-  if (!accepts([&] { config = oases::train::parse_run_config(text, "fuzz input", overrides); }))
+  oases::plan::RunConfig config;
+  if (!accepts([&] { config = oases::plan::parse_run_config(text, "fuzz input", overrides); }))
     return 0;
 
-  const std::string printed = oases::train::to_toml(config);
-  oases::train::RunConfig reparsed;
-  require(accepts([&] { reparsed = oases::train::parse_run_config(printed, "printed"); }),
+  const std::string printed = oases::plan::to_toml(config);
+  oases::plan::RunConfig reparsed;
+  require(accepts([&] { reparsed = oases::plan::parse_run_config(printed, "printed"); }),
           "the printed form of an accepted configuration does not parse");
-  require(oases::train::to_toml(reparsed) == printed,
+  require(oases::plan::to_toml(reparsed) == printed,
           "the printed form of an accepted configuration parses to another configuration");
 
-  require(accepts([&] { (void)oases::train::schedule_spec(config); }),
+  require(accepts([&] { (void)oases::plan::schedule_spec(config); }),
           "an accepted configuration has no schedule");
   if (config.parallel.plan == "uniform" || names_degrees(config.parallel.plan)) {
     std::vector<int> degrees;
-    require(accepts([&] { degrees = oases::train::layer_degrees(config); }),
+    require(accepts([&] { degrees = oases::plan::layer_degrees(config); }),
             "the per-layer degrees of an accepted configuration do not resolve");
     for (const int degree : degrees)
       require(degree >= 1 && config.parallel.tp % degree == 0,

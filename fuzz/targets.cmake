@@ -7,9 +7,9 @@
 set(OASES_FUZZ_TARGETS
   safetensors   # io::SafetensorsFile::open and every read
   token_shard   # data::load_token_shard
-  run_config    # train::parse_run_config (TOML text and --set overrides)
+  run_config    # plan::parse_run_config (TOML text and --set overrides)
   profile       # planner::profile_from_json
-  plan)         # planner::read_plan, through train::layer_degrees
+  plan)         # planner::read_plan, through plan::layer_degrees
 
 # Each smoke run executes its seed corpus, then this many fuzzing executions with a fixed seed
 # (1 to 12 s a target on a busy 2-core Xeon); the time cap only stops a run on a much slower

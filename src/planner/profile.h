@@ -173,7 +173,7 @@ struct Profile {
   // The link the replicas' gradients cross: at tp > 1 the degree-1 replicas' all-reduce
   // (DegreeProfile::replica_reduce_per_layer_s), at tp = 1 one over the copies of the group a
   // launcher ran beside it. A cluster description of this machine takes its link's efficiency
-  // at that transfer size from it (train::calibrate_replica_link). Optional in the file.
+  // at that transfer size from it (cluster::calibrate_replica_link). Optional in the file.
   ReplicaLink replica_link;
 
   // The bytes held per parameter byte besides one copy of the parameters and one of the

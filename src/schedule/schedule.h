@@ -229,7 +229,7 @@ struct ScheduleSpec {
   int micro_batches = 1;
   int sub_batches = 1;
   bool training = true;  // false: forward passes only (evaluation, generation)
-  // sqrt: layers per recomputation group, k >= 1 (train::schedule_spec resolves
+  // sqrt: layers per recomputation group, k >= 1 (plan::schedule_spec resolves
   // parallel.recompute_every, by default default_recompute_every(model layers)). The other
   // policies do not read it.
   int recompute_every = 0;

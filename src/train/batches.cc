@@ -11,7 +11,7 @@ namespace {
 constexpr std::uint64_t kValidationStreams = std::uint64_t{1} << 62;
 }
 
-BatchMaker::BatchMaker(const RunConfig& config, const data::DataLoader& loader,
+BatchMaker::BatchMaker(const plan::RunConfig& config, const data::DataLoader& loader,
                        std::int64_t data_vocab)
     : loader_(loader),
       seq_len_(config.model.seq_len),

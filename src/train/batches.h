@@ -7,7 +7,7 @@
 #pragma once
 
 #include "data/loader.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <cstdint>
 #include <vector>
@@ -22,7 +22,7 @@ class BatchMaker {
  public:
   // `loader` must outlive the maker. UserError when a masked model's vocabulary cannot hold
   // the tokenizer's tokens and the four special tokens.
-  BatchMaker(const RunConfig& config, const data::DataLoader& loader, std::int64_t data_vocab);
+  BatchMaker(const plan::RunConfig& config, const data::DataLoader& loader, std::int64_t data_vocab);
 
   // Rows [first_sample, first_sample + rows) of training step `step`.
   void training(std::int64_t step, std::int64_t first_sample, std::int64_t rows, Batch& out) const;

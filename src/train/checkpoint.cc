@@ -206,7 +206,7 @@ void add_whole_state(io::SafetensorsWriter& writer, const optim::StateTensor& st
 // tensor-parallel group and broadcasts them over the pipeline group `pp`; each name is taken
 // from the first stage that holds it.
 void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
-                                 io::SafetensorsWriter& optimizer_file, const RunConfig& config,
+                                 io::SafetensorsWriter& optimizer_file, const plan::RunConfig& config,
                                  const model::Model& model, optim::Optimizer& optimizer,
                                  comm::Communicator& tp, comm::Communicator& pp, bool write,
                                  const Tensor* stashed_weights, comm::Communicator* ep) {
@@ -323,7 +323,7 @@ void read_state_shard(const io::SafetensorsFile& file, const std::string& name,
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const RunConfig& config,
+std::string save_checkpoint(const std::string& dir, const plan::RunConfig& config,
                             const model::Model& model, optim::Optimizer& optimizer,
                             const TrainingState& state, const std::string& tokenizer_model,
                             std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
@@ -543,7 +543,7 @@ CheckpointSummary verify_checkpoint(const std::string& checkpoint_dir) {
   return summary;
 }
 
-RunConfig config_from_checkpoint(const std::string& path) {
+plan::RunConfig config_from_checkpoint(const std::string& path) {
   const std::string model_file = io::resolve_model_file(path);
   const io::SafetensorsFile file = io::SafetensorsFile::open(model_file);
   // The model is what a reader of the checkpoint needs; how the run was parallelised and
@@ -561,12 +561,12 @@ RunConfig config_from_checkpoint(const std::string& path) {
   text << toml::toml_formatter(stored, toml::toml_formatter::default_flags &
                                            ~(toml::format_flags::allow_literal_strings |
                                              toml::format_flags::allow_multi_line_strings));
-  return parse_run_config(text.str(), model_file + " (oases_config)");
+  return plan::parse_run_config(text.str(), model_file + " (oases_config)");
 }
 
 std::unique_ptr<data::Tokenizer> checkpoint_tokenizer(const std::string& checkpoint,
                                                       const std::string& gpt2_files) {
-  const RunConfig config = config_from_checkpoint(checkpoint);
+  const plan::RunConfig config = config_from_checkpoint(checkpoint);
   const std::string& name = config.data.tokenizer;
   if (name != data::kSentencePieceName) {
     OASES_CHECK(gpt2_files.empty() || name == "gpt2",

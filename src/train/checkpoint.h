@@ -24,7 +24,7 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "optim/optimizer.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 #include "train/loss_scaler.h"
 
 #include <cstdint>
@@ -60,7 +60,7 @@ struct TrainingState {
 // stage's whole tensors are broadcast over `pp` (a parameter several stages hold, GPT's tied
 // word embedding, from the first of them), so the writer, on stage 0, writes every tensor
 // once. A tensor holding a NaN or an infinity is never written: UserError on every rank.
-std::string save_checkpoint(const std::string& dir, const RunConfig& config,
+std::string save_checkpoint(const std::string& dir, const plan::RunConfig& config,
                             const model::Model& model, optim::Optimizer& optimizer,
                             const TrainingState& state, const std::string& tokenizer_model,
                             std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
@@ -117,7 +117,7 @@ CheckpointSummary verify_checkpoint(const std::string& checkpoint_dir);
 
 // The run configuration stored in a checkpoint's model.safetensors (for `oases generate`),
 // with the [parallel] section at its defaults: one process, whatever trained it.
-RunConfig config_from_checkpoint(const std::string& checkpoint_dir);
+plan::RunConfig config_from_checkpoint(const std::string& checkpoint_dir);
 
 // The tokenizer of a checkpoint (a step_N folder, a run's checkpoint.dir or a model.safetensors
 // file, as config_from_checkpoint takes): the tokenizer its stored data.tokenizer names, with

@@ -8,7 +8,7 @@
 #include "optim/zero_partition.h"
 #include "planner/stage_partition.h"
 #include "schedule/pipeline_lowering.h"
-#include "train/rank_schedule.h"
+#include "plan/rank_schedule.h"
 
 #include <fmt/format.h>
 
@@ -20,14 +20,14 @@
 
 namespace oases::train {
 
-DType compute_dtype(const RunConfig& config) {
+DType compute_dtype(const plan::RunConfig& config) {
   const std::string& precision = config.train.precision;
   if (precision == "bf16") return DType::bf16;
   if (precision == "fp16") return DType::f16;
   return parameter_dtype(config);
 }
 
-DType parameter_dtype(const RunConfig& config) {
+DType parameter_dtype(const plan::RunConfig& config) {
   return config.train.precision == "fp64" ? DType::f64 : DType::f32;
 }
 
@@ -57,7 +57,7 @@ optim::FlatLayout flat_layout(const model::ParamLayout& layout, DType dtype) {
   return flat;
 }
 
-model::ModelOptions stage_model_options(const RunConfig& config, const schedule::ScheduleSpec& spec,
+model::ModelOptions stage_model_options(const plan::RunConfig& config, const schedule::ScheduleSpec& spec,
                                         int pp_rank) {
   model::ModelOptions o;
   o.dtype = parameter_dtype(config);
@@ -76,7 +76,7 @@ model::ModelOptions stage_model_options(const RunConfig& config, const schedule:
 
 namespace {
 
-model::ModelOptions model_options(const RunConfig& config, const schedule::ScheduleSpec& spec,
+model::ModelOptions model_options(const plan::RunConfig& config, const schedule::ScheduleSpec& spec,
                                   comm::Communicator& tp, comm::Communicator& pp,
                                   const ParallelGroups& groups, const kernels::Gemm16Paths& paths,
                                   OffloadStore* offload) {
@@ -93,7 +93,7 @@ model::ModelOptions model_options(const RunConfig& config, const schedule::Sched
 // train.gemm16_path resolved: pinned by name, or measured where every group's rank is 0 and
 // broadcast over the tensor-, data- and pipeline-parallel groups in turn (after the three, every
 // rank holds the measuring rank's choice).
-Gemm16Resolution resolve_gemm16(const RunConfig& config, comm::Communicator& tp,
+Gemm16Resolution resolve_gemm16(const plan::RunConfig& config, comm::Communicator& tp,
                                 comm::Communicator& dp, comm::Communicator& pp) {
   Gemm16Resolution resolved;
   const DType half = compute_dtype(config);
@@ -157,7 +157,7 @@ class Bf16Reduction final : public comm::Work {
   bool done_ = false;
 };
 
-LossScaler loss_scaler_for(const OptimConfig& t) {
+LossScaler loss_scaler_for(const plan::OptimConfig& t) {
   if (t.precision != "fp16") return LossScaler::identity();
   if (t.loss_scale > 0) return LossScaler::constant(t.loss_scale);
   DynamicLossScale settings;
@@ -205,7 +205,7 @@ std::int64_t counted_targets(const std::int32_t* targets, std::int64_t count) {
 
 }  // namespace
 
-TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
+TrainingEngine::TrainingEngine(const plan::RunConfig& config, ParallelGroups groups)
     : config_(config),
       tp_(groups.tp ? groups.tp : &self_tp_),
       dp_(groups.dp ? groups.dp : &self_dp_),
@@ -213,7 +213,7 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       tp_replica_group_(groups.tp_replica_group),
       ep_(groups.ep && groups.ep->size() > 1 ? groups.ep : nullptr),
       expert_replicas_(ep_ ? groups.expert_replicas : nullptr),
-      spec_(train::schedule_spec(config)),
+      spec_(plan::schedule_spec(config)),
       gemm16_(resolve_gemm16(config, *tp_, *dp_, *pp_)),
       loss_scaling_(config.train.precision == "fp16"),
       scaler_(loss_scaler_for(config.train)),
@@ -1073,7 +1073,7 @@ const schedule::LoweredRun& TrainingEngine::two_bw_run(schedule::TwoBwRun run) {
 
 schedule::LoweredRun TrainingEngine::lower_2bw(const schedule::ScheduleSpec& spec,
                                                schedule::TwoBwRun run) const {
-  return two_bw_schedule(model_.program(), spec, pp_->size(), pp_->rank(), run);
+  return plan::two_bw_schedule(model_.program(), spec, pp_->size(), pp_->rank(), run);
 }
 
 void TrainingEngine::set_stashed_weights(const Tensor& values, std::int64_t steps_done) {

@@ -12,7 +12,7 @@
 #include "runtime/executor.h"
 #include "schedule/pipeline_2bw.h"
 #include "schedule/schedule.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 #include "train/loss_scaler.h"
 #include "train/weight_versions.h"
 
@@ -86,14 +86,14 @@ struct ParallelGroups {
 
 // The element type activations are computed in (train.precision: f32, f64, or bf16 / f16
 // under mixed precision).
-DType compute_dtype(const RunConfig& config);
+DType compute_dtype(const plan::RunConfig& config);
 // The element type of the parameters (the master copy), their gradients and the optimizer:
 // f64 for train.precision = "fp64", else f32.
-DType parameter_dtype(const RunConfig& config);
+DType parameter_dtype(const plan::RunConfig& config);
 // The options of pipeline stage `pp_rank`'s model that follow from the config alone (element
 // types, batch split, slot lanes, seed, per-layer degrees, the stage's layers, ZeRO's pageable
 // arrays); the caller adds the communicators, 16-bit GEMM paths and parameter placement.
-model::ModelOptions stage_model_options(const RunConfig& config, const schedule::ScheduleSpec& spec,
+model::ModelOptions stage_model_options(const plan::RunConfig& config, const schedule::ScheduleSpec& spec,
                                         int pp_rank);
 
 // The 16-bit matrix-product paths of a run and why: train.gemm16_path pinned, or measured on
@@ -125,7 +125,7 @@ class TrainingEngine {
   // Every rank of the groups constructs the engine with the same config; the groups must
   // outlive it. parallel.plan gives the layers' degrees (layer_degrees(config)); "auto" must be
   // resolved to a plan before.
-  explicit TrainingEngine(const RunConfig& config, ParallelGroups groups = {});
+  explicit TrainingEngine(const plan::RunConfig& config, ParallelGroups groups = {});
   ~TrainingEngine();
   TrainingEngine(const TrainingEngine&) = delete;
   TrainingEngine& operator=(const TrainingEngine&) = delete;
@@ -145,7 +145,7 @@ class TrainingEngine {
   // Fault injection for tests: the gradient of optimizer step `step` (0-based) gets an
   // infinity before the norm is taken, as an fp16 overflow would. Every rank must be told alike.
   void inject_gradient_overflow(std::int64_t step) { injected_overflow_step_ = step; }
-  const RunConfig& config() const { return config_; }
+  const plan::RunConfig& config() const { return config_; }
   // This rank's optimizer. Under parallel.zero >= 1 it owns the state of this rank's blocks
   // only (optim/zero_partition.h): its layout holds those parts at their flat offsets.
   optim::Optimizer& optimizer() { return *optimizer_; }
@@ -341,7 +341,7 @@ class TrainingEngine {
   // goes to the newest weights.
   void step_2bw_batch(std::vector<std::unique_ptr<comm::Work>>& reductions, StepResult& result);
 
-  RunConfig config_;
+  plan::RunConfig config_;
   comm::SelfCommunicator self_tp_{"tp"};
   comm::SelfCommunicator self_dp_{"dp"};
   comm::SelfCommunicator self_pp_{"pp"};

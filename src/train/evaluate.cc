@@ -82,7 +82,7 @@ EvalLayout eval_layout(const std::string& checkpoint, int world_size, int tp, in
 
 EvalResult evaluate_shard(TrainingEngine& engine, const data::TokenShard& shard,
                           const data::Tokenizer& tokenizer, std::int64_t max_batches) {
-  const RunConfig& config = engine.config();
+  const plan::RunConfig& config = engine.config();
   OASES_CHECK(config.model.arch != "bert",
               "model.arch = \"bert\" predicts masked tokens from both sides; evaluation by next-"
               "token loss needs a \"gpt\" or \"llama\" model");
@@ -155,7 +155,7 @@ EvalResult evaluate_checkpoint(const EvalOptions& o, comm::Mesh& mesh) {
               "train.micro_batch x data-parallel ranks)",
               o.batch_size);
   const std::string folder = checkpoint_folder(o.checkpoint);
-  RunConfig config = config_from_checkpoint(folder);
+  plan::RunConfig config = config_from_checkpoint(folder);
   const std::int64_t dp = mesh.dp_size(), pp = mesh.pp_size();
   const std::int64_t trained_micro_batch = config.train.micro_batch;
   const std::int64_t batch =
@@ -165,7 +165,7 @@ EvalResult evaluate_checkpoint(const EvalOptions& o, comm::Mesh& mesh) {
               "evaluates as many windows)",
               batch, dp);
   const std::int64_t local = batch / dp;
-  config.parallel = ParallelConfig{};
+  config.parallel = plan::ParallelConfig{};
   config.parallel.tp = mesh.tp_size();
   config.parallel.dp = dp;
   config.parallel.pp = pp;

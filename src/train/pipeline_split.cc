@@ -13,7 +13,7 @@
 
 namespace oases::train {
 
-RunConfig split_pipeline_automatically(const RunConfig& config, const ProfileOptions& options,
+plan::RunConfig split_pipeline_automatically(const plan::RunConfig& config, const ProfileOptions& options,
                                        const std::function<comm::Mesh(int tp)>& make_mesh,
                                        int chunks) {
   OASES_ASSERT(config.parallel.pipeline_layers == "auto",
@@ -21,13 +21,13 @@ RunConfig split_pipeline_automatically(const RunConfig& config, const ProfileOpt
                config.parallel.pipeline_layers);
   const auto P = static_cast<int>(config.parallel.pp);
   OASES_ASSERT(P >= 1 && chunks % P == 0, "{} chunks over {} stages", chunks, P);
-  RunConfig split = config;
+  plan::RunConfig split = config;
   if (chunks == 1) {
     split.parallel.pipeline_layers = "uniform";  // one chunk holds every layer
     return split;
   }
   // The profile measures one tensor-parallel group of the run's within-stage settings.
-  RunConfig measured = config;
+  plan::RunConfig measured = config;
   measured.parallel.dp = 1;
   measured.parallel.pp = 1;
   measured.parallel.pipeline_layers = "uniform";

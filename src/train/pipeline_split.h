@@ -3,7 +3,7 @@
 #pragma once
 
 #include "comm/mesh.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 #include "train/profiler.h"
 
 #include <functional>
@@ -20,7 +20,7 @@ namespace oases::train {
 // With options.progress, rank 0 logs the split. Collective over every rank of the run;
 // UserError (on every rank) when no split fits the memory limit.
 // REQUIRES: config.parallel.pipeline_layers == "auto".
-RunConfig split_pipeline_automatically(const RunConfig& config, const ProfileOptions& options,
+plan::RunConfig split_pipeline_automatically(const plan::RunConfig& config, const ProfileOptions& options,
                                        const std::function<comm::Mesh(int tp)>& make_mesh,
                                        int chunks);
 

@@ -41,7 +41,7 @@ double wire_seconds(const comm::Work& work, double fallback) {
                 : fallback;
 }
 
-OverlapSlowdown measure_overlap_slowdown(comm::Communicator& group, const RunConfig& c,
+OverlapSlowdown measure_overlap_slowdown(comm::Communicator& group, const plan::RunConfig& c,
                                          int degree) {
   if (group.size() == 1) return {};
   namespace k = kernels::cpu;
@@ -97,7 +97,7 @@ OverlapSlowdown measure_overlap_slowdown(comm::Communicator& group, const RunCon
 struct Tokens {
   std::vector<std::int32_t> inputs, targets;
 };
-Tokens profile_tokens(const RunConfig& c) {
+Tokens profile_tokens(const plan::RunConfig& c) {
   const auto tokens = static_cast<std::size_t>(c.train.micro_batch * c.model.seq_len);
   Tokens t{std::vector<std::int32_t>(tokens), std::vector<std::int32_t>(tokens)};
   const PhiloxKey key = philox_key(static_cast<std::uint64_t>(c.train.seed), fnv1a64("profile"));
@@ -117,7 +117,7 @@ bool overlaps_collectives(schedule::ScheduleKind kind) {
 
 // The all-gather of a reshard between degrees a < b: every group of b ranks gathers one
 // sub-batch's r_l from its b / a groups of degree a, all groups at once as in a training step.
-void measure_reshards(planner::Profile& profile, const RunConfig& config,
+void measure_reshards(planner::Profile& profile, const plan::RunConfig& config,
                       std::int64_t sub_batch_rows, const ProfileOptions& options,
                       const std::function<comm::Mesh(int tp, int dp)>& make_mesh) {
   const int T = profile.tp;
@@ -148,7 +148,7 @@ void measure_reshards(planner::Profile& profile, const RunConfig& config,
 // all-to-alls of a small buffer and of one MoE dispatch buffer (`dispatch_elements`, what a
 // sub-batch of the whole group sends), each per-peer time fitted as latency + block / bandwidth
 // (sim::all_to_all_seconds' model). Every ep group measures at once, as in a training step.
-planner::ExpertLink measure_expert_link(const RunConfig& config, std::int64_t dispatch_elements,
+planner::ExpertLink measure_expert_link(const plan::RunConfig& config, std::int64_t dispatch_elements,
                                         const ProfileOptions& options,
                                         const std::function<comm::Mesh(int tp, int dp)>& make_mesh) {
   const auto T = static_cast<int>(config.parallel.tp);
@@ -189,7 +189,7 @@ planner::ExpertLink measure_expert_link(const RunConfig& config, std::int64_t di
 
 }  // namespace
 
-planner::Profile profile_of_run(const RunConfig& config, const schedule::ScheduleSpec& spec) {
+planner::Profile profile_of_run(const plan::RunConfig& config, const schedule::ScheduleSpec& spec) {
   const auto T = static_cast<int>(config.parallel.tp);
   OASES_CHECK((T & (T - 1)) == 0, "parallel.tp = {}: the planner's degrees are powers of two", T);
   planner::Profile profile;
@@ -214,7 +214,7 @@ planner::Profile profile_of_run(const RunConfig& config, const schedule::Schedul
   return profile;
 }
 
-planner::Profile run_profile(const RunConfig& config, const ProfileOptions& options,
+planner::Profile run_profile(const plan::RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh) {
   const schedule::ScheduleSpec spec = schedule_spec(config);
   const auto T = static_cast<int>(config.parallel.tp);
@@ -230,8 +230,8 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
   const std::int64_t sub_batch_rows = config.train.micro_batch / spec.sub_batches;
   for (int k = 1; k <= T; k *= 2) {
     comm::Mesh mesh = make_mesh(k, T / k);
-    RunConfig c = config;
-    c.parallel = ParallelConfig{};
+    plan::RunConfig c = config;
+    c.parallel = plan::ParallelConfig{};
     c.parallel.tp = k;
     // The memory figures below (and the optimizer's time) are measured under the run's ZeRO
     // stage and offload. This engine has no data-parallel ranks, so ZeRO shards nothing: the
@@ -252,7 +252,7 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
     std::unique_ptr<TrainingEngine> overlapped;
     Tokens overlapped_tokens;
     if (k == T && T > 1 && overlaps_collectives(spec.kind)) {
-      RunConfig o = c;
+      plan::RunConfig o = c;
       o.parallel.schedule = config.parallel.schedule;
       o.parallel.recompute = config.parallel.recompute;
       o.parallel.recompute_every = config.parallel.recompute_every;
@@ -403,7 +403,7 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
   return profile;
 }
 
-RunConfig plan_automatically(const RunConfig& config, const ProfileOptions& options,
+plan::RunConfig plan_automatically(const plan::RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh,
                              const std::string& plan_path) {
   OASES_ASSERT(config.parallel.plan == "auto", "plan_automatically for parallel.plan = \"{}\"",
@@ -413,7 +413,7 @@ RunConfig plan_automatically(const RunConfig& config, const ProfileOptions& opti
               "and parallel.pp = 1 (found dp = {}, pp = {}), or run `oases profile` and `oases "
               "plan` and pass the plan file as parallel.plan",
               config.parallel.dp, config.parallel.pp);
-  RunConfig planned = config;
+  plan::RunConfig planned = config;
   const auto T = static_cast<int>(config.parallel.tp);
   if (T == 1) {
     planned.parallel.plan = "uniform";  // one rank: every layer at degree 1

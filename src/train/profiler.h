@@ -4,7 +4,7 @@
 
 #include "comm/mesh.h"
 #include "planner/profile.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <functional>
 
@@ -19,7 +19,7 @@ struct ProfileOptions {
 // The profile's description of the run (model, batch split, element size, memory settings,
 // ep) with no degrees measured yet. UserError when parallel.tp is not a power of two or a
 // sub-batch does not split over some degree's replicas, or a degree does not divide the model.
-planner::Profile profile_of_run(const RunConfig& config, const schedule::ScheduleSpec& spec);
+planner::Profile profile_of_run(const plan::RunConfig& config, const schedule::ScheduleSpec& spec);
 
 // Collective over every rank of the run (config.parallel.tp ranks; dp = pp = 1, or dp =
 // parallel.ep > 1 for a mixture-of-experts model: tp x ep ranks). For each power-of-two degree
@@ -34,7 +34,7 @@ planner::Profile profile_of_run(const RunConfig& config, const schedule::Schedul
 // each timed step and give the degree's overlap_slowdown and collective_slowdown
 // (planner::OverlapCollector); otherwise a GEMM loop under an all-reduce gives them.
 // Every rank returns the profile of its group; rank 0's is the one to write.
-planner::Profile run_profile(const RunConfig& config, const ProfileOptions& options,
+planner::Profile run_profile(const plan::RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh);
 
 // parallel.plan = "auto": profiles the model on these ranks (as run_profile), plans it under
@@ -42,7 +42,7 @@ planner::Profile run_profile(const RunConfig& config, const ProfileOptions& opti
 // the config with parallel.plan set to the chosen degrees. Rank 0 writes the plan file to
 // `plan_path` (when not empty) and, with options.progress, prints the plan. Collective over
 // every rank of the run; UserError (on every rank) when no plan fits the limit.
-RunConfig plan_automatically(const RunConfig& config, const ProfileOptions& options,
+plan::RunConfig plan_automatically(const plan::RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh,
                              const std::string& plan_path);
 

@@ -53,7 +53,7 @@ std::string format_rate(double per_second) {
 }
 
 // `tokenizer`: the run's (load_run_tokenizer), when it was loaded.
-data::TokenShard load_shard_for(const RunConfig& config, const std::string& split,
+data::TokenShard load_shard_for(const plan::RunConfig& config, const std::string& split,
                                 const data::Tokenizer* tokenizer) {
   OASES_CHECK(!config.data.path.empty(),
               "data.path is not set; run `oases prepare-data --input FILE --output PREFIX` and "
@@ -87,7 +87,7 @@ struct RunData {
   std::optional<BatchMaker> val_batches;
 };
 
-std::unique_ptr<RunData> load_data(const RunConfig& config) {
+std::unique_ptr<RunData> load_data(const plan::RunConfig& config) {
   const auto& t = config.train;
   const std::int64_t seq = config.model.seq_len;
   const auto seed = static_cast<std::uint64_t>(t.seed);
@@ -140,7 +140,7 @@ void write_trace(const runtime::TraceRecorder& trace, comm::Mesh& mesh, const st
   runtime::TraceRecorder::write_merged(path, arrays);
 }
 
-void check_memory_limit(const RunConfig& config, TrainingEngine& engine) {
+void check_memory_limit(const plan::RunConfig& config, TrainingEngine& engine) {
   if (config.parallel.memory_limit <= 0) return;
   const auto needed = static_cast<std::int64_t>(engine.memory_bytes());
   OASES_CHECK(needed <= config.parallel.memory_limit,
@@ -155,7 +155,7 @@ void check_memory_limit(const RunConfig& config, TrainingEngine& engine) {
 
 // Resumes from `resume_from` (the newest checkpoint, when checkpoint.resume found one) or
 // initialises from --init-from; returns the first step to run.
-std::int64_t restore(const RunConfig& config, const TrainOptions& options,
+std::int64_t restore(const plan::RunConfig& config, const TrainOptions& options,
                      const std::optional<std::string>& resume_from,
                      const data::TokenShard& train_shard, TrainingEngine& engine,
                      ProgressLine* progress) {
@@ -219,14 +219,14 @@ std::int64_t restore(const RunConfig& config, const TrainOptions& options,
 }
 
 // The learning-rate schedule the engine derives from `t` (train/engine.h).
-optim::LrSchedule lr_schedule_of(const OptimConfig& t) {
+optim::LrSchedule lr_schedule_of(const plan::OptimConfig& t) {
   return {t.lr, t.min_lr, t.warmup_steps, t.lr_decay_steps, t.steps};
 }
 
 // "train.steps changed from 1000 to 2000 and train.lr changed from 0.0003 to 0.0001": the
 // schedule's settings that differ between the checkpoint's config and this run's; empty when
 // none does.
-std::string schedule_changes(const OptimConfig& was, const OptimConfig& now) {
+std::string schedule_changes(const plan::OptimConfig& was, const plan::OptimConfig& now) {
   std::vector<std::string> changes;
   const auto add = [&](const char* key, auto a, auto b) {
     if (a != b) changes.push_back(fmt::format("train.{} changed from {} to {}", key, a, b));
@@ -244,7 +244,7 @@ std::string schedule_changes(const OptimConfig& was, const OptimConfig& now) {
 
 // The config a resumed run trains with, given the config `stored` in the checkpoint it resumes
 // from (at `start_step` completed steps): see LrScheduleOnResume.
-RunConfig resolve_lr_schedule(const RunConfig& config, const RunConfig& stored,
+plan::RunConfig resolve_lr_schedule(const plan::RunConfig& config, const plan::RunConfig& stored,
                               const std::string& checkpoint, std::int64_t start_step,
                               LrScheduleOnResume policy, bool leader) {
   const optim::LrSchedule was = lr_schedule_of(stored.train);
@@ -284,7 +284,7 @@ RunConfig resolve_lr_schedule(const RunConfig& config, const RunConfig& stored,
                     what, config.train.steps, rates);
       return config;
     case LrScheduleOnResume::checkpoint: {
-      RunConfig kept = config;
+      plan::RunConfig kept = config;
       kept.train.lr = stored.train.lr;
       kept.train.min_lr = stored.train.min_lr;
       kept.train.warmup_steps = stored.train.warmup_steps;
@@ -307,11 +307,11 @@ RunConfig resolve_lr_schedule(const RunConfig& config, const RunConfig& stored,
 // The checkpoint a resumed run starts from (its files verified), and the config stored in it.
 struct ResumePoint {
   std::string folder;
-  RunConfig stored;
+  plan::RunConfig stored;
   std::int64_t step = 0;
 };
 
-std::optional<ResumePoint> find_resume_point(const RunConfig& config) {
+std::optional<ResumePoint> find_resume_point(const plan::RunConfig& config) {
   if (!config.checkpoint.resume) return std::nullopt;
   const auto latest = latest_checkpoint(config.checkpoint.dir);
   if (!latest) return std::nullopt;
@@ -322,7 +322,7 @@ std::optional<ResumePoint> find_resume_point(const RunConfig& config) {
 // The metrics file of the run: a fresh run starts it empty; a resumed run keeps the records of
 // the steps up to the one it resumes from (a run that went further before stopping wrote records
 // the resumed run will write again).
-std::optional<LineFile> open_metrics(const RunConfig& config, bool leader,
+std::optional<LineFile> open_metrics(const plan::RunConfig& config, bool leader,
                                      std::int64_t start_step) {
   if (!leader || config.log.metrics.empty()) return std::nullopt;
   const std::string& path = config.log.metrics;
@@ -388,7 +388,7 @@ nlohmann::json schedule_description(const schedule::ScheduleSpec& spec) {
 }
 
 // Writes run.json beside the metrics file (see trainer.h). Leader only.
-void write_run_description(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh,
+void write_run_description(const plan::RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh,
                            std::int64_t start_step, int threads) {
   if (config.log.metrics.empty()) return;
   const std::filesystem::path metrics(config.log.metrics);
@@ -446,7 +446,7 @@ std::vector<double> stage_activation_bytes(TrainingEngine& engine, comm::Mesh& m
 
 // "stage 0: layers 0-1 + embedding, peak activations 3.2 MiB | stage 1: layers 2-3 + head, ...";
 // with several chunks per rank (interleaved) a stage lists its chunks' layers, "layers 0, 4-5".
-std::string describe_stages(const RunConfig& config, const std::vector<double>& activation_bytes) {
+std::string describe_stages(const plan::RunConfig& config, const std::vector<double>& activation_bytes) {
   const std::vector<int> counts = stage_layer_counts(config);
   const std::size_t stages = activation_bytes.size();
   std::vector<std::string> layers(stages);
@@ -468,7 +468,7 @@ std::string describe_stages(const RunConfig& config, const std::vector<double>& 
   return text;
 }
 
-void log_start(const RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh,
+void log_start(const plan::RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh,
                std::int64_t train_tokens, const ThreadChoice& threads,
                const std::vector<double>& stage_activations) {
   const auto& t = config.train;
@@ -688,7 +688,7 @@ std::string progress_text(const StepFigures& f, std::int64_t steps, double eta_s
 // into one Chrome trace.
 class TraceSession {
  public:
-  TraceSession(const RunConfig& config, comm::Mesh& mesh, TrainingEngine& engine)
+  TraceSession(const plan::RunConfig& config, comm::Mesh& mesh, TrainingEngine& engine)
       : config_(config), mesh_(mesh), engine_(engine) {
     if (config.log.trace.empty()) return;
     // Every rank records; rank 0's clock origin is everyone's, so the lanes line up.
@@ -710,13 +710,13 @@ class TraceSession {
   }
 
  private:
-  const RunConfig& config_;
+  const plan::RunConfig& config_;
   comm::Mesh& mesh_;
   TrainingEngine& engine_;
   std::optional<runtime::TraceRecorder> trace_;
 };
 
-void check_mesh(const RunConfig& config, const comm::Mesh& mesh) {
+void check_mesh(const plan::RunConfig& config, const comm::Mesh& mesh) {
   OASES_CHECK(mesh.tp_size() == config.parallel.tp && mesh.dp_size() == config.parallel.dp &&
                   mesh.pp_size() == config.parallel.pp,
               "the process mesh (tp={}, dp={}, pp={}) does not match parallel.tp={}, dp={}, pp={}",
@@ -727,7 +727,7 @@ void check_mesh(const RunConfig& config, const comm::Mesh& mesh) {
 // The training loop and what each step reports; one object per run.
 class Run {
  public:
-  Run(const RunConfig& config, const TrainOptions& options, comm::Mesh& mesh,
+  Run(const plan::RunConfig& config, const TrainOptions& options, comm::Mesh& mesh,
       std::optional<std::string> resume_from, ThreadChoice threads)
       : config_(config),
         options_(options),
@@ -868,7 +868,7 @@ class Run {
     return saved;
   }
 
-  const RunConfig& config_;
+  const plan::RunConfig& config_;
   const TrainOptions& options_;
   comm::Mesh& mesh_;
   std::optional<std::string> resume_from_;
@@ -877,7 +877,7 @@ class Run {
   std::unique_ptr<RunData> data_;
   TrainingEngine engine_;
   MemoryFigures memory_;  // the engine's, once its training schedule exists
-  RunConfig stored_config_;  // config_ as checkpoints store it (measured settings resolved)
+  plan::RunConfig stored_config_;  // config_ as checkpoints store it (measured settings resolved)
   Batch batch_;
   double peak_flops_ = 1;
 };
@@ -899,12 +899,12 @@ ParallelGroups parallel_groups(comm::Mesh& mesh) {
                         }};
 }
 
-TrainSummary run_training(const RunConfig& config, const TrainOptions& options) {
+TrainSummary run_training(const plan::RunConfig& config, const TrainOptions& options) {
   comm::Mesh mesh = comm::Mesh::single_process();
   return run_training(config, options, mesh);
 }
 
-TrainSummary run_training(const RunConfig& requested_config, const TrainOptions& run_options,
+TrainSummary run_training(const plan::RunConfig& requested_config, const TrainOptions& run_options,
                           comm::Mesh& mesh) {
   requested_config.validate();
   check_mesh(requested_config, mesh);
@@ -919,7 +919,7 @@ TrainSummary run_training(const RunConfig& requested_config, const TrainOptions&
   if (leader && !threads.warning.empty()) log_warning("{}", threads.warning);
 
   const std::optional<ResumePoint> resume = find_resume_point(requested_config);
-  RunConfig config =
+  plan::RunConfig config =
       resume ? resolve_lr_schedule(requested_config, resume->stored, resume->folder, resume->step,
                                    options.lr_schedule, leader)
              : requested_config;

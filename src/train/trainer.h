@@ -4,7 +4,7 @@
 
 #include "comm/mesh.h"
 #include "comm/mpi_runtime.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 #include "train/engine.h"
 
 #include <cstdint>
@@ -81,10 +81,10 @@ struct TrainSummary {
 // precision "gemm16_path": the 16-bit product path and why}. run.json is not written when
 // log.metrics names a
 // device or pipe (such as /dev/stdout).
-TrainSummary run_training(const RunConfig& config, const TrainOptions& options, comm::Mesh& mesh);
+TrainSummary run_training(const plan::RunConfig& config, const TrainOptions& options, comm::Mesh& mesh);
 
 // Single process.
-TrainSummary run_training(const RunConfig& config, const TrainOptions& options);
+TrainSummary run_training(const plan::RunConfig& config, const TrainOptions& options);
 
 // The groups of `mesh` a TrainingEngine on this rank trains in; `mesh` must outlive them.
 ParallelGroups parallel_groups(comm::Mesh& mesh);

@@ -5,7 +5,7 @@
 // with more ranks than cores, and eval's numbers on one rank and on two.
 #include "support/command.h"
 #include "support/runs.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -155,12 +155,12 @@ TEST_F(RunOutput, MetricsCarryTimeAndTokensFromAStepZeroRecordAndRunJsonDescribe
   }
 
   const auto run = nlohmann::json::parse(std::ifstream(dir_ / "run/run.json"));
-  const auto config = oases::train::load_run_config(
+  const auto config = oases::plan::load_run_config(
       (dir_ / "tiny.toml").string(),
       {"log.metrics=\"" + (dir_ / "run/metrics.jsonl").string() + "\"",
        "checkpoint.dir=\"" + (dir_ / "run/ckpt").string() + "\"", "checkpoint.every=3"});
   EXPECT_EQ(run["format"], 1);
-  EXPECT_EQ(run["config"].get<std::string>(), oases::train::to_toml(config));
+  EXPECT_EQ(run["config"].get<std::string>(), oases::plan::to_toml(config));
   EXPECT_EQ(run["layer_degrees"], nlohmann::json({1, 1}));
   for (const char* key : {"world_size", "tp", "dp", "pp", "threads"}) EXPECT_EQ(run[key], 1) << key;
   EXPECT_EQ(run["parameters"].get<std::int64_t>(), config.model.parameter_count());

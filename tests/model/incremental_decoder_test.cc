@@ -23,8 +23,8 @@ using oases::testing::relative_difference;
 
 // Odd sizes everywhere: hidden not a power of two, head_dim not a multiple of the SIMD width,
 // ffn_hidden and the vocabulary prime.
-train::RunConfig odd_gpt() {
-  train::RunConfig c;
+plan::RunConfig odd_gpt() {
+  plan::RunConfig c;
   c.model.arch = "gpt";
   c.model.layers = 3;
   c.model.hidden = 30;
@@ -36,8 +36,8 @@ train::RunConfig odd_gpt() {
 }
 
 // Grouped-query attention: 6 query heads share 2 key/value heads; rotary head_dim 6.
-train::RunConfig odd_llama(bool tied = false) {
-  train::RunConfig c;
+plan::RunConfig odd_llama(bool tied = false) {
+  plan::RunConfig c;
   c.model.arch = "llama";
   c.model.layers = 3;
   c.model.hidden = 36;
@@ -50,7 +50,7 @@ train::RunConfig odd_llama(bool tied = false) {
   return c;
 }
 
-train::RunConfig one_sequence(train::RunConfig c, const std::string& precision) {
+plan::RunConfig one_sequence(plan::RunConfig c, const std::string& precision) {
   c.train.precision = precision;
   c.train.micro_batch = 1;
   c.train.global_batch = 1;
@@ -80,7 +80,7 @@ std::vector<double> row_of(const Tensor& logits, std::int64_t r) {
 
 // The full forward pass's logits [seq, vocab] of `tokens` and the incremental decoder's at
 // every position, appended as `chunks` (sizes summing to seq), compared position by position.
-void expect_same_logits(const train::RunConfig& config, const std::vector<std::int64_t>& chunks,
+void expect_same_logits(const plan::RunConfig& config, const std::vector<std::int64_t>& chunks,
                         double tolerance) {
   train::TrainingEngine engine(config);
   const Model& model = engine.model();
@@ -113,7 +113,7 @@ void expect_same_logits(const train::RunConfig& config, const std::vector<std::i
 }
 
 TEST(IncrementalDecoder, GptMatchesFullForwardAtEveryPositionFp64) {
-  const train::RunConfig c = one_sequence(odd_gpt(), "fp64");
+  const plan::RunConfig c = one_sequence(odd_gpt(), "fp64");
   expect_same_logits(c, std::vector<std::int64_t>(13, 1), 1e-10);  // one token at a time
   expect_same_logits(c, {5, 1, 1, 4, 1, 1}, 1e-10);                // prefill, then steps
   expect_same_logits(c, {13}, 1e-10);                              // all at once
@@ -121,7 +121,7 @@ TEST(IncrementalDecoder, GptMatchesFullForwardAtEveryPositionFp64) {
 
 TEST(IncrementalDecoder, LlamaWithGroupedQueryAttentionMatchesFullForwardFp64) {
   for (const bool tied : {false, true}) {
-    const train::RunConfig c = one_sequence(odd_llama(tied), "fp64");
+    const plan::RunConfig c = one_sequence(odd_llama(tied), "fp64");
     expect_same_logits(c, std::vector<std::int64_t>(11, 1), 1e-10);
     expect_same_logits(c, {4, 1, 3, 1, 1, 1}, 1e-10);
   }
@@ -131,9 +131,9 @@ TEST(IncrementalDecoder, LlamaWithGroupedQueryAttentionMatchesFullForwardFp64) {
 // in fp64 on the same (fp32-representable) weights; the decoder in fp32 may be no further
 // from it than twice the full forward in fp32 is, measured in the same run, at the worst
 // position (plus 2.4e-7, a few fp32 ulps, for a full forward that happens to land closer).
-void expect_fp32_within_fp32_noise(const train::RunConfig& fp32_config,
+void expect_fp32_within_fp32_noise(const plan::RunConfig& fp32_config,
                                    const std::vector<std::int64_t>& chunks) {
-  train::RunConfig fp64_config = fp32_config;
+  plan::RunConfig fp64_config = fp32_config;
   fp64_config.train.precision = "fp64";
   train::TrainingEngine engine32(fp32_config), engine64(fp64_config);
   kernels::scale(engine32.model().params(), 20.0f);  // far from uniform attention, as above
@@ -177,7 +177,7 @@ TEST(IncrementalDecoder, MatchesFullForwardFp32WithinFp32Noise) {
 
 // Clearing the cache starts again at position 0: the logits are those of a fresh decoder.
 TEST(IncrementalDecoder, ClearRestartsAtPositionZero) {
-  const train::RunConfig c = one_sequence(odd_llama(), "fp64");
+  const plan::RunConfig c = one_sequence(odd_llama(), "fp64");
   train::TrainingEngine engine(c);
   IncrementalDecoder decoder(c.model, engine.model().layout(), engine.model().params());
   const std::vector<std::int32_t> a = random_tokens(7, 41, 1), b = random_tokens(5, 41, 2);
@@ -195,7 +195,7 @@ TEST(IncrementalDecoder, ClearRestartsAtPositionZero) {
 
 // MoE layers route each position alone; with an evaluation capacity that drops nothing the full
 // forward routes every token the same way, so both agree.
-train::RunConfig with_experts(train::RunConfig c, const std::string& gate, std::int64_t every) {
+plan::RunConfig with_experts(plan::RunConfig c, const std::string& gate, std::int64_t every) {
   c.model.moe_every = every;
   c.model.experts = 4;
   c.model.moe_gate = gate;
@@ -214,7 +214,7 @@ TEST(IncrementalDecoder, MixtureOfExpertsLayersMatchFullForwardFp64) {
 }
 
 TEST(IncrementalDecoder, RejectsExpertChoiceRoutingWhichNeedsTheWholeGroup) {
-  const train::RunConfig c = one_sequence(with_experts(odd_gpt(), "expert-choice", 2), "fp64");
+  const plan::RunConfig c = one_sequence(with_experts(odd_gpt(), "expert-choice", 2), "fp64");
   train::TrainingEngine engine(c);
   try {
     IncrementalDecoder decoder(c.model, engine.model().layout(), engine.model().params());
@@ -227,7 +227,7 @@ TEST(IncrementalDecoder, RejectsExpertChoiceRoutingWhichNeedsTheWholeGroup) {
 }
 
 TEST(IncrementalDecoder, RejectsBert) {
-  train::RunConfig c = one_sequence(odd_gpt(), "fp64");
+  plan::RunConfig c = one_sequence(odd_gpt(), "fp64");
   c.model.arch = "bert";
   train::TrainingEngine engine(c);
   try {

@@ -31,8 +31,8 @@ using namespace oases;
 
 namespace {
 
-train::RunConfig run_config(const nlohmann::json& j) {
-  train::RunConfig config;
+plan::RunConfig run_config(const nlohmann::json& j) {
+  plan::RunConfig config;
   config.model.arch = j.value("arch", std::string("gpt"));
   config.model.layers = j.at("layers");
   config.model.hidden = j.at("hidden");
@@ -89,7 +89,7 @@ std::vector<std::int32_t> read_tokens(const io::SafetensorsFile& batch, const st
 
 void run(std::map<std::string, std::string>& args, train::ParallelGroups groups, bool writes) {
   std::ifstream config_file(args["--config"]);
-  const train::RunConfig config = run_config(nlohmann::json::parse(config_file));
+  const plan::RunConfig config = run_config(nlohmann::json::parse(config_file));
   comm::Communicator* tp = groups.tp;
   train::TrainingEngine engine(config, groups);
   auto& model = engine.model();

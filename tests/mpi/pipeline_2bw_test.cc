@@ -20,7 +20,7 @@
 #include "optim/clip.h"
 #include "train/batches.h"
 #include "train/checkpoint.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 #include "train/engine.h"
 
 #include <gtest/gtest.h>
@@ -52,7 +52,7 @@ std::vector<double> losses(const fs::path& run) {
 std::vector<double> two_bw_reference(const fs::path& config_path, const fs::path& init,
                                      std::int64_t steps, const fs::path& out) {
   using namespace oases;
-  train::RunConfig config = train::load_run_config(config_path.string());
+  plan::RunConfig config = plan::load_run_config(config_path.string());
   config.train.steps = steps;
   train::TrainingEngine engine(config);  // pp = 1 and the default pipeline: plain gradients
   model::Model& model = engine.model();

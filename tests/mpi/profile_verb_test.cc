@@ -5,7 +5,7 @@
 // memory limit no plan fits is too small.
 #include "planner/profile.h"
 #include "support/command.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <gtest/gtest.h>
 
@@ -47,7 +47,7 @@ tp = 2
   // compute and communication slow each other.
   EXPECT_NE(r.output.find("degree 2: under the oases schedule"), std::string::npos) << r.output;
   const auto profile = oases::planner::read_profile(out);
-  const auto config = oases::train::load_run_config((dir / "tiny.toml").string());
+  const auto config = oases::plan::load_run_config((dir / "tiny.toml").string());
   EXPECT_NO_THROW(oases::planner::check_profile_matches(profile, config.model, 4, 2, {1, 2}, out));
   ASSERT_EQ(profile.degrees.size(), 2u);
   for (const auto& d : profile.degrees) {

@@ -12,7 +12,7 @@
 #include "model/param_layout.h"
 #include "support/command.h"
 #include "support/runs.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 #include "io/safetensors.h"
 
 #include <gtest/gtest-spi.h>

@@ -2,7 +2,7 @@
 // optim::OptimizerConfig, and rejected with the key's name when out of range.
 #include "core/error.h"
 #include "support/files.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <gtest/gtest.h>
 
@@ -14,12 +14,12 @@ namespace {
 
 using oases::testing::expect_user_error;
 
-RunConfig parse(const std::vector<std::string>& overrides) {
-  return parse_run_config("[model]\nlayers = 2\n", "test.toml", overrides);
+plan::RunConfig parse(const std::vector<std::string>& overrides) {
+  return plan::parse_run_config("[model]\nlayers = 2\n", "test.toml", overrides);
 }
 
 TEST(OptimizerSettings, ParseIntoTheOptimizerConfigAndRoundTripThroughToml) {
-  const RunConfig c = parse({"train.optimizer=\"sgd\"", "train.momentum=0.9", "train.nesterov=true",
+  const plan::RunConfig c = parse({"train.optimizer=\"sgd\"", "train.momentum=0.9", "train.nesterov=true",
                              "train.weight_decay=0.01"});
   const optim::OptimizerConfig o = optimizer_config(c.train);
   EXPECT_EQ(o.name, "sgd");
@@ -27,17 +27,17 @@ TEST(OptimizerSettings, ParseIntoTheOptimizerConfigAndRoundTripThroughToml) {
   EXPECT_TRUE(o.nesterov);
   EXPECT_DOUBLE_EQ(o.weight_decay, 0.01);
   EXPECT_FALSE(o.relative_step);
-  const RunConfig again = parse_run_config(to_toml(c), "printed");
+  const plan::RunConfig again = plan::parse_run_config(to_toml(c), "printed");
   EXPECT_EQ(again.train.optimizer, "sgd");
   EXPECT_DOUBLE_EQ(again.train.momentum, 0.9);
   EXPECT_TRUE(again.train.nesterov);
 
-  const RunConfig a =
+  const plan::RunConfig a =
       parse({"train.optimizer=\"adafactor\"", "train.lr=0", "train.adafactor_beta1=0.9"});
   const optim::OptimizerConfig ao = optimizer_config(a.train);
   EXPECT_TRUE(ao.relative_step);
   EXPECT_DOUBLE_EQ(ao.adafactor_beta1, 0.9);
-  EXPECT_DOUBLE_EQ(parse_run_config(to_toml(a), "printed").train.adafactor_beta1, 0.9);
+  EXPECT_DOUBLE_EQ(plan::parse_run_config(to_toml(a), "printed").train.adafactor_beta1, 0.9);
   EXPECT_FALSE(optimizer_config(parse({"train.optimizer=\"adafactor\""}).train).relative_step);
 }
 

@@ -25,11 +25,11 @@
 namespace oases::runtime {
 namespace {
 
-using train::RunConfig;
+using plan::RunConfig;
 using train::TrainingEngine;
 
-RunConfig tiny(const std::string& schedule, const std::string& recompute, int sub_batches) {
-  RunConfig c;
+plan::RunConfig tiny(const std::string& schedule, const std::string& recompute, int sub_batches) {
+  plan::RunConfig c;
   c.model.layers = 3;
   c.model.hidden = 32;
   c.model.heads = 2;
@@ -61,7 +61,7 @@ struct TrainedRun {
   std::size_t peak = 0, predicted = 0;
 };
 
-TrainedRun train_two_steps(const RunConfig& config) {
+TrainedRun train_two_steps(const plan::RunConfig& config) {
   TrainingEngine engine(config);
   const auto in = tokens(8 * 16, 1), out = tokens(8 * 16, 2);
   TrainedRun run;

@@ -6,7 +6,7 @@
 #include "core/philox.h"
 #include "support/command.h"
 #include "model/model.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 #include "io/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -69,7 +69,7 @@ inline std::string train_command(const std::string& binary, const std::filesyste
 // follow the summation order of each layout and schedule.
 inline void write_random_init(const std::filesystem::path& config_path,
                               const std::filesystem::path& out, std::uint64_t seed) {
-  const auto config = train::load_run_config(config_path.string());
+  const auto config = plan::load_run_config(config_path.string());
   const auto layout = model::model_param_layout(config.model);
   std::vector<float> values(static_cast<std::size_t>(layout.total_numel()));
   io::SafetensorsWriter writer;

@@ -25,7 +25,7 @@ TEST(Checkpoint, StoredConfigIsReadWithoutItsParallelSection) {
                       "[model]\nlayers = 3\nhidden = 48\nheads = 4\nffn_hidden = 96\n"
                       "[parallel]\ntp = 2\nschedule = \"megatron\"\nsub_batches = 2\n");
   writer.write(file);
-  const RunConfig config = config_from_checkpoint(file);
+  const plan::RunConfig config = config_from_checkpoint(file);
   EXPECT_EQ(config.model.layers, 3);
   EXPECT_EQ(config.model.hidden, 48);
   EXPECT_EQ(config.parallel.tp, 1);
@@ -35,7 +35,7 @@ TEST(Checkpoint, StoredConfigIsReadWithoutItsParallelSection) {
 TEST(Checkpoint, StoredConfigKeepsEveryString) {
   testing::TempDir dir("checkpoint_config");
   const std::string file = (dir.path() / "model.safetensors").string();
-  RunConfig stored;
+  plan::RunConfig stored;
   stored.log.metrics = "\nruns/a'''b";
   io::SafetensorsWriter writer;
   const float value = 1.0f;

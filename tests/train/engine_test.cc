@@ -12,8 +12,8 @@
 namespace oases::train {
 namespace {
 
-RunConfig tiny(std::int64_t micro_batch, std::int64_t global_batch) {
-  RunConfig c;
+plan::RunConfig tiny(std::int64_t micro_batch, std::int64_t global_batch) {
+  plan::RunConfig c;
   c.model.layers = 2;
   c.model.hidden = 32;
   c.model.heads = 2;
@@ -37,7 +37,7 @@ std::vector<std::int32_t> tokens(std::size_t n, std::uint32_t stream) {
   return t;
 }
 
-RunConfig fp64(RunConfig c) {
+plan::RunConfig fp64(plan::RunConfig c) {
   c.train.precision = "fp64";
   return c;
 }
@@ -57,7 +57,7 @@ double relative_difference(const Tensor& a, const Tensor& b) {
 // the two agree to the verification tolerance, relative 1e-10.
 TEST(TrainingEngine, AccumulationEqualsOneLargeMicroBatch) {
   for (const std::string arch : {"gpt", "llama", "bert"}) {
-    RunConfig c = fp64(tiny(8, 8)), d = fp64(tiny(2, 8));
+    plan::RunConfig c = fp64(tiny(8, 8)), d = fp64(tiny(2, 8));
     c.model.arch = d.model.arch = arch;
     c.model.attention_dropout = d.model.attention_dropout = 0.1;
     TrainingEngine whole(c), split(d);
@@ -75,7 +75,7 @@ TEST(TrainingEngine, AccumulationEqualsOneLargeMicroBatch) {
 // The loss and its gradient average over the counted targets only: a negative target (a
 // position a masked-language model does not predict) changes neither.
 TEST(TrainingEngine, IgnoredTargetsDoNotCount) {
-  RunConfig c = fp64(tiny(4, 4));
+  plan::RunConfig c = fp64(tiny(4, 4));
   c.model.arch = "bert";
   c.model.dropout = 0;
   TrainingEngine engine(c);
@@ -123,7 +123,7 @@ TEST(TrainingEngine, Fp32TracksFp64) {
 }
 
 TEST(TrainingEngine, DropoutChangesTrainingLossButNotEvaluation) {
-  RunConfig with = tiny(4, 4), without = tiny(4, 4);
+  plan::RunConfig with = tiny(4, 4), without = tiny(4, 4);
   without.model.dropout = 0;
   TrainingEngine a(with), b(without);
   const auto in = tokens(4 * 16, 3), out = tokens(4 * 16, 4);
@@ -133,7 +133,7 @@ TEST(TrainingEngine, DropoutChangesTrainingLossButNotEvaluation) {
 
 TEST(TrainingEngine, AttentionDropoutChangesTrainingLossButNotEvaluation) {
   for (const std::string arch : {"gpt", "llama", "bert"}) {
-    RunConfig with = fp64(tiny(4, 4)), without = fp64(tiny(4, 4));
+    plan::RunConfig with = fp64(tiny(4, 4)), without = fp64(tiny(4, 4));
     with.model.arch = without.model.arch = arch;
     with.model.dropout = without.model.dropout = 0;
     with.model.attention_dropout = 0.2;
@@ -154,7 +154,7 @@ TEST(TrainingEngine, LearningRateWarmsUpThenFollowsCosine) {
   EXPECT_NEAR(e.learning_rate(6), 1e-3 + 0.5 * (1 + std::cos(M_PI * 3.0 / 7.0)) * 9e-3, 1e-15);
   EXPECT_DOUBLE_EQ(e.learning_rate(10), 1e-3);
   EXPECT_DOUBLE_EQ(e.learning_rate(50), 1e-3);
-  RunConfig constant = tiny(4, 4);
+  plan::RunConfig constant = tiny(4, 4);
   constant.train.warmup_steps = 0;
   constant.train.min_lr = constant.train.lr;
   TrainingEngine c(constant);

@@ -42,7 +42,7 @@ std::string sample_text(std::size_t bytes) {
 
 // A checkpoint of a tiny fp64 GPT trained one step on `prefix`_train.bin.
 std::string train_checkpoint(const TempDir& dir, const std::string& prefix) {
-  RunConfig config = parse_run_config(
+  plan::RunConfig config = plan::parse_run_config(
       R"(
 [model]
 layers = 1
@@ -72,7 +72,7 @@ peak_tflops = 1.0
 // each window: log-sum-exp minus the target's logit, in double.
 double reference_loss(const std::string& checkpoint, const std::vector<std::int32_t>& tokens,
                       std::int64_t windows) {
-  RunConfig config = config_from_checkpoint(checkpoint);
+  plan::RunConfig config = config_from_checkpoint(checkpoint);
   config.train.micro_batch = 1;
   config.train.global_batch = 1;
   TrainingEngine engine(config);

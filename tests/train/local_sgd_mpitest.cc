@@ -27,8 +27,8 @@ namespace mpitest = comm::mpitest;
 
 constexpr std::int64_t kGlobalBatch = 8, kSeq = 16, kSteps = 9;
 
-RunConfig config(const std::string& optimizer, std::int64_t sync_every, int dp) {
-  RunConfig c;
+plan::RunConfig config(const std::string& optimizer, std::int64_t sync_every, int dp) {
+  plan::RunConfig c;
   c.model.layers = 2;
   c.model.hidden = 32;
   c.model.heads = 2;

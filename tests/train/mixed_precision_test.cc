@@ -27,8 +27,8 @@ using oases::testing::relative_difference;
 
 namespace fs = std::filesystem;
 
-RunConfig tiny_engine_config(const std::string& precision) {
-  RunConfig c;
+plan::RunConfig tiny_engine_config(const std::string& precision) {
+  plan::RunConfig c;
   c.model.layers = 2;
   c.model.hidden = 32;
   c.model.heads = 2;
@@ -100,7 +100,7 @@ TEST(MixedPrecision, GradientsAreWithinTheFormatsRoundingOfFp64) {
 TEST(MixedPrecision, MoeGradientsAreWithinTheFormatsRoundingOfFp64) {
   const auto in = tokens(8 * 16, 1), out = tokens(8 * 16, 2);
   const auto moe_config = [](const std::string& precision) {
-    RunConfig c = tiny_engine_config(precision);
+    plan::RunConfig c = tiny_engine_config(precision);
     c.model.moe_every = 2;
     c.model.experts = 4;
     c.model.moe_gate = "noisy-topk";
@@ -133,7 +133,7 @@ TEST(MixedPrecision, MoeGradientsAreWithinTheFormatsRoundingOfFp64) {
 // with hysteresis 2 the first overflow keeps the scale and the second halves it; after
 // train.loss_scale_window clean steps the scale doubles back.
 TEST(LossScaling, AnInjectedOverflowIsSkippedBacksOffAndGrowsBack) {
-  RunConfig c = tiny_engine_config("fp16");
+  plan::RunConfig c = tiny_engine_config("fp16");
   c.train.initial_loss_scale = 1024;
   c.train.loss_scale_window = 3;
   c.train.hysteresis = 2;
@@ -167,7 +167,7 @@ TEST(LossScaling, AnInjectedOverflowIsSkippedBacksOffAndGrowsBack) {
 // steps are skipped, the scale halves each time (hysteresis 1) until the gradients fit, and
 // then training proceeds with finite losses.
 TEST(LossScaling, ARealOverflowIsSkippedUntilTheScaleFits) {
-  RunConfig c = tiny_engine_config("fp16");
+  plan::RunConfig c = tiny_engine_config("fp16");
   c.train.initial_loss_scale = std::ldexp(1.0, 40);
   c.train.hysteresis = 1;
   TrainingEngine engine(c);
@@ -228,9 +228,9 @@ TEST(MixedPrecision, ActivationsTakeAboutHalfTheMemory) {
 // compressed kept sets of the fp32 runs are (tests/mpi/activation_compression_runs_test.cc).
 TEST(MixedPrecision, Fp8CompressionOfBf16KeptSets) {
   const auto in = tokens(8 * 16, 1), out = tokens(8 * 16, 2);
-  RunConfig plain_config = tiny_engine_config("bf16");
+  plan::RunConfig plain_config = tiny_engine_config("bf16");
   plain_config.parallel.recompute = "none";
-  RunConfig compressed_config = plain_config;
+  plan::RunConfig compressed_config = plain_config;
   compressed_config.parallel.activation_compression = "fp8";
   TrainingEngine plain(plain_config), compressed(compressed_config);
   plain.compute_gradients(0, in.data(), out.data(), 8);
@@ -256,8 +256,8 @@ class MixedPrecisionRuns : public ::testing::Test {
     dir_ = testing::fresh_test_folder("mixed_precision_runs");
     data::prepare_data({corpus}, (dir_ / "data").string(), 0.05, "byte");
   }
-  RunConfig config(const std::string& precision, std::int64_t steps) const {
-    RunConfig c = parse_run_config(R"(
+  plan::RunConfig config(const std::string& precision, std::int64_t steps) const {
+    plan::RunConfig c = plan::parse_run_config(R"(
 [model]
 layers = 2
 hidden = 96
@@ -281,7 +281,7 @@ peak_tflops = 1.0
     c.train.eval_every = steps;
     return c;
   }
-  static TrainSummary train(const RunConfig& c) {
+  static TrainSummary train(const plan::RunConfig& c) {
     TrainOptions options;
     options.progress = false;
     return run_training(c, options);
@@ -321,7 +321,7 @@ TEST_F(MixedPrecisionRuns, Bf16AndFp16EndWithin3PercentOfFp32) {
 TEST_F(MixedPrecisionRuns, ResumeIsBitwise) {
   for (const std::string precision : {"bf16", "fp16"}) {
     const fs::path ckpt = dir_ / ("ckpt_" + precision), whole = dir_ / ("whole_" + precision);
-    RunConfig c = config(precision, 6);
+    plan::RunConfig c = config(precision, 6);
     c.train.eval_every = 0;
     if (precision == "fp16") {  // the scale moves during the run: it must resume too
       c.train.loss_scale_window = 2;
@@ -357,11 +357,11 @@ TEST_F(MixedPrecisionRuns, CheckpointsMoveBetweenPrecisions) {
   for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
            {"bf16", "fp32"}, {"fp32", "bf16"}, {"fp16", "bf16"}}) {
     const fs::path ckpt = dir_ / ("ckpt_" + from + "_" + to);
-    RunConfig c = config(from, 40);
+    plan::RunConfig c = config(from, 40);
     c.train.eval_every = 0;
     c.checkpoint.dir = ckpt.string();
     const TrainSummary first = train(c);
-    RunConfig d = config(to, 60);
+    plan::RunConfig d = config(to, 60);
     d.train.eval_every = 0;
     d.checkpoint.dir = ckpt.string();
     d.checkpoint.resume = true;

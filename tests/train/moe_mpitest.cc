@@ -60,8 +60,8 @@ std::string describe(const Layout& l) {
                      l.pipeline, l.plan, l.zero, l.micro_batch, l.sub_batches, l.group_size);
 }
 
-RunConfig config(const Layout& layout) {
-  RunConfig c;
+plan::RunConfig config(const Layout& layout) {
+  plan::RunConfig c;
   c.model.arch = layout.arch;
   c.model.layers = 4;
   c.model.hidden = 32;
@@ -113,7 +113,7 @@ struct RunRecord {
 };
 
 void train_steps(TrainingEngine& engine, std::int64_t first, std::int64_t count, RunRecord& run) {
-  const RunConfig& c = engine.config();
+  const plan::RunConfig& c = engine.config();
   const std::int64_t global = c.train.global_batch * kSeq;
   for (std::int64_t step = first; step < first + count; ++step) {
     const auto in = tokens(step, 1, global), out = tokens(step, 2, global);
@@ -129,7 +129,7 @@ void train_steps(TrainingEngine& engine, std::int64_t first, std::int64_t count,
   });
 }
 
-RunRecord train_run(const RunConfig& c, ParallelGroups groups) {
+RunRecord train_run(const plan::RunConfig& c, ParallelGroups groups) {
   TrainingEngine engine(c, groups);
   RunRecord run;
   train_steps(engine, 0, kSteps, run);

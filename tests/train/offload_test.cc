@@ -29,9 +29,9 @@ fs::path scratch_dir() {
   return dir;
 }
 
-RunConfig config(const std::string& precision, const std::string& optimizer,
+plan::RunConfig config(const std::string& precision, const std::string& optimizer,
                  const std::string& offload) {
-  RunConfig c;
+  plan::RunConfig c;
   c.model.layers = 2;
   c.model.hidden = 32;
   c.model.heads = 2;
@@ -72,7 +72,7 @@ std::vector<char> bytes_of(const Tensor& t) {
   return {p, p + t.nbytes()};
 }
 
-Trained train(const RunConfig& c) {
+Trained train(const plan::RunConfig& c) {
   TrainingEngine engine(c);
   Trained out;
   for (std::int64_t step = 0; step < c.train.steps; ++step) {
@@ -146,7 +146,7 @@ TEST(Offload, BadSettingsAreClearErrors) {
   expect_user_error(
       [] { OffloadStore("/nonexistent/oases_offload", "parallel.offload_dir"); },
       {"parallel.offload_dir = \"/nonexistent/oases_offload\"", "cannot create"});
-  RunConfig c = config("fp32", "adamw", "optimizer");
+  plan::RunConfig c = config("fp32", "adamw", "optimizer");
   c.parallel.offload_dir = "/nonexistent/oases_offload";
   expect_user_error([&] { TrainingEngine engine(c); }, {"parallel.offload_dir"});
   c = config("fp32", "adamw", "disk");

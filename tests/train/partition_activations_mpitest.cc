@@ -51,8 +51,8 @@ std::string describe(const Layout& l) {
                      l.pp, l.schedule, l.recompute, l.pipeline, l.plan, l.zero);
 }
 
-RunConfig config(const Layout& layout, bool partition) {
-  RunConfig c;
+plan::RunConfig config(const Layout& layout, bool partition) {
+  plan::RunConfig c;
   c.model.arch = layout.arch;
   c.model.layers = 3;
   c.model.hidden = 32;
@@ -92,7 +92,7 @@ struct RunRecord {
   std::size_t partitions = 0;  // Partition instructions in the training schedule
 };
 
-RunRecord train_run(const RunConfig& c, comm::Mesh& mesh) {
+RunRecord train_run(const plan::RunConfig& c, comm::Mesh& mesh) {
   TrainingEngine engine(c, parallel_groups(mesh));
   RunRecord run;
   run.predicted_peak = engine.activation_bytes();

@@ -19,7 +19,7 @@ namespace mpitest = comm::mpitest;
 
 TEST(ProfileMoeExpertParallel, MeasuresTheExpertLinkAndPricesTheAllToAllsOverIt) {
   if (mpitest::runtime().world_size() != 2) GTEST_SKIP() << "runs at 2 ranks (dp = ep = 2)";
-  RunConfig c;
+  plan::RunConfig c;
   c.model.layers = 2;
   c.model.hidden = 32;
   c.model.heads = 2;

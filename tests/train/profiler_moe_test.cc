@@ -15,8 +15,8 @@
 namespace oases::train {
 namespace {
 
-RunConfig tiny_moe() {
-  RunConfig c;
+plan::RunConfig tiny_moe() {
+  plan::RunConfig c;
   c.model.layers = 4;
   c.model.hidden = 32;
   c.model.heads = 2;
@@ -34,7 +34,7 @@ RunConfig tiny_moe() {
 }
 
 TEST(ProfileMoe, MeasuresTheMoeKindsAndPredictsTheModel) {
-  const RunConfig c = tiny_moe();
+  const plan::RunConfig c = tiny_moe();
   ProfileOptions options;
   options.warmup_steps = 0;
   options.steps = 1;

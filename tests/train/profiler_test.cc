@@ -16,8 +16,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-RunConfig config(const std::string& precision, std::int64_t zero, const std::string& offload) {
-  RunConfig c;
+plan::RunConfig config(const std::string& precision, std::int64_t zero, const std::string& offload) {
+  plan::RunConfig c;
   c.model.layers = 2;
   c.model.hidden = 32;
   c.model.heads = 2;
@@ -47,7 +47,7 @@ TEST(ProfileMemory, RatiosGiveTheEnginesFiguresUnderEachSetting) {
   for (const Case& s : {Case{"fp32", 0, "none"}, Case{"bf16", 0, "none"},
                         Case{"fp32", 2, "optimizer"}, Case{"bf16", 1, "optimizer+params"}}) {
     const std::string what = s.precision + " zero " + std::to_string(s.zero) + " " + s.offload;
-    const RunConfig c = config(s.precision, s.zero, s.offload);
+    const plan::RunConfig c = config(s.precision, s.zero, s.offload);
     ProfileOptions options;
     options.warmup_steps = 0;
     options.steps = 1;

@@ -5,7 +5,7 @@
 #include "data/token_shard.h"
 #include "io/checkpoint_dir.h"
 #include "train/checkpoint.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 #include "train/trainer.h"
 
 #include "core/error.h"
@@ -51,10 +51,10 @@ class RunTokenizer : public ::testing::Test {
 
   std::string data_prefix() const { return dir_.file("data"); }
 
-  RunConfig config(const std::vector<std::string>& overrides = {}) const {
+  plan::RunConfig config(const std::vector<std::string>& overrides = {}) const {
     std::vector<std::string> all = {"data.path=\"" + data_prefix() + "\""};
     all.insert(all.end(), overrides.begin(), overrides.end());
-    return parse_run_config(R"(
+    return plan::parse_run_config(R"(
 [model]
 layers = 1
 hidden = 32
@@ -75,7 +75,7 @@ peak_tflops = 1.0
                             "run_tokenizer_test", all);
   }
 
-  TrainSummary train(const RunConfig& c) const {
+  TrainSummary train(const plan::RunConfig& c) const {
     TrainOptions options;
     options.progress = false;
     return run_training(c, options);
@@ -86,16 +86,16 @@ peak_tflops = 1.0
 };
 
 TEST_F(RunTokenizer, TheModelIsFoundBesideTheShardsOrWhereTheConfigSays) {
-  const RunConfig c = config();
+  const plan::RunConfig c = config();
   EXPECT_EQ(tokenizer_model_path(c), data::tokenizer_model_beside_shards(data_prefix()));
   EXPECT_EQ(load_run_tokenizer(c)->vocab_size(), 400);
-  const RunConfig given = config({"data.tokenizer_model=\"" + model_ + "\""});
+  const plan::RunConfig given = config({"data.tokenizer_model=\"" + model_ + "\""});
   EXPECT_EQ(tokenizer_model_path(given), model_);
   // The key survives the TOML a checkpoint stores.
-  EXPECT_EQ(parse_run_config(to_toml(given), "stored").data.tokenizer_model, model_);
+  EXPECT_EQ(plan::parse_run_config(to_toml(given), "stored").data.tokenizer_model, model_);
   // byte and gpt2 from their defaults need no file at training start.
-  EXPECT_EQ(load_run_tokenizer(parse_run_config("", "t")), nullptr);
-  EXPECT_EQ(load_run_tokenizer(parse_run_config("[data]\ntokenizer = \"gpt2\"\n", "t")), nullptr);
+  EXPECT_EQ(plan::load_run_tokenizer(plan::parse_run_config("", "t")), nullptr);
+  EXPECT_EQ(plan::load_run_tokenizer(plan::parse_run_config("[data]\ntokenizer = \"gpt2\"\n", "t")), nullptr);
 
   // Without the copy and without data.tokenizer_model, the error says where it looked.
   fs::remove(data::tokenizer_model_beside_shards(data_prefix()));

@@ -18,8 +18,8 @@
 namespace oases::train {
 namespace {
 
-RunConfig small_model(const std::string& arch) {
-  RunConfig c;
+plan::RunConfig small_model(const std::string& arch) {
+  plan::RunConfig c;
   c.model.arch = arch;
   c.model.layers = 2;
   c.model.hidden = 128;
@@ -58,7 +58,7 @@ struct Trajectory {
 
 // Three optimizer steps at `threads` OpenMP threads (restored afterwards). The trainer applies
 // train.threads the same way, with omp_set_num_threads.
-Trajectory train(const RunConfig& config, int threads) {
+Trajectory train(const plan::RunConfig& config, int threads) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(threads);
   Trajectory out;
@@ -91,7 +91,7 @@ std::int64_t differing(const std::vector<float>& a, const std::vector<float>& b)
 }
 
 void expect_independent_of_thread_count(const std::string& arch) {
-  const RunConfig config = small_model(arch);
+  const plan::RunConfig config = small_model(arch);
   // The layers' products span several tiles, so the threads share them.
   const std::int64_t rows = config.train.micro_batch * config.model.seq_len;
   ASSERT_GT(kernels::cpu::detail::gemm_tiles(rows, config.model.ffn_hidden)

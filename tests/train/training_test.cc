@@ -1,6 +1,6 @@
 // Training on real English text (Debian's fortunes) lowers the validation loss well below its
 // starting value (ln 256 = 5.55 for an untrained byte-level model).
-#include "train/config.h"
+#include "plan/run_config.h"
 #include "data/loader.h"
 #include "data/prepare_data.h"
 #include "data/token_shard.h"
@@ -22,7 +22,7 @@ TEST(Training, LowersValidationLossOnDemoCorpus) {
   std::filesystem::create_directories(dir);
   data::prepare_data({corpus, "/usr/share/games/fortunes/computers"}, (dir / "data").string(), 0.05, "byte");
 
-  RunConfig config = parse_run_config(R"(
+  plan::RunConfig config = plan::parse_run_config(R"(
 [model]
 layers = 2
 hidden = 96

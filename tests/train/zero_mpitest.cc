@@ -45,8 +45,8 @@ struct Layout {
   std::int64_t micro_batches = 2;  // per rank and step
 };
 
-RunConfig config(const std::string& optimizer, const Layout& layout, int zero) {
-  RunConfig c;
+plan::RunConfig config(const std::string& optimizer, const Layout& layout, int zero) {
+  plan::RunConfig c;
   c.model.arch = layout.arch;
   c.model.layers = 2;
   c.model.hidden = 32;
@@ -103,7 +103,7 @@ void record_whole(TrainingEngine& engine, RunRecord& run) {
 // `steps` optimizer steps from `first` on, every rank handing its engine its share of the
 // global batch as the trainer does.
 void train(TrainingEngine& engine, std::int64_t first, std::int64_t steps, RunRecord& run) {
-  const RunConfig& c = engine.config();
+  const plan::RunConfig& c = engine.config();
   const std::int64_t global = c.train.global_batch * kSeq;
   for (std::int64_t step = first; step < first + steps; ++step) {
     const auto in = tokens(step, 1, global), out = tokens(step, 2, global);
@@ -118,7 +118,7 @@ void train(TrainingEngine& engine, std::int64_t first, std::int64_t steps, RunRe
   run.resident_grad_bytes = engine.model().resident_grad_bytes();
 }
 
-RunRecord train_fresh(const RunConfig& c, comm::Mesh& mesh) {
+RunRecord train_fresh(const plan::RunConfig& c, comm::Mesh& mesh) {
   TrainingEngine engine(c, parallel_groups(mesh));
   RunRecord run;
   train(engine, 0, kSteps, run);
@@ -164,7 +164,7 @@ void compare(const std::string& optimizer, const Layout& layout,
     if (stage == 3) {
       EXPECT_LT(zero.resident_param_bytes, reference.resident_param_bytes) << with;
       // Keeping gathered parameters from forward to backward changes no result.
-      RunConfig kept = config(optimizer, layout, 3);
+      plan::RunConfig kept = config(optimizer, layout, 3);
       kept.parallel.zero3_reshard_after_forward = false;
       expect_same(train_fresh(kept, mesh), reference, with + " kept from forward to backward");
     } else {
@@ -208,7 +208,7 @@ TEST(Zero, OffloadedStateEqualsZeroZero) {
   if (mpitest::runtime().world_size() != 2) GTEST_SKIP() << "runs at 2 ranks";
   comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), 1, 2, 1, mpitest::test_options());
   const RunRecord reference = train_fresh(config("adamw", {.dp = 2}, 0), mesh);
-  RunConfig c = config("adamw", {.dp = 2}, 2);
+  plan::RunConfig c = config("adamw", {.dp = 2}, 2);
   c.parallel.offload = "optimizer";
   c.parallel.offload_dir = std::filesystem::temp_directory_path().string();
   expect_same(train_fresh(c, mesh), reference, "zero 2 with the optimizer state offloaded");
@@ -254,7 +254,7 @@ TEST(Zero, PerRankBytesFollowTheFormulas) {
   for (const std::string precision : {"fp32", "bf16"}) {
     std::vector<double> unpartitioned;  // zero 0's whole master weights after the steps
     for (const int stage : {0, 1, 2, 3}) {
-      RunConfig c = config("adamw", {.dp = 2}, stage);
+      plan::RunConfig c = config("adamw", {.dp = 2}, stage);
       c.model.hidden = 64;
       c.model.ffn_hidden = 256;
       c.model.vocab_size = 512;

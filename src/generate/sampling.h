@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-namespace oases::train {
+namespace oases::generate {
 
 struct SamplingOptions {
   double temperature = 0.8;  // >= 0; 0: greedy (the likeliest token, the lowest id on a tie)
@@ -48,4 +48,4 @@ class TokenSampler {
   std::vector<Candidate> candidates_;
 };
 
-}  // namespace oases::train
+}  // namespace oases::generate

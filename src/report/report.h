@@ -40,7 +40,7 @@
 #include <string_view>
 #include <vector>
 
-namespace oases::train {
+namespace oases::report {
 
 struct ReportOptions {
   std::string run_dir;
@@ -110,4 +110,4 @@ std::string report_page(const nlohmann::json& data);
 // atomically, creating its folder, and returns the path written.
 std::string write_report(const ReportOptions& options, const ReportWarning& warn);
 
-}  // namespace oases::train
+}  // namespace oases::report

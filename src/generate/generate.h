@@ -1,4 +1,4 @@
-// Text generation (`oases generate`): autoregressive sampling (train/sampling.h) from a GPT or
+// Text generation (`oases generate`): autoregressive sampling (generate/sampling.h) from a GPT or
 // LLaMA model, with a key/value cache (model/incremental_decoder.h: the prompt is processed
 // once, then each new token costs one position) or, for comparison and tests, the full forward
 // pass over the whole context for every token. Both paths follow the same rules below and
@@ -20,13 +20,13 @@
 
 #include "data/tokenizer.h"
 #include "train/engine.h"
-#include "train/sampling.h"
+#include "generate/sampling.h"
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace oases::train {
+namespace oases::generate {
 
 struct GenerateOptions {
   std::string checkpoint;  // step_N directory, run checkpoint dir, or model.safetensors
@@ -61,11 +61,11 @@ void validate(const GenerateOptions& options);
 // Generates from `engine`'s model (options.checkpoint unused). REQUIRES: model.arch gpt or
 // llama (UserError otherwise); the engine built with train.micro_batch = 1 on one rank.
 // Tokens are drawn from those both the tokenizer and the model know.
-Generation generate(TrainingEngine& engine, const data::Tokenizer& tokenizer,
+Generation generate(train::TrainingEngine& engine, const data::Tokenizer& tokenizer,
                     const GenerateOptions& options);
 
 // Loads options.checkpoint (its model, precision and, by checkpoint_tokenizer, its tokenizer)
 // and generates from it.
 Generation generate_text(const GenerateOptions& options);
 
-}  // namespace oases::train
+}  // namespace oases::generate

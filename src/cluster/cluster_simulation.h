@@ -4,7 +4,7 @@
 // For each simulated rank the program is read from the rank's own model, built as the engine
 // builds it but shape-only (comm::ShapeOnlyCommunicator groups, parameters never touched:
 // model::ModelOptions::shape_only), so a GPT-175B stage costs address space, not memory. Its
-// schedule is train::rank_schedule's (generation or pipeline lowering and the config's passes,
+// schedule is plan::rank_schedule's (generation or pipeline lowering and the config's passes,
 // the instructions the runtime executes), priced by sim::cluster_costs and run with the
 // pipeline's other stages by sim::simulate_ranks.
 //
@@ -27,7 +27,7 @@
 #include "sim/cluster.h"
 #include "sim/placement.h"
 #include "sim/schedule_sim.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <map>
 #include <memory>
@@ -35,7 +35,7 @@
 #include <utility>
 #include <vector>
 
-namespace oases::train {
+namespace oases::cluster {
 
 struct ClusterSimulationOptions {
   bool fold = true;            // apply the symmetry rule where it holds (false: every rank)
@@ -82,11 +82,11 @@ struct ClusterSimulation {
 };
 
 // The config's ranks as the simulator places them (parallel.tp, dp, pp, ep).
-sim::RankLayout rank_layout(const RunConfig& config);
+sim::RankLayout rank_layout(const plan::RunConfig& config);
 
 // One rank as the simulator sees it: its model built shape-only, as the engine builds it, with
 // ShapeOnlyCommunicator groups of the rank's sizes and positions; its schedule
-// (train::rank_schedule); its prices on the cluster (sim::cluster_costs); its memory; and the
+// (plan::rank_schedule); its prices on the cluster (sim::cluster_costs); its memory; and the
 // model FLOPs of its step. The communicators and the model outlive the prices and the schedule,
 // which refer to the program.
 struct ShapeOnlyRank {
@@ -102,7 +102,7 @@ struct ShapeOnlyRank {
 
 // World rank `rank` of `layout` running `config` under `spec` (schedule_spec(config), training).
 // `profile`: as ClusterSimulationOptions::profile (needed where the cluster computes from one).
-std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const RunConfig& config,
+std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunConfig& config,
                                                      const schedule::ScheduleSpec& spec,
                                                      const sim::ClusterSpec& cluster,
                                                      const sim::RankLayout& layout, int rank,
@@ -121,12 +121,12 @@ sim::ClusterSpec calibrate_replica_link(const sim::ClusterSpec& cluster,
                                         const planner::Profile& profile);
 
 // Whether the symmetry rule holds for the config's layout on the cluster.
-bool cluster_layout_is_symmetric(const RunConfig& config, const sim::ClusterSpec& cluster);
+bool cluster_layout_is_symmetric(const plan::RunConfig& config, const sim::ClusterSpec& cluster);
 
 // UserError when the cluster does not hold the config's ranks, computes from a profile (this
 // machine's CPU clusters) and none matching the config is given, or lacks a peak for
 // train.precision; or when the config cannot run.
-ClusterSimulation simulate_cluster(const RunConfig& config, const sim::ClusterSpec& cluster,
+ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::ClusterSpec& cluster,
                                    const ClusterSimulationOptions& options = {});
 
 // Step, throughput, MFU, exposed communication, bubble and memory per simulated rank (with
@@ -139,4 +139,4 @@ std::string format_cluster_simulation(const ClusterSimulation& simulation,
 // rank, a thread per lane, times in microseconds. Written to a temporary name and renamed.
 void write_simulation_trace(const ClusterSimulation& simulation, const std::string& path);
 
-}  // namespace oases::train
+}  // namespace oases::cluster

@@ -1,9 +1,9 @@
-#include "train/rank_schedule.h"
+#include "plan/rank_schedule.h"
 
 #include "schedule/pipeline.h"
 #include "schedule/pipeline_lowering.h"
 
-namespace oases::train {
+namespace oases::plan {
 
 schedule::Schedule rank_schedule(const RunConfig& config, const ops::Program& program,
                                  const schedule::ScheduleSpec& spec, int pp, int pp_rank) {
@@ -49,4 +49,4 @@ schedule::LoweredRun two_bw_schedule(const ops::Program& program, const schedule
   return lowered;
 }
 
-}  // namespace oases::train
+}  // namespace oases::plan

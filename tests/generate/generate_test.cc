@@ -1,8 +1,8 @@
-#include "train/generate.h"
+#include "generate/generate.h"
 
 #include "core/error.h"
 #include "kernels/kernels.h"
-#include "train/sampling.h"
+#include "generate/sampling.h"
 
 #include <gtest/gtest.h>
 
@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-namespace oases::train {
+namespace oases::generate {
 namespace {
 
-RunConfig model_config(const std::string& arch, const std::string& precision) {
-  RunConfig c;
+plan::RunConfig model_config(const std::string& arch, const std::string& precision) {
+  plan::RunConfig c;
   c.model.arch = arch;
   c.model.layers = 2;
   c.model.hidden = arch == "llama" ? 36 : 30;
@@ -29,7 +29,7 @@ RunConfig model_config(const std::string& arch, const std::string& precision) {
   return c;
 }
 
-std::vector<std::string> samples(TrainingEngine& engine, GenerateOptions o, bool kv_cache) {
+std::vector<std::string> samples(train::TrainingEngine& engine, GenerateOptions o, bool kv_cache) {
   o.kv_cache = kv_cache;
   const auto tokenizer = data::make_tokenizer("byte");
   return generate(engine, *tokenizer, o).samples;
@@ -40,7 +40,7 @@ std::vector<std::string> samples(TrainingEngine& engine, GenerateOptions o, bool
 // default and the full-window policy, in fp64.
 TEST(Generate, CacheChoosesTheSameTokensAsFullRecomputation) {
   for (const std::string arch : {"gpt", "llama"}) {
-    TrainingEngine engine(model_config(arch, "fp64"));
+    train::TrainingEngine engine(model_config(arch, "fp64"));
     kernels::scale(engine.model().params(), 20.0);  // peaky distributions: varied text
     for (const double temperature : {0.0, 1.0}) {
       for (const std::int64_t keep : {0, 11, 1}) {
@@ -68,7 +68,7 @@ TEST(Generate, CacheChoosesTheSameTokensAsFullRecomputation) {
 // Sample s draws with counter (position, s): the first sample of a run of three is the sample
 // of a run of one.
 TEST(Generate, SampleDoesNotDependOnHowManyRun) {
-  TrainingEngine engine(model_config("gpt", "fp64"));
+  train::TrainingEngine engine(model_config("gpt", "fp64"));
   kernels::scale(engine.model().params(), 20.0);
   GenerateOptions o;
   o.prompt = "x";
@@ -83,7 +83,7 @@ TEST(Generate, SampleDoesNotDependOnHowManyRun) {
 }
 
 TEST(Generate, EmptyPromptStartsAfterEndOfDocument) {
-  TrainingEngine engine(model_config("llama", "fp64"));
+  train::TrainingEngine engine(model_config("llama", "fp64"));
   GenerateOptions o;
   o.max_new_tokens = 7;
   o.sampling.temperature = 0;
@@ -96,7 +96,7 @@ TEST(Generate, EmptyPromptStartsAfterEndOfDocument) {
 }
 
 TEST(Generate, StopStringEndsTheSampleBeforeIt) {
-  TrainingEngine engine(model_config("gpt", "fp64"));
+  train::TrainingEngine engine(model_config("gpt", "fp64"));
   kernels::scale(engine.model().params(), 20.0);
   GenerateOptions o;
   o.prompt = "ab";
@@ -192,7 +192,7 @@ TEST(Generate, BadOptionsNameTheFlagTheValueAndWhatIsValid) {
 }
 
 TEST(Generate, SlideKeepBeyondTheWindowIsAnError) {
-  TrainingEngine engine(model_config("gpt", "fp64"));
+  train::TrainingEngine engine(model_config("gpt", "fp64"));
   GenerateOptions o;
   o.prompt = "a";
   o.slide_keep = 12;
@@ -208,4 +208,4 @@ TEST(Generate, SlideKeepBeyondTheWindowIsAnError) {
 }
 
 }  // namespace
-}  // namespace oases::train
+}  // namespace oases::generate

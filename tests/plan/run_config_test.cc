@@ -1,4 +1,4 @@
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include "core/error.h"
 
@@ -6,7 +6,7 @@
 
 #include <vector>
 
-namespace oases::train {
+namespace oases::plan {
 namespace {
 
 std::string error_of(const std::string& toml, const std::vector<std::string>& overrides = {}) {
@@ -450,4 +450,4 @@ TEST(RunConfig, APlanNameTheSystemCannotLookUpIsNoPlanFile) {
 }
 
 }  // namespace
-}  // namespace oases::train
+}  // namespace oases::plan

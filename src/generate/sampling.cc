@@ -1,4 +1,4 @@
-#include "train/sampling.h"
+#include "generate/sampling.h"
 
 #include "core/error.h"
 
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numeric>
 
-namespace oases::train {
+namespace oases::generate {
 
 void validate(const SamplingOptions& o) {
   OASES_CHECK(std::isfinite(o.temperature) && o.temperature >= 0,
@@ -73,4 +73,4 @@ std::int32_t TokenSampler::sample(std::span<const double> logits, double uniform
   return chosen.back().token;  // rounding left a sliver of `target`
 }
 
-}  // namespace oases::train
+}  // namespace oases::generate

@@ -1,11 +1,11 @@
-#include "train/report.h"
+#include "report/report.h"
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "io/checkpoint_dir.h"
 #include "io/safetensors.h"
 #include "io/untrusted_json.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <fmt/format.h>
 
@@ -20,14 +20,14 @@
 #include <optional>
 #include <sstream>
 
-namespace oases::train {
+namespace oases::report {
 
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-#include "train/report_page.inc"
+#include "report/report_page.inc"
 
 // ---------------------------------------------------------------------------------------------
 // Formatting for the run facts.
@@ -79,7 +79,7 @@ struct RunFiles {
   std::optional<json> run_json;     // run.json, when present and readable
   std::string config_text;          // the resolved config as TOML; empty: unknown
   std::string config_source;        // where config_text came from
-  std::optional<RunConfig> config;  // config_text parsed, when it parses
+  std::optional<plan::RunConfig> config;  // config_text parsed, when it parses
   std::vector<std::pair<std::int64_t, std::string>> checkpoints;  // (step, folder), by step
   std::vector<std::string> notes;  // what the page says was missing or unreadable
 };
@@ -156,7 +156,7 @@ void find_config(RunFiles& run, const ReportWarning& warn) {
     return;
   }
   try {
-    run.config = parse_run_config(run.config_text, run.config_source);
+    run.config = plan::parse_run_config(run.config_text, run.config_source);
   } catch (const std::exception& e) {
     warn_and_note(run, warn,
                   fmt::format("the config text does not parse, so figures derived from it "
@@ -316,7 +316,7 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
       const json v = run_json_member(run, key, json::value_t::number_integer);
       return v.is_null() ? from_config : v.get<std::int64_t>();
     };
-    const ParallelConfig p = run.config ? run.config->parallel : ParallelConfig{};
+    const plan::ParallelConfig p = run.config ? run.config->parallel : plan::ParallelConfig{};
     const std::int64_t tp = number("tp", p.tp), dp = number("dp", p.dp), pp = number("pp", p.pp);
     std::string layout =
         fmt::format("{} rank(s): tp {} x dp {} x pp {}",
@@ -336,7 +336,7 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
   }
   if (run.config) {
     // How the run trains: the optimizer, the precision and what it keeps compressed.
-    const OptimConfig& t = run.config->train;
+    const plan::OptimConfig& t = run.config->train;
     std::string training = fmt::format("{} optimizer", t.optimizer);
     if (t.precision == "bf16" || t.precision == "fp16") {
       training += fmt::format("; {} mixed precision over fp32 master weights", t.precision);
@@ -706,4 +706,4 @@ std::string write_report(const ReportOptions& options, const ReportWarning& warn
   return output;
 }
 
-}  // namespace oases::train
+}  // namespace oases::report

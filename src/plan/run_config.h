@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-namespace oases::train {
+namespace oases::plan {
 
 struct ParallelConfig {
   std::int64_t tp = 1, dp = 1, pp = 1;
@@ -227,4 +227,4 @@ std::string tokenizer_model_path(const RunConfig& config);
 // model.vocab_size is smaller than the tokenizer's vocabulary.
 std::unique_ptr<data::Tokenizer> load_run_tokenizer(const RunConfig& config);
 
-}  // namespace oases::train
+}  // namespace oases::plan

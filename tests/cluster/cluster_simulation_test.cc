@@ -1,11 +1,11 @@
-// Whole-cluster simulation (train/cluster_simulation.h): the folded simulation (one rank per
+// Whole-cluster simulation (cluster/cluster_simulation.h): the folded simulation (one rank per
 // pipeline stage) against every rank simulated on its own devices, the symmetry rule, memory
 // and FLOP accounting against counts by hand, and the errors a user meets.
-#include "train/cluster_simulation.h"
+#include "cluster/cluster_simulation.h"
 
 #include "core/error.h"
 #include "sim/collective_costs.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include <cmath>
 #include <string>
 
-namespace oases::train {
+namespace oases::cluster {
 namespace {
 
 // nodes x per_node devices: a switch inside a node, a network between nodes whose uplink
@@ -38,8 +38,8 @@ sim::ClusterSpec cluster_of(int nodes, int per_node) {
 
 // A small GPT on tp x dp x pp ranks with `micro_batches` micro-batches of 2 per data-parallel
 // rank per step.
-RunConfig tiny_config(int tp, int dp, int pp, int micro_batches) {
-  RunConfig config = parse_run_config("", "test");
+plan::RunConfig tiny_config(int tp, int dp, int pp, int micro_batches) {
+  plan::RunConfig config = plan::parse_run_config("", "test");
   config.model.layers = 8;
   config.model.hidden = 64;
   config.model.heads = 4;
@@ -66,7 +66,7 @@ void expect_near_relative(double a, double b, const std::string& what) {
 // stage simulated on its own gives the representative's figures.
 TEST(ClusterSimulation, FoldedEqualsEveryRankOnSixtyFourRanks) {
   const sim::ClusterSpec cluster = cluster_of(8, 8);
-  const RunConfig config = tiny_config(2, 8, 4, 8);
+  const plan::RunConfig config = tiny_config(2, 8, 4, 8);
   ASSERT_TRUE(cluster_layout_is_symmetric(config, cluster));
   const ClusterSimulation folded = simulate_cluster(config, cluster);
   ClusterSimulationOptions every;
@@ -97,7 +97,7 @@ TEST(ClusterSimulation, FoldedEqualsEveryRankOnSixtyFourRanks) {
 // does not fold, and the straddling pair pays for the network.
 TEST(ClusterSimulation, AnAsymmetricLayoutIsSimulatedRankByRank) {
   const sim::ClusterSpec cluster = cluster_of(2, 3);
-  const RunConfig config = tiny_config(2, 2, 1, 2);
+  const plan::RunConfig config = tiny_config(2, 2, 1, 2);
   EXPECT_FALSE(cluster_layout_is_symmetric(config, cluster));
   const ClusterSimulation s = simulate_cluster(config, cluster);
   EXPECT_FALSE(s.folded);
@@ -111,7 +111,7 @@ TEST(ClusterSimulation, AnAsymmetricLayoutIsSimulatedRankByRank) {
 // Memory and FLOPs by hand for one rank holding the whole model (fp32, AdamW).
 TEST(ClusterSimulation, MemoryAndModelFlopsFollowTheCountsByHand) {
   const sim::ClusterSpec cluster = cluster_of(1, 2);
-  RunConfig config = tiny_config(1, 1, 1, 3);
+  plan::RunConfig config = tiny_config(1, 1, 1, 3);
   const ClusterSimulation s = simulate_cluster(config, cluster);
   ASSERT_EQ(s.ranks.size(), 1u);
   const double h = 64, f = 256, V = 512, S = 32, L = 8, rows = 2;
@@ -133,7 +133,7 @@ TEST(ClusterSimulation, MemoryAndModelFlopsFollowTheCountsByHand) {
 }
 
 TEST(ClusterSimulation, ClustersThatCannotRunTheConfigAreClearErrors) {
-  const RunConfig config = tiny_config(2, 2, 2, 4);
+  const plan::RunConfig config = tiny_config(2, 2, 2, 4);
   try {
     simulate_cluster(config, cluster_of(1, 4));
     FAIL() << "a cluster of 4 devices ran 8 ranks";
@@ -145,7 +145,7 @@ TEST(ClusterSimulation, ClustersThatCannotRunTheConfigAreClearErrors) {
   sim::ClusterSpec profile_only = cluster_of(2, 4);
   profile_only.device.peak_flops.clear();
   EXPECT_THROW(simulate_cluster(config, profile_only), UserError);
-  RunConfig fp16 = config;
+  plan::RunConfig fp16 = config;
   fp16.train.precision = "fp16";
   try {
     simulate_cluster(fp16, cluster_of(2, 4));
@@ -218,4 +218,4 @@ TEST(CalibrateReplicaLink, NothingMeasuredOrTooFewDevicesLeavesTheClusterAlone) 
 }
 
 }  // namespace
-}  // namespace oases::train
+}  // namespace oases::cluster

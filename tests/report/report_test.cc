@@ -2,13 +2,13 @@
 // checkpoints, what it says is missing, how the page embeds its data (no "</script>" from the
 // data can end the element) and the errors for bad input. The page drawn in a browser is
 // tests/browser/report_browser_test.cc.
-#include "train/report.h"
+#include "report/report.h"
 
 #include "core/error.h"
 #include "io/checkpoint_dir.h"
 #include "io/safetensors.h"
 #include "support/files.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -26,7 +26,7 @@ using oases::testing::expect_user_error;
 using oases::testing::read_bytes;
 using oases::testing::TempDir;
 using oases::testing::write_bytes;
-using oases::train::ReportOptions;
+using oases::report::ReportOptions;
 
 constexpr const char* kDataElement = R"(<script type="application/json" id="report-data">)";
 
@@ -149,7 +149,7 @@ class ReportOfCompleteRun : public ::testing::Test {
 
 TEST_F(ReportOfCompleteRun, CollectsEveryFileItFinds) {
   std::vector<std::string> warnings;
-  const json data = oases::train::collect_report_data(
+  const json data = oases::report::collect_report_data(
       {dir_.path().string(), "", "", ""}, [&](const std::string& w) { warnings.push_back(w); });
   EXPECT_TRUE(warnings.empty());
   const json& m = data["metrics"];
@@ -200,7 +200,7 @@ TEST_F(ReportOfCompleteRun, CollectsEveryFileItFinds) {
 TEST_F(ReportOfCompleteRun, PageEmbedsTheDataWithoutEndingItsScript) {
   const std::string output = dir_.file("out/page.html");
   const std::string written =
-      oases::train::write_report({dir_.path().string(), output, "", ""}, nullptr);
+      oases::report::write_report({dir_.path().string(), output, "", ""}, nullptr);
   EXPECT_EQ(written, output);
   const std::string html = read_bytes(output);
   const json data = embedded_data(html);
@@ -221,7 +221,7 @@ TEST_F(ReportOfCompleteRun, PageEmbedsTheDataWithoutEndingItsScript) {
 
 TEST_F(ReportOfCompleteRun, DefaultOutputIsInTheRunFolder) {
   const std::string written =
-      oases::train::write_report({dir_.path().string(), "", "", ""}, nullptr);
+      oases::report::write_report({dir_.path().string(), "", "", ""}, nullptr);
   EXPECT_EQ(written, dir_.file("report.html"));
   EXPECT_EQ(embedded_data(read_bytes(written))["metrics"]["count"], 5);
 }
@@ -229,14 +229,14 @@ TEST_F(ReportOfCompleteRun, DefaultOutputIsInTheRunFolder) {
 TEST_F(ReportOfCompleteRun, NamedTraceThatCannotBeReadIsAnError) {
   expect_user_error(
       [&] {
-        oases::train::collect_report_data({dir_.path().string(), "", "", dir_.file("gone.json")},
+        oases::report::collect_report_data({dir_.path().string(), "", "", dir_.file("gone.json")},
                                           nullptr);
       },
       {"cannot read trace", "gone.json"});
   write_bytes(dir_.file("bad.json"), "{\"traceEvents\": [");
   expect_user_error(
       [&] {
-        oases::train::collect_report_data({dir_.path().string(), "", "", dir_.file("bad.json")},
+        oases::report::collect_report_data({dir_.path().string(), "", "", dir_.file("bad.json")},
                                           nullptr);
       },
       {"trace", "bad.json", "is not JSON"});
@@ -246,7 +246,7 @@ TEST_F(ReportOfCompleteRun, FoundTraceThatCannotBeReadIsLeftOutWithAWarning) {
   write_bytes(dir_.file("trace.json"),
               R"({"traceEvents": [{"ph": "X", "pid": 0, "tid": 0, "ts": "soon"}]})");
   std::vector<std::string> warnings;
-  const json data = oases::train::collect_report_data(
+  const json data = oases::report::collect_report_data(
       {dir_.path().string(), "", "", ""}, [&](const std::string& w) { warnings.push_back(w); });
   EXPECT_TRUE(data["trace"].is_null());
   ASSERT_EQ(warnings.size(), 1u);
@@ -267,7 +267,7 @@ TEST_F(ReportOfCompleteRun, TraceNamedByTheConfigIsTakenFromTheRunFolder) {
       std::remove_if(events.begin(), events.end(), [](const json& e) { return e["pid"] == 1; }),
       events.end());
   write_bytes(dir_.file("steps.trace"), one_rank.dump());
-  const json data = oases::train::collect_report_data({dir_.path().string(), "", "", ""}, nullptr);
+  const json data = oases::report::collect_report_data({dir_.path().string(), "", "", ""}, nullptr);
   EXPECT_EQ(data["trace"]["path"], dir_.file("steps.trace"));
   EXPECT_EQ(data["trace"]["ranks"].size(), 1u);
 }
@@ -275,7 +275,7 @@ TEST_F(ReportOfCompleteRun, TraceNamedByTheConfigIsTakenFromTheRunFolder) {
 TEST_F(ReportOfCompleteRun, CorruptRunJsonIsLeftOutWithAWarning) {
   write_bytes(dir_.file("run.json"), "{\"format\": 1, ");
   std::vector<std::string> warnings;
-  const json data = oases::train::collect_report_data(
+  const json data = oases::report::collect_report_data(
       {dir_.path().string(), "", "", ""}, [&](const std::string& w) { warnings.push_back(w); });
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("run.json left out"), std::string::npos) << warnings[0];
@@ -305,7 +305,7 @@ TEST(Report, TrainingFactNamesOptimizerPrecisionAndCompression) {
   for (int step = 1; step <= 3; ++step)
     metrics += metrics_line(step, {{"loss_scale", 4096.0 * step}, {"skipped_steps", step - 1}});
   write_bytes(dir.file("metrics.jsonl"), metrics);
-  const json data = oases::train::collect_report_data({dir.path().string(), "", "", ""}, {});
+  const json data = oases::report::collect_report_data({dir.path().string(), "", "", ""}, {});
   EXPECT_EQ(fact(data, "training"),
             "sm3 optimizer; fp16 mixed precision over fp32 master weights, 16-bit products by "
             "f16 GEMM: convert+sgemm (test); loss scale 12288 at step 3, 2 step(s) skipped for "
@@ -330,7 +330,7 @@ TEST(Report, OlderRunTakesTheConfigFromTheNewestCheckpoint) {
     optimizer.add("s", oases::DType::f32, {1}, &value);
     oases::io::write_checkpoint(dir.file("ckpt"), step, model, optimizer, 0);
   }
-  const json data = oases::train::collect_report_data({dir.path().string(), "", "", ""}, nullptr);
+  const json data = oases::report::collect_report_data({dir.path().string(), "", "", ""}, nullptr);
   EXPECT_EQ(data["config"], config_toml("[log]\ntrace_steps = 2\n"));
   EXPECT_EQ(data["config_source"], dir.file("ckpt/step_3/model.safetensors"));
   // Tokens by the contract's definition: step x global_batch x seq_len = step x 4 x 16.
@@ -343,7 +343,7 @@ TEST(Report, OlderRunTakesTheConfigFromTheNewestCheckpoint) {
   EXPECT_TRUE(data["trace"].is_null());
   EXPECT_EQ(fact(data, "host"), "not recorded");
   EXPECT_NE(fact(data, "checkpoints").find("step_3"), std::string::npos);
-  const oases::train::RunConfig config = oases::train::parse_run_config(config_toml(), "test");
+  const oases::plan::RunConfig config = oases::plan::parse_run_config(config_toml(), "test");
   const std::string expected_model =
       fmt::format("gpt, 3 layers, hidden 32, 4 heads, seq 16, vocab 50: {:.1f}k parameters, fp32",
                   static_cast<double>(config.model.parameter_count()) / 1e3);
@@ -355,7 +355,7 @@ TEST(Report, OlderRunTakesTheConfigFromTheNewestCheckpoint) {
 TEST(Report, SingleRecordWithoutConfigOrTrace) {
   TempDir dir("report_single");
   write_bytes(dir.file("metrics.jsonl"), metrics_line(1));
-  const std::string page = oases::train::write_report({dir.path().string(), "", "", ""}, nullptr);
+  const std::string page = oases::report::write_report({dir.path().string(), "", "", ""}, nullptr);
   const json data = embedded_data(read_bytes(page));
   EXPECT_EQ(data["metrics"]["count"], 1);
   EXPECT_EQ(data["metrics"]["columns"]["loss"], json({4.5}));
@@ -372,18 +372,18 @@ TEST(Report, MetricsFileOptionAndRunJsonLogMetricsName) {
   write_bytes(dir.file("steps.jsonl"), metrics_line(1) + metrics_line(2));
   expect_user_error(
       [&] {
-        oases::train::collect_report_data({dir.path().string(), "", "", ""}, nullptr);
+        oases::report::collect_report_data({dir.path().string(), "", "", ""}, nullptr);
       },
       {"no metrics file", dir.path().string(), "steps.jsonl", "--metrics"});
   EXPECT_EQ(
-      oases::train::collect_report_data({dir.path().string(), "", dir.file("steps.jsonl"), ""},
+      oases::report::collect_report_data({dir.path().string(), "", dir.file("steps.jsonl"), ""},
                                         nullptr)["metrics"]["count"],
       2);
   // run.json lives beside the metrics file; its config names that file.
   write_bytes(
       dir.file("run.json"),
       json{{"config", config_toml("[log]\nmetrics = \"/elsewhere/steps.jsonl\"\n")}}.dump());
-  EXPECT_EQ(oases::train::collect_report_data({dir.path().string(), "", "", ""},
+  EXPECT_EQ(oases::report::collect_report_data({dir.path().string(), "", "", ""},
                                               nullptr)["metrics"]["count"],
             2);
 }
@@ -393,7 +393,7 @@ TEST(Report, RepeatedStepsKeepTheLaterRecordAndNullIsAMissingValue) {
   write_bytes(dir.file("metrics.jsonl"), metrics_line(1) + metrics_line(2) + "\n" +
                                              metrics_line(2, {{"loss", nullptr}}) +
                                              metrics_line(3));
-  const json metrics = oases::train::read_metrics_columns(dir.file("metrics.jsonl"));
+  const json metrics = oases::report::read_metrics_columns(dir.file("metrics.jsonl"));
   EXPECT_EQ(metrics["count"], 3);
   EXPECT_EQ(metrics["repeated"], 1);
   EXPECT_EQ(metrics["columns"]["loss"], json({4.5, nullptr, 3.5}));
@@ -402,26 +402,26 @@ TEST(Report, RepeatedStepsKeepTheLaterRecordAndNullIsAMissingValue) {
 TEST(Report, BadMetricsAreErrorsNamingFileAndLine) {
   TempDir dir("report_bad_metrics");
   const std::string path = dir.file("metrics.jsonl");
-  expect_user_error([&] { oases::train::read_metrics_columns(path); },
+  expect_user_error([&] { oases::report::read_metrics_columns(path); },
                     {"cannot read metrics file", path});
   write_bytes(path, "");
-  expect_user_error([&] { oases::train::read_metrics_columns(path); }, {path, "holds no records"});
+  expect_user_error([&] { oases::report::read_metrics_columns(path); }, {path, "holds no records"});
   write_bytes(path, "\n  \n");
-  expect_user_error([&] { oases::train::read_metrics_columns(path); }, {"holds no records"});
+  expect_user_error([&] { oases::report::read_metrics_columns(path); }, {"holds no records"});
   write_bytes(path, metrics_line(1) + metrics_line(2) + "{\"step\": 3, \"loss\": 2.\n");
-  expect_user_error([&] { oases::train::read_metrics_columns(path); },
+  expect_user_error([&] { oases::report::read_metrics_columns(path); },
                     {path, "line 3", "not JSON"});
   write_bytes(path, metrics_line(1) + "[1, 2]\n");
-  expect_user_error([&] { oases::train::read_metrics_columns(path); }, {"line 2", "a JSON object"});
+  expect_user_error([&] { oases::report::read_metrics_columns(path); }, {"line 2", "a JSON object"});
   write_bytes(path, R"({"loss": 1.0})"
                     "\n");
-  expect_user_error([&] { oases::train::read_metrics_columns(path); },
+  expect_user_error([&] { oases::report::read_metrics_columns(path); },
                     {"line 1", "\"step\"", "no step"});
   write_bytes(path, R"({"step": -1, "loss": 1.0})"
                     "\n");
-  expect_user_error([&] { oases::train::read_metrics_columns(path); }, {"line 1", ">= 0", "-1"});
+  expect_user_error([&] { oases::report::read_metrics_columns(path); }, {"line 1", ">= 0", "-1"});
   write_bytes(path, metrics_line(1) + metrics_line(2, {{"grad_norm", "big"}}));
-  expect_user_error([&] { oases::train::read_metrics_columns(path); },
+  expect_user_error([&] { oases::report::read_metrics_columns(path); },
                     {"line 2", "\"grad_norm\"", "\"big\"", "a number"});
 }
 
@@ -429,20 +429,20 @@ TEST(Report, RunFolderMustExistAndHoldMetrics) {
   TempDir dir("report_folder");
   expect_user_error(
       [&] {
-        oases::train::collect_report_data({dir.file("nope"), "", "", ""}, nullptr);
+        oases::report::collect_report_data({dir.file("nope"), "", "", ""}, nullptr);
       },
       {"nope", "is not a directory"});
   write_bytes(dir.file("notes.txt"), "x");
   std::filesystem::create_directories(dir.path() / "ckpt");
   expect_user_error(
       [&] {
-        oases::train::collect_report_data({dir.path().string(), "", "", ""}, nullptr);
+        oases::report::collect_report_data({dir.path().string(), "", "", ""}, nullptr);
       },
       {"no metrics file", "metrics.jsonl", "ckpt/, notes.txt"});
 }
 
 TEST(Report, TraceEventKindsFollowTheRecorderNames) {
-  using K = oases::train::TraceEventKind;
+  using K = oases::report::TraceEventKind;
   const std::vector<std::pair<std::string, K>> cases{
       {"F attention.3 mb0 sb1", K::forward},
       {"R mlp.0 mb0 sb0 [internals]", K::recompute},
@@ -458,9 +458,9 @@ TEST(Report, TraceEventKindsFollowTheRecorderNames) {
       {"Bx head", K::other},
       {"", K::other}};
   for (const auto& [name, kind] : cases)
-    EXPECT_EQ(oases::train::trace_event_kind(name), kind) << name;
-  EXPECT_EQ(oases::train::trace_event_kind_name(K::all_reduce), "all-reduce");
-  EXPECT_EQ(oases::train::trace_event_kind_name(K::reduce_grads), "reduce-grads");
+    EXPECT_EQ(oases::report::trace_event_kind(name), kind) << name;
+  EXPECT_EQ(oases::report::trace_event_kind_name(K::all_reduce), "all-reduce");
+  EXPECT_EQ(oases::report::trace_event_kind_name(K::reduce_grads), "reduce-grads");
 }
 
 TEST(Report, TraceMayBeABareArrayAndMustBeATrace) {
@@ -468,27 +468,27 @@ TEST(Report, TraceMayBeABareArrayAndMustBeATrace) {
   write_bytes(dir.file("array.json"),
               R"([{"name": "F a mb0 sb0", "ph": "X", "pid": 3, "tid": 0, "ts": 5, "dur": 2},
                   {"name": "ignored", "ph": "i", "pid": 3, "tid": 0, "ts": 1}])");
-  const json timeline = oases::train::read_trace_timeline(dir.file("array.json"));
+  const json timeline = oases::report::read_trace_timeline(dir.file("array.json"));
   ASSERT_EQ(timeline["ranks"].size(), 1u);
   EXPECT_EQ(timeline["ranks"][0]["rank"], 3);
   EXPECT_EQ(timeline["ranks"][0]["kind"], json({0}));
   EXPECT_EQ(timeline["span_us"], 2.0);
   write_bytes(dir.file("object.json"), R"({"events": []})");
-  expect_user_error([&] { oases::train::read_trace_timeline(dir.file("object.json")); },
+  expect_user_error([&] { oases::report::read_trace_timeline(dir.file("object.json")); },
                     {"object.json", "traceEvents"});
   write_bytes(dir.file("no_pid.json"),
               R"([{"name": "F", "ph": "X", "tid": 0, "ts": 5, "dur": 2}])");
-  expect_user_error([&] { oases::train::read_trace_timeline(dir.file("no_pid.json")); },
+  expect_user_error([&] { oases::report::read_trace_timeline(dir.file("no_pid.json")); },
                     {"no_pid.json", "event 0", "pid"});
 }
 
 TEST(Report, ScriptJsonEscapesEveryLessThanSign) {
   const json value = {{"text", "a</script><!--b<c"}, {"n", 1.5}};
-  const std::string text = oases::train::json_for_script(value);
+  const std::string text = oases::report::json_for_script(value);
   EXPECT_EQ(text.find('<'), std::string::npos) << text;
   EXPECT_EQ(json::parse(text), value);
   // Bytes that are not UTF-8 (a damaged config) do not stop the page.
-  const std::string damaged = oases::train::json_for_script(json{{"text", std::string("a\xff"
+  const std::string damaged = oases::report::json_for_script(json{{"text", std::string("a\xff"
                                                                                       "b")}});
   EXPECT_EQ(json::parse(damaged)["text"],
             "a\xEF\xBF\xBD"

@@ -7,9 +7,9 @@
 #include "ops/program.h"
 #include "schedule/pipeline_2bw.h"
 #include "schedule/schedule.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
-namespace oases::train {
+namespace oases::plan {
 
 // One pass of `spec.micro_batches` micro-batches (training or forward only, as spec.training
 // says) on the rank at stage `pp_rank` of `pp` stages. Under the 2bw pipeline a training pass
@@ -23,4 +23,4 @@ schedule::Schedule rank_schedule(const RunConfig& config, const ops::Program& pr
 schedule::LoweredRun two_bw_schedule(const ops::Program& program, const schedule::ScheduleSpec& spec,
                                      int pp, int pp_rank, schedule::TwoBwRun run);
 
-}  // namespace oases::train
+}  // namespace oases::plan

@@ -1,19 +1,19 @@
-// The planner's input priced on a cluster (train/cluster_profile.h): collectives, replica
+// The planner's input priced on a cluster (cluster/cluster_profile.h): collectives, replica
 // reductions and reshards against the collective model on the groups by hand, the memory ratios
 // of fp32 AdamW, and the planner's prediction of a uniform plan from it against the whole-cluster
 // simulation of the same run.
-#include "train/cluster_profile.h"
+#include "cluster/cluster_profile.h"
 
 #include "planner/cost_model.h"
 #include "sim/collective_costs.h"
-#include "train/cluster_simulation.h"
-#include "train/config.h"
+#include "cluster/cluster_simulation.h"
+#include "plan/run_config.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-namespace oases::train {
+namespace oases::cluster {
 namespace {
 
 sim::ClusterSpec four_by_two() {
@@ -33,8 +33,8 @@ sim::ClusterSpec four_by_two() {
   return c;
 }
 
-RunConfig tiny(int tp, int dp) {
-  RunConfig config = parse_run_config("", "test");
+plan::RunConfig tiny(int tp, int dp) {
+  plan::RunConfig config = plan::parse_run_config("", "test");
   config.model.layers = 4;
   config.model.hidden = 128;
   config.model.heads = 4;
@@ -51,7 +51,7 @@ RunConfig tiny(int tp, int dp) {
 
 TEST(ClusterProfile, CollectivesReductionsAndReshardsArePricedOnTheRunsGroups) {
   const sim::ClusterSpec cluster = four_by_two();
-  const RunConfig config = tiny(4, 2);
+  const plan::RunConfig config = tiny(4, 2);
   const planner::Profile profile = cluster_profile(config, cluster);
   planner::check_profile_matches(profile, config.model, config.train.micro_batch, 2, {1, 2, 4},
                                  "cluster profile");
@@ -102,9 +102,9 @@ TEST(ClusterProfile, CollectivesReductionsAndReshardsArePricedOnTheRunsGroups) {
 TEST(ClusterProfile, UniformPlanPredictionAgreesWithTheClusterSimulation) {
   const sim::ClusterSpec cluster = four_by_two();
   for (int dp : {1, 2}) {
-    const RunConfig config = tiny(4, dp);
+    const plan::RunConfig config = tiny(4, dp);
     const planner::Profile profile = planner::with_zero_share(cluster_profile(config, cluster), 0, dp);
-    const schedule::ScheduleSpec spec = schedule_spec(config);
+    const schedule::ScheduleSpec spec = plan::schedule_spec(config);
     const planner::Prediction planned =
         planner::predict_plan(profile, {4, 4, 4, 4}, spec, config.train.micro_batch);
     const ClusterSimulation simulated = simulate_cluster(config, cluster);
@@ -114,4 +114,4 @@ TEST(ClusterProfile, UniformPlanPredictionAgreesWithTheClusterSimulation) {
 }
 
 }  // namespace
-}  // namespace oases::train
+}  // namespace oases::cluster

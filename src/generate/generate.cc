@@ -1,4 +1,4 @@
-#include "train/generate.h"
+#include "generate/generate.h"
 
 #include "core/buffer.h"
 #include "core/error.h"
@@ -13,10 +13,10 @@
 #include <span>
 #include <string_view>
 
-namespace oases::train {
+namespace oases::generate {
 namespace {
 
-void check_generative(const RunConfig& config, std::string_view source) {
+void check_generative(const plan::RunConfig& config, std::string_view source) {
   OASES_CHECK(config.model.arch != "bert",
               "{} holds a model.arch = \"bert\" model, which predicts masked tokens from both "
               "sides and cannot continue a prompt; generate with a \"gpt\" or \"llama\" model",
@@ -27,7 +27,7 @@ void check_generative(const RunConfig& config, std::string_view source) {
 // of the sample's sequence; `row` receives the logits of its last position.
 class NextTokenLogits {
  public:
-  NextTokenLogits(TrainingEngine& engine, bool kv_cache)
+  NextTokenLogits(train::TrainingEngine& engine, bool kv_cache)
       : engine_(engine),
         dtype_(engine.model().dtype()),
         seq_(engine.config().model.seq_len),
@@ -68,7 +68,7 @@ class NextTokenLogits {
   }
 
  private:
-  TrainingEngine& engine_;
+  train::TrainingEngine& engine_;
   DType dtype_;
   std::int64_t seq_, vocab_;
   std::optional<model::IncrementalDecoder> decoder_;
@@ -102,10 +102,10 @@ void validate(const GenerateOptions& o) {
               o.slide_keep);
 }
 
-Generation generate(TrainingEngine& engine, const data::Tokenizer& tokenizer,
+Generation generate(train::TrainingEngine& engine, const data::Tokenizer& tokenizer,
                     const GenerateOptions& o) {
   validate(o);
-  const RunConfig& config = engine.config();
+  const plan::RunConfig& config = engine.config();
   check_generative(config, "the engine");
   OASES_ASSERT(engine.model().micro_batch() == 1 && engine.tp().size() == 1,
                "generation runs one sequence on one rank");
@@ -168,16 +168,16 @@ Generation generate(TrainingEngine& engine, const data::Tokenizer& tokenizer,
 
 Generation generate_text(const GenerateOptions& o) {
   validate(o);
-  RunConfig config = config_from_checkpoint(o.checkpoint);
+  plan::RunConfig config = train::config_from_checkpoint(o.checkpoint);
   check_generative(config, fmt::format("checkpoint '{}'", o.checkpoint));
   config.train.micro_batch = 1;
   config.train.global_batch = 1;
   config.checkpoint = {};
-  const auto tokenizer = checkpoint_tokenizer(o.checkpoint, o.tokenizer_dir);
-  TrainingEngine engine(config);
-  load_model_weights(io::resolve_model_file(o.checkpoint), engine.model().layout(),
+  const auto tokenizer = train::checkpoint_tokenizer(o.checkpoint, o.tokenizer_dir);
+  train::TrainingEngine engine(config);
+  train::load_model_weights(io::resolve_model_file(o.checkpoint), engine.model().layout(),
                      engine.model().params());
   return generate(engine, *tokenizer, o);
 }
 
-}  // namespace oases::train
+}  // namespace oases::generate

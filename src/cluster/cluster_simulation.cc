@@ -1,4 +1,4 @@
-#include "train/cluster_simulation.h"
+#include "cluster/cluster_simulation.h"
 
 #include "comm/communicator.h"
 #include "core/atomic_file.h"
@@ -11,7 +11,7 @@
 #include "sim/collective_costs.h"
 #include "sim/placement.h"
 #include "train/engine.h"
-#include "train/rank_schedule.h"
+#include "plan/rank_schedule.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -23,9 +23,9 @@
 #include <numeric>
 #include <utility>
 
-namespace oases::train {
+namespace oases::cluster {
 
-sim::RankLayout rank_layout(const RunConfig& config) {
+sim::RankLayout rank_layout(const plan::RunConfig& config) {
   sim::RankLayout layout;
   layout.tp = static_cast<int>(config.parallel.tp);
   layout.dp = static_cast<int>(config.parallel.dp);
@@ -37,7 +37,7 @@ sim::RankLayout rank_layout(const RunConfig& config) {
 namespace {
 
 // The products' element type as the cluster names it.
-std::string product_dtype(const RunConfig& config) {
+std::string product_dtype(const plan::RunConfig& config) {
   const std::string& p = config.train.precision;
   return p == "bf16" || p == "fp16" || p == "fp64" ? p : "fp32";
 }
@@ -51,7 +51,7 @@ std::vector<int> signature(const sim::ClusterSpec& cluster, const sim::DeviceGro
 
 }  // namespace
 
-std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const RunConfig& config,
+std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunConfig& config,
                                                      const schedule::ScheduleSpec& spec,
                                                      const sim::ClusterSpec& cluster,
                                                      const sim::RankLayout& layout, int rank,
@@ -61,7 +61,7 @@ std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const RunConfig& config,
   r->stage = layout.pp_rank(rank);
   const int tp_rank = layout.tp_rank(rank);
   r->tp = std::make_unique<comm::ShapeOnlyCommunicator>(tp_rank, layout.tp, "tp");
-  model::ModelOptions options = stage_model_options(config, spec, r->stage);
+  model::ModelOptions options = train::stage_model_options(config, spec, r->stage);
   options.shape_only = true;
   options.tp = r->tp.get();
   if (layout.ep > 1) {
@@ -129,7 +129,7 @@ std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const RunConfig& config,
   {
     // The optimizer's state over this rank's whole layout: its buffers are mapped, never touched.
     const std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(
-        optimizer_config(config.train), flat_layout(r->model->layout(), r->model->dtype()));
+        optimizer_config(config.train), train::flat_layout(r->model->layout(), r->model->dtype()));
     r->memory.optimizer = static_cast<double>(optimizer->state_bytes()) / (zero >= 1 ? dp : 1);
   }
   r->memory.activations = static_cast<double>(r->model->static_activation_bytes() +
@@ -172,7 +172,7 @@ sim::ClusterSpec calibrate_replica_link(const sim::ClusterSpec& cluster,
   return out;
 }
 
-bool cluster_layout_is_symmetric(const RunConfig& config, const sim::ClusterSpec& cluster) {
+bool cluster_layout_is_symmetric(const plan::RunConfig& config, const sim::ClusterSpec& cluster) {
   const sim::RankLayout layout = rank_layout(config);
   std::vector<std::function<sim::DeviceGroup(int)>> kinds = {
       [&](int r) { return layout.tp_group(r); }, [&](int r) { return layout.dp_group(r); },
@@ -197,7 +197,7 @@ bool cluster_layout_is_symmetric(const RunConfig& config, const sim::ClusterSpec
   return true;
 }
 
-ClusterSimulation simulate_cluster(const RunConfig& config, const sim::ClusterSpec& given,
+ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::ClusterSpec& given,
                                    const ClusterSimulationOptions& options) {
   const sim::ClusterSpec cluster =
       given.device.computes_from_profile() && options.profile != nullptr
@@ -326,4 +326,4 @@ void write_simulation_trace(const ClusterSimulation& s, const std::string& path)
   write_file_atomically(path, json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump());
 }
 
-}  // namespace oases::train
+}  // namespace oases::cluster

@@ -2,7 +2,7 @@
 // the cluster simulator's models instead of measured by `oases profile`.
 //
 // For each power-of-two degree k dividing parallel.tp = T, a degree-k replica's model is built
-// shape-only (as train/cluster_simulation.h builds its ranks) on k / T of a sub-batch, and the
+// shape-only (as cluster/cluster_simulation.h builds its ranks) on k / T of a sub-batch, and the
 // schedule `oases profile` runs (fine-grained recomputation, blocking collectives) is priced
 // instruction by instruction on the cluster: compute by roofline, each segment's collective over
 // the devices of a degree-k group while every degree-k group of the run (T / k per
@@ -20,13 +20,13 @@
 
 #include "planner/profile.h"
 #include "sim/cluster.h"
-#include "train/config.h"
+#include "plan/run_config.h"
 
-namespace oases::train {
+namespace oases::cluster {
 
 // UserError as `oases profile` for layouts the planner cannot take (parallel.tp not a power of
 // two, sub-batches that do not split over a degree's replicas), and as simulate_cluster for a
 // cluster that cannot price the config.
-planner::Profile cluster_profile(const RunConfig& config, const sim::ClusterSpec& cluster);
+planner::Profile cluster_profile(const plan::RunConfig& config, const sim::ClusterSpec& cluster);
 
-}  // namespace oases::train
+}  // namespace oases::cluster

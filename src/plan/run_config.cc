@@ -1,4 +1,4 @@
-#include "train/config.h"
+#include "plan/run_config.h"
 
 #include "core/error.h"
 #include "data/tokenizer.h"
@@ -23,7 +23,7 @@
 #include <sstream>
 #include <string_view>
 
-namespace oases::train {
+namespace oases::plan {
 namespace {
 
 std::string type_name(const toml::node& node) {
@@ -1058,4 +1058,4 @@ std::vector<int> layer_degrees(const RunConfig& config) {
   return degrees;
 }
 
-}  // namespace oases::train
+}  // namespace oases::plan

@@ -1,10 +1,10 @@
-#include "train/cluster_profile.h"
+#include "cluster/cluster_profile.h"
 
 #include "core/error.h"
 #include "planner/profiler.h"
 #include "sim/collective_costs.h"
 #include "sim/placement.h"
-#include "train/cluster_simulation.h"
+#include "cluster/cluster_simulation.h"
 #include "train/engine.h"
 #include "train/profiler.h"
 
@@ -14,16 +14,16 @@
 #include <string>
 #include <vector>
 
-namespace oases::train {
+namespace oases::cluster {
 namespace {
 
 // The degree-k replica's run as `oases profile` runs it: k ranks of tensor parallelism on k / T of
 // each sub-batch, fine-grained recomputation, one micro-batch; the other degree-k groups of the
 // run (T / k per tensor-parallel group, times the data-parallel replicas) beside it.
-RunConfig degree_config(const RunConfig& config, int k, std::int64_t rows) {
-  RunConfig c = config;
+plan::RunConfig degree_config(const plan::RunConfig& config, int k, std::int64_t rows) {
+  plan::RunConfig c = config;
   const auto T = static_cast<int>(config.parallel.tp);
-  c.parallel = ParallelConfig{};
+  c.parallel = plan::ParallelConfig{};
   c.parallel.tp = k;
   c.parallel.dp = config.parallel.dp * (T / k);
   c.parallel.zero = config.parallel.zero;
@@ -70,18 +70,18 @@ void price_schedule(const ShapeOnlyRank& rank, planner::DegreeProfile& degree) {
 
 }  // namespace
 
-planner::Profile cluster_profile(const RunConfig& config, const sim::ClusterSpec& cluster) {
+planner::Profile cluster_profile(const plan::RunConfig& config, const sim::ClusterSpec& cluster) {
   const schedule::ScheduleSpec spec = schedule_spec(config);
   const auto T = static_cast<int>(config.parallel.tp);
   const auto dp = static_cast<int>(config.parallel.dp);
-  planner::Profile profile = profile_of_run(config, spec);
+  planner::Profile profile = train::profile_of_run(config, spec);
   const std::int64_t sub_batch_rows = config.train.micro_batch / spec.sub_batches;
   // The run's own layout (one pipeline stage's worth): the groups its replicas reduce over.
   sim::RankLayout run = rank_layout(config);
   run.pp = 1;
   sim::check_cluster_holds(cluster, run.world(), cluster.name);
   for (int k = 1; k <= T; k *= 2) {
-    const RunConfig c = degree_config(config, k, sub_batch_rows * k / T);
+    const plan::RunConfig c = degree_config(config, k, sub_batch_rows * k / T);
     schedule::ScheduleSpec degree_spec = schedule_spec(c);
     const sim::RankLayout layout = rank_layout(c);
     const std::unique_ptr<ShapeOnlyRank> rank = build_shape_only_rank(c, degree_spec, cluster, layout, 0);
@@ -151,4 +151,4 @@ planner::Profile cluster_profile(const RunConfig& config, const sim::ClusterSpec
   return profile;
 }
 
-}  // namespace oases::train
+}  // namespace oases::cluster
