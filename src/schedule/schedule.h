@@ -1,7 +1,9 @@
 // Schedule IR: per rank, an ordered list of instructions over a Program's segments and
 // collectives (ops/program.h). Generators are pure functions of (Program, ScheduleSpec); the
 // runtime executes a Schedule on devices and the simulator executes the same list on a cost
-// model. Schedules print one instruction per line so tests can diff them.
+// model. Schedules print one instruction per line and parse back (to_string, parse_schedule),
+// so tests can diff them and write them as text; schedule_grid.h draws several ranks' schedules
+// side by side, as the verifier's errors show them.
 //
 // The generators share one construction. Each (micro-batch, sub-batch) instance of the
 // program gets its own instruction stream: forward through every segment, then backward,
@@ -359,7 +361,10 @@ void append_gradient_reductions(const ops::Program& program, Schedule& schedule)
 // default; batch 0). Deferred gathers (spec.deferred_param_gather): the same moves and the same
 // rule for compute, except that ReleaseParams is rejected and buckets end gathered (each is
 // gathered at most once). Without either a parameter instruction is rejected.
-// Throws InternalError naming the first violating instruction (its index and text).
+// Throws InternalError naming the first violating instruction (its index and text) on its first
+// line, and below it the grid of the schedule around that instruction (schedule_grid.h: a few
+// positions before and after it, the instruction marked; a violation found at the end marks
+// the end, or the RecvStart of a receive never waited). verify.cc holds the verifiers.
 //
 // No-flush runs (2bw) declare what they share with the runs before and after them in `carry`:
 // `earlier` holds what earlier runs ran of batch -1 (its forwards, its first backwards and
@@ -385,7 +390,8 @@ void verify_schedule(const ops::Program& program, const ScheduleSpec& spec,
 
 // Checks that the ranks of one group (one schedule each) issue their collectives in the same
 // order, which the communicators' issue-order matching requires. Throws InternalError naming
-// the first rank and position that differ. The group is the tensor-parallel one, whose
+// the first rank and position that differ, with the grid of every rank's Starts (one row per
+// collective) around it, the two differing cells marked. The group is the tensor-parallel one, whose
 // collectives are the segments' Starts; other instructions are not compared. GatherParams are
 // collectives of the data-parallel group instead, whose ranks (the replicas of one model
 // chunk) run one schedule, and so issue them in one order.
@@ -402,7 +408,8 @@ void verify_collective_order(const std::vector<Schedule>& schedules_of_group);
 //    every rank reaches its end.
 // Throws InternalError naming the ranks, positions (instruction indices) and instructions:
 // both sides of a mismatched pair, the first message without a partner, or every rank blocked
-// in a deadlock with what it waits for. Time about linear in the total length.
+// in a deadlock with what it waits for; below that line, the grid of the group's schedules
+// around those positions, each of them marked. Time about linear in the total length.
 void verify_point_to_point(const std::vector<Schedule>& schedules_of_group);
 
 // Peak bytes of tensor sets live at once when `schedule` runs (what the executor's activation
@@ -474,7 +481,39 @@ void partition_kept_checkpoints(const ops::Program& program, Schedule& schedule)
 // released.
 void shard_parameters(const ops::Program& program, const ScheduleSpec& spec, Schedule& schedule);
 
+// The text form of instructions (schedule_text.cc), so that tests and bug reports can write
+// schedules as text. An instruction is one line: the op's name, then its fields in parentheses,
+// separated by commas:
+//   Forward(seg=3, mb=0, sb=1, chunk=1)
+//   Backward(seg=2, stage=1, mb=0, sb=0, input-only)
+//   Start(fwd, seg=2, mb=1, sb=0, replay)
+//   Free(seg=2, checkpoint|internals, mb=0, sb=0)
+//   Send(activation, seg=5, mb=0, sb=0, peer=1, slot=0)
+//   ReduceGrads(bucket=3)
+//   OptimizerStep
+// Integer fields are written key=value: seg (segment), stage, mb (micro_batch), sb
+// (sub_batch), chunk, bucket, peer, slot, batch. The others are bare words: fwd or bwd
+// (direction), replay, input-only, activation or gradient (payload), bf16 or fp8 (encoding),
+// and the sets, tensor set names joined by '|' (checkpoint, internals, core, output) or - for
+// none. Each op has a form, the fields it prints in a fixed order: its instance (seg, mb, sb)
+// or bucket, whatever else its line of Op's comment names (Recompute, Free, Encode, Decode and
+// the partition ops their sets, Backward its stage, Start and Wait their direction, messages
+// their payload, peer and slot, Encode and Decode their encoding, UseWeights its batch), then
+// replay (Start, Wait) or input-only (Backward) when set, and chunk and batch when not 0
+// (UseWeights: its chunk beside any batch but 0). Any other field follows when it is not at its
+// default (Instruction's, except that a Backward's direction is bwd), so that two instructions
+// print alike exactly when they are equal. An op with nothing to print is its name alone
+// (OptimizerStep).
 std::string to_string(const Instruction& instruction);
-std::string to_string(const Schedule& schedule);  // one instruction per line
+std::string to_string(const Schedule& schedule);  // one instruction per line, each ending in \n
+// The inverse of to_string: parse_instruction(to_string(i)) == i for every instruction i.
+// Fields may come in any order, each at most once; those an op's form always prints are
+// required; every other field keeps its default. UserError on malformed text, naming the text
+// and what was expected (the valid op names, or the op's form and the valid fields).
+Instruction parse_instruction(std::string_view text);
+// One instruction per line; blank lines and comments (from '#' to the end of the line) are
+// ignored. parse_schedule(to_string(s)) == s. UserError as parse_instruction's, naming the line
+// number and the line as written.
+Schedule parse_schedule(std::string_view text);
 
 }  // namespace oases::schedule
