@@ -7,7 +7,7 @@
 //   generate_speed [--config configs/demo.toml] [--tokens 256] [--repeats 3] [--set key=value]
 #include "core/error.h"
 #include "data/tokenizer.h"
-#include "kernels/cpu/blas_runtime.h"
+#include "kernels/kernels.h"
 #include "plan/run_config.h"
 #include "train/engine.h"
 #include "generate/generate.h"
@@ -23,7 +23,7 @@
 using namespace oases;
 
 int main(int argc, char** argv) {
-  kernels::cpu::reexec_with_better_openblas_core(argv);
+  kernels::reexec_with_better_blas_kernels(argv);
   std::string config_path = "configs/demo.toml";
   std::int64_t tokens = 256;
   int repeats = 3;

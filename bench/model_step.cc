@@ -7,8 +7,7 @@
 //   model_step [--config configs/bench.toml] [--steps 5] [--warmup 2] [--set key=value ...]
 #include "core/philox.h"
 #include "core/timer.h"
-#include "kernels/cpu/blas_runtime.h"
-#include "kernels/cpu/peak_flops.h"
+#include "kernels/kernels.h"
 #include "plan/run_config.h"
 #include "train/engine.h"
 
@@ -24,7 +23,7 @@
 using namespace oases;
 
 int main(int argc, char** argv) {
-  kernels::cpu::reexec_with_better_openblas_core(argv);
+  kernels::reexec_with_better_blas_kernels(argv);
   std::string config_path = "configs/bench.toml";
   int steps = 5, warmup = 2;
   std::vector<std::string> overrides;
@@ -60,13 +59,13 @@ int main(int argc, char** argv) {
     const double median = sorted[sorted.size() / 2];
     const double tokens = static_cast<double>(rows * seq);
     const double model_flops = tokens * config.model.training_flops_per_token();
-    const double peak = kernels::cpu::measure_sgemm_flops(2048, 2.0);
+    const double peak = kernels::measure_peak_flops(2048, 2.0);
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
     nlohmann::json out = {{"framework", "oases"},
                           {"arch", config.model.arch},
                           {"precision", config.train.precision},
-                          {"openblas_core", kernels::cpu::openblas_core_name()},
+                          {"openblas_core", kernels::blas_kernels_name()},
                           {"threads", omp_get_max_threads()},
                           {"step_seconds_median", median},
                           {"step_seconds_all", times},

@@ -7,7 +7,7 @@
 #include "data/prepare_data.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "data/token_shard.h"
-#include "kernels/cpu/blas_runtime.h"
+#include "kernels/kernels.h"
 #include "io/checkpoint_dir.h"
 #include "planner/pipeline_plan.h"
 #include "planner/planner.h"
@@ -941,7 +941,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  oases::kernels::cpu::reexec_with_better_openblas_core(argv);
+  oases::kernels::reexec_with_better_blas_kernels(argv);
   try {
     const int code = run(argc, argv);
     // What a verb printed (generated text, a config, a report) may still sit in stdout's

@@ -1,7 +1,7 @@
 #include "comm/mpi_communicator.h"
 
 #include "core/error.h"
-#include "kernels/cpu/convert.h"
+#include "kernels/kernels.h"
 
 #include <fmt/format.h>
 
@@ -93,34 +93,22 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_OP_NULL;
 }
 
-// Element-wise reductions of bf16 and f16 bit patterns for MPI_Op_create. Each pair is
-// combined exactly in double (any two bf16 or f16 values sum exactly there, up to bf16's far
-// exponent range, where the smaller term lies below half a unit of the larger) and rounded once
-// to the format, so a reduction over two ranks is the correctly rounded sum; over more ranks
-// each partial sum is rounded, in the order MPI's algorithm combines them.
-template <DType kFormat>
-double widen(std::uint16_t bits) {
-  return kFormat == DType::bf16 ? kernels::cpu::bf16_bits_to_float(bits)
-                                : kernels::cpu::f16_bits_to_float(bits);
-}
-template <DType kFormat>
-std::uint16_t narrow(double value) {
-  return kFormat == DType::bf16 ? kernels::cpu::double_to_bf16_bits(value)
-                                : kernels::cpu::double_to_f16_bits(value);
+// Element-wise reductions of bf16 and f16 bit patterns for MPI_Op_create: kernels::reduce_into,
+// which combines each pair exactly in double and rounds once to the format, so a reduction over
+// two ranks is the correctly rounded sum; over more ranks each partial sum is rounded, in the
+// order MPI's algorithm combines them.
+constexpr kernels::Reduction kernel_reduction(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return kernels::Reduction::sum;
+    case ReduceOp::max: return kernels::Reduction::max;
+    case ReduceOp::min: return kernels::Reduction::min;
+  }
+  return kernels::Reduction::sum;
 }
 template <DType kFormat, ReduceOp kOp>
 void reduce_16bit(void* in, void* inout, int* length, MPI_Datatype*) {
-  const auto* a = static_cast<const std::uint16_t*>(in);
-  auto* b = static_cast<std::uint16_t*>(inout);
-  for (int i = 0; i < *length; ++i) {
-    const double x = widen<kFormat>(a[i]), y = widen<kFormat>(b[i]);
-    switch (kOp) {
-      case ReduceOp::sum: b[i] = narrow<kFormat>(x + y); break;
-      // A NaN on any rank wins, so that every rank sees it.
-      case ReduceOp::max: b[i] = (x > y || std::isnan(x)) ? a[i] : b[i]; break;
-      case ReduceOp::min: b[i] = (x < y || std::isnan(x)) ? a[i] : b[i]; break;
-    }
-  }
+  kernels::reduce_into(Tensor(in, kFormat, {*length}), Tensor(inout, kFormat, {*length}),
+                       kernel_reduction(kOp));
 }
 
 // The MPI operators for 16-bit reductions, created by each Engine and freed with it (MPI

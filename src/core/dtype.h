@@ -21,8 +21,8 @@ namespace oases {
 // whose kept payload is zero does not turn into infinity). Widening is exact; an f16
 // signalling NaN widens to the quiet float NaN of the same payload (as F16C's vcvtph2ps does),
 // a bf16 one to the signalling float NaN of the same bits (widening bf16 is a shift).
-// These are the portable reference; kernels/cpu/convert.h has the vectorised array forms,
-// which give the same bits.
+// These are the portable reference; kernels/kernels.h's convert is the array form over
+// Tensors (vectorised on the CPU), which gives the same bits.
 constexpr std::uint16_t float_to_bf16_bits(float value) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
   if ((bits & 0x7FFFFFFFu) > 0x7F800000u)

@@ -2,9 +2,12 @@
 
 #include "core/error.h"
 #include "kernels/argument_checks.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/column_sums.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/dropout.h"
+#include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm16.h"
 #include "kernels/cpu/layernorm.h"

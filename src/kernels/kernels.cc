@@ -2,23 +2,31 @@
 
 #include "core/error.h"
 #include "kernels/argument_checks.h"
-#include "kernels/cpu/convert.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/blas_runtime.h"
+#include "kernels/cpu/cached_attention.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/dropout.h"
+#include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm16.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/optimizer.h"
+#include "kernels/cpu/peak_flops.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rotary.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/half_kernels.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
-#include <vector>
 
 namespace oases::kernels {
 namespace {
@@ -265,56 +273,6 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
     using T = decltype(zero);
     cpu::add<T>(a.data<T>(), b.data<T>(), out.data<T>(), a.numel());
   });
-}
-
-void convert(const Tensor& src, const Tensor& dst) {
-  check_contiguous("convert", {&src, &dst});
-  OASES_ASSERT(src.device().is_cpu() && dst.device().is_cpu(), "convert: no kernel for {} -> {}",
-               src.device().str(), dst.device().str());
-  OASES_ASSERT(src.numel() == dst.numel(), "convert of {} elements into {}", src.numel(),
-               dst.numel());
-  cpu::convert_elements(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel());
-}
-
-void encode_fp8(const Tensor& src, const Tensor& dst, Fp8Format format) {
-  check_contiguous("encode_fp8", {&src, &dst});
-  OASES_ASSERT(src.device().is_cpu() && dst.device().is_cpu(), "encode_fp8: no kernel for {} -> {}",
-               src.device().str(), dst.device().str());
-  OASES_ASSERT(dst.dtype() == DType::u8 && src.numel() == dst.numel(),
-               "encode_fp8: {} {} elements into {} {}", src.numel(), dtype_name(src.dtype()),
-               dst.numel(), dtype_name(dst.dtype()));
-  const std::int64_t n = src.numel();
-  const auto encode = format == Fp8Format::e4m3 ? cpu::encode_e4m3 : cpu::encode_e5m2;
-  if (src.dtype() == DType::f32) {
-    encode(src.data<float>(), dst.data<std::uint8_t>(), n);
-    return;
-  }
-  OASES_ASSERT(half::is_half(src.dtype()), "encode_fp8: no kernel for {} tensors",
-               dtype_name(src.dtype()));
-  // Widening is exact, so this rounds once.
-  std::vector<float> wide(static_cast<std::size_t>(n));
-  cpu::convert_elements(src.raw(), src.dtype(), wide.data(), DType::f32, n);
-  encode(wide.data(), dst.data<std::uint8_t>(), n);
-}
-
-void decode_fp8(const Tensor& src, const Tensor& dst, Fp8Format format) {
-  check_contiguous("decode_fp8", {&src, &dst});
-  OASES_ASSERT(src.device().is_cpu() && dst.device().is_cpu(), "decode_fp8: no kernel for {} -> {}",
-               src.device().str(), dst.device().str());
-  OASES_ASSERT(src.dtype() == DType::u8 && src.numel() == dst.numel(),
-               "decode_fp8: {} {} elements into {} {}", src.numel(), dtype_name(src.dtype()),
-               dst.numel(), dtype_name(dst.dtype()));
-  const std::int64_t n = src.numel();
-  const auto decode = format == Fp8Format::e4m3 ? cpu::decode_e4m3 : cpu::decode_e5m2;
-  if (dst.dtype() == DType::f32) {
-    decode(src.data<std::uint8_t>(), dst.data<float>(), n);
-    return;
-  }
-  OASES_ASSERT(half::is_half(dst.dtype()), "decode_fp8: no kernel for {} tensors",
-               dtype_name(dst.dtype()));
-  std::vector<float> wide(static_cast<std::size_t>(n));
-  decode(src.data<std::uint8_t>(), wide.data(), n);
-  cpu::convert_elements(wide.data(), DType::f32, dst.raw(), dst.dtype(), n);  // exact
 }
 
 void copy(const Tensor& src, const Tensor& dst) {
@@ -594,6 +552,67 @@ void embedding_accumulate_backward(const Tensor& dout, const std::int32_t* ids,
     using T = decltype(zero);
     cpu::embedding_accumulate_backward<T>(dout.data<T>(), ids, dtable.data<T>(), batch, seq, C);
   });
+}
+
+void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                  const Tensor& exp_avg_sq, const AdamWStep& step) {
+  const DType dtype = common_dtype("adamw_update", {&param, &grad, &exp_avg, &exp_avg_sq});
+  check_contiguous("adamw_update", {&param, &grad, &exp_avg, &exp_avg_sq});
+  const std::int64_t n = param.numel();
+  OASES_ASSERT(grad.numel() == n && exp_avg.numel() == n && exp_avg_sq.numel() == n,
+               "adamw_update: {} parameters with {} gradients and moments of {} and {}", n,
+               grad.numel(), exp_avg.numel(), exp_avg_sq.numel());
+  by_dtype(dtype, "adamw_update", [&](auto zero) {
+    using T = decltype(zero);
+    cpu::adamw_update<T>(param.data<T>(), grad.data<T>(), exp_avg.data<T>(),
+                         exp_avg_sq.data<T>(), n, step);
+  });
+}
+
+void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
+                const SgdStep& step) {
+  const DType dtype = common_dtype("sgd_update", {&param, &grad, &momentum_buffer});
+  check_contiguous("sgd_update", {&param, &grad, &momentum_buffer});
+  const std::int64_t n = param.numel();
+  OASES_ASSERT(grad.numel() == n, "sgd_update: {} parameters with {} gradients", n, grad.numel());
+  OASES_ASSERT(momentum_buffer.empty() ? step.momentum == 0 : momentum_buffer.numel() == n,
+               "sgd_update: momentum {} with a buffer of {} for {} parameters", step.momentum,
+               momentum_buffer.empty() ? 0 : momentum_buffer.numel(), n);
+  by_dtype(dtype, "sgd_update", [&](auto zero) {
+    using T = decltype(zero);
+    cpu::sgd_update<T>(param.data<T>(), grad.data<T>(), ptr<T>(momentum_buffer), n, step);
+  });
+}
+
+double clip_coefficient(double total_norm, double max_norm) {
+  return cpu::clip_coefficient(total_norm, max_norm);
+}
+
+bool dropout_keep(const DropoutSite& site, double p, std::int64_t global_sample,
+                  std::int64_t position, std::int64_t global_feature) {
+  return cpu::dropout_keep(site, p, global_sample, position, global_feature);
+}
+
+Gemm16Availability gemm16_available(Gemm16Path path, DType operands) {
+  return cpu::gemm16_available(path, operands);
+}
+
+Gemm16Choice choose_gemm16_path(DType operands) { return cpu::choose_gemm16_path(operands); }
+
+Gemm16PathsChoice choose_gemm16_paths() { return cpu::choose_gemm16_paths(); }
+
+double measure_peak_flops(std::int64_t n, double seconds, Device device) {
+  OASES_ASSERT(device.is_cpu(), "measure_peak_flops: no kernel for {}", device.str());
+  return cpu::measure_sgemm_flops(static_cast<long>(n), seconds);
+}
+
+void reexec_with_better_blas_kernels(char** argv) { cpu::reexec_with_better_openblas_core(argv); }
+
+std::string blas_kernels_name() { return cpu::openblas_core_name(); }
+
+void set_host_threads(int threads) {
+  OASES_ASSERT(threads >= 1, "set_host_threads({})", threads);
+  omp_set_num_threads(threads);
 }
 
 }  // namespace oases::kernels

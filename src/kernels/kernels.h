@@ -1,18 +1,29 @@
-// The kernels of the engine as functions of Tensors, chosen by device and dtype.
+// The kernels of the engine as functions of Tensors, chosen by device and dtype, and the
+// process-level services of the devices that run them.
 //
-// Everything above kernels/ (ops, models, optimizers) calls these, never a device's kernels
-// directly: a Tensor carries its dtype and device, and each function checks that its
-// arguments agree and forwards to the matching implementation (kernels/cpu/ for the CPU, by
-// element type f32 or f64). A CUDA backend adds its implementations here without changing a
-// caller. The formulas, layouts, aliasing rules and determinism guarantees are those of the
-// CPU kernels named in each comment; shapes are checked here.
+// This header is the kernels' only front door: everything outside kernels/ (ops, models,
+// optimizers, communicators, the training loop, the CLI) calls these, never a device's kernels
+// (kernels/cpu/, a future kernels/cuda/) directly. The test layout.kernel_front_door
+// (tests/layout/kernel_includes_test.sh) fails when a file outside kernels/, or this header or
+// its type headers, include a device's header. A Tensor carries its dtype and device, and each
+// function checks that its arguments agree and forwards to the matching implementation
+// (kernels/cpu/ for the CPU, by element type f32 or f64; kernels/half_kernels.h for bf16 and
+// f16). A CUDA backend adds its implementations behind these declarations without changing a
+// caller. The argument types are device-neutral (kernels/types.h, kernels/dropout_rule.h,
+// kernels/gemm16_paths.h). The formulas, layouts, aliasing rules and determinism guarantees
+// are those of the CPU kernels named in each comment; shapes are checked here.
+//
+// Process-level functions (choosing the BLAS kernels at start-up, the host's thread count, the
+// peak measurement) live here too rather than in a second header, so that "include
+// kernels/kernels.h" stays the whole rule; they take no device-specific types.
 //
 // Matrices are 2-dimensional views [rows, cols] whose rows may be strided (core/tensor.h);
 // unless a comment says otherwise an argument must be contiguous.
 //
-// Mixed precision (bf16, f16). Every function below except cached_attention_forward also runs
-// on 16-bit tensors (core/dtype.h: BFloat16, Float16), chosen by the dtype of its leading
-// activation argument (x, dy, qkv, logits, wte, ...). The rules of a 16-bit call, type H:
+// Mixed precision (bf16, f16). Every compute kernel below except cached_attention_forward and
+// the optimizer updates also runs on 16-bit tensors (core/dtype.h: BFloat16, Float16), chosen
+// by the dtype of its leading activation argument (x, dy, qkv, logits, wte, ...). The rules of
+// a 16-bit call, type H:
 //  - activations, their gradients and the parameters the call reads are H;
 //  - statistics and losses are f32: layernorm mean and rstd, rmsnorm rstd, attention lse,
 //    cross-entropy losses, row_max, sum_exp and target_logit;
@@ -22,41 +33,22 @@
 //  - linear_forward's y and linear_backward's dx may be H or f32; rotary tables H or f32.
 // Everything is computed in f32 (statistics, softmax, log-sum-exp and losses included) from
 // the exactly widened inputs, and each 16-bit output is rounded once (round to nearest even).
-// Matrix products accumulate in f32 by the path `paths` names for the format (cpu/gemm16.h):
-// choose_gemm16_paths() measures both paths at start-up and returns the choice and its reason
-// for the log; keep the returned Gemm16Paths and pass it to every linear call.
+// Matrix products accumulate in f32 by the path `paths` names for the format
+// (kernels/gemm16_paths.h): choose_gemm16_paths() measures both paths at start-up and returns
+// the choice and its reason for the log; keep the returned Gemm16Paths and pass it to every
+// linear call.
 #pragma once
 
+#include "core/device.h"
 #include "core/tensor.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/cached_attention.h"
-#include "kernels/cpu/dropout.h"
-#include "kernels/cpu/embedding.h"
-#include "kernels/cpu/gemm16.h"
+#include "kernels/dropout_rule.h"
+#include "kernels/gemm16_paths.h"
+#include "kernels/types.h"
 
 #include <cstdint>
+#include <string>
 
 namespace oases::kernels {
-
-using cpu::DropoutSite;
-using cpu::DropoutSlice;
-using cpu::VocabRange;
-
-// The 16-bit matrix-product paths (cpu/gemm16.h): Gemm16Paths{} (convert+sgemm for both
-// formats) works on every CPU; choose_gemm16_paths() picks the faster per format by
-// measuring (a few hundred ms the first time, mostly oneDNN compiling its kernels) and explains
-// the choice (choice.bf16.reason, choice.f16.reason); gemm16_path_from_name() reads a pinned
-// path back (the paths differ in the last bits, so a resumed run keeps its path).
-using cpu::Gemm16Availability;
-using cpu::Gemm16Choice;
-using cpu::Gemm16Path;
-using cpu::Gemm16Paths;
-using cpu::Gemm16PathsChoice;
-using cpu::choose_gemm16_path;
-using cpu::choose_gemm16_paths;
-using cpu::gemm16_available;
-using cpu::gemm16_path_from_name;
-using cpu::gemm16_path_name;
 
 // How a linear layer's weight is stored: [in, out] (GPT-2's Conv1D) or [out, in]
 // (torch.nn.Linear, LLaMA and BERT).
@@ -88,13 +80,12 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
 
 // Core attention over a [B * seq, (heads + 2 kv_heads) * head_dim] matrix of q|k|v rows;
 // out [B * seq, heads * head_dim], lse [B, heads, seq]. (cpu/attention.h)
-// `dropout` drops attention probabilities (cpu/attention.h has the mask's rule); backward must
-// be given the forward's.
+// `dropout` drops attention probabilities (kernels/dropout_rule.h has the mask's rule); backward
+// must be given the forward's.
 struct AttentionShape {
   std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = true;
 };
-using cpu::AttentionDropout;
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                        const AttentionShape& shape, const AttentionDropout& dropout = {});
 // dqkv overwritten, same layout as qkv.
@@ -108,7 +99,6 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
 // into keys, values [kv_heads, capacity, head_dim] at those positions, and out [rows, heads *
 // head_dim] (strided rows allowed) receives each new query's attention over positions 0 to
 // its own.
-using cpu::CachedAttentionShape;
 void cached_attention_forward(const Tensor& qkv, const Tensor& keys, const Tensor& values,
                               const Tensor& out, std::int64_t past);
 
@@ -144,7 +134,7 @@ void gelu_forward(const Tensor& x, const Tensor& y, GeluForm form);
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, GeluForm form);
 
 // Dropout of x [B, seq, F] (given as any view of B * seq * F contiguous elements); y may
-// alias x. (cpu/dropout.h)
+// alias x. The mask is kernels/dropout_rule.h's. (cpu/dropout.h)
 void dropout_apply(const Tensor& x, const Tensor& y, std::int64_t batch, std::int64_t seq,
                    double p, const DropoutSite& site, const DropoutSlice& slice);
 // out = residual + dropout(x + bias) over [B, seq, F]; bias and residual may be empty.
@@ -164,11 +154,21 @@ void convert(const Tensor& src, const Tensor& dst);
 // 8-bit floating point encodings of compressed activations (cpu/convert.h: OCP e4m3,
 // saturating at +-448, and e5m2, with infinities; round to nearest even, NaN kept).
 enum class Fp8Format : std::uint8_t { e4m3, e5m2 };
-// dst (u8) := src (f32, bf16 or f16) encoded, rounded once. Same element count, contiguous.
+// dst (u8) := src (f32, bf16, f16 or f64) encoded. Same element count, contiguous. From f32,
+// bf16 and f16 the value is rounded once (widening to f32 is exact); f64 is rounded to f32
+// first, so twice, which is harmless next to fp8's 3 or 2 mantissa bits (f64 runs verify, they
+// do not compress). Other types pass through f32 in pieces of a fixed buffer: no scratch
+// memory in proportion to the tensor.
 void encode_fp8(const Tensor& src, const Tensor& dst, Fp8Format format);
-// dst (f32, bf16 or f16) := src (u8) decoded; exact (every e4m3 and e5m2 value is a bf16 and
-// an f16 value).
+// dst (f32, bf16, f16 or f64) := src (u8) decoded; exact (every e4m3 and e5m2 value is a
+// value of each of those types). Pieces of a fixed buffer, as encode_fp8.
 void decode_fp8(const Tensor& src, const Tensor& dst, Fp8Format format);
+// inout := in (op) inout element-wise, for two bf16 or two f16 tensors of one type and element
+// count, contiguous, in host memory: the reduction MPI cannot do on 16-bit data itself (the
+// communicators' reduction operators call it on the pieces MPI hands them). A sum is formed
+// exactly in double and rounded once to the format (the correctly rounded sum of the two);
+// max and min keep one operand's bits, a NaN on either side winning. (cpu/convert.h)
+void reduce_into(const Tensor& in, const Tensor& inout, Reduction op);
 
 // dst := src, same dtype and element count (contiguous; ranges may not overlap partially).
 void copy(const Tensor& src, const Tensor& dst);
@@ -219,9 +219,57 @@ void cross_entropy_shard_finish(const Tensor& logits, std::int64_t vocab,
 
 // sum of x[i] in double, in index order.
 double sum(const Tensor& x);
-// sum of x[i]^2 in double, deterministic (cpu/optimizer.h).
+// sum of x[i]^2 in double, deterministic: independent of the thread count (cpu/optimizer.h).
 double sum_of_squares(const Tensor& x);
 // x *= factor (rounded to the element type once).
 void scale(const Tensor& x, double factor);
+
+// Optimizer updates with PyTorch's formulas in its order of operations (cpu/optimizer.h).
+// Tensors of one dtype (f32 or f64) and element count, contiguous; each element's update reads
+// only its own values, so a step over several slices gives the bits of one over their union.
+// AdamW (torch.optim.AdamW): param, its gradient and its two moments.
+void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                  const Tensor& exp_avg_sq, const AdamWStep& step);
+// SGD (torch.optim.SGD, dampening 0); momentum_buffer is empty when step.momentum == 0.
+void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
+                const SgdStep& step);
+// The factor clip_grad_norm_ multiplies gradients by: min(1, max_norm / (total_norm + 1e-6)).
+// A NaN total_norm gives NaN (as torch.clamp does), so a non-finite gradient is not hidden.
+double clip_coefficient(double total_norm, double max_norm);
+
+// Whether element (global_sample, position, global_feature) survives activation dropout with
+// probability p at `site`: kernels/dropout_rule.h's rule evaluated on the host, for code that
+// masks rows of host memory itself (the MoE experts' gathered rows). dropout_apply and
+// bias_dropout_add_* draw the same mask.
+bool dropout_keep(const DropoutSite& site, double p, std::int64_t global_sample,
+                  std::int64_t position, std::int64_t global_feature);
+
+// The 16-bit matrix-product paths (kernels/gemm16_paths.h; cpu/gemm16.h measures them).
+// Whether `path` can multiply `operands` (DType::bf16 or DType::f16) here.
+Gemm16Availability gemm16_available(Gemm16Path path, DType operands);
+// The faster available path for one format on a representative product, measured (a few
+// hundred ms the first time), with its reason for the log.
+Gemm16Choice choose_gemm16_path(DType operands);
+// Both formats' choices.
+Gemm16PathsChoice choose_gemm16_paths();
+
+// Process set-up and measurement.
+//
+// Best FLOP/s of square f32 matrix products of size n on `device`, over repeated runs lasting
+// about `seconds` in total, at the current thread count: the denominator of MFU.
+// (cpu/peak_flops.h)
+double measure_peak_flops(std::int64_t n = 2048, double seconds = 1.0,
+                          Device device = Device::cpu());
+// Call first in main(): when the host BLAS loaded generic kernels on a processor it does not
+// recognise (Debian's OpenBLAS 0.3.21 on recent Xeons runs sgemm ~5x slower that way),
+// re-executes the program with the same arguments and the best kernel family the processor
+// supports (does not return then); otherwise returns. A user's OPENBLAS_CORETYPE is respected.
+// (cpu/blas_runtime.h)
+void reexec_with_better_blas_kernels(char** argv);
+// The host BLAS's kernel family (e.g. "SkylakeX", "Prescott"), for logs and benchmark records.
+std::string blas_kernels_name();
+// The number of threads the host kernels share their work among (OpenMP; BLAS calls run one
+// per thread inside it, cpu/gemm.h). Results do not depend on it. REQUIRES: threads >= 1.
+void set_host_threads(int threads);
 
 }  // namespace oases::kernels

@@ -1,9 +1,8 @@
 #include "ops/activation_store.h"
 
 #include "core/error.h"
-#include "kernels/cpu/convert.h"
+#include "kernels/kernels.h"
 
-#include <array>
 #include <cstddef>
 #include <cstring>
 
@@ -26,40 +25,6 @@ std::string tensor_sets_name(TensorSets sets) {
 }
 
 namespace {
-
-// fp8 e4m3 from and to a block's own dtype. The fp8 kernels take f32: other dtypes go through
-// f32 in pieces of a fixed buffer (exact from 16 bits; from f64 it rounds twice, harmlessly so
-// next to e4m3's 4 significant bits, and f64 runs are for verification, not for compression).
-constexpr std::int64_t kPiece = 4096;
-
-void encode_e4m3(const void* src, DType dtype, void* dst, std::int64_t n) {
-  auto* out = static_cast<std::uint8_t*>(dst);
-  if (dtype == DType::f32) return kernels::cpu::encode_e4m3(static_cast<const float*>(src), out, n);
-  std::array<float, kPiece> piece;
-  const auto* in = static_cast<const std::byte*>(src);
-  const std::size_t element = dtype_size(dtype);
-  for (std::int64_t begin = 0; begin < n; begin += kPiece) {
-    const std::int64_t count = std::min(n - begin, kPiece);
-    kernels::cpu::convert_elements(in + static_cast<std::size_t>(begin) * element, dtype,
-                                   piece.data(), DType::f32, count);
-    kernels::cpu::encode_e4m3(piece.data(), out + begin, count);
-  }
-}
-
-void decode_e4m3(const void* src, void* dst, DType dtype, std::int64_t n) {
-  const auto* in = static_cast<const std::uint8_t*>(src);
-  if (dtype == DType::f32) return kernels::cpu::decode_e4m3(in, static_cast<float*>(dst), n);
-  std::array<float, kPiece> piece;
-  auto* out = static_cast<std::byte*>(dst);
-  const std::size_t element = dtype_size(dtype);
-  for (std::int64_t begin = 0; begin < n; begin += kPiece) {
-    const std::int64_t count = std::min(n - begin, kPiece);
-    kernels::cpu::decode_e4m3(in + begin, piece.data(), count);
-    // Every e4m3 value is an f32, bf16, f16 and f64 value: exact.
-    kernels::cpu::convert_elements(piece.data(), DType::f32,
-                                   out + static_cast<std::size_t>(begin) * element, dtype, count);
-  }
-}
 
 std::string describe(const ActivationKey& key) {
   return "segment " + std::to_string(key.segment) + " mb " + std::to_string(key.micro_batch) +
@@ -135,13 +100,15 @@ void ActivationStore::encode(const ActivationKey& key, ActivationEncoding encodi
   const std::size_t kept_bytes =
       static_cast<std::size_t>(block.elements - block.encodable) * dtype_size(block.dtype);
   Buffer packed = take(encoded_bytes + kept_bytes);
+  const Tensor values = block.view.view(0, {block.encodable});
   switch (encoding) {
     case ActivationEncoding::bf16:
-      kernels::cpu::convert_elements(block.view.raw(), block.dtype, packed.data(), DType::bf16,
-                                     block.encodable);
+      kernels::convert(values, packed.tensor(DType::bf16, {block.encodable}));
       break;
     case ActivationEncoding::fp8_e4m3:
-      encode_e4m3(block.view.raw(), block.dtype, packed.data(), block.encodable);
+      // From f64 this rounds twice (through f32), harmlessly next to e4m3's 3 mantissa bits.
+      kernels::encode_fp8(values, packed.tensor(DType::u8, {block.encodable}),
+                          kernels::Fp8Format::e4m3);
       break;
   }
   const auto* tail = static_cast<const std::byte*>(block.view.raw()) +
@@ -160,13 +127,14 @@ void ActivationStore::decode(const ActivationKey& key) {
   Block& block = it->second;
   OASES_ASSERT(block.encoded, "activation {} decoded while not encoded", describe(key));
   Buffer wide = take(static_cast<std::size_t>(block.elements) * dtype_size(block.dtype));
+  const Tensor values = wide.tensor(block.dtype, {block.encodable});
   switch (block.encoding) {
     case ActivationEncoding::bf16:
-      kernels::cpu::convert_elements(block.buffer.data(), DType::bf16, wide.data(), block.dtype,
-                                     block.encodable);
+      kernels::convert(block.buffer.tensor(DType::bf16, {block.encodable}), values);
       break;
     case ActivationEncoding::fp8_e4m3:
-      decode_e4m3(block.buffer.data(), wide.data(), block.dtype, block.encodable);
+      kernels::decode_fp8(block.buffer.tensor(DType::u8, {block.encodable}), values,
+                          kernels::Fp8Format::e4m3);
       break;
   }
   const std::size_t encoded_bytes =

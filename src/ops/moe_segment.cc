@@ -584,7 +584,7 @@ class MoeExpertsSegment final : public Segment {
       const RowHeader header = read_header(input + which[i] * W + C);
       T* row = a.data<T>() + static_cast<std::int64_t>(i) * F;
       for (std::int64_t f = 0; f < F; ++f)
-        row[f] = kernels::cpu::dropout_keep(site, p, header.sample, header.position, first + f)
+        row[f] = kernels::dropout_keep(site, p, header.sample, header.position, first + f)
                      ? narrow<T>(static_cast<R>(row[f]) * scale)
                      : narrow<T>(R(0));
     }

@@ -1,16 +1,20 @@
 #include "optim/adamw.h"
 
 #include "core/error.h"
-#include "kernels/cpu/optimizer.h"
+#include "kernels/kernels.h"
 
 #include <utility>
 
 namespace oases::optim {
-namespace k = oases::kernels::cpu;
 namespace {
 
 std::size_t bytes_of(DType dtype, std::int64_t elements) {
   return static_cast<std::size_t>(elements) * dtype_size(dtype);
+}
+
+// A packed state buffer as one flat tensor of the layout's dtype.
+Tensor packed_state(const Buffer& buffer, DType dtype) {
+  return buffer.tensor(dtype, {static_cast<std::int64_t>(buffer.bytes() / dtype_size(dtype))});
 }
 
 }  // namespace
@@ -61,29 +65,17 @@ std::vector<StateTensor> AdamW::state_tensors() {
 
 void AdamW::update(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,
                    const StepInfo& info) {
-  switch (layout().dtype) {
-    case DType::f32:
-      return update_typed<float>(params, grads, begin, end, info);
-    case DType::f64:
-      return update_typed<double>(params, grads, begin, end, info);
-    default:
-      OASES_ASSERT(false, "AdamW has no kernel for {}", dtype_name(layout().dtype));
-  }
-}
-
-template <class T>
-void AdamW::update_typed(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,
-                         const StepInfo& info) {
-  T* param = params.data<T>();
-  const T* grad = grads.data<T>();
-  T* m = exp_avg_.as<T>();
-  T* v = exp_avg_sq_.as<T>();
+  const DType dtype = layout().dtype;
+  const Tensor m = packed_state(exp_avg_, dtype);
+  const Tensor v = packed_state(exp_avg_sq_, dtype);
   for_each_param_slice(layout(), begin, end, [&](std::size_t i, std::int64_t lo, std::int64_t hi) {
     const ParamSlot& p = layout().params[i];
     const std::int64_t state = state_offsets_[i] + (lo - p.offset);
     const double decay = p.weight_decay ? hyper_.weight_decay : 0.0;
-    const k::AdamWStep hp{info.lr, hyper_.beta1, hyper_.beta2, hyper_.eps, decay, info.step};
-    k::adamw_update<T>(param + lo, grad + lo, m + state, v + state, hi - lo, hp);
+    const kernels::AdamWStep step{info.lr, hyper_.beta1, hyper_.beta2, hyper_.eps, decay,
+                                  info.step};
+    kernels::adamw_update(params.view(lo, {hi - lo}), grads.view(lo, {hi - lo}),
+                          m.view(state, {hi - lo}), v.view(state, {hi - lo}), step);
   });
 }
 

@@ -1,6 +1,6 @@
 // AdamW as torch.optim.AdamW (DESIGN.md, "Reference semantics"): decoupled weight decay,
 // bias-corrected moments, eps added outside the square root. The arithmetic is
-// kernels::cpu::adamw_update, in PyTorch's order of operations.
+// kernels::adamw_update, in PyTorch's order of operations.
 //
 // State: exp_avg (first moment m) and exp_avg_sq (second moment v), one value of the layout's
 // dtype each per parameter element, zero before the first step. They are stored packed: the
@@ -9,8 +9,8 @@
 // the parameter's shard.
 //
 // For each parameter p and every element in the stepped range:
-//   kernels::cpu::adamw_update(..., AdamWStep{lr, beta1, beta2, eps,
-//                                             p.weight_decay ? weight_decay : 0, step})
+//   kernels::adamw_update(..., AdamWStep{lr, beta1, beta2, eps,
+//                                        p.weight_decay ? weight_decay : 0, step})
 // Each element's update depends on that element alone, so a step over several ranges gives
 // the same bits as one step over their union.
 #pragma once
@@ -48,9 +48,6 @@ class AdamW final : public Optimizer {
  private:
   void update(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,
               const StepInfo& info) override;
-  template <class T>
-  void update_typed(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,
-                    const StepInfo& info);
 
   AdamWHyperParams hyper_;
   // state_offsets_[i]: element offset of parameter i's state in exp_avg_ and exp_avg_sq_.

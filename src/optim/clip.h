@@ -22,7 +22,7 @@
 namespace oases::optim {
 
 // sum of flat[i]^2 for i in [begin, end), accumulated in double. Deterministic: the same
-// elements give the same bits regardless of the thread count (kernels::cpu::sum_of_squares).
+// elements give the same bits regardless of the thread count (kernels::sum_of_squares).
 // REQUIRES: 0 <= begin <= end <= flat.numel().
 double sum_of_squares(Tensor flat, std::int64_t begin, std::int64_t end);
 

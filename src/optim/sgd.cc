@@ -1,12 +1,11 @@
 #include "optim/sgd.h"
 
 #include "core/error.h"
-#include "kernels/cpu/optimizer.h"
+#include "kernels/kernels.h"
 
 #include <utility>
 
 namespace oases::optim {
-namespace k = oases::kernels::cpu;
 
 Sgd::Sgd(FlatLayout layout, const SgdHyperParams& hyper, StateAllocator allocate)
     : Optimizer(std::move(layout), nullptr, std::move(allocate)), hyper_(hyper) {
@@ -46,22 +45,19 @@ std::vector<StateTensor> Sgd::state_tensors() {
 
 void Sgd::update(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,
                  const StepInfo& info) {
-  if (layout().dtype == DType::f64) return update_typed<double>(params, grads, begin, end, info);
-  update_typed<float>(params, grads, begin, end, info);
-}
-
-template <class T>
-void Sgd::update_typed(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,
-                       const StepInfo& info) {
-  T* param = params.data<T>();
-  const T* grad = grads.data<T>();
-  T* buffer = hyper_.momentum > 0 ? momentum_buffer_.as<T>() : nullptr;
+  const DType dtype = layout().dtype;
+  const Tensor buffer = hyper_.momentum > 0
+                            ? momentum_buffer_.tensor(dtype, {static_cast<std::int64_t>(
+                                                                 momentum_buffer_.bytes() /
+                                                                 dtype_size(dtype))})
+                            : Tensor();
   for_each_param_slice(layout(), begin, end, [&](std::size_t i, std::int64_t lo, std::int64_t hi) {
     const ParamSlot& p = layout().params[i];
-    const k::SgdStep hp{info.lr, hyper_.momentum, hyper_.nesterov,
-                        p.weight_decay ? hyper_.weight_decay : 0.0};
-    T* state = buffer ? buffer + state_offsets_[i] + (lo - p.offset) : nullptr;
-    k::sgd_update<T>(param + lo, grad + lo, state, hi - lo, hp);
+    const kernels::SgdStep step{info.lr, hyper_.momentum, hyper_.nesterov,
+                                p.weight_decay ? hyper_.weight_decay : 0.0};
+    const Tensor state =
+        buffer.empty() ? Tensor() : buffer.view(state_offsets_[i] + (lo - p.offset), {hi - lo});
+    kernels::sgd_update(params.view(lo, {hi - lo}), grads.view(lo, {hi - lo}), state, step);
   });
 }
 

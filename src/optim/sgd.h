@@ -1,5 +1,5 @@
 // SGD as torch.optim.SGD with dampening 0: weight decay as an L2 term added to the gradient,
-// optional momentum (heavy ball, or Nesterov's). The arithmetic is kernels::cpu::sgd_update, in
+// optional momentum (heavy ball, or Nesterov's). The arithmetic is kernels::sgd_update, in
 // PyTorch's order of operations.
 //
 // State: with momentum > 0, "momentum_buffer.<param>" (torch's name), one value per parameter
@@ -36,9 +36,6 @@ class Sgd final : public Optimizer {
  private:
   void update(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,
               const StepInfo& info) override;
-  template <class T>
-  void update_typed(Tensor params, Tensor grads, std::int64_t begin, std::int64_t end,
-                    const StepInfo& info);
 
   SgdHyperParams hyper_;
   std::vector<std::int64_t> state_offsets_;  // per parameter, into momentum_buffer_

@@ -4,7 +4,7 @@
 #include "core/log.h"
 #include "core/philox.h"
 #include "core/timer.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/kernels.h"
 #include "planner/planner.h"
 #include "planner/profiler.h"
 #include "train/engine.h"
@@ -44,14 +44,14 @@ double wire_seconds(const comm::Work& work, double fallback) {
 OverlapSlowdown measure_overlap_slowdown(comm::Communicator& group, const plan::RunConfig& c,
                                          int degree) {
   if (group.size() == 1) return {};
-  namespace k = kernels::cpu;
   const std::int64_t n = c.train.micro_batch * c.model.seq_len, C = c.model.hidden,
                      F = c.model.ffn_hidden / degree;
   std::vector<float> x(static_cast<std::size_t>(n * C), 0.5f),
       w(static_cast<std::size_t>(C * F), 0.01f), y(static_cast<std::size_t>(n * F));
   std::vector<float> activation(static_cast<std::size_t>(n * C), 1.0f);
   const auto one_gemm = [&] {
-    k::gemm(k::Trans::no, k::Trans::no, n, F, C, 1.0f, x.data(), C, w.data(), F, 0.0f, y.data(), F);
+    kernels::linear_forward(Tensor::of(x.data(), {n, C}), Tensor::of(w.data(), {C, F}),
+                            kernels::WeightLayout::in_out, Tensor(), Tensor::of(y.data(), {n, F}));
   };
   const auto all_reduce = [&] {
     return group.all_reduce_async(Tensor::of(activation.data(), {n * C}), comm::ReduceOp::sum);

@@ -8,7 +8,7 @@
 #include "data/loader.h"
 #include "data/token_shard.h"
 #include "io/checkpoint_dir.h"
-#include "kernels/cpu/peak_flops.h"
+#include "kernels/kernels.h"
 #include "optim/lr_schedule.h"
 #include "planner/stage_partition.h"
 #include "runtime/trace.h"
@@ -757,7 +757,7 @@ class Run {
     // MFU divides by the peak of every device of the run (one device per rank).
     peak_flops_ = static_cast<double>(mesh_.world_size()) *
                   (config_.log.peak_tflops > 0 ? config_.log.peak_tflops * 1e12
-                   : leader ? kernels::cpu::measure_sgemm_flops(1024, 0.3)
+                   : leader ? kernels::measure_peak_flops(1024, 0.3)
                             : 1.0);
     std::optional<LineFile> metrics = open_metrics(config_, leader, summary.start_step);
     if (leader)

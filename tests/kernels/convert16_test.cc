@@ -16,6 +16,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace oases::kernels::cpu {
@@ -343,6 +344,102 @@ TEST(Fp8, TensorEncodeDecodeFromAndTo16Bits) {
       ASSERT_EQ(static_cast<float>(back_h[i]), decode(from_h[i]));
     }
   }
+}
+
+// Every element of a tensor longer than the conversions' fixed buffer (pieces of 4096 elements
+// through f32) is encoded and decoded as the scalar functions do: f32 rounds once, f64 goes
+// through f32 (two roundings, as documented), and decoding into f64 or bf16 is exact.
+TEST(Fp8, TensorEncodeDecodeFromAndToF32AndF64AcrossPieces) {
+  const std::int64_t n = 3 * 4096 + 123;
+  std::vector<double> wide(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    wide[static_cast<std::size_t>(i)] = std::ldexp(std::sin(0.37 * static_cast<double>(i)),
+                                                   static_cast<int>(i % 40) - 20);
+  std::vector<float> narrow32(wide.begin(), wide.end());
+  for (auto format : {kernels::Fp8Format::e4m3, kernels::Fp8Format::e5m2}) {
+    const auto encode = format == kernels::Fp8Format::e4m3 ? float_to_e4m3 : float_to_e5m2;
+    const auto decode = format == kernels::Fp8Format::e4m3 ? e4m3_to_float : e5m2_to_float;
+    std::vector<std::uint8_t> from64(wide.size()), from32(wide.size());
+    kernels::encode_fp8(Tensor::of(wide.data(), {n}), Tensor::of(from64.data(), {n}), format);
+    kernels::encode_fp8(Tensor::of(narrow32.data(), {n}), Tensor::of(from32.data(), {n}), format);
+    std::vector<double> back64(wide.size());
+    std::vector<BFloat16> back16(wide.size());
+    kernels::decode_fp8(Tensor::of(from64.data(), {n}), Tensor::of(back64.data(), {n}), format);
+    kernels::decode_fp8(Tensor::of(from32.data(), {n}), Tensor::of(back16.data(), {n}), format);
+    for (std::size_t i = 0; i < wide.size(); ++i) {
+      ASSERT_EQ(from64[i], encode(static_cast<float>(wide[i]))) << i;
+      ASSERT_EQ(from32[i], encode(narrow32[i])) << i;
+      ASSERT_EQ(back64[i], static_cast<double>(decode(from64[i]))) << i;
+      ASSERT_EQ(static_cast<float>(back16[i]), decode(from32[i])) << i;
+    }
+  }
+}
+
+// The reduction MPI's 16-bit operators run: sums formed in double and rounded once, max and min
+// keeping one operand's bits with NaN winning, over random bit patterns of each format (NaNs,
+// infinities and subnormals included) and the ties of round to nearest even.
+template <class Half>
+void check_reduce_into() {
+  constexpr DType kType = std::is_same_v<Half, BFloat16> ? DType::bf16 : DType::f16;
+  const auto widen_one = [](Half h) {
+    return static_cast<double>(kType == DType::bf16 ? bf16_bits_to_float(h.bits)
+                                                    : f16_bits_to_float(h.bits));
+  };
+  const auto round_one = [](double v) {
+    return kType == DType::bf16 ? double_to_bf16_bits(v) : double_to_f16_bits(v);
+  };
+  std::mt19937 rng(11);
+  const std::int64_t n = 5000;
+  std::vector<Half> in(static_cast<std::size_t>(n)), other(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    in[i] = Half::from_bits(static_cast<std::uint16_t>(rng()));
+    // Half of the pairs are close in magnitude, where sums round.
+    other[i] = Half::from_bits(static_cast<std::uint16_t>(
+        i % 2 ? rng() : (in[i].bits ^ (rng() & 0x00FFu))));
+  }
+  for (kernels::Reduction op :
+       {kernels::Reduction::sum, kernels::Reduction::max, kernels::Reduction::min}) {
+    std::vector<Half> inout = other;
+    kernels::reduce_into(Tensor(in.data(), kType, {n}), Tensor(inout.data(), kType, {n}), op);
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const double x = widen_one(in[i]), y = widen_one(other[i]);
+      if (std::isnan(x) || std::isnan(y)) {
+        ASSERT_TRUE(std::isnan(widen_one(inout[i]))) << i;
+        // Which payload a sum of two NaNs carries is the processor's choice of operand.
+        if (op == kernels::Reduction::sum) continue;
+      }
+      std::uint16_t want = other[i].bits;
+      if (op == kernels::Reduction::sum) want = round_one(x + y);
+      if (op == kernels::Reduction::max && (x > y || std::isnan(x))) want = in[i].bits;
+      if (op == kernels::Reduction::min && (x < y || std::isnan(x))) want = in[i].bits;
+      ASSERT_EQ(inout[i].bits, want) << i;
+    }
+  }
+}
+
+TEST(Reduce16, SumsRoundOnceAndNanWinsInEitherFormat) {
+  check_reduce_into<BFloat16>();
+  check_reduce_into<Float16>();
+  // Ties go to even: 1 + 2^-8 is halfway between bf16's 1 and 1 + 2^-7, and (1 + 2^-7) + 2^-8
+  // halfway between 1 + 2^-7 and 1 + 2^-6.
+  std::vector<BFloat16> a{BFloat16(0x1p-8f), BFloat16(0x1p-8f)};
+  std::vector<BFloat16> b{BFloat16(1.0f), BFloat16(1.0f + 0x1p-7f)};
+  kernels::reduce_into(Tensor(a.data(), DType::bf16, {2}), Tensor(b.data(), DType::bf16, {2}),
+                       kernels::Reduction::sum);
+  EXPECT_EQ(static_cast<float>(b[0]), 1.0f);
+  EXPECT_EQ(static_cast<float>(b[1]), 1.0f + 0x1p-6f);
+}
+
+TEST(Reduce16, OtherTypesAreInternalErrors) {
+  std::vector<float> f(4);
+  std::vector<BFloat16> b(4);
+  std::vector<Float16> h(4);
+  EXPECT_THROW(kernels::reduce_into(Tensor::of(f.data(), {4}), Tensor::of(f.data(), {4}),
+                                    kernels::Reduction::sum),
+               InternalError);
+  EXPECT_THROW(kernels::reduce_into(Tensor(b.data(), DType::bf16, {4}),
+                                    Tensor(h.data(), DType::f16, {4}), kernels::Reduction::sum),
+               InternalError);
 }
 
 }  // namespace

@@ -5,10 +5,14 @@
 
 #include "core/error.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/dropout.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm16.h"
+#include "kernels/cpu/optimizer.h"
 #include "kernels/thread_count.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdint>
@@ -141,6 +145,103 @@ TEST(Dispatch, ReductionsAreBitwiseIndependentOfThreadCount) {
     }
     return all;
   });
+}
+
+// The optimizer updates through the Tensor API give the typed CPU kernels' bits, for both
+// element types, AdamW with and without decay, and SGD with no, heavy-ball and Nesterov
+// momentum.
+template <class T>
+void check_optimizers() {
+  const std::int64_t n = 1000;
+  const auto grad = ramp<T>(n, 0.3);
+  const auto start = ramp<T>(n, 1.0);
+  for (double decay : {0.0, 0.1}) {
+    const AdamWStep step{1e-3, 0.9, 0.95, 1e-8, decay, 3};
+    auto p = start, m = ramp<T>(n, 0.01), v = ramp<T>(n, 0.05);
+    for (T& x : v) x = x * x;
+    auto want_p = p, want_m = m, want_v = v;
+    adamw_update(Tensor::of(p.data(), {n}), Tensor::of(grad.data(), {n}),
+                 Tensor::of(m.data(), {n}), Tensor::of(v.data(), {n}), step);
+    cpu::adamw_update<T>(want_p.data(), grad.data(), want_m.data(), want_v.data(), n, step);
+    EXPECT_EQ(p, want_p);
+    EXPECT_EQ(m, want_m);
+    EXPECT_EQ(v, want_v);
+  }
+  for (const SgdStep& step : {SgdStep{0.1, 0.0, false, 0.01}, SgdStep{0.1, 0.9, false, 0.0},
+                              SgdStep{0.1, 0.9, true, 0.01}}) {
+    auto p = start, buffer = ramp<T>(n, 0.2);
+    auto want_p = p, want_buffer = buffer;
+    const bool momentum = step.momentum > 0;
+    sgd_update(Tensor::of(p.data(), {n}), Tensor::of(grad.data(), {n}),
+               momentum ? Tensor::of(buffer.data(), {n}) : Tensor(), step);
+    cpu::sgd_update<T>(want_p.data(), grad.data(), momentum ? want_buffer.data() : nullptr, n,
+                       step);
+    EXPECT_EQ(p, want_p);
+    EXPECT_EQ(buffer, want_buffer);
+  }
+}
+
+TEST(Dispatch, OptimizerUpdatesReachTheTypedKernels) {
+  check_optimizers<float>();
+  check_optimizers<double>();
+  for (double norm : {0.5, 2.0, std::numeric_limits<double>::infinity()})
+    EXPECT_EQ(clip_coefficient(norm, 1.0), cpu::clip_coefficient(norm, 1.0)) << norm;
+  EXPECT_TRUE(std::isnan(clip_coefficient(std::nan(""), 1.0)));
+}
+
+TEST(Dispatch, OptimizerArgumentsThatDisagreeAreInternalErrors) {
+  std::vector<float> a(8, 1.0f), b(7, 1.0f);
+  std::vector<double> d(8, 1.0);
+  const Tensor t = Tensor::of(a.data(), {8});
+  EXPECT_THROW(adamw_update(t, Tensor::of(b.data(), {7}), t, t, AdamWStep{}), InternalError);
+  EXPECT_THROW(adamw_update(t, Tensor::of(d.data(), {8}), t, t, AdamWStep{}), InternalError);
+  // Momentum needs its buffer; a buffer of another length is a bug.
+  EXPECT_THROW(sgd_update(t, t, Tensor(), SgdStep{0.1, 0.9}), InternalError);
+  EXPECT_THROW(sgd_update(t, t, Tensor::of(b.data(), {7}), SgdStep{0.1, 0.9}), InternalError);
+  std::vector<std::uint16_t> half(8);
+  const Tensor h(half.data(), DType::bf16, {8});
+  EXPECT_THROW(adamw_update(h, h, h, h, AdamWStep{}), InternalError);
+}
+
+// The host evaluation of the dropout rule is the CPU kernel's, and the masks dropout_apply
+// draws keep exactly the elements it keeps.
+TEST(Dispatch, DropoutKeepIsTheRuleTheKernelsDraw) {
+  const DropoutSite site{99, 4, 2, 5};
+  const std::int64_t B = 2, seq = 3, F = 40;
+  const DropoutSlice slice{6, 100};
+  std::vector<float> x(B * seq * F, 1.0f), y(x.size());
+  dropout_apply(Tensor::of(x.data(), {B * seq * F}), Tensor::of(y.data(), {B * seq * F}), B, seq,
+                0.3, site, slice);
+  int dropped = 0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < seq; ++t)
+      for (std::int64_t f = 0; f < F; ++f) {
+        const bool keep = dropout_keep(site, 0.3, b + slice.sample_offset, t, f + slice.feature_offset);
+        ASSERT_EQ(keep, cpu::dropout_keep(site, 0.3, b + slice.sample_offset, t,
+                                          f + slice.feature_offset));
+        ASSERT_EQ(keep, y[static_cast<std::size_t>((b * seq + t) * F + f)] != 0.0f);
+        dropped += keep ? 0 : 1;
+      }
+  EXPECT_GT(dropped, 0);
+  EXPECT_LT(dropped, B * seq * F);
+}
+
+TEST(Dispatch, ProcessLevelFunctionsReachTheCpu) {
+  for (DType t : {DType::bf16, DType::f16})
+    for (Gemm16Path path : {Gemm16Path::convert_sgemm, Gemm16Path::onednn}) {
+      const Gemm16Availability front = gemm16_available(path, t);
+      const Gemm16Availability cpu_side = cpu::gemm16_available(path, t);
+      EXPECT_EQ(front.available, cpu_side.available);
+      EXPECT_EQ(front.detail, cpu_side.detail);
+    }
+  EXPECT_GT(measure_peak_flops(64, 0.01), 0.0);
+  EXPECT_THROW(measure_peak_flops(64, 0.01, Device::cuda(0)), InternalError);
+  EXPECT_FALSE(blas_kernels_name().empty());
+  const int threads = omp_get_max_threads();
+  set_host_threads(threads + 1);
+  EXPECT_EQ(omp_get_max_threads(), threads + 1);
+  set_host_threads(threads);
+  EXPECT_THROW(set_host_threads(0), InternalError);
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ double accumulation_factor(std::int64_t terms) {
 std::vector<Gemm16Path> available_paths(DType operands) {
   std::vector<Gemm16Path> paths;
   for (Gemm16Path path : {Gemm16Path::convert_sgemm, Gemm16Path::onednn})
-    if (gemm16_available(path, operands).available) paths.push_back(path);
+    if (cpu::gemm16_available(path, operands).available) paths.push_back(path);
   return paths;
 }
 
@@ -170,10 +170,10 @@ TEST(Gemm16, PathNamesRoundTrip) {
 
 TEST(Gemm16, ConvertPathIsAvailableEverywhere) {
   for (DType t : {DType::bf16, DType::f16}) {
-    const Gemm16Availability a = gemm16_available(Gemm16Path::convert_sgemm, t);
+    const Gemm16Availability a = cpu::gemm16_available(Gemm16Path::convert_sgemm, t);
     EXPECT_TRUE(a.available);
     EXPECT_FALSE(a.detail.empty());
-    EXPECT_FALSE(gemm16_available(Gemm16Path::onednn, t).detail.empty());
+    EXPECT_FALSE(cpu::gemm16_available(Gemm16Path::onednn, t).detail.empty());
   }
 }
 
@@ -181,7 +181,7 @@ TEST(Gemm16, ConvertPathIsAvailableEverywhere) {
 // an error that names the implementation, never a silent reference loop.
 TEST(Gemm16, UnavailableOneDnnPathIsAnError) {
   for (DType t : {DType::bf16, DType::f16}) {
-    if (gemm16_available(Gemm16Path::onednn, t).available) continue;
+    if (cpu::gemm16_available(Gemm16Path::onednn, t).available) continue;
     std::vector<Float16> a(4), b(4);
     std::vector<BFloat16> ab(4), bb(4);
     std::vector<float> c(4);
@@ -224,12 +224,12 @@ TEST(Gemm16, StartUpChoiceIsValidAndExplained) {
   const Gemm16PathsChoice choice = choose_gemm16_paths();
   for (const Gemm16Choice* c : {&choice.bf16, &choice.f16}) {
     SCOPED_TRACE(c->reason);
-    EXPECT_TRUE(gemm16_available(c->path, c->operands).available);
+    EXPECT_TRUE(cpu::gemm16_available(c->path, c->operands).available);
     EXPECT_GT(c->convert_sgemm_seconds, 0);
     const std::string format(dtype_name(c->operands));
     EXPECT_EQ(c->reason.rfind(format + " GEMM: ", 0), 0u);
     EXPECT_NE(c->reason.find(std::string(gemm16_path_name(c->path))), std::string::npos);
-    if (gemm16_available(Gemm16Path::onednn, c->operands).available) {
+    if (cpu::gemm16_available(Gemm16Path::onednn, c->operands).available) {
       EXPECT_GT(c->onednn_seconds, 0);
       EXPECT_EQ(c->path == Gemm16Path::onednn, c->onednn_seconds < c->convert_sgemm_seconds);
     } else {

@@ -25,7 +25,7 @@
 // The row sums (and so lse) are those of the probabilities before dropout. Backward uses the
 // same identity as without dropout, D_i = dO_i . O_i = sum_j P~_ij dP~_ij (P~ the dropped
 // probabilities), and regenerates the mask tile by tile; nothing of size [seq, seq] is kept.
-// The mask is a pure function of global indices (the rule of attention_probability_keep), so
+// The mask is a pure function of global indices (kernels/dropout_rule.h), so
 // every tensor-parallel split of the heads, every split of the batch and recomputation draw
 // the same one.
 #pragma once
@@ -42,21 +42,12 @@ struct AttentionShape {
   bool causal = true;
 };
 
-// Dropout on the attention probabilities of one call. p = 0 (the default) draws nothing.
-struct AttentionDropout {
-  double p = 0;                     // probability of dropping a probability, in [0, 1)
-  DropoutSite site;                 // seed, step, layer and site of the mask's stream
-  std::int64_t sample_offset = 0;   // global index of batch row 0
-  std::int64_t head_offset = 0;     // global index of query head 0
-};
+// Dropout on the attention probabilities of one call (kernels/dropout_rule.h).
+using kernels::AttentionDropout;
 
-// True when probability (query, key) of head global_head of sample global_sample survives.
-// Exactly (the CUDA twin must draw the same bits):
-//   key     = philox_key(seed, ((uint64(layer) << 32) | (site | global_head << 8)) + 1)
-//   counter = {uint32(key / 4), uint32(query), uint32(global_sample), step}
-//   keep    = double(uniform_open0(philox4x32(counter, key)[key % 4])) > p
-// (one Philox block serves four adjacent keys; the site word carries the head above bit 8,
-// so site must be < 256 and the global head < 2^24).
+// True when probability (query, key) of head global_head of sample global_sample survives:
+// the attention-probability rule of kernels/dropout_rule.h (site must be < 256 and the global
+// head < 2^24).
 bool attention_probability_keep(const DropoutSite& site, double p, std::int64_t global_sample,
                                 std::int64_t global_head, std::int64_t query, std::int64_t key);
 

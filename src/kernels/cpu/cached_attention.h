@@ -17,18 +17,15 @@
 // std::exp (no approximation) and accumulates in the element type.
 #pragma once
 
+#include "kernels/types.h"
+
 #include <cstdint>
 
 namespace oases::kernels::cpu {
 
 // REQUIRES: rows >= 0, past >= 0, past + rows <= capacity; head_dim > 0; heads a positive
 // multiple of kv_heads.
-struct CachedAttentionShape {
-  std::int64_t rows = 0;      // new positions
-  std::int64_t past = 0;      // positions already in the cache (the first new one's position)
-  std::int64_t capacity = 0;  // positions the cache holds at most
-  std::int64_t heads = 0, kv_heads = 0, head_dim = 0;
-};
+using kernels::CachedAttentionShape;
 
 // qkv: `rows` rows at stride ld_qkv >= (heads + 2 kv_heads) * head_dim (q and k already
 // rotated where the model rotates them). Writes their keys and values into positions

@@ -60,6 +60,53 @@ uint16_t double_to_f16_bits(double value) {
   return float_to_f16_bits(round_to_odd_float(value));
 }
 
+namespace {
+
+template <class Half>
+double widen_to_double(Half value) {
+  if constexpr (std::is_same_v<Half, BFloat16>) return bf16_bits_to_float(value.bits);
+  else return f16_bits_to_float(value.bits);
+}
+
+template <class Half>
+Half round_from_double(double value) {
+  if constexpr (std::is_same_v<Half, BFloat16>) return Half::from_bits(double_to_bf16_bits(value));
+  else return Half::from_bits(double_to_f16_bits(value));
+}
+
+template <class Half, Reduction kOp>
+void reduce_elements(const Half* in, Half* inout, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double x = widen_to_double(in[i]), y = widen_to_double(inout[i]);
+    if constexpr (kOp == Reduction::sum) {
+      inout[i] = round_from_double<Half>(x + y);
+    } else if constexpr (kOp == Reduction::max) {
+      if (x > y || std::isnan(x)) inout[i] = in[i];
+    } else {
+      if (x < y || std::isnan(x)) inout[i] = in[i];
+    }
+  }
+}
+
+template <class Half>
+void reduce_typed(const Half* in, Half* inout, std::int64_t n, Reduction op) {
+  switch (op) {
+    case Reduction::sum: return reduce_elements<Half, Reduction::sum>(in, inout, n);
+    case Reduction::max: return reduce_elements<Half, Reduction::max>(in, inout, n);
+    case Reduction::min: return reduce_elements<Half, Reduction::min>(in, inout, n);
+  }
+}
+
+}  // namespace
+
+void reduce_into(const BFloat16* in, BFloat16* inout, std::int64_t n, Reduction op) {
+  reduce_typed(in, inout, n, op);
+}
+
+void reduce_into(const Float16* in, Float16* inout, std::int64_t n, Reduction op) {
+  reduce_typed(in, inout, n, op);
+}
+
 void convert_elements(const void* src, DType src_type, void* dst, DType dst_type, std::int64_t n) {
   OASES_ASSERT(is_float_type(src_type) && is_float_type(dst_type),
                "convert_elements: {} -> {} is not a conversion between floating-point types",

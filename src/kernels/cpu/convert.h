@@ -15,6 +15,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "kernels/types.h"
 
 #include <cstdint>
 
@@ -83,6 +84,16 @@ void encode_e4m3(const float* src, std::uint8_t* dst, std::int64_t n);
 void encode_e5m2(const float* src, std::uint8_t* dst, std::int64_t n);
 void decode_e4m3(const std::uint8_t* src, float* dst, std::int64_t n);
 void decode_e5m2(const std::uint8_t* src, float* dst, std::int64_t n);
+
+// inout[i] = in[i] (op) inout[i] for i in [0, n), over two arrays of one 16-bit format: the
+// element-wise reduction MPI cannot do itself on 16-bit data. A sum is formed exactly in double
+// (any two bf16 or f16 values sum exactly there, up to bf16's far exponent range, where the
+// smaller term lies below half a unit of the larger) and rounded once to the format as
+// double_to_*_bits rounds, so it is the correctly rounded sum. max and min keep one of the two
+// bit patterns, and a NaN on either side wins (so every rank of a reduction sees it).
+// Sequential, on the calling thread. in and inout must not overlap.
+void reduce_into(const BFloat16* in, BFloat16* inout, std::int64_t n, Reduction op);
+void reduce_into(const Float16* in, Float16* inout, std::int64_t n, Reduction op);
 
 namespace detail {
 

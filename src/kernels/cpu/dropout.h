@@ -5,33 +5,21 @@
 //   Philox(key = (seed, site stream), counter = (global_feature, t, global_sample, step))
 // with the site stream derived from (layer, site). Shards pass their offsets into the global
 // batch and feature dimensions, so any layout (and any recomputation) draws the same mask.
-// The backward pass regenerates the mask; nothing is stored.
-//
-// Exactly (the CUDA twin must draw the same bits):
-//   key     = philox_key(seed, ((uint64(layer) << 32) | site) + 1)
-//   counter = {uint32(global_feature), uint32(t), uint32(global_sample), step}
-//   keep    = double(uniform_open0(philox4x32(counter, key)[0])) > p
-//             (uniform_open0 is k / 2^24 with integer k in [1, 2^24], so this is k > p * 2^24)
+// The backward pass regenerates the mask; nothing is stored. kernels/dropout_rule.h states the
+// rule exactly (the key, the counter and the comparison), for every device.
 // Kept values are multiplied by scale = T(1 / (1 - p)) (as PyTorch does), dropped ones are 0.
 // p must be in [0, 1) (OASES_ASSERT). p = 0 draws no random numbers at all.
 #pragma once
+
+#include "kernels/dropout_rule.h"
 
 #include <cstdint>
 #include <type_traits>
 
 namespace oases::kernels::cpu {
 
-struct DropoutSite {
-  std::uint64_t seed = 0;
-  std::uint32_t step = 0;   // optimizer step (a new mask every step)
-  std::uint32_t layer = 0;  // transformer layer; the embedding uses its own site id
-  std::uint32_t site = 0;   // which dropout within the layer
-};
-
-struct DropoutSlice {
-  std::int64_t sample_offset = 0;   // global index of local sample 0
-  std::int64_t feature_offset = 0;  // global index of local feature 0
-};
+using kernels::DropoutSite;
+using kernels::DropoutSlice;
 
 // True when the element survives dropout with probability p of being dropped.
 bool dropout_keep(const DropoutSite& site, double p, std::int64_t global_sample,

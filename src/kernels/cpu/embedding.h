@@ -2,17 +2,15 @@
 // them (BERT's token types).
 #pragma once
 
+#include "kernels/types.h"
+
 #include <cstdint>
-#include <limits>
 
 namespace oases::kernels::cpu {
 
 // The rows of the vocabulary this rank holds (vocab-parallel embedding): wte row i is token
 // begin + i. The default holds every token.
-struct VocabRange {
-  std::int64_t begin = 0;
-  std::int64_t end = std::numeric_limits<std::int64_t>::max();
-};
+using kernels::VocabRange;
 
 // out[b, t, :] = wte[tokens[b, t] - range.begin, :] + wpe[t, :]
 // tokens [B, T] with values in [0, vocab); wte [range rows, C]; wpe [>= T, C] or null (no

@@ -30,44 +30,24 @@
 
 #include "core/dtype.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/gemm16_paths.h"
 
 #include <cstdint>
-#include <optional>
-#include <string>
-#include <string_view>
 
 namespace oases::kernels::cpu {
 
-enum class Gemm16Path : std::uint8_t { convert_sgemm, onednn };
-// "convert+sgemm", "oneDNN". (Inline, as gemm16_path_from_name: the config reads the names
-// without linking the products.)
-inline std::string_view gemm16_path_name(Gemm16Path path) {
-  return path == Gemm16Path::onednn ? "oneDNN" : "convert+sgemm";
-}
-// The path of a name gemm16_path_name returns (also "convert_sgemm", "onednn"); nullopt for
-// any other string. For a config key that pins the path: the two paths round differently in
-// the last bits (summation order), so a run that must repeat another bit for bit (a resumed
-// run) uses the path that run used rather than measuring again.
-inline std::optional<Gemm16Path> gemm16_path_from_name(std::string_view name) {
-  if (name == "convert+sgemm" || name == "convert_sgemm") return Gemm16Path::convert_sgemm;
-  if (name == "oneDNN" || name == "onednn") return Gemm16Path::onednn;
-  return std::nullopt;
-}
-
-// The path each 16-bit format uses. The default, convert+sgemm, works everywhere.
-struct Gemm16Paths {
-  Gemm16Path bf16 = Gemm16Path::convert_sgemm;
-  Gemm16Path f16 = Gemm16Path::convert_sgemm;
-  Gemm16Path for_dtype(DType operands) const { return operands == DType::f16 ? f16 : bf16; }
-};
+// The path names and the choice types (kernels/gemm16_paths.h).
+using kernels::Gemm16Availability;
+using kernels::Gemm16Choice;
+using kernels::Gemm16Path;
+using kernels::Gemm16Paths;
+using kernels::Gemm16PathsChoice;
+using kernels::gemm16_path_from_name;
+using kernels::gemm16_path_name;
 
 // Whether `path` can multiply `operands` (DType::bf16 or DType::f16) on this CPU; `detail`
 // names the implementation (e.g. "oneDNN brg:avx512_core_bf16") or says why not (e.g. "oneDNN
 // has only its reference f16 matmul on this CPU").
-struct Gemm16Availability {
-  bool available = false;
-  std::string detail;
-};
 Gemm16Availability gemm16_available(Gemm16Path path, DType operands);
 
 // C[M, N] = (accumulate ? C : 0) + bias[N] + op(A)[M, K] op(B)[K, N], with A and B of the
@@ -93,19 +73,8 @@ void gemm16(Gemm16Path path, Trans trans_a, Trans trans_b, std::int64_t M, std::
 //    avx512_bf16)"  (measured on this project's 2-core Xeon VM, whose OpenBLAS SkylakeX sgemm
 //    outruns oneDNN 2.6's bf16 kernels at the step-benchmark model's shapes too).
 // Takes a few hundred ms the first time (oneDNN compiles its kernels).
-struct Gemm16Choice {
-  DType operands = DType::bf16;
-  Gemm16Path path = Gemm16Path::convert_sgemm;
-  double convert_sgemm_seconds = 0;  // best of a few runs
-  double onednn_seconds = 0;         // 0 when the path is unavailable
-  std::string reason;
-};
 Gemm16Choice choose_gemm16_path(DType operands);
 
-struct Gemm16PathsChoice {
-  Gemm16Paths paths;
-  Gemm16Choice bf16, f16;
-};
 Gemm16PathsChoice choose_gemm16_paths();
 
 }  // namespace oases::kernels::cpu

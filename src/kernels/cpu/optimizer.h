@@ -2,18 +2,13 @@
 // (torch.optim.AdamW, torch.optim.SGD, torch.nn.utils.clip_grad_norm_).
 #pragma once
 
+#include "kernels/types.h"
+
 #include <cstdint>
 
 namespace oases::kernels::cpu {
 
-struct AdamWStep {
-  double lr = 0;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0;  // pass 0 for parameters that take no decay (biases, norms)
-  std::int64_t step = 1;    // 1-based count of updates including this one (bias correction)
-};
+using kernels::AdamWStep;
 
 // p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 // p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
@@ -23,12 +18,7 @@ struct AdamWStep {
 template <class T>
 void adamw_update(T* param, const T* grad, T* m, T* v, std::int64_t n, const AdamWStep& hp);
 
-struct SgdStep {
-  double lr = 0;
-  double momentum = 0;      // 0: no momentum buffer
-  bool nesterov = false;    // REQUIRES: momentum > 0
-  double weight_decay = 0;  // L2 added to the gradient; pass 0 for parameters without decay
-};
+using kernels::SgdStep;
 
 // torch.optim.SGD with dampening 0, in its order of operations (single-tensor path):
 //   d = g + wd * p                      (only when wd != 0)

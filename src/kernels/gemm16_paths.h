@@ -1,0 +1,70 @@
+// How matrix products of 16-bit operands (bf16, f16) are computed: the path names, the
+// per-format choice the kernels take as an argument, and the start-up measurement's report.
+// The paths compute the same mathematics (f32 accumulation, one rounding of the result) but
+// sum in different orders, so their last bits differ and one run keeps one path:
+//  - convert_sgemm: widen both operands to f32 and multiply with the f32 product; every
+//    device and format has it.
+//  - onednn: oneDNN's matmul on the 16-bit operands, where oneDNN has a compiled kernel for the
+//    format on this CPU (kernels/cpu/gemm16.h has the details).
+// kernels.h's choose_gemm16_paths() measures both at start-up and explains its choice; the
+// caller keeps the returned Gemm16Paths (nothing is stored globally) and passes it to every
+// linear call.
+#pragma once
+
+#include "core/dtype.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace oases::kernels {
+
+enum class Gemm16Path : std::uint8_t { convert_sgemm, onednn };
+
+// "convert+sgemm", "oneDNN". (Inline, as gemm16_path_from_name: the config reads the names
+// without linking the products.)
+inline std::string_view gemm16_path_name(Gemm16Path path) {
+  return path == Gemm16Path::onednn ? "oneDNN" : "convert+sgemm";
+}
+
+// The path of a name gemm16_path_name returns (also "convert_sgemm", "onednn"); nullopt for
+// any other string. For a config key that pins the path: the two paths round differently in
+// the last bits (summation order), so a run that must repeat another bit for bit (a resumed
+// run) uses the path that run used rather than measuring again.
+inline std::optional<Gemm16Path> gemm16_path_from_name(std::string_view name) {
+  if (name == "convert+sgemm" || name == "convert_sgemm") return Gemm16Path::convert_sgemm;
+  if (name == "oneDNN" || name == "onednn") return Gemm16Path::onednn;
+  return std::nullopt;
+}
+
+// The path each 16-bit format uses. The default, convert+sgemm, works everywhere.
+struct Gemm16Paths {
+  Gemm16Path bf16 = Gemm16Path::convert_sgemm;
+  Gemm16Path f16 = Gemm16Path::convert_sgemm;
+  Gemm16Path for_dtype(DType operands) const { return operands == DType::f16 ? f16 : bf16; }
+};
+
+// Whether a path can multiply a format here; `detail` names the implementation (e.g. "oneDNN
+// brg:avx512_core_bf16") or says why not (e.g. "oneDNN has only its reference f16 matmul on
+// this CPU").
+struct Gemm16Availability {
+  bool available = false;
+  std::string detail;
+};
+
+// The start-up choice for one format, with the measured times and a sentence for the log.
+struct Gemm16Choice {
+  DType operands = DType::bf16;
+  Gemm16Path path = Gemm16Path::convert_sgemm;
+  double convert_sgemm_seconds = 0;  // best of a few runs
+  double onednn_seconds = 0;         // 0 when the path is unavailable
+  std::string reason;
+};
+
+struct Gemm16PathsChoice {
+  Gemm16Paths paths;
+  Gemm16Choice bf16, f16;
+};
+
+}  // namespace oases::kernels
