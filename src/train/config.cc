@@ -1059,3 +1059,14 @@ std::vector<int> layer_degrees(const RunConfig& config) {
 }
 
 }  // namespace oases::train
+
+namespace oases::train {
+
+std::vector<std::string> config_key_names() {
+  std::vector<std::string> names;
+  for (const auto& [section, fields] : schema())
+    for (const auto& [key, reader] : fields) names.push_back(section + "." + key);
+  return names;
+}
+
+}  // namespace oases::train
