@@ -52,7 +52,7 @@ std::string startup_marker_directory();
 //
 // Before initialising it sets OpenMPI's mpi_yield_when_idle (OMPI_MCA_mpi_yield_when_idle=1)
 // unless the environment already sets it: OpenMPI's blocking calls otherwise busy-poll and
-// take the core the compute thread needs (DESIGN.md, "A measured pitfall on CPU").
+// take the core the compute thread needs (docs/architecture.md, "Communication").
 //
 // Start-up timeout: every rank must finish MPI_Init and check in with rank 0 within
 // `startup_timeout_seconds` (0: wait forever). A rank stopped or lost before then would

@@ -14,7 +14,7 @@ namespace oases::data {
 // token `window_start(s, j)`, read modulo the token count (windows wrap around the end);
 // inputs are its first seq_len tokens and targets its last seq_len.
 //  - shuffle = false: window_start = ((s * global_batch + j) * seq_len) mod count
-//    (DESIGN.md, "Reference semantics").
+//    (docs/data.md, "Data order").
 //  - shuffle = true: the shard is cut into W = count / seq_len windows starting at multiples
 //    of seq_len; global sample k = s * global_batch + j lies in epoch k / W and takes window
 //    P(seed, epoch, k mod W), where P(seed, epoch, .) is a Philox-keyed Feistel permutation

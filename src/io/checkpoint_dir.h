@@ -1,4 +1,4 @@
-// The checkpoint folder protocol (DESIGN.md "Checkpoints"):
+// The checkpoint folder protocol (docs/checkpoints.md, "The folder protocol"):
 //
 //   <dir>/step_<N>/model.safetensors      the model's tensors (whole, Hugging Face names)
 //   <dir>/step_<N>/optimizer.safetensors  optimizer state, RNG counters and data position

@@ -1,6 +1,6 @@
-// Reading and writing Hugging Face safetensors files, the checkpoint format (DESIGN.md,
-// "Checkpoints"): a PyTorch user loads them with `safetensors.torch.load_file`, and an HF
-// GPT-2 `model.safetensors` can initialise a run.
+// Reading and writing Hugging Face safetensors files, the checkpoint format (docs/checkpoints.md,
+// "What a checkpoint holds"): a PyTorch user loads them with `safetensors.torch.load_file`, and
+// an HF GPT-2 `model.safetensors` can initialise a run.
 //
 // File layout:
 //   8 bytes    N, the header length (uint64, little-endian)

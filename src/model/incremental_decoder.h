@@ -14,7 +14,7 @@
 //
 // Positions are absolute: the cache holds at most model.seq_len positions, the number of
 // learned positions (GPT) and rotary table rows (LLaMA). A caller that continues past that
-// clears the cache and appends a later window of its tokens again (train/generate.cc says
+// clears the cache and appends a later window of its tokens again (generate/generate.cc says
 // which).
 //
 // Mixture-of-experts layers (token-choice gates) route each appended position on its own, as a

@@ -1,4 +1,4 @@
-// AdamW as torch.optim.AdamW (DESIGN.md, "Reference semantics"): decoupled weight decay,
+// AdamW as torch.optim.AdamW (docs/models.md, "Reference semantics"): decoupled weight decay,
 // bias-corrected moments, eps added outside the square root. The arithmetic is
 // kernels::adamw_update, in PyTorch's order of operations.
 //

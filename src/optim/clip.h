@@ -1,6 +1,6 @@
-// Gradient clipping by global norm, as torch.nn.utils.clip_grad_norm_ (DESIGN.md, "Reference
-// semantics"): with norm = sqrt(sum of every gradient element squared) over the whole model,
-// every gradient is multiplied by clip_coefficient(norm, max_norm).
+// Gradient clipping by global norm, as torch.nn.utils.clip_grad_norm_ (docs/models.md,
+// "Reference semantics"): with norm = sqrt(sum of every gradient element squared) over the
+// whole model, every gradient is multiplied by clip_coefficient(norm, max_norm).
 //
 // The pieces are separate because the norm is global and the caller alone knows the
 // parallel layout: which of its elements a rank counts (a tensor-parallel shard, once per

@@ -2,7 +2,8 @@
 //
 // Parameters, gradients and everything an optimizer keeps per element are indexed by the same
 // element offsets, so that an optimizer step, gradient clipping, ZeRO's partition of the
-// state and a checkpoint are all ranges of one array (DESIGN.md, "core" and "optim").
+// state and a checkpoint are all ranges of one array (docs/architecture.md, "Tensors, buffers
+// and the flat parameter layout").
 //
 //   flat array:  | p0 ........ | pad | p1 .... | p2 .............. | pad |
 //                ^ p0.offset         ^ p1.offset                         ^ total_numel
@@ -12,8 +13,8 @@
 //   - every param lies inside [0, total_numel);
 //   - names are non-empty and unique (they name checkpoint tensors);
 //   - shapes have at most Shape::kMaxDims non-negative dimensions;
-//   - dtype is f32 or f64 (the precisions optimizer kernels exist for; DESIGN.md,
-//     "Precision": master weights and optimizer state are fp32, fp64 in fp64 runs);
+//   - dtype is f32 or f64 (the precisions optimizer kernels exist for; docs/precision.md:
+//     master weights and optimizer state are fp32, fp64 in fp64 runs);
 //   - a slot's whole-parameter geometry (full_shape, split_dim, padding) is consistent with
 //     its shape (see ParamSlot).
 // Gaps between params are alignment padding: no optimizer reads or writes them.

@@ -1058,4 +1058,11 @@ std::vector<int> layer_degrees(const RunConfig& config) {
   return degrees;
 }
 
+std::vector<std::string> config_key_names() {
+  std::vector<std::string> names;
+  for (const auto& [section, fields] : schema())
+    for (const auto& [key, reader] : fields) names.push_back(section + "." + key);
+  return names;
+}
+
 }  // namespace oases::plan

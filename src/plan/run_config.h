@@ -1,5 +1,6 @@
 // The run configuration: one TOML file with sections [model], [parallel], [train], [data],
-// [checkpoint], [log] (DESIGN.md section 1), overridable by `--set section.key=value`.
+// [checkpoint], [log] (every key: docs/configuration.md), overridable by
+// `--set section.key=value`.
 // Unknown sections or keys, wrong types and out-of-range values are errors that name the key,
 // the value found and what is valid.
 #pragma once
@@ -226,5 +227,10 @@ std::string tokenizer_model_path(const RunConfig& config);
 // data.tokenizer_model and the default it looked for), when the model does not load, or when
 // model.vocab_size is smaller than the tokenizer's vocabulary.
 std::unique_ptr<data::Tokenizer> load_run_tokenizer(const RunConfig& config);
+
+// Every key the parser accepts, as "section.key" ("model.arch", "parallel.tp", ...), sorted by
+// section and then by key; old names still accepted (model.layernorm_eps) are included. The
+// configuration reference, docs/configuration.md, must list exactly these (its test checks).
+std::vector<std::string> config_key_names();
 
 }  // namespace oases::plan

@@ -1,5 +1,6 @@
 // The planner: from a Profile, the tensor-parallel degree of every transformer layer that
-// minimises the predicted step time within the memory limit (DESIGN.md, planner).
+// minimises the predicted step time within the memory limit (docs/planner-and-simulator.md,
+// "The planner").
 //
 // Layers of a kind (dense, MoE) are alike, so one layer at degree k costs what the cost model
 // predicts for the plan with L layers at k minus the plan with L - 1 (one layer of that kind less) (time and memory; overlap included, as the

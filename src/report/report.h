@@ -2,8 +2,8 @@
 // run left in its folder:
 //
 //   metrics.jsonl  required: one JSON object per step (train/trainer.cc writes it on rank 0;
-//                  DESIGN.md "Metrics line"); a fresh run may start with a step-0 record
-//                  holding only step, tokens, time and val_loss
+//                  docs/metrics-and-reports.md, "Metrics"); a fresh run may start with a
+//                  step-0 record holding only step, tokens, time and val_loss
 //   run.json       optional: the resolved config (TOML text), layer degrees, layout, host,
 //                  cpu, start time, parameter count and memory breakdown of the run
 //   a trace        optional: the Chrome trace of log.trace (runtime/trace.h), one process per

@@ -73,7 +73,8 @@ std::size_t count_of(const std::string& text, const std::string& part) {
 }
 
 // The learning rate of 0-based step s: linear warmup over w steps to lr, then cosine decay to
-// min_lr ending at step decay_end (DESIGN.md's schedule, written out here as the reference).
+// min_lr ending at step decay_end (docs/models.md, "Reference semantics", written out here as
+// the reference).
 double scheduled_lr(std::int64_t s, double lr, double min_lr, std::int64_t w,
                     std::int64_t decay_end) {
   if (s < w) return lr * static_cast<double>(s + 1) / static_cast<double>(w);

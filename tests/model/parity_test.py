@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch parity test for the oases models (DESIGN.md, "How we know it works").
+"""PyTorch parity test for the oases models (docs/testing.md, "PyTorch parity").
 
 Builds a random GPT-2, LLaMA or BERT (--arch) in PyTorch (torch_gpt.py, torch_llama.py,
 torch_bert.py), hands its weights and one batch to the engine's `parity_engine` binary through

@@ -1,4 +1,4 @@
-# PyTorch parity of the GPT, LLaMA and BERT models (DESIGN.md, "How we know it works"):
+# PyTorch parity of the GPT, LLaMA and BERT models (docs/testing.md, "PyTorch parity"):
 # parity_test.py builds a random model in PyTorch (torch_gpt.py, torch_llama.py,
 # torch_bert.py), runs parity_engine on the same weights and batch in fp64 and in fp32, and
 # compares logits, loss, every gradient, a 10-step AdamW trajectory and the final parameters:

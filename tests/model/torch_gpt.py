@@ -1,4 +1,4 @@
-"""GPT-2 reference in PyTorch, written from the "Reference semantics" of DESIGN.md.
+"""GPT-2 reference in PyTorch, written from the "Reference semantics" of docs/models.md.
 
 Parameters are plain leaf tensors keyed by their Hugging Face GPT-2 names, in HF's Conv1D
 layout ([in, out], y = x @ W + b), because that is exactly what oases' checkpoints hold: the
@@ -178,7 +178,7 @@ def loss_fn(logits, targets):
 
 
 def optimizer_param_groups(params, weight_decay):
-    """AdamW groups per DESIGN.md: decay on tensors with >= 2 dims, none on biases and norms."""
+    """AdamW groups (docs/models.md): decay on tensors with >= 2 dims, none on biases and norms."""
     decay = [t for t in params.values() if t.dim() >= 2]
     no_decay = [t for t in params.values() if t.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay},

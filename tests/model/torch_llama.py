@@ -253,7 +253,7 @@ def loss_fn(logits, targets):
 
 
 def optimizer_param_groups(params, weight_decay):
-    """AdamW groups per DESIGN.md: decay on tensors with >= 2 dims, none on norm weights."""
+    """AdamW groups (docs/models.md): decay on tensors with >= 2 dims, none on norm weights."""
     decay = [t for t in params.values() if t.dim() >= 2]
     no_decay = [t for t in params.values() if t.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay},

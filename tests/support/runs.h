@@ -102,7 +102,8 @@ inline std::vector<double> metric_values(const std::filesystem::path& metrics, c
   return out;
 }
 
-// The verification tolerance of equivalence tests, which run in fp64 (DESIGN.md "Precision"):
+// The verification tolerance of equivalence tests, which run in fp64 (docs/precision.md, "fp64,
+// the verification precision"):
 // no summation order or BLAS kernel moves an fp64 result by a relative 1e-10, so a difference
 // beyond it is a bug.
 inline constexpr double kFp64Tolerance = 1e-10;

@@ -1,4 +1,4 @@
-// GPT-2 (DESIGN.md "Reference semantics"): learned positions wpe [seq_len, hidden], pre-LN
+// GPT-2 (docs/models.md, "Reference semantics"): learned positions wpe [seq_len, hidden], pre-LN
 // blocks (LayerNorm eps model.norm_eps), fused QKV c_attn [C, 3C] and every linear weight in
 // Conv1D [in, out] layout with biases, GeLU in its tanh form, causal attention, final ln_f and
 // an LM head tied to wte. Names as Hugging Face GPT2LMHeadModel's checkpoints:
