@@ -11,10 +11,11 @@
 // In fp64 with dropout, relative 1e-12 (the GEMMs are the same calls split in two; only
 // where the weight parts run later does a gradient sum its instances in another order).
 #include "comm/communicator.h"
-#include "core/philox.h"
 #include "model/model.h"
 #include "runtime/executor.h"
 #include "schedule/schedule.h"
+#include "support/numbers.h"
+#include "support/tiny_model.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -72,26 +73,14 @@ class LocalOnlyGroup final : public comm::Communicator {
 constexpr std::int64_t kMicroBatch = 2, kMicroBatches = 3, kSeq = 8;
 
 ModelConfig config_of(const std::string& arch) {
-  ModelConfig c;
-  c.arch = arch;
-  c.layers = 2;
-  c.hidden = 32;
-  c.heads = 4;
-  c.kv_heads = arch == "llama" ? 2 : 0;
-  c.ffn_hidden = 48;
-  c.vocab_size = 37;
+  ModelConfig c = testing::tiny_equivalence_model(arch, 2);
   c.seq_len = kSeq;
-  c.dropout = 0.1;
   return c;
 }
 
 std::vector<std::int32_t> tokens(std::uint32_t stream, std::int64_t vocab) {
-  std::vector<std::int32_t> t(static_cast<std::size_t>(kMicroBatch * kMicroBatches * kSeq));
-  for (std::size_t i = 0; i < t.size(); ++i)
-    t[i] = static_cast<std::int32_t>(philox4x32({static_cast<std::uint32_t>(i), stream, 0, 0},
-                                                {7, 8})[0] %
-                                     static_cast<std::uint32_t>(vocab));
-  return t;
+  return testing::philox_tokens(0, stream, kMicroBatch * kMicroBatches * kSeq,
+                                static_cast<std::uint32_t>(vocab), {7, 8});
 }
 
 // F, input parts and weight parts in a zero-bubble-like order: micro-batch k's weight part

@@ -1,7 +1,8 @@
-#include "comm/communicator.h"
 #include "model/model.h"
+#include "comm/communicator.h"
 #include "model/param_layout.h"
 #include "schedule/schedule.h"
+#include "support/tiny_model.h"
 
 #include <gtest/gtest.h>
 
@@ -13,12 +14,11 @@
 namespace oases::model {
 namespace {
 
+// The tiny GPT with 4 heads of 8, a vocabulary of 101 (prime: padded under every tensor-
+// parallel degree) and sequences of 12.
 ModelConfig small() {
-  ModelConfig c;
-  c.layers = 2;
-  c.hidden = 32;
+  ModelConfig c = testing::tiny_model(2);
   c.heads = 4;
-  c.ffn_hidden = 64;
   c.vocab_size = 101;
   c.seq_len = 12;
   return c;

@@ -5,6 +5,7 @@
 // Recompute or a zero-bubble split costs exactly its parts.
 #include "comm/communicator.h"
 #include "model/model.h"
+#include "support/tiny_model.h"
 
 #include <gtest/gtest.h>
 
@@ -33,14 +34,10 @@ double training_flops(const ModelConfig& c, double tokens, double ffn_projection
   return tokens * 3 * (L * (layer + 4 * S * C) + 2 * C * V);
 }
 
-// GPT of `layers` layers, hidden 32, 4 heads, sequences of 8.
+// The tiny GPT of `layers` layers with 4 heads of 8 and sequences of 8.
 ModelConfig small(std::int64_t layers) {
-  ModelConfig c;
-  c.layers = layers;
-  c.hidden = 32;
+  ModelConfig c = testing::tiny_model(layers);
   c.heads = 4;
-  c.ffn_hidden = 64;
-  c.vocab_size = 50;
   c.seq_len = 8;
   return c;
 }
@@ -147,13 +144,8 @@ TEST(ProgramWork, EverySegmentOfAPipelineStageDescribesItsWork) {
 // with a layer at degree 1 puts reshards around it, which describe their work too.
 TEST(ProgramWork, ARankOfATensorParallelGroupDoesItsShare) {
   comm::ShapeOnlyCommunicator tp(1, 2, "tp");
-  ModelConfig c;
-  c.layers = 2;
-  c.hidden = 32;
-  c.heads = 4;
-  c.ffn_hidden = 64;
+  ModelConfig c = small(2);
   c.vocab_size = 256;  // divides into the two vocabulary blocks without padding
-  c.seq_len = 8;
   const Model whole(c, options(tp, 4, 1));
   const double tokens = 4.0 * 8;
   EXPECT_NEAR(program_flops(whole.program(), 1), training_flops(c, tokens, 1) / 2,
@@ -180,15 +172,8 @@ TEST(ProgramWork, ARankOfATensorParallelGroupDoesItsShare) {
 // token's share is capacity x experts / tokens of a dense FFN pass.
 TEST(ProgramWork, MoeSegmentsPriceTheirExpertsOnTheCapacityRows) {
   comm::SelfCommunicator tp;
-  ModelConfig c;
-  c.layers = 2;
-  c.hidden = 32;
+  ModelConfig c = testing::tiny_moe_model(2);
   c.heads = 4;
-  c.ffn_hidden = 64;
-  c.vocab_size = 50;
-  c.seq_len = 16;
-  c.moe_every = 2;
-  c.experts = 4;
   c.moe_gate = "switch";
   c.capacity_factor = 2.0;
   c.validate();

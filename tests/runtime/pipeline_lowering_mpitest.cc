@@ -6,12 +6,13 @@
 // those of the whole model in one process to relative 1e-10 (GPT's tied word embedding, held
 // by both stages, once the two stages' gradients are summed).
 #include "comm/mesh.h"
-#include "core/philox.h"
-#include "mpi_test_support.h"
 #include "model/model.h"
+#include "mpi_test_support.h"
 #include "runtime/executor.h"
 #include "schedule/pipeline_lowering.h"
 #include "schedule/schedule.h"
+#include "support/numbers.h"
+#include "support/tiny_model.h"
 
 #include <gtest/gtest.h>
 
@@ -34,16 +35,8 @@ constexpr std::int64_t kMicroBatch = 2, kMicroBatches = 3, kSeq = 8, kLayers = 3
 constexpr int kStages = 2;
 
 model::ModelConfig config_of(const std::string& arch) {
-  model::ModelConfig c;
-  c.arch = arch;
-  c.layers = kLayers;
-  c.hidden = 32;
-  c.heads = 4;
-  c.kv_heads = arch == "llama" ? 2 : 0;
-  c.ffn_hidden = 48;
-  c.vocab_size = 37;
+  model::ModelConfig c = oases::testing::tiny_equivalence_model(arch, kLayers);
   c.seq_len = kSeq;
-  c.dropout = 0.1;
   return c;
 }
 
@@ -65,12 +58,8 @@ model::ModelOptions options(comm::Communicator& tp, std::int64_t first, std::int
 }
 
 std::vector<std::int32_t> tokens(std::uint32_t stream, std::int64_t vocab) {
-  std::vector<std::int32_t> t(static_cast<std::size_t>(kMicroBatch * kMicroBatches * kSeq));
-  for (std::size_t i = 0; i < t.size(); ++i)
-    t[i] = static_cast<std::int32_t>(
-        philox4x32({static_cast<std::uint32_t>(i), stream, 0, 0}, {5, 6})[0] %
-        static_cast<std::uint32_t>(vocab));
-  return t;
+  return oases::testing::philox_tokens(0, stream, kMicroBatch * kMicroBatches * kSeq,
+                                       static_cast<std::uint32_t>(vocab), {5, 6});
 }
 
 ops::StepContext step_context(const std::vector<std::int32_t>& inputs,

@@ -6,11 +6,12 @@
 // fp64 the loss and every parameter's gradient agree with the whole model's to relative 1e-10,
 // dropout included (masks are keyed by global indices, whichever rank draws them).
 #include "comm/mesh.h"
-#include "core/philox.h"
-#include "mpi_test_support.h"
 #include "model/model.h"
+#include "mpi_test_support.h"
 #include "runtime/executor.h"
 #include "schedule/schedule.h"
+#include "support/numbers.h"
+#include "support/tiny_model.h"
 
 #include <gtest/gtest.h>
 
@@ -31,16 +32,8 @@ using schedule::Schedule;
 constexpr std::int64_t kMicroBatch = 2, kMicroBatches = 2, kSeq = 8;
 
 model::ModelConfig llama() {
-  model::ModelConfig c;
-  c.arch = "llama";
-  c.layers = 2;
-  c.hidden = 32;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.ffn_hidden = 48;
-  c.vocab_size = 37;
+  model::ModelConfig c = oases::testing::tiny_equivalence_model("llama", 2);
   c.seq_len = kSeq;
-  c.dropout = 0.1;
   return c;
 }
 
@@ -138,12 +131,8 @@ Schedule gpipe(const ops::Program& p, int chunk) {
 }
 
 std::vector<std::int32_t> tokens(std::uint32_t stream, std::int64_t vocab) {
-  std::vector<std::int32_t> t(static_cast<std::size_t>(kMicroBatch * kMicroBatches * kSeq));
-  for (std::size_t i = 0; i < t.size(); ++i)
-    t[i] = static_cast<std::int32_t>(
-        philox4x32({static_cast<std::uint32_t>(i), stream, 0, 0}, {3, 4})[0] %
-        static_cast<std::uint32_t>(vocab));
-  return t;
+  return oases::testing::philox_tokens(0, stream, kMicroBatch * kMicroBatches * kSeq,
+                                       static_cast<std::uint32_t>(vocab), {3, 4});
 }
 
 ops::StepContext step_context(const std::vector<std::int32_t>& inputs,

@@ -6,6 +6,7 @@
 #include "comm/communicator.h"
 #include "model/model.h"
 #include "sim/roofline.h"
+#include "support/tiny_model.h"
 
 #include <gtest/gtest.h>
 
@@ -32,12 +33,10 @@ ClusterSpec two_by_two() {
   return c;
 }
 
+// The tiny GPT of two layers with 4 heads of 8, a vocabulary of 256 and sequences of 8.
 model::ModelConfig two_layers() {
-  model::ModelConfig config;
-  config.layers = 2;
-  config.hidden = 32;
+  model::ModelConfig config = testing::tiny_model(2);
   config.heads = 4;
-  config.ffn_hidden = 64;
   config.vocab_size = 256;
   config.seq_len = 8;
   return config;
