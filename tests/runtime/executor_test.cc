@@ -6,8 +6,9 @@
 // reference, sub-batches (another summation order) agree to relative 1e-10.
 #include "runtime/executor.h"
 
-#include "core/philox.h"
 #include "runtime/trace.h"
+#include "support/numbers.h"
+#include "support/tiny_run.h"
 #include "train/engine.h"
 
 #include <gtest/gtest.h>
@@ -28,17 +29,10 @@ namespace {
 using plan::RunConfig;
 using train::TrainingEngine;
 
+// The tiny run of three layers with dropout in fp64 under the given within-stage schedule.
 plan::RunConfig tiny(const std::string& schedule, const std::string& recompute, int sub_batches) {
-  plan::RunConfig c;
-  c.model.layers = 3;
-  c.model.hidden = 32;
-  c.model.heads = 2;
-  c.model.ffn_hidden = 64;
-  c.model.vocab_size = 50;
-  c.model.seq_len = 16;
+  plan::RunConfig c = oases::testing::tiny_run(oases::testing::tiny_model(3));
   c.model.dropout = 0.1;
-  c.train.micro_batch = 4;
-  c.train.global_batch = 8;
   c.train.lr = 1e-2;
   c.parallel.schedule = schedule;
   c.parallel.recompute = recompute;
@@ -49,10 +43,7 @@ plan::RunConfig tiny(const std::string& schedule, const std::string& recompute, 
 }
 
 std::vector<std::int32_t> tokens(std::size_t n, std::uint32_t stream) {
-  std::vector<std::int32_t> t(n);
-  for (std::size_t i = 0; i < n; ++i)
-    t[i] = static_cast<std::int32_t>(philox4x32({static_cast<std::uint32_t>(i), stream, 0, 0}, {5, 6})[0] % 50);
-  return t;
+  return oases::testing::philox_tokens(0, stream, static_cast<std::int64_t>(n), 50, {5, 6});
 }
 
 struct TrainedRun {

@@ -1,7 +1,8 @@
 #include "train/engine.h"
 
-#include "core/philox.h"
 #include "kernels/kernels.h"
+#include "support/numbers.h"
+#include "support/tiny_run.h"
 
 #include <gtest/gtest.h>
 
@@ -12,14 +13,9 @@
 namespace oases::train {
 namespace {
 
+// The tiny run with dropout, in micro-batches of `micro_batch` sequences.
 plan::RunConfig tiny(std::int64_t micro_batch, std::int64_t global_batch) {
-  plan::RunConfig c;
-  c.model.layers = 2;
-  c.model.hidden = 32;
-  c.model.heads = 2;
-  c.model.ffn_hidden = 64;
-  c.model.vocab_size = 50;
-  c.model.seq_len = 16;
+  plan::RunConfig c = testing::tiny_run();
   c.model.dropout = 0.1;
   c.train.micro_batch = micro_batch;
   c.train.global_batch = global_batch;
@@ -31,10 +27,7 @@ plan::RunConfig tiny(std::int64_t micro_batch, std::int64_t global_batch) {
 }
 
 std::vector<std::int32_t> tokens(std::size_t n, std::uint32_t stream) {
-  std::vector<std::int32_t> t(n);
-  for (std::size_t i = 0; i < n; ++i)
-    t[i] = static_cast<std::int32_t>(philox4x32({static_cast<std::uint32_t>(i), stream, 0, 0}, {1, 2})[0] % 50);
-  return t;
+  return testing::philox_tokens(0, stream, static_cast<std::int64_t>(n), 50, {1, 2});
 }
 
 plan::RunConfig fp64(plan::RunConfig c) {

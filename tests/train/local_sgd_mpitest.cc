@@ -4,10 +4,10 @@
 // by hand every x steps: losses and parameters agree to relative 1e-10. dp_sync_every = 1 is
 // the synchronous run itself.
 #include "comm/mesh.h"
-#include "core/philox.h"
 #include "kernels/kernels.h"
 #include "mpi_test_support.h"
 #include "support/numbers.h"
+#include "support/tiny_run.h"
 #include "train/engine.h"
 #include "train/trainer.h"
 
@@ -28,12 +28,7 @@ namespace mpitest = comm::mpitest;
 constexpr std::int64_t kGlobalBatch = 8, kSeq = 16, kSteps = 9;
 
 plan::RunConfig config(const std::string& optimizer, std::int64_t sync_every, int dp) {
-  plan::RunConfig c;
-  c.model.layers = 2;
-  c.model.hidden = 32;
-  c.model.heads = 2;
-  c.model.ffn_hidden = 64;
-  c.model.vocab_size = 50;
+  plan::RunConfig c = oases::testing::tiny_run();
   c.model.seq_len = kSeq;
   c.model.dropout = 0;  // the reference numbers its samples from 0 on each replica
   c.train.micro_batch = 2;
@@ -51,12 +46,7 @@ plan::RunConfig config(const std::string& optimizer, std::int64_t sync_every, in
 }
 
 std::vector<std::int32_t> tokens(std::int64_t step, std::uint32_t stream) {
-  std::vector<std::int32_t> t(static_cast<std::size_t>(kGlobalBatch * kSeq));
-  for (std::size_t i = 0; i < t.size(); ++i)
-    t[i] = static_cast<std::int32_t>(
-        philox4x32({static_cast<std::uint32_t>(i), stream, static_cast<std::uint32_t>(step), 0},
-                   {3, 5})[0] % 50);
-  return t;
+  return oases::testing::philox_tokens(step, stream, kGlobalBatch * kSeq, 50, {3, 5});
 }
 
 // Averages two engines' parameters and optimizer state into both, as a synchronisation does.

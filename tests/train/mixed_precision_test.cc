@@ -4,12 +4,11 @@
 // between precisions.
 #include "train/engine.h"
 
-#include "core/philox.h"
 #include "data/prepare_data.h"
 #include "io/safetensors.h"
-#include "kernels/kernels.h"
 #include "support/numbers.h"
 #include "support/runs.h"
+#include "support/tiny_run.h"
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
@@ -24,41 +23,23 @@ namespace oases::train {
 namespace {
 
 using oases::testing::relative_difference;
+using oases::testing::values;
 
 namespace fs = std::filesystem;
 
+// The tiny run (its 16-bit products pinned to "convert+sgemm") in `precision`.
 plan::RunConfig tiny_engine_config(const std::string& precision) {
-  plan::RunConfig c;
-  c.model.layers = 2;
-  c.model.hidden = 32;
-  c.model.heads = 2;
-  c.model.ffn_hidden = 64;
-  c.model.vocab_size = 50;
-  c.model.seq_len = 16;
-  c.model.dropout = 0;
-  c.train.micro_batch = 4;
-  c.train.global_batch = 8;
+  plan::RunConfig c = testing::tiny_run();
   c.train.steps = 20;
   c.train.lr = 1e-2;
   c.train.min_lr = 1e-3;
   c.train.warmup_steps = 2;
   c.train.precision = precision;
-  c.train.gemm16_path = "convert+sgemm";  // no start-up measurement in unit tests
   return c;
 }
 
 std::vector<std::int32_t> tokens(std::size_t n, std::uint32_t stream) {
-  std::vector<std::int32_t> t(n);
-  for (std::size_t i = 0; i < n; ++i)
-    t[i] = static_cast<std::int32_t>(
-        philox4x32({static_cast<std::uint32_t>(i), stream, 0, 0}, {7, 9})[0] % 50);
-  return t;
-}
-
-std::vector<double> as_doubles(const Tensor& t) {
-  std::vector<double> out(static_cast<std::size_t>(t.numel()));
-  kernels::convert(t, Tensor::of(out.data(), {t.numel()}));
-  return out;
+  return testing::philox_tokens(0, stream, static_cast<std::int64_t>(n), 50, {7, 9});
 }
 
 // The gradient of one batch in each precision against fp64's. Every activation a 16-bit run
@@ -74,7 +55,7 @@ TEST(MixedPrecision, GradientsAreWithinTheFormatsRoundingOfFp64) {
   const auto in = tokens(8 * 16, 1), out = tokens(8 * 16, 2);
   TrainingEngine reference(tiny_engine_config("fp64"));
   reference.compute_gradients(0, in.data(), out.data(), 8);
-  const std::vector<double> want = as_doubles(reference.model().grads());
+  const std::vector<double> want = values(reference.model().grads());
   const double layers = 2;
   for (const auto& [precision, unit] : std::vector<std::pair<std::string, double>>{
            {"bf16", std::ldexp(1.0, -8)}, {"fp16", std::ldexp(1.0, -11)}, {"fp32", std::ldexp(1.0, -24)}}) {
@@ -82,7 +63,7 @@ TEST(MixedPrecision, GradientsAreWithinTheFormatsRoundingOfFp64) {
     EXPECT_EQ(engine.model().grads().dtype(), DType::f32) << precision;
     EXPECT_EQ(engine.model().params().dtype(), DType::f32) << precision;
     engine.compute_gradients(0, in.data(), out.data(), 8);
-    const double error = relative_difference(as_doubles(engine.model().grads()), want);
+    const double error = relative_difference(values(engine.model().grads()), want);
     std::printf("%s: gradient relative error %.3g = %.2f u\n", precision.c_str(), error,
                 error / unit);
     const double roundings = 12 * layers + 4;
@@ -114,14 +95,14 @@ TEST(MixedPrecision, MoeGradientsAreWithinTheFormatsRoundingOfFp64) {
   };
   TrainingEngine reference(moe_config("fp64"));
   reference.compute_gradients(0, in.data(), out.data(), 8);
-  const std::vector<double> want = as_doubles(reference.model().grads());
+  const std::vector<double> want = values(reference.model().grads());
   const double layers = 2, moe_layers = 1;
   const double roundings = 12 * layers + 4 + 8 * moe_layers;
   for (const auto& [precision, unit] : std::vector<std::pair<std::string, double>>{
            {"bf16", std::ldexp(1.0, -8)}, {"fp16", std::ldexp(1.0, -11)}, {"fp32", std::ldexp(1.0, -24)}}) {
     TrainingEngine engine(moe_config(precision));
     engine.compute_gradients(0, in.data(), out.data(), 8);
-    const double error = relative_difference(as_doubles(engine.model().grads()), want);
+    const double error = relative_difference(values(engine.model().grads()), want);
     std::printf("MoE %s: gradient relative error %.3g = %.2f u\n", precision.c_str(), error,
                 error / unit);
     EXPECT_LT(error, (precision == "fp32" ? roundings : std::sqrt(roundings)) * unit) << precision;
@@ -143,11 +124,11 @@ TEST(LossScaling, AnInjectedOverflowIsSkippedBacksOffAndGrowsBack) {
   std::vector<bool> skipped;
   for (std::int64_t step = 0; step < 9; ++step) {
     if (step == 2 || step == 3) engine.inject_gradient_overflow(step);
-    const std::vector<double> before = as_doubles(engine.model().params());
+    const std::vector<double> before = values(engine.model().params());
     const StepResult r = engine.train_step(step, in.data(), out.data());
     scales.push_back(r.loss_scale);
     skipped.push_back(r.skipped);
-    const std::vector<double> after = as_doubles(engine.model().params());
+    const std::vector<double> after = values(engine.model().params());
     if (r.skipped)
       EXPECT_EQ(after, before) << "step " << step << " was skipped but changed the parameters";
     else
@@ -239,8 +220,8 @@ TEST(MixedPrecision, Fp8CompressionOfBf16KeptSets) {
   EXPECT_LT(compressed.activation_bytes(), plain.activation_bytes());
   TrainingEngine again(compressed_config);
   again.compute_gradients(0, in.data(), out.data(), 8);
-  const double error = relative_difference(as_doubles(again.model().grads()),
-                                           as_doubles(plain.model().grads()));
+  const double error =
+      relative_difference(values(again.model().grads()), values(plain.model().grads()));
   std::printf("fp8 over bf16: gradient relative change %.3g; activations %zu -> %zu bytes\n",
               error, plain.activation_bytes(), compressed.activation_bytes());
   EXPECT_GT(error, 0.0);

@@ -8,9 +8,10 @@
 #include "comm/mesh.h"
 #include "core/philox.h"
 #include "mpi_test_support.h"
-#include "support/numbers.h"
 #include "runtime/executor.h"
 #include "schedule/schedule.h"
+#include "support/numbers.h"
+#include "support/tiny_run.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/trainer.h"
@@ -61,17 +62,12 @@ std::string describe(const Layout& l) {
 }
 
 plan::RunConfig config(const Layout& layout) {
-  plan::RunConfig c;
-  c.model.arch = layout.arch;
-  c.model.layers = 4;
-  c.model.hidden = 32;
+  plan::RunConfig c = oases::testing::tiny_run(oases::testing::tiny_moe_model(4, layout.arch));
   c.model.heads = 4;
   c.model.ffn_hidden = 48;
   c.model.vocab_size = 64;
   c.model.seq_len = kSeq;
   c.model.dropout = 0.1;
-  c.model.moe_every = 2;
-  c.model.experts = 4;
   c.model.moe_gate = layout.gate;
   c.model.moe_top_k = layout.top_k;
   c.model.capacity_factor = layout.capacity_factor;
@@ -85,7 +81,6 @@ plan::RunConfig config(const Layout& layout) {
   c.train.lr = 1e-2;
   c.train.warmup_steps = 1;
   c.train.precision = layout.precision;
-  c.train.gemm16_path = "convert+sgemm";  // no start-up measurement
   c.train.optimizer = "adamw";
   c.parallel.tp = layout.tp;
   c.parallel.dp = layout.dp;

@@ -5,9 +5,10 @@
 // state a checkpoint gathers); the scratch file has no name on disk; bad settings are clear
 // errors.
 #include "core/offload_store.h"
-#include "core/philox.h"
 #include "kernels/kernels.h"
 #include "support/files.h"
+#include "support/numbers.h"
+#include "support/tiny_run.h"
 #include "train/engine.h"
 
 #include <gtest/gtest.h>
@@ -29,35 +30,23 @@ fs::path scratch_dir() {
   return dir;
 }
 
+// The tiny run (its 16-bit products pinned to "convert+sgemm") in `precision` with
+// `optimizer`, offloading `offload`.
 plan::RunConfig config(const std::string& precision, const std::string& optimizer,
-                 const std::string& offload) {
-  plan::RunConfig c;
-  c.model.layers = 2;
-  c.model.hidden = 32;
-  c.model.heads = 2;
-  c.model.ffn_hidden = 64;
-  c.model.vocab_size = 50;
-  c.model.seq_len = 16;
-  c.train.micro_batch = 4;
-  c.train.global_batch = 8;
+                       const std::string& offload) {
+  plan::RunConfig c = testing::tiny_run();
   c.train.steps = 4;
   c.train.lr = 1e-2;
   c.train.grad_clip = 1.0;
   c.train.precision = precision;
   c.train.optimizer = optimizer;
-  c.train.gemm16_path = "convert+sgemm";
   c.parallel.offload = offload;
   if (offload != "none") c.parallel.offload_dir = scratch_dir().string();
   return c;
 }
 
 std::vector<std::int32_t> tokens(std::size_t n, std::uint32_t stream, std::int64_t step) {
-  std::vector<std::int32_t> t(n);
-  for (std::size_t i = 0; i < n; ++i)
-    t[i] = static_cast<std::int32_t>(philox4x32({static_cast<std::uint32_t>(i), stream,
-                                                 static_cast<std::uint32_t>(step), 0},
-                                                {5, 3})[0] % 50);
-  return t;
+  return testing::philox_tokens(step, stream, static_cast<std::int64_t>(n), 50, {5, 3});
 }
 
 struct Trained {

@@ -9,6 +9,7 @@
 #include "core/philox.h"
 #include "mpi_test_support.h"
 #include "support/numbers.h"
+#include "support/tiny_run.h"
 #include "train/engine.h"
 #include "train/trainer.h"
 
@@ -52,12 +53,8 @@ std::string describe(const Layout& l) {
 }
 
 plan::RunConfig config(const Layout& layout, bool partition) {
-  plan::RunConfig c;
-  c.model.arch = layout.arch;
-  c.model.layers = 3;
-  c.model.hidden = 32;
+  plan::RunConfig c = oases::testing::tiny_run(oases::testing::tiny_model(3, layout.arch));
   c.model.heads = 4;
-  c.model.ffn_hidden = 64;
   c.model.vocab_size = 64;
   c.model.seq_len = kSeq;
   c.model.dropout = 0.1;  // keyed masks: recomputed and partitioned runs draw the same

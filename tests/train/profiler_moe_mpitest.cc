@@ -7,6 +7,7 @@
 #include "planner/cost_model.h"
 #include "planner/profile.h"
 #include "sim/schedule_sim.h"
+#include "support/tiny_run.h"
 #include "train/engine.h"
 #include "train/profiler.h"
 
@@ -19,15 +20,7 @@ namespace mpitest = comm::mpitest;
 
 TEST(ProfileMoeExpertParallel, MeasuresTheExpertLinkAndPricesTheAllToAllsOverIt) {
   if (mpitest::runtime().world_size() != 2) GTEST_SKIP() << "runs at 2 ranks (dp = ep = 2)";
-  plan::RunConfig c;
-  c.model.layers = 2;
-  c.model.hidden = 32;
-  c.model.heads = 2;
-  c.model.ffn_hidden = 64;
-  c.model.vocab_size = 50;
-  c.model.seq_len = 16;
-  c.model.moe_every = 2;
-  c.model.experts = 4;
+  plan::RunConfig c = oases::testing::tiny_run(oases::testing::tiny_moe_model(2));
   c.train.micro_batch = 2;
   c.train.global_batch = 4;
   c.parallel.dp = 2;

@@ -5,6 +5,7 @@
 #include "planner/cost_model.h"
 #include "planner/planner.h"
 #include "planner/profile.h"
+#include "support/tiny_run.h"
 #include "train/engine.h"
 #include "train/profiler.h"
 
@@ -15,18 +16,11 @@
 namespace oases::train {
 namespace {
 
+// Four layers, two of them MoE layers under the gshard gate, one micro-batch per step in two
+// sub-batches under the oases schedule.
 plan::RunConfig tiny_moe() {
-  plan::RunConfig c;
-  c.model.layers = 4;
-  c.model.hidden = 32;
-  c.model.heads = 2;
-  c.model.ffn_hidden = 64;
-  c.model.vocab_size = 50;
-  c.model.seq_len = 16;
-  c.model.moe_every = 2;
-  c.model.experts = 4;
+  plan::RunConfig c = testing::tiny_run(testing::tiny_moe_model(4));
   c.model.moe_gate = "gshard";
-  c.train.micro_batch = 4;
   c.train.global_batch = 4;
   c.parallel.sub_batches = 2;
   c.parallel.schedule = "oases";

@@ -2,9 +2,10 @@
 // memory figures: for one rank under fp32 and bf16, ZeRO and offload, the planner's state per
 // rank from the profile is what the engine reports (train::MemoryFigures, the start-up line and
 // the metrics param_bytes, grad_bytes, optimizer_bytes), and the profile records the settings.
-#include "planner/cost_model.h"
-#include "train/engine.h"
 #include "train/profiler.h"
+#include "planner/cost_model.h"
+#include "support/tiny_run.h"
+#include "train/engine.h"
 
 #include <gtest/gtest.h>
 
@@ -16,18 +17,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The tiny run, one micro-batch per step, in `precision` under ZeRO stage `zero`, offloading
+// `offload`.
 plan::RunConfig config(const std::string& precision, std::int64_t zero, const std::string& offload) {
-  plan::RunConfig c;
-  c.model.layers = 2;
-  c.model.hidden = 32;
-  c.model.heads = 2;
-  c.model.ffn_hidden = 64;
-  c.model.vocab_size = 50;
-  c.model.seq_len = 16;
-  c.train.micro_batch = 4;
+  plan::RunConfig c = testing::tiny_run();
   c.train.global_batch = 4;
   c.train.precision = precision;
-  c.train.gemm16_path = "convert+sgemm";
   c.parallel.zero = zero;
   c.parallel.offload = offload;
   if (offload != "none") {

@@ -12,6 +12,7 @@
 #include "kernels/kernels.h"
 #include "mpi_test_support.h"
 #include "support/numbers.h"
+#include "support/tiny_run.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/trainer.h"
@@ -46,13 +47,9 @@ struct Layout {
 };
 
 plan::RunConfig config(const std::string& optimizer, const Layout& layout, int zero) {
-  plan::RunConfig c;
-  c.model.arch = layout.arch;
-  c.model.layers = 2;
-  c.model.hidden = 32;
-  c.model.heads = 2;
-  c.model.ffn_hidden = 64;
-  c.model.vocab_size = 50;  // padded to a multiple of tp: the head's padding rows are cut too
+  // The tiny model's vocabulary of 50 is padded to a multiple of tp: the head's padding rows
+  // are cut too.
+  plan::RunConfig c = oases::testing::tiny_run(oases::testing::tiny_model(2, layout.arch));
   c.model.seq_len = kSeq;
   c.train.micro_batch = layout.micro_batch;
   c.train.global_batch = layout.micro_batch * layout.micro_batches * layout.dp;
@@ -259,6 +256,7 @@ TEST(Zero, PerRankBytesFollowTheFormulas) {
       c.model.ffn_hidden = 256;
       c.model.vocab_size = 512;
       c.train.precision = precision;
+      c.train.gemm16_path = "auto";  // measured at start-up, as `oases train` does by default
       TrainingEngine engine(c, parallel_groups(mesh));
       RunRecord run;
       train(engine, 0, 2, run);
