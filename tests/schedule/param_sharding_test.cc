@@ -11,10 +11,9 @@
 #include "schedule/pipeline_lowering.h"
 #include "schedule/schedule.h"
 
-#include "comm/communicator.h"
 #include "core/error.h"
-#include "model/model.h"
 #include "support/gpt_program.h"
+#include "support/stage_programs.h"
 
 #include <gtest/gtest.h>
 
@@ -359,33 +358,13 @@ TEST(ShardParameters, RejectsSchedulesAlreadyShardedAndSpecsWithoutSharding) {
 
 // ---- Pipelines ----
 
-model::ModelConfig config_of(int layers) {
-  model::ModelConfig c;
-  c.arch = "gpt";
-  c.layers = layers;
-  c.hidden = 16;
-  c.heads = 2;
-  c.ffn_hidden = 24;
-  c.vocab_size = 23;
-  c.seq_len = 4;
-  return c;
-}
-
 // The stage programs of a model of P v + 1 layers cut into P x v chunks (the last holds two):
 // rank r builds chunks r, r + P, ...
 std::vector<ops::Program> stage_programs(int stages, int virtual_stages, int sub_batches) {
-  comm::SelfCommunicator tp;
-  const int chunks = stages * virtual_stages, layers = chunks + 1;
-  std::vector<ops::Program> out;
-  for (int r = 0; r < stages; ++r) {
-    model::ModelOptions o;
-    o.micro_batch = 2;
-    o.sub_batches = sub_batches;
-    o.tp = &tp;
-    for (int c = r; c < chunks; c += stages)
-      o.layer_ranges.push_back({c * layers / chunks, (c + 1) * layers / chunks});
-    out.push_back(with_param_buckets(model::Model(config_of(layers), o).program()));
-  }
+  std::vector<ops::Program> out =
+      testing::tiny_stage_programs(testing::tiny_stage_model("gpt", stages * virtual_stages + 1),
+                                   stages, virtual_stages, sub_batches);
+  for (ops::Program& program : out) program = with_param_buckets(program);
   return out;
 }
 

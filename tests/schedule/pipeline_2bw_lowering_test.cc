@@ -4,9 +4,8 @@
 // what they carry or compute on the wrong weights.
 #include "schedule/pipeline_2bw.h"
 
-#include "comm/communicator.h"
 #include "core/error.h"
-#include "model/model.h"
+#include "support/stage_programs.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -20,26 +19,8 @@ namespace {
 
 // The programs of `stages` stages of a GPT of stages + 1 layers, as each rank builds its own.
 std::vector<ops::Program> stage_programs(int stages, int sub_batches) {
-  comm::SelfCommunicator tp;
-  model::ModelConfig c;
-  c.arch = "gpt";
-  c.layers = stages + 1;
-  c.hidden = 16;
-  c.heads = 2;
-  c.ffn_hidden = 24;
-  c.vocab_size = 23;
-  c.seq_len = 4;
-  std::vector<ops::Program> out;
-  for (int s = 0; s < stages; ++s) {
-    model::ModelOptions o;
-    o.micro_batch = 2;
-    o.sub_batches = sub_batches;
-    o.tp = &tp;
-    o.first_layer = s * c.layers / stages;
-    o.end_layer = (s + 1) * c.layers / stages;
-    out.push_back(model::Model(c, o).program());
-  }
-  return out;
+  return testing::tiny_stage_programs(testing::tiny_stage_model("gpt", stages + 1), stages, 1,
+                                      sub_batches);
 }
 
 PipelineSpec two_bw(int stages, int micro_batches) {

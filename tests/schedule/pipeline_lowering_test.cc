@@ -6,9 +6,8 @@
 // first rank.
 #include "schedule/pipeline_lowering.h"
 
-#include "comm/communicator.h"
 #include "core/error.h"
-#include "model/model.h"
+#include "support/stage_programs.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -23,54 +22,19 @@
 namespace oases::schedule {
 namespace {
 
-model::ModelConfig config_of(const std::string& arch, int layers) {
-  model::ModelConfig c;
-  c.arch = arch;
-  c.layers = layers;
-  c.hidden = 16;
-  c.heads = 2;
-  c.kv_heads = arch == "llama" ? 1 : 0;
-  c.ffn_hidden = 24;
-  c.vocab_size = 23;
-  c.seq_len = 4;
-  return c;
-}
-
 // The programs of `stages` stages of a model of stages + 1 layers (the last stage holds two),
 // as each pipeline rank builds its own.
 std::vector<ops::Program> stage_programs(const std::string& arch, int stages, int sub_batches) {
-  comm::SelfCommunicator tp;
-  const int layers = stages + 1;
-  std::vector<ops::Program> out;
-  for (int s = 0; s < stages; ++s) {
-    model::ModelOptions o;
-    o.micro_batch = 2;
-    o.sub_batches = sub_batches;
-    o.tp = &tp;
-    o.first_layer = s * layers / stages;
-    o.end_layer = (s + 1) * layers / stages;
-    out.push_back(model::Model(config_of(arch, layers), o).program());
-  }
-  return out;
+  return testing::tiny_stage_programs(testing::tiny_stage_model(arch, stages + 1), stages, 1,
+                                      sub_batches);
 }
 
 // The programs of the P ranks of an interleaved pipeline over P x v chunks of a model of
 // P v + 1 layers (the last chunk holds two): rank r builds chunks r, r + P, ... in one model.
 std::vector<ops::Program> interleaved_programs(const std::string& arch, int stages,
                                                int virtual_stages, int sub_batches) {
-  comm::SelfCommunicator tp;
-  const int chunks = stages * virtual_stages, layers = chunks + 1;
-  std::vector<ops::Program> out;
-  for (int r = 0; r < stages; ++r) {
-    model::ModelOptions o;
-    o.micro_batch = 2;
-    o.sub_batches = sub_batches;
-    o.tp = &tp;
-    for (int c = r; c < chunks; c += stages)
-      o.layer_ranges.push_back({c * layers / chunks, (c + 1) * layers / chunks});
-    out.push_back(model::Model(config_of(arch, layers), o).program());
-  }
-  return out;
+  return testing::tiny_stage_programs(testing::tiny_stage_model(arch, stages * virtual_stages + 1),
+                                      stages, virtual_stages, sub_batches);
 }
 
 struct WithinStage {

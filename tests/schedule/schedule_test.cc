@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "support/gpt_program.h"
+#include "support/stage_programs.h"
 
 #include <gtest/gtest.h>
 
@@ -383,21 +384,10 @@ class GroupOfTwo final : public comm::Communicator {
 // The program of rank 0 of a tiny GPT or LLaMA at tp = 2 (vocab-parallel head: head_loss has a
 // weight part, as every layer segment does).
 ops::Program tiny_tp2_program(const std::string& arch, int sub_batches) {
-  static GroupOfTwo tp;
-  model::ModelConfig c;
-  c.arch = arch;
-  c.layers = 2;
-  c.hidden = 16;
-  c.heads = 2;
-  c.kv_heads = arch == "llama" ? 2 : 0;
-  c.ffn_hidden = 24;
-  c.vocab_size = 23;
-  c.seq_len = 4;
-  model::ModelOptions o;
-  o.micro_batch = 2;
-  o.sub_batches = sub_batches;
-  o.tp = &tp;
-  return model::Model(c, o).program();
+  GroupOfTwo tp;
+  model::ModelConfig c = testing::tiny_stage_model(arch, 2);
+  c.kv_heads = arch == "llama" ? 2 : 0;  // one key/value head per rank of the pair
+  return testing::tiny_stage_program(c, sub_batches, {}, &tp);
 }
 
 // oases-deferred runs oases-interleaved's instructions in its order, except that every backward

@@ -8,11 +8,10 @@
 #include "schedule/pipeline_lowering.h"
 #include "schedule/schedule.h"
 
-#include "comm/communicator.h"
 #include "core/error.h"
-#include "model/model.h"
 #include "support/errors.h"
 #include "support/gpt_program.h"
+#include "support/stage_programs.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -379,26 +378,10 @@ std::vector<Case> pass_cases() {
 // The stage programs of P ranks holding v chunks each of a GPT of P v + 1 layers: rank r
 // builds chunks r, r + P, ...
 std::vector<ops::Program> stage_programs(int stages, int virtual_stages, int sub_batches) {
-  comm::SelfCommunicator tp;
-  model::ModelConfig c;
-  c.arch = "gpt";
-  c.layers = stages * virtual_stages + 1;
-  c.hidden = 16;
-  c.heads = 2;
-  c.ffn_hidden = 24;
-  c.vocab_size = 23;
-  c.seq_len = 4;
-  const int chunks = stages * virtual_stages;
-  std::vector<ops::Program> out;
-  for (int r = 0; r < stages; ++r) {
-    model::ModelOptions o;
-    o.micro_batch = 2;
-    o.sub_batches = sub_batches;
-    o.tp = &tp;
-    for (int chunk = r; chunk < chunks; chunk += stages)
-      o.layer_ranges.push_back({chunk * c.layers / chunks, (chunk + 1) * c.layers / chunks});
-    out.push_back(with_param_buckets(model::Model(c, o).program()));
-  }
+  std::vector<ops::Program> out =
+      testing::tiny_stage_programs(testing::tiny_stage_model("gpt", stages * virtual_stages + 1),
+                                   stages, virtual_stages, sub_batches);
+  for (ops::Program& program : out) program = with_param_buckets(program);
   return out;
 }
 

@@ -7,10 +7,10 @@
 #include "schedule/pipeline_lowering.h"
 #include "schedule/schedule.h"
 
-#include "comm/communicator.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "support/gpt_program.h"
+#include "support/stage_programs.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -269,23 +269,10 @@ TEST(SqrtRecompute, PeakOfAGptProgramIsAboutTwoSquareRootsOfLayers) {
 // Real programs (GPT and LLaMA, built as the engine builds them): every group size verifies,
 // and the peak shrinks from one group of L layers to groups of about sqrt(L).
 TEST(SqrtRecompute, ModelProgramsVerifyForEveryGroupSize) {
-  comm::SelfCommunicator tp;
   for (const std::string arch : {"gpt", "llama"}) {
-    model::ModelConfig c;
-    c.arch = arch;
-    c.layers = 7;
-    c.hidden = 16;
-    c.heads = 2;
-    c.kv_heads = arch == "llama" ? 1 : 0;
-    c.ffn_hidden = 24;
-    c.vocab_size = 23;
-    c.seq_len = 4;
+    const model::ModelConfig c = testing::tiny_stage_model(arch, 7);
     for (const auto& [kind, sub_batches] : kKinds) {
-      model::ModelOptions o;
-      o.micro_batch = 2;
-      o.sub_batches = sub_batches;
-      o.tp = &tp;
-      const ops::Program program = model::Model(c, o).program();
+      const ops::Program program = testing::tiny_stage_program(c, sub_batches);
       std::map<int, std::size_t> peak;
       for (int k = 1; k <= 7; ++k) {
         const ScheduleSpec spec = sqrt_spec(kind, k, 2, sub_batches);
@@ -325,26 +312,11 @@ TEST(SqrtRecompute, ReshardsCutGroups) {
 // Under a pipeline each stage replays the parts of groups it holds; the lowered schedules of
 // every rank verify and their messages pair up.
 TEST(SqrtRecompute, PipelineStagesVerify) {
-  comm::SelfCommunicator tp;
-  model::ModelConfig c;
-  c.layers = 7;
-  c.hidden = 16;
-  c.heads = 2;
-  c.ffn_hidden = 24;
-  c.vocab_size = 23;
-  c.seq_len = 4;
+  const model::ModelConfig c = testing::tiny_stage_model("gpt", 7);
   const int stages = 2;
   for (const auto& [kind, sub_batches] : kKinds) {
-    std::vector<ops::Program> programs;
-    for (int s = 0; s < stages; ++s) {
-      model::ModelOptions o;
-      o.micro_batch = 2;
-      o.sub_batches = sub_batches;
-      o.tp = &tp;
-      o.first_layer = s * 7 / stages;
-      o.end_layer = (s + 1) * 7 / stages;
-      programs.push_back(model::Model(c, o).program());
-    }
+    const std::vector<ops::Program> programs =
+        testing::tiny_stage_programs(c, stages, 1, sub_batches);
     for (PipelineKind pipeline_kind :
          {PipelineKind::gpipe, PipelineKind::one_f_one_b, PipelineKind::zero_bubble}) {
       for (int k : {1, 2, 3, 7}) {

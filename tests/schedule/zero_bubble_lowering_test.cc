@@ -7,10 +7,9 @@
 // before its weight parts) naming the instruction.
 #include "schedule/pipeline_lowering.h"
 
-#include "comm/communicator.h"
 #include "core/error.h"
-#include "model/model.h"
 #include "support/gpt_program.h"
+#include "support/stage_programs.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -24,34 +23,10 @@
 namespace oases::schedule {
 namespace {
 
-model::ModelConfig config_of(const std::string& arch, int layers) {
-  model::ModelConfig c;
-  c.arch = arch;
-  c.layers = layers;
-  c.hidden = 16;
-  c.heads = 2;
-  c.kv_heads = arch == "llama" ? 1 : 0;
-  c.ffn_hidden = 24;
-  c.vocab_size = 23;
-  c.seq_len = 4;
-  return c;
-}
-
 // The programs of `stages` stages of a model of stages + 1 layers (the last stage holds two).
 std::vector<ops::Program> stage_programs(const std::string& arch, int stages, int sub_batches) {
-  comm::SelfCommunicator tp;
-  const int layers = stages + 1;
-  std::vector<ops::Program> out;
-  for (int s = 0; s < stages; ++s) {
-    model::ModelOptions o;
-    o.micro_batch = 2;
-    o.sub_batches = sub_batches;
-    o.tp = &tp;
-    o.first_layer = s * layers / stages;
-    o.end_layer = (s + 1) * layers / stages;
-    out.push_back(model::Model(config_of(arch, layers), o).program());
-  }
-  return out;
+  return testing::tiny_stage_programs(testing::tiny_stage_model(arch, stages + 1), stages, 1,
+                                      sub_batches);
 }
 
 PipelineSpec zero_bubble(int stages, int micro_batches) {
