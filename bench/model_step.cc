@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
       const auto r = philox4x32({static_cast<std::uint32_t>(i), 0, 0, 0}, key);
       inputs[i] = static_cast<std::int32_t>(r[0] % static_cast<std::uint32_t>(config.model.vocab_size));
       targets[i] = static_cast<std::int32_t>(r[1] % static_cast<std::uint32_t>(config.model.vocab_size));
-      if (config.model.arch == "bert" && r[2] % 100 >= 15) targets[i] = -1;
+      if (config.model.masked_lm() && r[2] % 100 >= 15) targets[i] = -1;
     }
     train::TrainingEngine engine(config);
     std::vector<double> times;

@@ -7,6 +7,7 @@
 #include "planner/cost_model.h"
 #include "planner/planner.h"
 #include "plan/run_config.h"
+#include "plan/run_plan.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
   const auto profile = oases::planner::read_profile(argv[1]);
   const auto config = oases::plan::load_run_config(argv[2]);
   const std::int64_t limit = std::atoll(argv[3]);
-  const auto spec = oases::plan::schedule_spec(config);
+  const auto spec = oases::plan::make_run_plan(config).schedule;
   const auto plan_name = [](const std::vector<int>& degrees) {
     return fmt::format("{}", fmt::join(degrees, ""));
   };

@@ -5,6 +5,7 @@
 #include "fuzz_support.h"
 #include "planner/planner.h"
 #include "plan/run_config.h"
+#include "plan/run_plan.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -30,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   config.parallel.tp = kTp;
   config.parallel.plan = scratch.path();
   std::vector<int> degrees;
-  if (!accepts([&] { degrees = oases::plan::layer_degrees(config); })) return 0;
+  if (!accepts([&] { degrees = oases::plan::make_run_plan(config).layer_degrees; })) return 0;
   require(read && degrees == plan.degrees,
           "layer_degrees accepted a plan that read_plan rejects, or changed its degrees");
   for (const int degree : degrees)

@@ -8,6 +8,7 @@
 // any file, /dev/zero included); the plan file reader has its own target.
 #include "fuzz_support.h"
 #include "plan/run_config.h"
+#include "plan/run_plan.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -19,10 +20,6 @@ namespace {
 
 using oases::fuzz::accepts;
 using oases::fuzz::require;
-
-bool names_degrees(const std::string& plan) {
-  return !plan.empty() && plan.find_first_not_of("0123456789, ") == std::string::npos;
-}
 
 }  // namespace
 
@@ -49,12 +46,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   require(oases::plan::to_toml(reparsed) == printed,
           "the printed form of an accepted configuration parses to another configuration");
 
-  require(accepts([&] { (void)oases::plan::schedule_spec(config); }),
-          "an accepted configuration has no schedule");
-  if (config.parallel.plan == "uniform" || names_degrees(config.parallel.plan)) {
+  // A plan names no file here but those a list of degrees or "uniform" stand for, so every
+  // accepted configuration resolves to a run plan.
+  const oases::plan::LayerPlanSource source = oases::plan::layer_plan_source(config.parallel.plan);
+  if (source != oases::plan::LayerPlanSource::file) {
     std::vector<int> degrees;
-    require(accepts([&] { degrees = oases::plan::layer_degrees(config); }),
-            "the per-layer degrees of an accepted configuration do not resolve");
+    require(accepts([&] { degrees = oases::plan::make_run_plan(config).layer_degrees; }),
+            "an accepted configuration does not resolve to a run plan");
     for (const int degree : degrees)
       require(degree >= 1 && config.parallel.tp % degree == 0,
               "an accepted plan has a degree that does not divide parallel.tp");

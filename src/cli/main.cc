@@ -17,6 +17,8 @@
 #include "cluster/cluster_profile.h"
 #include "cluster/cluster_simulation.h"
 #include "plan/run_config.h"
+#include "plan/run_plan.h"
+#include "plan/settings.h"
 #include "train/evaluate.h"
 #include "generate/generate.h"
 #include "train/pipeline_split.h"
@@ -131,7 +133,8 @@ int train_on_mpi_ranks(const oases::plan::RunConfig& config,
         options.placement = runtime.placement();
         options.most_crowded_placement = runtime.most_crowded_placement();
         oases::plan::RunConfig run_config = config;
-        if (config.parallel.plan == "auto") {
+        const oases::plan::Settings settings = oases::plan::parse_settings(config);
+        if (settings.plan == oases::plan::LayerPlanSource::automatic) {
           // Profiling runs at the thread count training will use.
           oases::train::use_threads(config.train.threads, runtime.placement(),
                                     runtime.most_crowded_placement());
@@ -144,7 +147,7 @@ int train_on_mpi_ranks(const oases::plan::RunConfig& config,
               },
               auto_plan_path(config));
         }
-        if (config.parallel.pipeline_layers == "auto") {
+        if (settings.pipeline_layers == oases::plan::PipelineLayersSource::automatic) {
           oases::train::use_threads(config.train.threads, runtime.placement(),
                                     runtime.most_crowded_placement());
           oases::train::ProfileOptions auto_profile;
@@ -187,7 +190,8 @@ int run_train(const TrainArgs& args) {
                 "{} oases train ...`",
                 config.parallel.tp, config.parallel.dp, config.parallel.pp, ranks, ranks);
     oases::plan::RunConfig run_config = config;
-    if (config.parallel.plan == "auto") run_config.parallel.plan = "uniform";  // one rank
+    if (oases::plan::parse_settings(config).plan == oases::plan::LayerPlanSource::automatic)
+      run_config.parallel.plan = "uniform";  // one rank
     summary = oases::train::run_training(run_config, options);
   }
   if (!args.quiet && world_rank == 0 && summary.initial_val_loss && summary.final_val_loss)
@@ -590,7 +594,7 @@ struct PlanArgs {
 // The slowest rank's memory of a cluster simulation.
 double peak_memory(const oases::cluster::ClusterSimulation& s) {
   double most = 0;
-  for (const auto& rank : s.ranks) most = std::max(most, rank.memory.total());
+  for (const auto& rank : s.ranks) most = std::max(most, static_cast<double>(rank.memory.total()));
   return most;
 }
 
@@ -625,15 +629,15 @@ void print_cluster_variants(
 }
 
 // The planner's input: measured (--profile) or priced on a cluster description (--cluster).
-oases::planner::Profile plan_input(const PlanArgs& a, const oases::plan::RunConfig& config,
-                                   const oases::schedule::ScheduleSpec& spec,
+oases::planner::Profile plan_input(const PlanArgs& a, const oases::plan::RunPlan& plan,
                                    const oases::sim::ClusterSpec* cluster);
 
 // parallel.pp > 1: the stage split (resolving "auto" from the profile) and every pipeline
 // schedule's predicted step and bubble.
-int run_pipeline_plan(const PlanArgs& a, const oases::plan::RunConfig& config,
-                      const oases::planner::Profile& measured,
-                      const oases::schedule::ScheduleSpec& spec) {
+int run_pipeline_plan(const PlanArgs& a, const oases::plan::RunPlan& plan,
+                      const oases::planner::Profile& measured) {
+  const oases::plan::RunConfig& config = plan.config;
+  const oases::schedule::ScheduleSpec& spec = plan.schedule;
   OASES_CHECK(a.output.empty(),
               "--output {}: with parallel.pp = {} there is no plan file to write (per-layer "
               "tensor-parallel degrees do not combine with pipelines); drop --output",
@@ -644,10 +648,9 @@ int run_pipeline_plan(const PlanArgs& a, const oases::plan::RunConfig& config,
   options.stages = static_cast<int>(config.parallel.pp);
   options.micro_batches = spec.micro_batches;
   options.link_bytes_per_second = a.link_gbps * 1e9;
-  if (config.parallel.pipeline_layers == "auto") {
+  if (plan.settings.pipeline_layers == oases::plan::PipelineLayersSource::automatic) {
     oases::schedule::PipelineSpec pipeline;
-    pipeline.kind =
-        oases::schedule::parse_pipeline_kind(config.parallel.pipeline, "parallel.pipeline");
+    pipeline.kind = plan.pipeline.kind;
     pipeline.stages = options.stages;
     pipeline.micro_batches = spec.micro_batches;
     options.layers_per_stage = oases::planner::auto_pipeline_layers(
@@ -660,7 +663,7 @@ int run_pipeline_plan(const PlanArgs& a, const oases::plan::RunConfig& config,
     options.layers_per_stage = oases::planner::uniform_pipeline_layers(
         static_cast<int>(config.model.layers), options.stages);
   } else {
-    options.layers_per_stage = oases::plan::stage_layer_counts(config);
+    options.layers_per_stage = plan.pipeline.counts();
   }
   fmt::print("{}", oases::planner::format_pipeline_options(
                        oases::planner::predict_pipelines(measured, spec, config.train.micro_batch,
@@ -672,9 +675,9 @@ int run_pipeline_plan(const PlanArgs& a, const oases::plan::RunConfig& config,
 // The profile at `path`, checked against the config (model, batch split, every degree up to
 // parallel.tp, the expert-parallel link), with its memory ratios (measured at dp = 1) divided
 // over the config's data-parallel group as its ZeRO stage does.
-oases::planner::Profile profile_for(const oases::plan::RunConfig& config,
-                                    const oases::schedule::ScheduleSpec& spec,
-                                    const std::string& path) {
+oases::planner::Profile profile_for(const oases::plan::RunPlan& plan, const std::string& path) {
+  const oases::plan::RunConfig& config = plan.config;
+  const oases::schedule::ScheduleSpec& spec = plan.schedule;
   auto measured = oases::planner::with_zero_share(oases::planner::read_profile(path),
                                                   static_cast<int>(config.parallel.zero),
                                                   static_cast<int>(config.parallel.dp));
@@ -691,10 +694,10 @@ bool moe_at_degree_one(const oases::plan::RunConfig& config) {
   return config.model.has_moe() && config.parallel.tp > 1 && config.parallel.expert_tp == 1;
 }
 
-oases::planner::Profile plan_input(const PlanArgs& a, const oases::plan::RunConfig& config,
-                                   const oases::schedule::ScheduleSpec& spec,
+oases::planner::Profile plan_input(const PlanArgs& a, const oases::plan::RunPlan& plan,
                                    const oases::sim::ClusterSpec* cluster) {
-  if (cluster == nullptr) return profile_for(config, spec, a.profile);
+  const oases::plan::RunConfig& config = plan.config;
+  if (cluster == nullptr) return profile_for(plan, a.profile);
   return oases::planner::with_zero_share(oases::cluster::cluster_profile(config, *cluster),
                                          static_cast<int>(config.parallel.zero),
                                          static_cast<int>(config.parallel.dp));
@@ -708,10 +711,11 @@ int run_plan(const PlanArgs& a) {
   OASES_CHECK(a.cluster_overrides.empty() || !a.cluster.empty(),
               "--cluster-set applies to --cluster plans");
   auto config = oases::plan::load_run_config(a.config, a.overrides);
-  const auto spec = oases::plan::schedule_spec(config);
+  const oases::plan::RunPlan plan = oases::plan::make_run_plan(config);
+  const oases::schedule::ScheduleSpec& spec = plan.schedule;
   std::optional<oases::sim::ClusterSpec> cluster;
   if (!a.cluster.empty()) cluster = oases::sim::load_cluster(a.cluster, a.cluster_overrides);
-  const auto measured = plan_input(a, config, spec, cluster ? &*cluster : nullptr);
+  const auto measured = plan_input(a, plan, cluster ? &*cluster : nullptr);
   if (config.parallel.pp > 1) {
     PlanArgs args = a;
     if (cluster && args.link_gbps == 0) {
@@ -719,7 +723,7 @@ int run_plan(const PlanArgs& a) {
       const int tier = cluster->tier_between(0, static_cast<int>(config.parallel.tp * config.parallel.dp));
       if (tier >= 0) args.link_gbps = cluster->tiers[static_cast<std::size_t>(tier)].link_bytes_per_second / 1e9;
     }
-    const int status = run_pipeline_plan(args, config, measured, spec);
+    const int status = run_pipeline_plan(args, plan, measured);
     if (cluster) {
       using Variant = std::pair<std::string, std::function<void(oases::plan::RunConfig&)>>;
       std::vector<Variant> kinds;
@@ -797,7 +801,7 @@ int run_cluster_simulate(const SimulateArgs& a) {
                 "(device.peak_tflops); a profile prices compute only on a cluster of this "
                 "machine (device.compute = \"profile\")",
                 a.profile, a.cluster);
-    measured = profile_for(config, oases::plan::schedule_spec(config), a.profile);
+    measured = profile_for(oases::plan::make_run_plan(config), a.profile);
     options.profile = &*measured;
   }
   const oases::cluster::ClusterSimulation simulation =
@@ -829,15 +833,16 @@ int run_simulate(const SimulateArgs& a) {
               "oases simulate predicts one pipeline stage's layout; with parallel.pp = {} run "
               "`oases plan`, which predicts every pipeline schedule",
               config.parallel.pp);
-  const auto spec = oases::plan::schedule_spec(config);
-  const auto measured = profile_for(config, spec, a.profile);
+  const oases::plan::RunPlan run = oases::plan::make_run_plan(config);
+  const oases::schedule::ScheduleSpec& spec = run.schedule;
+  const auto measured = profile_for(run, a.profile);
   std::vector<int> plan;
-  if (config.parallel.plan == "auto") {
+  if (run.settings.plan == oases::plan::LayerPlanSource::automatic) {
     plan = oases::planner::make_plan(measured, spec, config.train.micro_batch,
                                      config.parallel.memory_limit, moe_at_degree_one(config))
                .chosen.degrees;
   } else {
-    plan = oases::plan::layer_degrees(config);
+    plan = run.layer_degrees;
   }
   if (plan.empty())
     plan.assign(static_cast<std::size_t>(config.model.layers), static_cast<int>(config.parallel.tp));

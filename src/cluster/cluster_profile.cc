@@ -71,20 +71,21 @@ void price_schedule(const ShapeOnlyRank& rank, planner::DegreeProfile& degree) {
 }  // namespace
 
 planner::Profile cluster_profile(const plan::RunConfig& config, const sim::ClusterSpec& cluster) {
-  const schedule::ScheduleSpec spec = schedule_spec(config);
+  const plan::RunPlan run_plan = plan::make_run_plan(config);
+  const schedule::ScheduleSpec& spec = run_plan.schedule;
   const auto T = static_cast<int>(config.parallel.tp);
   const auto dp = static_cast<int>(config.parallel.dp);
-  planner::Profile profile = train::profile_of_run(config, spec);
+  planner::Profile profile = train::profile_of_run(run_plan);
   const std::int64_t sub_batch_rows = config.train.micro_batch / spec.sub_batches;
   // The run's own layout (one pipeline stage's worth): the groups its replicas reduce over.
-  sim::RankLayout run = rank_layout(config);
+  sim::RankLayout run = rank_layout(run_plan);
   run.pp = 1;
   sim::check_cluster_holds(cluster, run.world(), cluster.name);
   for (int k = 1; k <= T; k *= 2) {
-    const plan::RunConfig c = degree_config(config, k, sub_batch_rows * k / T);
-    schedule::ScheduleSpec degree_spec = schedule_spec(c);
-    const sim::RankLayout layout = rank_layout(c);
-    const std::unique_ptr<ShapeOnlyRank> rank = build_shape_only_rank(c, degree_spec, cluster, layout, 0);
+    const plan::RunPlan degree_plan = plan::make_run_plan(degree_config(config, k, sub_batch_rows * k / T));
+    const plan::RunConfig& c = degree_plan.config;
+    const sim::RankLayout layout = rank_layout(degree_plan);
+    const std::unique_ptr<ShapeOnlyRank> rank = build_shape_only_rank(degree_plan, cluster);
     const model::Model& model = *rank->model;
 
     planner::DegreeProfile degree;
@@ -104,7 +105,7 @@ planner::Profile cluster_profile(const plan::RunConfig& config, const sim::Clust
     if (k < T || dp > 1) {
       const auto group_of = [&](int r) { return run.tp_replica_group(r, k); };
       const double grad_bytes = static_cast<double>(layer0.second - layer0.first) *
-                                (config.train.grad_reduce_dtype == "bf16" ? 2.0 : static_cast<double>(element));
+                                static_cast<double>(dtype_size(run_plan.dtypes.gradient_reduce));
       degree.replica_reduce_per_layer_s = sim::collective_seconds(
           cluster, sim::CollectiveOp::all_reduce, grad_bytes, group_of(0), run.every(group_of));
     }
@@ -124,10 +125,12 @@ planner::Profile cluster_profile(const plan::RunConfig& config, const sim::Clust
     // shares over the layout's dp, which this undoes).
     const double parameter_bytes = static_cast<double>(std::max<std::int64_t>(1, degree.parameter_bytes));
     const double share = static_cast<double>(layout.dp);
-    const int zero = static_cast<int>(config.parallel.zero);
-    profile.param_bytes_ratio = rank->memory.params * (zero >= 3 ? share : 1) / parameter_bytes;
-    profile.grad_bytes_ratio = rank->memory.grads * (zero >= 2 ? share : 1) / parameter_bytes;
-    profile.optimizer_bytes_ratio = rank->memory.optimizer * (zero >= 1 ? share : 1) / parameter_bytes;
+    const int zero = degree_plan.zero.effective_stage();
+    const auto bytes = [](std::size_t b) { return static_cast<double>(b); };
+    profile.param_bytes_ratio = bytes(rank->memory.params) * (zero >= 3 ? share : 1) / parameter_bytes;
+    profile.grad_bytes_ratio = bytes(rank->memory.grads) * (zero >= 2 ? share : 1) / parameter_bytes;
+    profile.optimizer_bytes_ratio =
+        bytes(rank->memory.optimizer) * (zero >= 1 ? share : 1) / parameter_bytes;
     profile.degrees.push_back(std::move(degree));
   }
   // Reshards: a sub-batch's rows of degree b gathered from its groups of degree a, every

@@ -10,7 +10,9 @@
 #include "sim/cluster_costs.h"
 #include "sim/collective_costs.h"
 #include "sim/placement.h"
+#include "optim/zero_partition.h"
 #include "train/engine.h"
+#include "train/zero_partition.h"
 #include "plan/rank_schedule.h"
 
 #include <fmt/format.h>
@@ -25,22 +27,16 @@
 
 namespace oases::cluster {
 
-sim::RankLayout rank_layout(const plan::RunConfig& config) {
+sim::RankLayout rank_layout(const plan::RunPlan& plan) {
   sim::RankLayout layout;
-  layout.tp = static_cast<int>(config.parallel.tp);
-  layout.dp = static_cast<int>(config.parallel.dp);
-  layout.pp = static_cast<int>(config.parallel.pp);
-  layout.ep = static_cast<int>(config.parallel.ep);
+  layout.tp = plan.mesh.tp;
+  layout.dp = plan.mesh.dp;
+  layout.pp = plan.mesh.pp;
+  layout.ep = plan.mesh.ep;
   return layout;
 }
 
 namespace {
-
-// The products' element type as the cluster names it.
-std::string product_dtype(const plan::RunConfig& config) {
-  const std::string& p = config.train.precision;
-  return p == "bf16" || p == "fp16" || p == "fp64" ? p : "fp32";
-}
 
 // The tiers between a group's consecutive devices: groups with the same signature cost the same.
 std::vector<int> signature(const sim::ClusterSpec& cluster, const sim::DeviceGroup& group) {
@@ -49,26 +45,68 @@ std::vector<int> signature(const sim::ClusterSpec& cluster, const sim::DeviceGro
   return tiers;
 }
 
-}  // namespace
+// The place of `rank` in the group of `layout` that sums bucket `b`'s gradients, as the engine
+// finds it from its communicators (TrainingEngine::reduction_group): an MoE layer's experts
+// over the ranks with the same experts, a layer below the tensor-parallel degree over its
+// replicas, anything else over the data-parallel group unless local SGD sums nothing.
+train::GroupPlace reduction_place(const plan::RunPlan& plan, const sim::RankLayout& layout,
+                                  const model::Model& model, const model::Model::Bucket& b) {
+  const int rank = plan.mesh.rank;
+  sim::DeviceGroup group;
+  if (b.experts && layout.ep > 1) group = layout.expert_replica_group(rank, model.layer_degree(b.layer));
+  else if (b.layer >= 0 && model.layer_degree(b.layer) < layout.tp)
+    group = layout.tp_replica_group(rank, model.layer_degree(b.layer));
+  else if (!plan.local_sgd) group = layout.dp_group(rank);
+  const auto at = std::ranges::find(group, rank);
+  if (group.size() <= 1 || at == group.end()) return {};
+  return {static_cast<int>(group.size()), static_cast<int>(at - group.begin())};
+}
 
-std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunConfig& config,
-                                                     const schedule::ScheduleSpec& spec,
-                                                     const sim::ClusterSpec& cluster,
-                                                     const sim::RankLayout& layout, int rank,
-                                                     const planner::Profile* profile) {
-  auto r = std::make_unique<ShapeOnlyRank>();
-  r->rank = rank;
-  r->stage = layout.pp_rank(rank);
-  const int tp_rank = layout.tp_rank(rank);
-  r->tp = std::make_unique<comm::ShapeOnlyCommunicator>(tp_rank, layout.tp, "tp");
-  model::ModelOptions options = train::stage_model_options(config, spec, r->stage);
-  options.shape_only = true;
-  options.tp = r->tp.get();
-  if (layout.ep > 1) {
-    r->ep = std::make_unique<comm::ShapeOnlyCommunicator>(layout.dp_rank(rank) % layout.ep, layout.ep, "ep");
-    options.ep = r->ep.get();
+// What the engine's memory figures would say of this rank (planner::memory_figures), from the
+// shape-only model: the same ZeRO partition, the optimizer over the same owned layout (its
+// buffers are mapped, never touched), the same schedule.
+planner::MemoryFigures rank_memory(const plan::RunPlan& plan, const sim::RankLayout& layout,
+                                   const ShapeOnlyRank& r) {
+  const model::Model& model = *r.model;
+  const optim::FlatLayout whole = train::flat_layout(model.layout(), model.dtype());
+  train::ZeroPartition zero;
+  if (plan.zero.stage > 0)
+    zero = train::ZeroPartition(model.grad_buckets(), whole, plan.optimizer,
+                                [&](const model::Model::Bucket& b) {
+                                  return reduction_place(plan, layout, model, b);
+                                });
+  const std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(
+      plan.optimizer, optim::owned_layout(whole, zero.owned_ranges(model.grad_buckets())));
+  planner::MemorySizes sizes;
+  sizes.params = model.param_count();
+  sizes.owned_params = zero.owned_elements(model.grad_buckets());
+  if (plan.schedule.sharded_params)
+    sizes.gathered_bytes = zero.peak_gathered_bytes(r.schedule, model, dtype_size(model.activation_dtype()));
+  sizes.optimizer_state = optimizer->state_bytes();
+  sizes.activations =
+      model.static_activation_bytes() + schedule::peak_activation_bytes(model.program(), r.schedule);
+  if (plan.zero.offload != plan::Offload::none) {
+    sizes.offload_store = sizes.optimizer_state;
+    if (plan.zero.offload == plan::Offload::optimizer_and_params)
+      sizes.offload_store += static_cast<std::size_t>(sizes.params) * dtype_size(model.dtype());
   }
-  ShapeOnlyRank* self = r.get();
+  return planner::memory_figures(plan.memory_policy(), sizes);
+}
+
+// The rank's shape-only model, built as the engine builds it, with ShapeOnlyCommunicator groups
+// of its sizes and positions.
+void build_model(const plan::RunPlan& plan, const sim::RankLayout& layout, ShapeOnlyRank& r) {
+  const int rank = plan.mesh.rank;
+  const int tp_rank = layout.tp_rank(rank);
+  r.tp = std::make_unique<comm::ShapeOnlyCommunicator>(tp_rank, layout.tp, "tp");
+  model::ModelOptions options = plan.model_options(r.stage);
+  options.shape_only = true;
+  options.tp = r.tp.get();
+  if (layout.ep > 1) {
+    r.ep = std::make_unique<comm::ShapeOnlyCommunicator>(layout.dp_rank(rank) % layout.ep, layout.ep, "ep");
+    options.ep = r.ep.get();
+  }
+  ShapeOnlyRank* self = &r;
   options.tp_subgroup = [self, tp_rank, tp = layout.tp](int span, int stride) -> comm::Communicator& {
     if (span == tp && stride == 1) return *self->tp;
     auto& group = self->subgroups[{span, stride}];
@@ -78,62 +116,53 @@ std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunConfig& conf
                                                             fmt::format("tp[{}/{}]", span, stride));
     return *group;
   };
-  r->model = std::make_unique<model::Model>(config.model, std::move(options));
+  r.model = std::make_unique<model::Model>(plan.config.model, std::move(options));
+}
+
+// Compute and optimizer prices from the profile, for a cluster that computes from one.
+void price_from_profile(const plan::RunPlan& plan, const sim::RankLayout& layout,
+                        const planner::Profile& profile, ShapeOnlyRank& r) {
+  const ops::Program& program = r.model->program();
+  r.costs.compute = planner::profiled_compute(
+      profile, program, static_cast<double>(plan.config.train.micro_batch) / plan.schedule.sub_batches);
+  // Profiled backward stages are whole: a zero-bubble BackwardWeight takes about half of
+  // stage 0 (its weight-gradient products, as many as the input gradient's).
+  r.costs.weight_gradient_share = 0.5;
+  const planner::DegreeProfile& whole = *profile.at_degree(layout.tp);
+  double parameter_bytes = static_cast<double>(r.model->param_count() * dtype_size(r.model->dtype()));
+  if (plan.zero.effective_stage() >= 1) parameter_bytes /= layout.dp;
+  r.costs.optimizer_step = whole.optimizer_s * parameter_bytes /
+                           static_cast<double>(std::max<std::int64_t>(1, whole.parameter_bytes));
+  r.costs.overlap_slowdown = whole.overlap_slowdown;
+  r.costs.collective_slowdown = whole.collective_slowdown;
+}
+
+}  // namespace
+
+std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunPlan& plan,
+                                                     const sim::ClusterSpec& cluster,
+                                                     const planner::Profile* profile) {
+  const sim::RankLayout layout = rank_layout(plan);
+  auto r = std::make_unique<ShapeOnlyRank>();
+  r->rank = plan.mesh.rank;
+  r->stage = plan.mesh.pp_rank();
+  build_model(plan, layout, *r);
   const ops::Program& program = r->model->program();
-  // The engine shards a bucket over its replicas under ZeRO where there are several
-  // (TrainingEngine's zero buckets): ZeRO-3 gathers parameters ahead of use, ZeRO-1 and 2 ahead
-  // of the next step's use (2bw waits for them at its update instead).
-  schedule::ScheduleSpec rank_spec = spec;
-  const auto zero_stage = static_cast<int>(config.parallel.zero);
-  bool replicated = layout.dp > 1;
-  for (const ops::SegmentShape& shape : program.segments) replicated = replicated || shape.degree < layout.tp;
-  if (zero_stage >= 1 && replicated) {
-    rank_spec.sharded_params = zero_stage >= 3;
-    rank_spec.reshard_after_forward = config.parallel.zero3_reshard_after_forward;
-    rank_spec.deferred_param_gather = zero_stage <= 2 && !(config.parallel.pipeline == "2bw" && layout.pp > 1);
-  }
-  r->schedule = rank_schedule(config, program, rank_spec, layout.pp, r->stage);
+  r->schedule = plan::rank_schedule(plan, program, plan.pass_spec(plan.schedule.micro_batches, true),
+                                    r->stage);
 
   sim::ClusterRank at;
   at.layout = layout;
-  at.rank = rank;
-  at.dtype = product_dtype(config);
-  at.grad_element_bytes = config.train.grad_reduce_dtype == "bf16" ? 2 : dtype_size(r->model->dtype());
-  at.zero = static_cast<int>(config.parallel.zero);
+  at.rank = r->rank;
+  at.products = plan.dtypes.compute;
+  at.grad_element_bytes = dtype_size(plan.dtypes.gradient_reduce);
+  at.zero = plan.zero.effective_stage();
   r->costs = sim::cluster_costs(cluster, program, at);
   if (cluster.device.computes_from_profile()) {
     OASES_ASSERT(profile != nullptr, "the cluster {} computes from a profile", cluster.name);
-    r->costs.compute = planner::profiled_compute(
-        *profile, program, static_cast<double>(config.train.micro_batch) / spec.sub_batches);
-    // Profiled backward stages are whole: a zero-bubble BackwardWeight takes about half of
-    // stage 0 (its weight-gradient products, as many as the input gradient's).
-    r->costs.weight_gradient_share = 0.5;
-    const planner::DegreeProfile& whole = *profile->at_degree(layout.tp);
-    double parameter_bytes = static_cast<double>(r->model->param_count() * dtype_size(r->model->dtype()));
-    if (at.zero >= 1) parameter_bytes /= layout.dp;
-    r->costs.optimizer_step = whole.optimizer_s * parameter_bytes /
-                              static_cast<double>(std::max<std::int64_t>(1, whole.parameter_bytes));
-    r->costs.overlap_slowdown = whole.overlap_slowdown;
-    r->costs.collective_slowdown = whole.collective_slowdown;
+    price_from_profile(plan, layout, *profile, *r);
   }
-
-  // Memory, as the engine's metrics count it.
-  const auto count = static_cast<double>(r->model->layout().total_numel());
-  const double element = static_cast<double>(dtype_size(r->model->dtype()));
-  const double half = r->model->mixed_precision() ? static_cast<double>(dtype_size(r->model->activation_dtype())) : 0;
-  const double dp = layout.dp;
-  const int zero = at.zero;
-  const bool two_bw = config.parallel.pipeline == "2bw" && layout.pp > 1;
-  r->memory.params = (two_bw ? 2 : 1) * count * element / (zero >= 3 ? dp : 1) + count * half / (zero >= 3 ? dp : 1);
-  r->memory.grads = count * element / (zero >= 2 ? dp : 1);
-  {
-    // The optimizer's state over this rank's whole layout: its buffers are mapped, never touched.
-    const std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(
-        optimizer_config(config.train), train::flat_layout(r->model->layout(), r->model->dtype()));
-    r->memory.optimizer = static_cast<double>(optimizer->state_bytes()) / (zero >= 1 ? dp : 1);
-  }
-  r->memory.activations = static_cast<double>(r->model->static_activation_bytes() +
-                                              schedule::peak_activation_bytes(program, r->schedule));
+  r->memory = rank_memory(plan, layout, *r);
 
   // The model's products over a step: forward and every backward part of each segment instance,
   // once per sub-batch of every micro-batch.
@@ -143,7 +172,7 @@ std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunConfig& conf
     flops += shape.work.forward().flops() + shape.work.backward_weight.flops();
     for (const ops::Work& part : shape.work.backward_input) flops += part.flops();
   }
-  r->flops_per_step = flops * spec.sub_batches * spec.micro_batches;
+  r->flops_per_step = flops * plan.schedule.sub_batches * plan.schedule.micro_batches;
   return r;
 }
 
@@ -172,8 +201,8 @@ sim::ClusterSpec calibrate_replica_link(const sim::ClusterSpec& cluster,
   return out;
 }
 
-bool cluster_layout_is_symmetric(const plan::RunConfig& config, const sim::ClusterSpec& cluster) {
-  const sim::RankLayout layout = rank_layout(config);
+bool cluster_layout_is_symmetric(const plan::RunPlan& plan, const sim::ClusterSpec& cluster) {
+  const sim::RankLayout layout = rank_layout(plan);
   std::vector<std::function<sim::DeviceGroup(int)>> kinds = {
       [&](int r) { return layout.tp_group(r); }, [&](int r) { return layout.dp_group(r); },
       [&](int r) { return layout.pp_group(r); }};
@@ -203,7 +232,8 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
       given.device.computes_from_profile() && options.profile != nullptr
           ? calibrate_replica_link(given, *options.profile)
           : given;
-  const sim::RankLayout layout = rank_layout(config);
+  const plan::RunPlan plan = plan::make_run_plan(config);
+  const sim::RankLayout layout = rank_layout(plan);
   sim::check_cluster_holds(cluster, layout.world(), cluster.name);
   const bool profiled = cluster.device.computes_from_profile();
   OASES_CHECK(!profiled || options.profile != nullptr,
@@ -211,8 +241,7 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
               "peak_tflops); give `oases simulate` the config's profile (--profile, written by "
               "`oases profile`) or a cluster with device.peak_tflops",
               cluster.name);
-  schedule::ScheduleSpec spec = schedule_spec(config);
-  spec.training = true;
+  const schedule::ScheduleSpec& spec = plan.schedule;
   if (profiled) {
     std::vector<int> degrees;
     for (int k = 1; k <= layout.tp; k *= 2) degrees.push_back(k);
@@ -220,7 +249,7 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
                                    spec.sub_batches, degrees, "the profile",
                                    static_cast<int>(config.parallel.ep));
   }
-  const std::string dtype = product_dtype(config);
+  const std::string dtype(sim::precision_key(plan.dtypes.compute));
   const auto peak = cluster.device.peak_flops.find(dtype);
   OASES_CHECK(profiled || peak != cluster.device.peak_flops.end(),
               "train.precision = \"{}\" needs device.peak_tflops.{} in the cluster {}; it states {}",
@@ -233,7 +262,7 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
 
   ClusterSimulation out;
   out.world = layout.world();
-  out.folded = options.fold && cluster_layout_is_symmetric(config, cluster);
+  out.folded = options.fold && cluster_layout_is_symmetric(plan, cluster);
   out.tokens_per_step = static_cast<double>(config.train.global_batch * config.model.seq_len);
   out.peak_flops_per_device = profiled ? 0 : peak->second;
 
@@ -251,7 +280,7 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
     std::vector<schedule::Schedule> schedules;
     std::vector<sim::CostModel> costs;
     for (int rank : pipeline) {
-      stages.push_back(build_shape_only_rank(config, spec, cluster, layout, rank, options.profile));
+      stages.push_back(build_shape_only_rank(plan.for_rank(rank), cluster, options.profile));
       schedules.push_back(std::move(stages.back()->schedule));
       costs.push_back(stages.back()->costs);
     }

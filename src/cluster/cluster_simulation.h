@@ -28,6 +28,8 @@
 #include "sim/placement.h"
 #include "sim/schedule_sim.h"
 #include "plan/run_config.h"
+#include "plan/run_plan.h"
+#include "planner/memory.h"
 
 #include <map>
 #include <memory>
@@ -50,20 +52,12 @@ struct ClusterSimulationOptions {
   const planner::Profile* profile = nullptr;
 };
 
-// One rank's memory at its peak, in bytes: the same figures as the engine's memory metrics.
-struct SimulatedMemory {
-  double params = 0;       // master copy and the 16-bit working copy (ZeRO-3: this rank's share)
-  double grads = 0;        // gradient accumulators (ZeRO-2/3: this rank's share)
-  double optimizer = 0;    // the optimizer's state (ZeRO-1 and up: this rank's share)
-  double activations = 0;  // slots, scratch and the schedule's peak of kept sets
-  double total() const { return params + grads + optimizer + activations; }
-};
-
 struct SimulatedRank {
   int rank = 0;   // world rank
   int stage = 0;  // pipeline stage
   sim::RankSimResult time;
-  SimulatedMemory memory;
+  // At its peak, the figures the engine's memory metrics give (planner::memory_figures).
+  planner::MemoryFigures memory;
 };
 
 struct ClusterSimulation {
@@ -81,8 +75,8 @@ struct ClusterSimulation {
   double mfu() const { return model_flops_per_step / (step_seconds * world * peak_flops_per_device); }
 };
 
-// The config's ranks as the simulator places them (parallel.tp, dp, pp, ep).
-sim::RankLayout rank_layout(const plan::RunConfig& config);
+// The plan's ranks as the simulator places them (parallel.tp, dp, pp, ep).
+sim::RankLayout rank_layout(const plan::RunPlan& plan);
 
 // One rank as the simulator sees it: its model built shape-only, as the engine builds it, with
 // ShapeOnlyCommunicator groups of the rank's sizes and positions; its schedule
@@ -96,16 +90,14 @@ struct ShapeOnlyRank {
   std::unique_ptr<model::Model> model;
   schedule::Schedule schedule;
   sim::CostModel costs;
-  SimulatedMemory memory;
+  planner::MemoryFigures memory;
   double flops_per_step = 0;
 };
 
-// World rank `rank` of `layout` running `config` under `spec` (schedule_spec(config), training).
+// The rank `plan` is made for (plan.mesh.rank) running its training steps.
 // `profile`: as ClusterSimulationOptions::profile (needed where the cluster computes from one).
-std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunConfig& config,
-                                                     const schedule::ScheduleSpec& spec,
+std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunPlan& plan,
                                                      const sim::ClusterSpec& cluster,
-                                                     const sim::RankLayout& layout, int rank,
                                                      const planner::Profile* profile = nullptr);
 
 // `cluster` with its link taking its efficiency at the profile's Profile::replica_link size from
@@ -120,8 +112,8 @@ std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunConfig& conf
 sim::ClusterSpec calibrate_replica_link(const sim::ClusterSpec& cluster,
                                         const planner::Profile& profile);
 
-// Whether the symmetry rule holds for the config's layout on the cluster.
-bool cluster_layout_is_symmetric(const plan::RunConfig& config, const sim::ClusterSpec& cluster);
+// Whether the symmetry rule holds for the plan's layout on the cluster.
+bool cluster_layout_is_symmetric(const plan::RunPlan& plan, const sim::ClusterSpec& cluster);
 
 // UserError when the cluster does not hold the config's ranks, computes from a profile (this
 // machine's CPU clusters) and none matching the config is given, or lacks a peak for

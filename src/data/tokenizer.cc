@@ -37,16 +37,33 @@ class ByteTokenizer final : public Tokenizer {
 
 }  // namespace
 
-std::vector<std::string> tokenizer_names() { return {"byte", "gpt2", "sentencepiece"}; }
+std::vector<std::string> tokenizer_names() { return value_names<TokenizerKind>(kTokenizerNames); }
+
+std::string_view name(TokenizerKind kind) { return value_name<TokenizerKind>(kTokenizerNames, kind); }
+
+std::optional<TokenizerKind> tokenizer_kind(std::string_view name) {
+  const TokenizerKind* kind = find_named_value<TokenizerKind>(kTokenizerNames, name);
+  return kind ? std::optional(*kind) : std::nullopt;
+}
 
 std::optional<std::int64_t> known_vocab_size(std::string_view name) {
-  if (name == "byte") return 256;
-  if (name == "gpt2") return kGpt2VocabSize;
+  switch (tokenizer_kind(name).value_or(TokenizerKind::sentencepiece)) {
+    case TokenizerKind::byte: return 256;
+    case TokenizerKind::gpt2: return kGpt2VocabSize;
+    case TokenizerKind::sentencepiece: break;
+  }
   return std::nullopt;
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& model_path) {
-  if (name == "byte") {
+  const std::optional<TokenizerKind> kind = tokenizer_kind(name);
+  OASES_CHECK(kind.has_value(), "unknown tokenizer '{}'; valid tokenizers: {}", name,
+              fmt::join(tokenizer_names(), ", "));
+  return make_tokenizer(*kind, model_path);
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind, const std::string& model_path) {
+  if (kind == TokenizerKind::byte) {
     OASES_CHECK(model_path.empty(),
                 "the byte tokenizer reads no model file, but '{}' was given as its tokenizer "
                 "model; leave the tokenizer model unset, or pick the tokenizer it belongs to "
@@ -54,10 +71,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::stri
                 model_path);
     return std::make_unique<ByteTokenizer>();
   }
-  if (name == "gpt2") return load_gpt2_tokenizer(model_path);
-  if (name == kSentencePieceName) return load_sentencepiece_tokenizer(model_path);
-  OASES_FAIL("unknown tokenizer '{}'; valid tokenizers: {}", name,
-             fmt::join(tokenizer_names(), ", "));
+  if (kind == TokenizerKind::gpt2) return load_gpt2_tokenizer(model_path);
+  return load_sentencepiece_tokenizer(model_path);
 }
 
 std::string tokenizer_model_beside_shards(const std::string& prefix) {

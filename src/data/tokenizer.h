@@ -2,6 +2,9 @@
 // data, training and generation agree on it.
 #pragma once
 
+#include "core/named_values.h"
+
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -33,6 +36,16 @@ class Tokenizer {
   virtual std::string model_file_contents() const { return {}; }
 };
 
+enum class TokenizerKind : std::uint8_t { byte, gpt2, sentencepiece };
+// data.tokenizer's words, also the names shards and checkpoints record.
+inline constexpr std::array<NamedValue<TokenizerKind>, 3> kTokenizerNames{{
+    {TokenizerKind::byte, "byte"},
+    {TokenizerKind::gpt2, "gpt2"},
+    {TokenizerKind::sentencepiece, "sentencepiece"}}};
+std::string_view name(TokenizerKind kind);
+// The kind a recorded name gives; nothing for a name that is not one.
+std::optional<TokenizerKind> tokenizer_kind(std::string_view name);
+
 // The names make_tokenizer accepts, for help texts and error messages.
 std::vector<std::string> tokenizer_names();
 
@@ -50,6 +63,8 @@ std::optional<std::int64_t> known_vocab_size(std::string_view name);
 // "sentencepiece": the SentencePiece model file `model_path` (required), vocab = its piece
 // count, its end-of-sentence piece between documents (data/sentencepiece_tokenizer.h).
 // Any other name is a UserError listing valid names.
+std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind, const std::string& model_path = "");
+// The same for a tokenizer's name; UserError listing the valid names for any other.
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& model_path = "");
 
 // Where prepare-data keeps the copy of the tokenizer's model file for the shards at `prefix`

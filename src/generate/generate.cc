@@ -17,7 +17,7 @@ namespace oases::generate {
 namespace {
 
 void check_generative(const plan::RunConfig& config, std::string_view source) {
-  OASES_CHECK(config.model.arch != "bert",
+  OASES_CHECK(!config.model.masked_lm(),
               "{} holds a model.arch = \"bert\" model, which predicts masked tokens from both "
               "sides and cannot continue a prompt; generate with a \"gpt\" or \"llama\" model",
               source);

@@ -12,6 +12,9 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "core/named_values.h"
+
+#include <array>
 
 #include <cstdint>
 #include <optional>
@@ -22,20 +25,25 @@ namespace oases::kernels {
 
 enum class Gemm16Path : std::uint8_t { convert_sgemm, onednn };
 
-// "convert+sgemm", "oneDNN". (Inline, as gemm16_path_from_name: the config reads the names
-// without linking the products.)
+// train.gemm16_path's words: "convert+sgemm" and "oneDNN", and the aliases "convert_sgemm"
+// and "onednn". A config pins a path because the two round differently in the last bits
+// (summation order): a run that must repeat another bit for bit (a resumed run) uses the path
+// that run used rather than measuring again.
+inline constexpr std::array<NamedValue<Gemm16Path>, 4> kGemm16PathNames{{
+    {Gemm16Path::convert_sgemm, "convert+sgemm"},
+    {Gemm16Path::onednn, "oneDNN"},
+    {Gemm16Path::convert_sgemm, "convert_sgemm"},
+    {Gemm16Path::onednn, "onednn"}}};
+
+// "convert+sgemm", "oneDNN".
 inline std::string_view gemm16_path_name(Gemm16Path path) {
-  return path == Gemm16Path::onednn ? "oneDNN" : "convert+sgemm";
+  return value_name<Gemm16Path>(kGemm16PathNames, path);
 }
 
-// The path of a name gemm16_path_name returns (also "convert_sgemm", "onednn"); nullopt for
-// any other string. For a config key that pins the path: the two paths round differently in
-// the last bits (summation order), so a run that must repeat another bit for bit (a resumed
-// run) uses the path that run used rather than measuring again.
+// The path a name of kGemm16PathNames gives; nullopt for any other string.
 inline std::optional<Gemm16Path> gemm16_path_from_name(std::string_view name) {
-  if (name == "convert+sgemm" || name == "convert_sgemm") return Gemm16Path::convert_sgemm;
-  if (name == "oneDNN" || name == "onednn") return Gemm16Path::onednn;
-  return std::nullopt;
+  const Gemm16Path* path = find_named_value<Gemm16Path>(kGemm16PathNames, name);
+  return path ? std::optional(*path) : std::nullopt;
 }
 
 // The path each 16-bit format uses. The default, convert+sgemm, works everywhere.

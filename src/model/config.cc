@@ -10,22 +10,22 @@
 
 namespace oases::model {
 
-std::vector<std::string> architecture_names() { return {"gpt", "llama", "bert"}; }
+std::string_view name(ArchitectureKind arch) { return value_name<ArchitectureKind>(kArchitectureNames, arch); }
+
+ArchitectureKind parse_architecture(std::string_view text) {
+  return parse_named_value<ArchitectureKind>(kArchitectureNames, text, "model.arch");
+}
 
 bool ModelConfig::tied_embeddings() const {
-  return tie_embeddings.value_or(arch != "llama");
+  return tie_embeddings.value_or(arch != ArchitectureKind::llama);
 }
 
 double ModelConfig::norm_epsilon() const {
   if (norm_eps > 0) return norm_eps;
-  return arch == "bert" ? 1e-12 : 1e-5;
+  return arch == ArchitectureKind::bert ? 1e-12 : 1e-5;
 }
 
 void ModelConfig::validate() const {
-  const auto names = architecture_names();
-  OASES_CHECK(std::find(names.begin(), names.end(), arch) != names.end(),
-              "model.arch = \"{}\" is not supported; valid: \"{}\"", arch,
-              fmt::join(names, "\", \""));
   OASES_CHECK(layers >= 1, "model.layers = {} must be at least 1", layers);
   OASES_CHECK(hidden >= 1, "model.hidden = {} must be at least 1", hidden);
   OASES_CHECK(heads >= 1, "model.heads = {} must be at least 1", heads);
@@ -36,10 +36,10 @@ void ModelConfig::validate() const {
   OASES_CHECK(kv_heads >= 0, "model.kv_heads = {} must be >= 0 (0: as many as model.heads)",
               kv_heads);
   if (kv_heads > 0) {
-    OASES_CHECK(arch == "llama" || kv_heads == heads,
+    OASES_CHECK(arch == ArchitectureKind::llama || kv_heads == heads,
                 "model.kv_heads = {} differs from model.heads = {}: grouped-query attention is "
                 "a model.arch = \"llama\" setting; for \"{}\" leave kv_heads at 0 (or = heads)",
-                kv_heads, heads, arch);
+                kv_heads, heads, name(arch));
     OASES_CHECK(heads % kv_heads == 0,
                 "model.kv_heads = {} must divide model.heads = {} (each key/value head serves "
                 "heads / kv_heads query heads)",
@@ -55,20 +55,20 @@ void ModelConfig::validate() const {
   OASES_CHECK(norm_eps >= 0, "model.norm_eps = {} must be positive (0: the architecture's default)",
               norm_eps);
   OASES_CHECK(rope_theta > 0, "model.rope_theta = {} must be positive", rope_theta);
-  if (arch == "llama") {
+  if (arch == ArchitectureKind::llama) {
     OASES_CHECK(head_dim() % 2 == 0,
                 "model.hidden / model.heads = {} must be even for rotary position embedding "
                 "(model.arch = \"llama\")",
                 head_dim());
   }
-  if (arch == "gpt" || arch == "bert") {
+  if (arch == ArchitectureKind::gpt || arch == ArchitectureKind::bert) {
     OASES_CHECK(tied_embeddings(),
                 "model.tie_embeddings = false is not supported for model.arch = \"{}\", whose LM "
                 "head shares the word embedding; set it to true (or leave it out)",
-                arch);
+                name(arch));
   }
   validate_moe();
-  if (arch == "bert") {
+  if (arch == ArchitectureKind::bert) {
     OASES_CHECK(seq_len >= 3,
                 "model.seq_len = {} is too short for BERT, whose sequences hold [CLS], at least "
                 "one token and [SEP]; use at least 3",
@@ -83,27 +83,23 @@ void ModelConfig::validate_moe() const {
   OASES_CHECK(moe_every <= layers,
               "model.moe_every = {} is more than model.layers = {}: no layer would be an MoE layer; "
               "use 1 to {} (or 0 for a dense model)", moe_every, layers, layers);
-  OASES_CHECK(arch == "gpt" || arch == "llama",
+  OASES_CHECK(arch == ArchitectureKind::gpt || arch == ArchitectureKind::llama,
               "model.moe_every = {}: mixture-of-experts layers exist for model.arch = \"gpt\" and "
-              "\"llama\", not \"{}\"; set model.moe_every = 0", moe_every, arch);
+              "\"llama\", not \"{}\"; set model.moe_every = 0", moe_every, name(arch));
   OASES_CHECK(experts >= 2, "model.experts = {} must be at least 2 with model.moe_every = {}",
               experts, moe_every);
-  const std::vector<std::string> gates{"noisy-topk", "gshard", "switch", "expert-choice"};
-  OASES_CHECK(std::find(gates.begin(), gates.end(), moe_gate) != gates.end(),
-              "model.moe_gate = \"{}\" is not a gate; valid: \"{}\"", moe_gate,
-              fmt::join(gates, "\", \""));
   OASES_CHECK(moe_top_k >= 0, "model.moe_top_k = {} must be >= 0 (0: the gate's default)", moe_top_k);
   OASES_CHECK(moe_top_k <= experts,
               "model.moe_top_k = {} is more than model.experts = {}: a token cannot go to more "
               "experts than there are; use 1 to {}", moe_top_k, experts, experts);
-  if (moe_gate == "switch")
+  if (moe_gate == ops::MoeGate::switch_top1)
     OASES_CHECK(moe_top_k <= 1, "model.moe_top_k = {}: the switch gate routes each token to one "
                 "expert; use 1 (or 0), or model.moe_gate = \"noisy-topk\" for top-k", moe_top_k);
-  if (moe_gate == "gshard")
+  if (moe_gate == ops::MoeGate::gshard)
     OASES_CHECK(moe_top_k == 0 || moe_top_k == 2, "model.moe_top_k = {}: the gshard gate routes "
                 "each token to its top 2 experts; use 2 (or 0), or model.moe_gate = "
                 "\"noisy-topk\" for top-k", moe_top_k);
-  if (moe_gate == "expert-choice")
+  if (moe_gate == ops::MoeGate::expert_choice)
     OASES_CHECK(moe_top_k == 0, "model.moe_top_k = {}: with expert-choice routing each expert "
                 "chooses its tokens (model.capacity_factor sets how many); leave moe_top_k at 0",
                 moe_top_k);
@@ -155,7 +151,7 @@ void ModelConfig::validate_tensor_parallel(std::int64_t tp) const {
 
 int ModelConfig::moe_choices() const {
   if (moe_top_k > 0) return static_cast<int>(moe_top_k);
-  return moe_gate == "noisy-topk" || moe_gate == "gshard" ? 2 : 1;
+  return ops::default_top_k(moe_gate);
 }
 
 namespace {
@@ -163,11 +159,11 @@ namespace {
 // Parameters of one dense feed-forward block of width F (GPT and BERT with biases).
 std::int64_t feed_forward_params(const ModelConfig& c, std::int64_t F) {
   const std::int64_t C = c.hidden;
-  return c.arch == "llama" ? 3 * C * F : (C * F + F) + (F * C + C);
+  return c.arch == ArchitectureKind::llama ? 3 * C * F : (C * F + F) + (F * C + C);
 }
 
 std::int64_t router_params(const ModelConfig& c) {
-  const bool noise = c.moe_gate == "noisy-topk" && c.moe_router_noise > 0;
+  const bool noise = c.moe_gate == ops::MoeGate::noisy_top_k && c.moe_router_noise > 0;
   return c.hidden * c.experts * (noise ? 2 : 1);
 }
 
@@ -181,11 +177,11 @@ std::int64_t ModelConfig::parameter_count() const {
   const std::int64_t feed_forward =
       (layers - moe_layers) * feed_forward_params(*this, ffn_hidden) +
       moe_layers * (router_params(*this) + experts * feed_forward_params(*this, expert_ffn_hidden()));
-  if (arch == "llama") {
+  if (arch == ArchitectureKind::llama) {
     const std::int64_t per_layer = 2 * C + C * (A + 2 * KV) + A * C;
     return V * C * (tied_embeddings() ? 1 : 2) + layers * per_layer + feed_forward + C;
   }
-  if (arch == "bert") {
+  if (arch == ArchitectureKind::bert) {
     const std::int64_t per_layer = 4 * (C * C + C) + 2 * C + 2 * C;
     return V * C + S * C + 2 * C + 2 * C + layers * per_layer + feed_forward + (C * C + C) +
            2 * C + V;
@@ -196,13 +192,13 @@ std::int64_t ModelConfig::parameter_count() const {
 
 double ModelConfig::training_flops_per_token() const {
   std::int64_t lookups = 0;  // parameters read by index, not multiplied
-  if (arch == "gpt") lookups = seq_len * hidden;
-  else if (arch == "bert") lookups = seq_len * hidden + 2 * hidden;
+  if (arch == ArchitectureKind::gpt) lookups = seq_len * hidden;
+  else if (arch == ArchitectureKind::bert) lookups = seq_len * hidden + 2 * hidden;
   else if (!tied_embeddings()) lookups = vocab_size * hidden;
   // A token passes through moe_top_k experts of an MoE layer (expert-choice: capacity_factor
   // on average), not through all of them.
   const double experts_per_token =
-      moe_gate == "expert-choice" ? capacity_factor : static_cast<double>(moe_choices());
+      moe_gate == ops::MoeGate::expert_choice ? capacity_factor : static_cast<double>(moe_choices());
   const double idle_expert_params =
       static_cast<double>(moe_layer_count()) *
       (static_cast<double>(experts) - experts_per_token) *

@@ -8,6 +8,10 @@
 //                    head (dense + GeLU + LayerNorm + decoder tied to the word embeddings)
 #pragma once
 
+#include "core/named_values.h"
+#include "ops/moe.h"
+
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -15,8 +19,16 @@
 
 namespace oases::model {
 
+enum class ArchitectureKind : std::uint8_t { gpt, llama, bert };
+// model.arch's words.
+inline constexpr std::array<NamedValue<ArchitectureKind>, 3> kArchitectureNames{{
+    {ArchitectureKind::gpt, "gpt"}, {ArchitectureKind::llama, "llama"}, {ArchitectureKind::bert, "bert"}}};
+std::string_view name(ArchitectureKind arch);
+// The kind kArchitectureNames names; UserError naming model.arch and the valid names.
+ArchitectureKind parse_architecture(std::string_view text);
+
 struct ModelConfig {
-  std::string arch = "gpt";
+  ArchitectureKind arch = ArchitectureKind::gpt;
   std::int64_t layers = 4;
   std::int64_t hidden = 256;
   std::int64_t heads = 4;
@@ -39,7 +51,7 @@ struct ModelConfig {
   // GShard); 0: every layer is dense.
   std::int64_t moe_every = 0;
   std::int64_t experts = 0;             // experts per MoE layer (>= 2 with moe_every > 0)
-  std::string moe_gate = "switch";      // "noisy-topk", "gshard", "switch", "expert-choice"
+  ops::MoeGate moe_gate = ops::MoeGate::switch_top1;  // ops::kMoeGateNames
   std::int64_t moe_top_k = 0;           // experts per token; 0: the gate's (2, 2, 1, -)
   double capacity_factor = 1.0;         // expert capacity factor in training
   double eval_capacity_factor = 0;      // in evaluation and generation; 0: capacity_factor
@@ -62,6 +74,10 @@ struct ModelConfig {
     return eval_capacity_factor > 0 ? eval_capacity_factor : capacity_factor;
   }
   std::int64_t moe_group_tokens() const { return moe_group_size > 0 ? moe_group_size : seq_len; }
+
+  // BERT's masked-language-model objective: only the masked positions are targets, and the
+  // attention is bidirectional; GPT and LLaMA are causal language models.
+  bool masked_lm() const { return arch == ArchitectureKind::bert; }
 
   std::int64_t head_dim() const { return hidden / heads; }
   std::int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
@@ -90,7 +106,5 @@ struct ModelConfig {
   double training_flops_per_token() const;
 };
 
-// The architecture names, for messages.
-std::vector<std::string> architecture_names();
 
 }  // namespace oases::model

@@ -42,10 +42,10 @@ Tensor plain_residual_bias(const ops::ResidualEpilogue::Spec& spec, const std::s
 IncrementalDecoder::IncrementalDecoder(const ModelConfig& config, const ParamLayout& layout,
                                        const Tensor& params)
     : config_(config), dtype_(params.dtype()), arena_(std::size_t{1} << 20) {
-  OASES_CHECK(config.arch == "gpt" || config.arch == "llama",
+  OASES_CHECK(config.arch == ArchitectureKind::gpt || config.arch == ArchitectureKind::llama,
               "model.arch = \"{}\": cached incremental decoding needs a causal language model "
               "(\"gpt\" or \"llama\")",
-              config.arch);
+              name(config.arch));
   OASES_CHECK(dtype_ == DType::f32 || dtype_ == DType::f64,
               "incremental decoding computes in fp32 or fp64, not {}", dtype_name(dtype_));
   const auto architecture = make_architecture(config);
@@ -67,7 +67,7 @@ IncrementalDecoder::IncrementalDecoder(const ModelConfig& config, const ParamLay
     rope_sin_ = arena_.allocate(dtype_, {seq, hd / 2});
     kernels::rotary_tables(seq, hd, config.rope_theta, rope_cos_, rope_sin_);
   }
-  OASES_CHECK(!config.has_moe() || config.moe_gate != "expert-choice",
+  OASES_CHECK(!config.has_moe() || config.moe_gate != ops::MoeGate::expert_choice,
               "model.moe_gate = \"expert-choice\" cannot generate: each expert chooses its "
               "tokens among the whole group (model.moe_group_size tokens), so a token's routing "
               "depends on the tokens after it, which do not exist yet when it is generated; "
@@ -114,7 +114,7 @@ IncrementalDecoder::IncrementalDecoder(const ModelConfig& config, const ParamLay
   mlp_act_ = arena_.allocate(dtype_, {seq, activation.width()});
   if (config.has_moe()) {
     const ops::MlpActivation& expert = ops::MlpActivation(
-        config.arch == "llama" ? ops::Activation::swiglu : ops::Activation::gelu_tanh,
+        config.arch == ArchitectureKind::llama ? ops::Activation::swiglu : ops::Activation::gelu_tanh,
         config.expert_ffn_hidden());
     router_logits_ = arena_.allocate(dtype_, {1, config.experts});
     expert_in_ = arena_.allocate(dtype_, {1, expert.input_width()});

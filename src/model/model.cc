@@ -15,8 +15,8 @@ namespace oases::model {
 
 std::unique_ptr<Architecture> make_architecture(const ModelConfig& config) {
   config.validate();
-  if (config.arch == "llama") return make_llama(config);
-  if (config.arch == "bert") return make_bert(config);
+  if (config.arch == ArchitectureKind::llama) return make_llama(config);
+  if (config.arch == ArchitectureKind::bert) return make_bert(config);
   return make_gpt(config);
 }
 
@@ -26,9 +26,9 @@ ops::MoeSpec Architecture::moe(const BlockContext&) const {
 
 void moe_spec_settings(const ModelConfig& config, ops::MoeSpec& spec) {
   ops::MoeRouterSpec& router = spec.router;
-  router.gate = ops::parse_moe_gate(config.moe_gate);
+  router.gate = config.moe_gate;
   router.experts = static_cast<int>(config.experts);
-  router.top_k = config.moe_gate == "expert-choice" ? 1 : config.moe_choices();
+  router.top_k = config.moe_gate == ops::MoeGate::expert_choice ? 1 : config.moe_choices();
   router.train_capacity_factor = config.capacity_factor;
   router.eval_capacity_factor = config.moe_eval_capacity_factor();
   router.router_noise = config.moe_router_noise;

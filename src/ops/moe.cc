@@ -275,25 +275,10 @@ double aux_term(const MoeRouterSpec& spec, const Routing& r, double scale, std::
 }  // namespace
 
 MoeGate parse_moe_gate(const std::string& name) {
-  if (name == "noisy-topk") return MoeGate::noisy_top_k;
-  if (name == "gshard") return MoeGate::gshard;
-  if (name == "switch") return MoeGate::switch_top1;
-  if (name == "expert-choice") return MoeGate::expert_choice;
-  throw UserError(fmt::format(
-      "model.moe_gate = \"{}\" is not a gate; valid: \"noisy-topk\", \"gshard\", \"switch\", "
-      "\"expert-choice\"",
-      name));
+  return parse_named_value<MoeGate>(kMoeGateNames, name, "model.moe_gate");
 }
 
-const char* moe_gate_name(MoeGate gate) {
-  switch (gate) {
-    case MoeGate::noisy_top_k: return "noisy-topk";
-    case MoeGate::gshard: return "gshard";
-    case MoeGate::switch_top1: return "switch";
-    case MoeGate::expert_choice: return "expert-choice";
-  }
-  return "?";
-}
+const char* moe_gate_name(MoeGate gate) { return value_name<MoeGate>(kMoeGateNames, gate).data(); }
 
 int default_top_k(MoeGate gate) {
   return gate == MoeGate::noisy_top_k || gate == MoeGate::gshard ? 2 : 1;

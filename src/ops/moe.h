@@ -52,7 +52,10 @@
 //                  (F: the expert's hidden width)
 #pragma once
 
+#include "core/named_values.h"
 #include "ops/context.h"
+
+#include <array>
 
 #include <cstdint>
 #include <string>
@@ -61,12 +64,18 @@
 namespace oases::ops {
 
 enum class MoeGate : std::uint8_t { noisy_top_k, gshard, switch_top1, expert_choice };
+// model.moe_gate's words.
+inline constexpr std::array<NamedValue<MoeGate>, 4> kMoeGateNames{{
+    {MoeGate::noisy_top_k, "noisy-topk"},
+    {MoeGate::gshard, "gshard"},
+    {MoeGate::switch_top1, "switch"},
+    {MoeGate::expert_choice, "expert-choice"}}};
 
 inline constexpr std::uint32_t kDropoutSiteRouterNoise = 3;
 inline constexpr std::uint32_t kDropoutSiteRandomRouting = 4;
 inline constexpr std::uint32_t kDropoutSiteExpert = 5;
 
-// "noisy-topk", "gshard", "switch", "expert-choice".
+// The gate kMoeGateNames names (UserError naming model.moe_gate otherwise), and its name.
 MoeGate parse_moe_gate(const std::string& name);
 const char* moe_gate_name(MoeGate gate);
 // Experts per token a gate routes to when moe_top_k is 0 (expert-choice: 1, the capacity's k).

@@ -23,6 +23,9 @@
 // collective reduces) so that a whole-layer recomputation can replay the collectives.
 #pragma once
 
+#include "core/named_values.h"
+
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -67,8 +70,11 @@ inline std::size_t encoded_element_bytes(ActivationEncoding encoding) {
   }
   return 0;
 }
+// parallel.activation_compression's words for the encodings.
+inline constexpr std::array<NamedValue<ActivationEncoding>, 2> kActivationEncodingNames{{
+    {ActivationEncoding::bf16, "bf16"}, {ActivationEncoding::fp8_e4m3, "fp8"}}};
 inline const char* encoding_name(ActivationEncoding encoding) {
-  return encoding == ActivationEncoding::bf16 ? "bf16" : "fp8";
+  return value_name<ActivationEncoding>(kActivationEncodingNames, encoding).data();
 }  // "checkpoint|internals", "-" for none
 
 // A matrix product [m, k] x [k, n], `count` times (core attention: once per row and head):

@@ -80,17 +80,17 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const F
                                           std::unique_ptr<ShardReducer> reducer,
                                           const StateAllocator& allocate) {
   validate_optimizer_config(config);
-  if (config.name == "adafactor") {
+  if (config.kind == OptimizerKind::adafactor) {
     AdafactorHyperParams hyper;
     hyper.beta1 = config.adafactor_beta1;
     hyper.weight_decay = config.weight_decay;
     hyper.relative_step = config.relative_step;
     return std::make_unique<Adafactor>(layout, hyper, std::move(reducer), allocate);
   }
-  if (config.name == "sm3")
+  if (config.kind == OptimizerKind::sm3)
     return std::make_unique<Sm3>(layout, Sm3HyperParams{config.momentum, config.weight_decay},
                                  std::move(reducer), allocate);
-  if (config.name == "sgd")
+  if (config.kind == OptimizerKind::sgd)
     return std::make_unique<Sgd>(
         layout, SgdHyperParams{config.momentum, config.nesterov, config.weight_decay}, allocate);
   return std::make_unique<AdamW>(

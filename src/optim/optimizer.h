@@ -45,10 +45,12 @@
 #pragma once
 
 #include "core/buffer.h"
+#include "core/named_values.h"
 #include "core/tensor.h"
 #include "optim/flat_layout.h"
 #include "optim/shard_reducer.h"
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -154,9 +156,20 @@ class Optimizer {
   StateAllocator allocate_;
 };
 
+enum class OptimizerKind : std::uint8_t { adamw, adafactor, sm3, sgd };
+// train.optimizer's words.
+inline constexpr std::array<NamedValue<OptimizerKind>, 4> kOptimizerNames{{
+    {OptimizerKind::adamw, "adamw"},
+    {OptimizerKind::adafactor, "adafactor"},
+    {OptimizerKind::sm3, "sm3"},
+    {OptimizerKind::sgd, "sgd"}}};
+std::string_view name(OptimizerKind kind);
+// The kind kOptimizerNames names; UserError naming train.optimizer and the valid names.
+OptimizerKind parse_optimizer_kind(std::string_view text);
+
 // The optimizer settings of a run ([train] section; names as there).
 struct OptimizerConfig {
-  std::string name = "adamw";  // train.optimizer
+  OptimizerKind kind = OptimizerKind::adamw;  // train.optimizer
   double beta1 = 0.9;          // adamw
   double beta2 = 0.95;         // adamw
   double eps = 1e-8;           // adamw
@@ -169,17 +182,16 @@ struct OptimizerConfig {
   bool relative_step = false;
 };
 
-// Names make_optimizer accepts: {"adamw", "adafactor", "sm3", "sgd"}.
+// The kinds' names in kOptimizerNames order: {"adamw", "adafactor", "sm3", "sgd"}.
 std::vector<std::string_view> optimizer_names();
 
-// UserError when config.name is not one of optimizer_names() (the message names
-// train.optimizer, the value and the valid names), or a hyper-parameter is out of range (beta1,
+// UserError when a hyper-parameter is out of range (beta1,
 // beta2, momentum and adafactor_beta1 in [0, 1), eps >= 0, weight_decay >= 0; nesterov with
 // momentum > 0; momentum only for sgd and sm3, adafactor_beta1 only for adafactor, nesterov
 // only for sgd, relative_step only for adafactor; the message names the setting).
 void validate_optimizer_config(const OptimizerConfig& config);
 
-// A new optimizer of kind config.name over `layout`, its state as before a first step.
+// A new optimizer of kind config.kind over `layout`, its state as before a first step.
 // `reducer` combines statistics over the parts of split parameters (ParamSlot::split_dim >= 0);
 // it may be null when no slot is split.
 // UserError: as validate_optimizer_config.

@@ -7,9 +7,6 @@
 
 #include "data/tokenizer.h"
 #include "model/config.h"
-#include "optim/optimizer.h"
-#include "ops/program.h"
-#include "schedule/schedule.h"
 
 #include <cstdint>
 #include <memory>
@@ -176,38 +173,16 @@ struct RunConfig {
   CheckpointConfig checkpoint;
   LogConfig log;
 
-  // Cross-field checks (heads divide hidden, batch arithmetic, ...).
+  // Every setting's word and range, then the combinations that cannot run together (heads
+  // divide hidden, batch arithmetic, schedules and recomputation, ...); UserError naming the
+  // settings, the values found and what is valid. Reads no file but for checking that a plan
+  // file named by parallel.plan exists (plan/validate.cc).
   void validate() const;
 };
 
-// The optimizer settings of the [train] section, as optim::make_optimizer takes them.
-optim::OptimizerConfig optimizer_config(const OptimConfig& train);
-
-// The schedule the run uses, with "auto" settings resolved (UserError for a combination that
-// cannot run, naming the settings and the valid values). micro_batches is the number of
-// micro-batches per optimizer step on one data-parallel rank.
-schedule::ScheduleSpec schedule_spec(const RunConfig& config);
-// parallel.activation_compression resolved: nothing for "none".
-std::optional<ops::ActivationEncoding> activation_encoding(const RunConfig& config);
-
-// The transformer layers of each pipeline chunk in model order (parallel.pp x
-// parallel.virtual_stages counts, summing to model.layers) that parallel.pipeline_layers gives.
-std::vector<int> stage_layer_counts(const RunConfig& config);
-// The layers [first, end) pipeline stage `stage` holds: {0, -1} (the whole model, as
-// model::ModelOptions spells it) when parallel.pp = 1. REQUIRES: parallel.virtual_stages = 1
-// (else stage_layer_ranges).
-std::pair<std::int64_t, std::int64_t> stage_layer_range(const RunConfig& config, int stage);
-// The layers [first, end) of each chunk pipeline stage `stage` holds, in model order: chunks
-// stage, stage + pp, ... ({{0, model.layers}} when parallel.pp = 1).
-std::vector<std::pair<std::int64_t, std::int64_t>> stage_layer_ranges(const RunConfig& config,
-                                                                      int stage);
-
-// The per-layer degrees parallel.plan names: empty for "uniform" (every layer at tp); the
-// listed or planned degrees otherwise. "auto" must have been resolved to a plan file first.
-std::vector<int> layer_degrees(const RunConfig& config);
-
 // Parses TOML text (`source` names it in messages) and applies `overrides` ("section.key=value",
-// value in TOML syntax; a bare word is taken as a string).
+// the value in TOML syntax; for a key whose value is text, anything that is not a quoted TOML
+// string is taken as the text it is: parallel.pipeline=1f1b, parallel.plan=1,1,2,2).
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source,
                            const std::vector<std::string>& overrides = {});
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});

@@ -25,6 +25,7 @@
 #include "ops/program.h"
 #include "optim/optimizer.h"
 #include "plan/run_config.h"
+#include "plan/settings.h"
 #include "planner/memory.h"
 #include "schedule/pipeline.h"
 #include "schedule/schedule.h"
@@ -37,70 +38,6 @@
 #include <vector>
 
 namespace oases::plan {
-
-// train.precision: the element type of the compute.
-enum class Precision : std::uint8_t {
-  fp32,  // everything in f32
-  fp64,  // everything in f64: the verification precision
-  bf16,  // mixed: bf16 activations, working weights and tensor-parallel collectives over f32
-  fp16,  //        master weights, gradients and optimizer state; fp16 with loss scaling
-};
-inline constexpr std::array<NamedValue<Precision>, 4> kPrecisionNames{{
-    {Precision::fp32, "fp32"}, {Precision::fp64, "fp64"},
-    {Precision::bf16, "bf16"}, {Precision::fp16, "fp16"}}};
-
-// train.grad_reduce_dtype: the type data-parallel gradient sums travel in.
-enum class GradReduceType : std::uint8_t { fp32, bf16 };
-inline constexpr std::array<NamedValue<GradReduceType>, 2> kGradReduceTypeNames{{
-    {GradReduceType::fp32, "fp32"}, {GradReduceType::bf16, "bf16"}}};
-
-// parallel.offload: what lives in a scratch file between optimizer steps.
-enum class Offload : std::uint8_t { none, optimizer, optimizer_and_params };
-inline constexpr std::array<NamedValue<Offload>, 3> kOffloadNames{{
-    {Offload::none, "none"}, {Offload::optimizer, "optimizer"},
-    {Offload::optimizer_and_params, "optimizer+params"}}};
-
-// parallel.plan: where each layer's tensor-parallel degree comes from.
-enum class LayerPlanSource : std::uint8_t {
-  uniform,    // "uniform": every layer at parallel.tp (MoE layers at 1 with expert_tp = 1)
-  automatic,  // "auto": measured and planned at start-up (resolved before a plan is made)
-  listed,     // "1,1,2,2": one degree per layer
-  file,       // a plan file written by `oases plan`
-};
-
-// parallel.pipeline_layers: how the layers are cut into pipeline chunks.
-enum class PipelineLayersSource : std::uint8_t {
-  uniform,    // "uniform": as evenly as possible (schedule::uniform_pipeline_layers)
-  automatic,  // "auto": balanced from measured layer costs at start-up
-  listed,     // "3,4,4,5": one count per chunk
-};
-
-// Where parallel.plan's and parallel.pipeline_layers's words point. Never throws on the words
-// themselves: a text that is neither keyword nor list is a plan file's path.
-LayerPlanSource layer_plan_source(const std::string& plan);
-PipelineLayersSource pipeline_layers_source(const std::string& pipeline_layers);
-
-// The settings whose values are words, parsed: each field's enum lists its valid words beside
-// its declaration. "auto" settings resolved here are resolved in RunPlan instead.
-struct Settings {
-  model::Architecture arch = model::Architecture::gpt;           // model.arch
-  ops::MoeGate moe_gate = ops::MoeGate::switch_top1;             // model.moe_gate
-  std::optional<schedule::ScheduleKind> schedule;                // parallel.schedule; "auto": none
-  std::optional<schedule::Recompute> recompute;                  // parallel.recompute; "auto": none
-  schedule::PipelineKind pipeline = schedule::PipelineKind::one_f_one_b;  // parallel.pipeline
-  PipelineLayersSource pipeline_layers = PipelineLayersSource::uniform;  // parallel.pipeline_layers
-  LayerPlanSource plan = LayerPlanSource::uniform;               // parallel.plan
-  std::optional<ops::ActivationEncoding> activation_compression;  // "none": none
-  Offload offload = Offload::none;                               // parallel.offload
-  optim::OptimizerKind optimizer = optim::OptimizerKind::adamw;  // train.optimizer
-  Precision precision = Precision::fp32;                         // train.precision
-  GradReduceType grad_reduce = GradReduceType::fp32;             // train.grad_reduce_dtype
-  std::optional<kernels::Gemm16Path> gemm16_path;                // train.gemm16_path; "auto": none
-  data::TokenizerKind tokenizer = data::TokenizerKind::byte;     // data.tokenizer
-};
-// UserError naming the key, the word found and the valid words for the first word that is not
-// known.
-Settings parse_settings(const RunConfig& config);
 
 // The mesh of ranks (parallel.tp, dp, pp, ep) and where this rank sits in it, laid out as
 // comm::Mesh lays it out: world rank = tp_rank + tp * (dp_rank + dp * pp_rank).
@@ -127,15 +64,21 @@ struct PipelinePlan {
   schedule::PipelineKind kind = schedule::PipelineKind::one_f_one_b;
   int stages = 1;          // parallel.pp
   int virtual_stages = 1;  // chunks per stage
-  // Transformer layers of each chunk, in model order: stages x virtual_stages counts.
+  int layers = 0;          // model.layers
+  // Transformer layers of each chunk, in model order: stages x virtual_stages counts. Empty
+  // while parallel.pipeline_layers = "auto" waits to be measured (more than one chunk).
   std::vector<int> chunk_layers;
 
   bool enabled() const { return stages > 1; }
-  // The no-flush 2bw pipeline is in effect (2bw over more than one stage).
-  bool two_bw() const { return kind == schedule::PipelineKind::two_bw && stages > 1; }
+  // The no-flush 2bw pipeline: batch t computes on the weights one update older than those its
+  // update goes to, two weight versions kept. One stage runs it too (weight stashing alone).
+  bool two_bw() const { return kind == schedule::PipelineKind::two_bw; }
   // The layers [begin, end) of each chunk `stage` holds, in model order: chunks stage,
-  // stage + stages, ... ({{0, layers}} without a pipeline).
+  // stage + stages, ... ({{0, layers}} without a pipeline). UserError while the counts are
+  // still to be measured.
   std::vector<model::LayerRange> stage_ranges(int stage) const;
+  // chunk_layers, or that UserError.
+  const std::vector<int>& counts() const;
 };
 
 // ZeRO and offloading as they apply to this run.
@@ -193,6 +136,9 @@ struct RunPlan {
   planner::MemoryPolicy memory_policy() const;
   // The schedule spec of a pass over `micro_batches` micro-batches (training or forward only).
   schedule::ScheduleSpec pass_spec(int micro_batches, bool training) const;
+  // The same plan for world rank `rank` of its mesh (the simulators plan every rank of a run
+  // from one).
+  RunPlan for_rank(int rank) const;
 };
 
 // The plan of world rank `rank` (checked against the mesh). Validates the config first

@@ -116,13 +116,13 @@ void read_memory_ratios(const json& j, Profile& p, const std::string& source) {
 // The model keys a profile depends on. The MoE keys appear only for models with MoE layers, so
 // that a dense model's keys are those of the profiles written before them.
 json model_json(const model::ModelConfig& m) {
-  json out{{"arch", m.arch},           {"layers", m.layers},         {"hidden", m.hidden},
+  json out{{"arch", std::string(model::name(m.arch))},           {"layers", m.layers},         {"hidden", m.hidden},
            {"heads", m.heads},         {"kv_heads", m.kv_head_count()},
            {"ffn_hidden", m.ffn_hidden}, {"vocab_size", m.vocab_size}, {"seq_len", m.seq_len}};
   if (m.has_moe()) {
     out["moe_every"] = m.moe_every;
     out["experts"] = m.experts;
-    out["moe_gate"] = m.moe_gate;
+    out["moe_gate"] = ops::moe_gate_name(m.moe_gate);
     out["moe_top_k"] = m.moe_top_k;
     out["capacity_factor"] = m.capacity_factor;
     out["eval_capacity_factor"] = m.eval_capacity_factor;
@@ -136,7 +136,7 @@ void read_moe_model(const json& m, model::ModelConfig& model, const std::string&
   if (!m.contains("moe_every")) return;  // dense
   model.moe_every = integer_at<std::int64_t>(m, "moe_every", source);
   model.experts = integer_at<std::int64_t>(m, "experts", source);
-  model.moe_gate = m.at("moe_gate");
+  model.moe_gate = ops::parse_moe_gate(m.at("moe_gate").get<std::string>());
   model.moe_top_k = integer_at<std::int64_t>(m, "moe_top_k", source);
   model.capacity_factor = m.at("capacity_factor");
   model.eval_capacity_factor = m.at("eval_capacity_factor");
@@ -229,7 +229,7 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
   try {
     Profile p;
     const json& m = j.at("model");
-    p.model.arch = m.at("arch");
+    p.model.arch = model::parse_architecture(m.at("arch").get<std::string>());
     p.model.kv_heads = integer_at<std::int64_t>(m, "kv_heads", source);
     p.model.layers = integer_at<std::int64_t>(m, "layers", source);
     p.model.hidden = integer_at<std::int64_t>(m, "hidden", source);

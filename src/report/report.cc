@@ -6,6 +6,7 @@
 #include "io/safetensors.h"
 #include "io/untrusted_json.h"
 #include "plan/run_config.h"
+#include "plan/run_plan.h"
 
 #include <fmt/format.h>
 
@@ -241,7 +242,7 @@ std::vector<int> plan_degrees(const RunFiles& run, std::string& source) {
   }
   if (!run.config) return degrees;
   try {
-    degrees = layer_degrees(*run.config);
+    degrees = plan::make_run_plan(*run.config).layer_degrees;
   } catch (const std::exception&) {
     return {};  // a plan file that is gone, or "auto": the degrees are not known here
   }
@@ -304,7 +305,7 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
         parameters.is_null() ? static_cast<double>(m.parameter_count()) : parameters.get<double>();
     add("model", fmt::format("{}, {} layers, hidden {}, {} heads, seq {}, vocab {}: {} "
                              "parameters, {}",
-                             m.arch, m.layers, m.hidden, m.heads, m.seq_len, m.vocab_size,
+                             model::name(m.arch), m.layers, m.hidden, m.heads, m.seq_len, m.vocab_size,
                              format_count(count), run.config->train.precision));
   } else {
     add("model", parameters.is_null() ? std::string("not recorded")
@@ -337,8 +338,9 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
   if (run.config) {
     // How the run trains: the optimizer, the precision and what it keeps compressed.
     const plan::OptimConfig& t = run.config->train;
+    const plan::Settings settings = plan::parse_settings(*run.config);
     std::string training = fmt::format("{} optimizer", t.optimizer);
-    if (t.precision == "bf16" || t.precision == "fp16") {
+    if (settings.precision == plan::Precision::bf16 || settings.precision == plan::Precision::fp16) {
       training += fmt::format("; {} mixed precision over fp32 master weights", t.precision);
       const json path = run_json_member(run, "gemm16_path", json::value_t::string);
       if (!path.is_null()) training += ", 16-bit products by " + path.get<std::string>();
@@ -348,9 +350,9 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
         training += fmt::format("; loss scale {:g} at step {}, {} step(s) skipped for overflow",
                                 scale->second, scale->first, skipped ? skipped->second : 0.0);
     }
-    const std::string& compression = run.config->parallel.activation_compression;
-    if (compression != "none")
-      training += fmt::format("; kept activations held in {} between the passes", compression);
+    if (settings.activation_compression)
+      training += fmt::format("; kept activations held in {} between the passes",
+                              run.config->parallel.activation_compression);
     add("training", training);
   }
   add("host", recorded_text("host"));

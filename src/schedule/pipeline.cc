@@ -13,14 +13,6 @@ namespace {
 
 using Kind = PipelineAction::Kind;
 
-constexpr std::array<std::pair<PipelineKind, std::string_view>, 5> kPipelineNames{{
-    {PipelineKind::gpipe, "gpipe"},
-    {PipelineKind::one_f_one_b, "1f1b"},
-    {PipelineKind::interleaved, "interleaved"},
-    {PipelineKind::zero_bubble, "zero-bubble"},
-    {PipelineKind::two_bw, "2bw"},
-}};
-
 constexpr int kKinds = 4;
 
 PipelineAction action(Kind kind, int chunk, int micro_batch) {
@@ -228,20 +220,10 @@ std::vector<int> max_live(const PipelineOrders& orders, Releases releases) {
 
 }  // namespace
 
-std::string_view name(PipelineKind kind) {
-  for (const auto& [value, text] : kPipelineNames) {
-    if (value == kind) return text;
-  }
-  OASES_ASSERT(false, "unknown pipeline kind {}", static_cast<int>(kind));
-}
+std::string_view name(PipelineKind kind) { return value_name<PipelineKind>(kPipelineKindNames, kind); }
 
 PipelineKind parse_pipeline_kind(std::string_view text, std::string_view setting) {
-  std::string valid;
-  for (const auto& [value, known] : kPipelineNames) {
-    if (known == text) return value;
-    valid += fmt::format("{}\"{}\"", valid.empty() ? "" : ", ", known);
-  }
-  OASES_FAIL("{} = \"{}\" is not a known pipeline schedule; valid: {}", setting, text, valid);
+  return parse_named_value<PipelineKind>(kPipelineKindNames, text, setting);
 }
 
 void check_pipeline_spec(const PipelineSpec& spec) {

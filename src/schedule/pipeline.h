@@ -51,6 +51,9 @@
 // one step into the next; schedule/pipeline_2bw.h lowers a step's run of that stream.
 #pragma once
 
+#include "core/named_values.h"
+
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -60,8 +63,13 @@
 namespace oases::schedule {
 
 enum class PipelineKind : std::uint8_t { gpipe, one_f_one_b, interleaved, zero_bubble, two_bw };
-
-// "gpipe", "1f1b", "interleaved", "zero-bubble", "2bw".
+inline constexpr std::array<NamedValue<PipelineKind>, 5> kPipelineKindNames{{
+    {PipelineKind::gpipe, "gpipe"},
+    {PipelineKind::one_f_one_b, "1f1b"},
+    {PipelineKind::interleaved, "interleaved"},
+    {PipelineKind::zero_bubble, "zero-bubble"},
+    {PipelineKind::two_bw, "2bw"},
+}};
 std::string_view name(PipelineKind kind);
 // The names above; UserError naming `setting` (the config key, e.g. "parallel.pipeline"), the
 // value found and the valid names.

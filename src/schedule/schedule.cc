@@ -26,37 +26,6 @@ using ops::TensorSets;
 
 namespace {
 
-constexpr std::array<std::pair<ScheduleKind, std::string_view>, 6> kKindNames{{
-    {ScheduleKind::megatron, "megatron"},
-    {ScheduleKind::fine_grained, "fine-grained"},
-    {ScheduleKind::cross_pass, "cross-pass"},
-    {ScheduleKind::oases, "oases"},
-    {ScheduleKind::oases_interleaved, "oases-interleaved"},
-    {ScheduleKind::oases_deferred, "oases-deferred"},
-}};
-constexpr std::array<std::pair<Recompute, std::string_view>, 5> kRecomputeNames{{
-    {Recompute::none, "none"},
-    {Recompute::full, "full"},
-    {Recompute::selective, "selective"},
-    {Recompute::fine_grained, "fine-grained"},
-    {Recompute::sqrt, "sqrt"},
-}};
-constexpr std::array<std::pair<Payload, std::string_view>, 2> kPayloadNames{{
-    {Payload::activation, "activation"},
-    {Payload::gradient, "gradient"},
-}};
-
-template <class T, std::size_t N>
-T parse_name(const std::array<std::pair<T, std::string_view>, N>& names, std::string_view text,
-             std::string_view setting) {
-  std::string valid;
-  for (const auto& [value, name] : names) {
-    if (name == text) return value;
-    valid += fmt::format("{}\"{}\"", valid.empty() ? "" : ", ", name);
-  }
-  OASES_FAIL("{} = \"{}\" is not a known value; valid: {}", setting, text, valid);
-}
-
 const SegmentShape& shape_of(const Program& program, int segment) {
   return program.segments[static_cast<std::size_t>(segment)];
 }
@@ -418,20 +387,17 @@ Schedule place_weight_parts(const Program& program, const Schedule& input_only) 
 
 }  // namespace
 
-std::string_view name(ScheduleKind kind) {
-  for (const auto& [value, text] : kKindNames)
-    if (value == kind) return text;
-  return "?";
+std::string_view name(ScheduleKind kind) { return value_name<ScheduleKind>(kScheduleKindNames, kind); }
+std::string_view name(Recompute policy) { return value_name<Recompute>(kRecomputeNames, policy); }
+std::string_view name(Payload payload) { return value_name<Payload>(kPayloadNames, payload); }
+ScheduleKind parse_schedule_kind(std::string_view text, std::string_view setting) {
+  return parse_named_value<ScheduleKind>(kScheduleKindNames, text, setting);
 }
-std::string_view name(Recompute policy) {
-  for (const auto& [value, text] : kRecomputeNames)
-    if (value == policy) return text;
-  return "?";
+Recompute parse_recompute(std::string_view text, std::string_view setting) {
+  return parse_named_value<Recompute>(kRecomputeNames, text, setting);
 }
-std::string_view name(Payload payload) {
-  for (const auto& [value, text] : kPayloadNames)
-    if (value == payload) return text;
-  return "?";
+bool overlaps_collectives(ScheduleKind kind) {
+  return kind != ScheduleKind::megatron && kind != ScheduleKind::fine_grained;
 }
 int default_recompute_every(std::int64_t layers) {
   return std::max(1, static_cast<int>(std::lround(std::sqrt(static_cast<double>(layers)))));
@@ -441,13 +407,6 @@ std::string describe_recompute(const ScheduleSpec& spec) {
   if (spec.recompute != Recompute::sqrt) return std::string(name(spec.recompute));
   return fmt::format("sqrt (groups of {} layer{})", spec.recompute_every,
                      spec.recompute_every == 1 ? "" : "s");
-}
-
-ScheduleKind parse_schedule_kind(std::string_view text, std::string_view setting) {
-  return parse_name(kKindNames, text, setting);
-}
-Recompute parse_recompute(std::string_view text, std::string_view setting) {
-  return parse_name(kRecomputeNames, text, setting);
 }
 
 void check_spec(const ScheduleSpec& spec) {
@@ -477,11 +436,7 @@ void check_spec(const ScheduleSpec& spec) {
               "\"{}\" for another policy",
               name(spec.recompute), name(spec.kind),
               spec.kind == ScheduleKind::fine_grained ? "megatron" : "cross-pass");
-  const bool overlapped = spec.kind == ScheduleKind::cross_pass ||
-                          spec.kind == ScheduleKind::oases ||
-                          spec.kind == ScheduleKind::oases_interleaved ||
-                          spec.kind == ScheduleKind::oases_deferred;
-  OASES_CHECK(overlapped || spec.sub_batches == 1,
+  OASES_CHECK(overlaps_collectives(spec.kind) || spec.sub_batches == 1,
               "parallel.sub_batches = {} needs an overlapped schedule; parallel.schedule = \"{}\" "
               "runs whole micro-batches (valid: sub_batches = 1, or schedule = \"cross-pass\", "
               "\"oases\", \"oases-interleaved\" or \"oases-deferred\")",

@@ -92,7 +92,10 @@
 // schedules are sharded so after the fact; no-flush (2bw) runs are not.
 #pragma once
 
+#include "core/named_values.h"
 #include "ops/program.h"
+
+#include <array>
 
 #include <cstdint>
 #include <string>
@@ -217,13 +220,35 @@ enum class ScheduleKind {
 };
 enum class Recompute { none, full, selective, fine_grained, sqrt };
 
-// "megatron", "fine-grained", "cross-pass", "oases", "oases-interleaved", "oases-deferred"
+inline constexpr std::array<NamedValue<ScheduleKind>, 6> kScheduleKindNames{{
+    {ScheduleKind::megatron, "megatron"},
+    {ScheduleKind::fine_grained, "fine-grained"},
+    {ScheduleKind::cross_pass, "cross-pass"},
+    {ScheduleKind::oases, "oases"},
+    {ScheduleKind::oases_interleaved, "oases-interleaved"},
+    {ScheduleKind::oases_deferred, "oases-deferred"},
+}};
+inline constexpr std::array<NamedValue<Recompute>, 5> kRecomputeNames{{
+    {Recompute::none, "none"},
+    {Recompute::full, "full"},
+    {Recompute::selective, "selective"},
+    {Recompute::fine_grained, "fine-grained"},
+    {Recompute::sqrt, "sqrt"},
+}};
+inline constexpr std::array<NamedValue<Payload>, 2> kPayloadNames{{
+    {Payload::activation, "activation"},
+    {Payload::gradient, "gradient"},
+}};
 std::string_view name(ScheduleKind kind);
-std::string_view name(Recompute policy);   // "none", "full", "selective", "fine-grained", "sqrt"
-std::string_view name(Payload payload);    // "activation", "gradient"
-// Parse the names above; UserError naming `setting`, the value and the valid names.
+std::string_view name(Recompute policy);
+std::string_view name(Payload payload);
+// The kind or policy a name above gives; UserError naming `setting`, the text and the names.
 ScheduleKind parse_schedule_kind(std::string_view text, std::string_view setting);
 Recompute parse_recompute(std::string_view text, std::string_view setting);
+
+// Whether the schedule runs compute while its own tensor-parallel collectives are on the wire
+// (cross-pass and the oases kinds; megatron and fine-grained block on each collective).
+bool overlaps_collectives(ScheduleKind kind);
 
 struct ScheduleSpec {
   ScheduleKind kind = ScheduleKind::megatron;

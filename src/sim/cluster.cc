@@ -219,6 +219,15 @@ int ClusterSpec::tier_of(const std::vector<int>& group) const {
   return tier;
 }
 
+std::string_view precision_key(DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return "bf16";
+    case DType::f16: return "fp16";
+    case DType::f64: return "fp64";
+    default: return "fp32";
+  }
+}
+
 ClusterSpec parse_cluster(const std::string& toml_text, const std::string& source) {
   toml::table root;
   try {

@@ -69,8 +69,11 @@
 // "profile", the clusters that describe this machine's CPU ranks).
 #pragma once
 
+#include "core/dtype.h"
+
 #include <cstdint>
 #include <map>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -83,6 +86,10 @@ struct EfficiencyCurve {
   std::vector<double> fraction;  // in (0, 1], one per x
   double at(double value) const;
 };
+
+// The name a cluster file gives an element type among device.peak_tflops and
+// gemm_efficiency's curves: "fp32", "bf16", "fp16", "fp64".
+std::string_view precision_key(DType dtype);
 
 struct DeviceSpec {
   std::string name;

@@ -102,7 +102,8 @@ CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
   CostModel costs;
   // A device that computes from a profile leaves compute and the optimizer to the caller.
   const bool roofline = !cluster.device.computes_from_profile();
-  if (roofline) costs.compute = roofline_compute(cluster.device, program, at.dtype);
+  const std::string products(precision_key(at.products));
+  if (roofline) costs.compute = roofline_compute(cluster.device, program, products);
   costs.collective = [&program, prices, element](const schedule::Instruction& ins) {
     const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
     const bool forward = ins.direction == schedule::Direction::forward;
@@ -131,9 +132,7 @@ CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
     if (bucket < 0 || static_cast<std::size_t>(bucket) >= bytes.size()) return 0.0;
     return static_cast<double>(bytes[static_cast<std::size_t>(bucket)]) / param_element * element_bytes;
   };
-  const double param_element = at.dtype == "bf16" || at.dtype == "fp16" ? 2.0
-                               : at.dtype == "fp64"                     ? 8.0
-                                                                        : 4.0;
+  const auto param_element = static_cast<double>(dtype_size(at.products));
   const double grad_element = static_cast<double>(at.grad_element_bytes);
   const int zero = at.zero;
   costs.reduce_grads = [prices, replicas, bucket_bytes, zero, param_element, grad_element](int bucket) {
@@ -171,7 +170,7 @@ CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
   if (zero >= 1) parameters /= layout.dp;
   ops::Work step;
   step.bytes = parameters * (28 + (param_element == 2 ? 2 : 0));
-  if (roofline) costs.optimizer_step = work_seconds(cluster.device, step, at.dtype);
+  if (roofline) costs.optimizer_step = work_seconds(cluster.device, step, products);
   costs.overlap_slowdown = cluster.device.overlap_slowdown;
   costs.collective_slowdown = cluster.device.collective_slowdown;
   // A layer's replicas (over data parallelism, and inside the tensor-parallel group for layers

@@ -18,6 +18,7 @@
 //     tensor-parallel lane's link when both groups cross the same tier.
 #pragma once
 
+#include "core/dtype.h"
 #include "ops/program.h"
 #include "sim/cluster.h"
 #include "sim/placement.h"
@@ -30,7 +31,7 @@ namespace oases::sim {
 struct ClusterRank {
   RankLayout layout;
   int rank = 0;
-  std::string dtype = "fp32";      // the products' element type: "fp32", "bf16", "fp16", "fp64"
+  DType products = DType::f32;     // the element type of the products (and of the parameters compute reads)
   std::size_t grad_element_bytes = 4;
   int zero = 0;                    // ZeRO stage
 };

@@ -15,7 +15,7 @@ BatchMaker::BatchMaker(const plan::RunConfig& config, const data::DataLoader& lo
                        std::int64_t data_vocab)
     : loader_(loader),
       seq_len_(config.model.seq_len),
-      masked_(config.model.arch == "bert"),
+      masked_(config.model.masked_lm()),
       data_vocab_(data_vocab),
       seed_(static_cast<std::uint64_t>(config.train.seed)) {
   if (!masked_) return;

@@ -206,7 +206,7 @@ void add_whole_state(io::SafetensorsWriter& writer, const optim::StateTensor& st
 // tensor-parallel group and broadcasts them over the pipeline group `pp`; each name is taken
 // from the first stage that holds it.
 void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
-                                 io::SafetensorsWriter& optimizer_file, const plan::RunConfig& config,
+                                 io::SafetensorsWriter& optimizer_file, const plan::RunPlan& plan,
                                  const model::Model& model, optim::Optimizer& optimizer,
                                  comm::Communicator& tp, comm::Communicator& pp, bool write,
                                  const Tensor* stashed_weights, comm::Communicator* ep) {
@@ -221,12 +221,10 @@ void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
   std::set<std::string> done;
   for (int stage = 0; stage < pp.size(); ++stage) {
    // The stage's layers: one range, or several chunks with gaps between them.
-   std::vector<model::LayerRange> ranges;
-   for (const auto& [begin, end] : stage_layer_ranges(config, stage))
-     ranges.push_back({begin, end});
+   const std::vector<model::LayerRange> ranges = plan.pipeline.stage_ranges(stage);
    for (int owner = 0; owner < ep_size; ++owner) {
     const model::ParamLayout layout =
-        model::model_param_layout(config.model, tp.rank(), tp.size(), layer_degrees(config),
+        model::model_param_layout(plan.config.model, tp.rank(), tp.size(), plan.layer_degrees,
                                   ranges, owner, ep_size);
     for (const model::ParamSpec& p : layout.params()) {
       if (!done.insert(p.name).second) continue;
@@ -323,7 +321,7 @@ void read_state_shard(const io::SafetensorsFile& file, const std::string& name,
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const plan::RunConfig& config,
+std::string save_checkpoint(const std::string& dir, const plan::RunPlan& plan,
                             const model::Model& model, optim::Optimizer& optimizer,
                             const TrainingState& state, const std::string& tokenizer_model,
                             std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
@@ -334,7 +332,7 @@ std::string save_checkpoint(const std::string& dir, const plan::RunConfig& confi
   io::SafetensorsWriter model_file, optimizer_file;
   try {
     if (pp.size() > 1 || (ep && ep->size() > 1)) {
-      add_whole_tensors_of_stages(model_file, optimizer_file, config, model, optimizer, tp, pp,
+      add_whole_tensors_of_stages(model_file, optimizer_file, plan, model, optimizer, tp, pp,
                                   write_files, stashed_weights, ep);
     } else {
       add_whole_tensors(model_file, "", layout, model.params(), tp, write_files);
@@ -352,7 +350,7 @@ std::string save_checkpoint(const std::string& dir, const plan::RunConfig& confi
   const fs::path target = fs::path(dir) / ("step_" + std::to_string(state.step));
   if (!write_files) return target.string();
 
-  const std::string config_toml = to_toml(config);
+  const std::string config_toml = to_toml(plan.config);
   model_file.set_metadata("format", "pt");
   model_file.set_metadata("oases_config", config_toml);
   optimizer_file.set_metadata("format_version", std::to_string(kCheckpointFormatVersion));
@@ -502,7 +500,8 @@ CheckpointSummary verify_checkpoint(const std::string& checkpoint_dir) {
   summary.step = state.step;
   summary.checksummed = files.checksummed;
   // The stored configuration parses and validates, and a carried tokenizer loads.
-  if (config_from_checkpoint(checkpoint_dir).data.tokenizer == data::kSentencePieceName)
+  if (plan::parse_settings(config_from_checkpoint(checkpoint_dir)).tokenizer ==
+      data::TokenizerKind::sentencepiece)
     checkpoint_tokenizer(checkpoint_dir);
 
   for (const io::SafetensorsFile* file : {&model_file, &optimizer_file}) {
@@ -567,13 +566,13 @@ plan::RunConfig config_from_checkpoint(const std::string& path) {
 std::unique_ptr<data::Tokenizer> checkpoint_tokenizer(const std::string& checkpoint,
                                                       const std::string& gpt2_files) {
   const plan::RunConfig config = config_from_checkpoint(checkpoint);
-  const std::string& name = config.data.tokenizer;
-  if (name != data::kSentencePieceName) {
-    OASES_CHECK(gpt2_files.empty() || name == "gpt2",
+  const data::TokenizerKind kind = plan::parse_settings(config).tokenizer;
+  if (kind != data::TokenizerKind::sentencepiece) {
+    OASES_CHECK(gpt2_files.empty() || kind == data::TokenizerKind::gpt2,
                 "checkpoint '{}' was trained with the {} tokenizer, which reads no files, but "
                 "gpt2 tokenizer files '{}' were given; leave them out",
-                checkpoint, name, gpt2_files);
-    return data::make_tokenizer(name, gpt2_files);
+                checkpoint, data::name(kind), gpt2_files);
+    return data::make_tokenizer(kind, gpt2_files);
   }
   OASES_CHECK(gpt2_files.empty(),
               "checkpoint '{}' was trained with the sentencepiece tokenizer, whose model it "

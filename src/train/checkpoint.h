@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "optim/optimizer.h"
 #include "plan/run_config.h"
+#include "plan/run_plan.h"
 #include "train/loss_scaler.h"
 
 #include <cstdint>
@@ -56,11 +57,11 @@ struct TrainingState {
 // tokenizer.model when it is not empty. Returns the checkpoint folder. Every rank of the tensor-parallel group `tp` must call
 // this (the shards are assembled over it); only the rank with `write_files` writes. Under
 // pipeline parallelism every rank of the pipeline group `pp` calls it too: `model` and
-// `optimizer` hold one stage's parameters (stage_layer_ranges(config, pp.rank())), and each
+// `optimizer` hold one stage's parameters (plan.pipeline.stage_ranges(pp.rank())), and each
 // stage's whole tensors are broadcast over `pp` (a parameter several stages hold, GPT's tied
 // word embedding, from the first of them), so the writer, on stage 0, writes every tensor
 // once. A tensor holding a NaN or an infinity is never written: UserError on every rank.
-std::string save_checkpoint(const std::string& dir, const plan::RunConfig& config,
+std::string save_checkpoint(const std::string& dir, const plan::RunPlan& plan,
                             const model::Model& model, optim::Optimizer& optimizer,
                             const TrainingState& state, const std::string& tokenizer_model,
                             std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,

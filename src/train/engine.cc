@@ -20,17 +20,6 @@
 
 namespace oases::train {
 
-DType compute_dtype(const plan::RunConfig& config) {
-  const std::string& precision = config.train.precision;
-  if (precision == "bf16") return DType::bf16;
-  if (precision == "fp16") return DType::f16;
-  return parameter_dtype(config);
-}
-
-DType parameter_dtype(const plan::RunConfig& config) {
-  return config.train.precision == "fp64" ? DType::f64 : DType::f32;
-}
-
 optim::ParamSlot param_slot(const model::ParamSpec& p) {
   optim::ParamSlot slot{p.name, p.offset, p.shape.to_vector(), p.weight_decay};
   slot.full_shape = p.full_shape.to_vector();
@@ -57,51 +46,45 @@ optim::FlatLayout flat_layout(const model::ParamLayout& layout, DType dtype) {
   return flat;
 }
 
-model::ModelOptions stage_model_options(const plan::RunConfig& config, const schedule::ScheduleSpec& spec,
-                                        int pp_rank) {
-  model::ModelOptions o;
-  o.dtype = parameter_dtype(config);
-  if (compute_dtype(config) != o.dtype) o.mixed_precision = compute_dtype(config);
-  o.micro_batch = config.train.micro_batch;
-  o.sub_batches = spec.sub_batches;
-  o.slot_lanes = schedule::slot_lanes(spec);
-  o.seed = static_cast<std::uint64_t>(config.train.seed);
-  o.layer_degrees = layer_degrees(config);
-  for (const auto& [begin, end] : stage_layer_ranges(config, pp_rank))
-    o.layer_ranges.push_back({begin, end});
-  o.pageable_grads = config.parallel.zero >= 2;
-  o.pageable_params = config.parallel.zero >= 3;
-  return o;
-}
-
 namespace {
 
-model::ModelOptions model_options(const plan::RunConfig& config, const schedule::ScheduleSpec& spec,
-                                  comm::Communicator& tp, comm::Communicator& pp,
+model::ModelOptions model_options(const plan::RunPlan& plan, comm::Communicator& tp,
                                   const ParallelGroups& groups, const kernels::Gemm16Paths& paths,
                                   OffloadStore* offload) {
-  model::ModelOptions o = stage_model_options(config, spec, pp.rank());
+  model::ModelOptions o = plan.model_options(plan.mesh.pp_rank());
   o.gemm16 = paths;
   o.tp = &tp;
   o.ep = groups.ep;
   o.tp_subgroup = groups.tp_subgroup;
-  if (offload != nullptr && config.parallel.offload == "optimizer+params")
+  if (offload != nullptr && plan.zero.offload == plan::Offload::optimizer_and_params)
     o.allocate_params = [offload](std::size_t bytes) { return offload->allocate(bytes); };
   return o;
+}
+
+// The world rank whose plan the engine runs: where the groups place this process, laid out as
+// the mesh lays ranks out. UserError when a group's size is not the config's degree.
+int rank_of_groups(const plan::RunConfig& config, const ParallelGroups& groups) {
+  const auto size_of = [](const comm::Communicator* group) { return group ? group->size() : 1; };
+  const auto rank_of = [](const comm::Communicator* group) { return group ? group->rank() : 0; };
+  const auto& p = config.parallel;
+  OASES_CHECK(size_of(groups.tp) == p.tp && size_of(groups.dp) == p.dp && size_of(groups.pp) == p.pp,
+              "the engine's groups (tp {}, dp {}, pp {} ranks) do not match parallel.tp = {}, "
+              "dp = {}, pp = {}",
+              size_of(groups.tp), size_of(groups.dp), size_of(groups.pp), p.tp, p.dp, p.pp);
+  return rank_of(groups.tp) +
+         static_cast<int>(p.tp) * (rank_of(groups.dp) + static_cast<int>(p.dp) * rank_of(groups.pp));
 }
 
 // train.gemm16_path resolved: pinned by name, or measured where every group's rank is 0 and
 // broadcast over the tensor-, data- and pipeline-parallel groups in turn (after the three, every
 // rank holds the measuring rank's choice).
-Gemm16Resolution resolve_gemm16(const plan::RunConfig& config, comm::Communicator& tp,
+Gemm16Resolution resolve_gemm16(const plan::RunPlan& plan, comm::Communicator& tp,
                                 comm::Communicator& dp, comm::Communicator& pp) {
   Gemm16Resolution resolved;
-  const DType half = compute_dtype(config);
-  if (half != DType::bf16 && half != DType::f16) return resolved;
-  const std::string& setting = config.train.gemm16_path;
-  if (setting != "auto") {
-    const auto path = kernels::gemm16_path_from_name(setting);
-    OASES_CHECK(path.has_value(), "train.gemm16_path = \"{}\" is not known", setting);
+  if (!plan.dtypes.mixed()) return resolved;
+  const DType half = plan.dtypes.compute;
+  if (const std::optional<kernels::Gemm16Path> path = plan.settings.gemm16_path) {
+    const std::string& setting = plan.config.train.gemm16_path;
     const kernels::Gemm16Availability available = kernels::gemm16_available(*path, half);
     OASES_CHECK(available.available,
                 "train.gemm16_path = \"{}\" cannot multiply {} on this CPU ({}); valid: "
@@ -157,14 +140,17 @@ class Bf16Reduction final : public comm::Work {
   bool done_ = false;
 };
 
-LossScaler loss_scaler_for(const plan::OptimConfig& t) {
-  if (t.precision != "fp16") return LossScaler::identity();
-  if (t.loss_scale > 0) return LossScaler::constant(t.loss_scale);
+LossScaler loss_scaler_for(const plan::LossScalingPlan& scaling) {
+  switch (scaling.kind) {
+    case plan::LossScalingPlan::Kind::none: return LossScaler::identity();
+    case plan::LossScalingPlan::Kind::constant: return LossScaler::constant(scaling.constant);
+    case plan::LossScalingPlan::Kind::dynamic: break;
+  }
   DynamicLossScale settings;
-  settings.initial_scale = t.initial_loss_scale;
-  settings.window = t.loss_scale_window;
-  settings.min_scale = t.min_loss_scale;
-  settings.hysteresis = t.hysteresis;
+  settings.initial_scale = scaling.initial_scale;
+  settings.window = scaling.window;
+  settings.min_scale = scaling.min_scale;
+  settings.hysteresis = scaling.hysteresis;
   return LossScaler::dynamic(settings);
 }
 
@@ -206,50 +192,55 @@ std::int64_t counted_targets(const std::int32_t* targets, std::int64_t count) {
 }  // namespace
 
 TrainingEngine::TrainingEngine(const plan::RunConfig& config, ParallelGroups groups)
-    : config_(config),
+    : TrainingEngine(plan::make_run_plan(config, rank_of_groups(config, groups)), groups) {}
+
+TrainingEngine::TrainingEngine(const plan::RunPlan& plan, ParallelGroups groups)
+    : plan_(plan),
       tp_(groups.tp ? groups.tp : &self_tp_),
       dp_(groups.dp ? groups.dp : &self_dp_),
       pp_(groups.pp ? groups.pp : &self_pp_),
       tp_replica_group_(groups.tp_replica_group),
       ep_(groups.ep && groups.ep->size() > 1 ? groups.ep : nullptr),
       expert_replicas_(ep_ ? groups.expert_replicas : nullptr),
-      spec_(plan::schedule_spec(config)),
-      gemm16_(resolve_gemm16(config, *tp_, *dp_, *pp_)),
-      loss_scaling_(config.train.precision == "fp16"),
-      scaler_(loss_scaler_for(config.train)),
-      reduce_in_bf16_(config.train.grad_reduce_dtype == "bf16"),
-      sync_every_(config.parallel.dp_sync_every),
-      local_sgd_(config.parallel.dp_sync_every > 1 && dp_->size() > 1),
-      zero_stage_(static_cast<int>(config.parallel.zero)),
+      gemm16_(resolve_gemm16(plan, *tp_, *dp_, *pp_)),
+      scaler_(loss_scaler_for(plan.loss_scaling)),
       tp_subgroup_(groups.tp_subgroup),
-      offload_(config.parallel.offload == "none"
+      offload_(plan.zero.offload == plan::Offload::none
                    ? nullptr
-                   : std::make_unique<OffloadStore>(config.parallel.offload_dir,
+                   : std::make_unique<OffloadStore>(plan.zero.offload_dir,
                                                     "parallel.offload_dir")),
-      model_(config.model,
-             model_options(config, spec_, *tp_, *pp_, groups, gemm16_.paths, offload_.get())),
+      model_(plan.config.model, model_options(plan, *tp_, groups, gemm16_.paths, offload_.get())),
       optimizer_(make_engine_optimizer()),
       // With train.lr = 0 (Adafactor's relative step) every rate is 0, min_lr included.
-      lr_schedule_{config.train.lr, config.train.lr == 0 ? 0.0 : config.train.min_lr,
-                   config.train.warmup_steps, config.train.lr_decay_steps, config.train.steps},
+      lr_schedule_{plan.config.train.lr, plan.config.train.lr == 0 ? 0.0 : plan.config.train.min_lr,
+                   plan.config.train.warmup_steps, plan.config.train.lr_decay_steps,
+                   plan.config.train.steps},
       executor_(model_.segments(), model_.program(), model_.activations(),
                 model_.static_activation_bytes()) {
-  OASES_CHECK(config.train.global_batch % (config.train.micro_batch * dp_->size()) == 0,
-              "train.global_batch = {} must be a multiple of train.micro_batch x dp = {} x {}",
-              config.train.global_batch, config.train.micro_batch, dp_->size());
-  OASES_CHECK(pp_->size() == config.parallel.pp,
-              "the pipeline group has {} ranks but parallel.pp = {}", pp_->size(),
-              config.parallel.pp);
-  two_bw_ = schedule::parse_pipeline_kind(config.parallel.pipeline, "parallel.pipeline") ==
-            schedule::PipelineKind::two_bw;
+  OASES_CHECK(tp_->size() == plan.mesh.tp && dp_->size() == plan.mesh.dp &&
+                  pp_->size() == plan.mesh.pp,
+              "the engine's groups (tp {}, dp {}, pp {} ranks) do not match parallel.tp = {}, "
+              "dp = {}, pp = {}",
+              tp_->size(), dp_->size(), pp_->size(), plan.mesh.tp, plan.mesh.dp, plan.mesh.pp);
+  // Checkpoints store the 16-bit product path this run measured, which a resumed run keeps
+  // (the paths round differently in the last bits).
+  if (plan.dtypes.mixed()) {
+    plan_.settings.gemm16_path = gemm16_.paths.for_dtype(plan.dtypes.compute);
+    plan_.config.train.gemm16_path = std::string(kernels::gemm16_path_name(*plan_.settings.gemm16_path));
+  }
+  OASES_CHECK(plan.settings.plan != plan::LayerPlanSource::automatic,
+              "parallel.plan = \"auto\" must be planned before an engine runs (`oases train` "
+              "profiles and plans at start-up)");
+  // The plan says which buckets ZeRO partitions from the degrees alone; the engine found them
+  // from its groups.
+  OASES_ASSERT(plan.zero.stage == 0 || plan.zero.partitions == !!zero_.partitions(),
+               "the plan says ZeRO {} buckets, the engine partitioned {}",
+               plan.zero.partitions ? "partitions" : "partitions no", zero_.cut_buckets().size());
   if (pp_->size() > 1) {
     executor_.set_point_to_point(pp_);
     const auto layout_of_stage = [&](int stage) {
-      std::vector<model::LayerRange> ranges;
-      for (const auto& [begin, end] : stage_layer_ranges(config, stage))
-        ranges.push_back({begin, end});
-      return model::model_param_layout(config.model, tp_->rank(), tp_->size(),
-                                       layer_degrees(config), ranges);
+      return model::model_param_layout(plan.config.model, tp_->rank(), tp_->size(),
+                                       plan.layer_degrees, plan.pipeline.stage_ranges(stage));
     };
     const model::ParamLayout first_stage = layout_of_stage(0);
     const model::ParamLayout last_stage = layout_of_stage(pp_->size() - 1);
@@ -258,27 +249,15 @@ TrainingEngine::TrainingEngine(const plan::RunConfig& config, ParallelGroups gro
         if (p.name == q.name) tied_params_.push_back(p.name);
     }
   }
-  // ZeRO-3: from here on each rank holds only its blocks of the parameters between uses.
-  spec_.sharded_params = zero_stage_ >= 3 && !zero_buckets_.empty();
-  spec_.reshard_after_forward = config.parallel.zero3_reshard_after_forward;
-  // ZeRO-1 and 2: the gather of the blocks an update changed starts as soon as the bucket is
-  // updated and is waited for by the next run's schedule, right before the bucket's first use,
-  // so it travels while the update goes on and the next forward computes. 2bw swaps whole
-  // weight versions between its batches and waits for the gathers at the update instead.
-  spec_.deferred_param_gather = zero_stage_ >= 1 && zero_stage_ <= 2 &&
-                                !zero_buckets_.empty() && !two_bw_;
   shard_params();
 }
 
 void TrainingEngine::for_each_foreign_range(
     int bucket, const std::function<void(std::int64_t, std::int64_t)>& visit) const {
-  const auto zero = zero_buckets_.find(bucket);
-  if (zero == zero_buckets_.end()) return;
-  const model::Model::Bucket& b = model_.bucket(bucket);
-  const auto block = static_cast<std::size_t>(zero->second.group->rank());
-  if (b.begin < zero->second.cuts[block]) visit(b.begin, zero->second.cuts[block]);
-  if (zero->second.cuts[block + 1] < b.end) visit(zero->second.cuts[block + 1], b.end);
+  zero_.for_each_foreign_range(model_.bucket(bucket), visit);
 }
+
+comm::Communicator& TrainingEngine::zero_group(int bucket) const { return *zero_groups_.at(bucket); }
 
 TrainingEngine::~TrainingEngine() {
   // The communicators outlive the engine, but not the parameters the gathers write into.
@@ -295,20 +274,19 @@ void TrainingEngine::finish_param_gathers() {
 
 void TrainingEngine::start_param_gather(int bucket) {
   if (!stale_buckets_.contains(bucket) || param_gathers_.contains(bucket)) return;
-  const ZeroBucket& zero = zero_buckets_.at(bucket);
   const model::Model::Bucket& b = model_.bucket(bucket);
-  param_gathers_[bucket] = zero.group->all_gather_blocks_async(
-      model_.compute_params().view(b.begin, {b.end - b.begin}), zero.counts());
+  param_gathers_[bucket] = zero_group(bucket).all_gather_blocks_async(
+      model_.compute_params().view(b.begin, {b.end - b.begin}), zero_.counts(bucket));
 }
 
 void TrainingEngine::shard_params() {
   finish_param_gathers();
   stale_buckets_.clear();  // whole parameters were written
-  if (!spec_.sharded_params) return;
+  if (!plan_.schedule.sharded_params) return;
   for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
     model_.refresh_compute_params(begin, end);
   });
-  for (const auto& [id, zero] : zero_buckets_) {
+  for (const int id : zero_.cut_buckets()) {
     for_each_foreign_range(id, [&](std::int64_t begin, std::int64_t end) {
       model_.release_compute_params(begin, end);
       if (model_.mixed_precision()) model_.release_master_params(begin, end);
@@ -319,35 +297,35 @@ void TrainingEngine::shard_params() {
 
 void TrainingEngine::gather_whole_params() {
   finish_param_gathers();
-  if (!spec_.sharded_params && stale_buckets_.empty() && !model_.mixed_precision()) return;
-  if (!spec_.sharded_params && !spec_.deferred_param_gather) return;
+  if (!plan_.schedule.sharded_params && stale_buckets_.empty() && !model_.mixed_precision()) return;
+  if (!plan_.schedule.sharded_params && !plan_.schedule.deferred_param_gather) return;
   std::vector<std::unique_ptr<comm::Work>> gathers;
-  for (const auto& [id, zero] : zero_buckets_) {
+  for (const int id : zero_.cut_buckets()) {
     // Deferred gathers: the master copy's other blocks are stale in every bucket (only the
     // 16-bit copy is gathered ahead of use); without mixed precision only in stale buckets.
-    if (spec_.deferred_param_gather && !model_.mixed_precision() && !stale_buckets_.contains(id))
+    if (plan_.schedule.deferred_param_gather && !model_.mixed_precision() && !stale_buckets_.contains(id))
       continue;
     const model::Model::Bucket& b = model_.bucket(id);
-    gathers.push_back(zero.group->all_gather_blocks_async(
-        model_.params().view(b.begin, {b.end - b.begin}), zero.counts()));
+    gathers.push_back(zero_group(id).all_gather_blocks_async(
+        model_.params().view(b.begin, {b.end - b.begin}), zero_.counts(id)));
   }
   // 2bw under ZeRO-3: the stashed version, which a checkpoint saves too.
-  if (spec_.sharded_params && versions_) {
-    for (const auto& [id, zero] : zero_buckets_) {
+  if (plan_.schedule.sharded_params && versions_) {
+    for (const int id : zero_.cut_buckets()) {
       const model::Model::Bucket& b = model_.bucket(id);
-      gathers.push_back(zero.group->all_gather_blocks_async(
-          versions_->older().view(b.begin, {b.end - b.begin}), zero.counts()));
+      gathers.push_back(zero_group(id).all_gather_blocks_async(
+          versions_->older().view(b.begin, {b.end - b.begin}), zero_.counts(id)));
     }
   }
   for (auto& work : gathers) work->wait();
-  if (spec_.deferred_param_gather) {
+  if (plan_.schedule.deferred_param_gather) {
     model_.refresh_compute_params();
     stale_buckets_.clear();
   }
 }
 
 runtime::StepHooks TrainingEngine::with_param_hooks(runtime::StepHooks hooks) {
-  if (spec_.deferred_param_gather) {
+  if (plan_.schedule.deferred_param_gather) {
     // Only buckets updated since their last gather travel (most are on their way since the
     // update); the others are whole already.
     hooks.gather_params = [this](int bucket) { start_param_gather(bucket); };
@@ -360,15 +338,14 @@ runtime::StepHooks TrainingEngine::with_param_hooks(runtime::StepHooks hooks) {
     };
     return hooks;
   }
-  if (!spec_.sharded_params) return hooks;
+  if (!plan_.schedule.sharded_params) return hooks;
   // Buckets nobody else holds (not partitioned) stay whole: their instructions do nothing.
   hooks.gather_params = [this](int bucket) {
-    const auto zero = zero_buckets_.find(bucket);
-    if (zero == zero_buckets_.end()) return;
+    if (!zero_.is_cut(bucket)) return;
     OASES_ASSERT(!param_gathers_.contains(bucket), "bucket {} gathered twice", bucket);
     const model::Model::Bucket& b = model_.bucket(bucket);
-    param_gathers_[bucket] = zero->second.group->all_gather_blocks_async(
-        model_.compute_params().view(b.begin, {b.end - b.begin}), zero->second.counts());
+    param_gathers_[bucket] = zero_group(bucket).all_gather_blocks_async(
+        model_.compute_params().view(b.begin, {b.end - b.begin}), zero_.counts(bucket));
   };
   hooks.wait_params = [this](int bucket) {
     const auto gather = param_gathers_.find(bucket);
@@ -384,44 +361,24 @@ runtime::StepHooks TrainingEngine::with_param_hooks(runtime::StepHooks hooks) {
   return hooks;
 }
 
-std::vector<std::int64_t> TrainingEngine::ZeroBucket::counts() const {
-  std::vector<std::int64_t> out;
-  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) out.push_back(cuts[i + 1] - cuts[i]);
-  return out;
-}
-
 std::unique_ptr<optim::Optimizer> TrainingEngine::make_whole_optimizer() const {
   const optim::FlatLayout whole = flat_layout(model_.layout(), model_.dtype());
-  return optim::make_optimizer(optimizer_config(config_.train), whole,
+  return optim::make_optimizer(plan_.optimizer, whole,
                                shard_reducer(whole, model_.layout(), *tp_, tp_subgroup_));
 }
 
 std::unique_ptr<optim::Optimizer> TrainingEngine::make_engine_optimizer() {
   const optim::FlatLayout whole = flat_layout(model_.layout(), model_.dtype());
-  const optim::OptimizerConfig settings = optimizer_config(config_.train);
+  const optim::OptimizerConfig settings = plan_.optimizer;
   optim::FlatLayout mine = whole;
-  if (zero_stage_ > 0) {
-    // Where the optimizer may cut a parameter depends on its kind alone: ask one over no
-    // parameters.
-    const std::unique_ptr<optim::Optimizer> probe =
-        optim::make_optimizer(settings, optim::FlatLayout{{}, 0, whole.dtype});
-    std::vector<optim::OwnedRange> owned;
-    for (const model::Model::Bucket& b : model_.grad_buckets()) {
-      comm::Communicator* group = reduction_group(b);
-      if (group == nullptr || group->size() == 1) {
-        owned.push_back({b.begin, b.end});
-        continue;
-      }
-      ZeroBucket& zero = zero_buckets_[b.id];
-      zero.group = group;
-      zero.cuts = optim::partition_range(whole, b.begin, b.end, group->size(),
-                                         [&](const optim::ParamSlot& p) {
-                                           return probe->accepts_cut(p);
-                                         });
-      const auto block = static_cast<std::size_t>(group->rank());
-      owned.push_back({zero.cuts[block], zero.cuts[block + 1]});
-    }
-    mine = optim::owned_layout(whole, owned);
+  if (plan_.zero.stage > 0) {
+    zero_ = ZeroPartition(model_.grad_buckets(), whole, settings,
+                          [&](const model::Model::Bucket& b) {
+                            comm::Communicator* group = reduction_group(b);
+                            if (group != nullptr && group->size() > 1) zero_groups_[b.id] = group;
+                            return group ? GroupPlace{group->size(), group->rank()} : GroupPlace{};
+                          });
+    mine = optim::owned_layout(whole, zero_.owned_ranges(model_.grad_buckets()));
   }
   optim::StateAllocator allocate;
   if (offload_) allocate = [this](std::size_t bytes) { return offload_->allocate(bytes); };
@@ -433,7 +390,7 @@ std::unique_ptr<optim::Optimizer> TrainingEngine::make_engine_optimizer() {
     for (const optim::StateTensor& s : optimizer->state_tensors())
       offloaded_ranges_[model_.layout().find(s.param).group].emplace_back(s.view.raw(),
                                                                           s.view.nbytes());
-    if (config_.parallel.offload == "optimizer+params") {
+    if (plan_.zero.offload == plan::Offload::optimizer_and_params) {
       for (const model::Model::Bucket& b : model_.grad_buckets()) {
         const Tensor master = model_.params().view(b.begin, {b.end - b.begin});
         offloaded_ranges_[b.id].emplace_back(master.raw(), master.nbytes());
@@ -455,7 +412,7 @@ std::int64_t TrainingEngine::owned_start(const optim::StateTensor& state) const 
 void TrainingEngine::save_whole_optimizer_state(
     const std::function<void(optim::Optimizer&)>& save) {
   gather_whole_params();  // ZeRO-3: the checkpoint holds whole parameters
-  if (zero_buckets_.empty()) {
+  if (!zero_.partitions()) {
     save(*optimizer_);
     if (offload_) offload_->evict_all();  // what the save read goes back to the store
     return;
@@ -472,8 +429,8 @@ void TrainingEngine::save_whole_optimizer_state(
                               : target.view(owned_start(s), {s.view.numel()}));
   }
   for (const optim::StateTensor& s : whole->state_tensors()) {
-    const auto zero = zero_buckets_.find(model_.layout().find(s.param).group);
-    if (zero != zero_buckets_.end()) zero->second.group->all_reduce(s.view, comm::ReduceOp::sum);
+    const int bucket = model_.layout().find(s.param).group;
+    if (zero_.is_cut(bucket)) zero_group(bucket).all_reduce(s.view, comm::ReduceOp::sum);
   }
   if (offload_) offload_->evict_all();
   save(*whole);
@@ -483,7 +440,7 @@ void TrainingEngine::save_whole_optimizer_state(
 void TrainingEngine::load_whole_optimizer_state(
     const std::function<void(optim::Optimizer&)>& load) {
   finish_param_gathers();
-  if (zero_buckets_.empty()) {
+  if (!zero_.partitions()) {
     load(*optimizer_);
     if (offload_) offload_->evict_all();
     return;
@@ -505,11 +462,9 @@ const schedule::Schedule& TrainingEngine::schedule_for(std::int64_t sequences, b
   const auto key = std::pair{sequences, training};
   auto it = schedules_.find(key);
   if (it != schedules_.end()) return it->second;
-  schedule::ScheduleSpec spec = spec_;
-  spec.micro_batches = static_cast<int>(sequences / model_.micro_batch());
-  spec.training = training;
-  return schedules_
-      .emplace(key, rank_schedule(config_, model_.program(), spec, pp_->size(), pp_->rank()))
+  const schedule::ScheduleSpec spec =
+      plan_.pass_spec(static_cast<int>(sequences / model_.micro_batch()), training);
+  return schedules_.emplace(key, plan::rank_schedule(plan_, model_.program(), spec, pp_->rank()))
       .first->second;
 }
 
@@ -518,7 +473,7 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
                                    std::int64_t first_sample, double loss_scale,
                                    ops::HeadMode mode, const runtime::StepHooks& hooks,
                                    StepResult* result) {
-  const std::int64_t mb = model_.micro_batch(), seq = config_.model.seq_len;
+  const std::int64_t mb = model_.micro_batch(), seq = config().model.seq_len;
   OASES_ASSERT(first_sample >= 0, "negative sample index");
   OASES_ASSERT(sequences > 0 && sequences % mb == 0, "{} sequences is not a multiple of the "
                "micro-batch {}", sequences, mb);
@@ -539,7 +494,7 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
   const runtime::ExecutionStats stats =
       executor_.run(schedule, ctx, with_param_hooks(hooks), listener_);
   // (Deferred gathers started by the run's update travel on into the next run.)
-  OASES_ASSERT(!spec_.sharded_params || param_gathers_.empty(),
+  OASES_ASSERT(!plan_.schedule.sharded_params || param_gathers_.empty(),
                "{} parameter gathers left in flight", param_gathers_.size());
   if (result) {
     result->compute_seconds += stats.compute_seconds;
@@ -560,7 +515,7 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
 
 double TrainingEngine::compute_gradients(std::int64_t step, const std::int32_t* inputs,
                                          const std::int32_t* targets, std::int64_t sequences) {
-  const std::int64_t counted = counted_targets(targets, sequences * config_.model.seq_len);
+  const std::int64_t counted = counted_targets(targets, sequences * config().model.seq_len);
   const double scale = counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0;
   return run_batches(step, inputs, targets, sequences, 0, scale, ops::HeadMode::train, {},
                      nullptr) * scale;
@@ -588,7 +543,7 @@ void TrainingEngine::logits(const std::int32_t* inputs, const Tensor& out) {
 
 StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inputs,
                                       const std::int32_t* targets, bool drain) {
-  if (two_bw_) return train_step_2bw(step, inputs, targets, drain);
+  if (plan_.pipeline.two_bw()) return train_step_2bw(step, inputs, targets, drain);
   StepResult result;
   runtime::StepHooks hooks;
   // Gradients are scaled by 1 / (counted targets of the global batch), so the sum over
@@ -606,19 +561,19 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
   };
   // A causal language model counts every target; a masked one only the masked positions, which
   // differ between data-parallel ranks.
-  const std::int64_t local_tokens = local_batch() * config_.model.seq_len;
+  const std::int64_t local_tokens = local_batch() * config().model.seq_len;
   const double local_counted = static_cast<double>(
-      config_.model.arch == "bert" ? counted_targets(targets, local_tokens) : local_tokens);
+      config().model.masked_lm() ? counted_targets(targets, local_tokens) : local_tokens);
   const double counted =
-      config_.model.arch == "bert"
+      config().model.masked_lm()
           ? sum_over(*dp_, local_counted)
-          : static_cast<double>(config_.train.global_batch * config_.model.seq_len);
+          : static_cast<double>(config().train.global_batch * config().model.seq_len);
   // Local SGD: each replica's gradient is the mean over its own batch.
-  const double gradient_count = local_sgd_ ? local_counted : counted;
+  const double gradient_count = plan_.local_sgd ? local_counted : counted;
   const double scale = gradient_count > 0 ? 1.0 / gradient_count : 0.0;
   const double local = run_batches(step, inputs, targets, local_batch(), first_local_sample(),
                                    scale * loss_scale, ops::HeadMode::train, hooks, &result);
-  if (local_sgd_ && ((step + 1) % sync_every_ == 0 || drain))
+  if (plan_.local_sgd && ((step + 1) % plan_.sync_every == 0 || drain))
     result.replica_divergence = average_replicas();
   const std::size_t expected = reduced_bucket_count();
   OASES_ASSERT(reductions.size() == expected, "{} gradient buckets reduced of {}",
@@ -631,7 +586,7 @@ StepResult TrainingEngine::train_step(std::int64_t step, const std::int32_t* inp
 
 MoeSummary TrainingEngine::moe_summary() {
   MoeSummary summary;
-  const model::ModelConfig& c = config_.model;
+  const model::ModelConfig& c = config().model;
   if (!c.has_moe()) return summary;
   // Per MoE layer: experts' counts, tokens, dropped, groups, aux sum, z sum. Each rank adds
   // the layers it holds; MoE layers run at degree 1, so tensor-parallel ranks route distinct
@@ -686,7 +641,7 @@ void TrainingEngine::apply_update(std::int64_t step, double loss_scale, StepResu
   const bool finite = std::isfinite(result.grad_norm);
   // Every rank holds the same reduced norm, so every rank skips or stops here alike, before
   // any parameter takes a non-finite value.
-  if (!finite && !loss_scaling_) stop_on_non_finite_gradient(step, result.grad_norm);
+  if (!finite && plan_.loss_scaling.kind == plan::LossScalingPlan::Kind::none) stop_on_non_finite_gradient(step, result.grad_norm);
   if (!scaler_.update(finite)) {
     result.skipped = true;
     return;
@@ -701,7 +656,7 @@ void TrainingEngine::stop_on_non_finite_gradient(std::int64_t step, double norm)
     first = p.name;
     break;
   }
-  const auto& t = config_.train;
+  const auto& t = config().train;
   std::string advice = fmt::format("lower train.lr (now {})", t.lr);
   if (t.warmup_steps == 0) advice += " or warm up to it with train.warmup_steps";
   advice += t.grad_clip > 0
@@ -731,7 +686,7 @@ comm::Communicator* TrainingEngine::reduction_group(const model::Model::Bucket& 
                  model_.layer_degree(b.layer));
     return &tp_replica_group_(model_.layer_degree(b.layer));
   }
-  return dp_->size() == 1 || local_sgd_ ? nullptr : dp_;
+  return dp_->size() == 1 || plan_.local_sgd ? nullptr : dp_;
 }
 
 std::unique_ptr<comm::Work> TrainingEngine::reduce_bucket(int bucket) {
@@ -739,18 +694,16 @@ std::unique_ptr<comm::Work> TrainingEngine::reduce_bucket(int bucket) {
   const Tensor grads = model_.grads().view(b.begin, {b.end - b.begin});
   comm::Communicator* group = reduction_group(b);
   if (group == nullptr) return nullptr;
-  const auto zero = zero_buckets_.find(b.id);
+  const bool cut = zero_.is_cut(b.id);
   // ZeRO: each rank receives the sum of its own block only (in place).
   const auto start = [&](const Tensor& buffer) {
-    return zero == zero_buckets_.end()
-               ? group->all_reduce_async(buffer, comm::ReduceOp::sum)
-               : group->reduce_scatter_blocks_async(buffer, zero->second.counts(),
-                                                    comm::ReduceOp::sum);
+    return cut ? group->reduce_scatter_blocks_async(buffer, zero_.counts(b.id), comm::ReduceOp::sum)
+               : group->all_reduce_async(buffer, comm::ReduceOp::sum);
   };
-  std::unique_ptr<comm::Work> work = reduce_in_bf16_
+  std::unique_ptr<comm::Work> work = plan_.dtypes.gradient_reduce == DType::bf16
                                          ? std::make_unique<Bf16Reduction>(grads, start)
                                          : start(grads);
-  if (zero_stage_ >= 2 && zero != zero_buckets_.end()) {
+  if (plan_.zero.stage >= 2 && cut) {
     // ZeRO-2: the other ranks' blocks of a bucket go back to the operating system as soon as
     // its reduction is seen complete (here, as later buckets start, and at the latest when the
     // optimizer step waits for them all).
@@ -770,26 +723,17 @@ void TrainingEngine::release_reduced_blocks(bool wait) {
   std::erase_if(unreleased_, [&](const UnreleasedBucket& pending) {
     if (!wait && !pending.reduction->test()) return false;
     pending.reduction->wait();  // a bf16 reduction widens its result here
-    const ZeroBucket& zero = zero_buckets_.at(pending.bucket);
-    const model::Model::Bucket& b = model_.bucket(pending.bucket);
-    const auto block = static_cast<std::size_t>(zero.group->rank());
-    model_.release_grads(b.begin, zero.cuts[block]);
-    model_.release_grads(zero.cuts[block + 1], b.end);
+    zero_.for_each_foreign_range(model_.bucket(pending.bucket),
+                                 [&](std::int64_t begin, std::int64_t end) {
+                                   model_.release_grads(begin, end);
+                                 });
     return true;
   });
 }
 
 void TrainingEngine::for_each_owned_range(
     const std::function<void(std::int64_t, std::int64_t)>& visit) const {
-  for (const model::Model::Bucket& b : model_.grad_buckets()) {
-    const auto zero = zero_buckets_.find(b.id);
-    if (zero == zero_buckets_.end()) {
-      visit(b.begin, b.end);
-      continue;
-    }
-    const auto block = static_cast<std::size_t>(zero->second.group->rank());
-    visit(zero->second.cuts[block], zero->second.cuts[block + 1]);
-  }
+  zero_.for_each_owned_range(model_.grad_buckets(), visit);
 }
 
 void TrainingEngine::finish_reductions(std::vector<std::unique_ptr<comm::Work>>& reductions,
@@ -803,14 +747,13 @@ void TrainingEngine::finish_reductions(std::vector<std::unique_ptr<comm::Work>>&
   const bool holds_tied = pp_->rank() == 0 || pp_->rank() == pp_->size() - 1;
   for (const std::string& name : holds_tied ? tied_params_ : std::vector<std::string>{}) {
     const model::ParamSpec& p = model_.layout().find(name);
-    const auto zero = zero_buckets_.find(p.group);
-    if (zero == zero_buckets_.end()) continue;
+    if (!zero_.is_cut(p.group)) continue;
     std::vector<std::int64_t> counts;
-    const std::vector<std::int64_t>& cuts = zero->second.cuts;
+    const std::vector<std::int64_t>& cuts = zero_.cuts(p.group);
     for (std::size_t i = 0; i + 1 < cuts.size(); ++i)
       counts.push_back(std::max<std::int64_t>(0, std::min(cuts[i + 1], p.offset + p.numel()) -
                                                      std::max(cuts[i], p.offset)));
-    gathers.push_back(zero->second.group->all_gather_blocks_async(
+    gathers.push_back(zero_group(p.group).all_gather_blocks_async(
         model_.layout().view(model_.grads(), p), std::move(counts)));
   }
   for (auto& work : gathers) work->wait();
@@ -820,7 +763,7 @@ void TrainingEngine::finish_reductions(std::vector<std::unique_ptr<comm::Work>>&
 
 void TrainingEngine::step_optimizer(std::int64_t step) {
   const optim::StepInfo info{learning_rate(step), step + 1};
-  if (spec_.sharded_params) {
+  if (plan_.schedule.sharded_params) {
     // ZeRO-3: each rank updates its own blocks; the next forward gathers them where needed.
     for (const model::Model::Bucket& b : model_.grad_buckets())
       optimizer_->step(model_.params(), model_.grads(), b.begin, b.end, info);
@@ -830,25 +773,24 @@ void TrainingEngine::step_optimizer(std::int64_t step) {
     if (offload_) offload_->evict_all();
     return;
   }
-  if (zero_buckets_.empty()) {
+  if (!zero_.partitions()) {
     optimizer_->step(model_.params(), model_.grads(), info);
     model_.refresh_compute_params();
     if (offload_) offload_->evict_all();
     return;
   }
-  if (spec_.deferred_param_gather) {
+  if (plan_.schedule.deferred_param_gather) {
     // ZeRO-1 and 2: each bucket's gather starts once its blocks are updated (with mixed
     // precision, those of the 16-bit copy; the master's only for a checkpoint) and is waited
     // for by the next run's schedule.
     for (const model::Model::Bucket& b : model_.grad_buckets()) {
       optimizer_->step(model_.params(), model_.grads(), b.begin, b.end, info);
-      const auto zero = zero_buckets_.find(b.id);
-      if (zero == zero_buckets_.end()) {
+      if (!zero_.is_cut(b.id)) {
         model_.refresh_compute_params(b.begin, b.end);
         continue;
       }
-      const auto block = static_cast<std::size_t>(zero->second.group->rank());
-      model_.refresh_compute_params(zero->second.cuts[block], zero->second.cuts[block + 1]);
+      const auto block = static_cast<std::size_t>(zero_.block(b.id));
+      model_.refresh_compute_params(zero_.cuts(b.id)[block], zero_.cuts(b.id)[block + 1]);
       stale_buckets_.insert(b.id);
       start_param_gather(b.id);
     }
@@ -860,10 +802,9 @@ void TrainingEngine::step_optimizer(std::int64_t step) {
   std::vector<std::unique_ptr<comm::Work>> gathers;
   for (const model::Model::Bucket& b : model_.grad_buckets()) {
     optimizer_->step(model_.params(), model_.grads(), b.begin, b.end, info);
-    const auto zero = zero_buckets_.find(b.id);
-    if (zero == zero_buckets_.end()) continue;
-    gathers.push_back(zero->second.group->all_gather_blocks_async(
-        model_.params().view(b.begin, {b.end - b.begin}), zero->second.counts()));
+    if (!zero_.is_cut(b.id)) continue;
+    gathers.push_back(zero_group(b.id).all_gather_blocks_async(
+        model_.params().view(b.begin, {b.end - b.begin}), zero_.counts(b.id)));
   }
   for (auto& work : gathers) work->wait();
   model_.refresh_compute_params();
@@ -883,7 +824,7 @@ void TrainingEngine::sum_tied_gradients() {
     const Tensor theirs(storage.data(), mine.dtype(), mine.shape());
     // Tags above the pipeline's message slots: under 2bw activations and gradients between
     // these two stages may still be in flight, and must not match these receives.
-    const int first_tag = static_cast<int>(local_batch() / model_.micro_batch()) * spec_.sub_batches;
+    const int first_tag = static_cast<int>(local_batch() / model_.micro_batch()) * plan_.schedule.sub_batches;
     const int tag = first_tag + static_cast<int>(i);
     auto sent = pp_->send_async(mine, peer, tag);
     auto received = pp_->recv_async(theirs, peer, tag);
@@ -915,19 +856,18 @@ double TrainingEngine::model_sum_of_squares(const Tensor& flat) {
     // stage counts it.
     if (pp_->rank() > 0 && std::ranges::find(tied_params_, p.name) != tied_params_.end())
       continue;
-    const auto zero = zero_buckets_.find(p.group);
     const bool expert = ep_ && p.group >= first_expert_group;
-    if (zero != zero_buckets_.end()) {
-      const auto block = static_cast<std::size_t>(zero->second.group->rank());
-      const std::int64_t lo = std::max(p.offset, zero->second.cuts[block]);
-      const std::int64_t hi = std::min(p.offset + p.numel(), zero->second.cuts[block + 1]);
+    if (zero_.is_cut(p.group)) {
+      const auto block = static_cast<std::size_t>(zero_.block(p.group));
+      const std::int64_t lo = std::max(p.offset, zero_.cuts(p.group)[block]);
+      const std::int64_t hi = std::min(p.offset + p.numel(), zero_.cuts(p.group)[block + 1]);
       const double squares = lo < hi ? optim::sum_of_squares(flat, lo, hi) : 0.0;
       if (expert) {
         const int degree = model_.layer_degree(p.group - first_expert_group);
         expert_blocks[degree][p.parts == 1 ? 0 : 1] += squares;
         continue;
       }
-      (p.parts == 1 && zero->second.group == dp_ ? replicated_blocks : sharded_blocks) += squares;
+      (p.parts == 1 && &zero_group(p.group) == dp_ ? replicated_blocks : sharded_blocks) += squares;
       continue;
     }
     const double squares = p.parts == 1 || tp_->rank() < p.parts
@@ -936,7 +876,7 @@ double TrainingEngine::model_sum_of_squares(const Tensor& flat) {
     if (expert) (p.parts == 1 ? experts : expert_shards) += squares;
     else (p.parts == 1 ? replicated : sharded) += squares;
   }
-  if (!zero_buckets_.empty()) {
+  if (!!zero_.partitions()) {
     double blocks[2] = {replicated_blocks, sharded_blocks};
     dp_->all_reduce(Tensor::of(blocks, {2}), comm::ReduceOp::sum);
     replicated += blocks[0];
@@ -991,8 +931,8 @@ double TrainingEngine::clip_gradients(double loss_scale) {
   const double norm = std::sqrt(squares) / loss_scale;
   if (!std::isfinite(norm)) return norm;
   const double clip =
-      config_.train.grad_clip > 0 ? optim::clip_coefficient(norm, config_.train.grad_clip) : 1.0;
-  if (config_.train.grad_clip > 0 || loss_scale != 1) {
+      config().train.grad_clip > 0 ? optim::clip_coefficient(norm, config().train.grad_clip) : 1.0;
+  if (config().train.grad_clip > 0 || loss_scale != 1) {
     // Only the blocks this rank updates (all of them without ZeRO): under ZeRO-2 the rest of
     // the array is not even resident.
     for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
@@ -1003,21 +943,9 @@ double TrainingEngine::clip_gradients(double loss_scale) {
 }
 
 std::size_t TrainingEngine::peak_gathered_param_bytes() {
-  if (!spec_.sharded_params) return 0;
-  std::size_t live = 0, peak = 0;
-  const auto foreign_bytes = [&](int bucket) {
-    std::int64_t elements = 0;
-    for_each_foreign_range(bucket, [&](std::int64_t begin, std::int64_t end) {
-      elements += end - begin;
-    });
-    return static_cast<std::size_t>(elements) * dtype_size(model_.compute_params().dtype());
-  };
-  for (const schedule::Instruction& ins : schedule_for(local_batch(), true)) {
-    if (ins.op == schedule::Op::gather_params) live += foreign_bytes(ins.bucket);
-    if (ins.op == schedule::Op::release_params) live -= foreign_bytes(ins.bucket);
-    peak = std::max(peak, live);
-  }
-  return peak;
+  if (!plan_.schedule.sharded_params) return 0;
+  return zero_.peak_gathered_bytes(schedule_for(local_batch(), true), model_,
+                                   dtype_size(model_.compute_params().dtype()));
 }
 
 std::size_t TrainingEngine::activation_bytes() {
@@ -1025,47 +953,22 @@ std::size_t TrainingEngine::activation_bytes() {
          schedule::peak_activation_bytes(model_.program(), schedule_for(local_batch(), true));
 }
 
-MemoryFigures TrainingEngine::memory_figures() {
-  const auto count = static_cast<std::size_t>(model_.param_count());
-  const std::size_t element = dtype_size(model_.dtype());
-  MemoryFigures m;
-  m.working_copy = model_.mixed_precision() ? count * dtype_size(model_.activation_dtype()) : 0;
-  m.params = (two_bw_ ? 2 : 1) * count * element + m.working_copy;
-  m.grads = count * element;
-  if (zero_stage_ >= 2) {
-    // Between steps only this rank's blocks are resident (during a backward also the buckets
-    // not yet reduced).
-    m.grads = 0;
-    for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
-      m.grads += static_cast<std::size_t>(end - begin) * element;
-    });
-  }
-  m.optimizer = optimizer_->state_bytes();
-  m.activations = activation_bytes();
-  m.offloaded = offload_ ? offload_->allocated_bytes() : 0;
-  if (spec_.sharded_params) {
-    // ZeRO-3: this rank's blocks of both copies, plus the most of the others' blocks the
-    // training schedule holds gathered at once (of the copy forward and backward read).
-    std::size_t owned = 0;
-    for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
-      owned += static_cast<std::size_t>(end - begin);
-    });
-    const std::size_t half =
-        model_.mixed_precision() ? dtype_size(model_.activation_dtype()) : 0;
-    const std::size_t gathered = peak_gathered_param_bytes();
-    m.working_copy = owned * half + (model_.mixed_precision() ? gathered : 0);
-    m.params = (two_bw_ ? 2 : 1) * owned * element + owned * half + gathered;
-    // The store holds the whole master copy; only this rank's blocks of it stand for memory.
-    if (offload_ && config_.parallel.offload == "optimizer+params")
-      m.offloaded -= (count - owned) * element;
-  }
-  return m;
+planner::MemoryFigures TrainingEngine::memory_figures() {
+  planner::MemorySizes sizes;
+  sizes.params = model_.param_count();
+  for_each_owned_range(
+      [&](std::int64_t begin, std::int64_t end) { sizes.owned_params += end - begin; });
+  sizes.gathered_bytes = peak_gathered_param_bytes();
+  sizes.optimizer_state = optimizer_->state_bytes();
+  sizes.activations = activation_bytes();
+  sizes.offload_store = offload_ ? offload_->allocated_bytes() : 0;
+  return planner::memory_figures(plan_.memory_policy(), sizes);
 }
 
 const schedule::LoweredRun& TrainingEngine::two_bw_run(schedule::TwoBwRun run) {
   const auto key = std::pair{run.carries_in, run.drains};
   if (auto it = two_bw_runs_.find(key); it != two_bw_runs_.end()) return it->second;
-  schedule::ScheduleSpec spec = spec_;
+  schedule::ScheduleSpec spec = plan_.schedule;
   spec.micro_batches = static_cast<int>(local_batch() / model_.micro_batch());
   spec.training = true;
   return two_bw_runs_.emplace(key, lower_2bw(spec, run)).first->second;
@@ -1077,7 +980,7 @@ schedule::LoweredRun TrainingEngine::lower_2bw(const schedule::ScheduleSpec& spe
 }
 
 void TrainingEngine::set_stashed_weights(const Tensor& values, std::int64_t steps_done) {
-  OASES_ASSERT(two_bw_ && !in_flight_step_, "stashed weights set outside a 2bw run or mid-stream");
+  OASES_ASSERT(plan_.pipeline.two_bw() && !in_flight_step_, "stashed weights set outside a 2bw run or mid-stream");
   versions_ = make_weight_versions(steps_done);
   versions_->set_older(values);
   refresh_held_compute_params();
@@ -1085,13 +988,13 @@ void TrainingEngine::set_stashed_weights(const Tensor& values, std::int64_t step
 
 std::unique_ptr<WeightVersions> TrainingEngine::make_weight_versions(std::int64_t newest) const {
   std::vector<WeightVersions::Range> held;
-  if (spec_.sharded_params)
+  if (plan_.schedule.sharded_params)
     for_each_owned_range([&](std::int64_t begin, std::int64_t end) { held.emplace_back(begin, end); });
   return std::make_unique<WeightVersions>(model_.params(), newest, std::move(held));
 }
 
 void TrainingEngine::refresh_held_compute_params() {
-  if (!spec_.sharded_params) return model_.refresh_compute_params();
+  if (!plan_.schedule.sharded_params) return model_.refresh_compute_params();
   for_each_owned_range([&](std::int64_t begin, std::int64_t end) {
     model_.refresh_compute_params(begin, end);
   });
@@ -1124,12 +1027,12 @@ StepResult TrainingEngine::train_step_2bw(std::int64_t step, const std::int32_t*
                "2bw step {} with W({}) the newest weights", step, versions_->newest());
   model_.reset_moe_stats();
 
-  const std::int64_t seq = config_.model.seq_len, rows = local_batch();
+  const std::int64_t seq = config().model.seq_len, rows = local_batch();
   const std::int64_t local_tokens = rows * seq;
   const double counted =
-      config_.model.arch == "bert"
+      config().model.masked_lm()
           ? sum_over(*dp_, static_cast<double>(counted_targets(targets, local_tokens)))
-          : static_cast<double>(config_.train.global_batch * seq);
+          : static_cast<double>(config().train.global_batch * seq);
   const double scale = counted > 0 ? 1.0 / counted : 0.0;
   // The batch's tokens stay here until its last backward has run (the next call, at most).
   BatchInFlight& own = batches_[static_cast<std::size_t>(step % 2)];

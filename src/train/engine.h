@@ -12,9 +12,11 @@
 #include "runtime/executor.h"
 #include "schedule/pipeline_2bw.h"
 #include "schedule/schedule.h"
-#include "plan/run_config.h"
+#include "plan/run_plan.h"
+#include "planner/memory.h"
 #include "train/loss_scaler.h"
 #include "train/weight_versions.h"
+#include "train/zero_partition.h"
 
 #include <array>
 #include <cstdint>
@@ -84,18 +86,6 @@ struct ParallelGroups {
   std::function<comm::Communicator&(int degree)> expert_replicas = nullptr;
 };
 
-// The element type activations are computed in (train.precision: f32, f64, or bf16 / f16
-// under mixed precision).
-DType compute_dtype(const plan::RunConfig& config);
-// The element type of the parameters (the master copy), their gradients and the optimizer:
-// f64 for train.precision = "fp64", else f32.
-DType parameter_dtype(const plan::RunConfig& config);
-// The options of pipeline stage `pp_rank`'s model that follow from the config alone (element
-// types, batch split, slot lanes, seed, per-layer degrees, the stage's layers, ZeRO's pageable
-// arrays); the caller adds the communicators, 16-bit GEMM paths and parameter placement.
-model::ModelOptions stage_model_options(const plan::RunConfig& config, const schedule::ScheduleSpec& spec,
-                                        int pp_rank);
-
 // The 16-bit matrix-product paths of a run and why: train.gemm16_path pinned, or measured on
 // one rank and broadcast to all (ranks that split a layer must round alike).
 struct Gemm16Resolution {
@@ -103,28 +93,13 @@ struct Gemm16Resolution {
   std::string description;  // "convert+sgemm (...reason...)"; empty without mixed precision
 };
 
-// Bytes one rank holds for a run, by kind: what the start-up line, run.json and every metrics
-// record report, and what memory_bytes() sums.
-struct MemoryFigures {
-  // The parameters: the master copy (f32, or f64 in fp64 runs), 2bw's second weight version,
-  // and under mixed precision the 16-bit copy forward and backward read (also in working_copy).
-  std::size_t params = 0;
-  std::size_t working_copy = 0;
-  std::size_t grads = 0;        // the gradient accumulators
-  std::size_t optimizer = 0;    // this rank's optimizer state (its own blocks under ZeRO)
-  std::size_t activations = 0;  // peak of a training step: slots, scratch and kept tensors
-  // parallel.offload: the part of the above kept in the scratch file between optimizer steps
-  // (the optimizer state, and the master weights with "optimizer+params").
-  std::size_t offloaded = 0;
-  // What must fit in memory.
-  std::size_t total() const { return params + grads + optimizer + activations - offloaded; }
-};
-
 class TrainingEngine {
  public:
-  // Every rank of the groups constructs the engine with the same config; the groups must
-  // outlive it. parallel.plan gives the layers' degrees (layer_degrees(config)); "auto" must be
-  // resolved to a plan before.
+  // Every rank of the groups constructs the engine with its plan of the same config; the groups
+  // must outlive it and match the plan's mesh (UserError otherwise). parallel.plan = "auto"
+  // must have been planned before.
+  TrainingEngine(const plan::RunPlan& plan, ParallelGroups groups);
+  // The plan of `config` for the rank the groups place this process at.
   explicit TrainingEngine(const plan::RunConfig& config, ParallelGroups groups = {});
   ~TrainingEngine();
   TrainingEngine(const TrainingEngine&) = delete;
@@ -135,7 +110,7 @@ class TrainingEngine {
   comm::Communicator& pp() { return *pp_; }
   // Sequences of each global batch this data-parallel rank processes, and the global index of
   // its first one.
-  std::int64_t local_batch() const { return config_.train.global_batch / dp_->size(); }
+  std::int64_t local_batch() const { return plan_.local_batch(); }
   std::int64_t first_local_sample() const { return dp_->rank() * local_batch(); }
 
   model::Model& model() { return model_; }
@@ -145,7 +120,8 @@ class TrainingEngine {
   // Fault injection for tests: the gradient of optimizer step `step` (0-based) gets an
   // infinity before the norm is taken, as an fp16 overflow would. Every rank must be told alike.
   void inject_gradient_overflow(std::int64_t step) { injected_overflow_step_ = step; }
-  const plan::RunConfig& config() const { return config_; }
+  const plan::RunPlan& plan() const { return plan_; }
+  const plan::RunConfig& config() const { return plan_.config; }
   // This rank's optimizer. Under parallel.zero >= 1 it owns the state of this rank's blocks
   // only (optim/zero_partition.h): its layout holds those parts at their flat offsets.
   optim::Optimizer& optimizer() { return *optimizer_; }
@@ -166,13 +142,11 @@ class TrainingEngine {
   // given back; ZeRO-1 and 2: nothing is left to gather.
   void shard_params();
   // Whether parameters are partitioned between uses (ZeRO-3 over a group of more than one).
-  bool params_sharded() const { return spec_.sharded_params; }
+  bool params_sharded() const { return plan_.schedule.sharded_params; }
   // parallel.offload: the scratch store (null without offloading).
   const OffloadStore* offload_store() const { return offload_.get(); }
   // parallel.zero in effect (0 when no bucket is summed over more than one rank).
-  int zero_stage() const { return zero_buckets_.empty() ? 0 : zero_stage_; }
-  // The schedule of training steps (auto settings resolved).
-  const schedule::ScheduleSpec& schedule_spec() const { return spec_; }
+  int zero_stage() const { return plan_.zero.effective_stage(); }
   // The instruction list run for `sequences` local rows (training or forward only); verified
   // when first generated.
   const schedule::Schedule& schedule_for(std::int64_t sequences, bool training);
@@ -208,7 +182,7 @@ class TrainingEngine {
   // 2bw only (else null): the weights W(n - 1) the next batch computes on, n the optimizer
   // steps done; model().params() holds W(n) between steps.
   const Tensor* stashed_weights() const { return versions_ ? &versions_->older() : nullptr; }
-  bool stashed_weights_needed() const { return two_bw_; }
+  bool stashed_weights_needed() const { return plan_.pipeline.two_bw(); }
   // 2bw only: sets the stashed weights after a resume (a checkpoint's), REQUIRES: no step has
   // run since the parameters were loaded, which also restarts the version count at `steps_done`.
   void set_stashed_weights(const Tensor& values, std::int64_t steps_done);
@@ -239,7 +213,7 @@ class TrainingEngine {
 
   // Bytes this rank holds for the run: parameters, gradients, optimizer state, and the peak
   // of activations under the training schedule.
-  MemoryFigures memory_figures();
+  planner::MemoryFigures memory_figures();
   std::size_t memory_bytes() { return memory_figures().total(); }
   // Peak activation bytes of a training step: slots and scratch plus the schedule's peak of
   // kept tensors (predicted from the program; the executor measures the same).
@@ -289,6 +263,9 @@ class TrainingEngine {
   // Calls visit(begin, end) for the flat range of every bucket this rank updates: its block
   // of a partitioned bucket, the whole of any other.
   void for_each_owned_range(const std::function<void(std::int64_t, std::int64_t)>& visit) const;
+  // The group that sums a cut bucket's gradients (ZeRO), over which its blocks are reduced and
+  // gathered.
+  comm::Communicator& zero_group(int bucket) const;
   // The group that sums bucket `bucket`'s gradients (null: none), as reduce_bucket uses it.
   comm::Communicator* reduction_group(const model::Model::Bucket& bucket);
   // The buckets reduction_group gives a group (whose reductions a step waits for).
@@ -341,7 +318,7 @@ class TrainingEngine {
   // goes to the newest weights.
   void step_2bw_batch(std::vector<std::unique_ptr<comm::Work>>& reductions, StepResult& result);
 
-  plan::RunConfig config_;
+  plan::RunPlan plan_;
   comm::SelfCommunicator self_tp_{"tp"};
   comm::SelfCommunicator self_dp_{"dp"};
   comm::SelfCommunicator self_pp_{"pp"};
@@ -354,27 +331,13 @@ class TrainingEngine {
   std::function<comm::Communicator&(int degree)> tp_replica_group_;
   comm::Communicator* ep_ = nullptr;               // null: every expert on this rank
   std::function<comm::Communicator&(int degree)> expert_replicas_;  // with ep_
-  schedule::ScheduleSpec spec_;
   Gemm16Resolution gemm16_;
-  // fp16: loss scaling with skipped steps; other precisions stop on a non-finite gradient.
-  bool loss_scaling_ = false;
   LossScaler scaler_;
-  bool reduce_in_bf16_ = false;  // train.grad_reduce_dtype = "bf16"
-  // parallel.dp_sync_every > 1 over more than one data-parallel rank: no gradient sums over
-  // the data-parallel group; replicas averaged every sync_every_ steps.
-  std::int64_t sync_every_ = 1;
-  bool local_sgd_ = false;
   std::optional<std::int64_t> injected_overflow_step_;
-  // parallel.zero >= 1: for each gradient bucket summed over a group of more than one rank,
-  // that group and the cuts of its blocks (optim::partition_range); this rank owns block
-  // group->rank(). Buckets summed by nobody are not partitioned.
-  struct ZeroBucket {
-    comm::Communicator* group = nullptr;
-    std::vector<std::int64_t> cuts;
-    std::vector<std::int64_t> counts() const;
-  };
-  int zero_stage_ = 0;
-  std::map<int, ZeroBucket> zero_buckets_;
+  // parallel.zero >= 1: the cuts of each gradient bucket summed over a group of more than one
+  // rank, and that group by bucket; this rank owns block group->rank().
+  ZeroPartition zero_;
+  std::map<int, comm::Communicator*> zero_groups_;
   // ZeRO-2: reductions started whose buckets still hold the other ranks' blocks.
   struct UnreleasedBucket {
     comm::Work* reduction = nullptr;  // owned by the step's list of reductions
@@ -399,8 +362,7 @@ class TrainingEngine {
   // parallel.pipeline = "2bw": the two weight versions, the batch whose backwards run in the
   // next call (tokens kept per step parity: a call reads its own and the previous batch's),
   // and the lowered runs by (carries_in, drains).
-  bool two_bw_ = false;
-std::unique_ptr<WeightVersions> versions_;
+  std::unique_ptr<WeightVersions> versions_;
   std::array<BatchInFlight, 2> batches_;
   std::optional<std::int64_t> in_flight_step_;
   std::map<std::pair<bool, bool>, schedule::LoweredRun> two_bw_runs_;

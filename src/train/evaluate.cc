@@ -83,7 +83,7 @@ EvalLayout eval_layout(const std::string& checkpoint, int world_size, int tp, in
 EvalResult evaluate_shard(TrainingEngine& engine, const data::TokenShard& shard,
                           const data::Tokenizer& tokenizer, std::int64_t max_batches) {
   const plan::RunConfig& config = engine.config();
-  OASES_CHECK(config.model.arch != "bert",
+  OASES_CHECK(!config.model.masked_lm(),
               "model.arch = \"bert\" predicts masked tokens from both sides; evaluation by next-"
               "token loss needs a \"gpt\" or \"llama\" model");
   const std::int64_t seq = config.model.seq_len;

@@ -16,7 +16,8 @@ namespace oases::train {
 plan::RunConfig split_pipeline_automatically(const plan::RunConfig& config, const ProfileOptions& options,
                                        const std::function<comm::Mesh(int tp)>& make_mesh,
                                        int chunks) {
-  OASES_ASSERT(config.parallel.pipeline_layers == "auto",
+  const plan::RunPlan run = plan::make_run_plan(config);
+  OASES_ASSERT(run.settings.pipeline_layers == plan::PipelineLayersSource::automatic,
                "split_pipeline_automatically for parallel.pipeline_layers = \"{}\"",
                config.parallel.pipeline_layers);
   const auto P = static_cast<int>(config.parallel.pp);
@@ -37,9 +38,9 @@ plan::RunConfig split_pipeline_automatically(const plan::RunConfig& config, cons
              config.parallel.tp);
   const planner::Profile profile =
       run_profile(measured, options, [&](int tp, int) { return make_mesh(tp); });
-  const schedule::ScheduleSpec within_stage = schedule_spec(config);
+  const schedule::ScheduleSpec& within_stage = run.schedule;
   schedule::PipelineSpec pipeline;
-  pipeline.kind = schedule::parse_pipeline_kind(config.parallel.pipeline, "parallel.pipeline");
+  pipeline.kind = run.pipeline.kind;
   pipeline.stages = P;
   pipeline.virtual_stages = chunks / P;
   pipeline.micro_batches = within_stage.micro_batches;

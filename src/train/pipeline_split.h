@@ -19,7 +19,7 @@ namespace oases::train {
 // tells every rank. make_mesh(k): every rank of the run as tensor-parallel groups of k ranks.
 // With options.progress, rank 0 logs the split. Collective over every rank of the run;
 // UserError (on every rank) when no split fits the memory limit.
-// REQUIRES: config.parallel.pipeline_layers == "auto".
+// REQUIRES: parallel.pipeline_layers is "auto".
 plan::RunConfig split_pipeline_automatically(const plan::RunConfig& config, const ProfileOptions& options,
                                        const std::function<comm::Mesh(int tp)>& make_mesh,
                                        int chunks);

@@ -110,11 +110,6 @@ Tokens profile_tokens(const plan::RunConfig& c) {
   return t;
 }
 
-// Schedules whose compute runs while their own tensor-parallel collectives are on the wire.
-bool overlaps_collectives(schedule::ScheduleKind kind) {
-  return kind != schedule::ScheduleKind::megatron && kind != schedule::ScheduleKind::fine_grained;
-}
-
 // The all-gather of a reshard between degrees a < b: every group of b ranks gathers one
 // sub-batch's r_l from its b / a groups of degree a, all groups at once as in a training step.
 void measure_reshards(planner::Profile& profile, const plan::RunConfig& config,
@@ -189,7 +184,9 @@ planner::ExpertLink measure_expert_link(const plan::RunConfig& config, std::int6
 
 }  // namespace
 
-planner::Profile profile_of_run(const plan::RunConfig& config, const schedule::ScheduleSpec& spec) {
+planner::Profile profile_of_run(const plan::RunPlan& plan) {
+  const plan::RunConfig& config = plan.config;
+  const schedule::ScheduleSpec& spec = plan.schedule;
   const auto T = static_cast<int>(config.parallel.tp);
   OASES_CHECK((T & (T - 1)) == 0, "parallel.tp = {}: the planner's degrees are powers of two", T);
   planner::Profile profile;
@@ -197,7 +194,7 @@ planner::Profile profile_of_run(const plan::RunConfig& config, const schedule::S
   profile.tp = T;
   profile.micro_batch = config.train.micro_batch;
   profile.sub_batches = spec.sub_batches;
-  profile.element_bytes = static_cast<std::int64_t>(dtype_size(compute_dtype(config)));
+  profile.element_bytes = static_cast<std::int64_t>(dtype_size(plan.dtypes.compute));
   profile.precision = config.train.precision;
   profile.zero = static_cast<int>(config.parallel.zero);
   profile.offload = config.parallel.offload;
@@ -214,11 +211,229 @@ planner::Profile profile_of_run(const plan::RunConfig& config, const schedule::S
   return profile;
 }
 
+namespace {
+
+// One degree's engines: the measured one (fine-grained, blocking collectives, one sub-batch's
+// share of rows) and, at the whole group's degree under a schedule that overlaps its
+// collectives, the run's own schedule stepping beside it.
+struct DegreeEngines {
+  plan::RunConfig measured_config;
+  std::unique_ptr<TrainingEngine> measured;
+  Tokens measured_tokens;
+  std::unique_ptr<TrainingEngine> overlapped;
+  Tokens overlapped_tokens;
+};
+
+DegreeEngines degree_engines(const plan::RunPlan& run, comm::Mesh& mesh, int k,
+                             std::int64_t rows) {
+  const plan::RunConfig& config = run.config;
+  DegreeEngines e;
+  plan::RunConfig& c = e.measured_config;
+  c = config;
+  c.parallel = plan::ParallelConfig{};
+  c.parallel.tp = k;
+  // The memory figures (and the optimizer's time) are measured under the run's ZeRO stage and
+  // offload. This engine has no data-parallel ranks, so ZeRO shards nothing: the figures are
+  // those of a run at dp = 1, as parallel.plan = "auto" runs.
+  c.parallel.zero = config.parallel.zero;
+  c.parallel.offload = config.parallel.offload;
+  c.parallel.offload_dir = config.parallel.offload_dir;
+  c.parallel.schedule = "fine-grained";
+  c.train.micro_batch = c.train.global_batch = rows;
+  c.checkpoint = {};
+  c.log = {};
+  e.measured = std::make_unique<TrainingEngine>(c, ParallelGroups{&mesh.tp_group(), nullptr, {}, {}});
+  e.measured_tokens = profile_tokens(c);
+  // At the whole group's degree, a schedule that overlaps compute with its collectives runs its
+  // own steps too, one after each timed blocking step (so that both see the shared host alike):
+  // they measure how compute and communication slow each other in training steps rather than
+  // in a synthetic loop (planner::OverlapCollector).
+  const int T = run.mesh.tp;
+  if (k == T && T > 1 && schedule::overlaps_collectives(run.schedule.kind)) {
+    plan::RunConfig o = c;
+    o.parallel.schedule = config.parallel.schedule;
+    o.parallel.recompute = config.parallel.recompute;
+    o.parallel.recompute_every = config.parallel.recompute_every;
+    o.parallel.sub_batches = config.parallel.sub_batches;
+    o.train.micro_batch = o.train.global_batch = config.train.micro_batch;
+    e.overlapped =
+        std::make_unique<TrainingEngine>(o, ParallelGroups{&mesh.tp_group(), nullptr, {}, {}});
+    e.overlapped_tokens = profile_tokens(o);
+  }
+  return e;
+}
+
+// Warm-up and timed steps; the measured engine's records go to `timings`, the overlapped one's
+// to `overlap`. Returns each MoE layer's kept assignments per expert over the timed steps.
+std::map<int, std::vector<double>> run_steps(DegreeEngines& e, const ProfileOptions& options,
+                                             planner::TimingCollector& timings,
+                                             planner::OverlapCollector& overlap) {
+  const auto step = [&](TrainingEngine& engine, const Tokens& tokens, int s) {
+    engine.train_step(s, tokens.inputs.data(), tokens.targets.data());
+  };
+  for (int s = 0; s < options.warmup_steps; ++s) {
+    step(*e.measured, e.measured_tokens, s);
+    if (e.overlapped) step(*e.overlapped, e.overlapped_tokens, s);
+  }
+  e.measured->set_listener(&timings);
+  if (e.overlapped) e.overlapped->set_listener(&overlap);
+  std::map<int, std::vector<double>> routed;
+  for (int s = 0; s < options.steps; ++s) {
+    step(*e.measured, e.measured_tokens, options.warmup_steps + s);
+    if (e.overlapped) {
+      step(*e.overlapped, e.overlapped_tokens, options.warmup_steps + s);
+      overlap.end_step();
+    }
+    // The stats restart with every step.
+    const auto& stats = e.measured->model().moe_stats();
+    for (std::size_t layer = 0; layer < stats.size(); ++layer) {
+      const std::vector<double>& counts = stats[layer].tokens_per_expert;
+      if (counts.empty()) continue;
+      auto& sum = routed[static_cast<int>(layer)];
+      sum.resize(counts.size(), 0.0);
+      for (std::size_t e_index = 0; e_index < counts.size(); ++e_index) sum[e_index] += counts[e_index];
+    }
+  }
+  e.measured->set_listener(nullptr);
+  if (e.overlapped) e.overlapped->set_listener(nullptr);
+  return routed;
+}
+
+// Per parameter byte, what the engine holds of each kind, from the same figures the start-up
+// line and the metrics give (planner::Profile::param_bytes_ratio, ...). What is offloaded is the
+// optimizer's state and, with "optimizer+params", the master weights: it comes off the
+// optimizer's state first and the rest off the parameters.
+void record_memory(TrainingEngine& engine, planner::Profile& profile, planner::DegreeProfile& degree) {
+  const auto element = static_cast<std::int64_t>(dtype_size(engine.model().dtype()));
+  const auto& layer0 = engine.model().layout().groups().at(1);  // the first layer's parameters
+  degree.parameter_bytes_per_layer = (layer0.second - layer0.first) * element;
+  degree.parameter_bytes = engine.model().param_count() * element;
+  const planner::MemoryFigures memory = engine.memory_figures();
+  const double parameter_bytes = static_cast<double>(
+      std::max<std::int64_t>(1, engine.model().param_count()) * element);
+  const std::size_t optimizer_offloaded = std::min(memory.offloaded, memory.optimizer);
+  const std::size_t params_offloaded =
+      std::min(memory.offloaded - optimizer_offloaded, memory.params);
+  profile.param_bytes_ratio =
+      static_cast<double>(memory.params - params_offloaded) / parameter_bytes;
+  profile.grad_bytes_ratio = static_cast<double>(memory.grads) / parameter_bytes;
+  profile.optimizer_bytes_ratio =
+      static_cast<double>(memory.optimizer - optimizer_offloaded) / parameter_bytes;
+  degree.static_activation_bytes =
+      static_cast<std::int64_t>(engine.model().static_activation_bytes());
+}
+
+// The degree's overlap slowdowns: from the traced steps of the overlapped schedule where they
+// measured something, else from a GEMM loop under an all-reduce over `beside`.
+void record_slowdowns(const DegreeEngines& e, comm::Communicator& beside, int k,
+                      const plan::RunPlan& run, const ProfileOptions& options,
+                      planner::OverlapCollector& overlap, planner::DegreeProfile& degree) {
+  // The GEMM loop runs even where the traced steps will give the slowdowns: it is collective,
+  // and each rank decides from its own trace whether that measured anything.
+  const OverlapSlowdown slowdown = measure_overlap_slowdown(beside, e.measured_config, k);
+  degree.overlap_slowdown = slowdown.compute;
+  degree.collective_slowdown = slowdown.collective;
+  if (!e.overlapped) return;
+  const planner::OverlapCollector::Estimate traced = overlap.estimate(degree);
+  if (traced.compute_slowdown) degree.overlap_slowdown = *traced.compute_slowdown;
+  if (traced.collective_slowdown) degree.collective_slowdown = *traced.collective_slowdown;
+  if (options.progress)
+    log_info("degree {}: under the {} schedule, {:.0f}% of compute ran with a collective on "
+             "the wire and {:.0f}% of the collectives' time beside compute; slowdowns {:.3f} "
+             "(compute{}) and {:.3f} (collectives{})",
+             k, schedule::name(run.schedule.kind), 100 * traced.compute_share_in_flight,
+             100 * traced.collective_share_under_compute, degree.overlap_slowdown,
+             traced.compute_slowdown ? ", traced" : ", synthetic loop", degree.collective_slowdown,
+             traced.collective_slowdown ? ", traced" : ", synthetic loop");
+}
+
+// Replicas of a layer sum its gradients: time that over the replica group. At degree 1 the
+// same all-reduce also describes the link a data-parallel run's reductions cross
+// (Profile::replica_link); with tp = 1 it is timed over the ranks beside the group.
+void record_replica_reduction(comm::Mesh& mesh, comm::Communicator& beside, int k, int steps,
+                              std::int64_t element, planner::Profile& profile,
+                              planner::DegreeProfile& degree) {
+  comm::Communicator& replicas = mesh.dp_group();
+  comm::Communicator* reducing = replicas.size() > 1          ? &replicas
+                                 : k == 1 && beside.size() > 1 ? &beside
+                                                               : nullptr;
+  if (reducing == nullptr) return;
+  std::vector<float> grads(static_cast<std::size_t>(degree.parameter_bytes_per_layer / element), 1.0f);
+  std::vector<double> times;
+  for (int s = 0; s < steps + 1; ++s) {
+    reducing->barrier();
+    const Stopwatch clock;
+    reducing->all_reduce(Tensor::of(grads.data(), {static_cast<std::int64_t>(grads.size())}));
+    if (s > 0) times.push_back(clock.seconds());  // the first warms the connections up
+  }
+  if (reducing == &replicas) degree.replica_reduce_per_layer_s = median(times);
+  if (k == 1)
+    profile.replica_link = {static_cast<std::int64_t>(grads.size() * sizeof(float)),
+                            reducing->size(), median(times)};
+}
+
+// Each segment kind's kept sets, and what the MoE segments' collectives move (for pricing them
+// at other rows and over the expert-parallel link: the all-to-alls exchange whole buffers of
+// every expert's slots, the same at any ep).
+void record_segment_shapes(const model::Model& model, planner::DegreeProfile& degree) {
+  for (const ops::SegmentShape& shape : model.program().segments) {
+    const std::string kind = planner::segment_kind(shape.name);
+    auto& sets = degree.activation_bytes[kind];
+    sets["checkpoint"] = static_cast<std::int64_t>(shape.checkpoint_bytes);
+    sets["internals"] = static_cast<std::int64_t>(shape.internals_bytes);
+    sets["core"] = static_cast<std::int64_t>(shape.core_bytes);
+    if (std::find(std::begin(planner::kMoeKinds), std::end(planner::kMoeKinds), kind) !=
+        std::end(planner::kMoeKinds)) {
+      degree.collective_elements[kind + ".fwd"] = shape.forward_collective_elements;
+      degree.collective_elements[kind + ".bwd"] = shape.backward_collective_elements;
+    }
+  }
+}
+
+// Degree k's measurements: its segments and collectives timed, its memory, slowdowns and
+// replica reduction.
+planner::DegreeProfile profile_degree(const plan::RunPlan& run, const ProfileOptions& options,
+                                      comm::Mesh& mesh, int k, std::int64_t rows,
+                                      planner::Profile& profile) {
+  DegreeEngines e = degree_engines(run, mesh, k, rows);
+  planner::TimingCollector timings;
+  planner::OverlapCollector overlap;
+  const std::map<int, std::vector<double>> routed = run_steps(e, options, timings, overlap);
+  // The routing of the most rows (the whole group's) stands for the run's.
+  if (k == run.mesh.tp && run.mesh.ep > 1)
+    for (const auto& [layer, counts] : routed)
+      profile.expert_load_imbalance[layer] = planner::expert_load_imbalance(counts, run.mesh.ep);
+  planner::DegreeProfile degree;
+  degree.degree = k;
+  degree.rows = rows;
+  timings.fill(degree);
+  record_memory(*e.measured, profile, degree);
+  // A group of one rank has no tensor-parallel link, but its compute still shares the device
+  // with reductions over the ranks beside it: its replicas at this degree (dp group), or with
+  // tp 1 the copies of the group started beside it (the mesh's third axis). Measured over
+  // those, as a data-parallel run's gradient all-reduces would run.
+  comm::Communicator& beside = mesh.tp_group().size() > 1   ? mesh.tp_group()
+                               : mesh.dp_group().size() > 1 ? mesh.dp_group()
+                                                            : mesh.pp_group();
+  record_slowdowns(e, beside, k, run, options, overlap, degree);
+  record_replica_reduction(mesh, beside, k, options.steps,
+                           static_cast<std::int64_t>(dtype_size(e.measured->model().dtype())),
+                           profile, degree);
+  record_segment_shapes(e.measured->model(), degree);
+  if (options.progress)
+    log_info(
+        "degree {}: {} sequences per replica; attention forward {:.1f} ms, mlp forward {:.1f} ms",
+        k, degree.rows, 1e3 * degree.segments["attention"].forward_s,
+        1e3 * degree.segments["mlp"].forward_s);
+  return degree;
+}
+
+}  // namespace
+
 planner::Profile run_profile(const plan::RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh) {
-  const schedule::ScheduleSpec spec = schedule_spec(config);
-  const auto T = static_cast<int>(config.parallel.tp);
-  const auto ep = static_cast<int>(config.parallel.ep);
+  const plan::RunPlan run = plan::make_run_plan(config);
+  const int T = run.mesh.tp, ep = run.mesh.ep;
   OASES_CHECK((config.parallel.dp == 1 || config.parallel.dp == ep) && config.parallel.pp == 1,
               "oases profile measures one tensor-parallel group, and with parallel.ep > 1 the "
               "link of one expert-parallel group: set parallel.pp = 1 and parallel.dp = 1 or "
@@ -226,170 +441,13 @@ planner::Profile run_profile(const plan::RunConfig& config, const ProfileOptions
               config.parallel.dp, ep, config.parallel.pp);
   OASES_CHECK(options.steps >= 1, "--steps = {} must be at least 1", options.steps);
   OASES_CHECK(options.warmup_steps >= 0, "warm-up steps = {} must be >= 0", options.warmup_steps);
-  planner::Profile profile = profile_of_run(config, spec);
-  const std::int64_t sub_batch_rows = config.train.micro_batch / spec.sub_batches;
+  planner::Profile profile = profile_of_run(run);
+  const std::int64_t sub_batch_rows = config.train.micro_batch / run.schedule.sub_batches;
   for (int k = 1; k <= T; k *= 2) {
     comm::Mesh mesh = make_mesh(k, T / k);
-    plan::RunConfig c = config;
-    c.parallel = plan::ParallelConfig{};
-    c.parallel.tp = k;
-    // The memory figures below (and the optimizer's time) are measured under the run's ZeRO
-    // stage and offload. This engine has no data-parallel ranks, so ZeRO shards nothing: the
-    // figures are those of a run at dp = 1, as parallel.plan = "auto" runs.
-    c.parallel.zero = config.parallel.zero;
-    c.parallel.offload = config.parallel.offload;
-    c.parallel.offload_dir = config.parallel.offload_dir;
-    c.parallel.schedule = "fine-grained";
-    c.train.micro_batch = c.train.global_batch = sub_batch_rows * k / T;
-    c.checkpoint = {};
-    c.log = {};
-    TrainingEngine engine(c, ParallelGroups{&mesh.tp_group(), nullptr, {}, {}});
-    const Tokens tokens = profile_tokens(c);
-    // At the whole group's degree, a schedule that overlaps compute with its collectives runs
-    // its own steps too, one after each timed blocking step (so that both see the shared host
-    // alike): they measure how compute and communication slow each other in training steps
-    // rather than in a synthetic loop (planner::OverlapCollector).
-    std::unique_ptr<TrainingEngine> overlapped;
-    Tokens overlapped_tokens;
-    if (k == T && T > 1 && overlaps_collectives(spec.kind)) {
-      plan::RunConfig o = c;
-      o.parallel.schedule = config.parallel.schedule;
-      o.parallel.recompute = config.parallel.recompute;
-      o.parallel.recompute_every = config.parallel.recompute_every;
-      o.parallel.sub_batches = config.parallel.sub_batches;
-      o.train.micro_batch = o.train.global_batch = config.train.micro_batch;
-      overlapped = std::make_unique<TrainingEngine>(
-          o, ParallelGroups{&mesh.tp_group(), nullptr, {}, {}});
-      overlapped_tokens = profile_tokens(o);
-    }
-    for (int s = 0; s < options.warmup_steps; ++s) {
-      engine.train_step(s, tokens.inputs.data(), tokens.targets.data());
-      if (overlapped)
-        overlapped->train_step(s, overlapped_tokens.inputs.data(), overlapped_tokens.targets.data());
-    }
-    planner::TimingCollector timings;
-    planner::OverlapCollector overlap;
-    engine.set_listener(&timings);
-    if (overlapped) overlapped->set_listener(&overlap);
-    // Each MoE layer's kept assignments per expert over the timed steps (the stats restart
-    // with every step).
-    std::map<int, std::vector<double>> routed;
-    for (int s = 0; s < options.steps; ++s) {
-      engine.train_step(options.warmup_steps + s, tokens.inputs.data(), tokens.targets.data());
-      if (overlapped) {
-        overlapped->train_step(options.warmup_steps + s, overlapped_tokens.inputs.data(),
-                               overlapped_tokens.targets.data());
-        overlap.end_step();
-      }
-      const auto& stats = engine.model().moe_stats();
-      for (std::size_t layer = 0; layer < stats.size(); ++layer) {
-        const std::vector<double>& counts = stats[layer].tokens_per_expert;
-        if (counts.empty()) continue;
-        auto& sum = routed[static_cast<int>(layer)];
-        sum.resize(counts.size(), 0.0);
-        for (std::size_t e = 0; e < counts.size(); ++e) sum[e] += counts[e];
-      }
-    }
-    engine.set_listener(nullptr);
-    // The routing of the most rows (the whole group's) stands for the run's.
-    if (k == T && ep > 1)
-      for (const auto& [layer, counts] : routed)
-        profile.expert_load_imbalance[layer] = planner::expert_load_imbalance(counts, ep);
-    planner::DegreeProfile degree;
-    degree.degree = k;
-    degree.rows = c.train.micro_batch;
-    timings.fill(degree);
-    const auto element = static_cast<std::int64_t>(dtype_size(engine.model().dtype()));
-    const auto& layer0 = engine.model().layout().groups().at(1);  // the first layer's parameters
-    degree.parameter_bytes_per_layer = (layer0.second - layer0.first) * element;
-    degree.parameter_bytes = engine.model().param_count() * element;
-    // Per parameter byte, what the engine holds of each kind, from the same figures the
-    // start-up line and the metrics give (planner::Profile::param_bytes_ratio, ...). What is
-    // offloaded is the optimizer's state and, with "optimizer+params", the master weights: it
-    // comes off the optimizer's state first and the rest off the parameters.
-    const MemoryFigures memory = engine.memory_figures();
-    const double parameter_bytes = static_cast<double>(
-        std::max<std::int64_t>(1, engine.model().param_count()) * element);
-    const std::size_t optimizer_offloaded = std::min(memory.offloaded, memory.optimizer);
-    const std::size_t params_offloaded =
-        std::min(memory.offloaded - optimizer_offloaded, memory.params);
-    profile.param_bytes_ratio =
-        static_cast<double>(memory.params - params_offloaded) / parameter_bytes;
-    profile.grad_bytes_ratio = static_cast<double>(memory.grads) / parameter_bytes;
-    profile.optimizer_bytes_ratio =
-        static_cast<double>(memory.optimizer - optimizer_offloaded) / parameter_bytes;
-    degree.static_activation_bytes =
-        static_cast<std::int64_t>(engine.model().static_activation_bytes());
-    // A group of one rank has no tensor-parallel link, but its compute still shares the device
-    // with reductions over the ranks beside it: its replicas at this degree (dp group), or with
-    // tp 1 the copies of the group started beside it (the mesh's third axis). Measured over
-    // those, as a data-parallel run's gradient all-reduces would run.
-    comm::Communicator& beside = mesh.tp_group().size() > 1   ? mesh.tp_group()
-                                 : mesh.dp_group().size() > 1 ? mesh.dp_group()
-                                                              : mesh.pp_group();
-    // The GEMM loop runs even where the traced steps will give the slowdowns: it is collective,
-    // and each rank decides from its own trace whether that measured anything.
-    const OverlapSlowdown slowdown = measure_overlap_slowdown(beside, c, k);
-    degree.overlap_slowdown = slowdown.compute;
-    degree.collective_slowdown = slowdown.collective;
-    if (overlapped) {
-      overlapped->set_listener(nullptr);
-      const planner::OverlapCollector::Estimate traced = overlap.estimate(degree);
-      if (traced.compute_slowdown) degree.overlap_slowdown = *traced.compute_slowdown;
-      if (traced.collective_slowdown) degree.collective_slowdown = *traced.collective_slowdown;
-      if (options.progress)
-        log_info("degree {}: under the {} schedule, {:.0f}% of compute ran with a collective on "
-                 "the wire and {:.0f}% of the collectives' time beside compute; slowdowns {:.3f} "
-                 "(compute{}) and {:.3f} (collectives{})",
-                 k, schedule::name(spec.kind), 100 * traced.compute_share_in_flight,
-                 100 * traced.collective_share_under_compute, degree.overlap_slowdown,
-                 traced.compute_slowdown ? ", traced" : ", synthetic loop",
-                 degree.collective_slowdown,
-                 traced.collective_slowdown ? ", traced" : ", synthetic loop");
-    }
-    // Replicas of a layer sum its gradients: time that over the replica group. At degree 1 the
-    // same all-reduce also describes the link a data-parallel run's reductions cross
-    // (Profile::replica_link); with tp = 1 it is timed over the ranks beside the group.
-    comm::Communicator& replicas = mesh.dp_group();
-    comm::Communicator* reducing = replicas.size() > 1          ? &replicas
-                                   : k == 1 && beside.size() > 1 ? &beside
-                                                                 : nullptr;
-    if (reducing != nullptr) {
-      std::vector<float> grads(static_cast<std::size_t>(degree.parameter_bytes_per_layer / element),
-                               1.0f);
-      std::vector<double> times;
-      for (int s = 0; s < options.steps + 1; ++s) {
-        reducing->barrier();
-        const Stopwatch clock;
-        reducing->all_reduce(Tensor::of(grads.data(), {static_cast<std::int64_t>(grads.size())}));
-        if (s > 0) times.push_back(clock.seconds());  // the first warms the connections up
-      }
-      if (reducing == &replicas) degree.replica_reduce_per_layer_s = median(times);
-      if (k == 1)
-        profile.replica_link = {static_cast<std::int64_t>(grads.size() * sizeof(float)),
-                                reducing->size(), median(times)};
-    }
-    for (const ops::SegmentShape& shape : engine.model().program().segments) {
-      auto& sets = degree.activation_bytes[planner::segment_kind(shape.name)];
-      sets["checkpoint"] = static_cast<std::int64_t>(shape.checkpoint_bytes);
-      sets["internals"] = static_cast<std::int64_t>(shape.internals_bytes);
-      sets["core"] = static_cast<std::int64_t>(shape.core_bytes);
-      // What the MoE segments' collectives move, for pricing them at other rows and over the
-      // expert-parallel link (the all-to-alls exchange whole buffers of every expert's slots,
-      // the same at any ep).
-      const std::string kind = planner::segment_kind(shape.name);
-      if (std::find(std::begin(planner::kMoeKinds), std::end(planner::kMoeKinds), kind) !=
-          std::end(planner::kMoeKinds)) {
-        degree.collective_elements[kind + ".fwd"] = shape.forward_collective_elements;
-        degree.collective_elements[kind + ".bwd"] = shape.backward_collective_elements;
-      }
-    }
-    if (options.progress)
-      log_info(
-          "degree {}: {} sequences per replica; attention forward {:.1f} ms, mlp forward {:.1f} ms",
-          k, degree.rows, 1e3 * degree.segments["attention"].forward_s,
-          1e3 * degree.segments["mlp"].forward_s);
-    profile.degrees.push_back(std::move(degree));
+    // A degree-k replica handles k / T of each sub-batch.
+    profile.degrees.push_back(
+        profile_degree(run, options, mesh, k, sub_batch_rows * k / T, profile));
   }
   measure_reshards(profile, config, sub_batch_rows, options, make_mesh);
   if (ep > 1) {
@@ -406,8 +464,8 @@ planner::Profile run_profile(const plan::RunConfig& config, const ProfileOptions
 plan::RunConfig plan_automatically(const plan::RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh,
                              const std::string& plan_path) {
-  OASES_ASSERT(config.parallel.plan == "auto", "plan_automatically for parallel.plan = \"{}\"",
-               config.parallel.plan);
+  OASES_ASSERT(plan::parse_settings(config).plan == plan::LayerPlanSource::automatic,
+               "plan_automatically for parallel.plan = \"{}\"", config.parallel.plan);
   OASES_CHECK(config.parallel.dp == 1 && config.parallel.pp == 1,
               "parallel.plan = \"auto\" profiles one tensor-parallel group: set parallel.dp = 1 "
               "and parallel.pp = 1 (found dp = {}, pp = {}), or run `oases profile` and `oases "
@@ -421,7 +479,7 @@ plan::RunConfig plan_automatically(const plan::RunConfig& config, const ProfileO
   }
   if (options.progress) log_info("parallel.plan = \"auto\": profiling every degree up to {}", T);
   const planner::Profile profile = run_profile(config, options, make_mesh);
-  const schedule::ScheduleSpec step = schedule_spec(config);  // micro-batches of one step
+  const schedule::ScheduleSpec step = plan::make_run_plan(config).schedule;  // of one step
   comm::Mesh mesh = make_mesh(T, 1);
   comm::Communicator& group = mesh.tp_group();
   // Rank 0 plans from its profile; a plan that cannot fit is an error every rank reports.

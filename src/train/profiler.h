@@ -5,6 +5,7 @@
 #include "comm/mesh.h"
 #include "planner/profile.h"
 #include "plan/run_config.h"
+#include "plan/run_plan.h"
 
 #include <functional>
 
@@ -19,7 +20,7 @@ struct ProfileOptions {
 // The profile's description of the run (model, batch split, element size, memory settings,
 // ep) with no degrees measured yet. UserError when parallel.tp is not a power of two or a
 // sub-batch does not split over some degree's replicas, or a degree does not divide the model.
-planner::Profile profile_of_run(const plan::RunConfig& config, const schedule::ScheduleSpec& spec);
+planner::Profile profile_of_run(const plan::RunPlan& plan);
 
 // Collective over every rank of the run (config.parallel.tp ranks; dp = pp = 1, or dp =
 // parallel.ep > 1 for a mixture-of-experts model: tp x ep ranks). For each power-of-two degree

@@ -186,7 +186,7 @@ std::int64_t restore(const plan::RunConfig& config, const TrainOptions& options,
       start_step = state.data_position;
       engine.model().refresh_compute_params();
       // fp16's scale continues where it was; a checkpoint of another precision starts it anew.
-      if (state.loss_scale && config.train.precision == "fp16")
+      if (state.loss_scale && engine.plan().loss_scaling.kind != plan::LossScalingPlan::Kind::none)
         engine.loss_scaler().restore(*state.loss_scale, *latest);
       if (engine.stashed_weights_needed()) {
         // 2bw: the next batch computes on the stashed W(step - 1); a checkpoint of another
@@ -388,8 +388,10 @@ nlohmann::json schedule_description(const schedule::ScheduleSpec& spec) {
 }
 
 // Writes run.json beside the metrics file (see trainer.h). Leader only.
-void write_run_description(const plan::RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh,
+void write_run_description(TrainingEngine& engine, comm::Mesh& mesh,
                            std::int64_t start_step, int threads) {
+  // The config as checkpoints store it (measured settings resolved).
+  const plan::RunConfig& config = engine.config();
   if (config.log.metrics.empty()) return;
   const std::filesystem::path metrics(config.log.metrics);
   std::error_code ec;
@@ -399,7 +401,7 @@ void write_run_description(const plan::RunConfig& config, TrainingEngine& engine
   std::vector<int> degrees;
   for (std::int64_t l = 0; l < config.model.layers; ++l)
     degrees.push_back(engine.model().layer_degree(l));
-  const MemoryFigures memory = engine.memory_figures();
+  const planner::MemoryFigures memory = engine.memory_figures();
   nlohmann::json run = {
       {"format", 1},
       {"config", to_toml(config)},
@@ -414,7 +416,7 @@ void write_run_description(const plan::RunConfig& config, TrainingEngine& engine
       {"cpu", cpu_model_name()},
       {"parameters", config.model.parameter_count()},
       {"start_step", start_step},
-      {"schedule", schedule_description(engine.schedule_spec())},
+      {"schedule", schedule_description(engine.plan().schedule)},
       {"activation_compression", config.parallel.activation_compression},
       {"partition_activations", config.parallel.partition_activations},
       {"bucket_bytes", config.parallel.bucket_bytes},
@@ -446,8 +448,8 @@ std::vector<double> stage_activation_bytes(TrainingEngine& engine, comm::Mesh& m
 
 // "stage 0: layers 0-1 + embedding, peak activations 3.2 MiB | stage 1: layers 2-3 + head, ...";
 // with several chunks per rank (interleaved) a stage lists its chunks' layers, "layers 0, 4-5".
-std::string describe_stages(const plan::RunConfig& config, const std::vector<double>& activation_bytes) {
-  const std::vector<int> counts = stage_layer_counts(config);
+std::string describe_stages(const plan::RunPlan& plan, const std::vector<double>& activation_bytes) {
+  const std::vector<int>& counts = plan.pipeline.counts();
   const std::size_t stages = activation_bytes.size();
   std::vector<std::string> layers(stages);
   int first = 0;
@@ -468,22 +470,29 @@ std::string describe_stages(const plan::RunConfig& config, const std::vector<dou
   return text;
 }
 
-void log_start(const plan::RunConfig& config, TrainingEngine& engine, comm::Mesh& mesh,
-               std::int64_t train_tokens, const ThreadChoice& threads,
-               const std::vector<double>& stage_activations) {
-  const auto& t = config.train;
-  const auto& m = config.model;
+// The start-up lines on the model, the data and the precision.
+void log_model_and_precision(TrainingEngine& engine, std::int64_t train_tokens,
+                             const ThreadChoice& threads) {
+  const plan::RunPlan& plan = engine.plan();
+  const auto& t = plan.config.train;
+  const auto& m = plan.config.model;
   log_info("model: {} {} layers, hidden {}, heads {}, seq {}, vocab {}: {:.2f}M parameters, {}",
-           m.arch, m.layers, m.hidden, m.heads, m.seq_len, m.vocab_size,
+           model::name(m.arch), m.layers, m.hidden, m.heads, m.seq_len, m.vocab_size,
            static_cast<double>(m.parameter_count()) / 1e6, t.precision);
-  if (engine.model().mixed_precision()) {
+  if (plan.dtypes.mixed()) {
     std::string scaling = "no loss scaling";
-    if (t.precision == "fp16")
-      scaling = t.loss_scale > 0 ? fmt::format("constant loss scale {}", t.loss_scale)
-                                 : fmt::format("dynamic loss scale from {} (x2 after {} clean "
-                                               "steps, x0.5 after {} overflows)",
-                                               engine.loss_scaler().scale(), t.loss_scale_window,
-                                               t.hysteresis);
+    switch (plan.loss_scaling.kind) {
+      case plan::LossScalingPlan::Kind::none: break;
+      case plan::LossScalingPlan::Kind::constant:
+        scaling = fmt::format("constant loss scale {}", plan.loss_scaling.constant);
+        break;
+      case plan::LossScalingPlan::Kind::dynamic:
+        scaling = fmt::format("dynamic loss scale from {} (x2 after {} clean steps, x0.5 after {} "
+                              "overflows)",
+                              engine.loss_scaler().scale(), plan.loss_scaling.window,
+                              plan.loss_scaling.hysteresis);
+        break;
+    }
     log_info("precision: {} activations, weight copy and tensor-parallel collectives; fp32 master "
              "weights, gradients and optimizer state; gradients reduced in {}; {}; 16-bit "
              "products by {}",
@@ -492,14 +501,24 @@ void log_start(const plan::RunConfig& config, TrainingEngine& engine, comm::Mesh
   log_info("data: {} training tokens, global batch {} x {} tokens, {} steps",
            train_tokens, t.global_batch, m.seq_len, t.steps);
   log_info("threads: {} per rank ({})", threads.threads, threads.reason);
+}
+
+// The start-up lines on how the ranks split the run: the mesh, the experts, the pipeline and
+// the layers' degrees.
+void log_layout(TrainingEngine& engine, comm::Mesh& mesh,
+                const std::vector<double>& stage_activations) {
+  const plan::RunPlan& plan = engine.plan();
+  const plan::RunConfig& config = plan.config;
+  const auto& m = config.model;
   if (mesh.world_size() > 1)
     log_info("parallel: {} ranks = tp {} x dp {} x pp {}", mesh.world_size(), mesh.tp_size(),
              mesh.dp_size(), mesh.pp_size());
   if (m.has_moe())
     log_info("experts: {} MoE layers of {} experts ({} gate, {} per token, capacity factor {}), "
              "{} per rank{}",
-             m.moe_layer_count(), m.experts, m.moe_gate,
-             m.moe_gate == "expert-choice" ? std::string("capacity") : std::to_string(m.moe_choices()),
+             m.moe_layer_count(), m.experts, ops::moe_gate_name(m.moe_gate),
+             m.moe_gate == ops::MoeGate::expert_choice ? std::string("capacity")
+                                                       : std::to_string(m.moe_choices()),
              m.capacity_factor, m.experts / mesh.ep_size(),
              (mesh.ep_size() > 1 ? fmt::format(" (ep {}: all-to-all over {} data-parallel ranks)",
                                                mesh.ep_size(), mesh.ep_size())
@@ -509,21 +528,20 @@ void log_start(const plan::RunConfig& config, TrainingEngine& engine, comm::Mesh
                       ? std::string(", whole (expert_tp 1: MoE layers at degree 1)")
                       : fmt::format(", split over each layer's tensor-parallel ranks (expert_tp {})",
                                     mesh.tp_size())));
-  if (config.parallel.pipeline == "2bw")
+  if (plan.pipeline.two_bw())
     log_info("pipeline: 2bw (no flush between steps; batch t computes on the weights one update "
              "older than those its update is applied to, so results differ from 1f1b by design)");
-  if (mesh.pp_size() > 1) {
-    if (config.parallel.virtual_stages > 1)
+  if (plan.pipeline.enabled()) {
+    const std::string counts = planner::format_pipeline_layers(plan.pipeline.counts());
+    if (plan.pipeline.virtual_stages > 1)
       log_info("pipeline: {} over {} stages x {} chunks each, transformer layers per chunk {}",
-               config.parallel.pipeline, mesh.pp_size(), config.parallel.virtual_stages,
-               planner::format_pipeline_layers(stage_layer_counts(config)));
+               config.parallel.pipeline, mesh.pp_size(), plan.pipeline.virtual_stages, counts);
     else
       log_info("pipeline: {} over {} stages, transformer layers per stage {}",
-               config.parallel.pipeline, mesh.pp_size(),
-               planner::format_pipeline_layers(stage_layer_counts(config)));
-    log_info("pipeline stages: {}", describe_stages(config, stage_activations));
+               config.parallel.pipeline, mesh.pp_size(), counts);
+    log_info("pipeline stages: {}", describe_stages(plan, stage_activations));
   }
-  if (config.parallel.plan != "uniform") {
+  if (plan.settings.plan != plan::LayerPlanSource::uniform) {
     std::string degrees;
     for (std::int64_t l = 0; l < m.layers; ++l)
       degrees += fmt::format("{}{}", l ? " " : "", engine.model().layer_degree(l));
@@ -532,20 +550,26 @@ void log_start(const plan::RunConfig& config, TrainingEngine& engine, comm::Mesh
              degrees, config.parallel.plan,
              static_cast<double>(engine.memory_bytes()) / (1 << 20));
   }
+}
+
+// The start-up line on the memory a rank holds.
+void log_memory(TrainingEngine& engine) {
+  const plan::RunPlan& plan = engine.plan();
   const double mib = 1 << 20;
-  const MemoryFigures memory = engine.memory_figures();
+  const planner::MemoryFigures memory = engine.memory_figures();
   const std::string working_copy =
       memory.working_copy > 0
           ? fmt::format(" (+ {:.1f} MiB {} copy)", static_cast<double>(memory.working_copy) / mib,
-                        t.precision)
+                        plan.config.train.precision)
           : std::string();
+  const int stage = plan.zero.effective_stage();
   const std::string zero =
-      engine.zero_stage() > 0
-          ? fmt::format("; ZeRO-{}: the state{} of this rank's blocks only{}", engine.zero_stage(),
-                        engine.zero_stage() == 2   ? " and gradients"
-                        : engine.zero_stage() == 3 ? ", gradients and parameters"
-                                                   : "",
-                        engine.params_sharded()
+      stage > 0
+          ? fmt::format("; ZeRO-{}: the state{} of this rank's blocks only{}", stage,
+                        stage == 2   ? " and gradients"
+                        : stage == 3 ? ", gradients and parameters"
+                                     : "",
+                        plan.schedule.sharded_params
                             ? fmt::format(", parameters with {:.1f} MiB gathered at most",
                                           static_cast<double>(engine.peak_gathered_param_bytes()) /
                                               (1 << 20))
@@ -554,8 +578,8 @@ void log_start(const plan::RunConfig& config, TrainingEngine& engine, comm::Mesh
   const std::string offload =
       memory.offloaded > 0
           ? fmt::format("; {:.1f} MiB of it ({}) offloaded to a scratch file in {}",
-                        static_cast<double>(memory.offloaded) / mib, config.parallel.offload,
-                        config.parallel.offload_dir)
+                        static_cast<double>(memory.offloaded) / mib, plan.config.parallel.offload,
+                        plan.zero.offload_dir)
           : std::string();
   log_info("memory per rank: parameters {:.1f} MiB{}, gradients {:.1f} MiB, optimizer state "
            "{:.1f} MiB ({}, {} bytes, {:.3g} bytes per parameter{}), activations {:.1f} MiB; "
@@ -567,16 +591,22 @@ void log_start(const plan::RunConfig& config, TrainingEngine& engine, comm::Mesh
                static_cast<double>(std::max<std::int64_t>(1, engine.model().param_count())),
            zero, static_cast<double>(memory.activations) / mib,
            static_cast<double>(memory.total()) / mib, offload);
-  const schedule::ScheduleSpec& spec = engine.schedule_spec();
-  const std::string& compression = config.parallel.activation_compression;
+}
+
+// The start-up lines on the schedule and what it keeps between the passes.
+void log_schedule(TrainingEngine& engine) {
+  const plan::RunPlan& plan = engine.plan();
+  const plan::ParallelConfig& p = plan.config.parallel;
+  const schedule::ScheduleSpec& spec = plan.schedule;
   log_info("schedule: {}, recompute {}, {} sub-batch(es) of {} sequences, {} micro-batch(es) "
            "per step; activations {:.1f} MiB{}",
            schedule::name(spec.kind), schedule::describe_recompute(spec), spec.sub_batches,
-           t.micro_batch / spec.sub_batches, spec.micro_batches,
+           plan.micro_batch() / spec.sub_batches, spec.micro_batches,
            static_cast<double>(engine.activation_bytes()) / (1 << 20),
-           compression == "none" ? std::string()
-                                 : fmt::format(", kept in {} between the passes", compression));
-  if (config.parallel.partition_activations) {
+           plan.settings.activation_compression
+               ? fmt::format(", kept in {} between the passes", p.activation_compression)
+               : std::string());
+  if (spec.partitioned_checkpoints) {
     std::size_t partitioned = 0;
     for (const schedule::Instruction& ins : engine.schedule_for(engine.local_batch(), true))
       partitioned += ins.op == schedule::Op::partition;
@@ -588,9 +618,17 @@ void log_start(const plan::RunConfig& config, TrainingEngine& engine, comm::Mesh
                  : std::string("none (no layer of this rank runs above degree 1, or no "
                                "checkpoint waits between the passes)"));
   }
-  if (config.parallel.bucket_bytes > 0)
+  if (p.bucket_bytes > 0)
     log_info("communication: at most {} bytes per transport call (parallel.bucket_bytes)",
-             config.parallel.bucket_bytes);
+             p.bucket_bytes);
+}
+
+void log_start(TrainingEngine& engine, comm::Mesh& mesh, std::int64_t train_tokens,
+               const ThreadChoice& threads, const std::vector<double>& stage_activations) {
+  log_model_and_precision(engine, train_tokens, threads);
+  log_layout(engine, mesh, stage_activations);
+  log_memory(engine);
+  log_schedule(engine);
 }
 
 // The figures of one step that go to the metrics file and the progress line.
@@ -608,7 +646,7 @@ struct StepFigures {
   double model_flops = 0;  // per second
   double mfu = 0;
   bool loss_scaling = false;  // fp16: the scale and skipped steps are reported
-  MemoryFigures memory;       // this rank's, as the start-up line gives them
+  planner::MemoryFigures memory;  // this rank's, as the start-up line gives them
 };
 
 void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::int64_t tokens) {
@@ -727,22 +765,16 @@ void check_mesh(const plan::RunConfig& config, const comm::Mesh& mesh) {
 // The training loop and what each step reports; one object per run.
 class Run {
  public:
-  Run(const plan::RunConfig& config, const TrainOptions& options, comm::Mesh& mesh,
+  Run(const plan::RunPlan& plan, const TrainOptions& options, comm::Mesh& mesh,
       std::optional<std::string> resume_from, ThreadChoice threads)
-      : config_(config),
+      : config_(plan.config),
         options_(options),
         mesh_(mesh),
         resume_from_(std::move(resume_from)),
         threads_(std::move(threads)),
-        data_(load_data(config)),
-        engine_(config, parallel_groups(mesh)),
-        stored_config_(config) {
+        data_(load_data(plan.config)),
+        engine_(plan, parallel_groups(mesh)) {
     if (options.progress) progress_.emplace(ProgressLine::mode_for_stderr());
-    // Checkpoints name the 16-bit product path this run measured, which a resumed run keeps
-    // (the paths round differently in the last bits).
-    if (engine_.model().mixed_precision())
-      stored_config_.train.gemm16_path = std::string(kernels::gemm16_path_name(
-          engine_.gemm16().paths.for_dtype(engine_.model().activation_dtype())));
   }
 
   TrainSummary run() {
@@ -761,10 +793,10 @@ class Run {
                             : 1.0);
     std::optional<LineFile> metrics = open_metrics(config_, leader, summary.start_step);
     if (leader)
-      write_run_description(stored_config_, engine_, mesh_, summary.start_step, threads_.threads);
+      write_run_description(engine_, mesh_, summary.start_step, threads_.threads);
     const std::vector<double> stage_activations = stage_activation_bytes(engine_, mesh_);
     if (options_.progress)
-      log_start(config_, engine_, mesh_, data_->train_shard.size(), threads_, stage_activations);
+      log_start(engine_, mesh_, data_->train_shard.size(), threads_, stage_activations);
     if (summary.start_step == 0) {
       if (data_->val_batches) {
         summary.initial_val_loss = validation_loss(engine_, *data_->val_batches, t.eval_steps);
@@ -825,7 +857,7 @@ class Run {
     f.record = {step + 1, f.result.loss, engine_.learning_rate(step), f.result.grad_norm,
                 clock.seconds(), f.result.loss_scale, f.result.skipped,
                 engine_.loss_scaler().skipped_steps(), std::nullopt};
-    f.loss_scaling = t.precision == "fp16";
+    f.loss_scaling = engine_.plan().loss_scaling.kind != plan::LossScalingPlan::Kind::none;
     f.memory = memory_;
     const bool last = step + 1 == t.steps;
     if (data_->val_batches && ((step + 1) % t.eval_every == 0 || last))
@@ -845,14 +877,15 @@ class Run {
     state.data_position = done;
     state.seed = static_cast<std::uint64_t>(config_.train.seed);
     state.data_tokens = data_->train_shard.size();
-    if (config_.train.precision == "fp16") state.loss_scale = engine_.loss_scaler().state();
+    if (engine_.plan().loss_scaling.kind != plan::LossScalingPlan::Kind::none)
+      state.loss_scale = engine_.loss_scaler().state();
     const bool leader = mesh_.world_rank() == 0;
     // Cleaning and early pruning are rare and change what is on disk: said even with --quiet.
     ProgressLine* progress = progress_ ? &*progress_ : nullptr;
     std::string saved;
     engine_.save_whole_optimizer_state([&](optim::Optimizer& whole) {
       saved = save_checkpoint(
-          c.dir, stored_config_, engine_.model(), whole, state,
+          c.dir, engine_.plan(), engine_.model(), whole, state,
           data_->tokenizer ? data_->tokenizer->model_file_contents() : std::string(), c.keep,
           mesh_.tp_group(), mesh_.pp_group(), leader,
           [progress](const std::string& what) {
@@ -876,8 +909,7 @@ class Run {
   std::optional<ProgressLine> progress_;
   std::unique_ptr<RunData> data_;
   TrainingEngine engine_;
-  MemoryFigures memory_;  // the engine's, once its training schedule exists
-  plan::RunConfig stored_config_;  // config_ as checkpoints store it (measured settings resolved)
+  planner::MemoryFigures memory_;  // the engine's, once its training schedule exists
   Batch batch_;
   double peak_flops_ = 1;
 };
@@ -925,10 +957,11 @@ TrainSummary run_training(const plan::RunConfig& requested_config, const TrainOp
              : requested_config;
   // A resumed mixed-precision run multiplies as the run it continues did, so that its results
   // repeat bit for bit (unless the config pins a path).
-  if (resume && config.train.gemm16_path == "auto" &&
-      resume->stored.train.precision == config.train.precision)
+  if (resume && !plan::parse_settings(config).gemm16_path &&
+      plan::parse_settings(resume->stored).precision == plan::parse_settings(config).precision)
     config.train.gemm16_path = resume->stored.train.gemm16_path;
-  return Run(config, options, mesh, resume ? std::optional(resume->folder) : std::nullopt, threads)
+  return Run(plan::make_run_plan(config, mesh.world_rank()), options, mesh,
+             resume ? std::optional(resume->folder) : std::nullopt, threads)
       .run();
 }
 

@@ -8,6 +8,7 @@
 #include "sim/collective_costs.h"
 #include "cluster/cluster_simulation.h"
 #include "plan/run_config.h"
+#include "plan/run_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -104,7 +105,7 @@ TEST(ClusterProfile, UniformPlanPredictionAgreesWithTheClusterSimulation) {
   for (int dp : {1, 2}) {
     const plan::RunConfig config = tiny(4, dp);
     const planner::Profile profile = planner::with_zero_share(cluster_profile(config, cluster), 0, dp);
-    const schedule::ScheduleSpec spec = plan::schedule_spec(config);
+    const schedule::ScheduleSpec spec = plan::make_run_plan(config).schedule;
     const planner::Prediction planned =
         planner::predict_plan(profile, {4, 4, 4, 4}, spec, config.train.micro_batch);
     const ClusterSimulation simulated = simulate_cluster(config, cluster);

@@ -67,7 +67,7 @@ void expect_near_relative(double a, double b, const std::string& what) {
 TEST(ClusterSimulation, FoldedEqualsEveryRankOnSixtyFourRanks) {
   const sim::ClusterSpec cluster = cluster_of(8, 8);
   const plan::RunConfig config = tiny_config(2, 8, 4, 8);
-  ASSERT_TRUE(cluster_layout_is_symmetric(config, cluster));
+  ASSERT_TRUE(cluster_layout_is_symmetric(plan::make_run_plan(config), cluster));
   const ClusterSimulation folded = simulate_cluster(config, cluster);
   ClusterSimulationOptions every;
   every.fold = false;
@@ -98,7 +98,7 @@ TEST(ClusterSimulation, FoldedEqualsEveryRankOnSixtyFourRanks) {
 TEST(ClusterSimulation, AnAsymmetricLayoutIsSimulatedRankByRank) {
   const sim::ClusterSpec cluster = cluster_of(2, 3);
   const plan::RunConfig config = tiny_config(2, 2, 1, 2);
-  EXPECT_FALSE(cluster_layout_is_symmetric(config, cluster));
+  EXPECT_FALSE(cluster_layout_is_symmetric(plan::make_run_plan(config), cluster));
   const ClusterSimulation s = simulate_cluster(config, cluster);
   EXPECT_FALSE(s.folded);
   ASSERT_EQ(s.ranks.size(), 4u);

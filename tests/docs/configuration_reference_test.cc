@@ -87,12 +87,12 @@ TEST(ConfigurationReference, KeyNamesAreTheKeysTheParserAccepts) {
   ASSERT_GT(names.size(), 50u);
   for (const std::string& name : names) {
     const std::string error = testing::user_error_of(
-        [&] { train::parse_run_config("", "test", {name + "=[1, 2]"}); });
+        [&] { plan::parse_run_config("", "test", {name + "=[1, 2]"}); });
     EXPECT_NE(error.find(name), std::string::npos) << name << ": " << error;
     EXPECT_EQ(error.find("unknown config key"), std::string::npos) << name << ": " << error;
   }
   const std::string unknown = testing::user_error_of(
-      [] { train::parse_run_config("", "test", {"train.no_such_key=1"}); });
+      [] { plan::parse_run_config("", "test", {"train.no_such_key=1"}); });
   EXPECT_NE(unknown.find("unknown config key train.no_such_key"), std::string::npos) << unknown;
 }
 

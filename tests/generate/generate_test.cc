@@ -15,7 +15,7 @@ namespace {
 
 plan::RunConfig model_config(const std::string& arch, const std::string& precision) {
   plan::RunConfig c;
-  c.model.arch = arch;
+  c.model.arch = model::parse_architecture(arch);
   c.model.layers = 2;
   c.model.hidden = arch == "llama" ? 36 : 30;
   c.model.heads = arch == "llama" ? 6 : 3;

@@ -25,7 +25,7 @@ using oases::testing::relative_difference;
 // ffn_hidden and the vocabulary prime.
 plan::RunConfig odd_gpt() {
   plan::RunConfig c;
-  c.model.arch = "gpt";
+  c.model.arch = model::ArchitectureKind::gpt;
   c.model.layers = 3;
   c.model.hidden = 30;
   c.model.heads = 3;
@@ -38,7 +38,7 @@ plan::RunConfig odd_gpt() {
 // Grouped-query attention: 6 query heads share 2 key/value heads; rotary head_dim 6.
 plan::RunConfig odd_llama(bool tied = false) {
   plan::RunConfig c;
-  c.model.arch = "llama";
+  c.model.arch = model::ArchitectureKind::llama;
   c.model.layers = 3;
   c.model.hidden = 36;
   c.model.heads = 6;
@@ -104,7 +104,7 @@ void expect_same_logits(const plan::RunConfig& config, const std::vector<std::in
                    logits);
     for (std::int64_t i = 0; i < n; ++i) {
       const double d = relative_difference(row_of(logits, i), row_of(full, position + i));
-      EXPECT_LE(d, tolerance) << config.model.arch << " position " << position + i;
+      EXPECT_LE(d, tolerance) << model::name(config.model.arch) << " position " << position + i;
     }
     position += n;
     EXPECT_EQ(decoder.length(), position);
@@ -167,7 +167,7 @@ void expect_fp32_within_fp32_noise(const plan::RunConfig& fp32_config,
   ASSERT_EQ(position, seq);
   EXPECT_GT(worst_full, 0.0);  // fp32 rounding is really there to measure
   EXPECT_LE(worst_decoder, 2 * worst_full + 2.4e-7)
-      << fp32_config.model.arch << ": full forward in fp32 is " << worst_full << " from fp64";
+      << model::name(fp32_config.model.arch) << ": full forward in fp32 is " << worst_full << " from fp64";
 }
 
 TEST(IncrementalDecoder, MatchesFullForwardFp32WithinFp32Noise) {
@@ -198,7 +198,7 @@ TEST(IncrementalDecoder, ClearRestartsAtPositionZero) {
 plan::RunConfig with_experts(plan::RunConfig c, const std::string& gate, std::int64_t every) {
   c.model.moe_every = every;
   c.model.experts = 4;
-  c.model.moe_gate = gate;
+  c.model.moe_gate = ops::parse_moe_gate(gate);
   c.model.moe_ffn_hidden = 23;
   c.model.eval_capacity_factor = 4;  // capacity = the whole group: nothing overflows
   return c;
@@ -228,7 +228,7 @@ TEST(IncrementalDecoder, RejectsExpertChoiceRoutingWhichNeedsTheWholeGroup) {
 
 TEST(IncrementalDecoder, RejectsBert) {
   plan::RunConfig c = one_sequence(odd_gpt(), "fp64");
-  c.model.arch = "bert";
+  c.model.arch = model::ArchitectureKind::bert;
   train::TrainingEngine engine(c);
   try {
     IncrementalDecoder decoder(c.model, engine.model().layout(), engine.model().params());

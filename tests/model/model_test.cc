@@ -329,7 +329,7 @@ TEST(Model, TensorParallelHeadRunsTheLossReductionsAsCollectivesOfTheProgram) {
 
 ModelConfig small_llama(std::int64_t kv_heads) {
   ModelConfig c = small();
-  c.arch = "llama";
+  c.arch = model::ArchitectureKind::llama;
   c.kv_heads = kv_heads;
   return c;
 }
@@ -387,7 +387,7 @@ TEST(ModelConfig, KeyValueHeadsMustSplitAcrossTheGroup) {
 
 TEST(ParamLayout, BertFollowsHuggingFaceNamesShapesAndShards) {
   ModelConfig c = small();
-  c.arch = "bert";
+  c.arch = model::ArchitectureKind::bert;
   const ParamLayout layout = model_param_layout(c);
   EXPECT_EQ(layout.find("bert.embeddings.word_embeddings.weight").shape, Shape({101, 32}));
   EXPECT_EQ(layout.find("bert.embeddings.position_embeddings.weight").shape, Shape({12, 32}));
@@ -424,7 +424,7 @@ TEST(Model, EveryArchitectureBuildsAVerifiedProgramAtEveryDegree) {
   for (const std::string arch : {"gpt", "llama", "bert"}) {
     for (const int T : {1, 2, 4}) {
       ModelConfig c = small();
-      c.arch = arch;
+      c.arch = model::parse_architecture(arch);
       if (arch == "llama") c.kv_heads = 2;
       if (T > c.kv_head_count()) continue;
       ShapeOnlyGroup tp(T - 1, T);

@@ -33,7 +33,7 @@ namespace {
 
 plan::RunConfig run_config(const nlohmann::json& j) {
   plan::RunConfig config;
-  config.model.arch = j.value("arch", std::string("gpt"));
+  config.model.arch = model::parse_architecture(j.value("arch", std::string("gpt")));
   config.model.layers = j.at("layers");
   config.model.hidden = j.at("hidden");
   config.model.heads = j.at("heads");
@@ -47,7 +47,7 @@ plan::RunConfig run_config(const nlohmann::json& j) {
   // Mixture of experts (absent keys: a dense model), and the seed that keys its random numbers.
   config.model.moe_every = j.value("moe_every", 0);
   config.model.experts = j.value("experts", 0);
-  config.model.moe_gate = j.value("moe_gate", std::string("switch"));
+  config.model.moe_gate = ops::parse_moe_gate(j.value("moe_gate", std::string("switch")));
   config.model.moe_top_k = j.value("moe_top_k", 0);
   config.model.capacity_factor = j.value("capacity_factor", 1.0);
   config.model.eval_capacity_factor = j.value("eval_capacity_factor", 0.0);

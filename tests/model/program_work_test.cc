@@ -57,7 +57,7 @@ TEST(ProgramWork, MatrixProductsAddUpToTheTransformersFlops) {
   comm::SelfCommunicator tp;
   for (const char* arch : {"gpt", "llama"}) {
     ModelConfig c;
-    c.arch = arch;
+    c.arch = model::parse_architecture(arch);
     c.layers = 3;
     c.hidden = 48;
     c.heads = 4;
@@ -174,7 +174,7 @@ TEST(ProgramWork, MoeSegmentsPriceTheirExpertsOnTheCapacityRows) {
   comm::SelfCommunicator tp;
   ModelConfig c = testing::tiny_moe_model(2);
   c.heads = 4;
-  c.moe_gate = "switch";
+  c.moe_gate = ops::MoeGate::switch_top1;
   c.capacity_factor = 2.0;
   c.validate();
   const Model model(c, options(tp, 2, 1));

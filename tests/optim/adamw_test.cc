@@ -345,9 +345,7 @@ TYPED_TEST(AdamWTest, StateTensorsAreNamedAndShapedLikeTheirParameters) {
 }
 
 TEST(MakeOptimizer, UnknownNameIsAUserErrorNamingTheSettingAndTheValidNames) {
-  OptimizerConfig config = test_config();
-  config.name = "lion";
-  expect_user_error([&] { make_optimizer(config, test_layout(DType::f32)); },
+  expect_user_error([&] { parse_optimizer_kind("lion"); },
                     {"train.optimizer", "\"lion\"", "\"adamw\""});
 }
 

@@ -330,7 +330,7 @@ void expect_matches_reference(
 
 OptimizerConfig config_of(const std::string& name) {
   OptimizerConfig c;
-  c.name = name;
+  c.kind = parse_optimizer_kind(name);
   c.weight_decay = 0.1;
   return c;
 }
@@ -718,7 +718,7 @@ TEST(MemorySavingOptimizers, ShardsCombiningTheirStatisticsStepLikeTheWholeParam
   sm3.momentum = 0.5;
   configs.push_back(sm3);
   for (const OptimizerConfig& config : configs) {
-    SCOPED_TRACE(config.name + (config.relative_step ? " relative" : ""));
+    SCOPED_TRACE(std::string(name(config.kind)) + (config.relative_step ? " relative" : ""));
     auto whole = make_optimizer(config, c.whole);
     std::vector<double> params = random_flat<double>(c.whole, 9, 1.0, 0.0);
     std::vector<std::vector<double>> shard_params(2, std::vector<double>(64, 0.0));

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "support/files.h"
 #include "plan/run_config.h"
+#include "plan/run_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -21,8 +22,8 @@ plan::RunConfig parse(const std::vector<std::string>& overrides) {
 TEST(OptimizerSettings, ParseIntoTheOptimizerConfigAndRoundTripThroughToml) {
   const plan::RunConfig c = parse({"train.optimizer=\"sgd\"", "train.momentum=0.9", "train.nesterov=true",
                              "train.weight_decay=0.01"});
-  const optim::OptimizerConfig o = optimizer_config(c.train);
-  EXPECT_EQ(o.name, "sgd");
+  const optim::OptimizerConfig o = plan::make_run_plan(c).optimizer;
+  EXPECT_EQ(o.kind, optim::OptimizerKind::sgd);
   EXPECT_DOUBLE_EQ(o.momentum, 0.9);
   EXPECT_TRUE(o.nesterov);
   EXPECT_DOUBLE_EQ(o.weight_decay, 0.01);
@@ -34,11 +35,11 @@ TEST(OptimizerSettings, ParseIntoTheOptimizerConfigAndRoundTripThroughToml) {
 
   const plan::RunConfig a =
       parse({"train.optimizer=\"adafactor\"", "train.lr=0", "train.adafactor_beta1=0.9"});
-  const optim::OptimizerConfig ao = optimizer_config(a.train);
+  const optim::OptimizerConfig ao = plan::make_run_plan(a).optimizer;
   EXPECT_TRUE(ao.relative_step);
   EXPECT_DOUBLE_EQ(ao.adafactor_beta1, 0.9);
   EXPECT_DOUBLE_EQ(plan::parse_run_config(to_toml(a), "printed").train.adafactor_beta1, 0.9);
-  EXPECT_FALSE(optimizer_config(parse({"train.optimizer=\"adafactor\""}).train).relative_step);
+  EXPECT_FALSE(plan::make_run_plan(parse({"train.optimizer=\"adafactor\""})).optimizer.relative_step);
 }
 
 TEST(OptimizerSettings, UnknownOptimizerListsTheValidOnes) {

@@ -42,7 +42,7 @@ FlatLayout test_layout(DType dtype) {
 
 OptimizerConfig settings(const std::string& name) {
   OptimizerConfig c;
-  c.name = name;
+  c.kind = parse_optimizer_kind(name);
   if (name == "sgd" || name == "sm3") c.momentum = 0.9;
   if (name == "adafactor") c.adafactor_beta1 = 0.9;
   return c;

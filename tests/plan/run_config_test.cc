@@ -1,6 +1,7 @@
 #include "plan/run_config.h"
 
 #include "core/error.h"
+#include "plan/run_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -17,6 +18,19 @@ std::string error_of(const std::string& toml, const std::vector<std::string>& ov
   }
   return "";
 }
+
+// What the run plan makes of a config: the layers of each pipeline chunk, the layers of each
+// chunk of one stage, the schedule and the layers' degrees.
+std::vector<int> stage_layer_counts(const RunConfig& c) { return make_run_plan(c).pipeline.counts(); }
+using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
+Ranges stage_layer_ranges(const RunConfig& c, int stage) {
+  Ranges out;
+  for (const model::LayerRange& r : make_run_plan(c).pipeline.stage_ranges(stage))
+    out.emplace_back(r.begin, r.end);
+  return out;
+}
+schedule::ScheduleSpec schedule_spec(const RunConfig& c) { return make_run_plan(c).schedule; }
+std::vector<int> layer_degrees(const RunConfig& c) { return make_run_plan(c).layer_degrees; }
 
 // The error of stage_layer_counts on a config that parses.
 std::string error_of_counts(const std::string& toml) {
@@ -49,16 +63,20 @@ TEST(RunConfig, CountListOverridesAreStrings) {
   const RunConfig plan = parse_run_config("[model]\nlayers = 6\n[parallel]\ntp = 2\n", "t",
                                           {"parallel.plan=1, 2,2,1,2,2"});
   EXPECT_EQ(plan.parallel.plan, "1, 2,2,1,2,2");
-  // Anything else that starts like a number and is not TOML stays an error.
+  // Any other text that is not TOML is taken as the text it is, and its setting rejects what
+  // it cannot read, naming the value.
   for (const std::string bad : {"2,", "2,,4", "2;4", "2,4x", "1e999999"}) {
     bool threw = false;
     try {
-      parse_run_config("", "t", {"parallel.pipeline_layers=" + bad});
+      parse_run_config("[parallel]\npp = 2\n", "t", {"parallel.pipeline_layers=" + bad});
     } catch (const UserError& e) {
-      threw = std::string(e.what()).find("is not a valid value") != std::string::npos;
+      threw = std::string(e.what()).find("parallel.pipeline_layers = \"" + bad + "\"") !=
+              std::string::npos;
     }
     EXPECT_TRUE(threw) << bad;
   }
+  // Where a number is expected, something that starts like one and is not TOML is an error.
+  EXPECT_NE(error_of("", {"train.steps=2x"}).find("is not a valid value"), std::string::npos);
 }
 
 TEST(RunConfig, IntegersAreAcceptedWhereNumbersAreExpected) {
@@ -69,14 +87,14 @@ TEST(RunConfig, PipelineSettingsParseRoundTripAndNameTheirErrors) {
   const RunConfig a = parse_run_config(
       "[model]\nlayers = 5\n[parallel]\npp = 2\npipeline = \"gpipe\"\npipeline_layers = \"3, 2\"\n", "t");
   EXPECT_EQ(stage_layer_counts(a), (std::vector<int>{3, 2}));
-  EXPECT_EQ(stage_layer_range(a, 1), (std::pair<std::int64_t, std::int64_t>{3, 5}));
+  EXPECT_EQ(stage_layer_ranges(a, 1), (Ranges{{3, 5}}));
   const RunConfig b = parse_run_config(to_toml(a), "round trip");
   EXPECT_EQ(b.parallel.pipeline, "gpipe");
   EXPECT_EQ(stage_layer_counts(b), (std::vector<int>{3, 2}));
   const RunConfig uniform = parse_run_config("[model]\nlayers = 5\n[parallel]\npp = 2\n", "t");
   EXPECT_EQ(uniform.parallel.pipeline, "1f1b");
   EXPECT_EQ(stage_layer_counts(uniform), (std::vector<int>{2, 3}));
-  EXPECT_EQ(stage_layer_range(parse_run_config("", "t"), 0), (std::pair<std::int64_t, std::int64_t>{0, -1}));
+  EXPECT_EQ(stage_layer_ranges(parse_run_config("", "t"), 0), (Ranges{{0, 4}}));
 
   EXPECT_NE(error_of("[parallel]\npp = 2\npipeline_layers = \"1,2\"\n")
                 .find("parallel.pipeline_layers = \"1,2\" sums to 3 layers but model.layers = 4"),
@@ -88,7 +106,7 @@ TEST(RunConfig, PipelineSettingsParseRoundTripAndNameTheirErrors) {
   EXPECT_EQ(error_of("[parallel]\npp = 2\npipeline_layers = \"auto\"\n"), "");
   EXPECT_NE(error_of_counts("[parallel]\npp = 2\npipeline_layers = \"auto\"\n").find("is resolved by `oases train`"),
             std::string::npos);
-  EXPECT_NE(error_of("[parallel]\npipeline = \"zigzag\"\n").find("parallel.pipeline = \"zigzag\" is not a known pipeline schedule; valid: "),
+  EXPECT_NE(error_of("[parallel]\npipeline = \"zigzag\"\n").find("parallel.pipeline = \"zigzag\" is not known; valid: "),
             std::string::npos);
   // Explicit per-layer degrees run under a pipeline; the planner ("auto") does not plan stages.
   EXPECT_EQ(parse_run_config("[parallel]\npp = 2\ntp = 2\nplan = \"1,2,2,2\"\n", "t").parallel.plan,
@@ -109,7 +127,6 @@ TEST(RunConfig, InterleavedPipelineSettingsParseRoundTripAndGiveEachRankItsChunk
   EXPECT_EQ(a.parallel.virtual_stages, 2);
   // Uniform over 4 chunks: the extra layer goes to the last chunk.
   EXPECT_EQ(stage_layer_counts(a), (std::vector<int>{2, 2, 2, 3}));
-  using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
   EXPECT_EQ(stage_layer_ranges(a, 0), (Ranges{{0, 2}, {4, 6}}));
   EXPECT_EQ(stage_layer_ranges(a, 1), (Ranges{{2, 4}, {6, 9}}));
   const RunConfig b = parse_run_config(to_toml(a), "round trip");
@@ -236,11 +253,11 @@ TEST(RunConfig, ScheduleSettingsResolveAndIncompatibleOnesAreRejected) {
                 .find("parallel.sub_batches = 2 needs an overlapped schedule"),
             std::string::npos);
   EXPECT_NE(error_of("", {"parallel.schedule=\"1f1b\""})
-                .find("parallel.schedule = \"1f1b\" is not a known value; valid: \"megatron\", "
+                .find("parallel.schedule = \"1f1b\" is not known; valid: \"megatron\", "
                       "\"fine-grained\", \"cross-pass\", \"oases\""),
             std::string::npos);
   EXPECT_NE(error_of("", {"parallel.recompute=\"some\""})
-                .find("parallel.recompute = \"some\" is not a known value; valid: \"none\", \"full\", "
+                .find("parallel.recompute = \"some\" is not known; valid: \"none\", \"full\", "
                       "\"selective\", \"fine-grained\""),
             std::string::npos);
 }
@@ -305,7 +322,7 @@ TEST(RunConfig, MixtureOfExpertsSettingsRoundTripAndNameTheirErrors) {
   EXPECT_FALSE(a.model.is_moe_layer(2));
   EXPECT_EQ(a.model.moe_choices(), 2);
   const RunConfig b = parse_run_config(to_toml(a), "round trip");
-  EXPECT_EQ(b.model.moe_gate, "gshard");
+  EXPECT_EQ(b.model.moe_gate, ops::MoeGate::gshard);
   EXPECT_EQ(b.model.capacity_factor, 1.25);
   EXPECT_EQ(b.model.moe_eval_capacity_factor(), 2.0);
   EXPECT_EQ(b.model.moe_group_tokens(), 64);
@@ -324,7 +341,7 @@ TEST(RunConfig, MixtureOfExpertsSettingsRoundTripAndNameTheirErrors) {
             std::string::npos);
   EXPECT_NE(error_of(moe + "capacity_factor = -1\n").find("model.capacity_factor = -1 must be positive"),
             std::string::npos);
-  EXPECT_NE(error_of(moe + "moe_gate = \"top2\"\n").find("model.moe_gate = \"top2\" is not a gate; valid: \"noisy-topk\""),
+  EXPECT_NE(error_of(moe + "moe_gate = \"top2\"\n").find("model.moe_gate = \"top2\" is not known; valid: \"noisy-topk\""),
             std::string::npos);
   EXPECT_NE(error_of("[model]\nmoe_every = 2\nexperts = 1\n").find("model.experts = 1 must be at least 2"),
             std::string::npos);

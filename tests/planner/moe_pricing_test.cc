@@ -35,7 +35,7 @@ Profile moe_profile(int ep) {
   p.model.seq_len = 16;
   p.model.moe_every = 2;
   p.model.experts = 4;
-  p.model.moe_gate = "gshard";
+  p.model.moe_gate = ops::MoeGate::gshard;
   p.model.capacity_factor = 1.25;
   p.tp = 2;
   p.micro_batch = 4;
@@ -78,7 +78,7 @@ TEST(MoeProfile, RoundTripsTheMoeKindsModelAndLink) {
   const Profile q = profile_from_json(to_json(p), "p.json");
   EXPECT_EQ(q.model.moe_every, 2);
   EXPECT_EQ(q.model.experts, 4);
-  EXPECT_EQ(q.model.moe_gate, "gshard");
+  EXPECT_EQ(q.model.moe_gate, ops::MoeGate::gshard);
   EXPECT_DOUBLE_EQ(q.model.capacity_factor, 1.25);
   EXPECT_TRUE(q.model.is_moe_layer(3));
   EXPECT_EQ(q.ep, 2);

@@ -23,7 +23,7 @@ namespace oases::testing {
 // them in milliseconds.
 inline model::ModelConfig tiny_stage_model(const std::string& arch, std::int64_t layers) {
   model::ModelConfig c;
-  c.arch = arch;
+  c.arch = model::parse_architecture(arch);
   c.layers = layers;
   c.hidden = 16;
   c.heads = 2;

@@ -19,7 +19,7 @@ namespace oases::testing {
 // power of two, pads to 52 rows at degree four.
 inline model::ModelConfig tiny_model(std::int64_t layers = 2, const std::string& arch = "gpt") {
   model::ModelConfig c;
-  c.arch = arch;
+  c.arch = model::parse_architecture(arch);
   c.layers = layers;
   c.hidden = 32;
   c.heads = 2;
@@ -48,7 +48,7 @@ inline model::ModelConfig tiny_moe_model(std::int64_t layers = 2, const std::str
 // agree between the split run and the whole).
 inline model::ModelConfig tiny_equivalence_model(const std::string& arch, std::int64_t layers) {
   model::ModelConfig c;
-  c.arch = arch;
+  c.arch = model::parse_architecture(arch);
   c.layers = layers;
   c.hidden = 32;
   c.heads = 4;

@@ -51,7 +51,7 @@ double relative_difference(const Tensor& a, const Tensor& b) {
 TEST(TrainingEngine, AccumulationEqualsOneLargeMicroBatch) {
   for (const std::string arch : {"gpt", "llama", "bert"}) {
     plan::RunConfig c = fp64(tiny(8, 8)), d = fp64(tiny(2, 8));
-    c.model.arch = d.model.arch = arch;
+    c.model.arch = d.model.arch = model::parse_architecture(arch);
     c.model.attention_dropout = d.model.attention_dropout = 0.1;
     TrainingEngine whole(c), split(d);
     const auto in = tokens(8 * 16, 1), out = tokens(8 * 16, 2);
@@ -69,7 +69,7 @@ TEST(TrainingEngine, AccumulationEqualsOneLargeMicroBatch) {
 // position a masked-language model does not predict) changes neither.
 TEST(TrainingEngine, IgnoredTargetsDoNotCount) {
   plan::RunConfig c = fp64(tiny(4, 4));
-  c.model.arch = "bert";
+  c.model.arch = model::ArchitectureKind::bert;
   c.model.dropout = 0;
   TrainingEngine engine(c);
   const auto in = tokens(4 * 16, 5);
@@ -127,7 +127,7 @@ TEST(TrainingEngine, DropoutChangesTrainingLossButNotEvaluation) {
 TEST(TrainingEngine, AttentionDropoutChangesTrainingLossButNotEvaluation) {
   for (const std::string arch : {"gpt", "llama", "bert"}) {
     plan::RunConfig with = fp64(tiny(4, 4)), without = fp64(tiny(4, 4));
-    with.model.arch = without.model.arch = arch;
+    with.model.arch = without.model.arch = model::parse_architecture(arch);
     with.model.dropout = without.model.dropout = 0;
     with.model.attention_dropout = 0.2;
     TrainingEngine a(with), b(without);

@@ -84,7 +84,7 @@ TEST(MixedPrecision, MoeGradientsAreWithinTheFormatsRoundingOfFp64) {
     plan::RunConfig c = tiny_engine_config(precision);
     c.model.moe_every = 2;
     c.model.experts = 4;
-    c.model.moe_gate = "noisy-topk";
+    c.model.moe_gate = ops::MoeGate::noisy_top_k;
     c.model.moe_top_k = 4;
     c.model.moe_router_noise = 1.0;
     c.model.moe_aux_loss_coef = 0.1;

@@ -68,7 +68,7 @@ plan::RunConfig config(const Layout& layout) {
   c.model.vocab_size = 64;
   c.model.seq_len = kSeq;
   c.model.dropout = 0.1;
-  c.model.moe_gate = layout.gate;
+  c.model.moe_gate = ops::parse_moe_gate(layout.gate);
   c.model.moe_top_k = layout.top_k;
   c.model.capacity_factor = layout.capacity_factor;
   c.model.moe_group_size = layout.group_size;
@@ -344,7 +344,7 @@ void resume_in_one_process(const Layout& layout) {
     state.step = state.data_position = kFirst;
     state.seed = static_cast<std::uint64_t>(engine.config().train.seed);
     engine.save_whole_optimizer_state([&](optim::Optimizer& whole) {
-      save_checkpoint(dir.string(), engine.config(), engine.model(), whole, state, "", 0,
+      save_checkpoint(dir.string(), engine.plan(), engine.model(), whole, state, "", 0,
                       engine.tp(), engine.pp(), mesh.world().rank() == 0, {}, nullptr,
                       &mesh.ep_group());
     });

@@ -104,7 +104,7 @@ TEST(Offload, TrainsBitwiseLikeTheRunWithoutAndKeepsNothingResident) {
 TEST(Offload, MemoryFiguresCountTheOffloadedBytesOutOfTheTotal) {
   TrainingEngine plain(config("bf16", "adamw", "none"));
   TrainingEngine offloaded(config("bf16", "adamw", "optimizer+params"));
-  const MemoryFigures a = plain.memory_figures(), b = offloaded.memory_figures();
+  const planner::MemoryFigures a = plain.memory_figures(), b = offloaded.memory_figures();
   EXPECT_EQ(b.offloaded, b.optimizer + b.params - b.working_copy);
   EXPECT_EQ(a.total() - b.total(), b.offloaded);
 }

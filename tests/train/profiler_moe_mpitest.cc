@@ -58,7 +58,7 @@ TEST(ProfileMoeExpertParallel, MeasuresTheExpertLinkAndPricesTheAllToAllsOverIt)
                                            {profile.expert_link.bytes_per_second,
                                             profile.expert_link.latency_s}));
   const planner::Prediction p =
-      planner::predict_plan(profile, {1, 1}, schedule_spec(c), c.train.micro_batch);
+      planner::predict_plan(profile, {1, 1}, plan::make_run_plan(c).schedule, c.train.micro_batch);
   EXPECT_GT(p.step_seconds, 0.0);
   // The link survives the profile file.
   EXPECT_EQ(planner::profile_from_json(planner::to_json(profile), "p.json").expert_link,

@@ -20,7 +20,7 @@ namespace {
 // sub-batches under the oases schedule.
 plan::RunConfig tiny_moe() {
   plan::RunConfig c = testing::tiny_run(testing::tiny_moe_model(4));
-  c.model.moe_gate = "gshard";
+  c.model.moe_gate = ops::MoeGate::gshard;
   c.train.global_batch = 4;
   c.parallel.sub_batches = 2;
   c.parallel.schedule = "oases";
@@ -60,7 +60,7 @@ TEST(ProfileMoe, MeasuresTheMoeKindsAndPredictsTheModel) {
   EXPECT_EQ(read.degrees, profile.degrees);
   planner::check_profile_matches(read, c.model, c.train.micro_batch, 2, {1}, "p.json", 1);
 
-  const schedule::ScheduleSpec spec = schedule_spec(c);
+  const schedule::ScheduleSpec spec = plan::make_run_plan(c).schedule;
   const ops::Program program = planner::program_at(read, 1, 2.0);
   int experts_segments = 0;
   for (const ops::SegmentShape& s : program.segments)

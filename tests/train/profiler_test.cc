@@ -1,6 +1,6 @@
 // The profile's memory ratios (planner::Profile::param_bytes_ratio, ...) against the engine's
 // memory figures: for one rank under fp32 and bf16, ZeRO and offload, the planner's state per
-// rank from the profile is what the engine reports (train::MemoryFigures, the start-up line and
+// rank from the profile is what the engine reports (train::planner::MemoryFigures, the start-up line and
 // the metrics param_bytes, grad_bytes, optimizer_bytes), and the profile records the settings.
 #include "train/profiler.h"
 #include "planner/cost_model.h"
@@ -58,7 +58,7 @@ TEST(ProfileMemory, RatiosGiveTheEnginesFiguresUnderEachSetting) {
         planner::state_memory(profile, profile.degrees[0].parameter_bytes);
 
     TrainingEngine engine(c);
-    const MemoryFigures measured = engine.memory_figures();
+    const planner::MemoryFigures measured = engine.memory_figures();
     // The offloaded bytes: the optimizer's state, and with "optimizer+params" the master
     // weights (the parameters less the 16-bit working copy).
     const std::size_t master_offloaded =

@@ -20,7 +20,7 @@ namespace {
 
 plan::RunConfig small_model(const std::string& arch) {
   plan::RunConfig c;
-  c.model.arch = arch;
+  c.model.arch = model::parse_architecture(arch);
   c.model.layers = 2;
   c.model.hidden = 128;
   c.model.heads = 4;
@@ -65,7 +65,7 @@ Trajectory train(const plan::RunConfig& config, int threads) {
   {
     TrainingEngine engine(config);
     const auto n = static_cast<std::size_t>(config.train.global_batch * config.model.seq_len);
-    const bool mlm = config.model.arch == "bert";
+    const bool mlm = config.model.masked_lm();
     for (std::int64_t step = 0; step < config.train.steps; ++step) {
       const auto in = tokens(n, static_cast<std::uint32_t>(2 * step), config.model.vocab_size,
                              false);

@@ -270,7 +270,7 @@ TEST(Zero, PerRankBytesFollowTheFormulas) {
       // copy) are the same.
       if (stage == 0) unpartitioned = run.params;
       EXPECT_LT(relative_difference(run.params, unpartitioned), 1e-12) << what;
-      const MemoryFigures figures = engine.memory_figures();
+      const planner::MemoryFigures figures = engine.memory_figures();
       const double param_bytes = precision == "bf16" ? 6 : 4;
       const double page = 4096;
       if (stage < 3) {
@@ -336,7 +336,7 @@ TEST(Zero, CheckpointsResumeAcrossZeroStages) {
         state.step = state.data_position = kSteps / 2;
         state.seed = static_cast<std::uint64_t>(engine.config().train.seed);
         engine.save_whole_optimizer_state([&](optim::Optimizer& whole) {
-          save_checkpoint(folder, engine.config(), engine.model(), whole, state, "", 0,
+          save_checkpoint(folder, engine.plan(), engine.model(), whole, state, "", 0,
                           engine.tp(), engine.pp(), mesh.world().rank() == 0);
         });
         mesh.world().barrier();

@@ -106,7 +106,7 @@ class Gpt final : public Architecture {
                                                     ops::WeightLayout::in_out);
     for (std::int64_t j = 0; j < c_.experts; ++j) {  // this rank's experts
       const std::string e = p + "mlp.experts." + std::to_string(j) + ".";
-      if (!params.has(e + (c_.arch == "llama" ? "down_proj.weight" : "c_proj.weight"))) continue;
+      if (!params.has(e + (c_.arch == ArchitectureKind::llama ? "down_proj.weight" : "c_proj.weight"))) continue;
       ops::ExpertSpec expert;
       expert.up = {ops::ColumnParallelLinear(params(e + "c_fc.weight"), params(e + "c_fc.bias"),
                                              ops::WeightLayout::in_out)};
@@ -135,7 +135,7 @@ class Gpt final : public Architecture {
     const double scale = std::sqrt(c_.moe_init_scale);
     layout.add(p + "mlp.router.weight", {C, E}, ParamInit::normal);
     layout.scale_last_init(scale);
-    if (c_.moe_gate == "noisy-topk" && c_.moe_router_noise > 0)
+    if (c_.moe_gate == ops::MoeGate::noisy_top_k && c_.moe_router_noise > 0)
       layout.add(p + "mlp.router.noise_weight", {C, E}, ParamInit::zeros);
     // This rank's experts, in a group of their own.
     layout.begin_group(expert_group_of(c_.layers, layer));

@@ -101,7 +101,7 @@ class Llama final : public Architecture {
                                                     ops::WeightLayout::out_in);
     for (std::int64_t j = 0; j < c_.experts; ++j) {  // this rank's experts
       const std::string e = p + "mlp.experts." + std::to_string(j) + ".";
-      if (!params.has(e + (c_.arch == "llama" ? "down_proj.weight" : "c_proj.weight"))) continue;
+      if (!params.has(e + (c_.arch == ArchitectureKind::llama ? "down_proj.weight" : "c_proj.weight"))) continue;
       ops::ExpertSpec expert;
       for (const char* name : {"gate_proj.weight", "up_proj.weight"})
         expert.up.emplace_back(params(e + name), ops::ParamRef{}, ops::WeightLayout::out_in);
@@ -130,7 +130,7 @@ class Llama final : public Architecture {
     const double scale = std::sqrt(c_.moe_init_scale);
     layout.add(p + "mlp.router.weight", {E, C}, ParamInit::normal);
     layout.scale_last_init(scale);
-    if (c_.moe_gate == "noisy-topk" && c_.moe_router_noise > 0)
+    if (c_.moe_gate == ops::MoeGate::noisy_top_k && c_.moe_router_noise > 0)
       layout.add(p + "mlp.router.noise_weight", {E, C}, ParamInit::zeros);
     // This rank's experts, in a group of their own.
     layout.begin_group(expert_group_of(c_.layers, layer));
