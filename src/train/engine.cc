@@ -233,7 +233,8 @@ TrainingEngine::TrainingEngine(const RunConfig& config, ParallelGroups groups)
       lr_schedule_{config.train.lr, config.train.lr == 0 ? 0.0 : config.train.min_lr,
                    config.train.warmup_steps, config.train.lr_decay_steps, config.train.steps},
       executor_(model_.segments(), model_.program(), model_.activations(),
-                model_.static_activation_bytes()) {
+                model_.static_activation_bytes(),
+                runtime::ExecutorOptions{runtime::stream_mode_from_environment()}) {
   OASES_CHECK(config.train.global_batch % (config.train.micro_batch * dp_->size()) == 0,
               "train.global_batch = {} must be a multiple of train.micro_batch x dp = {} x {}",
               config.train.global_batch, config.train.micro_batch, dp_->size());
