@@ -80,8 +80,8 @@ struct RunState {
   const ops::StepContext& previous_batch;
   const StepHooks& hooks;
   InstructionListener* listener;
+  std::vector<Measure>& measures;  // empty at the start
   ExecutionStats stats{};
-  std::vector<Measure> measures{};
 
   const ops::StepContext& context_of(const schedule::Instruction& ins) const {
     return ins.batch < 0 ? previous_batch : own_batch;
@@ -114,6 +114,7 @@ double union_seconds(std::vector<Interval> intervals) {
 
 // Work enqueued on `later` from now on runs after the work enqueued on `earlier` so far.
 void order_after(Stream& earlier, Stream& later) {
+  if (earlier.mode() == StreamMode::immediate) return;  // its work so far is done
   Event point;
   point.record(earlier);
   point.make_wait(later);
@@ -281,8 +282,8 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
 ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::StepContext& own_batch,
                              const ops::StepContext& previous_batch, const StepHooks& hooks,
                              InstructionListener* listener) {
-  RunState run{own_batch, previous_batch, hooks, listener};
-  run.measures.reserve(schedule.size() + 1);
+  measures_.clear();  // keeps its capacity: a step allocates nothing for its measures
+  RunState run{own_batch, previous_batch, hooks, listener, measures_};
   store_.reset_peak();  // the streams are idle between runs
   try {
     for (const schedule::Instruction& ins : schedule) dispatch(ins, run);
@@ -297,6 +298,8 @@ ExecutionStats Executor::run(const schedule::Schedule& schedule, const ops::Step
       synchronize_streams();
     } catch (...) {
     }
+    in_flight_.clear();  // abandoned with the run
+    receives_.clear();
     throw;
   }
   return resolve(run);

@@ -165,7 +165,9 @@ class Executor {
   StreamMode stream_mode() const { return compute_.mode(); }
 
   // Runs every instruction in order; with a listener, each one is also reported. Returns once
-  // every stream has finished the run's work.
+  // every stream has finished the run's work. When it throws (the first failure, whether of
+  // the host or of a stream's work), the streams have finished or skipped the run's work, and
+  // the collectives and receives the run left in flight are dropped.
   //
   // Send copies the segment's send_buffer into the staging buffer of its slot (the compute
   // stream waiting first for the slot's previous send to complete) and sends it, with the slot
@@ -232,6 +234,7 @@ class Executor {
     return {ins.payload, ins.segment, ins.micro_batch, ins.sub_batch};
   }
   std::map<ReceiveKey, std::shared_ptr<Flight>> receives_;
+  std::vector<Measure> measures_;  // the current run's (runs reuse its memory)
   // Last, so that they are drained before what their work refers to goes.
   Stream compute_, communication_, point_to_point_;
   // The calling thread, as an immediate stream: its events time the hooks, which are host code.

@@ -395,8 +395,8 @@ TEST_P(ExecutorModes, TheComputeStreamWaitsForTheCollectiveItStarted) {
   for (const std::thread::id thread : listener.threads) EXPECT_EQ(thread, std::this_thread::get_id());
 }
 
-// A failure of the compute stream's work reaches the caller of run(), and the executor runs
-// the next schedule as if nothing had happened.
+// A failure of the compute stream's work reaches the caller of run(), before or while a
+// collective is in flight, and the executor runs the next schedule as if nothing had happened.
 TEST_P(ExecutorModes, AFailureOfTheStreamsWorkSurfacesFromRun) {
   DoublingGroup group{std::chrono::duration<double>(0)};
   double value = 0;
@@ -415,6 +415,14 @@ TEST_P(ExecutorModes, AFailureOfTheStreamsWorkSurfacesFromRun) {
   writer.failures = 1;
   EXPECT_THROW(executor.run(s, ops::StepContext{}, StepHooks{}), std::runtime_error);
   EXPECT_EQ(reader.seen, 0.0);  // skipped after the failure
+  executor.run(s, ops::StepContext{}, StepHooks{});
+  EXPECT_EQ(reader.seen, 3.0);
+  // The reader fails between the Start and the Wait: the collective is dropped with the run.
+  const schedule::Schedule failing = {instruction(Op::forward, 0), instruction(Op::start, 0),
+                                      instruction(Op::forward, 1), instruction(Op::wait, 0)};
+  reader.failures = 1;
+  reader.seen = 0;
+  EXPECT_THROW(executor.run(failing, ops::StepContext{}, StepHooks{}), std::runtime_error);
   executor.run(s, ops::StepContext{}, StepHooks{});
   EXPECT_EQ(reader.seen, 3.0);
 }
