@@ -3,8 +3,12 @@
 #  1. the `sanitize` preset (Debug, AddressSanitizer + UndefinedBehaviorSanitizer, any finding
 #     fatal) and every test but those labelled `torch` (the PyTorch parity tests: they need
 #     python3-torch, and the engine code they drive is run by the other model tests too);
-#  2. the `tsan` preset (ThreadSanitizer) and the communicator tests, ctest label `comm`
-#     (tests/comm: Mesh and MpiCommunicator, under mpirun at 1 to 4 ranks, and in one process).
+#  2. the `tsan` preset (ThreadSanitizer): the communicator tests, ctest label `comm`
+#     (tests/comm: Mesh and MpiCommunicator, under mpirun at 1 to 4 ranks, and in one process),
+#     then the asynchronous CPU streams: Stream and Event (tests/core/device_test.cc), and the
+#     executor on asynchronous streams (executor_test's *.async_streams and asynchronous
+#     cases, and the runtime tests that pipeline over two ranks under mpirun), where a missing
+#     event is a race between the streams' threads.
 # Installs what is missing first. Usage:
 #   scripts/test-sanitize.sh [asan|tsan] [ctest arguments...]
 # With asan or tsan only that part runs; the remaining arguments go to its ctest.
@@ -77,18 +81,28 @@ for part in "${parts[@]}"; do
     run_ctest asan --preset sanitize --parallel 2 --no-tests=error --label-exclude torch \
       --timeout 1800 "$@"
   else
-    echo "== ThreadSanitizer: build the communicator tests (preset tsan)"
+    echo "== ThreadSanitizer: build the communicator and stream tests (preset tsan)"
     cmake --preset tsan >/dev/null
-    # The executables of tests/comm (each *_test.cc and *_mpitest.cc is one), not the suite.
+    # The executables of tests/comm (each *_test.cc and *_mpitest.cc is one) and of the
+    # streams' tests, not the suite.
     targets=()
     for source in tests/comm/*_test.cc tests/comm/*_mpitest.cc; do
       targets+=("$(basename "$source" .cc)")
     done
+    targets+=(device_test executor_test pipeline_mpitest pipeline_lowering_mpitest)
     cmake --build --preset tsan --target "${targets[@]}"
     built=$SECONDS
     echo "== ThreadSanitizer: communicator tests (label comm)"
     run_ctest tsan --preset tsan --parallel 2 --no-tests=error --label-regex "^comm$" \
       --timeout 1800 "$@"
+    echo "== ThreadSanitizer: asynchronous CPU streams, and the executor on them"
+    streams='^(BothModes/Streams\.|Stream\.|Executor\..*\.async_streams$'
+    streams+='|BothStreamModes/ExecutorModes\..*/asynchronous$|runtime\.pipeline(_lowering)?_mpitest\.np2$)'
+    # libgomp is not instrumented: the threads of a kernel's parallel region would be reported
+    # racing at its barriers. One OpenMP thread per process leaves the streams' own threads.
+    OMP_NUM_THREADS=1 run_ctest tsan_streams --preset tsan --parallel 2 --no-tests=error \
+      --tests-regex "$streams" --timeout 1800 "$@"
+    summary[tsan]="comm: ${summary[tsan]}; streams: ${summary[tsan_streams]}"
   fi
   summary[$part]+=" (build $((built - start)) s, tests $(seconds_since "$built") s)"
 done

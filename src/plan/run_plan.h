@@ -17,6 +17,7 @@
 // path it chose.
 #pragma once
 
+#include "core/device.h"
 #include "core/dtype.h"
 #include "core/named_values.h"
 #include "data/tokenizer.h"
@@ -122,6 +123,10 @@ struct RunPlan {
   bool local_sgd = false;
   LossScalingPlan loss_scaling;
   optim::OptimizerConfig optimizer;
+  // How the executor's streams run: immediately (the default), or asynchronously on threads of
+  // their own where the environment asks for it (OASES_ASYNC_CPU_STREAMS=1; the tests' check
+  // that every wait is an event).
+  StreamMode stream_mode = StreamMode::immediate;
 
   // Sequences per global batch on one data-parallel rank, and per micro-batch.
   std::int64_t local_batch() const { return config.train.global_batch / mesh.dp; }

@@ -216,7 +216,7 @@ TrainingEngine::TrainingEngine(const plan::RunPlan& plan, ParallelGroups groups)
                    plan.config.train.warmup_steps, plan.config.train.lr_decay_steps,
                    plan.config.train.steps},
       executor_(model_.segments(), model_.program(), model_.activations(),
-                model_.static_activation_bytes()) {
+                model_.static_activation_bytes(), runtime::ExecutorOptions{plan.stream_mode}) {
   OASES_CHECK(tp_->size() == plan.mesh.tp && dp_->size() == plan.mesh.dp &&
                   pp_->size() == plan.mesh.pp,
               "the engine's groups (tp {}, dp {}, pp {} ranks) do not match parallel.tp = {}, "

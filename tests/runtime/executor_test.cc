@@ -1,9 +1,13 @@
 // The executor running every schedule in one process: same gradients as the plain schedule,
 // the activation peak the schedule predicts, and the per-step figures it reports; ZeRO-3's
-// parameter instructions reaching their hooks in order.
+// parameter instructions reaching their hooks in order; on asynchronous streams, the compute
+// stream waiting for a collective's event before it reads the result, failures of the
+// streams' work surfacing from run(), and the listener hearing from the calling thread.
 //
 // Equivalence runs in fp64 (the verification precision): whole micro-batches give bitwise the
-// reference, sub-batches (another summation order) agree to relative 1e-10.
+// reference, sub-batches (another summation order) agree to relative 1e-10. The tests that
+// train through TrainingEngine run on the streams OASES_ASYNC_CPU_STREAMS asks for (ctest runs
+// them twice, the second time as *.async_streams); the others run in both modes themselves.
 #include "runtime/executor.h"
 
 #include "runtime/trace.h"
@@ -16,12 +20,21 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <stdexcept>
 #include <map>
 #include <memory>
+#include <optional>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+namespace oases {
+// Parameterised tests are named after the mode ("ExecutorModes.X/asynchronous").
+void PrintTo(StreamMode mode, std::ostream* out) { *out << stream_mode_name(mode); }
+}  // namespace oases
 
 namespace oases::runtime {
 namespace {
@@ -161,7 +174,15 @@ class RecordingListener : public InstructionListener {
 // ZeRO-3: GatherParams, WaitParams and ReleaseParams reach their hooks in schedule order,
 // between the compute that reads the buckets; WaitParams' blocking is exposed communication
 // on the compute lane; null hooks do nothing.
-TEST(Executor, ParameterInstructionsCallTheirHooksInOrder) {
+class ExecutorModes : public ::testing::TestWithParam<StreamMode> {
+ protected:
+  ExecutorOptions options() const { return {GetParam()}; }
+};
+
+INSTANTIATE_TEST_SUITE_P(BothStreamModes, ExecutorModes,
+                         ::testing::Values(StreamMode::immediate, StreamMode::asynchronous));
+
+TEST_P(ExecutorModes, ParameterInstructionsCallTheirHooksInOrder) {
   ops::Program program;
   for (int bucket : {0, 1}) {
     ops::SegmentShape shape{bucket == 0 ? "a" : "b"};
@@ -180,7 +201,8 @@ TEST(Executor, ParameterInstructionsCallTheirHooksInOrder) {
   std::vector<std::unique_ptr<ops::Segment>> segments;
   segments.push_back(std::make_unique<LoggingSegment>(0, store, "a", log));
   segments.push_back(std::make_unique<LoggingSegment>(1, store, "b", log));
-  Executor executor(segments, program, store, 0);
+  Executor executor(segments, program, store, 0, options());
+  EXPECT_EQ(executor.stream_mode(), GetParam());
   StepHooks hooks;
   hooks.reduce_grads = [&](int bucket) { log.push_back("reduce " + std::to_string(bucket)); };
   hooks.optimizer_step = [&] { log.push_back("step"); };
@@ -223,6 +245,197 @@ TEST(Executor, ParameterInstructionsCallTheirHooksInOrder) {
   log.clear();
   executor.run(s, ops::StepContext{}, StepHooks{});
   EXPECT_EQ(log, (std::vector<std::string>{"forward a", "forward b", "backward b", "backward a"}));
+}
+
+
+// A group of two whose all-reduce of one value doubles it when waited for, `delay` after the
+// wait begins; its operations do not time themselves.
+class DoublingGroup final : public comm::Communicator {
+ public:
+  explicit DoublingGroup(std::chrono::duration<double> delay) : delay_(delay) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string name() const override { return "doubling"; }
+  std::unique_ptr<comm::Work> all_reduce_async(Tensor buffer, comm::ReduceOp) override {
+    return std::make_unique<Doubling>(buffer, delay_);
+  }
+  std::unique_ptr<comm::Work> all_gather_async(Tensor, Tensor) override { return refuse(); }
+  std::unique_ptr<comm::Work> reduce_scatter_async(Tensor, Tensor, comm::ReduceOp) override {
+    return refuse();
+  }
+  std::unique_ptr<comm::Work> broadcast_async(Tensor, int) override { return refuse(); }
+  std::unique_ptr<comm::Work> send_async(Tensor, int, int) override { return refuse(); }
+  std::unique_ptr<comm::Work> recv_async(Tensor, int, int) override { return refuse(); }
+  std::unique_ptr<comm::Work> all_to_all_async(Tensor, Tensor) override { return refuse(); }
+  std::unique_ptr<comm::Work> all_to_allv_async(Tensor, std::vector<std::int64_t>, Tensor,
+                                                std::vector<std::int64_t>) override {
+    return refuse();
+  }
+  std::unique_ptr<comm::Work> barrier_async() override { return refuse(); }
+
+ private:
+  struct Doubling final : comm::Work {
+    Doubling(Tensor value, std::chrono::duration<double> delay) : value_(value), delay_(delay) {}
+    void wait() override {
+      if (done_) return;
+      std::this_thread::sleep_for(delay_);
+      value_.data<double>()[0] *= 2;
+      done_ = true;
+    }
+    bool test() override { return done_; }
+    Tensor value_;
+    std::chrono::duration<double> delay_;
+    bool done_ = false;
+  };
+  static std::unique_ptr<comm::Work> refuse() {
+    throw std::logic_error("DoublingGroup only all-reduces");
+  }
+  std::chrono::duration<double> delay_;
+};
+
+// Writes 1.5 into `value` (the buffer of its forward all-reduce), or reads it into `seen`;
+// notes the thread it ran on. Throws from forward() while `failures` is positive.
+class ValueSegment : public ops::Segment {
+ public:
+  ValueSegment(int id, ops::ActivationStore& store, bool writes, double& value,
+               comm::Communicator* group)
+      : ops::Segment(id, store), name_(writes ? "writer" : "reader"), writes_(writes),
+        value_(value), group_(group) {}
+  const std::string& name() const override { return name_; }
+  ops::SegmentShape shape() const override {
+    ops::SegmentShape s{name_};
+    s.has_forward_collective = writes_;
+    return s;
+  }
+  void forward(const ops::StepContext&, int, int) override {
+    ran_on = std::this_thread::get_id();
+    if (failures > 0) {
+      --failures;
+      throw std::runtime_error("forward failed");
+    }
+    if (writes_) value_ = 1.5;
+    else seen = value_;
+  }
+  void backward(const ops::StepContext&, int, int, int) override {}
+  CollectiveCall forward_collective(int, int) override {
+    return {ops::CollectiveKind::all_reduce, comm::ReduceOp::sum, group_, Tensor::of(&value_, {1}),
+            {}};
+  }
+  double seen = 0;
+  int failures = 0;
+  std::thread::id ran_on;
+
+ private:
+  std::string name_;
+  bool writes_;
+  double& value_;
+  comm::Communicator* group_;
+};
+
+schedule::Instruction instruction(schedule::Op op, int segment) {
+  schedule::Instruction ins{op};
+  ins.segment = segment;
+  return ins;
+}
+
+class ThreadRecordingListener : public InstructionListener {
+ public:
+  void record(const InstructionRecord& r) override {
+    records.push_back(r);
+    threads.push_back(std::this_thread::get_id());
+  }
+  std::vector<InstructionRecord> records;
+  std::vector<std::thread::id> threads;
+};
+
+// Forward(writer), Start, Wait, Forward(reader): the reader sees the all-reduced value, which
+// arrives 20 ms after the wait begins, so the compute stream must have waited for the
+// collective's event (on asynchronous streams a missing event reads 1.5, and ThreadSanitizer
+// reports the race). The compute stream's wait is exposed communication, the collective's span
+// on a group of two is time on the wire, and the listener hears every record on the calling
+// thread, in schedule order.
+TEST_P(ExecutorModes, TheComputeStreamWaitsForTheCollectiveItStarted) {
+  constexpr double kDelay = 0.02;
+  DoublingGroup group{std::chrono::duration<double>(kDelay)};
+  double value = 0;
+  ops::ActivationStore store;
+  std::vector<std::unique_ptr<ops::Segment>> segments;
+  segments.push_back(std::make_unique<ValueSegment>(0, store, true, value, &group));
+  segments.push_back(std::make_unique<ValueSegment>(1, store, false, value, &group));
+  ops::Program program;
+  for (const auto& segment : segments) program.segments.push_back(segment->shape());
+  using schedule::Op;
+  const schedule::Schedule s = {instruction(Op::forward, 0), instruction(Op::start, 0),
+                                instruction(Op::wait, 0), instruction(Op::forward, 1)};
+  Executor executor(segments, program, store, 0, options());
+  ThreadRecordingListener listener;
+  const ExecutionStats stats = executor.run(s, ops::StepContext{}, StepHooks{}, &listener);
+  const auto& reader = static_cast<const ValueSegment&>(*segments[1]);
+  EXPECT_EQ(reader.seen, 3.0);
+  EXPECT_EQ(stats.collectives, 1);
+  EXPECT_GE(stats.exposed_comm_seconds, kDelay);
+  EXPECT_GE(stats.comm_seconds, kDelay);
+  EXPECT_GT(stats.compute_seconds, 0);
+  const bool asynchronous = GetParam() == StreamMode::asynchronous;
+  EXPECT_EQ(reader.ran_on != std::this_thread::get_id(), asynchronous);
+  ASSERT_EQ(listener.records.size(), 3u);
+  EXPECT_EQ(trace_name(listener.records[0]), "F writer mb0 sb0");
+  EXPECT_EQ(listener.records[1].lane, Lane::communication);
+  EXPECT_GE(listener.records[1].seconds(), kDelay);
+  EXPECT_EQ(trace_name(listener.records[2]), "F reader mb0 sb0");
+  for (const std::thread::id thread : listener.threads) EXPECT_EQ(thread, std::this_thread::get_id());
+}
+
+// A failure of the compute stream's work reaches the caller of run(), before or while a
+// collective is in flight, and the executor runs the next schedule as if nothing had happened.
+TEST_P(ExecutorModes, AFailureOfTheStreamsWorkSurfacesFromRun) {
+  DoublingGroup group{std::chrono::duration<double>(0)};
+  double value = 0;
+  ops::ActivationStore store;
+  std::vector<std::unique_ptr<ops::Segment>> segments;
+  segments.push_back(std::make_unique<ValueSegment>(0, store, true, value, &group));
+  segments.push_back(std::make_unique<ValueSegment>(1, store, false, value, &group));
+  ops::Program program;
+  for (const auto& segment : segments) program.segments.push_back(segment->shape());
+  using schedule::Op;
+  const schedule::Schedule s = {instruction(Op::forward, 0), instruction(Op::start, 0),
+                                instruction(Op::wait, 0), instruction(Op::forward, 1)};
+  Executor executor(segments, program, store, 0, options());
+  auto& writer = static_cast<ValueSegment&>(*segments[0]);
+  auto& reader = static_cast<ValueSegment&>(*segments[1]);
+  writer.failures = 1;
+  EXPECT_THROW(executor.run(s, ops::StepContext{}, StepHooks{}), std::runtime_error);
+  EXPECT_EQ(reader.seen, 0.0);  // skipped after the failure
+  executor.run(s, ops::StepContext{}, StepHooks{});
+  EXPECT_EQ(reader.seen, 3.0);
+  // The reader fails between the Start and the Wait: the collective is dropped with the run.
+  const schedule::Schedule failing = {instruction(Op::forward, 0), instruction(Op::start, 0),
+                                      instruction(Op::forward, 1), instruction(Op::wait, 0)};
+  reader.failures = 1;
+  reader.seen = 0;
+  EXPECT_THROW(executor.run(failing, ops::StepContext{}, StepHooks{}), std::runtime_error);
+  executor.run(s, ops::StepContext{}, StepHooks{});
+  EXPECT_EQ(reader.seen, 3.0);
+}
+
+TEST(Executor, TheStreamModeComesFromTheEnvironment) {
+  // Read at each call; this process's environment is whatever ctest gave it.
+  const char* value = std::getenv("OASES_ASYNC_CPU_STREAMS");
+  const bool asynchronous = value != nullptr && std::string(value) == "1";
+  EXPECT_EQ(stream_mode_from_environment(),
+            asynchronous ? StreamMode::asynchronous : StreamMode::immediate);
+  // Any other value is refused, naming the variable; the environment is restored after.
+  const std::optional<std::string> saved = value ? std::optional<std::string>(value) : std::nullopt;
+  ASSERT_EQ(setenv("OASES_ASYNC_CPU_STREAMS", "yes", 1), 0);
+  try {
+    stream_mode_from_environment();
+    ADD_FAILURE() << "OASES_ASYNC_CPU_STREAMS=yes was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("OASES_ASYNC_CPU_STREAMS = 'yes'"), std::string::npos)
+        << e.what();
+  }
+  if (saved) setenv("OASES_ASYNC_CPU_STREAMS", saved->c_str(), 1);
+  else unsetenv("OASES_ASYNC_CPU_STREAMS");
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // run by a within-stage schedule (megatron without and with full recomputation, and cross-pass
 // over two sub-batches). In fp64 with dropout, the loss and every parameter's gradient equal
 // those of the whole model in one process to relative 1e-10 (GPT's tied word embedding, held
-// by both stages, once the two stages' gradients are summed).
+// by both stages, once the two stages' gradients are summed). Both stream modes: immediate,
+// and asynchronous (compute, collectives and messages each on a thread).
 #include "comm/mesh.h"
 #include "model/model.h"
 #include "mpi_test_support.h"
@@ -80,7 +81,14 @@ struct WithinStage {
   int sub_batches;
 };
 
-TEST(PipelineLowering, LoweredGPipeAnd1F1BComputeWhatOneProcessComputes) {
+class PipelineLowering : public ::testing::TestWithParam<StreamMode> {};
+
+INSTANTIATE_TEST_SUITE_P(BothStreamModes, PipelineLowering,
+                         ::testing::Values(StreamMode::immediate, StreamMode::asynchronous),
+                         [](const auto& mode) { return std::string(stream_mode_name(mode.param)); });
+
+TEST_P(PipelineLowering, LoweredGPipeAnd1F1BComputeWhatOneProcessComputes) {
+  const ExecutorOptions streams{GetParam()};
   ASSERT_EQ(mpitest::runtime().world_size(), kStages);
   comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), 1, 1, kStages, mpitest::test_options());
   const int stage = mesh.pp_rank();
@@ -96,7 +104,7 @@ TEST(PipelineLowering, LoweredGPipeAnd1F1BComputeWhatOneProcessComputes) {
     schedule::ScheduleSpec plain;
     plain.micro_batches = static_cast<int>(kMicroBatches);
     Executor reference(whole.segments(), whole.program(), whole.activations(),
-                       whole.static_activation_bytes());
+                       whole.static_activation_bytes(), streams);
     whole.zero_grads();
     reference.run(schedule::generate(whole.program(), plain), ctx, {});
 
@@ -130,7 +138,7 @@ TEST(PipelineLowering, LoweredGPipeAnd1F1BComputeWhatOneProcessComputes) {
         EXPECT_NO_THROW(schedule::verify_point_to_point(group)) << what;
 
         Executor executor(part.segments(), program, part.activations(),
-                          part.static_activation_bytes());
+                          part.static_activation_bytes(), streams);
         executor.set_point_to_point(&mesh.pp_group());
         part.zero_grads();
         int reductions = 0;

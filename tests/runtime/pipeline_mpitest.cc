@@ -4,7 +4,8 @@
 // two micro-batches (every forward, then every backward). The schedules pass the per-rank and
 // the point-to-point verifiers, and the stages compute exactly what one process computes: in
 // fp64 the loss and every parameter's gradient agree with the whole model's to relative 1e-10,
-// dropout included (masks are keyed by global indices, whichever rank draws them).
+// dropout included (masks are keyed by global indices, whichever rank draws them). Both stream
+// modes: immediate, and asynchronous (compute, collectives and messages each on a thread).
 #include "comm/mesh.h"
 #include "model/model.h"
 #include "mpi_test_support.h"
@@ -147,7 +148,14 @@ ops::StepContext step_context(const std::vector<std::int32_t>& inputs,
   return ctx;
 }
 
-TEST(Pipeline, TwoStagesWithSendAndRecvComputeWhatOneProcessComputes) {
+class Pipeline : public ::testing::TestWithParam<StreamMode> {};
+
+INSTANTIATE_TEST_SUITE_P(BothStreamModes, Pipeline,
+                         ::testing::Values(StreamMode::immediate, StreamMode::asynchronous),
+                         [](const auto& mode) { return std::string(stream_mode_name(mode.param)); });
+
+TEST_P(Pipeline, TwoStagesWithSendAndRecvComputeWhatOneProcessComputes) {
+  const ExecutorOptions streams{GetParam()};
   ASSERT_EQ(mpitest::runtime().world_size(), 2);
   comm::Mesh mesh = comm::Mesh::create(mpitest::runtime(), 1, 1, 2, mpitest::test_options());
   const int stage = mesh.pp_rank();
@@ -161,7 +169,7 @@ TEST(Pipeline, TwoStagesWithSendAndRecvComputeWhatOneProcessComputes) {
   schedule::ScheduleSpec spec;
   spec.micro_batches = static_cast<int>(kMicroBatches);
   Executor reference(whole.segments(), whole.program(), whole.activations(),
-                     whole.static_activation_bytes());
+                     whole.static_activation_bytes(), streams);
   whole.zero_grads();
   reference.run(schedule::generate(whole.program(), spec), ctx, {});
 
@@ -186,7 +194,8 @@ TEST(Pipeline, TwoStagesWithSendAndRecvComputeWhatOneProcessComputes) {
   }
   EXPECT_NO_THROW(schedule::verify_point_to_point(both));
 
-  Executor executor(part.segments(), program, part.activations(), part.static_activation_bytes());
+  Executor executor(part.segments(), program, part.activations(), part.static_activation_bytes(),
+                    streams);
   executor.set_point_to_point(&mesh.pp_group());
   part.zero_grads();
   int reductions = 0;

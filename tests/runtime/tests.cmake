@@ -18,3 +18,10 @@ foreach(test_source ${OASES_RUNTIME_MPI_TEST_SOURCES})
     LABELS "mpi;runtime" TIMEOUT ${OASES_MPI_TEST_TIMEOUT} PROCESSORS 2
     ENVIRONMENT_MODIFICATION ${OASES_MPI_ASAN_ENVIRONMENT})
 endforeach()
+
+# executor_test once more on asynchronous CPU streams (OASES_ASYNC_CPU_STREAMS=1): the tests
+# that train through TrainingEngine then run the executor's compute, collectives and messages
+# each on a thread of its own. Names end in .async_streams; label async.
+gtest_discover_tests(executor_test DISCOVERY_MODE PRE_TEST TEST_SUFFIX .async_streams
+  PROPERTIES LABELS async ENVIRONMENT OASES_ASYNC_CPU_STREAMS=1
+  WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
