@@ -22,8 +22,9 @@
 // cross_entropy_forward over [2048, 50304] floats, one thread: 220 ms with SSE2 only, 76 ms
 // with the clones. The choice is fixed per machine, so results stay deterministic; across
 // machines of different vector widths the last bits may differ (FMA contraction, reduction
-// order).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// order). Not under ThreadSanitizer: GCC instruments the clones' resolvers, which run at load
+// time, before TSan has started, and the binary crashes there.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define OASES_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define OASES_VECTOR_CLONES
