@@ -15,6 +15,8 @@
 #   KEEP_WORK   1: keep the temporary folder with every run's log and metrics [0]
 #   TRACE       1: capped runs also write a Chrome trace of their first 2 steps (LABEL.trace.json
 #               in the kept folder; implies KEEP_WORK=1) [0]
+#   BASELINE    another build's oases binary: every run is repeated with it right after, and
+#               the table gains its rows (SCHEDULE@baseline) and this build's speed against it []
 # All of it takes about 14 minutes on the 2-core reference machine; a quick check of the
 # plumbing: SCHEDULES=megatron-none RATIOS=1 STEPS=3 bash bench/run_overlap_bench.sh
 set -euo pipefail
@@ -57,7 +59,9 @@ fi
 oases=$PWD/build/release/oases
 
 env_used=""
-for v in SCHEDULES RATIOS STEPS PROBE_MBIT CONFIG MICRO_BATCHES SKIP_BUILD TRACE; do
+baseline=${BASELINE:-}
+[[ -z $baseline || -x $baseline ]] || { echo "BASELINE=$baseline is not an executable" >&2; exit 2; }
+for v in SCHEDULES RATIOS STEPS PROBE_MBIT CONFIG MICRO_BATCHES SKIP_BUILD TRACE BASELINE; do
   if [[ -n ${!v:-} ]]; then env_used+="$v=\"${!v}\" "; fi
 done
 echo "# command: ${env_used}bash bench/run_overlap_bench.sh"
@@ -111,10 +115,11 @@ mpi_tcp=(ip netns exec "$ns" mpirun "${mpi_common[@]}" --mca btl "self,tcp"
          --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
 
 failed=()
-# train LABEL SCHEDULE shm|tcp: writes $work/LABEL.jsonl; on failure shows the log's tail and
-# returns non-zero, so one schedule the build does not support yet does not stop the others.
+# train LABEL SCHEDULE shm|tcp [BINARY]: writes $work/LABEL.jsonl; on failure shows the log's
+# tail and returns non-zero, so one schedule the build does not support yet does not stop the
+# others.
 train() {
-  local label=$1 sched=$2 link=$3 log=$work/$1.log
+  local label=$1 sched=$2 link=$3 binary=${4:-$oases} log=$work/$1.log
   local -a sets launcher
   read -r -a sets <<<"${schedule_sets[$sched]}"
   if [[ $link == shm ]]; then launcher=("${mpi_shm[@]}"); else launcher=("${mpi_tcp[@]}"); fi
@@ -122,7 +127,7 @@ train() {
   if [[ ${TRACE:-0} == 1 && $link == tcp && $label != calib-* ]]; then
     sets+=(log.trace="\"$work/$label.trace.json\"" log.trace_steps=2)
   fi
-  if ! "${launcher[@]}" "$oases" train "${common[@]}" "${sets[@]}" log.metrics="\"$work/$label.jsonl\"" >"$log" 2>&1; then
+  if ! "${launcher[@]}" "$binary" train "${common[@]}" "${sets[@]}" log.metrics="\"$work/$label.jsonl\"" >"$log" 2>&1; then
     echo "!! $label failed; last lines of its log:" >&2
     tail -n 8 "$log" | sed 's/^/!!   /' >&2
     rm -f "$work/$label.jsonl"
@@ -178,7 +183,7 @@ def table(work, manifest):
     for line in open(manifest):
         cap, sched, label = line.split()
         groups.setdefault(cap, []).append((sched, label))
-    ref_loss, bad = None, []
+    ref_loss, bad, versus = None, [], []
     print("| cap | schedule | step s | exposed comm s | exposed / comm | exposed / step "
           "| peak act MiB | peak RSS MiB | last loss | vs megatron-full | vs megatron-none |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -207,10 +212,18 @@ def table(work, manifest):
         base = res.get("megatron-none")
         ratio = None if not base else (base["comm_s"] or base["exposed_comm_s"]) / base["compute_s"]
         summary.append((cap, ratio, speedup("oases", "megatron-full"), speedup("oases", "megatron-none")))
+        for s, _ in runs:
+            if s.endswith("@baseline") and speedup(s[: -len("@baseline")], s) is not None:
+                versus.append(f"{cap}/{s[: -len('@baseline')]}: "
+                              f"{speedup(s[: -len('@baseline')], s):.3f}x the baseline's speed")
     print()
     for cap, ratio, full, none in summary:
         print(f"- {cap}: megatron-none communication / compute {fmt(ratio, '.2f')}; oases is "
               f"{fmt(full, '.2f', suffix='x')} megatron-full, {fmt(none, '.2f', suffix='x')} megatron-none")
+    if versus:
+        print("\nthis build against the baseline (> 1: faster), run right after each other:")
+        for line in versus:
+            print(f"- {line}")
     if bad:
         print(f"\nWARNING: last-step losses differ by more than 1e-4 relative from "
               f"{ref_loss[0]}/{ref_loss[1]} ({ref_loss[2]:.6f}): " + ", ".join(bad))
@@ -247,6 +260,10 @@ for s in "${selected[@]}"; do
     echo "# no cap: $s" >&2
     train "shm-$s" "$s" shm || true
     echo "no-cap $s shm-$s" >>"$manifest"
+    if [[ -n $baseline ]]; then
+      train "shm-$s-baseline" "$s" shm "$baseline" || true
+      echo "no-cap $s@baseline shm-$s-baseline" >>"$manifest"
+    fi
   fi
 done
 # Rates outside, schedules inside: the schedules compared at one rate run back to back, so
@@ -258,6 +275,10 @@ for p in "${plan[@]}"; do
     echo "# $label: $s" >&2
     train "tcp-$kbit-$s" "$s" tcp || true
     echo "$label $s tcp-$kbit-$s" >>"$manifest"
+    if [[ -n $baseline ]]; then
+      train "tcp-$kbit-$s-baseline" "$s" tcp "$baseline" || true
+      echo "$label $s@baseline tcp-$kbit-$s-baseline" >>"$manifest"
+    fi
   done
 done
 

@@ -127,7 +127,6 @@ bool buckets_summed_over_ranks(const RunPlan& p) {
 }  // namespace
 
 RunPlan make_run_plan(const RunConfig& config, int rank) {
-  config.validate();
   RunPlan p;
   p.config = config;
   p.settings = parse_settings(config);

@@ -146,9 +146,13 @@ struct RunPlan {
   RunPlan for_rank(int rank) const;
 };
 
-// The plan of world rank `rank` (checked against the mesh). Validates the config first
-// (RunConfig::validate) and reads the plan file parallel.plan names, if it names one.
-// UserError for settings that cannot run together, naming them and what would be valid.
+// The plan of world rank `rank` (checked against the mesh); reads the plan file parallel.plan
+// names, if it names one. UserError for a word that is not known and for what the resolution
+// cannot make run (a schedule and a recomputation policy that do not go together, counts that
+// do not cut the model, ...), naming the settings and what would be valid. A config read from
+// TOML is validated already (parse_run_config runs RunConfig::validate); one built in code is
+// taken as it is, for what the engine can run beyond what a user is let ask for (a test's bf16
+// gradient sums of fp64 gradients, say).
 // REQUIRES: parallel.plan and parallel.pipeline_layers are not "auto" (resolved by measuring;
 // with one chunk, pipeline_layers = "auto" has nothing to balance and is taken as uniform).
 RunPlan make_run_plan(const RunConfig& config, int rank = 0);

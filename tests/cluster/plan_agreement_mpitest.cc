@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -40,8 +41,10 @@ plan::RunConfig base(int tp, int dp, int pp) {
   c.parallel.tp = tp;
   c.parallel.dp = dp;
   c.parallel.pp = pp;
-  c.train.micro_batch = 2;
-  c.train.global_batch = 2 * 4 * dp;  // four micro-batches per step
+  // Micro-batches of 4 split into sub-batches of 2, which the two replicas of a layer at degree
+  // 1 under tp 2 divide.
+  c.train.micro_batch = 4;
+  c.train.global_batch = 4 * 4 * dp;  // four micro-batches per step
   return c;
 }
 
@@ -51,11 +54,13 @@ struct Tally {
 };
 
 // Builds the engine and the simulated rank of `config` on this rank and compares them; a
-// config the plan rejects (settings that cannot run together) is skipped on every rank alike.
+// config that does not validate (settings that cannot run together) is skipped on every rank
+// alike.
 void compare(const plan::RunConfig& config, comm::Mesh& mesh, const sim::ClusterSpec& cluster,
              const std::string& what, Tally& tally) {
   std::optional<plan::RunPlan> plan;
   try {
+    config.validate();  // as parse_run_config does for a config a user writes
     plan = plan::make_run_plan(config, mesh.world_rank());
   } catch (const UserError&) {
     ++tally.rejected;
@@ -145,6 +150,9 @@ class PlanAgreement : public ::testing::Test {
                          });
     // The grid must exercise something: most of its configs run.
     EXPECT_GT(tally.built, tally.rejected);
+    if (mpitest::runtime().world_rank() == 0)
+      std::printf("tp %d dp %d pp %d: %d configs compared, %d rejected by the plan\n", tp, dp, pp,
+                  tally.built, tally.rejected);
   }
   sim::ClusterSpec cluster_;
 };
