@@ -2,6 +2,20 @@
 // rank, and the schedules that drive them. It knows nothing about files or data sets: callers
 // hand it token batches. The Trainer (run loop, data, metrics, checkpoints), the profiler and
 // the parity tests are built on it.
+//
+// The engine coordinates a step; each concern of it is a part with its own header:
+//   Precision          (train/precision.h)          16-bit product paths, the loss scaler, bf16
+//                                                   gradient reductions, non-finite gradients
+//   GradientReduction  (train/gradient_reduction.h) which group sums each bucket, tied
+//                                                   gradients, the global sum of squares
+//   ZeroSharding       (train/zero_sharding.h)      ZeRO's reductions, updates, gathers and
+//                                                   releases, whole optimizer state
+//   LocalSgd           (train/local_sgd.h)          replicas stepping alone and averaging
+//   TwoBwSteps         (train/two_bw_steps.h)       2bw's weight versions and batch in flight
+// A step runs the schedule on the executor; the schedule's ReduceGrads starts a bucket's sum
+// (GradientReduction's group, ZeroSharding's reduce-scatter or all-reduce, Precision's wire
+// type), its OptimizerStep waits for them, unscales and clips, asks Precision whether to apply
+// the update and lets ZeroSharding apply it; its parameter instructions are ZeroSharding's.
 #pragma once
 
 #include "comm/communicator.h"
@@ -14,17 +28,18 @@
 #include "schedule/schedule.h"
 #include "plan/run_plan.h"
 #include "planner/memory.h"
+#include "train/gradient_reduction.h"
+#include "train/local_sgd.h"
 #include "train/loss_scaler.h"
-#include "train/weight_versions.h"
-#include "train/zero_partition.h"
+#include "train/precision.h"
+#include "train/two_bw_steps.h"
+#include "train/zero_sharding.h"
 
-#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -86,13 +101,6 @@ struct ParallelGroups {
   std::function<comm::Communicator&(int degree)> expert_replicas = nullptr;
 };
 
-// The 16-bit matrix-product paths of a run and why: train.gemm16_path pinned, or measured on
-// one rank and broadcast to all (ranks that split a layer must round alike).
-struct Gemm16Resolution {
-  kernels::Gemm16Paths paths;
-  std::string description;  // "convert+sgemm (...reason...)"; empty without mixed precision
-};
-
 class TrainingEngine {
  public:
   // Every rank of the groups constructs the engine with its plan of the same config; the groups
@@ -115,11 +123,11 @@ class TrainingEngine {
 
   model::Model& model() { return model_; }
   // fp16's loss scaler (the identity for other precisions); its state goes into checkpoints.
-  LossScaler& loss_scaler() { return scaler_; }
-  const Gemm16Resolution& gemm16() const { return gemm16_; }
+  LossScaler& loss_scaler() { return precision_.loss_scaler(); }
+  const Gemm16Resolution& gemm16() const { return precision_.gemm16(); }
   // Fault injection for tests: the gradient of optimizer step `step` (0-based) gets an
   // infinity before the norm is taken, as an fp16 overflow would. Every rank must be told alike.
-  void inject_gradient_overflow(std::int64_t step) { injected_overflow_step_ = step; }
+  void inject_gradient_overflow(std::int64_t step) { precision_.inject_gradient_overflow(step); }
   const plan::RunPlan& plan() const { return plan_; }
   const plan::RunConfig& config() const { return plan_.config; }
   // This rank's optimizer. Under parallel.zero >= 1 it owns the state of this rank's blocks
@@ -181,7 +189,7 @@ class TrainingEngine {
 
   // 2bw only (else null): the weights W(n - 1) the next batch computes on, n the optimizer
   // steps done; model().params() holds W(n) between steps.
-  const Tensor* stashed_weights() const { return versions_ ? &versions_->older() : nullptr; }
+  const Tensor* stashed_weights() const { return two_bw_.stashed_weights(); }
   bool stashed_weights_needed() const { return plan_.pipeline.two_bw(); }
   // 2bw only: sets the stashed weights after a resume (a checkpoint's), REQUIRES: no step has
   // run since the parameters were loaded, which also restarts the version count at `steps_done`.
@@ -223,101 +231,68 @@ class TrainingEngine {
   std::size_t peak_gathered_param_bytes();
 
  private:
+  // Targets of this rank's local batch that enter the loss, and of the global batch.
+  struct TargetCounts {
+    double local = 0, global = 0;
+  };
   // Runs the schedule over `sequences` local rows (global sample index of row 0:
   // first_sample); `hooks` handles ReduceGrads and OptimizerStep. Returns this rank's loss sum
   // (the model's LossAccumulator holds the count).
   double run_batches(std::int64_t step, const std::int32_t* inputs, const std::int32_t* targets,
                      std::int64_t sequences, std::int64_t first_sample, double loss_scale,
                      ops::HeadMode mode, const runtime::StepHooks& hooks, StepResult* result);
-  // Unscales the gradients (by 1 / loss_scale) and clips them; returns the global norm of the
-  // unscaled gradient before clipping, or a non-finite norm (leaving the gradients as they
-  // were) when any element is an inf or a NaN.
-  double clip_gradients(double loss_scale = 1);
-  // Sum of squares of a flat array laid out like the parameters over the whole model: each
-  // parameter counted once over the tensor-parallel group (a replicated one on every rank, a
-  // split one by its first replica of each part) and over the pipeline stages (a tied one by
-  // the first stage).
-  double model_sum_of_squares(const Tensor& flat);
-  // Local SGD (parallel.dp_sync_every > 1): averages parameters and optimizer state over the
-  // data-parallel group and returns the replicas' divergence before it (StepResult).
-  double average_replicas();
-  // The step's update, after its gradients are reduced: unscale, clip, then the optimizer
-  // (and the 16-bit parameter copy), or a skipped step when fp16 gradients overflowed.
-  void apply_update(std::int64_t step, double loss_scale, StepResult& result);
-  // Sums the gradients of parameters held by both the first and the last pipeline stage (GPT's
-  // tied word embedding) between those two stages, so that both copies take the same update.
-  void sum_tied_gradients();
-  // UserError: the gradient norm of optimizer step `step` (0-based) is NaN or infinite; names
-  // the first parameter whose gradient is and gives advice that fits the settings.
-  [[noreturn]] void stop_on_non_finite_gradient(std::int64_t step, double norm) const;
-  // Starts the sum of bucket `bucket`'s gradients: over a layer's replicas (tensor- and
-  // data-parallel ones at once) when it runs below tp, else over the data-parallel group;
-  // null when there is nothing to sum.
+  // InternalError unless the last run's loss counted every target of `sequences` local rows
+  // (on the stage that holds the head).
+  void check_loss_count(const std::int32_t* targets, std::int64_t sequences);
+  // A causal language model counts every target; a masked one only the masked positions,
+  // which differ between data-parallel ranks (the global count is then summed over them).
+  TargetCounts count_targets(const std::int32_t* targets);
+  // The step's loss (the mean over the global batch's counted targets, from this rank's sum;
+  // the last stage's under a pipeline) and the MoE summary into `result`.
+  void report_loss(double local_sum, double counted, StepResult& result);
+  // The 2bw pipeline's train_step.
+  StepResult train_step_2bw(std::int64_t step, const std::int32_t* inputs,
+                            const std::int32_t* targets, bool drain);
+
+  // ReduceGrads(bucket): starts the sum of the bucket's gradients into `reductions` (returns
+  // whether there was one) and, with offloading, the read-back of what its update touches.
+  bool reduce_grads(int bucket, std::vector<std::unique_ptr<comm::Work>>& reductions);
+  // The sum of bucket `bucket`'s gradients over its group, started (null: nobody to sum with).
   std::unique_ptr<comm::Work> reduce_bucket(int bucket);
   // parallel.offload: starts reading back what bucket `bucket`'s update will touch in the
   // store (its optimizer state, and its master weights), ahead of the optimizer step.
   void prefetch_offloaded(int bucket);
-  // ZeRO-2: gives back the gradient pages outside this rank's block of every bucket whose
-  // reduction has completed (`wait`: of every bucket, waiting for them).
-  void release_reduced_blocks(bool wait);
-  // Calls visit(begin, end) for the flat range of every bucket this rank updates: its block
-  // of a partitioned bucket, the whole of any other.
-  void for_each_owned_range(const std::function<void(std::int64_t, std::int64_t)>& visit) const;
-  // The group that sums a cut bucket's gradients (ZeRO), over which its blocks are reduced and
-  // gathered.
-  comm::Communicator& zero_group(int bucket) const;
-  // The group that sums bucket `bucket`'s gradients (null: none), as reduce_bucket uses it.
-  comm::Communicator* reduction_group(const model::Model::Bucket& bucket);
-  // The buckets reduction_group gives a group (whose reductions a step waits for).
-  std::size_t reduced_bucket_count();
   // Waits for the step's gradient reductions, then makes the tied parameters' gradients whole
   // and equal on both stages that hold them.
   void finish_reductions(std::vector<std::unique_ptr<comm::Work>>& reductions, StepResult& result);
-  // The optimizer's update with learning rate of step `step` (0-based), then, under ZeRO, every
-  // rank's updated blocks gathered, and the 16-bit copy refreshed.
-  void step_optimizer(std::int64_t step);
-  // ZeRO-1 and 2: starts the gather of bucket `bucket`'s updated blocks unless it is whole or
-  // already on its way; finish_param_gathers() waits for every gather on its way.
-  void start_param_gather(int bucket);
-  void finish_param_gathers();
-  // ZeRO-3: the schedule's GatherParams, WaitParams and ReleaseParams, added to `hooks`.
-  runtime::StepHooks with_param_hooks(runtime::StepHooks hooks);
-  // ZeRO-3: calls visit(begin, end) for the flat ranges of bucket `bucket` this rank does not
-  // own (none for a bucket that is not partitioned).
-  void for_each_foreign_range(int bucket,
-                              const std::function<void(std::int64_t, std::int64_t)>& visit) const;
-  // Makes the master parameters whole (blocking): ZeRO-3 gathers every partitioned bucket;
-  // deferred gathers (ZeRO-1 and 2) the stale ones, and refresh the 16-bit copy.
-  void gather_whole_params();
-  // ZeRO: the owned layout and the optimizer over it (or the whole layout without ZeRO).
-  std::unique_ptr<optim::Optimizer> make_engine_optimizer();
-  // ZeRO: where the part of a parameter that optimizer state `state` (of a cut parameter, so
-  // element-wise) belongs to starts in the whole parameter.
-  std::int64_t owned_start(const optim::StateTensor& state) const;
-  // A fresh optimizer over the whole layout of this rank.
-  std::unique_ptr<optim::Optimizer> make_whole_optimizer() const;
-
-  // The batch whose last backwards a 2bw call left for the next one: its step, tokens, and
-  // the context its instructions run in.
-  struct BatchInFlight {
-    std::int64_t step = 0;
-    std::vector<std::int32_t> inputs, targets;
-    ops::StepContext context;
-  };
-  StepResult train_step_2bw(std::int64_t step, const std::int32_t* inputs,
-                            const std::int32_t* targets, bool drain);
-  const schedule::LoweredRun& two_bw_run(schedule::TwoBwRun run);
-  // A 2bw run of `spec` lowered for this stage, with the passes the spec asks for, verified.
-  schedule::LoweredRun lower_2bw(const schedule::ScheduleSpec& spec, schedule::TwoBwRun run) const;
-  // 2bw: the two weight versions (under ZeRO-3 of this rank's blocks alone).
-  std::unique_ptr<WeightVersions> make_weight_versions(std::int64_t newest) const;
-  // The compute copy of the parameters this rank holds made current (under ZeRO-3 its blocks;
-  // the others are gathered where the schedule needs them).
-  void refresh_held_compute_params();
+  // The step's update, after its gradients are reduced: unscale, clip, then the optimizer
+  // (and the 16-bit parameter copy), or a skipped step when fp16 gradients overflowed.
+  void apply_update(std::int64_t step, double loss_scale, StepResult& result);
   // The data-parallel reductions and optimizer step of one batch in a 2bw call; its update
   // goes to the newest weights.
   void step_2bw_batch(std::vector<std::unique_ptr<comm::Work>>& reductions, StepResult& result);
+  // Unscales the gradients (by 1 / loss_scale) and clips them; returns the global norm of the
+  // unscaled gradient before clipping, or a non-finite norm (leaving the gradients as they
+  // were) when any element is an inf or a NaN.
+  double clip_gradients(double loss_scale = 1);
+  // The optimizer's update with learning rate of step `step` (0-based), then, under ZeRO, every
+  // rank's updated blocks gathered, and the 16-bit copy refreshed.
+  void step_optimizer(std::int64_t step);
+  // Local SGD: averages parameters and optimizer state over the data-parallel group and
+  // returns the replicas' divergence before it (StepResult).
+  double average_replicas();
+  // ZeRO-3 and deferred gathers: the master parameters made whole (blocking), the stashed 2bw
+  // version too.
+  void gather_whole_params();
 
+  // The optimizer over the layout this rank updates (ZeRO's owned parts, or the whole), and
+  // with offloading the store ranges each bucket's update reads.
+  std::unique_ptr<optim::Optimizer> make_engine_optimizer();
+  // A fresh optimizer over the whole layout of this rank.
+  std::unique_ptr<optim::Optimizer> make_whole_optimizer() const;
+
+  // Built in this order: each part holds references to the plan, the groups and the model
+  // declared above it (and is destroyed before them).
   plan::RunPlan plan_;
   comm::SelfCommunicator self_tp_{"tp"};
   comm::SelfCommunicator self_dp_{"dp"};
@@ -325,47 +300,21 @@ class TrainingEngine {
   comm::Communicator* tp_;
   comm::Communicator* dp_;
   comm::Communicator* pp_;
-  // Names of the parameters both the first and the last pipeline stage hold, in layout order
-  // (empty when pp = 1).
-  std::vector<std::string> tied_params_;
-  std::function<comm::Communicator&(int degree)> tp_replica_group_;
-  comm::Communicator* ep_ = nullptr;               // null: every expert on this rank
-  std::function<comm::Communicator&(int degree)> expert_replicas_;  // with ep_
-  Gemm16Resolution gemm16_;
-  LossScaler scaler_;
-  std::optional<std::int64_t> injected_overflow_step_;
-  // parallel.zero >= 1: the cuts of each gradient bucket summed over a group of more than one
-  // rank, and that group by bucket; this rank owns block group->rank().
-  ZeroPartition zero_;
-  std::map<int, comm::Communicator*> zero_groups_;
-  // ZeRO-2: reductions started whose buckets still hold the other ranks' blocks.
-  struct UnreleasedBucket {
-    comm::Work* reduction = nullptr;  // owned by the step's list of reductions
-    int bucket = 0;
-  };
-  std::vector<UnreleasedBucket> unreleased_;
-  // ZeRO-3: the parameter gathers a GatherParams started and no WaitParams has waited for.
-  std::map<int, std::unique_ptr<comm::Work>> param_gathers_;
-  // ZeRO-1 and 2 (schedule::ScheduleSpec::deferred_param_gather): buckets whose other ranks'
-  // blocks changed in the last update and have not been gathered since.
-  std::set<int> stale_buckets_;
+  Precision precision_;
   ops::TpSubgroups tp_subgroup_;
   std::unique_ptr<OffloadStore> offload_;
   // parallel.offload: the byte ranges of the store each bucket's update reads, by bucket.
   std::map<int, std::vector<std::pair<const void*, std::size_t>>> offloaded_ranges_;
   model::Model model_;
+  GradientReduction reduction_;
+  ZeroSharding zero_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LrSchedule lr_schedule_;
   runtime::Executor executor_;
   std::map<std::pair<std::int64_t, bool>, schedule::Schedule> schedules_;
   runtime::InstructionListener* listener_ = nullptr;
-  // parallel.pipeline = "2bw": the two weight versions, the batch whose backwards run in the
-  // next call (tokens kept per step parity: a call reads its own and the previous batch's),
-  // and the lowered runs by (carries_in, drains).
-  std::unique_ptr<WeightVersions> versions_;
-  std::array<BatchInFlight, 2> batches_;
-  std::optional<std::int64_t> in_flight_step_;
-  std::map<std::pair<bool, bool>, schedule::LoweredRun> two_bw_runs_;
+  LocalSgd local_sgd_;
+  TwoBwSteps two_bw_;
 };
 
 // The optimizer's view of parameter `p` (this rank's shard): its place in the flat array, and
