@@ -7,6 +7,8 @@
 #include <omp.h>
 
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -26,6 +28,18 @@ void check_device_available(Device device) {
 
 const char* stream_mode_name(StreamMode mode) {
   return mode == StreamMode::immediate ? "immediate" : "asynchronous";
+}
+
+StreamMode stream_mode_from_environment() {
+  constexpr const char* kVariable = "OASES_ASYNC_CPU_STREAMS";
+  const char* value = std::getenv(kVariable);
+  if (value == nullptr || std::strcmp(value, "") == 0 || std::strcmp(value, "0") == 0)
+    return StreamMode::immediate;
+  OASES_CHECK(std::strcmp(value, "1") == 0,
+              "{} = '{}' is not valid: valid values are 1 (asynchronous CPU streams) and 0 or "
+              "unset (immediate)",
+              kVariable, value);
+  return StreamMode::asynchronous;
 }
 
 namespace detail {

@@ -65,6 +65,10 @@ void check_device_available(Device device);
 
 enum class StreamMode : std::uint8_t { immediate, asynchronous };
 const char* stream_mode_name(StreamMode mode);  // "immediate", "asynchronous"
+// The stream mode the environment asks for: asynchronous where OASES_ASYNC_CPU_STREAMS=1,
+// immediate where it is unset, empty or 0; any other value is a UserError naming the variable
+// and the valid values. Read at each call.
+StreamMode stream_mode_from_environment();
 
 namespace detail {
 struct EventPoint;  // the point an Event marks in an asynchronous stream (device.cc)

@@ -274,16 +274,6 @@ double aux_term(const MoeRouterSpec& spec, const Routing& r, double scale, std::
 
 }  // namespace
 
-MoeGate parse_moe_gate(const std::string& name) {
-  return parse_named_value<MoeGate>(kMoeGateNames, name, "model.moe_gate");
-}
-
-const char* moe_gate_name(MoeGate gate) { return value_name<MoeGate>(kMoeGateNames, gate).data(); }
-
-int default_top_k(MoeGate gate) {
-  return gate == MoeGate::noisy_top_k || gate == MoeGate::gshard ? 2 : 1;
-}
-
 int moe_capacity(const MoeRouterSpec& spec, std::int64_t group_tokens, bool training) {
   const int k = spec.gate == MoeGate::expert_choice ? 1 : spec.top_k;
   const double cf = training ? spec.train_capacity_factor : spec.eval_capacity_factor;

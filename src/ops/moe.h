@@ -76,10 +76,17 @@ inline constexpr std::uint32_t kDropoutSiteRandomRouting = 4;
 inline constexpr std::uint32_t kDropoutSiteExpert = 5;
 
 // The gate kMoeGateNames names (UserError naming model.moe_gate otherwise), and its name.
-MoeGate parse_moe_gate(const std::string& name);
-const char* moe_gate_name(MoeGate gate);
+// Inline: readers of model configs (profiles, checkpoints) name gates without the router.
+inline MoeGate parse_moe_gate(const std::string& name) {
+  return parse_named_value<MoeGate>(kMoeGateNames, name, "model.moe_gate");
+}
+inline const char* moe_gate_name(MoeGate gate) {
+  return value_name<MoeGate>(kMoeGateNames, gate).data();
+}
 // Experts per token a gate routes to when moe_top_k is 0 (expert-choice: 1, the capacity's k).
-int default_top_k(MoeGate gate);
+inline int default_top_k(MoeGate gate) {
+  return gate == MoeGate::noisy_top_k || gate == MoeGate::gshard ? 2 : 1;
+}
 
 struct MoeRouterSpec {
   MoeGate gate = MoeGate::switch_top1;

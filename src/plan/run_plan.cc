@@ -2,7 +2,6 @@
 
 #include "core/error.h"
 #include "planner/planner.h"
-#include "runtime/executor.h"
 #include "planner/stage_partition.h"
 #include "plan/resolve.h"
 
@@ -151,7 +150,7 @@ RunPlan make_run_plan(const RunConfig& config, int rank) {
       p.zero.partitions && p.zero.stage <= 2 && !p.pipeline.two_bw();
   p.loss_scaling = loss_scaling_of(config.train, p.settings.precision);
   p.optimizer = optimizer_config(config.train, p.settings.optimizer);
-  p.stream_mode = runtime::stream_mode_from_environment();
+  p.stream_mode = stream_mode_from_environment();
   return p;
 }
 

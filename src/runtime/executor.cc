@@ -23,18 +23,6 @@ ExecutionStats& ExecutionStats::operator+=(const ExecutionStats& other) {
   return *this;
 }
 
-StreamMode stream_mode_from_environment() {
-  constexpr const char* kVariable = "OASES_ASYNC_CPU_STREAMS";
-  const char* value = std::getenv(kVariable);
-  if (value == nullptr || std::strcmp(value, "") == 0 || std::strcmp(value, "0") == 0)
-    return StreamMode::immediate;
-  OASES_CHECK(std::strcmp(value, "1") == 0,
-              "{} = '{}' is not valid: valid values are 1 (asynchronous CPU streams) and 0 or "
-              "unset (immediate)",
-              kVariable, value);
-  return StreamMode::asynchronous;
-}
-
 namespace detail {
 
 // A collective, or a message over the point-to-point group, from its start to its

@@ -142,11 +142,6 @@ struct ExecutorOptions {
   StreamMode streams = StreamMode::immediate;
 };
 
-// The stream mode the environment asks for: asynchronous where OASES_ASYNC_CPU_STREAMS=1,
-// immediate where it is unset, empty or 0; any other value is a UserError naming the variable
-// and the valid values. Read at each call.
-StreamMode stream_mode_from_environment();
-
 class Executor {
  public:
   // `program` describes `segments` (same order); `static_activation_bytes`: activation memory
