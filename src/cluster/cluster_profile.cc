@@ -68,23 +68,6 @@ void price_schedule(const ShapeOnlyRank& rank, planner::DegreeProfile& degree) {
   for (const auto& [name, values] : collectives) degree.collectives[name] = planner::median(values);
 }
 
-// Each segment kind's activation sets, and an MoE segment's collective elements, as `model`
-// holds them at this degree.
-void record_segment_shapes(const model::Model& model, planner::DegreeProfile& degree) {
-  for (const ops::SegmentShape& shape : model.program().segments) {
-    const std::string kind = planner::segment_kind(shape.name);
-    auto& sets = degree.activation_bytes[kind];
-    sets["checkpoint"] = static_cast<std::int64_t>(shape.checkpoint_bytes);
-    sets["internals"] = static_cast<std::int64_t>(shape.internals_bytes);
-    sets["core"] = static_cast<std::int64_t>(shape.core_bytes);
-    if (std::find(std::begin(planner::kMoeKinds), std::end(planner::kMoeKinds), kind) !=
-        std::end(planner::kMoeKinds)) {
-      degree.collective_elements[kind + ".fwd"] = shape.forward_collective_elements;
-      degree.collective_elements[kind + ".bwd"] = shape.backward_collective_elements;
-    }
-  }
-}
-
 }  // namespace
 
 planner::Profile cluster_profile(const plan::RunConfig& config, const sim::ClusterSpec& cluster) {
@@ -126,7 +109,7 @@ planner::Profile cluster_profile(const plan::RunConfig& config, const sim::Clust
       degree.replica_reduce_per_layer_s = sim::collective_seconds(
           cluster, sim::CollectiveOp::all_reduce, grad_bytes, group_of(0), run.every(group_of));
     }
-    record_segment_shapes(model, degree);
+    train::record_segment_shapes(model, degree);
     // The engine's memory per parameter byte at dp = 1 (the simulated figures divide the ZeRO
     // shares over the layout's dp, which this undoes).
     const double parameter_bytes = static_cast<double>(std::max<std::int64_t>(1, degree.parameter_bytes));

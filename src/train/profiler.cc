@@ -372,24 +372,6 @@ void record_replica_reduction(comm::Mesh& mesh, comm::Communicator& beside, int 
                             reducing->size(), median(times)};
 }
 
-// Each segment kind's kept sets, and what the MoE segments' collectives move (for pricing them
-// at other rows and over the expert-parallel link: the all-to-alls exchange whole buffers of
-// every expert's slots, the same at any ep).
-void record_segment_shapes(const model::Model& model, planner::DegreeProfile& degree) {
-  for (const ops::SegmentShape& shape : model.program().segments) {
-    const std::string kind = planner::segment_kind(shape.name);
-    auto& sets = degree.activation_bytes[kind];
-    sets["checkpoint"] = static_cast<std::int64_t>(shape.checkpoint_bytes);
-    sets["internals"] = static_cast<std::int64_t>(shape.internals_bytes);
-    sets["core"] = static_cast<std::int64_t>(shape.core_bytes);
-    if (std::find(std::begin(planner::kMoeKinds), std::end(planner::kMoeKinds), kind) !=
-        std::end(planner::kMoeKinds)) {
-      degree.collective_elements[kind + ".fwd"] = shape.forward_collective_elements;
-      degree.collective_elements[kind + ".bwd"] = shape.backward_collective_elements;
-    }
-  }
-}
-
 // Degree k's measurements: its segments and collectives timed, its memory, slowdowns and
 // replica reduction.
 planner::DegreeProfile profile_degree(const plan::RunPlan& run, const ProfileOptions& options,
@@ -429,6 +411,21 @@ planner::DegreeProfile profile_degree(const plan::RunPlan& run, const ProfileOpt
 }
 
 }  // namespace
+
+void record_segment_shapes(const model::Model& model, planner::DegreeProfile& degree) {
+  for (const ops::SegmentShape& shape : model.program().segments) {
+    const std::string kind = planner::segment_kind(shape.name);
+    auto& sets = degree.activation_bytes[kind];
+    sets["checkpoint"] = static_cast<std::int64_t>(shape.checkpoint_bytes);
+    sets["internals"] = static_cast<std::int64_t>(shape.internals_bytes);
+    sets["core"] = static_cast<std::int64_t>(shape.core_bytes);
+    if (std::find(std::begin(planner::kMoeKinds), std::end(planner::kMoeKinds), kind) !=
+        std::end(planner::kMoeKinds)) {
+      degree.collective_elements[kind + ".fwd"] = shape.forward_collective_elements;
+      degree.collective_elements[kind + ".bwd"] = shape.backward_collective_elements;
+    }
+  }
+}
 
 planner::Profile run_profile(const plan::RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh) {

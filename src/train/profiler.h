@@ -3,6 +3,7 @@
 #pragma once
 
 #include "comm/mesh.h"
+#include "model/model.h"
 #include "planner/profile.h"
 #include "plan/run_config.h"
 #include "plan/run_plan.h"
@@ -16,6 +17,11 @@ struct ProfileOptions {
   int steps = 3;  // timed steps per degree; times are medians over them (and over layers)
   bool progress = true;
 };
+
+// Each segment kind's kept sets, and what the MoE segments' collectives move, as `model` holds
+// them at this degree (for pricing them at other rows and over the expert-parallel link: the
+// all-to-alls exchange whole buffers of every expert's slots, the same at any ep).
+void record_segment_shapes(const model::Model& model, planner::DegreeProfile& degree);
 
 // The profile's description of the run (model, batch split, element size, memory settings,
 // ep) with no degrees measured yet. UserError when parallel.tp is not a power of two or a
