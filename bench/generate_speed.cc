@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     }
     nlohmann::json out;
     out["config"] = config_path;
-    out["arch"] = config.model.arch;
+    out["arch"] = std::string(model::name(config.model.arch));
     out["precision"] = config.train.precision;
     out["seq_len"] = config.model.seq_len;
     out["new_tokens"] = tokens;

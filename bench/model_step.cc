@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
     nlohmann::json out = {{"framework", "oases"},
-                          {"arch", config.model.arch},
+                          {"arch", std::string(model::name(config.model.arch))},
                           {"precision", config.train.precision},
                           {"openblas_core", kernels::blas_kernels_name()},
                           {"threads", omp_get_max_threads()},
