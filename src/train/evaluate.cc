@@ -150,16 +150,16 @@ EvalResult evaluate_checkpoint(const EvalOptions& o, comm::Mesh& mesh) {
               "(<data>_train.bin)",
               o.split);
   OASES_CHECK(o.batches >= 0, "--batches = {} must be >= 1, or \"all\"", o.batches);
-  OASES_CHECK(o.batch_size >= 0,
-              "--batch-size = {} must be >= 1 (0: the checkpoint's "
+  OASES_CHECK(!o.batch_size || *o.batch_size >= 1,
+              "--batch-size = {} must be at least 1 (leave it out for the checkpoint's "
               "train.micro_batch x data-parallel ranks)",
-              o.batch_size);
+              o.batch_size.value_or(0));
   const std::string folder = checkpoint_folder(o.checkpoint);
   plan::RunConfig config = config_from_checkpoint(folder);
   const std::int64_t dp = mesh.dp_size(), pp = mesh.pp_size();
   const std::int64_t trained_micro_batch = config.train.micro_batch;
   const std::int64_t batch =
-      o.batch_size > 0 ? o.batch_size : trained_micro_batch * dp * (pp > 1 ? pp : 1);
+      o.batch_size.value_or(trained_micro_batch * dp * (pp > 1 ? pp : 1));
   OASES_CHECK(batch % dp == 0,
               "--batch-size = {} must be a multiple of the {} data-parallel ranks (each "
               "evaluates as many windows)",

@@ -21,6 +21,7 @@
 #include "train/engine.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace oases::train {
@@ -30,10 +31,10 @@ struct EvalOptions {
   std::string data;           // shard prefix: reads <data>_<split>.bin
   std::string split = "val";  // "val" or "train"
   std::int64_t batches = 0;   // batches to evaluate from the start of the shard; 0: all
-  // Windows per batch over all data-parallel ranks (a multiple of dp); 0: the checkpoint's
-  // train.micro_batch x dp, times pp under pipeline stages (one micro-batch in flight per
-  // stage).
-  std::int64_t batch_size = 0;
+  // Windows per batch over all data-parallel ranks (a multiple of dp, at least 1); unset: the
+  // checkpoint's train.micro_batch x dp, times pp under pipeline stages (one micro-batch in
+  // flight per stage).
+  std::optional<std::int64_t> batch_size;
   std::string tokenizer_dir;  // where the gpt2 tokenizer's files are; empty: its default
 };
 

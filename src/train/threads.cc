@@ -1,5 +1,7 @@
 #include "train/threads.h"
 
+#include "core/error.h"
+
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -15,10 +17,23 @@ ThreadChoice choose_threads(std::int64_t requested, std::optional<int> omp_num_t
   ThreadChoice choice;
   const std::string ranks_here = fmt::format("{} rank{} on {}", mine.ranks_on_host,
                                              mine.ranks_on_host == 1 ? "" : "s", mine.host);
+  // Past a few threads per core nothing runs faster, and OpenMP's thread creation fails or
+  // crashes long before the count fits an int (libgomp segfaults at 100000 on 2 cores).
+  const std::int64_t most = kMostThreadsPerCore * std::max(1, mine.cores_on_host);
+  const auto check_runnable = [&](const char* setting, std::int64_t count) {
+    OASES_CHECK(count <= most,
+                "{} = {} is more threads than host {} can run ({} core{}); valid: 1 to {} ({} "
+                "per core at most; {} or fewer avoid threads taking turns), or {}",
+                setting, count, mine.host, mine.cores_on_host, mine.cores_on_host == 1 ? "" : "s",
+                most, kMostThreadsPerCore, std::max(1, mine.cores_of_rank),
+                requested > 0 ? "train.threads = 0 (automatic)" : "OMP_NUM_THREADS unset");
+  };
   if (requested > 0) {
+    check_runnable("train.threads", requested);
     choice.threads = static_cast<int>(requested);
     choice.reason = "train.threads";
   } else if (omp_num_threads) {
+    check_runnable("OMP_NUM_THREADS", *omp_num_threads);
     choice.threads = *omp_num_threads;
     choice.reason = "OMP_NUM_THREADS";
   } else {

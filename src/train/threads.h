@@ -28,9 +28,13 @@ struct ThreadChoice {
   std::string warning;  // empty unless the host is oversubscribed
 };
 
+// The most threads per core of the host an explicit count may ask for.
+inline constexpr std::int64_t kMostThreadsPerCore = 8;
+
 // `requested`: train.threads (0: automatic); `omp_num_threads`: the OMP_NUM_THREADS of the
 // environment when set to a positive count; `mine`: this rank's placement; `most_crowded`:
-// the job's most crowded host (the same on every rank).
+// the job's most crowded host (the same on every rank). UserError when the explicit count
+// (train.threads, else OMP_NUM_THREADS) exceeds kMostThreadsPerCore x the host's cores.
 ThreadChoice choose_threads(std::int64_t requested, std::optional<int> omp_num_threads,
                             const comm::HostPlacement& mine,
                             const comm::HostPlacement& most_crowded);

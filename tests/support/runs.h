@@ -3,6 +3,7 @@
 // safetensors files.
 #pragma once
 
+#include "core/device.h"
 #include "core/philox.h"
 #include "support/command.h"
 #include "model/model.h"
@@ -21,10 +22,13 @@
 namespace oases::testing {
 
 // An empty folder for the current test, <working dir>/<suite_folder>/<test name>: ctest runs
-// the tests of one file as separate, possibly concurrent processes, so each needs its own.
+// the tests of one file as separate, possibly concurrent processes, so each needs its own. The
+// same test on asynchronous CPU streams (its .async_streams variant, OASES_ASYNC_CPU_STREAMS=1
+// in the environment) may run beside it, so it gets <test name>.async_streams.
 inline std::filesystem::path fresh_test_folder(const std::string& suite_folder) {
-  const std::filesystem::path dir = std::filesystem::current_path() / suite_folder /
-                                    ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  if (stream_mode_from_environment() == StreamMode::asynchronous) name += ".async_streams";
+  const std::filesystem::path dir = std::filesystem::current_path() / suite_folder / name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;

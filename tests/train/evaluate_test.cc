@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,7 +109,7 @@ class Evaluate : public ::testing::Test {
     ASSERT_FALSE(checkpoint_.empty());
   }
 
-  EvalResult evaluate(std::int64_t batch_size, std::int64_t batches) {
+  EvalResult evaluate(std::optional<std::int64_t> batch_size, std::int64_t batches) {
     EvalOptions options;
     options.checkpoint = dir_.file("ckpt");  // a checkpoint.dir: its newest checkpoint
     options.data = prefix_;
@@ -146,6 +147,15 @@ TEST_F(Evaluate, BatchesLimitTheWindowsFromTheStart) {
   EXPECT_NEAR(r.loss, want, 1e-10 * want);
   // More batches than the shard holds: every window, once.
   EXPECT_EQ(evaluate(2, 100).windows, 7);
+}
+
+// --batch-size 0 used to mean the default silently; left out it is the default, and any count
+// below 1 is an error naming the option.
+TEST_F(Evaluate, BatchSizeLeftOutIsTheTrainedOneAndBelowOneIsAnError) {
+  EXPECT_EQ(evaluate(std::nullopt, 0).windows, 7);
+  for (const std::int64_t bad : {0, -3})
+    expect_user_error([&] { evaluate(bad, 0); },
+                      {"--batch-size = " + std::to_string(bad), "at least 1", "leave it out"});
 }
 
 TEST_F(Evaluate, RefusesAShardOfAnotherTokenizerOrShorterThanOneWindow) {

@@ -2,6 +2,8 @@
 // host's ranks oversubscribe its cores.
 #include "train/threads.h"
 
+#include "core/error.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
@@ -87,6 +89,28 @@ TEST(Threads, OmpNumThreadsIsReadAsOpenMpReadsIt) {
   EXPECT_EQ(omp_num_threads_from_environment(), std::nullopt);
   ::unsetenv("OMP_NUM_THREADS");
   EXPECT_EQ(omp_num_threads_from_environment(), std::nullopt);
+}
+
+// train.threads = 100000 used to crash inside OpenMP: a count no host can run is a UserError
+// naming the setting, the value, the host and the valid range, before any thread starts.
+TEST(Threads, ACountTheHostCannotRunIsAClearError) {
+  const auto h = host(1, 2, 2);
+  EXPECT_EQ(choose_threads(16, std::nullopt, h, h).threads, 16);  // 8 per core: allowed
+  for (const std::int64_t count : {17LL, 100000LL, 10000000000LL}) {
+    try {
+      choose_threads(count, std::nullopt, h, h);
+      ADD_FAILURE() << "train.threads = " << count << " was accepted";
+    } catch (const UserError& e) {
+      expect_mentions(e.what(), {"train.threads = " + std::to_string(count), "node7", "2 cores",
+                                 "1 to 16", "train.threads = 0"});
+    }
+  }
+  try {
+    choose_threads(0, 40000, h, h);
+    ADD_FAILURE() << "OMP_NUM_THREADS = 40000 was accepted";
+  } catch (const UserError& e) {
+    expect_mentions(e.what(), {"OMP_NUM_THREADS = 40000", "1 to 16", "OMP_NUM_THREADS unset"});
+  }
 }
 
 }  // namespace
