@@ -194,6 +194,9 @@ int run_train(const TrainArgs& args) {
       run_config.parallel.plan = "uniform";  // one rank
     summary = oases::train::run_training(run_config, options);
   }
+  // A stop signal's run saved and ended early (train.save_on_signal): 128 + the signal, as a
+  // shell reports a process the signal ended, so that schedulers see the preemption.
+  if (summary.stopped_by_signal != 0) return 128 + summary.stopped_by_signal;
   if (!args.quiet && world_rank == 0 && summary.initial_val_loss && summary.final_val_loss)
     oases::log_info("validation loss {:.4f} -> {:.4f}", *summary.initial_val_loss,
                     *summary.final_val_loss);

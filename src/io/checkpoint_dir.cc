@@ -79,13 +79,39 @@ std::vector<std::string> checkpoint_leftovers(const std::string& dir) {
   static const std::regex leftover("step_[0-9]+\\.(partial|deleting)");
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (!entry.is_directory()) continue;
-    if (std::regex_match(name, leftover) ||
-        (std::regex_match(name, step_pattern()) && !fs::exists(entry.path() / kCompleteMarker)))
+    if (entry.is_directory() && std::regex_match(name, leftover))
       found.push_back(entry.path().string());
   }
   std::sort(found.begin(), found.end());
   return found;
+}
+
+std::vector<std::string> unmarked_step_folders(const std::string& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return found;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && std::regex_match(name, step_pattern()) &&
+        !fs::exists(entry.path() / kCompleteMarker))
+      found.push_back(entry.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+void refuse_unmarked_step_folders(const std::string& dir) {
+  const std::vector<std::string> unmarked = unmarked_step_folders(dir);
+  if (unmarked.empty()) return;
+  const std::string& folder = unmarked.front();
+  OASES_FAIL("checkpoint.dir '{}' holds '{}'{}, a step folder without a {} marker; a save never "
+             "leaves one (it writes step_N.partial and renames it once complete), so it was "
+             "copied, moved or edited by hand, and this run will not delete it. Move it out of "
+             "checkpoint.dir (for example `mv {} {}.kept`), or, if it is a checkpoint you trust, "
+             "restore its {} marker from the copy it came from",
+             dir, folder,
+             unmarked.size() > 1 ? fmt::format(" (and {} more)", unmarked.size() - 1) : "",
+             kCompleteMarker, folder, folder, kCompleteMarker);
 }
 
 std::vector<std::string> clean_checkpoint_dir(const std::string& dir) {
@@ -102,6 +128,7 @@ std::string write_checkpoint(const std::string& dir, std::int64_t step,
   std::error_code ec;
   fs::create_directories(root, ec);
   OASES_CHECK(!ec, "checkpoint.dir: cannot create '{}': {}", dir, ec.message());
+  refuse_unmarked_step_folders(dir);
   for (const std::string& folder : clean_checkpoint_dir(dir))
     if (log) log(fmt::format("removed {}, left by an interrupted save or prune", folder));
 

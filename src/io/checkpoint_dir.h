@@ -12,9 +12,14 @@
 // every file it lists exists: a checkpoint is written into `step_<N>.partial` (each file to a
 // temporary name, fsynced, renamed; the marker last) and the folder is renamed to step_<N> in
 // one step; a checkpoint is deleted by renaming its folder to `step_<N>.deleting` first. A kill
-// at any point leaves complete checkpoints and leftovers (`.partial`, `.deleting`, empty or
-// marker-less step folders), which the next save, and clean_checkpoint_dir, remove. N counts
-// completed optimizer steps. What the files hold is the caller's (train/checkpoint.h).
+// at any point leaves complete checkpoints and leftovers (`.partial`, `.deleting`), which the
+// next save, and clean_checkpoint_dir, remove. A step_<N> folder without a marker is never the
+// protocol's (someone copied, moved or edited it): nothing here deletes it, and a save refuses
+// to run beside one (unmarked_step_folders). N counts completed optimizer steps. What the files
+// hold is the caller's (train/checkpoint.h).
+//
+// One writer per folder: the caller holds the run's lock (train/run_outputs.h) so that no other
+// job cleans away a save in progress.
 #pragma once
 
 #include "io/safetensors.h"
@@ -46,17 +51,24 @@ struct CheckpointFile {
 // `keep` (0 keeps all). Before writing, it cleans leftovers and, when the file system lacks
 // the room for another checkpoint of this size (`model` and `optimizer` bytes) and keep > 0,
 // prunes down to keep - 1 first (saying so through `log`). A failed write removes what it
-// wrote. `extra_files` join the folder and the marker. Returns the checkpoint folder.
+// wrote. `extra_files` join the folder and the marker. Returns the checkpoint folder. UserError
+// (nothing written) when dir holds an unmarked step folder.
 std::string write_checkpoint(const std::string& dir, std::int64_t step,
                              const SafetensorsWriter& model, const SafetensorsWriter& optimizer,
                              std::int64_t keep, const CheckpointLog& log = {},
                              const std::vector<CheckpointFile>& extra_files = {});
 
 // Removes leftovers of interrupted saves and prunes from dir: `*.partial` and `*.deleting`
-// folders, and step folders without a marker (empty or incomplete). Returns what it removed.
+// folders. Returns what it removed.
 std::vector<std::string> clean_checkpoint_dir(const std::string& dir);
 // The folders clean_checkpoint_dir would remove, sorted; removes nothing.
 std::vector<std::string> checkpoint_leftovers(const std::string& dir);
+// step_<N> folders of dir without a COMPLETE marker, sorted: not written by the protocol, so
+// neither complete nor leftovers.
+std::vector<std::string> unmarked_step_folders(const std::string& dir);
+// UserError naming the first unmarked step folder of dir, and how to keep or drop it: a save
+// beside it would leave a folder that looks like a checkpoint and is none.
+void refuse_unmarked_step_folders(const std::string& dir);
 
 // Complete checkpoints in dir as (step, folder), sorted by step.
 std::vector<std::pair<std::int64_t, std::string>> complete_checkpoints(const std::string& dir);

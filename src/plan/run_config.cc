@@ -204,7 +204,9 @@ const std::map<std::string, SectionFields>& schema() {
         {"seed", bind(&RunConfig::train, &OptimConfig::seed)},
         {"eval_every", bind(&RunConfig::train, &OptimConfig::eval_every)},
         {"eval_steps", bind(&RunConfig::train, &OptimConfig::eval_steps)},
-        {"threads", bind(&RunConfig::train, &OptimConfig::threads)}}},
+        {"threads", bind(&RunConfig::train, &OptimConfig::threads)},
+        {"save_on_signal", bind(&RunConfig::train, &OptimConfig::save_on_signal)},
+        {"save_signals", bind(&RunConfig::train, &OptimConfig::save_signals)}}},
       {"data",
        {{"path", bind(&RunConfig::data, &DataConfig::path)},
         {"tokenizer", bind(&RunConfig::data, &DataConfig::tokenizer)},
@@ -214,7 +216,8 @@ const std::map<std::string, SectionFields>& schema() {
        {{"dir", bind(&RunConfig::checkpoint, &CheckpointConfig::dir)},
         {"every", bind(&RunConfig::checkpoint, &CheckpointConfig::every)},
         {"keep", bind(&RunConfig::checkpoint, &CheckpointConfig::keep)},
-        {"resume", bind(&RunConfig::checkpoint, &CheckpointConfig::resume)}}},
+        {"resume", bind(&RunConfig::checkpoint, &CheckpointConfig::resume)},
+        {"async", bind(&RunConfig::checkpoint, &CheckpointConfig::async)}}},
       {"log",
        {{"every", bind(&RunConfig::log, &LogConfig::every)},
         {"metrics", bind(&RunConfig::log, &LogConfig::metrics)},
@@ -480,13 +483,16 @@ std::string to_toml(const RunConfig& c) {
                                    {"loss_scale_window", t.loss_scale_window},
                                    {"hysteresis", t.hysteresis}, {"seed", t.seed},
                                    {"eval_every", t.eval_every},
-                                   {"eval_steps", t.eval_steps}, {"threads", t.threads}});
+                                   {"eval_steps", t.eval_steps}, {"threads", t.threads},
+                                   {"save_on_signal", t.save_on_signal},
+                                   {"save_signals", t.save_signals}});
   root.insert("data", toml::table{{"path", c.data.path}, {"tokenizer", c.data.tokenizer},
                                   {"tokenizer_model", c.data.tokenizer_model},
                                   {"shuffle", c.data.shuffle}});
   root.insert("checkpoint", toml::table{{"dir", c.checkpoint.dir}, {"every", c.checkpoint.every},
                                         {"keep", c.checkpoint.keep},
-                                        {"resume", c.checkpoint.resume}});
+                                        {"resume", c.checkpoint.resume},
+                                        {"async", c.checkpoint.async}});
   root.insert("log", toml::table{{"every", c.log.every}, {"metrics", c.log.metrics},
                                  {"trace", c.log.trace}, {"trace_steps", c.log.trace_steps},
                                  {"peak_tflops", c.log.peak_tflops}});

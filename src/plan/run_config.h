@@ -136,6 +136,11 @@ struct OptimConfig {
   std::int64_t eval_every = 0;  // 0: never
   std::int64_t eval_steps = 4;  // validation batches (of global_batch sequences) per evaluation
   std::int64_t threads = 0;     // OpenMP threads per rank; 0: automatic (train/threads.h)
+  // On one of save_signals (names of core/stop_signals.h, separated by commas or spaces),
+  // every rank finishes its step, saves a checkpoint and exits with 128 + the signal's number
+  // (train/trainer.h); false leaves the signals' default actions.
+  bool save_on_signal = true;
+  std::string save_signals = "TERM,USR1,INT,HUP";
 
   std::int64_t accumulation_steps(std::int64_t dp) const { return global_batch / (micro_batch * dp); }
 };
@@ -155,6 +160,9 @@ struct CheckpointConfig {
   std::int64_t every = 0;  // steps between checkpoints; 0: only at the end
   std::int64_t keep = 2;   // newest checkpoints kept; 0 keeps all
   bool resume = false;     // continue from the newest complete checkpoint in dir
+  // Write checkpoints on a thread of their own: the step ends once the state is copied into
+  // host memory (train/checkpoint_writer.h).
+  bool async = false;
 };
 
 struct LogConfig {

@@ -1,12 +1,14 @@
 #include "plan/settings.h"
 
 #include "core/error.h"
+#include "core/stop_signals.h"
 #include "model/config.h"
 #include "ops/moe.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <span>
 
 namespace oases::plan {
@@ -48,6 +50,30 @@ const auto kCompressionWords =
     keyword_or<ops::ActivationEncoding>(ops::kActivationEncodingNames, "none", true);
 const auto kGemm16Words = keyword_or<kernels::Gemm16Path>(kernels::kGemm16PathNames, kAutomatic, true);
 
+// train.save_signals: names separated by commas or spaces, at least one.
+std::vector<int> parse_save_signals(const std::string& text) {
+  std::vector<int> signals;
+  std::string word;
+  const auto take = [&] {
+    if (word.empty()) return;
+    const int signal_number =
+        parse_named_value<int>(kStopSignalNames, word, "train.save_signals");
+    if (std::find(signals.begin(), signals.end(), signal_number) == signals.end())
+      signals.push_back(signal_number);
+    word.clear();
+  };
+  for (const char c : text) {
+    if (c == ',' || c == ' ') take();
+    else word += c;
+  }
+  take();
+  OASES_CHECK(!signals.empty(),
+              "train.save_signals = \"{}\" names no signal; name one or more of {} (or set "
+              "train.save_on_signal = false)",
+              text, quoted_value_names<int>(kStopSignalNames));
+  return signals;
+}
+
 // The words of a setting that is a keyword or free text (a list, a path).
 std::vector<std::string> keyword_words(std::span<const NamedValue<LayerPlanSource>> table) {
   return value_names(table);
@@ -88,6 +114,8 @@ Settings parse_settings(const RunConfig& c) {
   s.gemm16_path = kGemm16Words.parse(c.train.gemm16_path, "train.gemm16_path");
   s.tokenizer = parse_named_value<data::TokenizerKind>(data::kTokenizerNames, c.data.tokenizer,
                                                        "data.tokenizer");
+  const std::vector<int> save_signals = parse_save_signals(c.train.save_signals);
+  if (c.train.save_on_signal) s.save_signals = save_signals;
   return s;
 }
 
@@ -106,6 +134,7 @@ std::vector<WordSetting> word_settings() {
       {"train.precision", value_names<Precision>(kPrecisionNames)},
       {"train.grad_reduce_dtype", value_names<GradReduceType>(kGradReduceTypeNames)},
       {"train.gemm16_path", kGemm16Words.words()},
+      {"train.save_signals", value_names<int>(kStopSignalNames)},
       {"data.tokenizer", value_names<data::TokenizerKind>(data::kTokenizerNames)},
   };
 }

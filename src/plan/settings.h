@@ -89,6 +89,9 @@ struct Settings {
   GradReduceType grad_reduce = GradReduceType::fp32;
   std::optional<kernels::Gemm16Path> gemm16_path;  // train.gemm16_path; "auto": empty
   data::TokenizerKind tokenizer = data::TokenizerKind::byte;  // data.tokenizer
+  // train.save_signals as signal numbers, each once, in the order written; empty when
+  // train.save_on_signal is false.
+  std::vector<int> save_signals;
 };
 
 // UserError naming the key, the word found and the valid words, for the first word that is

@@ -321,15 +321,18 @@ void read_state_shard(const io::SafetensorsFile& file, const std::string& name,
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const plan::RunPlan& plan,
-                            const model::Model& model, optim::Optimizer& optimizer,
-                            const TrainingState& state, const std::string& tokenizer_model,
-                            std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
-                            bool write_files,
-                            const std::function<void(const std::string&)>& log,
-                            const Tensor* stashed_weights, comm::Communicator* ep) {
+std::optional<StagedCheckpoint> stage_checkpoint(
+    const std::string& dir, const plan::RunPlan& plan, const model::Model& model,
+    optim::Optimizer& optimizer, const TrainingState& state, const std::string& tokenizer_model,
+    std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp, bool write_files,
+    const Tensor* stashed_weights, comm::Communicator* ep) {
   const model::ParamLayout& layout = model.layout();
-  io::SafetensorsWriter model_file, optimizer_file;
+  StagedCheckpoint staged;
+  staged.dir = dir;
+  staged.step = state.step;
+  staged.keep = keep;
+  io::SafetensorsWriter& model_file = staged.model;
+  io::SafetensorsWriter& optimizer_file = staged.optimizer;
   try {
     if (pp.size() > 1 || (ep && ep->size() > 1)) {
       add_whole_tensors_of_stages(model_file, optimizer_file, plan, model, optimizer, tp, pp,
@@ -347,8 +350,7 @@ std::string save_checkpoint(const std::string& dir, const plan::RunPlan& plan,
                                 "as it was",
                                 state.step, e.what()));
   }
-  const fs::path target = fs::path(dir) / ("step_" + std::to_string(state.step));
-  if (!write_files) return target.string();
+  if (!write_files) return std::nullopt;
 
   const std::string config_toml = to_toml(plan.config);
   model_file.set_metadata("format", "pt");
@@ -369,10 +371,27 @@ std::string save_checkpoint(const std::string& dir, const plan::RunPlan& plan,
     optimizer_file.set_metadata("skipped_steps", std::to_string(state.loss_scale->skipped_steps));
   }
   optimizer_file.set_metadata("oases_config", config_toml);
-  std::vector<io::CheckpointFile> extra_files;
-  if (!tokenizer_model.empty()) extra_files.push_back({kTokenizerModelFile, tokenizer_model});
-  return io::write_checkpoint(dir, state.step, model_file, optimizer_file, keep, log,
-                              extra_files);
+  if (!tokenizer_model.empty())
+    staged.extra_files.push_back({kTokenizerModelFile, tokenizer_model});
+  return staged;
+}
+
+std::string StagedCheckpoint::write(const io::CheckpointLog& log) const {
+  return io::write_checkpoint(dir, step, model, optimizer, keep, log, extra_files);
+}
+
+std::string save_checkpoint(const std::string& dir, const plan::RunPlan& plan,
+                            const model::Model& model, optim::Optimizer& optimizer,
+                            const TrainingState& state, const std::string& tokenizer_model,
+                            std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
+                            bool write_files,
+                            const std::function<void(const std::string&)>& log,
+                            const Tensor* stashed_weights, comm::Communicator* ep) {
+  const std::optional<StagedCheckpoint> staged =
+      stage_checkpoint(dir, plan, model, optimizer, state, tokenizer_model, keep, tp, pp,
+                       write_files, stashed_weights, ep);
+  if (!staged) return (fs::path(dir) / ("step_" + std::to_string(state.step))).string();
+  return staged->write(log);
 }
 
 void add_whole_tensors(io::SafetensorsWriter& writer, const std::string& prefix,

@@ -21,6 +21,7 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "io/checkpoint_dir.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "optim/optimizer.h"
@@ -73,6 +74,30 @@ std::string save_checkpoint(const std::string& dir, const plan::RunPlan& plan,
 // written beside the optimizer state. `ep`: under expert parallelism, the expert-parallel
 // group, every rank of which holds other experts; each expert's tensors are broadcast over it
 // from their owner.)
+
+// A checkpoint gathered into host memory and not yet written: the writer rank's copy of every
+// whole tensor, so that training may change its own arrays while this is written (by another
+// thread: train/checkpoint_writer.h).
+struct StagedCheckpoint {
+  std::string dir;
+  std::int64_t step = 0;
+  std::int64_t keep = 0;
+  io::SafetensorsWriter model;      // owns copies of its tensors
+  io::SafetensorsWriter optimizer;  // owns copies of its tensors
+  std::vector<io::CheckpointFile> extra_files;
+
+  std::uint64_t bytes() const { return model.file_bytes() + optimizer.file_bytes(); }
+  // Writes step_<step> under dir by the folder protocol; returns the folder.
+  std::string write(const io::CheckpointLog& log) const;
+};
+
+// save_checkpoint's first half: the same collectives on the same ranks, every tensor copied;
+// holds the files on the rank with `write_files` and nothing on the others.
+std::optional<StagedCheckpoint> stage_checkpoint(
+    const std::string& dir, const plan::RunPlan& plan, const model::Model& model,
+    optim::Optimizer& optimizer, const TrainingState& state, const std::string& tokenizer_model,
+    std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp, bool write_files,
+    const Tensor* stashed_weights = nullptr, comm::Communicator* ep = nullptr);
 
 // Reads a checkpoint's stashed weights (2bw) into `params` (this rank's shards, like
 // load_model_weights); false, leaving `params` as it was, when the checkpoint has none.

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/line_file.h"
 #include "core/log.h"
+#include "core/stop_signals.h"
 #include "core/timer.h"
 #include "data/loader.h"
 #include "data/token_shard.h"
@@ -14,7 +15,9 @@
 #include "runtime/trace.h"
 #include "train/batches.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 #include "train/engine.h"
+#include "train/run_outputs.h"
 #include "train/threads.h"
 
 #include <fmt/format.h>
@@ -647,6 +650,12 @@ struct StepFigures {
   double mfu = 0;
   bool loss_scaling = false;  // fp16: the scale and skipped steps are reported
   planner::MemoryFigures memory;  // this rank's, as the start-up line gives them
+  // The step ended in a state a checkpoint holds whole (not so for a step of 2bw or of local
+  // SGD that did not drain or average).
+  bool checkpointable = true;
+  // A checkpoint saved right before this step held the loop up this long (seconds), of which
+  // `checkpoint_wait_s` waiting for the asynchronous save before it.
+  std::optional<double> checkpoint_s, checkpoint_wait_s;
 };
 
 void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::int64_t tokens) {
@@ -670,6 +679,8 @@ void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::
                          {"time", unix_time_now()},
                          {"tokens", tokens}};
   if (f.bubble_seconds) line["bubble_s"] = *f.bubble_seconds;
+  if (f.checkpoint_s) line["checkpoint_s"] = *f.checkpoint_s;
+  if (f.checkpoint_wait_s) line["checkpoint_wait_s"] = *f.checkpoint_wait_s;
   if (f.result.replica_divergence) line["replica_divergence"] = *f.result.replica_divergence;
   if (f.loss_scaling) {
     line["loss_scale"] = f.record.loss_scale;
@@ -767,7 +778,10 @@ class Run {
  public:
   Run(const plan::RunPlan& plan, const TrainOptions& options, comm::Mesh& mesh,
       std::optional<std::string> resume_from, ThreadChoice threads)
-      : config_(plan.config),
+      : stop_signals_(plan.settings.save_signals.empty()
+                          ? nullptr
+                          : std::make_unique<StopSignals>(plan.settings.save_signals)),
+        config_(plan.config),
         options_(options),
         mesh_(mesh),
         resume_from_(std::move(resume_from)),
@@ -808,9 +822,12 @@ class Run {
     TraceSession trace(config_, mesh_, engine_);
     const Stopwatch run_clock;
     const std::int64_t tokens_per_step = t.global_batch * config_.model.seq_len;
+    bool stop_after_this_step = false;
     for (std::int64_t step = summary.start_step; step < t.steps; ++step) {
-      const StepFigures f = train_one(step);
+      StepFigures f = train_one(step, stop_after_this_step);
       const bool last = step + 1 == t.steps;
+      f.checkpoint_s = std::exchange(checkpoint_stall_s_, std::nullopt);
+      f.checkpoint_wait_s = std::exchange(checkpoint_wait_s_, std::nullopt);
       if (f.record.val_loss) summary.final_val_loss = f.record.val_loss;
       write_metrics(metrics, f, (step + 1) * tokens_per_step);
       if (progress && ((step + 1) % config_.log.every == 0 || last || f.record.val_loss)) {
@@ -826,13 +843,58 @@ class Run {
       }
       summary.steps.push_back(f.record);
       trace.after_step(step + 1 - summary.start_step, last, progress);
-      if (const auto saved = checkpoint_after(step + 1, last)) summary.last_checkpoint = *saved;
+      poll_saving();
+      std::optional<std::string> saved = checkpoint_after(step + 1, last);
+      if (saved) summary.last_checkpoint = *saved;
+      if (!last && !stop_after_this_step) summary.stopped_by_signal = agree_on_stop();
+      if (summary.stopped_by_signal == 0) continue;
+      // A stop: once this step's state is whole, save it (unless just saved) and end.
+      if (!f.checkpointable) {
+        stop_after_this_step = true;
+        continue;
+      }
+      if (!saved && !config_.checkpoint.dir.empty()) summary.last_checkpoint = save(step + 1);
+      say_stopped(summary, step + 1);
+      break;
     }
+    finish_saving();
+    if (stop_signals_ && summary.stopped_by_signal == 0 && stop_signals_->received() != 0 && leader)
+      log_warning("received {} during the last step; the run completed",
+                  signal_name(stop_signals_->received()));
     return summary;
   }
 
  private:
-  StepFigures train_one(std::int64_t step) {
+  // The first stop signal any rank received, agreed by every rank (0: none). One 8-byte
+  // all-reduce over the world per step.
+  int agree_on_stop() {
+    if (!stop_signals_) return 0;
+    std::int64_t received = stop_signals_->received();
+    if (mesh_.world_size() > 1)
+      mesh_.world().all_reduce(Tensor::of(&received, {1}), comm::ReduceOp::max);
+    return static_cast<int>(received);
+  }
+
+  // The line that says why the run ended early and where it saved; said even with --quiet.
+  void say_stopped(const TrainSummary& summary, std::int64_t done) const {
+    if (mesh_.world_rank() != 0) return;
+    const std::string signal = signal_name(summary.stopped_by_signal);
+    const int status = 128 + summary.stopped_by_signal;
+    if (config_.checkpoint.dir.empty()) {
+      log_warning("stopped by {} after step {} of {}; checkpoint.dir is not set, so nothing was "
+                  "saved (exit status {})",
+                  signal, done, config_.train.steps, status);
+      return;
+    }
+    log_warning("stopped by {} after step {} of {}: saved checkpoint {}; {} (exit status {})",
+                signal, done, config_.train.steps, summary.last_checkpoint,
+                config_.checkpoint.resume
+                    ? "the same command resumes from it"
+                    : "run again with --set checkpoint.resume=true to resume from it",
+                status);
+  }
+
+  StepFigures train_one(std::int64_t step, bool force_drain) {
     const auto& t = config_.train;
     const Stopwatch clock;
     data_->train_batches->training(step, engine_.first_local_sample(), engine_.local_batch(), batch_);
@@ -841,10 +903,12 @@ class Run {
     // group next (evaluation, a checkpoint, the end of the run); results are the same either way.
     const bool last_step = step + 1 == t.steps;
     const auto& c = config_.checkpoint;
-    const bool drain = last_step ||
+    const bool drain = force_drain || last_step ||
                        (data_->val_batches && (step + 1) % t.eval_every == 0) ||
                        (!c.dir.empty() && c.every > 0 && (step + 1) % c.every == 0);
     f.result = engine_.train_step(step, batch_.inputs.data(), batch_.targets.data(), drain);
+    const plan::RunPlan& plan = engine_.plan();
+    f.checkpointable = drain || !(plan.pipeline.two_bw() || plan.local_sgd);
     OASES_CHECK(std::isfinite(f.result.loss),
                 "training diverged: the loss is {} at step {}; lower train.lr (now {}); the "
                 "step's checkpoint is not written",
@@ -872,6 +936,33 @@ class Run {
   std::optional<std::string> checkpoint_after(std::int64_t done, bool last) {
     const auto& c = config_.checkpoint;
     if (c.dir.empty() || !(last || (c.every > 0 && done % c.every == 0))) return std::nullopt;
+    return save(done);
+  }
+
+  // What a save says about cleaning and early pruning: rare, and it changes what is on disk,
+  // so said even with --quiet.
+  void say_about_checkpoint(const std::string& what) {
+    if (progress_)
+      progress_->log(LogLevel::warning, "checkpoint: " + what);
+    else
+      log_warning("checkpoint: {}", what);
+  }
+
+  void say_saved(const FinishedSave& finished, bool in_background) {
+    for (const std::string& message : finished.messages) say_about_checkpoint(message);
+    if (progress_)
+      progress_->log(LogLevel::info,
+                     in_background ? fmt::format("saved checkpoint {} (written in {:.2f} s in "
+                                                 "the background)",
+                                                 finished.folder, finished.seconds)
+                                   : fmt::format("saved checkpoint {}", finished.folder));
+  }
+
+  // Saves step `done` (every rank calls); returns the checkpoint's folder. With
+  // checkpoint.async the writer rank hands the staged files to the writer thread and the
+  // folder is complete once that save is reported.
+  std::string save(std::int64_t done) {
+    const auto& c = config_.checkpoint;
     TrainingState state;
     state.step = done;
     state.data_position = done;
@@ -880,27 +971,59 @@ class Run {
     if (engine_.plan().loss_scaling.kind != plan::LossScalingPlan::Kind::none)
       state.loss_scale = engine_.loss_scaler().state();
     const bool leader = mesh_.world_rank() == 0;
-    // Cleaning and early pruning are rare and change what is on disk: said even with --quiet.
-    ProgressLine* progress = progress_ ? &*progress_ : nullptr;
-    std::string saved;
+    const Stopwatch stall;
+    std::optional<StagedCheckpoint> staged;
     engine_.save_whole_optimizer_state([&](optim::Optimizer& whole) {
-      saved = save_checkpoint(
+      staged = stage_checkpoint(
           c.dir, engine_.plan(), engine_.model(), whole, state,
           data_->tokenizer ? data_->tokenizer->model_file_contents() : std::string(), c.keep,
-          mesh_.tp_group(), mesh_.pp_group(), leader,
-          [progress](const std::string& what) {
-            if (progress)
-              progress->log(LogLevel::warning, "checkpoint: " + what);
-            else
-              log_warning("checkpoint: {}", what);
-          },
-          engine_.stashed_weights(), mesh_.ep_size() > 1 ? &mesh_.ep_group() : nullptr);
+          mesh_.tp_group(), mesh_.pp_group(), leader, engine_.stashed_weights(),
+          mesh_.ep_size() > 1 ? &mesh_.ep_group() : nullptr);
     });
-    mesh_.world().barrier();  // the checkpoint exists for every rank once this returns
-    if (progress) progress->log(LogLevel::info, fmt::format("saved checkpoint {}", saved));
-    return saved;
+    const std::string folder =
+        (std::filesystem::path(c.dir) / ("step_" + std::to_string(done))).string();
+    if (c.async) {
+      if (staged) {
+        std::optional<FinishedSave> before;
+        double waited = 0;
+        writer_.start(std::move(*staged), before, waited);
+        if (before) say_saved(*before, true);
+        if (before && waited > 0.001) {
+          checkpoint_wait_s_ = waited;
+          if (progress_)
+            progress_->log(LogLevel::info,
+                           fmt::format("checkpoint: waited {:.2f} s for the save of {} before "
+                                       "staging step_{}",
+                                       waited, before->folder, done));
+        }
+      }
+    } else {
+      if (staged) {
+        FinishedSave finished;
+        finished.folder = staged->write([&](const std::string& what) {
+          finished.messages.push_back(what);
+        });
+        say_saved(finished, false);
+      }
+      mesh_.world().barrier();  // the checkpoint exists for every rank once this returns
+    }
+    checkpoint_stall_s_ = stall.seconds();
+    return folder;
   }
 
+  // Reports an asynchronous save that has ended, without waiting for one that has not.
+  void poll_saving() {
+    if (auto finished = writer_.poll()) say_saved(*finished, true);
+  }
+
+  // Waits for the asynchronous save in flight; every rank returns once it is complete.
+  void finish_saving() {
+    if (!config_.checkpoint.async || config_.checkpoint.dir.empty()) return;
+    if (auto finished = writer_.finish()) say_saved(*finished, true);
+    mesh_.world().barrier();
+  }
+
+  std::unique_ptr<StopSignals> stop_signals_;  // first: caught from the start of the run
   const plan::RunConfig& config_;
   const TrainOptions& options_;
   comm::Mesh& mesh_;
@@ -912,6 +1035,8 @@ class Run {
   planner::MemoryFigures memory_;  // the engine's, once its training schedule exists
   Batch batch_;
   double peak_flops_ = 1;
+  CheckpointWriter writer_;  // checkpoint.async: the writer rank's save in flight
+  std::optional<double> checkpoint_stall_s_, checkpoint_wait_s_;  // of the latest save
 };
 
 }  // namespace
@@ -950,6 +1075,8 @@ TrainSummary run_training(const plan::RunConfig& requested_config, const TrainOp
   // Said even with --quiet: a run this slow should never go unexplained.
   if (leader && !threads.warning.empty()) log_warning("{}", threads.warning);
 
+  // Before anything is read from or written to the run's folders.
+  const RunOutputs outputs = leader ? claim_run_outputs(requested_config) : RunOutputs{};
   const std::optional<ResumePoint> resume = find_resume_point(requested_config);
   plan::RunConfig config =
       resume ? resolve_lr_schedule(requested_config, resume->stored, resume->folder, resume->step,

@@ -56,6 +56,10 @@ struct TrainSummary {
   std::optional<double> initial_val_loss;  // before the first step (when evaluation is on)
   std::optional<double> final_val_loss;
   std::string last_checkpoint;        // empty when none was written
+  // A stop signal (train.save_signals) ended the run before train.steps: its number; the
+  // checkpoint of the last step it finished is last_checkpoint (when checkpoint.dir is set),
+  // and the process is expected to exit with status 128 + stopped_by_signal. 0 otherwise.
+  int stopped_by_signal = 0;
 };
 
 // Trains on the ranks of `mesh` (every rank calls this with the same config). Rank 0 of the
@@ -71,7 +75,10 @@ struct TrainSummary {
 // evaluation steps; under train.precision = "fp16" also "loss_scale" (the step's) and
 // "skipped_steps" (steps skipped for overflowed gradients so far); under
 // parallel.dp_sync_every > 1, on the steps that average the replicas, "replica_divergence"
-// (their RMS distance from the mean before averaging, relative to the mean's norm). Beside it, `run.json` (written atomically at the start of every run,
+// (their RMS distance from the mean before averaging, relative to the mean's norm); on the first
+// step after a checkpoint was saved, "checkpoint_s": how long the save held the step loop up
+// before that step (the whole write; with checkpoint.async the copy into host memory, plus any
+// wait for the previous asynchronous save, which "checkpoint_wait_s" gives apart). Beside it, `run.json` (written atomically at the start of every run,
 // fresh or resumed) describes the run: {"format": 1, "config": the resolved config as TOML,
 // "layer_degrees", "world_size", "tp", "dp", "pp", "threads", "started" (ISO-8601 UTC),
 // "host", "cpu", "parameters", "start_step", "schedule": {"kind", "recompute" (with
@@ -79,8 +86,18 @@ struct TrainSummary {
 // settings resolved), "memory_bytes": {"parameters", "gradients", "optimizer", "activations",
 // and under mixed precision "working_copy": the 16-bit parameters} (per rank), and under mixed
 // precision "gemm16_path": the 16-bit product path and why}. run.json is not written when
-// log.metrics names a
-// device or pipe (such as /dev/stdout).
+// log.metrics names a device or pipe (such as /dev/stdout).
+//
+// Before anything is written, world rank 0 claims the run's outputs (train/run_outputs.h:
+// checked paths, and locks on checkpoint.dir and log.metrics held until this returns).
+//
+// Stop signals (train.save_on_signal, train.save_signals): while this runs, the first such
+// signal on any rank makes every rank finish its step (the ranks agree at each step's end,
+// with one small all-reduce), save a checkpoint of it by the usual protocol (when
+// checkpoint.dir is set and that step is not saved already) and return with
+// stopped_by_signal set; rank 0 says where it saved. A second signal ends the process at once
+// (core/stop_signals.h). Under 2bw or local SGD, whose steps do not all end in a state a
+// checkpoint can hold, the next such step is run first.
 TrainSummary run_training(const plan::RunConfig& config, const TrainOptions& options, comm::Mesh& mesh);
 
 // Single process.

@@ -1,0 +1,46 @@
+#include "train/checkpoint_writer.h"
+
+#include "core/timer.h"
+
+namespace oases::train {
+
+CheckpointWriter::~CheckpointWriter() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void CheckpointWriter::start(StagedCheckpoint staged, std::optional<FinishedSave>& before,
+                             double& waited_seconds) {
+  const Stopwatch wait;
+  before = finish();
+  waited_seconds = wait.seconds();
+  staged_ = std::move(staged);
+  result_ = FinishedSave{};
+  error_ = nullptr;
+  done_.store(false);
+  thread_ = std::thread([this] {
+    try {
+      const Stopwatch clock;
+      result_.folder = staged_.write(
+          [this](const std::string& message) { result_.messages.push_back(message); });
+      result_.seconds = clock.seconds();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    done_.store(true, std::memory_order_release);
+  });
+}
+
+std::optional<FinishedSave> CheckpointWriter::poll() {
+  if (!thread_.joinable() || !done_.load(std::memory_order_acquire)) return std::nullopt;
+  return finish();
+}
+
+std::optional<FinishedSave> CheckpointWriter::finish() {
+  if (!thread_.joinable()) return std::nullopt;
+  thread_.join();
+  staged_ = StagedCheckpoint{};  // the staging memory goes back at once
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  return std::move(result_);
+}
+
+}  // namespace oases::train
