@@ -90,16 +90,22 @@ void check_checkpoint_dir_writable(const std::string& dir) {
               "checkpoint.dir = '{}' cannot be made a folder{}{}; name a writable folder, or "
               "leave checkpoint.dir empty to train without checkpoints",
               dir, ec ? ": " : " (a file of that name exists)", ec ? ec.message() : "");
-  const std::string probe = (fs::path(dir) / fmt::format(".write-test.{}", ::getpid())).string();
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                        0600);
-  const int err = errno;
+  // An unnamed file (O_TMPFILE) leaves nothing behind even if the run is killed right here;
+  // where the file system has none, a named one is made and removed.
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  int err = errno;
+  if (fd < 0 && (err == EOPNOTSUPP || err == EISDIR || err == EINVAL)) {
+    const std::string probe =
+        (fs::path(dir) / fmt::format(".write-test.{}", ::getpid())).string();
+    fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    err = errno;
+    if (fd >= 0) ::unlink(probe.c_str());
+  }
   OASES_CHECK(fd >= 0,
               "checkpoint.dir = '{}' is not writable ({}): the first save would fail; name a "
               "writable folder",
               dir, std::strerror(err));
   ::close(fd);
-  ::unlink(probe.c_str());
 }
 
 // The lock at `path`, or UserError naming whoever holds it.

@@ -20,6 +20,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -142,24 +143,27 @@ std::map<std::string, int> count_calls(const fs::path& trace) {
 // The run is resumed from step_2 (step_1 and step_2 exist) to step 3: it saves step_3 and
 // prunes step_1, with a kill at the k-th call of `syscall`. After each kill, every folder that
 // claims to be complete must verify, and the resumed run must clean what the kill left and end
-// bitwise where the uninterrupted run ended.
-class KillDuringCheckpoint : public Reliability,
-                             public ::testing::WithParamInterface<std::string> {};
+// bitwise where the uninterrupted run ended. Synchronous saves, and asynchronous ones
+// (checkpoint.async: the kill lands on the writer thread while training goes on).
+class KillDuringCheckpoint
+    : public Reliability,
+      public ::testing::WithParamInterface<std::tuple<std::string, bool>> {};
 
 TEST_P(KillDuringCheckpoint, LeavesOnlyVerifiableCheckpointsAndResumesBitwise) {
-  const std::string syscall = GetParam();
+  const std::string syscall = std::get<0>(GetParam());
+  const std::string async = std::get<1>(GetParam()) ? " checkpoint.async=true" : "";
   ASSERT_EQ(run_command("strace -o /dev/null true").exit_code, 0)
       << "strace is needed (Debian's strace package, installed by scripts/install-deps.sh) and "
          "must be allowed to trace";
 
   const fs::path reference = dir_ / "reference", base = dir_ / "base";
   for (const auto& d : {reference, base}) fs::create_directories(d);
-  CommandResult r = run_command(train_in(reference, ""));
+  CommandResult r = run_command(train_in(reference, "train.steps=4" + async));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string reference_marker = read_text(reference / "ckpt/step_4/COMPLETE");
   const std::map<int, double> reference_losses = losses_by_step(reference / "metrics.jsonl");
   ASSERT_EQ(reference_losses.size(), 4u);
-  r = run_command(train_in(base, "train.steps=2"));
+  r = run_command(train_in(base, "train.steps=2" + async));
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
   const auto fresh_copy_of_base = [&](const fs::path& to) {
@@ -171,7 +175,7 @@ TEST_P(KillDuringCheckpoint, LeavesOnlyVerifiableCheckpointsAndResumesBitwise) {
   // LeakSanitizer cannot work in a traced process, so sanitized builds (scripts/test-sanitize.sh)
   // check leaks of these runs untraced, in the other tests, and not here.
   const std::string without_leak_check = "env ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 ";
-  r = run_command(train_in(dry, "train.steps=3",
+  r = run_command(train_in(dry, "train.steps=3" + async,
                            without_leak_check + "strace -f -o " + (dir_ / "trace").string() +
                                " -e trace=" + syscall + " "));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -182,7 +186,7 @@ TEST_P(KillDuringCheckpoint, LeavesOnlyVerifiableCheckpointsAndResumesBitwise) {
     SCOPED_TRACE(syscall + " call " + std::to_string(k) + " of " + std::to_string(calls));
     const fs::path trial = dir_ / "trial";
     fresh_copy_of_base(trial);
-    r = run_command(train_in(trial, "train.steps=3",
+    r = run_command(train_in(trial, "train.steps=3" + async,
                              without_leak_check + "strace -f -o /dev/null -e trace=" + syscall +
                                  " -e inject=" +
                                  syscall + ":signal=KILL:when=" + std::to_string(k) + " "));
@@ -191,11 +195,11 @@ TEST_P(KillDuringCheckpoint, LeavesOnlyVerifiableCheckpointsAndResumesBitwise) {
     r = oases("verify-checkpoint " + (trial / "ckpt").string());
     ASSERT_EQ(r.exit_code, 0) << r.output;
 
-    r = run_command(train_in(trial, ""));
+    r = run_command(train_in(trial, "train.steps=4" + async));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::set<std::string> left;
     for (const auto& entry : fs::directory_iterator(trial / "ckpt"))
-      left.insert(entry.path().filename().string());
+      if (entry.path().filename() != "LOCK") left.insert(entry.path().filename().string());
     EXPECT_EQ(left, (std::set<std::string>{"step_3", "step_4"}));
     EXPECT_EQ(read_text(trial / "ckpt/step_4/COMPLETE"), reference_marker)
         << "the resumed run's step_4 differs from the uninterrupted run's";
@@ -204,9 +208,14 @@ TEST_P(KillDuringCheckpoint, LeavesOnlyVerifiableCheckpointsAndResumesBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EverySyscall, KillDuringCheckpoint,
-                         ::testing::Values("write", "fsync", "rename", "unlink", "unlinkat",
-                                           "rmdir", "mkdir"),
-                         [](const auto& param_info) { return param_info.param; });
+                         ::testing::Combine(::testing::Values("write", "fsync", "rename",
+                                                              "unlink", "unlinkat", "rmdir",
+                                                              "mkdir"),
+                                            ::testing::Bool()),
+                         [](const auto& param_info) {
+                           return std::get<0>(param_info.param) +
+                                  (std::get<1>(param_info.param) ? "_async" : "");
+                         });
 
 // ---------------------------------------------------------------------------------------
 // Non-finite training
@@ -299,7 +308,8 @@ TEST_F(Reliability, CheckpointsFitADiskThatHoldsOnlyOne) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   expect_mentions(r, {"train-exit=2", "No space left on device", "step_2 was not saved",
                       "step_1: ok"});
-  EXPECT_EQ(r.output.substr(r.output.find("listing:")), "listing:\nstep_1\n");
+  // LOCK: the run's lock file (one writer per folder), which stays.
+  EXPECT_EQ(r.output.substr(r.output.find("listing:")), "listing:\nLOCK\nstep_1\n");
 }
 
 TEST_F(Reliability, ALogThatCannotBeWrittenStopsTheRunWithoutACrash) {

@@ -65,18 +65,40 @@ TEST_F(CheckpointDir, KeepsTheNewestAndNeverLeavesTemporaryFolders) {
 
 TEST_F(CheckpointDir, LeftoversAreListedThenCleaned) {
   save(2, 0);
-  fs::create_directories(dir_.path() / "step_3");           // empty: a kill before rmdir
   fs::create_directories(dir_.path() / "step_4.partial");   // a save that never finished
   fs::create_directories(dir_.path() / "step_1.deleting");  // a prune that never finished
   fs::create_directories(dir_.path() / "notes");            // not ours: left alone
   const std::string root = dir_.path().string();
   const auto leftovers = checkpoint_leftovers(root);
-  ASSERT_EQ(leftovers.size(), 3u);
+  ASSERT_EQ(leftovers.size(), 2u);
   EXPECT_EQ(steps(), (std::vector<std::int64_t>{2}));  // leftovers never count as complete
   EXPECT_EQ(clean_checkpoint_dir(root), leftovers);
   EXPECT_TRUE(checkpoint_leftovers(root).empty());
   EXPECT_TRUE(fs::exists(dir_.path() / "notes"));
   EXPECT_TRUE(fs::exists(dir_.path() / "step_2" / kModelFile));
+}
+
+// A step folder without a marker is not the protocol's (a save never leaves one): it is
+// neither complete nor a leftover, nothing removes it, and a save beside it is refused with
+// its name and what to do.
+TEST_F(CheckpointDir, AStepFolderWithoutAMarkerIsNeverDeletedAndStopsTheSave) {
+  save(2, 0);
+  const fs::path unmarked = dir_.path() / "step_3";
+  fs::create_directories(unmarked);
+  write_bytes((unmarked / kModelFile).string(), "weights someone copied by hand");
+  const std::string root = dir_.path().string();
+  EXPECT_EQ(unmarked_step_folders(root), std::vector<std::string>{unmarked.string()});
+  EXPECT_TRUE(checkpoint_leftovers(root).empty());
+  EXPECT_TRUE(clean_checkpoint_dir(root).empty());
+  EXPECT_EQ(steps(), (std::vector<std::int64_t>{2}));
+  expect_user_error([&] { save(4, 1); },
+                    {unmarked.string(), "without a COMPLETE marker", "mv "});
+  EXPECT_TRUE(fs::exists(unmarked / kModelFile));
+  EXPECT_FALSE(fs::exists(dir_.path() / "step_4"));
+  EXPECT_EQ(steps(), (std::vector<std::int64_t>{2}));  // keep = 1 pruned nothing either
+  fs::rename(unmarked, dir_.path() / "step_3.kept");  // what the message suggests
+  save(4, 1);
+  EXPECT_EQ(steps(), (std::vector<std::int64_t>{4}));
 }
 
 TEST_F(CheckpointDir, DamagedMarkersAndFilesAreRejectedNamingWhatDiffers) {

@@ -1,0 +1,351 @@
+// Save on preemption (train.save_on_signal): a stop signal at a random moment of a run makes it
+// finish its step, save and exit with 128 + the signal; resumed, the run ends bitwise where the
+// uninterrupted run ends. A second signal exits at once and damages nothing already written.
+// Under mpirun the signal may reach one rank, every rank, or mpirun itself.
+#include "support/command.h"
+#include "support/runs.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace oases::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+// Lines of a file (0 when it does not exist yet).
+int line_count(const fs::path& path) {
+  std::ifstream in(path);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  return lines;
+}
+
+std::map<int, double> losses_by_step(const fs::path& path) {
+  std::map<int, double> losses;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (!record.contains("loss")) continue;
+    const int step = record["step"].get<int>();
+    EXPECT_EQ(losses.count(step), 0u) << "step " << step << " recorded twice in " << path;
+    losses[step] = record["loss"].get<double>();
+  }
+  return losses;
+}
+
+// A command started in the background (through sh -c, whose `exec` makes the pid the
+// command's own), its output going to a file; the stop signals start at their default actions
+// whatever the test inherited (nohup, a shell's background job).
+class Background {
+ public:
+  // Runs `command` in the folder `dir`.
+  Background(const fs::path& dir, const std::string& command) {
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    sigset_t defaults;
+    sigemptyset(&defaults);
+    for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) sigaddset(&defaults, s);
+    posix_spawnattr_setsigdefault(&attributes, &defaults);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF);
+    const std::string shell_command = "cd " + dir.string() + " && exec " + command;
+    const char* argv[] = {"sh", "-c", shell_command.c_str(), nullptr};
+    spawned_ = posix_spawnp(&pid_, "sh", nullptr, &attributes, const_cast<char**>(argv),
+                            environ) == 0;
+    posix_spawnattr_destroy(&attributes);
+  }
+  ~Background() {
+    if (pid_ > 0 && !waited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool spawned() const { return spawned_; }
+  pid_t pid() const { return pid_; }
+  bool running() {
+    if (waited_) return false;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      waited_ = true;
+      status_ = status;
+      return false;
+    }
+    return true;
+  }
+  // The exit status (128 + N for a process a signal N ended, as a shell reports it).
+  int wait() {
+    if (!waited_) {
+      waitpid(pid_, &status_, 0);
+      waited_ = true;
+    }
+    return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+  }
+  bool ended_by_signal() const { return waited_ && WIFSIGNALED(status_); }
+
+ private:
+  pid_t pid_ = -1;
+  bool spawned_ = false;
+  bool waited_ = false;
+  int status_ = 0;
+};
+
+// Waits until `ready` holds or `process` ended; false on the latter or after 60 s.
+template <class Ready>
+bool wait_until(Background& process, Ready ready) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (ready()) return true;
+    if (!process.running()) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  return false;
+}
+
+constexpr int kSteps = 300;
+
+class Preemption : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fresh_test_folder("preemption_runs");
+    const CommandResult data = prepare_fortunes_data(OASES_BINARY, dir_);
+    ASSERT_EQ(data.exit_code, 0) << data.output;
+    // Dropout on, so that a resumed run must continue its random stream exactly; checkpoints
+    // every 40 steps, so that some signals land during a save.
+    write_text(dir_ / "tiny.toml", R"(
+[model]
+layers = 2
+hidden = 32
+heads = 2
+ffn_hidden = 64
+vocab_size = 256
+seq_len = 16
+dropout = 0.1
+[train]
+micro_batch = 2
+global_batch = 4
+steps = )" + std::to_string(kSteps) + R"(
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 5
+eval_every = 0
+threads = 1
+[data]
+path = ")" + (dir_ / "data").string() + R"("
+[checkpoint]
+dir = "ckpt"
+every = 40
+keep = 2
+resume = true
+[log]
+metrics = "metrics.jsonl"
+peak_tflops = 1.0
+)");
+  }
+
+  std::string train(const std::string& launcher = "", const std::string& settings = "") const {
+    return launcher + OASES_BINARY + " train --quiet --config " + (dir_ / "tiny.toml").string() +
+           (settings.empty() ? "" : " --set " + settings);
+  }
+  std::string train_in(const fs::path& run_dir, const std::string& launcher = "",
+                       const std::string& settings = "") const {
+    return "cd " + run_dir.string() + " && " + train(launcher, settings);
+  }
+
+  // The uninterrupted run, in `name`; its final checkpoint's files and its losses.
+  void run_reference(const std::string& name, const std::string& launcher = "") {
+    reference_ = dir_ / name;
+    fs::create_directories(reference_);
+    const CommandResult r = run_command(train_in(reference_, launcher));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    reference_losses_ = losses_by_step(reference_ / "metrics.jsonl");
+    ASSERT_EQ(reference_losses_.size(), static_cast<std::size_t>(kSteps));
+  }
+
+  // Checks that every checkpoint of `run` verifies, resumes it to the end with `launcher`,
+  // and compares the final checkpoint and losses with the reference, bitwise.
+  void expect_resumes_to_the_reference(const fs::path& run, const std::string& launcher = "",
+                                       const std::string& settings = "") {
+    bool any_complete = false;  // a second signal early in a run may leave none
+    for (const auto& entry : fs::directory_iterator(run / "ckpt"))
+      any_complete = any_complete || fs::exists(entry.path() / "COMPLETE");
+    CommandResult r;
+    if (any_complete) {
+      r = run_command(std::string(OASES_BINARY) + " verify-checkpoint " + (run / "ckpt").string());
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+    }
+    r = run_command(train_in(run, launcher, settings));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string final_step = "ckpt/step_" + std::to_string(kSteps);
+    for (const char* file : {"model.safetensors", "optimizer.safetensors", "COMPLETE"})
+      EXPECT_EQ(read_text(run / final_step / file), read_text(reference_ / final_step / file))
+          << file << " of the resumed run differs from the uninterrupted run's";
+    EXPECT_EQ(losses_by_step(run / "metrics.jsonl"), reference_losses_);
+  }
+
+  fs::path dir_;
+  fs::path reference_;
+  std::map<int, double> reference_losses_;
+};
+
+// 24 runs, each stopped by a signal of the default set at a random step (and a random moment
+// within it); every fourth gets a second signal right after the first.
+TEST_F(Preemption, ASignalAtARandomMomentSavesAndTheRunResumesBitwise) {
+  run_reference("reference");
+  std::mt19937 random(20261206);
+  const int signals[] = {SIGTERM, SIGUSR1, SIGINT, SIGHUP};
+  int stopped = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const int signal_number = signals[trial % 4];
+    const bool twice = trial % 4 == 3;
+    const int at_line = std::uniform_int_distribution<int>(1, kSteps - 120)(random);
+    const int extra_us = std::uniform_int_distribution<int>(0, 3000)(random);
+    SCOPED_TRACE(fmt::format("trial {}: signal {}{} after {} metrics lines + {} us", trial,
+                             signal_number, twice ? " twice" : "", at_line, extra_us));
+    const fs::path run = dir_ / fmt::format("trial_{}", trial);
+    fs::create_directories(run);
+    Background process(run, train() + " > output.txt 2>&1");
+    ASSERT_TRUE(process.spawned());
+    ASSERT_TRUE(wait_until(process, [&] { return line_count(run / "metrics.jsonl") >= at_line; }))
+        << read_text(run / "output.txt");
+    std::this_thread::sleep_for(std::chrono::microseconds(extra_us));
+    kill(process.pid(), signal_number);
+    if (twice) kill(process.pid(), SIGTERM);
+    const int status = process.wait();
+    const std::string output = read_text(run / "output.txt");
+    if (twice) {
+      // The second signal usually lands before the save ends: the process ends at once.
+      EXPECT_TRUE(status == 128 + SIGTERM || status == 128 + signal_number) << status << output;
+    } else {
+      ASSERT_EQ(status, 128 + signal_number) << output;
+      EXPECT_NE(output.find("stopped by SIG"), std::string::npos) << output;
+      EXPECT_NE(output.find("saved checkpoint ckpt/step_"), std::string::npos) << output;
+      ++stopped;
+    }
+    expect_resumes_to_the_reference(run);
+  }
+  EXPECT_EQ(stopped, 18);
+}
+
+// train.save_on_signal = false: the signal's default action, no save.
+TEST_F(Preemption, WithSaveOnSignalOffTheSignalEndsTheRunAsBefore) {
+  const fs::path run = dir_ / "off";
+  fs::create_directories(run);
+  Background process(run, train("", "train.save_on_signal=false checkpoint.every=0") +
+                              " > output.txt 2>&1");
+  ASSERT_TRUE(wait_until(process, [&] { return line_count(run / "metrics.jsonl") >= 20; }));
+  kill(process.pid(), SIGTERM);
+  EXPECT_EQ(process.wait(), 128 + SIGTERM);
+  EXPECT_TRUE(process.ended_by_signal());
+  EXPECT_EQ(read_text(run / "output.txt").find("stopped by"), std::string::npos);
+  EXPECT_FALSE(fs::exists(run / "ckpt" / "step_20"));
+}
+
+TEST_F(Preemption, AnUnknownSignalNameIsAClearError) {
+  const CommandResult r = run_command(train_in(dir_, "", "train.save_signals=TERM,KILL"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  for (const char* part : {"train.save_signals", "\"KILL\"", "\"USR1\""})
+    EXPECT_NE(r.output.find(part), std::string::npos) << r.output;
+}
+
+// Under mpirun (dp 2): the signal reaches rank 1 only, every rank, or mpirun, which forwards
+// SIGUSR1 and, given time before its SIGKILL (odls_base_sigkill_timeout), SIGTERM.
+TEST_F(Preemption, UnderMpirunOneRankOrEveryRankOrMpirunItselfMayBeSignalled) {
+  const std::string mpirun = mpirun_prefix(2);
+  // Every rank writes its pid, then becomes oases. mpirun, terminated, sends SIGTERM to the
+  // ranks and SIGKILL odls_base_sigkill_timeout seconds later (1 by default; it waits that
+  // long even when they are done, hence not more here).
+  const auto launcher = [&](int sigkill_timeout_s) {
+    return mpirun + fmt::format("--mca odls_base_sigkill_timeout {} ", sigkill_timeout_s) +
+           "sh -c 'echo $$ > rank_$OMPI_COMM_WORLD_RANK.pid; exec \"$0\" \"$@\"' ";
+  };
+  const std::string dp2 = "parallel.dp=2";
+  reference_ = dir_ / "mpi_reference";
+  fs::create_directories(reference_);
+  CommandResult r = run_command(train_in(reference_, mpirun, dp2));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  reference_losses_ = losses_by_step(reference_ / "metrics.jsonl");
+
+  enum class Target { rank1, every_rank, mpirun_usr1, mpirun_term };
+  for (const Target target :
+       {Target::rank1, Target::every_rank, Target::mpirun_usr1, Target::mpirun_term}) {
+    const int index = static_cast<int>(target);
+    SCOPED_TRACE(fmt::format("target {}", index));
+    const fs::path run = dir_ / fmt::format("mpi_{}", index);
+    fs::create_directories(run);
+    Background process(
+        run, train(launcher(target == Target::mpirun_term ? 5 : 1), dp2) + " > output.txt 2>&1");
+    int signalled_at_step = 0;
+    ASSERT_TRUE(wait_until(process, [&] {
+      signalled_at_step = line_count(run / "metrics.jsonl") - 1;  // the first line is step 0
+      return fs::exists(run / "rank_1.pid") && signalled_at_step >= 30 + index;
+    })) << read_text(run / "output.txt");
+    const auto rank_pid = [&](int rank) {
+      return static_cast<pid_t>(std::stol(read_text(run / fmt::format("rank_{}.pid", rank))));
+    };
+    int expected = 128 + SIGTERM;
+    switch (target) {
+      case Target::rank1: kill(rank_pid(1), SIGTERM); break;
+      case Target::every_rank:
+        kill(rank_pid(0), SIGTERM);
+        kill(rank_pid(1), SIGTERM);
+        break;
+      case Target::mpirun_usr1:
+        kill(process.pid(), SIGUSR1);
+        expected = 128 + SIGUSR1;
+        break;
+      case Target::mpirun_term: kill(process.pid(), SIGTERM); break;
+    }
+    const int status = process.wait();
+    const std::string output = read_text(run / "output.txt");
+    // The save of the step the signal found, or a later one (the checkpoints of every 40
+    // steps are all before it).
+    std::vector<int> saved;
+    for (const auto& entry : fs::directory_iterator(run / "ckpt"))
+      if (entry.path().filename().string().rfind("step_", 0) == 0)
+        saved.push_back(std::stoi(entry.path().filename().string().substr(5)));
+    ASSERT_FALSE(saved.empty()) << output;
+    EXPECT_GE(*std::max_element(saved.begin(), saved.end()), signalled_at_step) << output;
+    // mpirun passes on the ranks' status and output, except that, itself terminated, it
+    // reports its own end and may drop the ranks' last lines.
+    if (target != Target::mpirun_term) {
+      EXPECT_EQ(status, expected) << output;
+      EXPECT_NE(output.find(std::string("stopped by ") +
+                            (expected == 128 + SIGUSR1 ? "SIGUSR1" : "SIGTERM")),
+                std::string::npos)
+          << output;
+    }
+    expect_resumes_to_the_reference(run, mpirun_prefix(2), dp2);
+  }
+}
+
+}  // namespace
+}  // namespace oases::testing
