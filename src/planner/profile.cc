@@ -61,6 +61,16 @@ double Profile::reshard_seconds(int a, int b) const {
 
 namespace {
 
+// A measured figure of the profile: finite and at least 0 (or above 0 where `positive`).
+// UserError naming the source, the field and the value.
+void check_measured(double value, const std::string& field, const std::string& source,
+                    bool positive = false) {
+  OASES_CHECK(std::isfinite(value) && (positive ? value > 0 : value >= 0),
+              "{}: malformed profile (\"{}\" = {}: a measured time, size or slowdown is finite "
+              "and {}); re-run `oases profile`",
+              source, field, value, positive ? "> 0" : ">= 0");
+}
+
 // `value` (the profile's `key`) as T; UserError naming `source` and the key when it is not an
 // integer T holds.
 template <class T>
@@ -88,6 +98,9 @@ void read_memory_ratios(const json& j, Profile& p, const std::string& source) {
     p.param_bytes_ratio = j.at("param_bytes_ratio");
     p.grad_bytes_ratio = j.at("grad_bytes_ratio");
     p.optimizer_bytes_ratio = j.at("optimizer_bytes_ratio");
+    // Only here: a profile with the single optimizer_state_ratio may hold a negative one (the
+    // total less 2), which stands for the optimizer's share.
+    check_measured(p.optimizer_bytes_ratio, "optimizer_bytes_ratio", source);
     if (j.contains("optimizer_state_ratio")) {
       const double whole = j.at("optimizer_state_ratio");
       OASES_CHECK(std::abs(whole - p.optimizer_state_ratio()) <=
@@ -149,16 +162,6 @@ void read_moe_model(const json& m, model::ModelConfig& model, const std::string&
               source, model.moe_every, model.experts);
 }
 
-// A measured figure of the profile: finite and at least 0 (or above 0 where `positive`).
-// UserError naming the source, the field and the value.
-void check_measured(double value, const std::string& field, const std::string& source,
-                    bool positive = false) {
-  OASES_CHECK(std::isfinite(value) && (positive ? value > 0 : value >= 0),
-              "{}: malformed profile (\"{}\" = {}: a measured time, size or slowdown is finite "
-              "and {}); re-run `oases profile`",
-              source, field, value, positive ? "> 0" : ">= 0");
-}
-
 // Every time, byte count, slowdown and ratio a profile holds, checked once on load so that the
 // planner prices plans with measurements only (a negative time would pass for a free one).
 void check_profile_figures(const Profile& p, const std::string& source) {
@@ -168,7 +171,6 @@ void check_profile_figures(const Profile& p, const std::string& source) {
   check_measured(static_cast<double>(p.element_bytes), "element_bytes", source, true);
   check_measured(p.param_bytes_ratio, "param_bytes_ratio", source);
   check_measured(p.grad_bytes_ratio, "grad_bytes_ratio", source);
-  check_measured(p.optimizer_bytes_ratio, "optimizer_bytes_ratio", source);
   for (const DegreeProfile& d : p.degrees) {
     const std::string at = fmt::format("degrees[degree {}].", d.degree);
     check_measured(static_cast<double>(d.degree), at + "degree", source, true);

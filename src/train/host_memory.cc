@@ -64,13 +64,15 @@ void check_memory_floor(const plan::RunPlan& plan, int ranks_on_host,
   const model::ModelConfig& m = plan.config.model;
   const auto bytes = [](double b) { return describe_bytes(capped(b)); };
   OASES_FAIL(
-      "this run needs at least {} of memory on this host ({} rank(s) x {}), more than its {} "
+      "this run needs at least {} of memory on this host ({}), more than its {} "
       "of physical memory. Per rank: {} of parameters and gradients for at least {:.3g} "
       "parameters (model.layers = {}, model.hidden = {}, model.ffn_hidden = {}, "
       "model.vocab_size = {}, over parallel.tp x parallel.pp = {} x {} ranks), and {} of "
       "activations for one micro-batch ({} = {} sequences x model.seq_len = {} x model.hidden "
       "= {}); the optimizer state and most activations come on top. Lower these settings",
-      bytes(needed), std::max(1, ranks_on_host), bytes(per_rank), describe_bytes(available_bytes),
+      bytes(needed),
+      ranks_on_host > 1 ? fmt::format("{} ranks x {}", ranks_on_host, bytes(per_rank)) : "one rank",
+      describe_bytes(available_bytes),
       bytes(static_cast<double>(f.params + f.grads - f.offloaded)), floor.parameters, m.layers,
       m.hidden, m.ffn_hidden, m.vocab_size, plan.mesh.tp, plan.mesh.pp,
       bytes(static_cast<double>(f.activations)), batch_setting, plan.micro_batch(), m.seq_len,
