@@ -4,14 +4,13 @@
 // setting, never hang, grow without bound or write elsewhere. Every command runs under
 // `timeout`, so that a regression fails the test instead of hanging it.
 #include "support/command.h"
+#include "support/files.h"
 #include "support/runs.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,17 +21,8 @@ namespace {
 
 constexpr int kTimedOut = 124;  // timeout(1)'s exit code
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
+std::string read_text(const fs::path& path) { return read_bytes(path.string()); }
+void write_text(const fs::path& path, const std::string& text) { write_bytes(path.string(), text); }
 
 // `oases args`, killed after `seconds`.
 CommandResult oases(const std::string& args, int seconds = 60) {
