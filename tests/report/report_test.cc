@@ -233,7 +233,7 @@ TEST_F(ReportOfCompleteRun, NamedTraceThatCannotBeReadIsAnError) {
         oases::report::collect_report_data({dir_.path().string(), "", "", dir_.file("gone.json")},
                                           nullptr);
       },
-      {"cannot read trace", "gone.json"});
+      {"trace", "gone.json", "does not exist"});
   write_bytes(dir_.file("bad.json"), "{\"traceEvents\": [");
   expect_user_error(
       [&] {
@@ -404,7 +404,7 @@ TEST(Report, BadMetricsAreErrorsNamingFileAndLine) {
   TempDir dir("report_bad_metrics");
   const std::string path = dir.file("metrics.jsonl");
   expect_user_error([&] { oases::report::read_metrics_columns(path); },
-                    {"cannot read metrics file", path});
+                    {"metrics file", path, "does not exist"});
   write_bytes(path, "");
   expect_user_error([&] { oases::report::read_metrics_columns(path); }, {path, "holds no records"});
   write_bytes(path, "\n  \n");
