@@ -1,6 +1,7 @@
 #include "core/atomic_file.h"
 
 #include "core/error.h"
+#include "core/regular_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <utility>
 
 namespace oases {
@@ -56,19 +58,36 @@ void rename_over(const std::string& tmp_path, const std::string& final_path) {
   fsync_directory_of(final_path);
 }
 
+// Creates a temporary file beside `path` under a name no one else uses: O_EXCL fails on any
+// existing entry, so a symlink planted under a guessable name cannot redirect the write, and
+// two writers of one path never share a temporary. Returns the descriptor and fills `tmp_path`.
+int create_temporary_beside(const std::string& path, std::string& tmp_path) {
+  std::random_device entropy;
+  constexpr int kAttempts = 64;
+  int err = 0;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    tmp_path = fmt::format("{}.{:08x}.tmp", path, entropy());
+    const int fd = ::open(tmp_path.c_str(),
+                          O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0) return fd;
+    err = errno;
+    if (err != EEXIST && err != EINTR) break;
+  }
+  OASES_FAIL(
+      "cannot create a temporary file beside '{}' (as '{}'): {}; check that directory '{}' "
+      "exists and is writable",
+      path, tmp_path, errno_text(err), parent_directory(path));
+}
+
 }  // namespace
 
-AtomicFileWriter::AtomicFileWriter(std::string path)
-    : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
   OASES_CHECK(!path_.empty(), "cannot write a file with an empty path");
-  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
-    const int err = errno;
-    OASES_FAIL(
-        "cannot create '{}' (the temporary file for '{}'): {}; check that directory '{}' "
-        "exists and is writable",
-        tmp_path_, path_, errno_text(err), parent_directory(path_));
-  }
+  check_path_has_no_nul(path_, "the path of a file to write");
+  std::error_code ec;
+  OASES_CHECK(!std::filesystem::is_directory(path_, ec),
+              "cannot write '{}': it is a directory; name a file inside it instead", path_);
+  fd_ = create_temporary_beside(path_, tmp_path_);
 }
 
 AtomicFileWriter::~AtomicFileWriter() {

@@ -1,12 +1,13 @@
 // Atomic file replacement: a reader (or a run resumed after a crash) sees either the previous
 // content of a file or the complete new content, never a prefix of it.
 //
-// Protocol: write everything to `<path>.tmp`, fsync it, rename it over `<path>` (rename is
-// atomic on POSIX file systems), then fsync the directory so the rename itself is durable.
-// If anything fails before the rename, `<path>` is untouched and the `.tmp` is removed.
+// Protocol: write everything to a temporary `<path>.<random>.tmp` beside it, fsync it, rename
+// it over `<path>` (rename is atomic on POSIX file systems), then fsync the directory so the
+// rename itself is durable. If anything fails before the rename, `<path>` is untouched and the
+// temporary is removed. The temporary is created exclusively (O_EXCL, O_NOFOLLOW) under a name
+// of its own, so a symlink planted in the folder cannot redirect the write.
 // Every writer of durable output (token shards, safetensors, checkpoint state, completion
 // markers) goes through here.
-// One writer per path at a time: two writers of the same path would share its `.tmp`.
 #pragma once
 
 #include <cstddef>
@@ -15,12 +16,13 @@
 
 namespace oases {
 
-// Streams bytes into `<path>.tmp`; commit() publishes them under `<path>`. Destroying the
-// writer without a successful commit() removes the `.tmp` and leaves `<path>` as it was.
-// Failures (cannot create, disk full, ...) throw UserError naming the file and the cause.
+// Streams bytes into a temporary beside `<path>`; commit() publishes them under `<path>`.
+// Destroying the writer without a successful commit() removes the temporary and leaves
+// `<path>` as it was. Failures (an existing directory at `<path>`, a NUL byte in it, cannot
+// create, disk full, ...) throw UserError naming the file and the cause.
 class AtomicFileWriter {
  public:
-  explicit AtomicFileWriter(std::string path);  // creates/truncates `<path>.tmp`
+  explicit AtomicFileWriter(std::string path);  // creates the temporary
   ~AtomicFileWriter();
   AtomicFileWriter(const AtomicFileWriter&) = delete;
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;

@@ -1,12 +1,14 @@
 #include "core/checksum.h"
 
 #include "core/error.h"
+#include "core/regular_file.h"
+
+#include <unistd.h>
 
 #include <zlib.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <vector>
 
@@ -27,17 +29,19 @@ std::uint32_t crc32(const void* data, std::size_t size, std::uint32_t crc) {
 }
 
 FileChecksum file_checksum(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  OASES_CHECK(in.good(), "cannot read '{}': {}", path, std::strerror(errno));
+  const ReadableFile file = ReadableFile::open(path, "file");
   FileChecksum sum;
   std::vector<char> block(std::size_t{1} << 20);
-  while (in) {
-    in.read(block.data(), static_cast<std::streamsize>(block.size()));
-    const auto got = static_cast<std::size_t>(in.gcount());
+  while (true) {
+    const ssize_t n = ::read(file.fd(), block.data(), block.size());
+    if (n < 0 && errno == EINTR) continue;
+    OASES_CHECK(n >= 0, "reading '{}' failed after {} bytes: {}", path, sum.bytes,
+                std::strerror(errno));
+    if (n == 0) break;
+    const auto got = static_cast<std::size_t>(n);
     sum.crc32 = crc32(block.data(), got, sum.crc32);
     sum.bytes += got;
   }
-  OASES_CHECK(in.eof() && !in.bad(), "reading '{}' failed: {}", path, std::strerror(errno));
   return sum;
 }
 

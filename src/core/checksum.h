@@ -17,7 +17,8 @@ struct FileChecksum {
   std::uint32_t crc32 = 0;
 };
 
-// Size and CRC-32 of a whole file; UserError naming the file when it cannot be read.
+// Size and CRC-32 of a whole file; UserError naming the file when it cannot be read or is not
+// a regular file (a FIFO or a device, which would never end).
 FileChecksum file_checksum(const std::string& path);
 
 }  // namespace oases

@@ -1,5 +1,6 @@
 #include "data/gpt2_tokenizer.h"
 
+#include "core/regular_file.h"
 #include "core/error.h"
 #include "io/untrusted_json.h"
 
@@ -273,15 +274,7 @@ std::string read_tokenizer_file(const fs::path& path) {
               "a Hugging Face {}, or at a folder holding it or {} and {}",
               path.string(), kGpt2NpmPackage, kHfTokenizerFile, kGpt2EncoderFile,
               kGpt2MergesFile);
-  OASES_CHECK(fs::is_regular_file(path, ec), "GPT-2 tokenizer file '{}' is not a regular file",
-              path.string());
-  std::ifstream in(path, std::ios::binary);
-  OASES_CHECK(in.good(), "cannot open GPT-2 tokenizer file '{}': {}", path.string(),
-              std::strerror(errno));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  OASES_CHECK(!in.bad(), "reading GPT-2 tokenizer file '{}' failed: {}", path.string(),
-              std::strerror(errno));
-  return text;
+  return read_regular_file(path.string(), "GPT-2 tokenizer file", kMaxTokenizerFileBytes);
 }
 
 nlohmann::json parse_tokenizer_json(const std::string& text, const std::string& source) {

@@ -1,5 +1,6 @@
 #include "data/sentencepiece_tokenizer.h"
 
+#include "core/regular_file.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 
@@ -80,15 +81,7 @@ std::string read_model_file(const std::string& path) {
               "sentencepiece model file '{}' does not exist; `oases train-tokenizer "
               "--model-prefix P ...` makes P.model",
               path);
-  OASES_CHECK(fs::is_regular_file(path, ec), "sentencepiece model file '{}' is not a regular file",
-              path);
-  std::ifstream in(path, std::ios::binary);
-  OASES_CHECK(in.good(), "cannot open sentencepiece model file '{}': {}", path,
-              std::strerror(errno));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  OASES_CHECK(!in.bad(), "reading sentencepiece model file '{}' failed: {}", path,
-              std::strerror(errno));
-  return bytes;
+  return read_regular_file(path, "sentencepiece model file", kMaxTokenizerFileBytes);
 }
 
 class SentencePieceTokenizer final : public Tokenizer {

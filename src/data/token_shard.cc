@@ -1,5 +1,6 @@
 #include "data/token_shard.h"
 
+#include "core/regular_file.h"
 #include "core/atomic_file.h"
 #include "core/checksum.h"
 #include "core/error.h"
@@ -122,7 +123,7 @@ TokenShard load_token_shard(const std::string& path) {
               "data shard '{}' does not exist; create it with `oases prepare-data --input FILE "
               "--output PREFIX` (shards are PREFIX_train.bin and PREFIX_val.bin)",
               path);
-  OASES_CHECK(fs::is_regular_file(status), "data shard '{}' is not a regular file", path);
+  check_regular_file(path, "data shard");
   const std::uint64_t file_bytes = fs::file_size(path, ec);
   OASES_CHECK(!ec, "cannot read the size of data shard '{}': {}", path, ec.message());
 

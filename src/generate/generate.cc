@@ -7,6 +7,7 @@
 #include "io/checkpoint_dir.h"
 #include "model/incremental_decoder.h"
 #include "train/checkpoint.h"
+#include "train/host_memory.h"
 
 #include <algorithm>
 #include <optional>
@@ -174,6 +175,7 @@ Generation generate_text(const GenerateOptions& o) {
   config.train.global_batch = 1;
   config.checkpoint = {};
   const auto tokenizer = train::checkpoint_tokenizer(o.checkpoint, o.tokenizer_dir);
+  train::check_host_memory(plan::make_run_plan(config, 0));
   train::TrainingEngine engine(config);
   train::load_model_weights(io::resolve_model_file(o.checkpoint), engine.model().layout(),
                      engine.model().params());

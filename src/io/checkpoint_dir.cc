@@ -3,6 +3,7 @@
 #include "core/atomic_file.h"
 #include "core/checksum.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 
 #include <fmt/format.h>
 
@@ -209,9 +210,10 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 CheckpointFiles verify_checkpoint_files(const std::string& folder) {
   const std::int64_t step = checkpoint_step(folder);
   const fs::path marker = fs::path(folder) / kCompleteMarker;
-  std::ifstream in(marker);
-  OASES_CHECK(in.good(), "checkpoint '{}' has no {} marker: it is incomplete", folder,
+  OASES_CHECK(fs::exists(marker), "checkpoint '{}' has no {} marker: it is incomplete", folder,
               kCompleteMarker);
+  std::istringstream in(
+      read_regular_file(marker.string(), "checkpoint marker", kMaxTextFileBytes));
   std::string first;
   std::getline(in, first);
   if (first.rfind("step ", 0) == 0) {
@@ -267,11 +269,26 @@ CheckpointFiles verify_checkpoint_files(const std::string& folder) {
 
 std::string resolve_model_file(const std::string& path) {
   std::error_code ec;
-  if (fs::is_regular_file(path, ec)) return path;
-  OASES_CHECK(fs::is_directory(path, ec),
+  const std::optional<std::string> kind = file_kind(path);
+  OASES_CHECK(kind.has_value(),
               "checkpoint '{}' does not exist; pass a step_N checkpoint directory, a run's "
               "checkpoint.dir or a model.safetensors file",
               path);
+  if (fs::is_regular_file(path, ec)) {
+    // The model file of a complete checkpoint (step_N/model.safetensors beside a marker) is
+    // vouched for by the marker: checked as the folder would be, so naming the file instead
+    // of the folder skips no check.
+    const fs::path folder = fs::absolute(path, ec).parent_path();
+    const std::string folder_name = folder.filename().string();
+    if (fs::path(path).filename() == kModelFile && std::regex_match(folder_name, step_pattern()) &&
+        fs::exists(folder / kCompleteMarker, ec))
+      verify_checkpoint_files(folder.string());
+    return path;
+  }
+  OASES_CHECK(fs::is_directory(path, ec),
+              "checkpoint '{}' is {}; pass a step_N checkpoint directory, a run's "
+              "checkpoint.dir or a model.safetensors file",
+              path, *kind);
   if (fs::exists(fs::path(path) / kModelFile)) {
     OASES_CHECK(fs::exists(fs::path(path) / kCompleteMarker),
                 "checkpoint '{}' is incomplete (no {} marker): it was interrupted while being "

@@ -1,5 +1,6 @@
 #include "io/safetensors.h"
 
+#include "core/regular_file.h"
 #include "core/error.h"
 #include "core/atomic_file.h"
 #include "io/untrusted_json.h"
@@ -233,16 +234,9 @@ void SafetensorsFile::read_at(std::uint64_t offset, void* out, std::size_t size)
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile file;
   file.path_ = path;
-  file.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (file.fd_ < 0) {
-    const int err = errno;
-    OASES_FAIL("cannot open safetensors file '{}': {}", path, std::strerror(err));
-  }
-  struct stat st {};
-  OASES_CHECK(::fstat(file.fd_, &st) == 0, "cannot stat safetensors file '{}': {}", path,
-              std::strerror(errno));
-  OASES_CHECK(S_ISREG(st.st_mode), "safetensors file '{}' is not a regular file", path);
-  const auto file_bytes = static_cast<std::uint64_t>(st.st_size);
+  ReadableFile opened = ReadableFile::open(path, "safetensors file");
+  const std::uint64_t file_bytes = opened.size();
+  file.fd_ = opened.release();
 
   OASES_CHECK(file_bytes >= 8,
               "safetensors file '{}' is truncated: it holds {} bytes, less than the 8-byte header "

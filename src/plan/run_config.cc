@@ -1,6 +1,7 @@
 #include "plan/run_config.h"
 
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "data/tokenizer.h"
 #include "core/named_values.h"
 #include "ops/moe.h"
@@ -374,6 +375,10 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
     (void)fields;
     for (const auto& [key_node, value] : *table) {
       const std::string key(key_node.str());
+      // TOML strings may hold NUL ("\u0000"), which the operating system reads as the end of
+      // a path and C strings as the end of a message.
+      if (const auto* text = value.as_string())
+        check_path_has_no_nul(text->get(), section + "." + key);
       field_of(section, key, source).read(value, section + "." + key, config);
     }
   }
@@ -382,11 +387,8 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  OASES_CHECK(in.good(), "cannot read config file '{}': no such file or not readable", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_run_config(text.str(), path, overrides);
+  return parse_run_config(read_regular_file(path, "config file", kMaxTextFileBytes), path,
+                          overrides);
 }
 
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace oases::plan {
@@ -268,6 +269,16 @@ void check_data_checkpoint_and_log(const RunConfig& c, const Settings& s) {
               c.checkpoint.keep);
   OASES_CHECK(!c.checkpoint.resume || !c.checkpoint.dir.empty(),
               "checkpoint.resume = true needs checkpoint.dir to name the run's checkpoint folder");
+  // A directory where the run writes a file: the trace's temporary would go beside it
+  // ("/tmp" put "/tmp.<random>.tmp" at the root) and the metrics could not be opened.
+  for (const auto& [setting, path, example] :
+       {std::tuple{"log.metrics", &c.log.metrics, "metrics.jsonl"},
+        std::tuple{"log.trace", &c.log.trace, "trace.json"}}) {
+    std::error_code ec;
+    OASES_CHECK(path->empty() || !std::filesystem::is_directory(*path, ec),
+                "{} = \"{}\" is a directory; name a file to write, such as \"{}\"", setting,
+                *path, (std::filesystem::path(*path) / example).string());
+  }
   OASES_CHECK(c.log.every >= 1, "log.every = {} must be at least 1", c.log.every);
   OASES_CHECK(c.log.trace_steps >= 1, "log.trace_steps = {} must be at least 1", c.log.trace_steps);
   OASES_CHECK(c.log.peak_tflops >= 0, "log.peak_tflops = {} must be >= 0 (0: measure)",

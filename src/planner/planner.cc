@@ -2,6 +2,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "core/timer.h"
 #include "io/untrusted_json.h"
 
@@ -277,15 +278,15 @@ void write_plan(const Plan& plan, int tp, const std::string& path) {
 }
 
 Plan read_plan(const std::string& path, int tp, std::int64_t layers) {
-  std::ifstream in(path);
-  OASES_CHECK(in.good(), "parallel.plan = \"{}\": no such file or not readable (valid: "
-              "\"uniform\", \"auto\", degrees per layer like \"1,2,2,1\", or a file written by "
-              "`oases plan`)", path);
-  std::stringstream text;
-  text << in.rdbuf();
+  std::error_code ec;
+  OASES_CHECK(std::filesystem::exists(path, ec),
+              "parallel.plan = \"{}\": no such file (valid: \"uniform\", \"auto\", degrees "
+              "per layer like \"1,2,2,1\", or a file written by `oases plan`)",
+              path);
+  const std::string text = read_regular_file(path, "plan file", kMaxJsonFileBytes);
   nlohmann::json j;
   try {
-    j = io::parse_untrusted_json(text.str(), fmt::format("plan file '{}'", path));
+    j = io::parse_untrusted_json(text, fmt::format("plan file '{}'", path));
   } catch (const nlohmann::json::exception& e) {
     OASES_FAIL("plan file '{}' is not JSON: {}", path, e.what());
   }

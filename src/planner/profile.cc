@@ -2,6 +2,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "io/untrusted_json.h"
 
 #include <fmt/format.h>
@@ -60,6 +61,16 @@ double Profile::reshard_seconds(int a, int b) const {
 
 namespace {
 
+// A measured figure of the profile: finite and at least 0 (or above 0 where `positive`).
+// UserError naming the source, the field and the value.
+void check_measured(double value, const std::string& field, const std::string& source,
+                    bool positive = false) {
+  OASES_CHECK(std::isfinite(value) && (positive ? value > 0 : value >= 0),
+              "{}: malformed profile (\"{}\" = {}: a measured time, size or slowdown is finite "
+              "and {}); re-run `oases profile`",
+              source, field, value, positive ? "> 0" : ">= 0");
+}
+
 // `value` (the profile's `key`) as T; UserError naming `source` and the key when it is not an
 // integer T holds.
 template <class T>
@@ -87,6 +98,9 @@ void read_memory_ratios(const json& j, Profile& p, const std::string& source) {
     p.param_bytes_ratio = j.at("param_bytes_ratio");
     p.grad_bytes_ratio = j.at("grad_bytes_ratio");
     p.optimizer_bytes_ratio = j.at("optimizer_bytes_ratio");
+    // Only here: a profile with the single optimizer_state_ratio may hold a negative one (the
+    // total less 2), which stands for the optimizer's share.
+    check_measured(p.optimizer_bytes_ratio, "optimizer_bytes_ratio", source);
     if (j.contains("optimizer_state_ratio")) {
       const double whole = j.at("optimizer_state_ratio");
       OASES_CHECK(std::abs(whole - p.optimizer_state_ratio()) <=
@@ -146,6 +160,47 @@ void read_moe_model(const json& m, model::ModelConfig& model, const std::string&
               "{}: malformed profile (model.moe_every = {} and model.experts = {}: an MoE model "
               "has moe_every >= 1 and at least 2 experts)",
               source, model.moe_every, model.experts);
+}
+
+// Every time, byte count, slowdown and ratio a profile holds, checked once on load so that the
+// planner prices plans with measurements only (a negative time would pass for a free one).
+void check_profile_figures(const Profile& p, const std::string& source) {
+  check_measured(static_cast<double>(p.tp), "tp", source, true);
+  check_measured(static_cast<double>(p.micro_batch), "micro_batch", source, true);
+  check_measured(static_cast<double>(p.sub_batches), "sub_batches", source, true);
+  check_measured(static_cast<double>(p.element_bytes), "element_bytes", source, true);
+  check_measured(p.param_bytes_ratio, "param_bytes_ratio", source);
+  check_measured(p.grad_bytes_ratio, "grad_bytes_ratio", source);
+  for (const DegreeProfile& d : p.degrees) {
+    const std::string at = fmt::format("degrees[degree {}].", d.degree);
+    check_measured(static_cast<double>(d.degree), at + "degree", source, true);
+    check_measured(static_cast<double>(d.rows), at + "rows", source, true);
+    for (const auto& [kind, t] : d.segments) {
+      const std::string segment = at + "segments." + kind + ".";
+      check_measured(t.forward_s, segment + "forward_s", source);
+      check_measured(t.recompute_s, segment + "recompute_s", source);
+      check_measured(t.backward0_s, segment + "backward0_s", source);
+      check_measured(t.backward1_s, segment + "backward1_s", source);
+    }
+    for (const auto& [key, seconds] : d.collectives)
+      check_measured(seconds, at + "collectives." + key, source);
+    check_measured(d.optimizer_s, at + "optimizer_s", source);
+    check_measured(static_cast<double>(d.parameter_bytes), at + "parameter_bytes", source);
+    check_measured(static_cast<double>(d.parameter_bytes_per_layer),
+                   at + "parameter_bytes_per_layer", source);
+    check_measured(d.replica_reduce_per_layer_s, at + "replica_reduce_per_layer_s", source);
+    check_measured(d.overlap_slowdown, at + "overlap_slowdown", source);
+    check_measured(d.collective_slowdown, at + "collective_slowdown", source);
+    for (const auto& [kind, sets] : d.activation_bytes)
+      for (const auto& [set, bytes] : sets)
+        check_measured(static_cast<double>(bytes), at + "activation_bytes." + kind + "." + set,
+                       source);
+    check_measured(static_cast<double>(d.static_activation_bytes),
+                   at + "static_activation_bytes", source);
+    for (const auto& [key, elements] : d.collective_elements)
+      check_measured(static_cast<double>(elements), at + "collective_elements." + key, source);
+  }
+  for (const auto& [key, seconds] : p.reshards) check_measured(seconds, "reshards." + key, source);
 }
 
 }  // namespace
@@ -305,6 +360,7 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
           p.expert_load_imbalance[layer] = ratio;
         }
     }
+    check_profile_figures(p, source);
     return p;
   } catch (const json::exception& e) {
     OASES_FAIL("{}: malformed profile ({})", source, e.what());
@@ -335,11 +391,7 @@ void write_profile(const Profile& profile, const std::string& path) {
 }
 
 Profile read_profile(const std::string& path) {
-  std::ifstream in(path);
-  OASES_CHECK(in.good(), "cannot read the profile '{}': no such file or not readable", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return profile_from_json(text.str(), path);
+  return profile_from_json(read_regular_file(path, "profile", kMaxJsonFileBytes), path);
 }
 
 void check_profile_matches(const Profile& p, const model::ModelConfig& m, std::int64_t micro_batch,

@@ -205,9 +205,13 @@ double expert_load_imbalance(const std::vector<double>& tokens_per_expert, int e
 Profile with_zero_share(Profile profile, int zero, int dp);
 
 std::string to_json(const Profile& profile);
-// UserError naming `source` when the text is not a profile of this format and version.
+// UserError naming `source` when the text is not a profile of this format and version, or
+// when a time, byte count, slowdown or ratio in it is not finite and >= 0 (degrees, rows,
+// tp, micro_batch, sub_batches and element_bytes > 0): the message names the field and value.
 Profile profile_from_json(const std::string& text, const std::string& source);
 void write_profile(const Profile& profile, const std::string& path);  // atomic
+// profile_from_json of the file at `path`, which must be a regular file of at most
+// kMaxJsonFileBytes (core/regular_file.h).
 Profile read_profile(const std::string& path);
 
 // UserError when the profile was measured for another model or batch split, or lacks one of

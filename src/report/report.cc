@@ -1,5 +1,6 @@
 #include "report/report.h"
 
+#include "core/regular_file.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "io/checkpoint_dir.h"
@@ -57,15 +58,6 @@ std::string format_seconds(double s) {
   return fmt::format("{} h {:02} min", total / 3600, (total % 3600) / 60);
 }
 
-std::string read_whole_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  OASES_CHECK(in.good(), "cannot read {} '{}': {}", what, path, std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  OASES_CHECK(!in.bad(), "cannot read {} '{}': {}", what, path, std::strerror(errno));
-  return text.str();
-}
-
 // The start of `line` for a message, so a huge corrupt line does not flood the terminal.
 std::string excerpt(std::string_view line) {
   constexpr std::size_t kMax = 80;
@@ -112,7 +104,7 @@ void read_run_json(RunFiles& run, const ReportWarning& warn) {
     return;
   }
   try {
-    json parsed = io::parse_untrusted_json(read_whole_file(path.string(), "run file"),
+    json parsed = io::parse_untrusted_json(read_regular_file(path.string(), "run file", kMaxJsonFileBytes),
                                            "run file '" + path.string() + "'");
     OASES_CHECK(parsed.is_object(), "run file '{}' is not a JSON object", path.string());
     run.run_json = std::move(parsed);
@@ -434,6 +426,7 @@ const std::vector<std::string>& report_metric_fields() {
 }
 
 json read_metrics_columns(const std::string& path) {
+  check_regular_file(path, "metrics file");
   std::ifstream in(path);
   OASES_CHECK(in.good(), "cannot read metrics file '{}': {}", path, std::strerror(errno));
   std::map<std::int64_t, json> by_step;
@@ -530,7 +523,7 @@ std::string_view trace_event_kind_name(TraceEventKind kind) {
 }
 
 json read_trace_timeline(const std::string& path) {
-  const std::string text = read_whole_file(path, "trace");
+  const std::string text = read_regular_file(path, "trace");
   json trace;
   try {
     trace = io::parse_untrusted_json(text, "trace '" + path + "'");

@@ -1,6 +1,7 @@
 #include "sim/cluster.h"
 
 #include "core/error.h"
+#include "core/regular_file.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -293,14 +294,12 @@ ClusterSpec parse_cluster(const std::string& toml_text, const std::string& sourc
 }
 
 ClusterSpec load_cluster(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  OASES_CHECK(in.good(), "cannot read the cluster description {}", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (overrides.empty()) return parse_cluster(text.str(), path);
+  const std::string text =
+      read_regular_file(path, "cluster description", kMaxTextFileBytes);
+  if (overrides.empty()) return parse_cluster(text, path);
   toml::table root;
   try {
-    root = toml::parse(text.str(), path);
+    root = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     OASES_FAIL("cluster description {} is not valid TOML: {} (line {}, column {})", path,
                e.description(), e.source().begin.line, e.source().begin.column);

@@ -4,6 +4,7 @@
 #include "io/checkpoint_dir.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
+#include "train/host_memory.h"
 #include "train/trainer.h"
 
 #include <toml++/toml.h>
@@ -197,6 +198,7 @@ EvalResult evaluate_checkpoint(const EvalOptions& o, comm::Mesh& mesh) {
               "the checkpoint's tokenizer",
               shard.path, shard.vocab_size, folder, tokenizer->vocab_size(), shard.tokenizer);
 
+  check_host_memory(plan::make_run_plan(config, mesh.world_rank()), 1, "--batch-size per rank");
   TrainingEngine engine(config, parallel_groups(mesh));
   load_model_weights(io::resolve_model_file(folder), engine.model().layout(),
                      engine.model().params());

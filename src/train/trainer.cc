@@ -17,6 +17,7 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_writer.h"
 #include "train/engine.h"
+#include "train/host_memory.h"
 #include "train/run_outputs.h"
 #include "train/threads.h"
 
@@ -1087,8 +1088,9 @@ TrainSummary run_training(const plan::RunConfig& requested_config, const TrainOp
   if (resume && !plan::parse_settings(config).gemm16_path &&
       plan::parse_settings(resume->stored).precision == plan::parse_settings(config).precision)
     config.train.gemm16_path = resume->stored.train.gemm16_path;
-  return Run(plan::make_run_plan(config, mesh.world_rank()), options, mesh,
-             resume ? std::optional(resume->folder) : std::nullopt, threads)
+  return Run(check_host_memory(plan::make_run_plan(config, mesh.world_rank()),
+                               mine.ranks_on_host),
+             options, mesh, resume ? std::optional(resume->folder) : std::nullopt, threads)
       .run();
 }
 

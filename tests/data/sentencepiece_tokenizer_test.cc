@@ -24,6 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 
 using oases::testing::expect_user_error;
+using oases::testing::leftover_temporaries;
 using oases::testing::read_bytes;
 using oases::testing::write_bytes;
 
@@ -76,8 +77,7 @@ TEST(SentencePiece, TrainsBothTypesAndEveryTextDecodesBackToItself) {
     EXPECT_EQ(s.vocab_size, 1000);
     EXPECT_GT(s.sentences, 1000);
     EXPECT_EQ(s.input_bytes, static_cast<std::int64_t>(english.size()));
-    EXPECT_FALSE(fs::exists(s.model_path + ".tmp"));
-    EXPECT_FALSE(fs::exists(s.vocab_path + ".tmp"));
+    EXPECT_TRUE(leftover_temporaries(fs::path(s.model_path).parent_path()).empty());
 
     const auto tokenizer = make_tokenizer("sentencepiece", s.model_path);
     EXPECT_EQ(tokenizer->name(), "sentencepiece");
@@ -218,7 +218,7 @@ TEST(SentencePiece, PrepareDataCopiesTheModelAndItsShardsDecodeToTheInput) {
   EXPECT_EQ(s.tokenizer_model_path, dir.file("out/c_tokenizer.model"));
   EXPECT_EQ(s.tokenizer_model_path, tokenizer_model_beside_shards(dir.file("out/c")));
   EXPECT_EQ(read_bytes(s.tokenizer_model_path), read_bytes(model.model_path));
-  EXPECT_FALSE(fs::exists(s.tokenizer_model_path + ".tmp"));
+  EXPECT_TRUE(leftover_temporaries(fs::path(s.tokenizer_model_path).parent_path()).empty());
 
   const TokenShard train_shard = load_token_shard(s.train_path);
   const TokenShard val_shard = load_token_shard(s.val_path);

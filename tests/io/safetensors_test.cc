@@ -6,8 +6,10 @@
 #include "support/files.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -29,6 +31,7 @@ class TempDir : public oases::testing::TempDir {
 };
 
 using oases::testing::expect_user_error;
+using oases::testing::leftover_temporaries;
 using oases::testing::read_bytes;
 using oases::testing::write_bytes;
 
@@ -68,7 +71,7 @@ TEST(Safetensors, WriteReadRoundTrip) {
   writer.set_metadata("format", "pt");
   writer.set_metadata("step", "10");
   writer.write(path);
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_TRUE(leftover_temporaries(fs::path(path).parent_path()).empty());
 
   const SafetensorsFile file = SafetensorsFile::open(path);
   EXPECT_EQ(file.names(),
@@ -291,14 +294,29 @@ TEST(AtomicWrite, FailureBeforeRenameLeavesTheOldFileIntact) {
   first.add("w", DType::f32, {3}, v1.data());
   first.write(path);
   const std::string old_bytes = read_bytes(path);
-
-  // The temporary file cannot be created: a directory occupies its name (works as root too).
-  fs::create_directory(path + ".tmp");
   SafetensorsWriter second;
   second.add("w", DType::f32, {3}, v2.data());
-  expect_user_error([&] { second.write(path); }, {path + ".tmp"});
+
+  // The write fails midway: a file-size limit (works as root too) turns writes past 16 bytes
+  // into EFBIG instead of a signal.
+  {
+    struct rlimit was {};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &was), 0);
+    const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit small = was;
+    small.rlim_cur = 16;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    try {
+      second.write(path);
+      ADD_FAILURE() << "a write past RLIMIT_FSIZE succeeded";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot write"), std::string::npos) << e.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &was);
+    std::signal(SIGXFSZ, previous_handler);
+  }
   EXPECT_EQ(read_bytes(path), old_bytes);
-  fs::remove(path + ".tmp");
+  EXPECT_TRUE(leftover_temporaries(dir.path()).empty());
 
   // A write abandoned midway (an exception between writes) removes its .tmp.
   try {
@@ -307,7 +325,7 @@ TEST(AtomicWrite, FailureBeforeRenameLeavesTheOldFileIntact) {
     throw std::runtime_error("simulated failure");
   } catch (const std::runtime_error&) {
   }
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_TRUE(leftover_temporaries(dir.path()).empty());
   EXPECT_EQ(read_bytes(path), old_bytes);
 
   std::vector<float> got(3);

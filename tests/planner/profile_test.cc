@@ -5,6 +5,7 @@
 #include "support/errors.h"
 #include "support/files.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -206,7 +207,7 @@ TEST(Profile, OtherFilesAreRejectedWithTheReason) {
   text.replace(text.find("\"version\": 9"), 12, "\"version\": 2");
   EXPECT_NE(user_error_of([&] { profile_from_json(text, "x.json"); }).find("format version 2"),
             std::string::npos);
-  EXPECT_NE(user_error_of([] { read_profile("/nonexistent/p.json"); }).find("cannot read the profile"),
+  EXPECT_NE(user_error_of([] { read_profile("/nonexistent/p.json"); }).find("profile '/nonexistent/p.json' does not exist"),
             std::string::npos);
 }
 
@@ -249,6 +250,77 @@ TEST(Profile, FieldsOfAnotherTypeOrOutOfRangeAreRejected) {
                 .find("x.json is damaged or not the file expected: its JSON nests deeper than 64 "
                       "levels"),
             std::string::npos);
+}
+
+// A profile's measured figures are checked when it is read: a negative time, byte count,
+// slowdown or ratio is a UserError naming the file, the field and the value, instead of a
+// plan priced at "inf s" or an internal error deep in the solver.
+
+using nlohmann::json;
+
+// The sample profile's JSON with the value at `pointer` replaced by `value`.
+std::string with(const std::string& pointer, const json& value) {
+  json j = json::parse(to_json(sample()));
+  j[json::json_pointer(pointer)] = value;
+  // The single ratio of older profiles must agree with the three; left out, it cannot.
+  if (pointer.ends_with("_ratio")) j.erase("optimizer_state_ratio");
+  return j.dump();
+}
+
+TEST(Profile, TheSampleReads) {
+  EXPECT_EQ(user_error_of([] { (void)profile_from_json(to_json(sample()), "p.json"); }), "");
+}
+
+TEST(Profile, NegativeFiguresAreRejectedNamingTheField) {
+  struct Case {
+    std::string pointer;  // in the file
+    std::string named;    // in the message
+    json value;
+  };
+  const std::vector<Case> cases = {
+      {"/degrees/0/segments/attention/forward_s", "segments.attention.forward_s", -0.5},
+      {"/degrees/1/segments/mlp/backward1_s", "segments.mlp.backward1_s", -1e-9},
+      {"/degrees/0/collectives/attention.fwd_s", "collectives.attention.fwd_s", -2.0},
+      {"/degrees/0/optimizer_s", "optimizer_s", -0.01},
+      {"/degrees/1/parameter_bytes", "parameter_bytes", -500000},
+      {"/degrees/0/parameter_bytes_per_layer", "parameter_bytes_per_layer", -1},
+      {"/degrees/0/replica_reduce_per_layer_s", "replica_reduce_per_layer_s", -3.0},
+      {"/degrees/0/overlap_slowdown", "overlap_slowdown", -0.5},
+      {"/degrees/1/collective_slowdown", "collective_slowdown", -7.0},
+      {"/degrees/0/activation_bytes/attention/checkpoint", "activation_bytes.attention.checkpoint",
+       -65536},
+      {"/degrees/0/static_activation_bytes", "static_activation_bytes", -1},
+      {"/degrees/0/rows", "rows", 0},
+      {"/degrees/0/degree", "degree", -1},
+      {"/reshards/1-2", "reshards.1-2", -2.5e-4},
+      {"/micro_batch", "micro_batch", 0},
+      {"/element_bytes", "element_bytes", -4},
+      {"/grad_bytes_ratio", "grad_bytes_ratio", -1.0},
+      {"/optimizer_bytes_ratio", "optimizer_bytes_ratio", -2.0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.pointer);
+    const std::string text = with(c.pointer, c.value);
+    const std::string message = user_error_of([&] { (void)profile_from_json(text, "p.json"); });
+    ASSERT_FALSE(message.empty()) << "accepted " << c.pointer << " = " << c.value.dump();
+    EXPECT_NE(message.find("p.json"), std::string::npos) << message;
+    EXPECT_NE(message.find(c.named), std::string::npos) << message;
+    {
+      const std::string shown = c.value.is_number_integer()
+                                    ? std::to_string(c.value.get<std::int64_t>())
+                                    : fmt::format("{}", c.value.get<double>());
+      EXPECT_NE(message.find(shown), std::string::npos) << message;
+    }
+  }
+}
+
+TEST(Profile, ReadProfileRejectsANegativeReshardAsTheUsersError) {
+  testing::TempDir dir("profile");
+  const std::string path = dir.file("negative.json");
+  testing::write_bytes(path, with("/reshards/1-2", -1.0));
+  const std::string message = user_error_of([&] { (void)read_profile(path); });
+  EXPECT_NE(message.find("negative.json"), std::string::npos) << message;
+  EXPECT_NE(message.find("reshards.1-2"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ namespace {
 
 using nlohmann::json;
 using oases::testing::expect_user_error;
+using oases::testing::leftover_temporaries;
 using oases::testing::read_bytes;
 using oases::testing::TempDir;
 using oases::testing::write_bytes;
@@ -216,7 +217,7 @@ TEST_F(ReportOfCompleteRun, PageEmbedsTheDataWithoutEndingItsScript) {
        {"id=\"charts\"", "id=\"timeline-box\"", "id=\"errors\"", "data-errors=\"0\""})
     EXPECT_NE(html.find(id), std::string::npos) << id;
   // The atomic write leaves no temporary file behind.
-  EXPECT_FALSE(std::filesystem::exists(output + ".tmp"));
+  EXPECT_TRUE(leftover_temporaries(std::filesystem::path(output).parent_path()).empty());
 }
 
 TEST_F(ReportOfCompleteRun, DefaultOutputIsInTheRunFolder) {
@@ -232,7 +233,7 @@ TEST_F(ReportOfCompleteRun, NamedTraceThatCannotBeReadIsAnError) {
         oases::report::collect_report_data({dir_.path().string(), "", "", dir_.file("gone.json")},
                                           nullptr);
       },
-      {"cannot read trace", "gone.json"});
+      {"trace", "gone.json", "does not exist"});
   write_bytes(dir_.file("bad.json"), "{\"traceEvents\": [");
   expect_user_error(
       [&] {
@@ -403,7 +404,7 @@ TEST(Report, BadMetricsAreErrorsNamingFileAndLine) {
   TempDir dir("report_bad_metrics");
   const std::string path = dir.file("metrics.jsonl");
   expect_user_error([&] { oases::report::read_metrics_columns(path); },
-                    {"cannot read metrics file", path});
+                    {"metrics file", path, "does not exist"});
   write_bytes(path, "");
   expect_user_error([&] { oases::report::read_metrics_columns(path); }, {path, "holds no records"});
   write_bytes(path, "\n  \n");

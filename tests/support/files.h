@@ -54,6 +54,16 @@ inline std::string read_bytes(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// The temporaries an atomic write left in `folder` (names ending in ".tmp"): none, after a
+// write that succeeded or failed.
+inline std::vector<std::string> leftover_temporaries(const std::filesystem::path& folder) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec))
+    if (entry.path().extension() == ".tmp") found.push_back(entry.path().string());
+  return found;
+}
+
 // Runs `fn`, expects a UserError whose message contains every string in `parts`.
 inline void expect_user_error(const std::function<void()>& fn,
                               const std::vector<std::string>& parts) {
