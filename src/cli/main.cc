@@ -354,6 +354,10 @@ int run_verify_checkpoint(const std::string& path) {
       fmt::print("{}: not a complete checkpoint (left by an interrupted save or prune; the "
                  "next save removes it)\n",
                  leftover);
+    for (const std::string& unmarked : oases::io::unmarked_step_folders(path))
+      fmt::print("{}: a step folder without a {} marker, which no save leaves; a run on this "
+                 "folder stops until it is moved away (oases never deletes it)\n",
+                 unmarked, oases::io::kCompleteMarker);
     OASES_CHECK(!folders.empty(), "'{}' holds no complete checkpoint (step_N folders with {})",
                 path, oases::io::kCompleteMarker);
   }

@@ -53,12 +53,6 @@ void check_output_paths(const plan::RunConfig& config) {
   const std::vector<Output> outputs = file_outputs(config);
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const Output& o = outputs[i];
-    std::error_code ec;
-    OASES_CHECK(!fs::is_directory(o.path, ec),
-                "{} = '{}' is a directory; name a file in it (for example '{}')", o.setting,
-                o.path, (fs::path(o.path) / (o.setting == "log.trace" ? "trace.json"
-                                                                      : "metrics.jsonl"))
-                            .string());
     for (std::size_t j = 0; j < i; ++j)
       OASES_CHECK(is_device_or_pipe(o.path) || resolved(o.path) != resolved(outputs[j].path),
                   "{} = '{}' is the same file as {} ('{}'): one would overwrite the other; "

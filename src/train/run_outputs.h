@@ -34,8 +34,9 @@ class RunOutputs {
 };
 
 // Checks the run's output paths and takes their locks:
-//  - log.metrics, log.trace and run.json are different files, none of them a directory or
-//    inside a checkpoint folder of checkpoint.dir (a trace would overwrite the metrics);
+//  - log.metrics, log.trace and run.json are different files, none of them inside a
+//    checkpoint folder of checkpoint.dir (a trace would overwrite the metrics; a directory
+//    given as one of them is RunConfig::validate's to refuse);
 //  - checkpoint.dir exists (it is created) and a file can be created in it, so that an
 //    unwritable folder is found now rather than at the first save;
 //  - checkpoint.dir holds no step folder without a COMPLETE marker (io/checkpoint_dir.h).

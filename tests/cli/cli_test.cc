@@ -306,16 +306,27 @@ TEST_F(Cli, StoppedAndResumedRunMatchesUninterruptedRunBitwise) {
   }
 }
 
-TEST_F(Cli, IncompleteCheckpointIsIgnoredOnResume) {
+// A step folder without its marker is not one a save leaves (saves publish complete folders
+// by rename): the resumed run neither trusts nor deletes it, and says how to proceed; moved
+// aside, the run resumes from the newest complete checkpoint.
+TEST_F(Cli, AStepFolderWithoutItsMarkerStopsTheResumeAndIsKept) {
   const std::string ckpt = (dir_ / "ckpt").string();
   ASSERT_EQ(run(train("--set train.steps=4 checkpoint.every=2 checkpoint.keep=0 checkpoint.dir=\\\"" +
                       ckpt + "\\\"")).exit_code, 0);
-  // A crash while writing step_4: its marker never appeared.
   fs::remove(fs::path(ckpt) / "step_4" / "COMPLETE");
-  const Result r = run("train --config " + (dir_ / "tiny.toml").string() +
-                       " --set train.steps=4 checkpoint.resume=true checkpoint.dir=\\\"" + ckpt + "\\\"");
+  const std::string resume = "train --config " + (dir_ / "tiny.toml").string() +
+                             " --set train.steps=4 checkpoint.resume=true checkpoint.dir=\\\"" +
+                             ckpt + "\\\"";
+  Result r = run(resume);
+  ASSERT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("step_4', a step folder without a COMPLETE marker"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(fs::path(ckpt) / "step_4" / "model.safetensors"));
+  fs::rename(fs::path(ckpt) / "step_4", fs::path(ckpt) / "step_4.kept");
+  r = run(resume);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("step_2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + ckpt + "/step_2"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(fs::path(ckpt) / "step_4.kept" / "model.safetensors"));
 }
 
 std::string shell_quoted(const std::string& text) {
