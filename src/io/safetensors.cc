@@ -137,9 +137,15 @@ void SafetensorsWriter::add_copy(std::string name, DType dtype, std::vector<std:
   Entry& entry = insert(std::move(name), dtype, std::move(shape));
   const std::size_t bytes = *byte_size(entry.shape, dtype);
   OASES_ASSERT(data != nullptr || bytes == 0, "null data");
-  entry.owned.resize(bytes);
-  if (bytes > 0) std::memcpy(entry.owned.data(), data, bytes);
-  entry.data = entry.owned.data();
+  std::byte* copy = nullptr;
+  if (staging_) {
+    copy = staging_->allocate(bytes);
+  } else {
+    entry.owned.reset(new std::byte[std::max<std::size_t>(bytes, 1)]);  // uninitialised
+    copy = entry.owned.get();
+  }
+  if (bytes > 0) std::memcpy(copy, data, bytes);
+  entry.data = copy;
 }
 
 void SafetensorsWriter::set_metadata(std::string key, std::string value) {

@@ -24,11 +24,13 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "core/staging_memory.h"
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -63,8 +65,12 @@ class SafetensorsWriter {
   // unchanged until write() returns. Names are unique, non-empty and not "__metadata__";
   // dimensions are >= 0 (violations are bugs: InternalError).
   void add(std::string name, DType dtype, std::vector<std::int64_t> shape, const void* data);
-  // Like add(), but the writer keeps its own copy of the bytes.
+  // Like add(), but the writer keeps its own copy of the bytes (in `staging` when set: see
+  // set_staging).
   void add_copy(std::string name, DType dtype, std::vector<std::int64_t> shape, const void* data);
+  // Copies of add_copy() go into `staging` (which must outlive the writer's use and not be
+  // rewound meanwhile) instead of allocations of the writer's own.
+  void set_staging(StagingMemory* staging) { staging_ = staging; }
   void set_metadata(std::string key, std::string value);
 
   std::size_t size() const { return tensors_.size(); }
@@ -78,12 +84,13 @@ class SafetensorsWriter {
     DType dtype;
     std::vector<std::int64_t> shape;
     const void* data;
-    std::vector<std::byte> owned;  // holds the bytes for add_copy()
+    std::unique_ptr<std::byte[]> owned;  // holds the bytes for add_copy() without staging
   };
   Entry& insert(std::string name, DType dtype, std::vector<std::int64_t> shape);
 
   std::map<std::string, Entry, std::less<>> tensors_;
   std::map<std::string, std::string> metadata_;
+  StagingMemory* staging_ = nullptr;
 };
 
 // An open, validated safetensors file. The header is read and checked on open(); tensor

@@ -171,13 +171,18 @@ void add_whole(io::SafetensorsWriter& writer, const std::string& name,
                const Tensor& local, comm::Communicator& tp, bool write) {
   by_dtype(local.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const std::vector<T> whole = whole_tensor(layout, spec, local.data<T>(), tp);
-    const std::int64_t bad = count_non_finite(whole.data(), whole.size());
+    // Alone and whole, the local tensor is the whole one: no assembly, one copy (the writer's).
+    std::vector<T> assembled;
+    const bool local_is_whole = spec.parts == 1 && tp.size() == 1;
+    if (!local_is_whole) assembled = whole_tensor(layout, spec, local.data<T>(), tp);
+    const T* whole = local_is_whole ? local.data<T>() : assembled.data();
+    const auto count = static_cast<std::size_t>(spec.full_shape.numel());
+    const std::int64_t bad = count_non_finite(whole, count);
     OASES_CHECK(bad == 0,
                 "refusing to checkpoint '{}': {} of its {} values are NaN or infinite; training "
                 "diverged (lower train.lr or raise train.warmup_steps)",
-                name, bad, whole.size());
-    if (write) writer.add_copy(name, local.dtype(), spec.full_shape.to_vector(), whole.data());
+                name, bad, count);
+    if (write) writer.add_copy(name, local.dtype(), spec.full_shape.to_vector(), whole);
   });
 }
 
@@ -189,15 +194,20 @@ void add_whole_state(io::SafetensorsWriter& writer, const optim::StateTensor& st
   const int reduced = state.elementwise ? -1 : state.reduced_dim;
   by_dtype(state.view.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const std::vector<T> whole = whole_state<T>(layout, spec, reduced, state.view, tp);
-    const std::int64_t bad = count_non_finite(whole.data(), whole.size());
+    std::vector<T> assembled;
+    const bool local_is_whole = spec.parts == 1 && tp.size() == 1;
+    if (!local_is_whole) assembled = whole_state<T>(layout, spec, reduced, state.view, tp);
+    const T* whole = local_is_whole ? state.view.data<T>() : assembled.data();
+    const std::vector<std::int64_t> shape = whole_state_shape(spec, reduced);
+    const auto count = static_cast<std::size_t>(product(shape));
+    OASES_ASSERT(!local_is_whole || state.view.numel() == static_cast<std::int64_t>(count),
+                 "state {} has {} elements, {} whole", state.name, state.view.numel(), count);
+    const std::int64_t bad = count_non_finite(whole, count);
     OASES_CHECK(bad == 0,
                 "refusing to checkpoint '{}': {} of its {} values are NaN or infinite; training "
                 "diverged (lower train.lr or raise train.warmup_steps)",
-                state.name, bad, whole.size());
-    if (write)
-      writer.add_copy(state.name, state.view.dtype(), whole_state_shape(spec, reduced),
-                      whole.data());
+                state.name, bad, count);
+    if (write) writer.add_copy(state.name, state.view.dtype(), shape, whole);
   });
 }
 
@@ -325,9 +335,11 @@ std::optional<StagedCheckpoint> stage_checkpoint(
     const std::string& dir, const plan::RunPlan& plan, const model::Model& model,
     optim::Optimizer& optimizer, const TrainingState& state, const std::string& tokenizer_model,
     std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp, bool write_files,
-    const Tensor* stashed_weights, comm::Communicator* ep) {
+    const Tensor* stashed_weights, comm::Communicator* ep, StagingMemory* staging) {
   const model::ParamLayout& layout = model.layout();
   StagedCheckpoint staged;
+  staged.model.set_staging(staging);
+  staged.optimizer.set_staging(staging);
   staged.dir = dir;
   staged.step = state.step;
   staged.keep = keep;

@@ -82,8 +82,8 @@ struct StagedCheckpoint {
   std::string dir;
   std::int64_t step = 0;
   std::int64_t keep = 0;
-  io::SafetensorsWriter model;      // owns copies of its tensors
-  io::SafetensorsWriter optimizer;  // owns copies of its tensors
+  io::SafetensorsWriter model;      // copies of its tensors (its own, or in staging memory)
+  io::SafetensorsWriter optimizer;
   std::vector<io::CheckpointFile> extra_files;
 
   std::uint64_t bytes() const { return model.file_bytes() + optimizer.file_bytes(); }
@@ -91,13 +91,15 @@ struct StagedCheckpoint {
   std::string write(const io::CheckpointLog& log) const;
 };
 
-// save_checkpoint's first half: the same collectives on the same ranks, every tensor copied;
-// holds the files on the rank with `write_files` and nothing on the others.
+// save_checkpoint's first half: the same collectives on the same ranks, every tensor copied
+// (into `staging` when given, which must stay unrewound until the files are written); holds
+// the files on the rank with `write_files` and nothing on the others.
 std::optional<StagedCheckpoint> stage_checkpoint(
     const std::string& dir, const plan::RunPlan& plan, const model::Model& model,
     optim::Optimizer& optimizer, const TrainingState& state, const std::string& tokenizer_model,
     std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp, bool write_files,
-    const Tensor* stashed_weights = nullptr, comm::Communicator* ep = nullptr);
+    const Tensor* stashed_weights = nullptr, comm::Communicator* ep = nullptr,
+    StagingMemory* staging = nullptr);
 
 // Reads a checkpoint's stashed weights (2bw) into `params` (this rank's shards, like
 // load_model_weights); false, leaving `params` as it was, when the checkpoint has none.

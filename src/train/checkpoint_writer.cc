@@ -1,5 +1,6 @@
 #include "train/checkpoint_writer.h"
 
+#include "core/error.h"
 #include "core/timer.h"
 
 namespace oases::train {
@@ -8,11 +9,13 @@ CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
 }
 
-void CheckpointWriter::start(StagedCheckpoint staged, std::optional<FinishedSave>& before,
-                             double& waited_seconds) {
-  const Stopwatch wait;
-  before = finish();
-  waited_seconds = wait.seconds();
+StagingMemory& CheckpointWriter::staging() {
+  OASES_ASSERT(!thread_.joinable(), "checkpoint staging memory reused while a save is in flight");
+  return staging_;
+}
+
+void CheckpointWriter::start(StagedCheckpoint staged) {
+  OASES_ASSERT(!thread_.joinable(), "a checkpoint save started while another is in flight");
   staged_ = std::move(staged);
   result_ = FinishedSave{};
   error_ = nullptr;

@@ -1,8 +1,9 @@
 // Writes checkpoints on a thread of its own (checkpoint.async = true), so that training goes
 // on while the files are written, fsynced and published.
 //
-// The trainer stages a checkpoint (train/checkpoint.h: every tensor copied into host memory)
-// at the step boundary and hands it here; the writer thread writes it by the folder protocol
+// The trainer waits for the save in flight, stages the next checkpoint into the writer's
+// staging memory (train/checkpoint.h: every tensor copied; the memory is kept from save to
+// save, so its pages are resident after the first) at the step boundary and hands it here; the writer thread writes it by the folder protocol
 // of io/checkpoint_dir.h, the same partial-then-COMPLETE steps as a synchronous save, so a
 // crash during an asynchronous save leaves the previous checkpoints as they were. At most one
 // save is in flight: handing over the next waits for the one before (and says how long).
@@ -36,10 +37,10 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  // Starts writing `staged`. A save still in flight is finished first: `before` receives it
-  // (its error is rethrown), `waited_seconds` how long that took.
-  void start(StagedCheckpoint staged, std::optional<FinishedSave>& before,
-             double& waited_seconds);
+  // Where the next checkpoint is staged. REQUIRES: no save in flight (finish() first).
+  StagingMemory& staging();
+  // Starts writing `staged`. REQUIRES: no save in flight.
+  void start(StagedCheckpoint staged);
   // The save in flight once it has ended (rethrowing its error), without waiting; nullopt
   // while it runs or when none was started.
   std::optional<FinishedSave> poll();
@@ -48,6 +49,7 @@ class CheckpointWriter {
   bool busy() const { return thread_.joinable(); }
 
  private:
+  StagingMemory staging_;
   StagedCheckpoint staged_;
   std::thread thread_;
   std::atomic<bool> done_{false};

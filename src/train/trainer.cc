@@ -973,31 +973,36 @@ class Run {
       state.loss_scale = engine_.loss_scaler().state();
     const bool leader = mesh_.world_rank() == 0;
     const Stopwatch stall;
+    StagingMemory* staging = nullptr;
+    if (c.async && leader) {
+      // One save in flight: the previous one ends before its staging memory is reused.
+      const Stopwatch wait;
+      const std::optional<FinishedSave> before = writer_.finish();
+      const double waited = wait.seconds();
+      if (before) say_saved(*before, true);
+      if (before && waited > 0.001) {
+        checkpoint_wait_s_ = waited;
+        if (progress_)
+          progress_->log(LogLevel::info,
+                         fmt::format("checkpoint: waited {:.2f} s for the save of {} before "
+                                     "staging step_{}",
+                                     waited, before->folder, done));
+      }
+      staging = &writer_.staging();
+      staging->rewind();
+    }
     std::optional<StagedCheckpoint> staged;
     engine_.save_whole_optimizer_state([&](optim::Optimizer& whole) {
       staged = stage_checkpoint(
           c.dir, engine_.plan(), engine_.model(), whole, state,
           data_->tokenizer ? data_->tokenizer->model_file_contents() : std::string(), c.keep,
           mesh_.tp_group(), mesh_.pp_group(), leader, engine_.stashed_weights(),
-          mesh_.ep_size() > 1 ? &mesh_.ep_group() : nullptr);
+          mesh_.ep_size() > 1 ? &mesh_.ep_group() : nullptr, staging);
     });
     const std::string folder =
         (std::filesystem::path(c.dir) / ("step_" + std::to_string(done))).string();
     if (c.async) {
-      if (staged) {
-        std::optional<FinishedSave> before;
-        double waited = 0;
-        writer_.start(std::move(*staged), before, waited);
-        if (before) say_saved(*before, true);
-        if (before && waited > 0.001) {
-          checkpoint_wait_s_ = waited;
-          if (progress_)
-            progress_->log(LogLevel::info,
-                           fmt::format("checkpoint: waited {:.2f} s for the save of {} before "
-                                       "staging step_{}",
-                                       waited, before->folder, done));
-        }
-      }
+      if (staged) writer_.start(std::move(*staged));
     } else {
       if (staged) {
         FinishedSave finished;
