@@ -207,7 +207,8 @@ const std::map<std::string, SectionFields>& schema() {
         {"eval_steps", bind(&RunConfig::train, &OptimConfig::eval_steps)},
         {"threads", bind(&RunConfig::train, &OptimConfig::threads)},
         {"save_on_signal", bind(&RunConfig::train, &OptimConfig::save_on_signal)},
-        {"save_signals", bind(&RunConfig::train, &OptimConfig::save_signals)}}},
+        {"save_signals", bind(&RunConfig::train, &OptimConfig::save_signals)},
+        {"straggler_warn_ratio", bind(&RunConfig::train, &OptimConfig::straggler_warn_ratio)}}},
       {"data",
        {{"path", bind(&RunConfig::data, &DataConfig::path)},
         {"tokenizer", bind(&RunConfig::data, &DataConfig::tokenizer)},
@@ -487,7 +488,8 @@ std::string to_toml(const RunConfig& c) {
                                    {"eval_every", t.eval_every},
                                    {"eval_steps", t.eval_steps}, {"threads", t.threads},
                                    {"save_on_signal", t.save_on_signal},
-                                   {"save_signals", t.save_signals}});
+                                   {"save_signals", t.save_signals},
+                                   {"straggler_warn_ratio", t.straggler_warn_ratio}});
   root.insert("data", toml::table{{"path", c.data.path}, {"tokenizer", c.data.tokenizer},
                                   {"tokenizer_model", c.data.tokenizer_model},
                                   {"shuffle", c.data.shuffle}});

@@ -141,6 +141,9 @@ struct OptimConfig {
   // (train/trainer.h); false leaves the signals' default actions.
   bool save_on_signal = true;
   std::string save_signals = "TERM,USR1,INT,HUP";
+  // A rank whose compute per step stays above this many times the median rank's for several
+  // windows of log.every steps is named in a warning (train/stragglers.h).
+  double straggler_warn_ratio = 1.2;
 
   std::int64_t accumulation_steps(std::int64_t dp) const { return global_batch / (micro_batch * dp); }
 };

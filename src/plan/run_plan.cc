@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 namespace oases::plan {
 
@@ -123,6 +125,22 @@ bool buckets_summed_over_ranks(const RunPlan& p) {
   return std::ranges::any_of(p.layer_degrees, [&](int degree) { return degree < p.mesh.tp; });
 }
 
+// OASES_TEST_SLOW_RANK = "<world rank>:<milliseconds>": the test seam of RunPlan's
+// compute_delay_s, for `rank`.
+double compute_delay_from_environment(int rank) {
+  constexpr const char* kVariable = "OASES_TEST_SLOW_RANK";
+  const char* value = std::getenv(kVariable);
+  if (value == nullptr || *value == '\0') return 0;
+  int slow_rank = -1;
+  double milliseconds = 0;
+  char rest = 0;
+  OASES_CHECK(std::sscanf(value, "%d:%lf%c", &slow_rank, &milliseconds, &rest) == 2 &&
+                  slow_rank >= 0 && milliseconds >= 0,
+              "{} = '{}' is not valid: expected <world rank>:<milliseconds>, such as 1:20",
+              kVariable, value);
+  return slow_rank == rank ? milliseconds / 1e3 : 0;
+}
+
 }  // namespace
 
 RunPlan make_run_plan(const RunConfig& config, int rank) {
@@ -151,6 +169,7 @@ RunPlan make_run_plan(const RunConfig& config, int rank) {
   p.loss_scaling = loss_scaling_of(config.train, p.settings.precision);
   p.optimizer = optimizer_config(config.train, p.settings.optimizer);
   p.stream_mode = stream_mode_from_environment();
+  p.compute_delay_s = compute_delay_from_environment(rank);
   return p;
 }
 

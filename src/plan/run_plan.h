@@ -127,6 +127,9 @@ struct RunPlan {
   // their own where the environment asks for it (OASES_ASYNC_CPU_STREAMS=1; the tests' check
   // that every wait is an event).
   StreamMode stream_mode = StreamMode::immediate;
+  // A test seam: seconds of sleep added to each compute instruction of this rank, so that tests
+  // can make one rank a straggler (OASES_TEST_SLOW_RANK=<world rank>:<milliseconds>; 0 otherwise).
+  double compute_delay_s = 0;
 
   // Sequences per global batch on one data-parallel rank, and per micro-batch.
   std::int64_t local_batch() const { return config.train.global_batch / mesh.dp; }

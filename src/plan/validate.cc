@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <tuple>
@@ -280,6 +281,10 @@ void check_data_checkpoint_and_log(const RunConfig& c, const Settings& s) {
                 *path, (std::filesystem::path(*path) / example).string());
   }
   OASES_CHECK(c.log.every >= 1, "log.every = {} must be at least 1", c.log.every);
+  OASES_CHECK(std::isfinite(c.train.straggler_warn_ratio) && c.train.straggler_warn_ratio >= 1,
+              "train.straggler_warn_ratio = {} must be a number >= 1 (a rank's compute per step "
+              "over the median rank's; 1.2 warns of a rank 20% slower)",
+              c.train.straggler_warn_ratio);
   OASES_CHECK(c.log.trace_steps >= 1, "log.trace_steps = {} must be at least 1", c.log.trace_steps);
   OASES_CHECK(c.log.peak_tflops >= 0, "log.peak_tflops = {} must be >= 0 (0: measure)",
               c.log.peak_tflops);

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -421,7 +422,7 @@ const std::vector<std::string>& report_metric_fields() {
       "model_tflops",   "mfu",         "compute_s",
       "exposed_comm_s", "comm_s",      "peak_activation_bytes",
       "peak_mem_bytes", "loss_scale",  "skipped_steps",
-      "bubble_s"};
+      "bubble_s",       "slowest_rank", "straggler_ratio"};
   return fields;
 }
 
@@ -463,6 +464,21 @@ json read_metrics_columns(const std::string& path) {
                   path, line_number, field, excerpt(value.dump()));
       kept[field] = value;
     }
+    // Per-rank figures ("rank_compute_s": [r0, r1, ...]) become a column per rank.
+    for (const char* field : {"rank_compute_s", "rank_exposed_comm_s"}) {
+      if (!record.contains(field)) continue;
+      const json& values = record[field];
+      OASES_CHECK(values.is_array() && values.size() <= 1u << 16,
+                  "metrics file '{}' line {}: \"{}\" must be a list of numbers, one per rank, "
+                  "found {}",
+                  path, line_number, field, excerpt(values.dump()));
+      for (std::size_t r = 0; r < values.size(); ++r) {
+        OASES_CHECK(values[r].is_number(),
+                    "metrics file '{}' line {}: \"{}\"[{}] must be a number, found {}", path,
+                    line_number, field, r, excerpt(values[r].dump()));
+        kept[fmt::format("{}.{}", field, r)] = values[r];
+      }
+    }
     if (by_step.contains(*step)) ++repeated;
     by_step[*step] = std::move(kept);
   }
@@ -473,7 +489,13 @@ json read_metrics_columns(const std::string& path) {
               path);
 
   json columns = json::object();
-  for (const std::string& field : report_metric_fields()) {
+  std::vector<std::string> fields = report_metric_fields();
+  std::set<std::string> per_rank;  // "rank_compute_s.3", ... in the records that have them
+  for (const auto& [step, record] : by_step)
+    for (const auto& [key, value] : record.items())
+      if (key.rfind("rank_", 0) == 0) per_rank.insert(key);
+  fields.insert(fields.end(), per_rank.begin(), per_rank.end());
+  for (const std::string& field : fields) {
     const bool present = std::any_of(by_step.begin(), by_step.end(), [&](const auto& entry) {
       return entry.second.contains(field);
     });

@@ -4,10 +4,12 @@
 #include "kernels/kernels.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <optional>
+#include <thread>
 
 namespace oases::runtime {
 
@@ -258,7 +260,8 @@ Executor::Executor(std::vector<std::unique_ptr<ops::Segment>>& segments,
       compute_(Device::cpu(), options.streams),
       communication_(Device::cpu(), options.streams),
       point_to_point_(Device::cpu(), options.streams),
-      host_(Device::cpu(), StreamMode::immediate) {}
+      host_(Device::cpu(), StreamMode::immediate),
+      compute_delay_seconds_(options.compute_delay_seconds) {}
 
 Executor::~Executor() = default;
 
@@ -324,7 +327,10 @@ void Executor::compute(const schedule::Instruction& ins, RunState& run) {
   const ops::StepContext& ctx = run.context_of(ins);
   Measure measure{Measure::Kind::compute, ins};
   measure.began.record(compute_);
-  compute_.enqueue([&segment, &ctx, &ins] { run_compute(segment, ctx, ins); });
+  compute_.enqueue([&segment, &ctx, &ins, delay = compute_delay_seconds_] {
+    run_compute(segment, ctx, ins);
+    if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+  });
   measure.finished.record(compute_);
   run.measures.push_back(std::move(measure));
 }

@@ -140,6 +140,9 @@ struct RunState;  // a run's contexts, hooks, listener and measures
 // How the executor's streams run; fixed for the executor's life.
 struct ExecutorOptions {
   StreamMode streams = StreamMode::immediate;
+  // A test seam (plan::RunPlan::compute_delay_s): sleep added to every compute instruction,
+  // inside its measured time, to make this rank a straggler.
+  double compute_delay_seconds = 0;
 };
 
 class Executor {
@@ -234,6 +237,7 @@ class Executor {
   Stream compute_, communication_, point_to_point_;
   // The calling thread, as an immediate stream: its events time the hooks, which are host code.
   Stream host_;
+  double compute_delay_seconds_ = 0;  // ExecutorOptions::compute_delay_seconds
 };
 
 }  // namespace oases::runtime

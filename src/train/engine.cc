@@ -161,7 +161,7 @@ TrainingEngine::TrainingEngine(const plan::RunPlan& plan, ParallelGroups groups)
                    plan.config.train.warmup_steps, plan.config.train.lr_decay_steps,
                    plan.config.train.steps},
       executor_(model_.segments(), model_.program(), model_.activations(),
-                model_.static_activation_bytes(), runtime::ExecutorOptions{plan.stream_mode}),
+                model_.static_activation_bytes(), runtime::ExecutorOptions{plan.stream_mode, plan.compute_delay_s}),
       local_sgd_(plan_),
       two_bw_(plan_, model_, zero_, pp_->rank(), pp_->size()) {
   precision_.pin_gemm16_path(plan_);

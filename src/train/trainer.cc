@@ -19,6 +19,7 @@
 #include "train/engine.h"
 #include "train/host_memory.h"
 #include "train/run_outputs.h"
+#include "train/stragglers.h"
 #include "train/threads.h"
 
 #include <fmt/format.h>
@@ -657,6 +658,8 @@ struct StepFigures {
   // A checkpoint saved right before this step held the loop up this long (seconds), of which
   // `checkpoint_wait_s` waiting for the asynchronous save before it.
   std::optional<double> checkpoint_s, checkpoint_wait_s;
+  // At the end of each window of log.every steps of a multi-rank run: every rank's compute.
+  std::optional<StragglerWindow> stragglers;
 };
 
 void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::int64_t tokens) {
@@ -682,6 +685,12 @@ void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::
   if (f.bubble_seconds) line["bubble_s"] = *f.bubble_seconds;
   if (f.checkpoint_s) line["checkpoint_s"] = *f.checkpoint_s;
   if (f.checkpoint_wait_s) line["checkpoint_wait_s"] = *f.checkpoint_wait_s;
+  if (f.stragglers) {
+    line["slowest_rank"] = f.stragglers->slowest_rank;
+    line["straggler_ratio"] = f.stragglers->straggler_ratio;
+    line["rank_compute_s"] = f.stragglers->compute_s;
+    line["rank_exposed_comm_s"] = f.stragglers->exposed_comm_s;
+  }
   if (f.result.replica_divergence) line["replica_divergence"] = *f.result.replica_divergence;
   if (f.loss_scaling) {
     line["loss_scale"] = f.record.loss_scale;
@@ -821,6 +830,8 @@ class Run {
       write_start_metrics(metrics, summary.initial_val_loss);
     }
     TraceSession trace(config_, mesh_, engine_);
+    if (mesh_.world_size() > 1)
+      stragglers_.emplace(mesh_.world(), this_host_name(), t.straggler_warn_ratio);
     const Stopwatch run_clock;
     const std::int64_t tokens_per_step = t.global_batch * config_.model.seq_len;
     bool stop_after_this_step = false;
@@ -829,6 +840,18 @@ class Run {
       const bool last = step + 1 == t.steps;
       f.checkpoint_s = std::exchange(checkpoint_stall_s_, std::nullopt);
       f.checkpoint_wait_s = std::exchange(checkpoint_wait_s_, std::nullopt);
+      if (stragglers_) {
+        f.stragglers = stragglers_->after_step(f.result.compute_seconds,
+                                               f.result.exposed_comm_seconds,
+                                               (step + 1) % config_.log.every == 0 || last);
+        if (f.stragglers && leader)
+          for (const std::string& warning : f.stragglers->warnings) {
+            if (progress)
+              progress->log(LogLevel::warning, warning);
+            else
+              log_warning("{}", warning);  // said even with --quiet
+          }
+      }
       if (f.record.val_loss) summary.final_val_loss = f.record.val_loss;
       write_metrics(metrics, f, (step + 1) * tokens_per_step);
       if (progress && ((step + 1) % config_.log.every == 0 || last || f.record.val_loss)) {
@@ -1042,6 +1065,7 @@ class Run {
   Batch batch_;
   double peak_flops_ = 1;
   CheckpointWriter writer_;  // checkpoint.async: the writer rank's save in flight
+  std::optional<StragglerMonitor> stragglers_;  // runs of more than one rank
   std::optional<double> checkpoint_stall_s_, checkpoint_wait_s_;  // of the latest save
 };
 

@@ -78,7 +78,10 @@ struct TrainSummary {
 // (their RMS distance from the mean before averaging, relative to the mean's norm); on the first
 // step after a checkpoint was saved, "checkpoint_s": how long the save held the step loop up
 // before that step (the whole write; with checkpoint.async the copy into host memory, plus any
-// wait for the previous asynchronous save, which "checkpoint_wait_s" gives apart). Beside it, `run.json` (written atomically at the start of every run,
+// wait for the previous asynchronous save, which "checkpoint_wait_s" gives apart); with more than
+// one rank, every log.every steps and on the last, the straggler figures of the window
+// (train/stragglers.h): "slowest_rank", "straggler_ratio", "rank_compute_s" and
+// "rank_exposed_comm_s" (per world rank, per step). Beside it, `run.json` (written atomically at the start of every run,
 // fresh or resumed) describes the run: {"format": 1, "config": the resolved config as TOML,
 // "layer_degrees", "world_size", "tp", "dp", "pp", "threads", "started" (ISO-8601 UTC),
 // "host", "cpu", "parameters", "start_step", "schedule": {"kind", "recompute" (with

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -220,6 +221,22 @@ TEST(MemoryFigures, OneFormulaForEveryStage) {
   m = planner::memory_figures(policy, sizes);
   EXPECT_EQ(m.params, 2u * 4 * 4 + 4 * 2 + 6);
   EXPECT_EQ(m.offloaded, 72u - 6 * 4) << "only this rank's master blocks stand for memory";
+}
+
+// The straggler test seam: OASES_TEST_SLOW_RANK=<rank>:<ms> slows that world rank only; a
+// malformed value names the variable.
+TEST(RunPlan, TheSlowRankSeamSlowsOneRankOnly) {
+  RunConfig config;
+  config.parallel.dp = 2;
+  config.train.global_batch = 2 * config.train.micro_batch;
+  setenv("OASES_TEST_SLOW_RANK", "1:20", 1);
+  EXPECT_DOUBLE_EQ(make_run_plan(config, 1).compute_delay_s, 0.02);
+  EXPECT_DOUBLE_EQ(make_run_plan(config, 0).compute_delay_s, 0.0);
+  setenv("OASES_TEST_SLOW_RANK", "one", 1);
+  EXPECT_NE(testing::user_error_of([&] { make_run_plan(config, 0); }).find("OASES_TEST_SLOW_RANK"),
+            std::string::npos);
+  unsetenv("OASES_TEST_SLOW_RANK");
+  EXPECT_DOUBLE_EQ(make_run_plan(config, 1).compute_delay_s, 0.0);
 }
 
 }  // namespace
