@@ -56,7 +56,9 @@ StragglerMonitor::StragglerMonitor(comm::Communicator& world, const std::string&
     : world_(world),
       warn_ratio_(warn_ratio),
       hosts_(gather_hosts(world, host)),
-      windows_above_(static_cast<std::size_t>(world.size()), 0) {}
+      windows_above_(static_cast<std::size_t>(world.size()), 0),
+      steps_above_(static_cast<std::size_t>(world.size()), 0),
+      warned_(static_cast<std::size_t>(world.size()), false) {}
 
 std::optional<StragglerWindow> StragglerMonitor::after_step(double compute_seconds,
                                                             double exposed_comm_seconds,
@@ -93,14 +95,19 @@ std::optional<StragglerWindow> StragglerMonitor::after_step(double compute_secon
   for (std::size_t r = 0; r < size; ++r) {
     const bool above = size > 1 && median > 0 && w.compute_s[r] > warn_ratio_ * median;
     windows_above_[r] = above ? windows_above_[r] + 1 : 0;
-    if (windows_above_[r] != kStragglerWindowsBeforeWarning) continue;
+    steps_above_[r] = above ? steps_above_[r] + w.steps : 0;
+    if (!above) warned_[r] = false;
+    if (warned_[r] || windows_above_[r] < kStragglerWindowsBeforeWarning ||
+        steps_above_[r] < kStragglerStepsBeforeWarning)
+      continue;
+    warned_[r] = true;
     w.warnings.push_back(fmt::format(
         "straggler: rank {} (host {}) computed {:.2f}x the median rank's time per step ({:.4f} s "
         "against {:.4f} s) for {} windows of {} steps in a row, above train.straggler_warn_ratio "
         "= {}; every step of the job waits for it (the other ranks wait up to {:.4f} s per step, "
         "it waits {:.4f} s)",
         r, hosts_[r], w.compute_s[r] / median, w.compute_s[r], median,
-        kStragglerWindowsBeforeWarning, w.steps, warn_ratio_,
+        windows_above_[r], w.steps, warn_ratio_,
         [&] {
           double most = 0;
           for (std::size_t other = 0; other < size; ++other)

@@ -7,8 +7,9 @@
 // per rank over the world: 24 bytes a rank, off the step's own work); the slowest rank is the
 // one with the most compute per step, and the straggler ratio is its compute over the median
 // rank's. A rank whose compute stays above train.straggler_warn_ratio x the median for
-// kStragglerWindowsBeforeWarning windows in a row is named, with its host, once per run of
-// such windows.
+// kStragglerWindowsBeforeWarning windows and kStragglerStepsBeforeWarning steps in a row is
+// named, with its host, once per run of such windows (short windows are noisy: with
+// log.every = 1 a busy host puts one rank 20% behind for three steps now and then).
 #pragma once
 
 #include "comm/communicator.h"
@@ -21,6 +22,7 @@
 namespace oases::train {
 
 inline constexpr int kStragglerWindowsBeforeWarning = 3;
+inline constexpr std::int64_t kStragglerStepsBeforeWarning = 20;
 
 // One window's figures, the same on every rank.
 struct StragglerWindow {
@@ -29,8 +31,8 @@ struct StragglerWindow {
   double straggler_ratio = 1;           // slowest rank's compute over the median rank's
   std::vector<double> compute_s;        // per world rank: compute seconds per step
   std::vector<double> exposed_comm_s;   // per world rank: exposed waits per step
-  // For each rank that has just been above the warning ratio for
-  // kStragglerWindowsBeforeWarning windows: the warning's text, naming the rank and its host.
+  // For each rank that has just been above the warning ratio for long enough (see above): the
+  // warning's text, naming the rank and its host.
   std::vector<std::string> warnings;
 };
 
@@ -50,7 +52,11 @@ class StragglerMonitor {
   comm::Communicator& world_;
   double warn_ratio_;
   std::vector<std::string> hosts_;   // per world rank
-  std::vector<int> windows_above_;   // per world rank: consecutive windows above warn_ratio
+  // Per world rank: consecutive windows (and their steps) above warn_ratio, and whether this
+  // run of them was warned about.
+  std::vector<int> windows_above_;
+  std::vector<std::int64_t> steps_above_;
+  std::vector<bool> warned_;
   double compute_ = 0, exposed_ = 0;
   std::int64_t steps_ = 0;
 };
