@@ -4,6 +4,7 @@
 // Under mpirun the signal may reach one rank, every rank, or mpirun itself.
 #include "support/background.h"
 #include "support/command.h"
+#include "support/files.h"
 #include "support/runs.h"
 
 #include <gtest/gtest.h>
@@ -29,31 +30,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
 
 
-std::map<int, double> losses_by_step(const fs::path& path) {
-  std::map<int, double> losses;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    const auto record = nlohmann::json::parse(line);
-    if (!record.contains("loss")) continue;
-    const int step = record["step"].get<int>();
-    EXPECT_EQ(losses.count(step), 0u) << "step " << step << " recorded twice in " << path;
-    losses[step] = record["loss"].get<double>();
-  }
-  return losses;
-}
+
 
 constexpr int kSteps = 300;
 
@@ -65,7 +44,7 @@ class Preemption : public ::testing::Test {
     ASSERT_EQ(data.exit_code, 0) << data.output;
     // Dropout on, so that a resumed run must continue its random stream exactly; checkpoints
     // every 40 steps, so that some signals land during a save.
-    write_text(dir_ / "tiny.toml", R"(
+    write_bytes((dir_ / "tiny.toml").string(), R"(
 [model]
 layers = 2
 hidden = 32
@@ -131,7 +110,8 @@ peak_tflops = 1.0
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const std::string final_step = "ckpt/step_" + std::to_string(kSteps);
     for (const char* file : {"model.safetensors", "optimizer.safetensors", "COMPLETE"})
-      EXPECT_EQ(read_text(run / final_step / file), read_text(reference_ / final_step / file))
+      EXPECT_EQ(read_bytes((run / final_step / file).string()),
+                read_bytes((reference_ / final_step / file).string()))
           << file << " of the resumed run differs from the uninterrupted run's";
     EXPECT_EQ(losses_by_step(run / "metrics.jsonl"), reference_losses_);
   }
@@ -160,12 +140,12 @@ TEST_F(Preemption, ASignalAtARandomMomentSavesAndTheRunResumesBitwise) {
     Background process(run, train() + " > output.txt 2>&1");
     ASSERT_TRUE(process.spawned());
     ASSERT_TRUE(wait_until(process, [&] { return line_count(run / "metrics.jsonl") >= at_line; }))
-        << read_text(run / "output.txt");
+        << read_bytes((run / "output.txt").string());
     std::this_thread::sleep_for(std::chrono::microseconds(extra_us));
     kill(process.pid(), signal_number);
     if (twice) kill(process.pid(), SIGTERM);
     const int status = process.wait();
-    const std::string output = read_text(run / "output.txt");
+    const std::string output = read_bytes((run / "output.txt").string());
     if (twice) {
       // The second signal usually lands before the save ends: the process ends at once.
       EXPECT_TRUE(status == 128 + SIGTERM || status == 128 + signal_number) << status << output;
@@ -190,7 +170,7 @@ TEST_F(Preemption, WithSaveOnSignalOffTheSignalEndsTheRunAsBefore) {
   kill(process.pid(), SIGTERM);
   EXPECT_EQ(process.wait(), 128 + SIGTERM);
   EXPECT_TRUE(process.ended_by_signal());
-  EXPECT_EQ(read_text(run / "output.txt").find("stopped by"), std::string::npos);
+  EXPECT_EQ(read_bytes((run / "output.txt").string()).find("stopped by"), std::string::npos);
   EXPECT_FALSE(fs::exists(run / "ckpt" / "step_20"));
 }
 
@@ -232,9 +212,10 @@ TEST_F(Preemption, UnderMpirunOneRankOrEveryRankOrMpirunItselfMayBeSignalled) {
     ASSERT_TRUE(wait_until(process, [&] {
       signalled_at_step = line_count(run / "metrics.jsonl") - 1;  // the first line is step 0
       return fs::exists(run / "rank_1.pid") && signalled_at_step >= 30 + index;
-    })) << read_text(run / "output.txt");
+    })) << read_bytes((run / "output.txt").string());
     const auto rank_pid = [&](int rank) {
-      return static_cast<pid_t>(std::stol(read_text(run / fmt::format("rank_{}.pid", rank))));
+      return static_cast<pid_t>(
+          std::stol(read_bytes((run / fmt::format("rank_{}.pid", rank)).string())));
     };
     int expected = 128 + SIGTERM;
     switch (target) {
@@ -250,7 +231,7 @@ TEST_F(Preemption, UnderMpirunOneRankOrEveryRankOrMpirunItselfMayBeSignalled) {
       case Target::mpirun_term: kill(process.pid(), SIGTERM); break;
     }
     const int status = process.wait();
-    const std::string output = read_text(run / "output.txt");
+    const std::string output = read_bytes((run / "output.txt").string());
     // The save of the step the signal found, or a later one (the checkpoints of every 40
     // steps are all before it).
     std::vector<int> saved;

@@ -51,19 +51,6 @@ void flip_bit(const fs::path& path, std::int64_t offset) {
   write_text(path, bytes);
 }
 
-// Step -> loss of every training record of a metrics file, failing on a repeated step.
-std::map<int, double> losses_by_step(const fs::path& path) {
-  std::map<int, double> losses;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    const auto record = nlohmann::json::parse(line);
-    if (!record.contains("loss")) continue;
-    const int step = record["step"].get<int>();
-    EXPECT_EQ(losses.count(step), 0u) << "step " << step << " recorded twice in " << path;
-    losses[step] = record["loss"].get<double>();
-  }
-  return losses;
-}
 
 void expect_mentions(const CommandResult& r, const std::vector<std::string>& fragments) {
   for (const auto& f : fragments)

@@ -4,6 +4,7 @@
 // having written nothing; a lock whose holder was killed is taken over.
 #include "support/background.h"
 #include "support/command.h"
+#include "support/files.h"
 #include "support/runs.h"
 
 #include <fmt/format.h>
@@ -22,12 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // The "step" of every record of a metrics file, in file order.
 std::vector<int> recorded_steps(const fs::path& path) {
@@ -114,7 +109,8 @@ TEST_F(RunDirectory, TwoRunsStartedTogetherLeaveOneCompleteRunAndAClearError) {
     Background a(dir_, train(c.first) + " > a.txt 2>&1");
     Background b(dir_, train(c.second) + " > b.txt 2>&1");
     const int status_a = a.wait(), status_b = b.wait();
-    const std::string out_a = read_text(dir_ / "a.txt"), out_b = read_text(dir_ / "b.txt");
+    const std::string out_a = read_bytes((dir_ / "a.txt").string());
+    const std::string out_b = read_bytes((dir_ / "b.txt").string());
     ASSERT_TRUE((status_a == 0 && status_b == 2) || (status_a == 2 && status_b == 0))
         << "a: " << status_a << "\n" << out_a << "\nb: " << status_b << "\n" << out_b;
     const bool a_won = status_a == 0;

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,21 @@ inline void write_random_init(const std::filesystem::path& config_path,
     writer.add(p.name, DType::f32, p.full_shape.to_vector(), values.data() + p.offset);
   }
   writer.write(out.string());
+}
+
+// Step -> loss of every training record of a metrics file (records without a loss, such as
+// step 0's, are skipped), failing the test on a step recorded twice.
+inline std::map<int, double> losses_by_step(const std::filesystem::path& path) {
+  std::map<int, double> losses;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (!record.contains("loss")) continue;
+    const int step = record["step"].get<int>();
+    EXPECT_EQ(losses.count(step), 0u) << "step " << step << " recorded twice in " << path;
+    losses[step] = record["loss"].get<double>();
+  }
+  return losses;
 }
 
 // One value per training step of a metrics JSONL file (the record of step 0, before
