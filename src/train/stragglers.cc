@@ -46,6 +46,7 @@ StragglerWindow straggler_window(const std::vector<double>& compute_sums,
   std::vector<double> sorted = w.compute_s;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[(sorted.size() - 1) / 2];
+  w.median_compute_s = median;
   w.straggler_ratio = median > 0 ? w.compute_s[static_cast<std::size_t>(w.slowest_rank)] / median
                                  : 1.0;
   return w;
@@ -89,9 +90,7 @@ std::optional<StragglerWindow> StragglerMonitor::after_step(double compute_secon
   compute_ = exposed_ = 0;
   steps_ = 0;
 
-  std::vector<double> sorted = w.compute_s;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[(sorted.size() - 1) / 2];
+  const double median = w.median_compute_s;
   for (std::size_t r = 0; r < size; ++r) {
     const bool above = size > 1 && median > 0 && w.compute_s[r] > warn_ratio_ * median;
     windows_above_[r] = above ? windows_above_[r] + 1 : 0;

@@ -29,6 +29,7 @@ struct StragglerWindow {
   std::int64_t steps = 0;               // in the window
   int slowest_rank = 0;                 // most compute per step; the lowest such rank on ties
   double straggler_ratio = 1;           // slowest rank's compute over the median rank's
+  double median_compute_s = 0;          // the median rank's compute per step
   std::vector<double> compute_s;        // per world rank: compute seconds per step
   std::vector<double> exposed_comm_s;   // per world rank: exposed waits per step
   // For each rank that has just been above the warning ratio for long enough (see above): the

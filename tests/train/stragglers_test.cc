@@ -18,6 +18,7 @@ TEST(Stragglers, TheSlowestRankAndItsRatioToTheMedian) {
   EXPECT_EQ(w.slowest_rank, 2);
   EXPECT_DOUBLE_EQ(w.compute_s[2], 8.0);
   EXPECT_DOUBLE_EQ(w.exposed_comm_s[0], 0.5);
+  EXPECT_DOUBLE_EQ(w.median_compute_s, 1.2);
   EXPECT_DOUBLE_EQ(w.straggler_ratio, 8.0 / 1.2);
   // Two ranks: the slower over the faster.
   const StragglerWindow two = straggler_window({3.0, 2.0}, {0.0, 1.0}, 1);
