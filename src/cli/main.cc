@@ -1,4 +1,5 @@
 // The `oases` command: verbs in the style of git. Every verb has --help.
+#include "comm/flight_report.h"
 #include "comm/job.h"
 #include "comm/mesh.h"
 #include "comm/mpi_runtime.h"
@@ -83,17 +84,39 @@ using RankBody =
     std::function<void(oases::comm::MpiRuntime&, const oases::comm::MpiCommunicatorOptions&,
                        std::optional<oases::comm::Mesh>& mesh)>;
 
-int run_on_every_rank(const oases::plan::ParallelConfig& parallel, const RankBody& body) {
+//
+// With a flight directory (log.flight_records > 0), every communicator keeps a flight record
+// (comm/flight_recorder.h), written there on a hang, an error, a fatal signal or SIGUSR2.
+struct FlightSettings {
+  std::string directory;  // empty: no flight recorder
+  std::int64_t records = 0;
+};
+
+int run_on_every_rank(const oases::plan::ParallelConfig& parallel, const RankBody& body,
+                      const FlightSettings& flight_settings = {}) {
   oases::comm::MpiRuntime runtime(parallel.startup_timeout_s);
+  std::shared_ptr<oases::comm::FlightRecorder> flight;
+  if (!flight_settings.directory.empty()) {
+    flight = std::make_shared<oases::comm::FlightRecorder>(
+        flight_settings.directory,
+        oases::comm::FlightIdentity{runtime.world_rank(), runtime.world_size(),
+                                    runtime.placement().host},
+        flight_settings.records);
+    flight->watch_signals();
+  }
   std::optional<oases::comm::Mesh> mesh;
   try {
     oases::comm::MpiCommunicatorOptions comm_options;
     comm_options.timeout_seconds = parallel.comm_timeout_s;
     comm_options.max_bytes_per_call = parallel.bucket_bytes;
+    comm_options.flight = flight;
+    comm_options.fault = oases::comm::comm_fault_from_environment();
     body(runtime, comm_options, mesh);
   } catch (const std::exception& e) {
     const int code =
         report_error(e, fmt::format("rank {} of {}: ", runtime.world_rank(), runtime.world_size()));
+    if (flight && runtime.world_size() > 1 && flight->has_operations())
+      flight->dump_now(fmt::format("error: {}", e.what()));
     if (runtime.world_size() > 1) oases::comm::abort_job(code);
     return code;
   }
@@ -165,7 +188,8 @@ int train_on_mpi_ranks(const oases::plan::RunConfig& config,
             static_cast<int>(config.parallel.pp), comm_options));
         mesh->add_expert_groups(static_cast<int>(config.parallel.ep), comm_options);
         summary = oases::train::run_training(run_config, options, *mesh);
-      });
+      },
+      FlightSettings{oases::plan::parse_settings(config).flight_dir, config.log.flight_records});
 }
 
 int run_train(const TrainArgs& args) {
@@ -915,6 +939,31 @@ Verb add_report(CLI::App& app, oases::report::ReportOptions& r) {
           }};
 }
 
+struct FlightArgs {
+  std::string path;
+  double min_wait_s = 1.0;
+};
+
+Verb add_flight(CLI::App& app, FlightArgs& a) {
+  auto* c = app.add_subcommand(
+      "flight",
+      "Read the flight records a job's ranks wrote (RUN/flight/rank_<R>.json: on a collective "
+      "timeout, an error, a fatal or stop signal, or kill -USR2) and name the rank the others "
+      "wait for");
+  c->add_option("run", a.path, "The run's folder (holding flight/), or the flight folder itself")
+      ->required();
+  c->add_option("--min-wait", a.min_wait_s,
+                "Seconds an operation must have waited to count as a hang (shorter waits are "
+                "what a healthy job shows at any moment)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  return {c, [&a] {
+            fmt::print("{}", oases::comm::format_flight_diagnosis(oases::comm::diagnose_flight(
+                                 oases::comm::read_flight_records(a.path), a.min_wait_s)));
+            return 0;
+          }};
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"oases: train transformer language models with overlapped tensor parallelism",
                "oases"};
@@ -930,6 +979,7 @@ int run(int argc, char** argv) {
   EvalArgs eval;
   std::string verify_path;
   oases::report::ReportOptions report;
+  FlightArgs flight;
   const std::vector<Verb> verbs{add_train(app, train),
                                 add_prepare_data(app, prepare),
                                 add_train_tokenizer(app, train_tokenizer),
@@ -939,7 +989,8 @@ int run(int argc, char** argv) {
                                 add_simulate(app, simulate),
                                 add_verify_checkpoint(app, verify_path),
                                 add_eval(app, eval),
-                                add_report(app, report)};
+                                add_report(app, report),
+                                add_flight(app, flight)};
   CLI11_PARSE(app, argc, argv);
   for (const Verb& verb : verbs) {
     if (!*verb.command) continue;

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -90,6 +91,18 @@ class Communicator {
   virtual std::unique_ptr<Work> all_gather_blocks_async(Tensor buffer,
                                                         std::vector<std::int64_t> counts);
 
+  // Names what the operations issued from now on are for ("F(attention.5, mb=1, sb=0)",
+  // "reduce_grads(bucket=3)"), for the flight recorder (comm/flight_recorder.h); empty: nobody
+  // says. Kept until the next call, whichever thread issues. IssuerLabel sets it for a scope.
+  void set_issuer(std::string issuer) {
+    std::lock_guard lock(issuer_mutex_);
+    issuer_ = std::move(issuer);
+  }
+  std::string issuer() const {
+    std::lock_guard lock(issuer_mutex_);
+    return issuer_;
+  }
+
   // Blocking forms.
   void all_reduce(Tensor buffer, ReduceOp op = ReduceOp::sum) { all_reduce_async(buffer, op)->wait(); }
   void all_gather(Tensor input, Tensor output) { all_gather_async(input, output)->wait(); }
@@ -106,6 +119,26 @@ class Communicator {
   // InternalError unless counts has size() entries, none negative, summing to buffer.numel().
   void check_blocks(const Tensor& buffer, const std::vector<std::int64_t>& counts,
                     const char* op) const;
+
+ private:
+  mutable std::mutex issuer_mutex_;
+  std::string issuer_;
+};
+
+// Labels the operations issued on `group` while it lives; the label before it comes back after.
+class IssuerLabel {
+ public:
+  IssuerLabel(Communicator& group, std::string issuer)
+      : group_(group), previous_(group.issuer()) {
+    group_.set_issuer(std::move(issuer));
+  }
+  ~IssuerLabel() { group_.set_issuer(std::move(previous_)); }
+  IssuerLabel(const IssuerLabel&) = delete;
+  IssuerLabel& operator=(const IssuerLabel&) = delete;
+
+ private:
+  Communicator& group_;
+  std::string previous_;
 };
 
 // A group of one rank: every collective is complete the moment it is issued.

@@ -14,6 +14,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -180,6 +182,7 @@ struct Operation {
   Clock::time_point finished_at;
   bool late_reported = false;
   bool finished = false;
+  std::int64_t flight_handle = -1;  // its entry in the communicator's FlightRing, if any
 
   std::atomic<bool> done{false};  // published in issue order
 };
@@ -197,6 +200,63 @@ class MpiWork final : public Work {
  private:
   std::shared_ptr<Operation> op_;
 };
+
+// The world ranks of the members of `comm`, in its rank order.
+std::vector<int> world_ranks_of(MPI_Comm comm) {
+  MPI_Group group, world;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  int size = 0;
+  MPI_Group_size(group, &size);
+  std::vector<int> ranks(static_cast<std::size_t>(size)), world_ranks(ranks.size());
+  for (int r = 0; r < size; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  MPI_Group_translate_ranks(group, size, ranks.data(), world, world_ranks.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  return world_ranks;
+}
+
+// The attribute through which MPI's error handler finds the communicator's reporter.
+int reporter_keyval() {
+  static const int keyval = [] {
+    int created = MPI_KEYVAL_INVALID;
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &created, nullptr);
+    return created;
+  }();
+  return keyval;
+}
+
+extern "C" void on_mpi_error(MPI_Comm* comm, int* code, ...) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  MPI_Error_string(*code, text, &length);
+  void* reporter = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(*comm, reporter_keyval(), &reporter, &found);
+  if (found && reporter != nullptr)
+    (*static_cast<const std::function<void(const std::string&)>*>(reporter))(text);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+// MPI errors on `comm` call `reporter` (which writes the flight record), then end the job as
+// MPI's default handler would.
+void watch_mpi_errors(MPI_Comm comm, const std::function<void(const std::string&)>* reporter) {
+  MPI_Comm_set_attr(comm, reporter_keyval(),
+                    const_cast<std::function<void(const std::string&)>*>(reporter));
+  MPI_Errhandler handler;
+  MPI_Comm_create_errhandler(on_mpi_error, &handler);
+  MPI_Comm_set_errhandler(comm, handler);
+  MPI_Errhandler_free(&handler);
+}
+
+// The Work of a collective the fault seam skipped: nothing to wait for.
+class SkippedWork final : public Work {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+
+bool is_collective(OpKind kind) { return !is_point_to_point(kind); }
 
 void plan_chunks(Operation& op, std::int64_t elements, std::int64_t max_per_call) {
   op.elements = elements;
@@ -247,6 +307,17 @@ class MpiCommunicator::Engine {
     int has_tag_ub = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &has_tag_ub);
     max_tag_ = has_tag_ub ? *tag_ub : 32767;  // 32767: the least MPI guarantees
+    if (options_.flight) {
+      ring_ = options_.flight->add_ring(name_, world_ranks_of(comm_), rank_);
+      on_mpi_error_ = [this](const std::string& error) { record_mpi_error(error); };
+      watch_mpi_errors(comm_, &on_mpi_error_);
+      // MPI reports errors of MPI_Test* on requests of any communicator on MPI_COMM_WORLD:
+      // the world group's communicator answers there too while it lives.
+      if (parent == MPI_COMM_WORLD) {
+        watch_mpi_errors(MPI_COMM_WORLD, &on_mpi_error_);
+        watches_world_ = true;
+      }
+    }
     thread_ = std::thread([this] { progress_loop(); });
   }
 
@@ -257,6 +328,10 @@ class MpiCommunicator::Engine {
     }
     wake_.notify_one();
     thread_.join();
+    if (watches_world_) {
+      MPI_Comm_delete_attr(MPI_COMM_WORLD, reporter_keyval());
+      MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+    }
     MPI_Comm_free(&comm_);
   }
 
@@ -275,7 +350,27 @@ class MpiCommunicator::Engine {
     return most;
   }
 
-  std::unique_ptr<Work> submit(std::shared_ptr<Operation> op) {
+  std::unique_ptr<Work> submit(std::shared_ptr<Operation> op, std::string issuer) {
+    if (is_collective(op->kind)) {
+      if (const CommFault* fault = fault_here(op->kind)) {
+        if (fault->kind == CommFault::Kind::skip) return std::make_unique<SkippedWork>();
+        shrink(*op);
+      }
+      ++collectives_issued_;
+    }
+    if (ring_) {
+      FlightOperation record;
+      record.kind = kind_name(op->kind);
+      record.point_to_point = is_point_to_point(op->kind);
+      record.receives = op->kind == OpKind::recv;
+      if (record.point_to_point || op->kind == OpKind::broadcast) record.peer = op->peer;
+      if (record.point_to_point) record.tag = op->tag;
+      record.elements = op->reported;
+      record.bytes = op->reported * static_cast<std::int64_t>(dtype_size(op->input.dtype()));
+      record.dtype = op->kind == OpKind::barrier ? "" : dtype_name(op->input.dtype());
+      record.issuer = std::move(issuer);
+      op->flight_handle = ring_->issued(std::move(record));
+    }
     auto work = std::make_unique<MpiWork>(op);
     {
       std::lock_guard lock(mutex_);
@@ -293,6 +388,27 @@ class MpiCommunicator::Engine {
   }
   void report_late(const Operation& op) const;
   std::string describe(const Operation& op) const;
+  void record_mpi_error(const std::string& error) const;
+  // The fault of the test seam when it applies to the collective about to be issued, once.
+  const CommFault* fault_here(OpKind kind) {
+    const auto& fault = options_.fault;
+    if (!fault || fault_used_ || fault->world_rank != world_rank_ || fault->group != name_ ||
+        fault->seq != collectives_issued_ + 1)
+      return nullptr;
+    OASES_CHECK(fault->kind == CommFault::Kind::skip || kind == OpKind::all_reduce,
+                "OASES_TEST_COMM_FAULT: shrink applies to an all_reduce; collective #{} of group "
+                "'{}' is a {}",
+                fault->seq, name_, kind_name(kind));
+    fault_used_ = true;
+    return &*fault;
+  }
+  static void shrink(Operation& op) {
+    const std::int64_t half = op.reported / 2;
+    op.input = op.input.reshaped({op.input.numel()}).view(0, {half});
+    op.output = op.input;
+    op.reported = half;
+    plan_chunks(op, half, std::max<std::int64_t>(op.chunk, 1));
+  }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
@@ -302,6 +418,11 @@ class MpiCommunicator::Engine {
   std::string name_;
   MpiCommunicatorOptions options_;
   ReduceOps16 ops16_;
+  std::shared_ptr<FlightRing> ring_;
+  std::function<void(const std::string&)> on_mpi_error_;  // reached from MPI's error handler
+  bool watches_world_ = false;  // this communicator's error reporter serves MPI_COMM_WORLD
+  std::int64_t collectives_issued_ = 0;  // on the issuing side, for the fault seam
+  bool fault_used_ = false;
 
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -339,6 +460,7 @@ void MpiCommunicator::Engine::progress_loop() {
     const bool started = !admitted.empty();
     for (auto& op : admitted) {
       op->started = Clock::now();
+      if (ring_) ring_->started(op->flight_handle);
       start_step(*op);
       in_flight.push_back(std::move(op));
     }
@@ -359,6 +481,7 @@ void MpiCommunicator::Engine::progress_loop() {
       } else {
         op->finished = true;
         op->finished_at = Clock::now();
+        if (ring_) ring_->finished(op->flight_handle);
         if (op.get() == blocking) blocking = nullptr;
       }
     }
@@ -391,6 +514,8 @@ void MpiCommunicator::Engine::progress_loop() {
         pause = std::min(pause * 2, kLongestPause);
       }
     }
+    // Whether the next turn comes at once (operations in flight) or after a wait for work.
+    if (ring_) ring_->polled(!in_flight.empty());
   }
 }
 
@@ -542,10 +667,17 @@ std::string MpiCommunicator::Engine::describe(const Operation& op) const {
 }
 
 void MpiCommunicator::Engine::report_late(const Operation& op) const {
-  const std::string message = fmt::format(
+  std::string message = fmt::format(
       "oases: {} on group '{}' (size {}) has not completed after {:g} s on rank {} (world rank "
       "{}); a peer is missing or stuck",
       describe(op), name_, size_, options_.timeout_seconds, rank_, world_rank_);
+  if (options_.flight) {
+    const std::string written = options_.flight->dump_now("collective timeout: " + message);
+    if (!written.empty())
+      message += fmt::format(
+          "; flight record written to {} (`oases flight {}` names the rank behind)", written,
+          std::filesystem::path(options_.flight->directory()).parent_path().string());
+  }
   if (options_.on_timeout) {
     options_.on_timeout(message);
     return;
@@ -553,6 +685,18 @@ void MpiCommunicator::Engine::report_late(const Operation& op) const {
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+void MpiCommunicator::Engine::record_mpi_error(const std::string& error) const {
+  // MPI_COMM_WORLD's handler cannot tell the group of a request: name none then.
+  const std::string where =
+      watches_world_ ? fmt::format("world rank {}", world_rank_)
+                     : fmt::format("group '{}' (size {}), rank {} (world rank {})", name_, size_,
+                                   rank_, world_rank_);
+  const std::string written = options_.flight->dump_now(fmt::format("MPI error on {}: {}", where, error));
+  std::fprintf(stderr, "oases: MPI error on %s: %s%s\n", where.c_str(), error.c_str(),
+               written.empty() ? "" : ("; flight record written to " + written).c_str());
+  std::fflush(stderr);
 }
 
 namespace {
@@ -608,7 +752,7 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(Tensor buffer, ReduceOp 
   operation->reduce = op;
   operation->reported = buffer.numel();
   plan_chunks(*operation, buffer.numel(), engine_->max_per_call(buffer.dtype()));
-  return engine_->submit(std::move(operation));
+  return engine_->submit(std::move(operation), issuer());
 }
 
 std::unique_ptr<Work> MpiCommunicator::all_gather_async(Tensor input, Tensor output) {
@@ -626,7 +770,7 @@ std::unique_ptr<Work> MpiCommunicator::all_gather_async(Tensor input, Tensor out
   operation->in_place = in_place;
   operation->reported = n;
   plan_chunks(*operation, n, engine_->max_per_call(input.dtype(), size()));
-  return engine_->submit(std::move(operation));
+  return engine_->submit(std::move(operation), issuer());
 }
 
 std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(Tensor input, Tensor output,
@@ -643,7 +787,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(Tensor input, Tensor
   operation->reduce = op;
   operation->reported = input.numel();
   plan_chunks(*operation, n, engine_->max_per_call(input.dtype(), size()));
-  return engine_->submit(std::move(operation));
+  return engine_->submit(std::move(operation), issuer());
 }
 
 std::unique_ptr<Work> MpiCommunicator::broadcast_async(Tensor buffer, int root) {
@@ -654,7 +798,7 @@ std::unique_ptr<Work> MpiCommunicator::broadcast_async(Tensor buffer, int root) 
   operation->peer = root;
   operation->reported = buffer.numel();
   plan_chunks(*operation, buffer.numel(), engine_->max_per_call(buffer.dtype()));
-  return engine_->submit(std::move(operation));
+  return engine_->submit(std::move(operation), issuer());
 }
 
 std::unique_ptr<Work> MpiCommunicator::send_async(Tensor buffer, int peer, int tag) {
@@ -668,7 +812,7 @@ std::unique_ptr<Work> MpiCommunicator::send_async(Tensor buffer, int peer, int t
   operation->tag = tag;
   operation->reported = buffer.numel();
   plan_chunks(*operation, buffer.numel(), engine_->max_per_call(buffer.dtype()));
-  return engine_->submit(std::move(operation));
+  return engine_->submit(std::move(operation), issuer());
 }
 
 std::unique_ptr<Work> MpiCommunicator::recv_async(Tensor buffer, int peer, int tag) {
@@ -682,7 +826,7 @@ std::unique_ptr<Work> MpiCommunicator::recv_async(Tensor buffer, int peer, int t
   operation->tag = tag;
   operation->reported = buffer.numel();
   plan_chunks(*operation, buffer.numel(), engine_->max_per_call(buffer.dtype()));
-  return engine_->submit(std::move(operation));
+  return engine_->submit(std::move(operation), issuer());
 }
 
 std::unique_ptr<Work> MpiCommunicator::all_to_all_async(Tensor input, Tensor output) {
@@ -697,7 +841,7 @@ std::unique_ptr<Work> MpiCommunicator::all_to_all_async(Tensor input, Tensor out
   auto operation = new_operation(OpKind::all_to_all, input, output);
   operation->reported = input.numel();
   plan_chunks(*operation, input.numel() / size(), engine_->max_per_call(input.dtype(), size()));
-  return engine_->submit(std::move(operation));
+  return engine_->submit(std::move(operation), issuer());
 }
 
 std::unique_ptr<Work> MpiCommunicator::all_to_allv_async(Tensor input,
@@ -741,7 +885,7 @@ std::unique_ptr<Work> MpiCommunicator::all_to_allv_async(Tensor input,
   operation->alltoallv_args = std::move(args);
   operation->reported = total_sent;
   plan_chunks(*operation, 0, engine_->max_per_call(input.dtype()));
-  return engine_->submit(std::move(operation));
+  return engine_->submit(std::move(operation), issuer());
 }
 
 std::unique_ptr<Work> MpiCommunicator::reduce_scatter_blocks_async(
@@ -753,7 +897,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_blocks_async(
   operation->reported = buffer.numel();
   plan_chunks(*operation, std::ranges::max(counts), engine_->max_per_call(buffer.dtype(), size()));
   operation->block_counts = std::move(counts);
-  return engine_->submit(std::move(operation));
+  return engine_->submit(std::move(operation), issuer());
 }
 
 std::unique_ptr<Work> MpiCommunicator::all_gather_blocks_async(Tensor buffer,
@@ -764,13 +908,13 @@ std::unique_ptr<Work> MpiCommunicator::all_gather_blocks_async(Tensor buffer,
   operation->reported = buffer.numel();
   plan_chunks(*operation, std::ranges::max(counts), engine_->max_per_call(buffer.dtype(), size()));
   operation->block_counts = std::move(counts);
-  return engine_->submit(std::move(operation));
+  return engine_->submit(std::move(operation), issuer());
 }
 
 std::unique_ptr<Work> MpiCommunicator::barrier_async() {
   auto operation = new_operation(OpKind::barrier, Tensor(), Tensor());
   plan_chunks(*operation, 0, 1);
-  return engine_->submit(std::move(operation));
+  return engine_->submit(std::move(operation), issuer());
 }
 
 }  // namespace oases::comm

@@ -9,9 +9,12 @@
 // the Mesh factory) stays free of MPI types.
 #pragma once
 
+#include "comm/flight_recorder.h"
+
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -116,6 +119,13 @@ struct MpiCommunicatorOptions {
   // of the operation (parallel.bucket_bytes; ZeRO-R's constant buffer sizing). A chunk holds
   // at least one element per block.
   std::int64_t max_bytes_per_call = 0;
+
+  // Where each communicator keeps its last operations (comm/flight_recorder.h); null: nowhere.
+  // A collective timeout or an MPI error writes the record before the job is ended.
+  std::shared_ptr<FlightRecorder> flight;
+
+  // A test seam: this rank misbehaves once in one collective (comm_fault_from_environment).
+  std::optional<CommFault> fault;
 };
 
 }  // namespace oases::comm

@@ -53,6 +53,10 @@ StopSignals::~StopSignals() {
 
 int StopSignals::received() const { return first_stop_signal.load(); }
 
+int stop_signal_received() {
+  return stop_signals_installed.load() ? first_stop_signal.load() : 0;
+}
+
 void StopSignals::simulate(int signal_number) {
   int none = 0;
   first_stop_signal.compare_exchange_strong(none, signal_number);

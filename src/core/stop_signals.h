@@ -28,6 +28,10 @@ inline constexpr NamedValue<int> kStopSignalNames[] = {
     {SIGQUIT, "QUIT"}, {SIGXCPU, "XCPU"}, {SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"},
     {SIGHUP, "SIGHUP"}, {SIGUSR1, "SIGUSR1"}, {SIGQUIT, "SIGQUIT"}, {SIGXCPU, "SIGXCPU"}};
 
+// The first signal received by the StopSignals alive in this process; 0 while none was, or
+// when none is alive. For observers that do not own the object (the flight recorder).
+int stop_signal_received();
+
 // "SIGTERM" for SIGTERM; "signal N" for a number without a name above.
 std::string signal_name(int signal_number);
 

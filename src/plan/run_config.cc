@@ -225,7 +225,9 @@ const std::map<std::string, SectionFields>& schema() {
         {"metrics", bind(&RunConfig::log, &LogConfig::metrics)},
         {"trace", bind(&RunConfig::log, &LogConfig::trace)},
         {"trace_steps", bind(&RunConfig::log, &LogConfig::trace_steps)},
-        {"peak_tflops", bind(&RunConfig::log, &LogConfig::peak_tflops)}}},
+        {"peak_tflops", bind(&RunConfig::log, &LogConfig::peak_tflops)},
+        {"flight_records", bind(&RunConfig::log, &LogConfig::flight_records)},
+        {"flight_dir", bind(&RunConfig::log, &LogConfig::flight_dir)}}},
   };
   return table;
 }
@@ -499,7 +501,9 @@ std::string to_toml(const RunConfig& c) {
                                         {"async", c.checkpoint.async}});
   root.insert("log", toml::table{{"every", c.log.every}, {"metrics", c.log.metrics},
                                  {"trace", c.log.trace}, {"trace_steps", c.log.trace_steps},
-                                 {"peak_tflops", c.log.peak_tflops}});
+                                 {"peak_tflops", c.log.peak_tflops},
+                                 {"flight_records", c.log.flight_records},
+                                 {"flight_dir", c.log.flight_dir}});
   std::ostringstream out;
   out << toml::toml_formatter(root, kRoundTripFormat);
   return out.str();

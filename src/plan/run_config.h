@@ -174,6 +174,12 @@ struct LogConfig {
   std::string trace;       // Chrome trace path; empty: none
   std::int64_t trace_steps = 1;
   double peak_tflops = 0;  // device peak for MFU; 0: measured at start-up with sgemm
+  // Operations each communicator remembers for its flight record (comm/flight_recorder.h);
+  // 0: no recorder.
+  std::int64_t flight_records = 2000;
+  // Where each rank writes flight/rank_<R>.json's folder; empty: "flight" beside log.metrics,
+  // else beside checkpoint.dir, else in the working directory (plan::flight_directory).
+  std::string flight_dir;
 };
 
 struct RunConfig {

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <span>
 
 namespace oases::plan {
@@ -116,7 +117,21 @@ Settings parse_settings(const RunConfig& c) {
                                                        "data.tokenizer");
   const std::vector<int> save_signals = parse_save_signals(c.train.save_signals);
   if (c.train.save_on_signal) s.save_signals = save_signals;
+  if (c.log.flight_records > 0) s.flight_dir = flight_directory(c);
   return s;
+}
+
+std::string flight_directory(const RunConfig& config) {
+  namespace fs = std::filesystem;
+  if (!config.log.flight_dir.empty()) return config.log.flight_dir;
+  if (!config.log.metrics.empty())
+    return (fs::path(config.log.metrics).parent_path() / "flight").string();
+  if (!config.checkpoint.dir.empty()) {
+    fs::path dir = fs::path(config.checkpoint.dir);
+    if (!dir.has_filename()) dir = dir.parent_path();  // "runs/a/ckpt/"
+    return (dir.parent_path() / "flight").string();
+  }
+  return "flight";
 }
 
 std::vector<WordSetting> word_settings() {

@@ -92,7 +92,13 @@ struct Settings {
   // train.save_signals as signal numbers, each once, in the order written; empty when
   // train.save_on_signal is false.
   std::vector<int> save_signals;
+  // log.flight_dir resolved (flight_directory); empty when log.flight_records is 0.
+  std::string flight_dir;
 };
+
+// Where flight records go: log.flight_dir; else "flight" in log.metrics's folder; else beside
+// checkpoint.dir (in its parent); else "flight" in the working directory.
+std::string flight_directory(const RunConfig& config);
 
 // UserError naming the key, the word found and the valid words, for the first word that is
 // not known.

@@ -347,7 +347,10 @@ void Executor::start_collective(const schedule::Instruction& ins, RunState& run)
   auto flight = std::make_shared<Flight>(ins);
   compute_.enqueue([&segment, &ins, flight] { flight->call = collective_call(segment, ins); });
   order_after(compute_, communication_);
-  communication_.enqueue([flight] { flight->work = issue(flight->call); });
+  communication_.enqueue([flight] {
+    const comm::IssuerLabel label(*flight->call.group, schedule::to_string(flight->instruction));
+    flight->work = issue(flight->call);
+  });
   flight->issued.record(communication_);
   in_flight_.emplace(collective_key(ins), std::move(flight));
   ++run.stats.collectives;
@@ -386,6 +389,7 @@ void Executor::send(const schedule::Instruction& ins, RunState& run) {
   });
   order_after(compute_, point_to_point_);
   point_to_point_.enqueue([peers = peers_, flight] {
+    const comm::IssuerLabel label(*peers, schedule::to_string(flight->instruction));
     flight->work = peers->send_async(flight->buffer, flight->instruction.peer, flight->instruction.slot);
   });
   flight->issued.record(point_to_point_);
@@ -421,6 +425,7 @@ void Executor::post_receive(const schedule::Instruction& ins) {
   });
   order_after(compute_, point_to_point_);
   point_to_point_.enqueue([peers = peers_, flight] {
+    const comm::IssuerLabel label(*peers, schedule::to_string(flight->instruction));
     flight->work = peers->recv_async(flight->buffer, flight->instruction.peer, flight->instruction.slot);
   });
   receives_.emplace(receive_key(ins), std::move(flight));

@@ -6,6 +6,8 @@
 #include "optim/zero_partition.h"
 #include "plan/rank_schedule.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -485,6 +487,7 @@ std::unique_ptr<comm::Work> TrainingEngine::reduce_bucket(int bucket) {
   comm::Communicator* group = reduction_.group_of(b);
   if (group == nullptr) return nullptr;
   const Tensor grads = model_.grads().view(b.begin, {b.end - b.begin});
+  const comm::IssuerLabel label(*group, fmt::format("ReduceGrads(bucket={})", bucket));
   std::unique_ptr<comm::Work> work = precision_.start_reduction(grads, [&](const Tensor& buffer) {
     return zero_.start_reduction(b.id, *group, buffer);
   });

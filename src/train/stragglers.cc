@@ -73,11 +73,13 @@ std::optional<StragglerWindow> StragglerMonitor::after_step(double compute_secon
   const auto size = static_cast<std::size_t>(world_.size());
   double mine[3] = {compute_, exposed_, static_cast<double>(steps_)};
   std::vector<double> all(3 * size, 0.0);
-  if (size > 1)
+  if (size > 1) {
+    const comm::IssuerLabel label(world_, "straggler window (log.every)");
     world_.all_gather(Tensor::of(mine, {3}),
                       Tensor::of(all.data(), {static_cast<std::int64_t>(all.size())}));
-  else
+  } else {
     std::copy(mine, mine + 3, all.begin());
+  }
   std::vector<double> compute(size), exposed(size);
   for (std::size_t r = 0; r < size; ++r) {
     compute[r] = all[3 * r];

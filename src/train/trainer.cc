@@ -894,8 +894,10 @@ class Run {
   int agree_on_stop() {
     if (!stop_signals_) return 0;
     std::int64_t received = stop_signals_->received();
-    if (mesh_.world_size() > 1)
+    if (mesh_.world_size() > 1) {
+      const comm::IssuerLabel label(mesh_.world(), "stop agreement (end of step)");
       mesh_.world().all_reduce(Tensor::of(&received, {1}), comm::ReduceOp::max);
+    }
     return static_cast<int>(received);
   }
 

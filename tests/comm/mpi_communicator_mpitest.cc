@@ -10,6 +10,8 @@
 #include "mpi_test_support.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 #include <mpi.h>
 
 #include <chrono>
@@ -17,6 +19,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -643,6 +647,62 @@ TEST(MpiCommunicator, TimeoutOfARecvNamesPeerAndTag) {
                         "completed after 0.1 s on rank {} (world rank {}); a peer is missing or "
                         "stuck",
                         previous, late.size(), late.rank(), runtime().world_rank()));
+}
+
+// With a flight recorder, a timeout writes the record first: the late all_reduce is there,
+// started and unfinished, numbered after the group's earlier collectives and labelled by its
+// issuer, and the timeout's message says where the record is.
+TEST(MpiCommunicator, ATimeoutWritesTheFlightRecord) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    fmt::format("oases_flight_mpitest_{}", getppid()) / "flight";
+  auto recorder = std::make_shared<FlightRecorder>(
+      dir.string(), FlightIdentity{runtime().world_rank(), runtime().world_size(), "h"}, 16);
+  TimeoutLog log;
+  MpiCommunicatorOptions options = recording_options(log, 0.2);
+  options.flight = recorder;
+  MpiCommunicator late(MPI_COMM_WORLD, "late", options);
+  MpiCommunicator sync(MPI_COMM_WORLD, "sync", test_options());
+  std::vector<double> buffer(9, 1.0);
+  late.set_issuer("first");
+  late.all_reduce(view(buffer), ReduceOp::sum);
+  late.set_issuer({});
+  late.barrier();
+  if (late.rank() == 0 && late.size() > 1) {
+    std::unique_ptr<Work> work;
+    {
+      const IssuerLabel label(late, "F(attention.5, mb=1, sb=0)");
+      work = late.all_reduce_async(view(buffer), ReduceOp::sum);
+    }
+    ASSERT_TRUE(log.wait_for_one(20)) << "no timeout report";
+    const auto messages = log.snapshot();
+    EXPECT_NE(messages[0].find("flight record written to " + (dir / "rank_0.json").string()),
+              std::string::npos) << messages[0];
+    std::ifstream in(dir / "rank_0.json");
+    const nlohmann::json record = nlohmann::json::parse(in);
+    EXPECT_EQ(record["reason"].get<std::string>().rfind("collective timeout: oases: all_reduce", 0),
+              0u) << record.dump();
+    const auto& ring = record["groups"][0];
+    EXPECT_EQ(ring["group"], "late");
+    EXPECT_EQ(ring["collectives_issued"], 3);
+    const auto& ops = ring["operations"];
+    ASSERT_EQ(ops.size(), 3u);
+    EXPECT_EQ(ops[0]["issuer"], "first");
+    EXPECT_EQ(ops[0]["state"], "finished");
+    EXPECT_EQ(ops[0]["bytes"], 72);
+    EXPECT_EQ(ops[0]["dtype"], "f64");
+    EXPECT_EQ(ops[1]["kind"], "barrier");
+    EXPECT_EQ(ops[1]["issuer"], "");
+    EXPECT_EQ(ops[2]["seq"], 3);
+    EXPECT_EQ(ops[2]["issuer"], "F(attention.5, mb=1, sb=0)");
+    EXPECT_EQ(ops[2]["state"], "started");
+    EXPECT_GE(ops[2]["waited_s"].get<double>(), 0.2);
+    sync.barrier();
+    work->wait();
+    std::filesystem::remove_all(dir.parent_path());
+  } else {
+    sync.barrier();
+    late.all_reduce(view(buffer), ReduceOp::sum);
+  }
 }
 
 TEST(MpiCommunicator, IssueTimeChecks) {
