@@ -86,6 +86,16 @@ class NamespaceHosts {
       return;
     }
 
+    // Entering a host must give its host name (a UTS namespace needs CAP_SYS_ADMIN, which
+    // some containers withhold even from root).
+    const CommandResult entered = run_command(enter(hosts_.front()) + "hostname");
+    if (entered.exit_code != 0 || entered.output != hosts_.front() + "\n") {
+      unavailable_ = "could not enter host " + hosts_.front() + " with its own host name:\n" +
+                     entered.output;
+      remove_namespaces();
+      return;
+    }
+
     std::ofstream hostfile(hostfile_path());
     for (const std::string& host : hosts_) hostfile << host << " slots=" << slots << "\n";
     std::ofstream agent(agent_path());
