@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -161,16 +162,24 @@ std::vector<std::string> launcher_hosts(const std::vector<int>& ranks) {
 #endif
 }
 
+// Each host of `hosts` with its ranks of `ranks` (one host per rank, in the same order), hosts
+// in the order of their first rank.
+std::vector<std::pair<std::string, std::vector<int>>> group_by_host(
+    const std::vector<int>& ranks, const std::vector<std::string>& hosts) {
+  std::vector<std::pair<std::string, std::vector<int>>> by_host;
+  std::map<std::string, std::size_t> index_of_host;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const auto [it, added] = index_of_host.emplace(hosts[i], by_host.size());
+    if (added) by_host.push_back({hosts[i], {}});
+    by_host[it->second].second.push_back(ranks[i]);
+  }
+  return by_host;
+}
+
 // "on host b", "on hosts b (ranks 2, 3) and c (rank 4)": where `ranks` sit, given `hosts` (one
 // per rank, in the same order).
 std::string describe_hosts_of(const std::vector<int>& ranks, const std::vector<std::string>& hosts) {
-  std::vector<std::pair<std::string, std::vector<int>>> by_host;  // in order of first rank
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    auto found = std::find_if(by_host.begin(), by_host.end(),
-                              [&](const auto& entry) { return entry.first == hosts[i]; });
-    if (found == by_host.end()) found = by_host.insert(by_host.end(), {hosts[i], {}});
-    found->second.push_back(ranks[i]);
-  }
+  const auto by_host = group_by_host(ranks, hosts);
   if (by_host.size() == 1) return "on host " + by_host.front().first;
   std::string out = "on hosts ";
   for (std::size_t h = 0; h < by_host.size(); ++h) {
@@ -425,19 +434,13 @@ std::optional<int> launcher_rank() {
 std::string describe_rank_hosts(const std::vector<std::string>& rank_hosts) {
   std::vector<int> ranks(rank_hosts.size());
   for (std::size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
-  std::vector<std::string> hosts_in_order;
-  for (const std::string& host : rank_hosts)
-    if (std::find(hosts_in_order.begin(), hosts_in_order.end(), host) == hosts_in_order.end())
-      hosts_in_order.push_back(host);
-  std::string out = fmt::format("{} rank{} on {} host{}:", rank_hosts.size(),
-                                rank_hosts.size() == 1 ? "" : "s", hosts_in_order.size(),
-                                hosts_in_order.size() == 1 ? "" : "s");
-  for (std::size_t h = 0; h < hosts_in_order.size(); ++h) {
-    std::vector<int> on_host;
-    for (int r : ranks)
-      if (rank_hosts[static_cast<std::size_t>(r)] == hosts_in_order[h]) on_host.push_back(r);
-    out += fmt::format("{} {} (rank{} {})", h == 0 ? "" : ",", hosts_in_order[h],
-                       on_host.size() == 1 ? "" : "s", format_ranks(on_host));
+  const auto by_host = group_by_host(ranks, rank_hosts);
+  std::string out = fmt::format("{} rank{} on {} host{}:", ranks.size(), ranks.size() == 1 ? "" : "s",
+                                by_host.size(), by_host.size() == 1 ? "" : "s");
+  for (std::size_t h = 0; h < by_host.size(); ++h) {
+    const auto& [host, on_host] = by_host[h];
+    out += fmt::format("{} {} (rank{} {})", h == 0 ? "" : ",", host, on_host.size() == 1 ? "" : "s",
+                       format_ranks(on_host));
   }
   return out;
 }

@@ -8,7 +8,8 @@
 // optimizer state of the single process in fp64 to 1e-10 (see tests/mpi/layouts_test.cc), and
 // the start-up line says which ranks run where; a checkpoint written by a two-host run resumes
 // on one host with the uninterrupted run's losses; and ranks of a host that never reach MPI
-// start-up end the job at parallel.startup_timeout_s with a message naming that host.
+// start-up end the job at parallel.startup_timeout_s with a message naming that host (of two
+// hosts, and of three, two of them absent).
 #include "support/command.h"
 #include "support/hosts.h"
 #include "support/pipeline_runs.h"
@@ -154,14 +155,15 @@ TEST_F(SeveralHosts, CheckpointWrittenOverTwoHostsResumesOnOne) {
                       dir_ / "two_hosts/ckpt/step_6/model.safetensors", "resumed on one host");
 }
 
-TEST_F(SeveralHosts, HostWhoseRanksNeverStartIsNamedAtTheStartupTimeout) {
-  NamespaceHosts hosts(dir_, 2, 2);
-  SKIP_UNLESS_UP(hosts);
-  // Host b's ranks never reach MPI_Init; host a's wait in it until the start-up timeout.
+// Runs `oases train` on every rank of `hosts` but those on the hosts `absent` (whose ranks
+// never reach MPI_Init) with a start-up timeout of 5 s; expects the job to fail within 40 s
+// and returns what it printed.
+std::string run_with_absent_hosts(const NamespaceHosts& hosts, int ranks, const std::string& absent,
+                                  const fs::path& config, const std::string& layout) {
   const std::string command =
-      hosts.mpirun_prefix(4) + "sh -c 'if [ \"$(hostname)\" = b ]; then sleep 120; fi; exec " +
-      OASES_BINARY + " train --quiet --config " + (dir_ / "gpt.toml").string() +
-      " --set checkpoint.dir=\\\"\\\" parallel.tp=2 parallel.dp=2 parallel.startup_timeout_s=5'";
+      hosts.mpirun_prefix(ranks) + "sh -c 'case \"$(hostname)\" in " + absent +
+      ") sleep 120;; esac; exec " + OASES_BINARY + " train --quiet --config " + config.string() +
+      " --set checkpoint.dir=\\\"\\\" " + layout + " parallel.startup_timeout_s=5'";
   const auto start = std::chrono::steady_clock::now();
   const CommandResult r = run_command("timeout -s KILL 90 " + command);
   const double seconds =
@@ -169,7 +171,25 @@ TEST_F(SeveralHosts, HostWhoseRanksNeverStartIsNamedAtTheStartupTimeout) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_LT(seconds, 40) << "the job did not end at the start-up timeout:\n" << r.output;
   EXPECT_NE(r.output.find("parallel.startup_timeout_s = 5"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("ranks 2, 3 did not start (on host b;"), std::string::npos) << r.output;
+  return r.output;
+}
+
+TEST_F(SeveralHosts, HostWhoseRanksNeverStartIsNamedAtTheStartupTimeout) {
+  NamespaceHosts hosts(dir_, 2, 2);
+  SKIP_UNLESS_UP(hosts);
+  const std::string output =
+      run_with_absent_hosts(hosts, 4, "b", dir_ / "gpt.toml", "parallel.tp=2 parallel.dp=2");
+  EXPECT_NE(output.find("ranks 2, 3 did not start (on host b;"), std::string::npos) << output;
+}
+
+TEST_F(SeveralHosts, EveryHostWhoseRanksNeverStartIsNamed) {
+  NamespaceHosts hosts(dir_, 3, 1);
+  SKIP_UNLESS_UP(hosts);
+  const std::string output = run_with_absent_hosts(hosts, 3, "b|c", dir_ / "gpt.toml",
+                                                   "parallel.dp=3 train.global_batch=6");
+  EXPECT_NE(output.find("ranks 1, 2 did not start (on hosts b (rank 1) and c (rank 2);"),
+            std::string::npos)
+      << output;
 }
 
 }  // namespace
