@@ -4,14 +4,18 @@
 #   scripts/install-deps.sh --test   also what the test suite needs (PyTorch for parity tests;
 #                                    clang, its libFuzzer and sanitizer runtimes and OpenMP for
 #                                    the fuzz targets; chromium, which draws `oases report`'s
-#                                    page in the browser test)
+#                                    page in the browser test; iproute2, whose network
+#                                    namespaces and tc stand for hosts and their links in the
+#                                    multi-host tests)
+# libopenmpi-dev brings libpmix-dev, through which a start-up timeout names the host of a
+# rank that never arrived.
 set -euo pipefail
 
 packages=(git cmake ninja-build g++ pkg-config libopenblas-openmp-dev libtomlplusplus-dev coinor-libcbc-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenmpi-dev openmpi-bin zlib1g-dev libsentencepiece-dev libdnnl-dev ocl-icd-opencl-dev fortunes)
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(python3 python3-torch python3-numpy strace clang-14 libclang-rt-14-dev libomp-14-dev chromium)
+  packages+=(python3 python3-torch python3-numpy strace iproute2 clang-14 libclang-rt-14-dev libomp-14-dev chromium)
 fi
 
 missing=()

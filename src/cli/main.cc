@@ -153,6 +153,8 @@ int train_on_mpi_ranks(const oases::plan::RunConfig& config,
       config.parallel, [&](auto& runtime, const auto& comm_options, auto& mesh) {
         world_rank = runtime.world_rank();
         oases::train::TrainOptions options = rank_options;
+        if (options.progress && world_rank == 0 && runtime.world_size() > 1)
+          oases::log_info("hosts: {}", oases::comm::describe_rank_hosts(runtime.rank_hosts()));
         options.placement = runtime.placement();
         options.most_crowded_placement = runtime.most_crowded_placement();
         oases::plan::RunConfig run_config = config;

@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 #include <mpi.h>
+#if OASES_HAVE_PMIX
+#include <pmix.h>
+#endif
 #include <sched.h>
 #include <unistd.h>
 
@@ -15,12 +18,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <cstring>
 #include <system_error>
-#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -117,6 +120,76 @@ std::string process_state(long pid) {
   return "";
 }
 
+// The host the launcher placed each of `ranks` on, asked of its PMIx server (which knows the
+// whole job's map before any rank starts); empty when no PMIx launcher started this process,
+// oases was built without PMIx, or the server cannot name one of them.
+//
+// Called by the start-up watchdog while MPI_Init may be inside PMIx on another thread: PMIx
+// counts its initialisations, so this one joins Open MPI's (or is joined by it), and lookups
+// are served by PMIx's own progress thread. It is never finalised: the caller ends the
+// process right after.
+std::vector<std::string> launcher_hosts(const std::vector<int>& ranks) {
+#if OASES_HAVE_PMIX
+  if (!has_env("PMIX_NAMESPACE") || ranks.empty()) return {};
+  pmix_proc_t self{};
+  if (PMIx_Init(&self, nullptr, 0) != PMIX_SUCCESS) return {};
+  // Only what the local server already holds (the job map), and never a long wait: the
+  // watchdog must end the process whatever PMIx does.
+  pmix_info_t lookup[2]{};
+  const bool local_only = true;
+  const int timeout_seconds = 2;
+  PMIx_Info_load(&lookup[0], PMIX_OPTIONAL, &local_only, PMIX_BOOL);
+  PMIx_Info_load(&lookup[1], PMIX_TIMEOUT, &timeout_seconds, PMIX_INT);
+  std::vector<std::string> hosts;
+  for (int rank : ranks) {
+    pmix_proc_t proc{};
+    std::memcpy(proc.nspace, self.nspace, sizeof(proc.nspace));
+    proc.rank = static_cast<pmix_rank_t>(rank);
+    pmix_value_t* value = nullptr;
+    std::string host;
+    if (PMIx_Get(&proc, PMIX_HOSTNAME, lookup, 2, &value) == PMIX_SUCCESS && value != nullptr) {
+      if (value->type == PMIX_STRING && value->data.string != nullptr) host = value->data.string;
+      PMIx_Value_destruct(value);
+      std::free(value);
+    }
+    if (host.empty()) return {};
+    hosts.push_back(std::move(host));
+  }
+  return hosts;
+#else
+  (void)ranks;
+  return {};
+#endif
+}
+
+// Each host of `hosts` with its ranks of `ranks` (one host per rank, in the same order), hosts
+// in the order of their first rank.
+std::vector<std::pair<std::string, std::vector<int>>> group_by_host(
+    const std::vector<int>& ranks, const std::vector<std::string>& hosts) {
+  std::vector<std::pair<std::string, std::vector<int>>> by_host;
+  std::map<std::string, std::size_t> index_of_host;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const auto [it, added] = index_of_host.emplace(hosts[i], by_host.size());
+    if (added) by_host.push_back({hosts[i], {}});
+    by_host[it->second].second.push_back(ranks[i]);
+  }
+  return by_host;
+}
+
+// "on host b", "on hosts b (ranks 2, 3) and c (rank 4)": where `ranks` sit, given `hosts` (one
+// per rank, in the same order).
+std::string describe_hosts_of(const std::vector<int>& ranks, const std::vector<std::string>& hosts) {
+  const auto by_host = group_by_host(ranks, hosts);
+  if (by_host.size() == 1) return "on host " + by_host.front().first;
+  std::string out = "on hosts ";
+  for (std::size_t h = 0; h < by_host.size(); ++h) {
+    const auto& [host, host_ranks] = by_host[h];
+    out += fmt::format("{}{} (rank{} {})", h == 0 ? "" : h + 1 == by_host.size() ? " and " : ", ",
+                       host, host_ranks.size() == 1 ? "" : "s", format_ranks(host_ranks));
+  }
+  return out;
+}
+
 // What the markers of this job say about ranks that have not finished start-up.
 std::string describe_missing_ranks(const std::filesystem::path& dir, const LaunchIdentity& id) {
   if (dir.empty() || id.size <= 0)
@@ -141,9 +214,13 @@ std::string describe_missing_ranks(const std::filesystem::path& dir, const Launc
   if (!never_started.empty()) {
     out = fmt::format("rank{} {} did not start", never_started.size() == 1 ? "" : "s",
                       format_ranks(never_started));
-    if (!whole_job_here)
-      out += fmt::format(" (no marker in {}; ranks on other hosts leave theirs on their own host)",
+    if (!whole_job_here) {
+      const std::vector<std::string> hosts = launcher_hosts(never_started);
+      out += fmt::format(" ({}no marker in {}; ranks on other hosts leave theirs on their own "
+                         "host, so those there may have started unless the folder is shared)",
+                         hosts.empty() ? "" : describe_hosts_of(never_started, hosts) + "; ",
                          dir.string());
+    }
   } else {
     out = fmt::format("all {} ranks started but MPI start-up did not finish on every one", id.size);
   }
@@ -299,8 +376,14 @@ struct PlacementRecord {
   char host[64];
 };
 
-// This rank's placement (collective over MPI_COMM_WORLD) and the most crowded host's.
-std::pair<HostPlacement, HostPlacement> find_placements(int world_size) {
+struct Placements {
+  HostPlacement mine, most_crowded;
+  std::vector<std::string> rank_hosts;  // per world rank
+};
+
+// This rank's placement, the most crowded host's and every rank's host (collective over
+// MPI_COMM_WORLD).
+Placements find_placements(int world_size) {
   MPI_Comm host_comm = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host_comm);
   int ranks_on_host = 1;
@@ -332,16 +415,34 @@ std::pair<HostPlacement, HostPlacement> find_placements(int world_size) {
     if (static_cast<long>(r.ranks_on_host) * crowded->cores_on_host >
         static_cast<long>(crowded->ranks_on_host) * r.cores_on_host)
       crowded = &r;
-  HostPlacement most_crowded{std::string(crowded->host, strnlen(crowded->host, sizeof(crowded->host))),
-                             crowded->ranks_on_host, crowded->cores_on_host,
+  const auto host_of = [](const PlacementRecord& r) {
+    return std::string(r.host, strnlen(r.host, sizeof(r.host)));
+  };
+  HostPlacement most_crowded{host_of(*crowded), crowded->ranks_on_host, crowded->cores_on_host,
                              crowded->cores_of_rank};
-  return {placement, most_crowded};
+  std::vector<std::string> rank_hosts;
+  for (const PlacementRecord& r : records) rank_hosts.push_back(host_of(r));
+  return {placement, most_crowded, std::move(rank_hosts)};
 }
 
 }  // namespace
 
 std::optional<int> launcher_rank() {
   return env_int({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"});
+}
+
+std::string describe_rank_hosts(const std::vector<std::string>& rank_hosts) {
+  std::vector<int> ranks(rank_hosts.size());
+  for (std::size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
+  const auto by_host = group_by_host(ranks, rank_hosts);
+  std::string out = fmt::format("{} rank{} on {} host{}:", ranks.size(), ranks.size() == 1 ? "" : "s",
+                                by_host.size(), by_host.size() == 1 ? "" : "s");
+  for (std::size_t h = 0; h < by_host.size(); ++h) {
+    const auto& [host, on_host] = by_host[h];
+    out += fmt::format("{} {} (rank{} {})", h == 0 ? "" : ",", host, on_host.size() == 1 ? "" : "s",
+                       format_ranks(on_host));
+  }
+  return out;
 }
 
 HostPlacement this_process_placement() {
@@ -410,7 +511,10 @@ MpiRuntime::MpiRuntime(double startup_timeout_seconds) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
   if (timed && world_size_ > 1)
     check_in_with_rank_zero(world_rank_, world_size_, deadline, startup_timeout_seconds);
-  std::tie(placement_, most_crowded_) = find_placements(world_size_);
+  Placements placements = find_placements(world_size_);
+  placement_ = std::move(placements.mine);
+  most_crowded_ = std::move(placements.most_crowded);
+  rank_hosts_ = std::move(placements.rank_hosts);
 }
 
 MpiRuntime::~MpiRuntime() { MPI_Finalize(); }

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace oases::comm {
 
@@ -45,6 +46,12 @@ struct HostPlacement {
 // The placement of a process started without a launcher: one rank on its host.
 HostPlacement this_process_placement();
 
+// How the ranks of a job sit on hosts, for the start-up line: "4 ranks on 2 hosts: a (ranks
+// 0, 1), b (ranks 2, 3)". `rank_hosts` holds each world rank's host name (MpiRuntime::
+// rank_hosts()); hosts are listed in the order of their lowest rank, a host's ranks compactly
+// ("0-3" for a run of three or more).
+std::string describe_rank_hosts(const std::vector<std::string>& rank_hosts);
+
 // Where ranks of this job leave their start-up markers: <temp dir>/oases-startup-<job id>,
 // with the job id from the launcher (PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid, or SLURM's job
 // and step ids). Empty when the launcher gives no job id (then no markers are written).
@@ -62,8 +69,10 @@ std::string startup_marker_directory();
 // otherwise hang its peers inside MPI_Init, where no communicator timeout can reach them.
 //   - While MPI_Init runs, a watchdog thread waits for the deadline. Each rank leaves a marker
 //     file (startup_marker_directory()) before MPI_Init, so on expiry the watchdog can name
-//     the ranks on this host that never started; it prints them and ends the process with
-//     exit code 3, which makes the launcher end the job.
+//     the ranks that never started (a marker is seen on its own host, or wherever that folder
+//     is shared); where the launcher runs a PMIx server (Open MPI's mpirun, srun --mpi=pmix),
+//     the host it placed each of them on is named too. It prints them and ends the process
+//     with exit code 3, which makes the launcher end the job.
 //   - After MPI_Init, every rank sends rank 0 a message and waits for its reply; rank 0 names
 //     the ranks whose message did not arrive before the deadline and aborts the job.
 //
@@ -87,12 +96,15 @@ class MpiRuntime {
   // cores_on_host; the lowest rank among ties), the same on every rank, so that rank 0 can
   // speak for every host.
   const HostPlacement& most_crowded_placement() const { return most_crowded_; }
+  // Every world rank's host name (as each rank's gethostname() gives it), indexed by rank.
+  const std::vector<std::string>& rank_hosts() const { return rank_hosts_; }
 
  private:
   int world_rank_ = 0;
   int world_size_ = 1;
   HostPlacement placement_;
   HostPlacement most_crowded_;
+  std::vector<std::string> rank_hosts_;
 };
 
 // Settings of an MPI communicator (kept here, free of MPI types, so that Mesh can take them).

@@ -89,5 +89,16 @@ TEST(MpiRuntime, LaunchedByMpiReadsTheLaunchersEnvironment) {
   }
 }
 
+TEST(MpiRuntime, StartupLineListsEachHostWithItsRanks) {
+  EXPECT_EQ(describe_rank_hosts({"a", "a", "b", "b"}),
+            "4 ranks on 2 hosts: a (ranks 0, 1), b (ranks 2, 3)");
+  // mpirun --map-by node deals ranks out in turn.
+  EXPECT_EQ(describe_rank_hosts({"a", "b", "a", "b"}),
+            "4 ranks on 2 hosts: a (ranks 0, 2), b (ranks 1, 3)");
+  EXPECT_EQ(describe_rank_hosts({"node7", "node7", "node7", "node2"}),
+            "4 ranks on 2 hosts: node7 (ranks 0-2), node2 (rank 3)");
+  EXPECT_EQ(describe_rank_hosts({"solo"}), "1 rank on 1 host: solo (rank 0)");
+}
+
 }  // namespace
 }  // namespace oases::comm
