@@ -86,7 +86,8 @@ using RankBody =
 
 //
 // With a flight directory (log.flight_records > 0), every communicator keeps a flight record
-// (comm/flight_recorder.h), written there on a hang, an error, a fatal signal or SIGUSR2.
+// (comm/flight_recorder.h), written there on a hang, an error, a fatal or stop signal,
+// SIGUSR2 or a start-up timeout.
 struct FlightSettings {
   std::string directory;  // empty: no flight recorder
   std::int64_t records = 0;
@@ -94,13 +95,13 @@ struct FlightSettings {
 
 int run_on_every_rank(const oases::plan::ParallelConfig& parallel, const RankBody& body,
                       const FlightSettings& flight_settings = {}) {
-  oases::comm::MpiRuntime runtime(parallel.startup_timeout_s);
+  oases::comm::MpiRuntime runtime(parallel.startup_timeout_s, flight_settings.directory);
   std::shared_ptr<oases::comm::FlightRecorder> flight;
   if (!flight_settings.directory.empty()) {
     flight = std::make_shared<oases::comm::FlightRecorder>(
         flight_settings.directory,
         oases::comm::FlightIdentity{runtime.world_rank(), runtime.world_size(),
-                                    runtime.placement().host},
+                                    runtime.placement().host, runtime.rank_hosts()},
         flight_settings.records);
     flight->watch_signals();
   }

@@ -263,6 +263,7 @@ std::string FlightRecorder::dump_now(const std::string& reason) const {
       {"rank", identity_.world_rank},
       {"world_size", identity_.world_size},
       {"host", identity_.host},
+      {"hosts", identity_.rank_hosts},
       {"pid", static_cast<long>(getpid())},
       {"reason", reason},
       {"written_at", unix_seconds(std::chrono::system_clock::now())},

@@ -136,6 +136,9 @@ struct FlightIdentity {
   int world_rank = 0;
   int world_size = 1;
   std::string host;
+  // Every world rank's host, when known (MpiRuntime::rank_hosts()): the record names the host
+  // of a rank that wrote none itself.
+  std::vector<std::string> rank_hosts;
 };
 
 class FlightRecorder {

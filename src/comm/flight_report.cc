@@ -127,6 +127,8 @@ class Diagnoser {
   Diagnoser(const FlightRecords& records, double min_wait_s)
       : world_size_(records.world_size), min_wait_s_(min_wait_s) {
     for (const auto& record : records.ranks) {
+      const auto hosts = record.value("hosts", std::vector<std::string>{});
+      for (std::size_t r = 0; r < hosts.size(); ++r) hosts_[static_cast<int>(r)] = hosts[r];
       RankView view = read_rank(record);
       const int rank = view.rank;
       ranks_[rank] = std::move(view);
@@ -136,6 +138,7 @@ class Diagnoser {
   FlightDiagnosis run(const std::string& directory) {
     FlightDiagnosis out;
     write_notes(directory, out.notes);
+    find_startup_failure(out.findings);
     find_disagreements(out.findings);
     std::vector<std::string> waits = find_waits();
     out.findings.insert(out.findings.end(), waits.begin(), waits.end());
@@ -144,17 +147,23 @@ class Diagnoser {
   }
 
  private:
+  // The host of `rank`: its own record's, else what another record says; empty if none does.
+  std::string host_of(int rank) const {
+    if (const auto it = ranks_.find(rank); it != ranks_.end() && !it->second.host.empty())
+      return it->second.host;
+    const auto it = hosts_.find(rank);
+    return it == hosts_.end() ? "" : it->second;
+  }
   std::string who(int rank) const {
-    const auto it = ranks_.find(rank);
-    if (it == ranks_.end() || it->second.host.empty()) return fmt::format("rank {}", rank);
-    return fmt::format("rank {} (host {})", rank, it->second.host);
+    const std::string host = host_of(rank);
+    if (host.empty()) return fmt::format("rank {}", rank);
+    return fmt::format("rank {} (host {})", rank, host);
   }
   std::string who(const std::vector<int>& ranks) const {
     if (ranks.size() == 1) return who(ranks.front());
     std::set<std::string> hosts;
     for (int r : ranks)
-      if (auto it = ranks_.find(r); it != ranks_.end() && !it->second.host.empty())
-        hosts.insert(it->second.host);
+      if (const std::string host = host_of(r); !host.empty()) hosts.insert(host);
     if (hosts.empty()) return fmt::format("ranks {}", ranks_text(ranks));
     return fmt::format("ranks {} (host{} {})", ranks_text(ranks), hosts.size() == 1 ? "" : "s",
                        fmt::join(hosts, ", "));
@@ -211,6 +220,22 @@ class Diagnoser {
     for (const Op& op : g.ops)
       if (!op.point_to_point() && op.seq == seq) return &op;
     return nullptr;
+  }
+
+  // Ranks that gave up waiting for the others at start-up say which ranks (and hosts) never
+  // came: their message is the finding.
+  void find_startup_failure(std::vector<std::string>& findings) const {
+    constexpr std::string_view kStartup = "start-up timeout: ";
+    std::map<std::string, std::vector<int>> by_message;
+    for (const auto& [rank, view] : ranks_)
+      if (view.reason.rfind(kStartup, 0) == 0) {
+        // "rank 2 of 4: the job did not start ..." from each rank: one finding per message.
+        static const std::regex kRankPrefix(R"(^rank \d+ of \d+: )");
+        by_message[std::regex_replace(view.reason.substr(kStartup.size()), kRankPrefix, "")]
+            .push_back(rank);
+      }
+    for (const auto& [message, ranks] : by_message)
+      findings.push_back(fmt::format("the job did not start; {} reported: {}", who(ranks), message));
   }
 
   void find_disagreements(std::vector<std::string>& findings) {
@@ -494,6 +519,7 @@ class Diagnoser {
   int world_size_ = 0;
   double min_wait_s_ = 0;
   std::map<int, RankView> ranks_;
+  std::map<int, std::string> hosts_;  // every rank's host, from records that list them
   std::map<std::string, std::int64_t> disagreements_;  // group key -> first collective
 };
 

@@ -228,12 +228,23 @@ std::string describe_missing_ranks(const std::filesystem::path& dir, const Launc
   return out;
 }
 
+// A flight record without operations whose reason is the start-up timeout's message (the line
+// as printed, without "error: " and the newline), when the run keeps flight records.
+void leave_startup_flight_record(const std::string& flight_dir, int rank, int size,
+                                 std::string message) {
+  if (flight_dir.empty() || rank < 0) return;
+  if (message.rfind("error: ", 0) == 0) message.erase(0, 7);
+  while (!message.empty() && message.back() == '\n') message.pop_back();
+  FlightRecorder(flight_dir, FlightIdentity{rank, std::max(size, rank + 1), host_name(), {}})
+      .dump_now("start-up timeout: " + message);
+}
+
 // Waits on its own thread while MPI_Init runs; if the deadline passes first, it reports the
 // ranks that did not start and ends this process (no MPI call can be made yet).
 class InitWatchdog {
  public:
   InitWatchdog(std::chrono::steady_clock::time_point deadline, double timeout_seconds,
-               std::filesystem::path marker_dir, LaunchIdentity id)
+               std::filesystem::path marker_dir, LaunchIdentity id, std::string flight_dir)
       : thread_([=, this] {
           std::unique_lock lock(mutex_);
           if (done_changed_.wait_until(lock, deadline, [this] { return done_; })) return;
@@ -245,11 +256,11 @@ class InitWatchdog {
               id.rank, id.size, timeout_seconds, describe_missing_ranks(marker_dir, id));
           std::fputs(message.c_str(), stderr);
           std::fflush(stderr);
-          if (!marker_dir.empty()) {
-            std::error_code ignored;
-            std::filesystem::remove(marker_path(marker_dir, id.rank), ignored);
-            std::filesystem::remove(marker_dir, ignored);  // only once no marker remains
-          }
+          leave_startup_flight_record(flight_dir, id.rank, id.size, message);
+          // The marker stays: the watchdogs of the other ranks that did start fire a moment
+          // later and must not count this one among those that never came. The folder is
+          // named after the job, so what a failed start leaves in the temporary folder is
+          // one small folder per failed job.
           // A non-zero exit makes the launcher end the other ranks.
           _exit(3);
         }) {}
@@ -274,7 +285,7 @@ class InitWatchdog {
 // names the ranks it did not hear from; the others give rank 0 a few seconds longer, so that
 // its more precise report ends the job first.
 void check_in_with_rank_zero(int rank, int size, std::chrono::steady_clock::time_point deadline,
-                             double timeout_seconds) {
+                             double timeout_seconds, const std::string& flight_dir) {
   constexpr int kStartupTag = 0x5a7e;
   using namespace std::chrono_literals;
   const auto poll_until = [](std::vector<MPI_Request>& requests,
@@ -302,14 +313,14 @@ void check_in_with_rank_zero(int rank, int size, std::chrono::steady_clock::time
         MPI_Test(&requests[static_cast<std::size_t>(peer - 1)], &done, MPI_STATUS_IGNORE);
         if (!done) missing.push_back(peer);
       }
-      std::fputs(fmt::format("error: rank 0 of {}: rank{} {} did not check in within "
-                             "parallel.startup_timeout_s = {} s after MPI start-up; look for a "
-                             "stopped, crashed or overloaded rank, or raise the timeout\n",
-                             size, missing.size() == 1 ? "" : "s", format_ranks(missing),
-                             timeout_seconds)
-                     .c_str(),
-                 stderr);
+      const std::string message = fmt::format(
+          "error: rank 0 of {}: rank{} {} did not check in within parallel.startup_timeout_s = "
+          "{} s after MPI start-up; look for a stopped, crashed or overloaded rank, or raise the "
+          "timeout\n",
+          size, missing.size() == 1 ? "" : "s", format_ranks(missing), timeout_seconds);
+      std::fputs(message.c_str(), stderr);
       std::fflush(stderr);
+      leave_startup_flight_record(flight_dir, rank, size, message);
       MPI_Abort(MPI_COMM_WORLD, 3);
     }
     for (int peer = 1; peer < size; ++peer)
@@ -321,13 +332,13 @@ void check_in_with_rank_zero(int rank, int size, std::chrono::steady_clock::time
   MPI_Isend(&byte, 1, MPI_CHAR, 0, kStartupTag, MPI_COMM_WORLD, &requests[0]);
   MPI_Irecv(&reply, 1, MPI_CHAR, 0, kStartupTag, MPI_COMM_WORLD, &requests[1]);
   if (!poll_until(requests, deadline + 5s)) {
-    std::fputs(fmt::format("error: rank {} of {}: rank 0 did not confirm start-up within "
-                           "parallel.startup_timeout_s = {} s; look for a stopped, crashed or "
-                           "overloaded rank 0\n",
-                           rank, size, timeout_seconds)
-                   .c_str(),
-               stderr);
+    const std::string message = fmt::format(
+        "error: rank {} of {}: rank 0 did not confirm start-up within "
+        "parallel.startup_timeout_s = {} s; look for a stopped, crashed or overloaded rank 0\n",
+        rank, size, timeout_seconds);
+    std::fputs(message.c_str(), stderr);
     std::fflush(stderr);
+    leave_startup_flight_record(flight_dir, rank, size, message);
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
 }
@@ -469,7 +480,7 @@ bool launched_by_mpi() {
          has_env("PMIX_RANK") || has_env("MV2_COMM_WORLD_SIZE");
 }
 
-MpiRuntime::MpiRuntime(double startup_timeout_seconds) {
+MpiRuntime::MpiRuntime(double startup_timeout_seconds, std::string flight_directory) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
@@ -496,7 +507,7 @@ MpiRuntime::MpiRuntime(double startup_timeout_seconds) {
   int provided = MPI_THREAD_SINGLE;
   {
     std::optional<InitWatchdog> watchdog;
-    if (timed) watchdog.emplace(deadline, startup_timeout_seconds, marker_dir, id);
+    if (timed) watchdog.emplace(deadline, startup_timeout_seconds, marker_dir, id, flight_directory);
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
   }
   if (provided < MPI_THREAD_MULTIPLE) {
@@ -510,7 +521,8 @@ MpiRuntime::MpiRuntime(double startup_timeout_seconds) {
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
   if (timed && world_size_ > 1)
-    check_in_with_rank_zero(world_rank_, world_size_, deadline, startup_timeout_seconds);
+    check_in_with_rank_zero(world_rank_, world_size_, deadline, startup_timeout_seconds,
+                            flight_directory);
   Placements placements = find_placements(world_size_);
   placement_ = std::move(placements.mine);
   most_crowded_ = std::move(placements.most_crowded);

@@ -75,13 +75,16 @@ std::string startup_marker_directory();
 //     with exit code 3, which makes the launcher end the job.
 //   - After MPI_Init, every rank sends rank 0 a message and waits for its reply; rank 0 names
 //     the ranks whose message did not arrive before the deadline and aborts the job.
+//   - With a `flight_directory`, a rank that reports a start-up timeout also leaves its flight
+//     record there (comm/flight_recorder.h: no operations, the message as its reason), so that
+//     `oases flight` reads a job that never started like one that hung later.
 //
 // Throws UserError if the MPI library cannot provide MPI_THREAD_MULTIPLE (naming the level it
 // provided) and InternalError if MPI was already initialised or finalised in this process
 // (MPI allows one initialisation per process).
 class MpiRuntime {
  public:
-  explicit MpiRuntime(double startup_timeout_seconds = 0);
+  explicit MpiRuntime(double startup_timeout_seconds = 0, std::string flight_directory = "");
   ~MpiRuntime();
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;

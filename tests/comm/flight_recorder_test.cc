@@ -134,7 +134,7 @@ TEST(FlightRing, AGapBetweenPollsIsAStallButAWaitForWorkIsNot) {
 
 TEST(FlightRecorder, WritesOneRecordPerRankWithEveryRing) {
   const fs::path dir = testing::fresh_test_folder("flight_recorder_dump") / "flight";
-  FlightRecorder recorder(dir.string(), {3, 4, "host-b"}, 50);
+  FlightRecorder recorder(dir.string(), {3, 4, "host-b", {}}, 50);
   EXPECT_FALSE(recorder.has_operations());
   auto tp = recorder.add_ring("tp", {2, 3}, 1);
   auto world = recorder.add_ring("world", {0, 1, 2, 3}, 3);
@@ -162,13 +162,13 @@ TEST(FlightRecorder, WritesOneRecordPerRankWithEveryRing) {
 TEST(FlightRecorder, AnUnwritableFolderIsReportedNotThrown) {
   const fs::path dir = testing::fresh_test_folder("flight_recorder_unwritable");
   std::ofstream(dir / "file") << "x";
-  FlightRecorder recorder((dir / "file" / "flight").string(), {0, 1, "h"}, 4);
+  FlightRecorder recorder((dir / "file" / "flight").string(), {0, 1, "h", {}}, 4);
   EXPECT_EQ(recorder.dump_now("test"), "");
 }
 
 TEST(FlightRecorder, Usr2WritesTheRecordAndTheProcessGoesOn) {
   const fs::path dir = testing::fresh_test_folder("flight_recorder_usr2") / "flight";
-  FlightRecorder recorder(dir.string(), {1, 2, "h"}, 8);
+  FlightRecorder recorder(dir.string(), {1, 2, "h", {}}, 8);
   recorder.add_ring("tp", {0, 1}, 1)->issued(collective("all_reduce", 2));
   recorder.watch_signals();
   ASSERT_EQ(std::raise(SIGUSR2), 0);
@@ -184,7 +184,7 @@ TEST(FlightRecorder, SignalHandlersAreRestoredWhenItGoes) {
   sigaction(SIGUSR2, nullptr, &before);
   {
     FlightRecorder recorder(testing::fresh_test_folder("flight_recorder_restore").string(),
-                            {0, 1, "h"}, 2);
+                            {0, 1, "h", {}}, 2);
     recorder.watch_signals();
     struct sigaction during{};
     sigaction(SIGUSR2, nullptr, &during);
@@ -199,7 +199,7 @@ TEST(FlightRecorderDeathTest, AFatalSignalWritesTheRecordThenEndsTheProcess) {
   const fs::path dir = testing::fresh_test_folder("flight_recorder_fatal") / "flight";
   EXPECT_EXIT(
       {
-        FlightRecorder recorder(dir.string(), {2, 4, "h"}, 8);
+        FlightRecorder recorder(dir.string(), {2, 4, "h", {}}, 8);
         recorder.add_ring("dp", {0, 2}, 1)->issued(collective("all_reduce", 2));
         recorder.watch_signals();
         std::raise(SIGSEGV);

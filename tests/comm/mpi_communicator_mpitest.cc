@@ -656,7 +656,7 @@ TEST(MpiCommunicator, ATimeoutWritesTheFlightRecord) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     fmt::format("oases_flight_mpitest_{}", getppid()) / "flight";
   auto recorder = std::make_shared<FlightRecorder>(
-      dir.string(), FlightIdentity{runtime().world_rank(), runtime().world_size(), "h"}, 16);
+      dir.string(), FlightIdentity{runtime().world_rank(), runtime().world_size(), "h", {}}, 16);
   TimeoutLog log;
   MpiCommunicatorOptions options = recording_options(log, 0.2);
   options.flight = recorder;

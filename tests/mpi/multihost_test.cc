@@ -9,8 +9,11 @@
 // the start-up line says which ranks run where; a checkpoint written by a two-host run resumes
 // on one host with the uninterrupted run's losses; and ranks of a host that never reach MPI
 // start-up end the job at parallel.startup_timeout_s with a message naming that host (of two
-// hosts, and of three, two of them absent).
+// hosts, and of three, two of them absent). A rank stopped on host b is named with its host by
+// `oases flight`, from the records of the ranks that waited for it.
+#include "support/background.h"
 #include "support/command.h"
+#include "support/files.h"
 #include "support/hosts.h"
 #include "support/pipeline_runs.h"
 #include "support/runs.h"
@@ -18,8 +21,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -177,9 +182,18 @@ std::string run_with_absent_hosts(const NamespaceHosts& hosts, int ranks, const 
 TEST_F(SeveralHosts, HostWhoseRanksNeverStartIsNamedAtTheStartupTimeout) {
   NamespaceHosts hosts(dir_, 2, 2);
   SKIP_UNLESS_UP(hosts);
-  const std::string output =
-      run_with_absent_hosts(hosts, 4, "b", dir_ / "gpt.toml", "parallel.tp=2 parallel.dp=2");
+  const fs::path flight = dir_ / "absent_b" / "flight";
+  const std::string output = run_with_absent_hosts(
+      hosts, 4, "b", dir_ / "gpt.toml",
+      "parallel.tp=2 parallel.dp=2 log.flight_dir=" + flight.string());
   EXPECT_NE(output.find("ranks 2, 3 did not start (on host b;"), std::string::npos) << output;
+  // The ranks that came left their flight records; `oases flight` tells the same story.
+  const CommandResult read = run_command(std::string(OASES_BINARY) + " flight " + flight.string());
+  EXPECT_EQ(read.exit_code, 0) << read.output;
+  EXPECT_NE(read.output.find("none from ranks 2, 3"), std::string::npos) << read.output;
+  EXPECT_NE(read.output.find("- the job did not start; "), std::string::npos) << read.output;
+  EXPECT_NE(read.output.find("ranks 2, 3 did not start (on host b;"), std::string::npos)
+      << read.output;
 }
 
 TEST_F(SeveralHosts, EveryHostWhoseRanksNeverStartIsNamed) {
@@ -190,6 +204,39 @@ TEST_F(SeveralHosts, EveryHostWhoseRanksNeverStartIsNamed) {
   EXPECT_NE(output.find("ranks 1, 2 did not start (on hosts b (rank 1) and c (rank 2);"),
             std::string::npos)
       << output;
+}
+
+TEST_F(SeveralHosts, ARankStoppedOnTheOtherHostIsNamedWithItsHost) {
+  NamespaceHosts hosts(dir_, 2, 1);
+  SKIP_UNLESS_UP(hosts);
+  const fs::path run = dir_ / "stopped_on_b";
+  fs::create_directories(run);
+  Background job(run, hosts.mpirun_prefix(2) +
+                          "sh -c 'echo $$ > " + run.string() +
+                          "/rank_$OMPI_COMM_WORLD_RANK.pid; exec \"$0\" \"$@\"' " + OASES_BINARY +
+                          " train --quiet --config " + (dir_ / "gpt.toml").string() +
+                          " --set parallel.tp=2 train.steps=100000 parallel.comm_timeout_s=3"
+                          " checkpoint.dir=\\\"\\\" log.metrics=" +
+                          quoted((run / "metrics.jsonl").string()) + " > output.txt 2>&1");
+  ASSERT_TRUE(wait_until(job, [&] {
+    return fs::exists(run / "rank_1.pid") && line_count(run / "metrics.jsonl") >= 3;
+  })) << read_bytes((run / "output.txt").string());
+  const pid_t on_b = static_cast<pid_t>(std::stol(read_bytes((run / "rank_1.pid").string())));
+  ASSERT_EQ(kill(on_b, SIGSTOP), 0);
+  EXPECT_NE(job.wait(), 0);
+  kill(on_b, SIGKILL);
+  const CommandResult read = run_command(std::string(OASES_BINARY) + " flight " + run.string());
+  ASSERT_EQ(read.exit_code, 0) << read.output;
+  std::string first;
+  std::istringstream lines(read.output);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("- ", 0) == 0) {
+      first = line;
+      break;
+    }
+  EXPECT_EQ(first.rfind("- rank 1 (host b) ", 0), 0u) << read.output;
+  EXPECT_NE(first.find("of tp group [0,1]"), std::string::npos) << read.output;
+  EXPECT_NE(first.find("rank 0 (host a) wait"), std::string::npos) << read.output;
 }
 
 }  // namespace
