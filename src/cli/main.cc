@@ -217,8 +217,18 @@ int run_train(const TrainArgs& args) {
                 "{} oases train ...`",
                 config.parallel.tp, config.parallel.dp, config.parallel.pp, ranks, ranks);
     oases::plan::RunConfig run_config = config;
-    if (oases::plan::parse_settings(config).plan == oases::plan::LayerPlanSource::automatic)
+    const oases::plan::Settings settings = oases::plan::parse_settings(config);
+    if (settings.plan == oases::plan::LayerPlanSource::automatic)
       run_config.parallel.plan = "uniform";  // one rank
+    // One process has no communicator to record, but answers SIGUSR2 and fatal signals as a
+    // rank of a job does (a record of where it was), rather than dying of SIGUSR2.
+    std::optional<oases::comm::FlightRecorder> flight;
+    if (!settings.flight_dir.empty()) {
+      flight.emplace(settings.flight_dir,
+                     oases::comm::FlightIdentity{0, 1, oases::comm::flight_host_name(), {}},
+                     config.log.flight_records);
+      flight->watch_signals();
+    }
     summary = oases::train::run_training(run_config, options);
   }
   // A stop signal's run saved and ended early (train.save_on_signal): 128 + the signal, as a

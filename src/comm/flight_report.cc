@@ -558,6 +558,7 @@ FlightRecords read_flight_records(const std::string& path) {
                   record.at("rank").get<int>());
       records.world_size = std::max(records.world_size, record.at("world_size").get<int>());
       read_rank(record);  // every field the diagnosis reads is there and typed
+      (void)record.value("hosts", std::vector<std::string>{});
     } catch (const std::exception& e) {
       throw UserError(fmt::format("{} is not a readable flight record: {}", file.string(), e.what()));
     }
