@@ -1,5 +1,4 @@
 // The `oases` command: verbs in the style of git. Every verb has --help.
-#include "comm/flight_report.h"
 #include "comm/job.h"
 #include "comm/mesh.h"
 #include "comm/mpi_runtime.h"
@@ -24,6 +23,7 @@
 #include "generate/generate.h"
 #include "train/pipeline_split.h"
 #include "train/profiler.h"
+#include "report/flight_report.h"
 #include "report/report.h"
 #include "train/threads.h"
 #include "train/trainer.h"
@@ -971,8 +971,8 @@ Verb add_flight(CLI::App& app, FlightArgs& a) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   return {c, [&a] {
-            fmt::print("{}", oases::comm::format_flight_diagnosis(oases::comm::diagnose_flight(
-                                 oases::comm::read_flight_records(a.path), a.min_wait_s)));
+            fmt::print("{}", oases::report::format_flight_diagnosis(oases::report::diagnose_flight(
+                                 oases::report::read_flight_records(a.path), a.min_wait_s)));
             return 0;
           }};
 }

@@ -105,13 +105,7 @@ std::int64_t FlightRing::issued(FlightOperation op) {
   const std::int64_t handle = next_handle_++;
   FlightEntry& e = entries_[static_cast<std::size_t>(handle % static_cast<std::int64_t>(entries_.size()))];
   e.seq = op.point_to_point ? ++messages_[{op.peer, op.receives}] : ++collectives_;
-  e.kind = op.kind;
-  e.peer = op.peer;
-  e.tag = op.tag;
-  e.elements = op.elements;
-  e.bytes = op.bytes;
-  e.dtype = op.dtype;
-  e.issuer = std::move(op.issuer);
+  e.op = std::move(op);
   e.state = FlightState::issued;
   e.issued_at = now_wall;
   e.started_at = e.finished_at = {};
@@ -181,15 +175,15 @@ nlohmann::json FlightRing::to_json(std::chrono::steady_clock::time_point now) co
   for (std::int64_t h = std::max<std::int64_t>(0, next_handle_ - capacity); h < next_handle_; ++h) {
     const FlightEntry& e = entries_[static_cast<std::size_t>(h % capacity)];
     nlohmann::json op{{"seq", e.seq},
-                      {"kind", e.kind},
-                      {"elements", e.elements},
-                      {"bytes", e.bytes},
-                      {"dtype", std::string(e.dtype)},
-                      {"issuer", e.issuer},
+                      {"kind", e.op.kind},
+                      {"elements", e.op.elements},
+                      {"bytes", e.op.bytes},
+                      {"dtype", std::string(e.op.dtype)},
+                      {"issuer", e.op.issuer},
                       {"state", state_name(e.state)},
                       {"issued_at", unix_seconds(e.issued_at)}};
-    if (e.peer >= 0) op["peer"] = e.peer;
-    if (e.tag >= 0) op["tag"] = e.tag;
+    if (e.op.peer >= 0) op["peer"] = e.op.peer;
+    if (e.op.tag >= 0) op["tag"] = e.op.tag;
     if (e.state != FlightState::issued) op["started_at"] = unix_seconds(e.started_at);
     if (e.state == FlightState::finished) {
       op["finished_at"] = unix_seconds(e.finished_at);

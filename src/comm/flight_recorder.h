@@ -57,20 +57,6 @@ inline constexpr std::int64_t kDefaultFlightRecords = 2000;
 
 enum class FlightState { issued, started, finished };
 
-struct FlightEntry {
-  std::int64_t seq = 0;
-  const char* kind = "";
-  int peer = -1;
-  int tag = -1;
-  std::int64_t elements = 0;
-  std::int64_t bytes = 0;
-  std::string_view dtype;  // a name with static storage (dtype_name)
-  std::string issuer;
-  FlightState state = FlightState::issued;
-  std::chrono::system_clock::time_point issued_at, started_at, finished_at;
-  std::chrono::steady_clock::time_point began;  // for the wait, measured on one clock
-};
-
 // What a communicator tells its ring about one operation at issue.
 struct FlightOperation {
   const char* kind = "";
@@ -82,6 +68,15 @@ struct FlightOperation {
   std::int64_t bytes = 0;
   std::string_view dtype;  // a name with static storage (dtype_name)
   std::string issuer;
+};
+
+// One operation in a ring: what was issued, its number and how far it got.
+struct FlightEntry {
+  std::int64_t seq = 0;
+  FlightOperation op;
+  FlightState state = FlightState::issued;
+  std::chrono::system_clock::time_point issued_at, started_at, finished_at;
+  std::chrono::steady_clock::time_point began;  // for the wait, measured on one clock
 };
 
 class FlightRing {

@@ -1,7 +1,7 @@
 // `oases flight`'s reading of a job's records, on records built here: a rank behind, sizes or
 // issuers that differ, a rank without a record, a late rank, a message never sent, ranks that
 // wait for each other, a healthy snapshot, and unreadable folders.
-#include "comm/flight_report.h"
+#include "report/flight_report.h"
 #include "core/error.h"
 #include "support/runs.h"
 
@@ -12,7 +12,7 @@
 #include <fstream>
 #include <string>
 
-namespace oases::comm {
+namespace oases::report {
 namespace {
 
 namespace fs = std::filesystem;
@@ -263,4 +263,4 @@ TEST(FlightReport, FoldersWithoutRecordsAndBrokenRecordsAreClearErrors) {
 }
 
 }  // namespace
-}  // namespace oases::comm
+}  // namespace oases::report

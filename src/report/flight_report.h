@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-namespace oases::comm {
+namespace oases::report {
 
 struct FlightRecords {
   std::string directory;               // where they were read from
@@ -46,4 +46,4 @@ FlightDiagnosis diagnose_flight(const FlightRecords& records, double min_wait_s 
 // The text `oases flight` prints: the notes, then the findings (or "no rank waits ...").
 std::string format_flight_diagnosis(const FlightDiagnosis& diagnosis);
 
-}  // namespace oases::comm
+}  // namespace oases::report

@@ -1,20 +1,21 @@
-#include "comm/flight_report.h"
+#include "report/flight_report.h"
 
 #include "core/error.h"
+#include "core/regular_file.h"
+#include "io/untrusted_json.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
 
-namespace oases::comm {
+namespace oases::report {
 namespace {
 
 namespace fs = std::filesystem;
@@ -548,10 +549,11 @@ FlightRecords read_flight_records(const std::string& path) {
               dir.string());
   std::sort(files.begin(), files.end());
   for (const auto& [rank, file] : files) {
-    std::ifstream in(file);
     nlohmann::json record;
     try {
-      in >> record;
+      record = io::parse_untrusted_json(
+          read_regular_file(file.string(), "flight record", kMaxJsonFileBytes),
+          "flight record '" + file.string() + "'");
       OASES_CHECK(record.value("format", "") == "oases-flight-1",
                   "format \"{}\" is not oases-flight-1", record.value("format", ""));
       OASES_CHECK(record.at("rank").get<int>() == rank, "it says rank {}",
@@ -583,4 +585,4 @@ std::string format_flight_diagnosis(const FlightDiagnosis& diagnosis) {
   return out;
 }
 
-}  // namespace oases::comm
+}  // namespace oases::report
