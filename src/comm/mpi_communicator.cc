@@ -456,6 +456,9 @@ void MpiCommunicator::Engine::progress_loop() {
         if (!is_point_to_point(admitted.back()->kind)) blocking = admitted.back().get();
       }
     }
+    // Polling from here on when there is work: a stop between here and the turn's end is
+    // then a stall too (the wait for work just before it is not).
+    if (ring_) ring_->polled(!admitted.empty() || !in_flight.empty());
     // MPI calls happen outside the lock, so issuing never waits on MPI.
     const bool started = !admitted.empty();
     for (auto& op : admitted) {
