@@ -79,6 +79,17 @@ peak_tflops = 1.0
     return r.output;
   }
 
+  // `oases flight` of a run in dir_/`name` that the seam OASES_TEST_COMM_FAULT=`fault` breaks
+  // (the job must fail).
+  std::string flight_of_a_failing_run(const std::string& name, const std::string& fault) const {
+    const fs::path run = dir_ / name;
+    fs::create_directories(run);
+    const CommandResult r = run_command("cd " + run.string() + " && " +
+                                        train(run, "OASES_TEST_COMM_FAULT=" + fault + " "));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    return flight(run);
+  }
+
   // The findings (lines "- ...") of `oases flight`'s output, in order.
   static std::vector<std::string> findings(const std::string& output) {
     std::vector<std::string> out;
@@ -130,12 +141,7 @@ TEST_F(FlightRuns, ARankStoppedMidStepIsTheOneTheOthersWaitFor) {
 }
 
 TEST_F(FlightRuns, ARankThatSkipsACollectiveIsNamedByWhatEachRankIssuedThere) {
-  const fs::path run = dir_ / "skipped";
-  fs::create_directories(run);
-  const CommandResult r = run_command("cd " + run.string() + " && " +
-                                      train(run, "OASES_TEST_COMM_FAULT=skip:1:tp:7 "));
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  const std::string diagnosis = flight(run);
+  const std::string diagnosis = flight_of_a_failing_run("skipped", "skip:1:tp:7");
   const auto found = findings(diagnosis);
   ASSERT_FALSE(found.empty()) << diagnosis;
   EXPECT_EQ(found[0].rfind("the ranks of tp group [0,1] disagree on what collective #7", 0), 0u)
@@ -148,12 +154,7 @@ TEST_F(FlightRuns, ARankThatSkipsACollectiveIsNamedByWhatEachRankIssuedThere) {
 }
 
 TEST_F(FlightRuns, RanksThatDisagreeOnASizeAreNamedWithBoth) {
-  const fs::path run = dir_ / "shrunk";
-  fs::create_directories(run);
-  const CommandResult r = run_command("cd " + run.string() + " && " +
-                                      train(run, "OASES_TEST_COMM_FAULT=shrink:1:tp:9 "));
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  const std::string diagnosis = flight(run);
+  const std::string diagnosis = flight_of_a_failing_run("shrunk", "shrink:1:tp:9");
   const auto found = findings(diagnosis);
   ASSERT_FALSE(found.empty()) << diagnosis;
   // The oases schedule's forward all-reduce carries one sub-batch (half the micro-batch) of
