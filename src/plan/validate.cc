@@ -286,8 +286,8 @@ void check_data_checkpoint_and_log(const RunConfig& c, const Settings& s) {
               "over the median rank's; 1.2 warns of a rank 20% slower)",
               c.train.straggler_warn_ratio);
   OASES_CHECK(c.log.trace_steps >= 1, "log.trace_steps = {} must be at least 1", c.log.trace_steps);
-  OASES_CHECK(c.log.flight_records >= 0 && c.log.flight_records <= 10'000'000,
-              "log.flight_records = {} must lie in [0, 10000000] (operations each communicator "
+  OASES_CHECK(c.log.flight_records >= 0 && c.log.flight_records <= 100'000,
+              "log.flight_records = {} must lie in [0, 100000] (operations each communicator "
               "remembers; 0: no flight recorder)",
               c.log.flight_records);
   OASES_CHECK(c.log.peak_tflops >= 0, "log.peak_tflops = {} must be >= 0 (0: measure)",

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "plan/run_plan.h"
+#include "plan/settings.h"
 
 #include <gtest/gtest.h>
 
@@ -311,6 +312,24 @@ TEST(RunConfig, ErrorsNameTheSettingTheValueAndWhatIsValid) {
   EXPECT_EQ(error_of("[model]\nlayers = 4\n[train]\nglobal_batch = 8\nmicro_batch = 1\n[parallel]\nzero = 3\npp = 2\npipeline = \"2bw\"\n"), "");
   EXPECT_NE(error_of("[train]\nglobal_batch = 8\n[parallel]\nzero = 1\ndp = 2\ndp_sync_every = 4\n").find("parallel.zero = 1 with parallel.dp_sync_every = 4"), std::string::npos);
   EXPECT_EQ(error_of("[train]\nglobal_batch = 8\n[parallel]\nzero = 2\ndp = 2\n"), "");
+}
+
+TEST(RunConfig, FlightRecordSettingsResolveAndNameTheirErrors) {
+  for (const char* bad : {"-1", "100001"})
+    EXPECT_NE(error_of("", {std::string("log.flight_records=") + bad})
+                  .find(std::string("log.flight_records = ") + bad + " must lie in [0, 100000]"),
+              std::string::npos)
+        << bad;
+  EXPECT_EQ(error_of("", {"log.flight_records=100000"}), "");
+  const auto folder = [](const std::vector<std::string>& overrides) {
+    return parse_settings(parse_run_config("", "test.toml", overrides)).flight_dir;
+  };
+  EXPECT_EQ(folder({"log.flight_dir=/x/f", "log.metrics=runs/a/m.jsonl"}), "/x/f");
+  EXPECT_EQ(folder({"log.metrics=runs/a/m.jsonl", "checkpoint.dir=runs/b/ckpt"}), "runs/a/flight");
+  EXPECT_EQ(folder({"checkpoint.dir=runs/b/ckpt/"}), "runs/b/flight");
+  EXPECT_EQ(folder({"log.metrics=m.jsonl"}), "flight");
+  EXPECT_EQ(folder({}), "flight");
+  EXPECT_EQ(folder({"log.flight_records=0", "log.flight_dir=/x/f"}), "");  // no recorder
 }
 
 TEST(RunConfig, MixtureOfExpertsSettingsRoundTripAndNameTheirErrors) {
