@@ -21,6 +21,7 @@
 #include "plan/settings.h"
 #include "train/evaluate.h"
 #include "generate/generate.h"
+#include "train/peaks.h"
 #include "train/pipeline_split.h"
 #include "train/profiler.h"
 #include "report/flight_report.h"
@@ -147,6 +148,36 @@ std::string auto_plan_path(const oases::plan::RunConfig& config) {
   return (std::filesystem::path(config.checkpoint.dir) / "plan.json").string();
 }
 
+// train.precision = "auto" resolved where it runs (unchanged for any other precision): on a
+// cluster description whose device states its peaks, by their ratio; otherwise by measuring this
+// host (rank 0 of `world`, when given, measures and tells the others). Says the choice.
+oases::plan::RunConfig with_precision_resolved(const oases::plan::RunConfig& config,
+                                               oases::comm::Communicator* world = nullptr,
+                                               const oases::sim::ClusterSpec* cluster = nullptr) {
+  if (oases::plan::parse_settings(config).precision != oases::plan::Precision::automatic)
+    return config;
+  oases::plan::RunConfig resolved = config;
+  if (cluster != nullptr && !cluster->device.computes_from_profile()) {
+    const double fp32 = cluster->device.peak_flops.at("fp32");
+    const auto bf16 = cluster->device.peak_flops.find("bf16");
+    const double ratio = bf16 == cluster->device.peak_flops.end() ? 0 : bf16->second / fp32;
+    resolved.train.precision = ratio >= oases::train::kAutoBf16Speedup ? "bf16" : "fp32";
+    oases::log_info("train.precision = \"auto\" on {}: {} (device.peak_tflops: bf16 {})",
+                    cluster->name, resolved.train.precision,
+                    ratio > 0 ? fmt::format("{:.2f}x fp32", ratio) : std::string("not stated"));
+  } else {
+    oases::comm::SelfCommunicator self;
+    oases::comm::Communicator& group = world != nullptr ? *world : self;
+    std::optional<oases::train::HostPeaks> peaks;
+    if (group.rank() == 0) peaks.emplace(oases::train::host_peaks_from_environment());
+    std::string choice;
+    resolved = oases::train::resolve_auto_precision(config, peaks ? &*peaks : nullptr, group, &choice);
+    if (group.rank() == 0) oases::log_info("{}", choice);
+  }
+  resolved.validate();
+  return resolved;
+}
+
 int train_on_mpi_ranks(const oases::plan::RunConfig& config,
                        const oases::train::TrainOptions& rank_options,
                        oases::train::TrainSummary& summary, int& world_rank) {
@@ -160,6 +191,16 @@ int train_on_mpi_ranks(const oases::plan::RunConfig& config,
         options.most_crowded_placement = runtime.most_crowded_placement();
         oases::plan::RunConfig run_config = config;
         const oases::plan::Settings settings = oases::plan::parse_settings(config);
+        if (settings.precision == oases::plan::Precision::automatic &&
+            (settings.plan == oases::plan::LayerPlanSource::automatic ||
+             settings.pipeline_layers == oases::plan::PipelineLayersSource::automatic)) {
+          // The profiles behind an automatic plan measure the precision the run will use.
+          oases::train::use_threads(config.train.threads, runtime.placement(),
+                                    runtime.most_crowded_placement());
+          oases::comm::Mesh every_rank = oases::comm::Mesh::create(
+              runtime, runtime.world_size(), 1, 1, comm_options);
+          run_config = with_precision_resolved(config, &every_rank.world());
+        }
         if (settings.plan == oases::plan::LayerPlanSource::automatic) {
           // Profiling runs at the thread count training will use.
           oases::train::use_threads(config.train.threads, runtime.placement(),
@@ -167,7 +208,7 @@ int train_on_mpi_ranks(const oases::plan::RunConfig& config,
           oases::train::ProfileOptions auto_profile;
           auto_profile.progress = options.progress && runtime.world_rank() == 0;
           run_config = oases::train::plan_automatically(
-              config, auto_profile,
+              run_config, auto_profile,
               [&](int tp, int dp) {
                 return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
               },
@@ -582,16 +623,17 @@ struct ProfileArgs {
 };
 
 int run_profile(ProfileArgs& a) {
-  const auto config = oases::plan::load_run_config(a.config, a.overrides);
+  const auto requested = oases::plan::load_run_config(a.config, a.overrides);
   if (!oases::comm::launched_by_mpi()) {
-    const std::int64_t ranks = config.parallel.tp * config.parallel.dp;
+    const std::int64_t ranks = requested.parallel.tp * requested.parallel.dp;
     OASES_CHECK(ranks == 1,
                 "parallel.tp = {} and parallel.dp = {} need {} processes: launch with `mpirun -np "
                 "{} oases profile ...`",
-                config.parallel.tp, config.parallel.dp, ranks, ranks);
+                requested.parallel.tp, requested.parallel.dp, ranks, ranks);
     // Measured at the thread count training will use (train.threads).
     const auto mine = oases::comm::this_process_placement();
-    oases::train::use_threads(config.train.threads, mine, mine);
+    oases::train::use_threads(requested.train.threads, mine, mine);
+    const auto config = with_precision_resolved(requested);
     const auto result = oases::train::run_profile(config, a.options, [](int tp, int dp) {
       return oases::comm::Mesh::single_process(tp, dp);
     });
@@ -600,10 +642,13 @@ int run_profile(ProfileArgs& a) {
     return 0;
   }
   return run_on_every_rank(
-      config.parallel, [&](auto& runtime, const auto& comm_options, auto&) {
+      requested.parallel, [&](auto& runtime, const auto& comm_options, auto&) {
         a.options.progress = runtime.world_rank() == 0;
-        oases::train::use_threads(config.train.threads, runtime.placement(),
+        oases::train::use_threads(requested.train.threads, runtime.placement(),
                                   runtime.most_crowded_placement());
+        oases::comm::Mesh every_rank =
+            oases::comm::Mesh::create(runtime, runtime.world_size(), 1, 1, comm_options);
+        const auto config = with_precision_resolved(requested, &every_rank.world());
         // With parallel.ep > 1 the world holds ep copies of a tensor-parallel group's grid:
         // the rest of it fills the third axis, so that every copy measures at once.
         const auto result = oases::train::run_profile(config, a.options, [&](int tp, int dp) {
@@ -754,11 +799,12 @@ int run_plan(const PlanArgs& a) {
               a.profile.empty() ? "" : "; both were given");
   OASES_CHECK(a.cluster_overrides.empty() || !a.cluster.empty(),
               "--cluster-set applies to --cluster plans");
-  auto config = oases::plan::load_run_config(a.config, a.overrides);
-  const oases::plan::RunPlan plan = oases::plan::make_run_plan(config);
-  const oases::schedule::ScheduleSpec& spec = plan.schedule;
   std::optional<oases::sim::ClusterSpec> cluster;
   if (!a.cluster.empty()) cluster = oases::sim::load_cluster(a.cluster, a.cluster_overrides);
+  auto config = with_precision_resolved(oases::plan::load_run_config(a.config, a.overrides),
+                                        nullptr, cluster ? &*cluster : nullptr);
+  const oases::plan::RunPlan plan = oases::plan::make_run_plan(config);
+  const oases::schedule::ScheduleSpec& spec = plan.schedule;
   const auto measured = plan_input(a, plan, cluster ? &*cluster : nullptr);
   if (config.parallel.pp > 1) {
     PlanArgs args = a;
@@ -830,11 +876,29 @@ struct SimulateArgs {
   bool every_rank = false;
 };
 
+// This host's peak per rank for the config's products, as `oases train` with the config's
+// layout on this one host would divide MFU by (the ranks share the cores).
+oases::train::HostPeak host_peak_for(const oases::plan::RunConfig& config) {
+  oases::comm::HostPlacement here = oases::comm::this_process_placement();
+  here.ranks_on_host =
+      static_cast<int>(config.parallel.tp * config.parallel.dp * config.parallel.pp);
+  oases::train::use_threads(config.train.threads, here, here);
+  oases::train::HostPeaks peaks = oases::train::host_peaks_from_environment();
+  const oases::plan::RunPlan plan = oases::plan::make_run_plan(config);
+  const oases::DType compute = plan.dtypes.compute;
+  oases::kernels::Gemm16Path path = oases::kernels::Gemm16Path::convert_sgemm;
+  if (plan.dtypes.mixed())
+    path = plan.settings.gemm16_path ? *plan.settings.gemm16_path
+                                     : oases::kernels::choose_gemm16_path(compute).path;
+  return peaks.get(compute, path);
+}
+
 // The config on a cluster description: every rank's schedule priced on its devices and links
 // (cluster/cluster_simulation.h).
 int run_cluster_simulate(const SimulateArgs& a) {
-  const auto config = oases::plan::load_run_config(a.config, a.overrides);
   const oases::sim::ClusterSpec cluster = oases::sim::load_cluster(a.cluster, a.cluster_overrides);
+  const auto config =
+      with_precision_resolved(oases::plan::load_run_config(a.config, a.overrides), nullptr, &cluster);
   oases::cluster::ClusterSimulationOptions options;
   options.fold = !a.every_rank;
   options.record_events = !a.trace.empty();
@@ -847,6 +911,10 @@ int run_cluster_simulate(const SimulateArgs& a) {
                 a.profile, a.cluster);
     measured = profile_for(oases::plan::make_run_plan(config), a.profile);
     options.profile = &*measured;
+    const oases::train::HostPeak peak = host_peak_for(config);
+    options.profiled_peak_flops = peak.record.peak.flops_per_s;
+    oases::log_info("MFU against this host's peak: {}",
+                    oases::train::describe_peak(peak, oases::train::default_peak_file()));
   }
   const oases::cluster::ClusterSimulation simulation =
       oases::cluster::simulate_cluster(config, cluster, options);
@@ -872,7 +940,7 @@ int run_simulate(const SimulateArgs& a) {
   if (!a.cluster.empty()) return run_cluster_simulate(a);
   OASES_CHECK(a.cluster_overrides.empty() && a.trace.empty() && !a.every_rank,
               "--cluster-set, --trace and --every-rank apply to --cluster simulations");
-  const auto config = oases::plan::load_run_config(a.config, a.overrides);
+  const auto config = with_precision_resolved(oases::plan::load_run_config(a.config, a.overrides));
   OASES_CHECK(config.parallel.pp == 1,
               "oases simulate predicts one pipeline stage's layout; with parallel.pp = {} run "
               "`oases plan`, which predicts every pipeline schedule",
@@ -900,6 +968,15 @@ int run_simulate(const SimulateArgs& a) {
                  : std::string());
   fmt::print("predicted step {:.4f} s: compute {:.4f} s, exposed communication {:.4f} s\n",
              p.step_seconds, p.compute_seconds, p.exposed_comm_seconds);
+  {
+    const oases::train::HostPeak peak = host_peak_for(config);
+    const double world = static_cast<double>(config.parallel.tp * config.parallel.dp);
+    const double model_flops = static_cast<double>(config.train.global_batch * config.model.seq_len) *
+                               config.model.training_flops_per_token() / p.step_seconds;
+    fmt::print("predicted MFU {:.1f}% of this host's peak, {}\n",
+               100 * model_flops / (world * peak.record.peak.flops_per_s),
+               oases::train::describe_peak(peak, oases::train::default_peak_file()));
+  }
   fmt::print("predicted memory per rank {:.1f} MiB: parameters {:.1f}, gradients {:.1f}, "
              "optimizer {:.1f}, activations {:.1f}\n",
              mib(p.memory_bytes()), mib(p.memory.params), mib(p.memory.grads),
@@ -977,6 +1054,50 @@ Verb add_flight(CLI::App& app, FlightArgs& a) {
           }};
 }
 
+struct PeakArgs {
+  std::vector<std::string> precisions{"all"};
+  int threads = 0;
+  std::string gemm16_path;
+  bool json = false, cached = false;
+};
+
+Verb add_peak(CLI::App& app, PeakArgs& a) {
+  auto* c = app.add_subcommand(
+      "peak",
+      "Measure this host's peak FLOP/s of matrix products per precision (the denominator of "
+      "MFU), keep it in ${OASES_CACHE:-~/.cache/oases}/peaks.json and print the table");
+  c->add_option("--precision", a.precisions, "fp32, fp64, bf16, fp16 or all (repeatable)")
+      ->capture_default_str();
+  c->add_option("--threads", a.threads,
+                "Threads of the products (default: as `oases train` chooses for one process)")
+      ->check(CLI::Range(1, 4096));
+  c->add_option("--gemm16-path", a.gemm16_path,
+                "The 16-bit product path (convert+sgemm or oneDNN; default: the faster, as "
+                "train.gemm16_path = \"auto\" chooses)");
+  c->add_flag("--cached", a.cached, "Print the kept peaks without measuring");
+  c->add_flag("--json", a.json, "Print JSON instead of the table");
+  return {c, [&a] {
+            if (a.threads > 0) {
+              oases::kernels::set_host_threads(a.threads);
+            } else {
+              const oases::comm::HostPlacement here = oases::comm::this_process_placement();
+              oases::kernels::set_host_threads(oases::train::use_threads(0, here, here).threads);
+            }
+            std::optional<oases::kernels::Gemm16Path> path;
+            if (!a.gemm16_path.empty()) {
+              path = oases::kernels::gemm16_path_from_name(a.gemm16_path);
+              OASES_CHECK(path.has_value(), "--gemm16-path {}: valid: convert+sgemm, oneDNN",
+                          a.gemm16_path);
+            }
+            oases::train::HostPeaks peaks = oases::train::host_peaks_from_environment();
+            const oases::train::PeakTable table =
+                oases::train::host_peak_table(peaks, a.precisions, !a.cached, path);
+            fmt::print("{}", a.json ? oases::train::peak_table_json(table)
+                                    : oases::train::format_peak_table(table));
+            return 0;
+          }};
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"oases: train transformer language models with overlapped tensor parallelism",
                "oases"};
@@ -993,6 +1114,7 @@ int run(int argc, char** argv) {
   std::string verify_path;
   oases::report::ReportOptions report;
   FlightArgs flight;
+  PeakArgs peak;
   const std::vector<Verb> verbs{add_train(app, train),
                                 add_prepare_data(app, prepare),
                                 add_train_tokenizer(app, train_tokenizer),
@@ -1003,7 +1125,8 @@ int run(int argc, char** argv) {
                                 add_verify_checkpoint(app, verify_path),
                                 add_eval(app, eval),
                                 add_report(app, report),
-                                add_flight(app, flight)};
+                                add_flight(app, flight),
+                                add_peak(app, peak)};
   CLI11_PARSE(app, argc, argv);
   for (const Verb& verb : verbs) {
     if (!*verb.command) continue;

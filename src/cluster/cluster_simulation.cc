@@ -264,7 +264,7 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
   out.world = layout.world();
   out.folded = options.fold && cluster_layout_is_symmetric(plan, cluster);
   out.tokens_per_step = static_cast<double>(config.train.global_batch * config.model.seq_len);
-  out.peak_flops_per_device = profiled ? 0 : peak->second;
+  out.peak_flops_per_device = profiled ? options.profiled_peak_flops : peak->second;
 
   // Pipelines of ranks (one per tensor- and data-parallel position), stages in order.
   std::vector<std::vector<int>> pipelines;

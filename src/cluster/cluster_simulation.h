@@ -50,6 +50,9 @@ struct ClusterSimulationOptions {
   // transfers the profile's measured all-reduce (calibrate_replica_link). Must outlive the call;
   // it must match the config (planner::check_profile_matches).
   const planner::Profile* profile = nullptr;
+  // With `profile`: the peak FLOP/s per rank of this machine's products in the config's
+  // precision (train/peaks.h), for the prediction's MFU; 0: no MFU.
+  double profiled_peak_flops = 0;
 };
 
 struct SimulatedRank {

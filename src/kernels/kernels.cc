@@ -601,6 +601,12 @@ Gemm16Choice choose_gemm16_path(DType operands) { return cpu::choose_gemm16_path
 
 Gemm16PathsChoice choose_gemm16_paths() { return cpu::choose_gemm16_paths(); }
 
+ProductPeak measure_product_peak(DType operands, Gemm16Path path, double seconds, Device device) {
+  OASES_ASSERT(device.is_cpu(), "measure_product_peak: no kernel for {}", device.str());
+  const cpu::ProductPeak p = cpu::measure_product_peak(operands, path, seconds);
+  return ProductPeak{p.flops_per_s, p.seconds, p.cpu_share, p.loaded, p.runs, p.shape};
+}
+
 double measure_peak_flops(std::int64_t n, double seconds, Device device) {
   OASES_ASSERT(device.is_cpu(), "measure_peak_flops: no kernel for {}", device.str());
   return cpu::measure_sgemm_flops(static_cast<long>(n), seconds);
@@ -609,6 +615,10 @@ double measure_peak_flops(std::int64_t n, double seconds, Device device) {
 void reexec_with_better_blas_kernels(char** argv) { cpu::reexec_with_better_openblas_core(argv); }
 
 std::string blas_kernels_name() { return cpu::openblas_core_name(); }
+
+std::string blas_description() { return cpu::openblas_description(); }
+
+std::string onednn_version() { return cpu::onednn_version(); }
 
 void set_host_threads(int threads) {
   OASES_ASSERT(threads >= 1, "set_host_threads({})", threads);

@@ -255,11 +255,23 @@ Gemm16PathsChoice choose_gemm16_paths();
 
 // Process set-up and measurement.
 //
-// Best FLOP/s of square f32 matrix products of size n on `device`, over repeated runs lasting
-// about `seconds` in total, at the current thread count: the denominator of MFU.
+// The peak of the matrix products in `operands` on `device`: f32 through the tiled sgemm of
+// linear layers, f64 through dgemm, bf16 and f16 through `path` (gemm16), each the way the
+// model's products run. The best rate over the shapes 2048x512x2048, 2048x2048x512 and
+// 1024x1024x1024, repeated for about `seconds` after a warm-up, at the current thread count;
+// robust to a busy machine (ProductPeak::cpu_share). The denominator of MFU (train/peaks.h
+// caches it per host). REQUIRES: seconds > 0; for 16-bit operands gemm16_available(path).
 // (cpu/peak_flops.h)
+ProductPeak measure_product_peak(DType operands, Gemm16Path path, double seconds,
+                                 Device device = Device::cpu());
+// Best FLOP/s of square f32 matrix products of size n on `device`, over repeated runs lasting
+// about `seconds` in total, at the current thread count. (cpu/peak_flops.h)
 double measure_peak_flops(std::int64_t n = 2048, double seconds = 1.0,
                           Device device = Device::cpu());
+// The host BLAS and oneDNN as a peak measurement depends on them, e.g. "OpenBLAS 0.3.21
+// Haswell" and "oneDNN 2.7.3": part of the key under which a measured peak is kept.
+std::string blas_description();
+std::string onednn_version();
 // Call first in main(): when the host BLAS loaded generic kernels on a processor it does not
 // recognise (Debian's OpenBLAS 0.3.21 on recent Xeons runs sgemm ~5x slower that way),
 // re-executes the program with the same arguments and the best kernel family the processor

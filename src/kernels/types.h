@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 
 namespace oases::kernels {
 
@@ -44,5 +45,19 @@ struct SgdStep {
 
 // How an element-wise reduction combines two values.
 enum class Reduction : std::uint8_t { sum, max, min };
+
+// A measured peak rate of matrix products (measure_product_peak): the best sustained FLOP/s
+// over a few transformer-like shapes at the thread count of the measurement.
+struct ProductPeak {
+  double flops_per_s = 0;
+  double seconds = 0;     // wall time the measurement took
+  // Of the best run: CPU time over (wall time x threads), at most 1. Below 0.75 no run had the
+  // cores to itself (the machine was busy), and `flops_per_s` is that run's rate divided by
+  // its share (`loaded`): what the cores deliver to a process that has them.
+  double cpu_share = 1;
+  bool loaded = false;
+  int runs = 0;
+  std::string shape;      // of the best run, "MxKxN"
+};
 
 }  // namespace oases::kernels

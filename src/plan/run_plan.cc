@@ -96,6 +96,8 @@ DTypes dtypes_of(const Settings& s) {
     case Precision::fp64: d.compute = d.master = d.gradient_reduce = DType::f64; break;
     case Precision::bf16: d.compute = DType::bf16; break;
     case Precision::fp16: d.compute = DType::f16; break;
+    case Precision::automatic:
+      OASES_ASSERT(false, "train.precision = \"auto\" must be resolved before a plan is made");
   }
   if (s.grad_reduce == GradReduceType::bf16) d.gradient_reduce = DType::bf16;
   return d;
@@ -147,6 +149,11 @@ RunPlan make_run_plan(const RunConfig& config, int rank) {
   RunPlan p;
   p.config = config;
   p.settings = parse_settings(config);
+  OASES_CHECK(p.settings.precision != Precision::automatic,
+              "train.precision = \"auto\" is chosen by measuring the machine that runs: `oases "
+              "train` and `oases profile` resolve it, `oases simulate --cluster` by the "
+              "cluster's peaks; here give train.precision as \"fp32\", \"bf16\", \"fp16\" or "
+              "\"fp64\"");
   p.mesh = mesh_plan(config, rank);
   p.dtypes = dtypes_of(p.settings);
   p.pipeline = resolve_pipeline(config, p.settings);

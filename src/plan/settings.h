@@ -31,10 +31,15 @@ enum class Precision : std::uint8_t {
   fp64,  // everything in f64: the verification precision
   bf16,  // mixed: bf16 activations, working weights and tensor-parallel collectives over f32
   fp16,  //        master weights, gradients and optimizer state; fp16 with loss scaling
+  // "auto": bf16 where this machine's bf16 products are measured well faster than its fp32
+  // ones, fp32 elsewhere. Resolved into one of the above on the machine that runs
+  // (train/peaks.h) before a plan is made; a resolved config (run.json, checkpoints) never
+  // holds it.
+  automatic,
 };
-inline constexpr std::array<NamedValue<Precision>, 4> kPrecisionNames{{
-    {Precision::fp32, "fp32"}, {Precision::bf16, "bf16"},
-    {Precision::fp16, "fp16"}, {Precision::fp64, "fp64"}}};
+inline constexpr std::array<NamedValue<Precision>, 5> kPrecisionNames{{
+    {Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}, {Precision::fp16, "fp16"},
+    {Precision::fp64, "fp64"}, {Precision::automatic, "auto"}}};
 
 // train.grad_reduce_dtype: the type data-parallel gradient sums travel in (bf16 only under
 // mixed precision).

@@ -391,6 +391,25 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
     add("mean throughput", format_count(std::accumulate(rates.begin(), rates.end(), 0.0) /
                                         static_cast<double>(rates.size())) +
                                " tokens/s");
+  const std::vector<double> mfus = column_values(metrics, "mfu");
+  if (!mfus.empty()) {
+    std::string mfu = fmt::format("{:.1f}% mean over {} step(s)",
+                                  100 * std::accumulate(mfus.begin(), mfus.end(), 0.0) /
+                                      static_cast<double>(mfus.size()),
+                                  mfus.size());
+    // What it divides by: the peak of the precision the products ran in (train/peaks.h).
+    const json peak = run_json_member(run, "peak", json::value_t::object);
+    if (!peak.is_null() && peak.contains("flops_per_s") && peak["flops_per_s"].is_number()) {
+      mfu += fmt::format(", against {:.1f} GFLOP/s per rank", peak["flops_per_s"].get<double>() / 1e9);
+      if (peak.contains("precision") && peak["precision"].is_string())
+        mfu += fmt::format(" of {} products by {}, measured {}",
+                           peak["precision"].get<std::string>(), peak.value("path", std::string("?")),
+                           peak.value("measured_at", std::string("?")));
+      else
+        mfu += " (log.peak_tflops)";
+    }
+    add("MFU", mfu);
+  }
   const std::vector<double> peaks = column_values(metrics, "peak_mem_bytes");
   if (!peaks.empty()) {
     std::string memory =

@@ -18,6 +18,7 @@
 #include "train/checkpoint_writer.h"
 #include "train/engine.h"
 #include "train/host_memory.h"
+#include "train/peaks.h"
 #include "train/run_outputs.h"
 #include "train/stragglers.h"
 #include "train/threads.h"
@@ -28,6 +29,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <cstring>
 #include <ctime>
@@ -394,7 +396,7 @@ nlohmann::json schedule_description(const schedule::ScheduleSpec& spec) {
 
 // Writes run.json beside the metrics file (see trainer.h). Leader only.
 void write_run_description(TrainingEngine& engine, comm::Mesh& mesh,
-                           std::int64_t start_step, int threads) {
+                           std::int64_t start_step, int threads, const nlohmann::json& peak) {
   // The config as checkpoints store it (measured settings resolved).
   const plan::RunConfig& config = engine.config();
   if (config.log.metrics.empty()) return;
@@ -433,6 +435,7 @@ void write_run_description(TrainingEngine& engine, comm::Mesh& mesh,
         {"optimizer", memory.optimizer},
         {"activations", memory.activations},
         {"offloaded", memory.offloaded}}}};
+  if (!peak.is_null()) run["peak"] = peak;
   if (memory.working_copy > 0) {
     run["memory_bytes"]["working_copy"] = memory.working_copy;
     run["gemm16_path"] = engine.gemm16().description;
@@ -649,7 +652,9 @@ struct StepFigures {
   std::optional<double> bubble_seconds;
   double tokens_per_s = 0;
   double model_flops = 0;  // per second
-  double mfu = 0;
+  // Model FLOPs over the peak of the precision in use (rank 0 only; unset where no peak is
+  // known or the figure would exceed 1, which only a stale peak gives).
+  std::optional<double> mfu;
   bool loss_scaling = false;  // fp16: the scale and skipped steps are reported
   planner::MemoryFigures memory;  // this rank's, as the start-up line gives them
   // The step ended in a state a checkpoint holds whole (not so for a step of 2bw or of local
@@ -671,7 +676,6 @@ void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::
                          {"step_time_s", f.record.step_time_s},
                          {"tokens_per_s", f.tokens_per_s},
                          {"model_tflops", f.model_flops / 1e12},
-                         {"mfu", f.mfu},
                          {"compute_s", f.result.compute_seconds},
                          {"exposed_comm_s", f.result.exposed_comm_seconds},
                          {"comm_s", f.result.comm_seconds},
@@ -682,6 +686,7 @@ void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::
                          {"peak_mem_bytes", peak_resident_bytes()},
                          {"time", unix_time_now()},
                          {"tokens", tokens}};
+  if (f.mfu) line["mfu"] = *f.mfu;
   if (f.bubble_seconds) line["bubble_s"] = *f.bubble_seconds;
   if (f.checkpoint_s) line["checkpoint_s"] = *f.checkpoint_s;
   if (f.checkpoint_wait_s) line["checkpoint_wait_s"] = *f.checkpoint_wait_s;
@@ -726,9 +731,11 @@ void write_start_metrics(std::optional<LineFile>& metrics, std::optional<double>
 std::string progress_text(const StepFigures& f, std::int64_t steps, double eta_seconds,
                           bool distributed) {
   std::string line = fmt::format(
-      "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {} tok/s | mfu {:.0f}% | ETA {}",
+      "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {} tok/s{} | ETA {}",
       f.record.step, steps, f.record.loss, f.record.lr, f.record.grad_norm,
-      format_rate(f.tokens_per_s), 100.0 * f.mfu, format_duration(eta_seconds));
+      format_rate(f.tokens_per_s),
+      f.mfu ? fmt::format(" | mfu {:.0f}%", 100.0 * *f.mfu) : std::string(),
+      format_duration(eta_seconds));
   if (distributed)
     line += fmt::format(" | waited on comm {:.0f}%",
                         100.0 * f.result.exposed_comm_seconds / f.record.step_time_s);
@@ -783,11 +790,33 @@ void check_mesh(const plan::RunConfig& config, const comm::Mesh& mesh) {
               config.parallel.dp, config.parallel.pp);
 }
 
+// The rate the ETA extrapolates: wall time per step over the last kWindow steps, so that a
+// slow start (caches, a busy moment) stops weighing on it once the run has moved past it.
+class RecentStepRate {
+ public:
+  static constexpr std::size_t kWindow = 10;
+  // `at`: seconds since the loop started.
+  void step_ended(double at) {
+    ends_.push_back(at);
+    if (ends_.size() > kWindow + 1) ends_.pop_front();
+  }
+  double seconds_per_step() const {
+    if (ends_.size() < 2) return ends_.empty() ? 0 : ends_.front();
+    return (ends_.back() - ends_.front()) / static_cast<double>(ends_.size() - 1);
+  }
+
+ private:
+  std::deque<double> ends_{0.0};  // the loop's start, then each step's end
+};
+
 // The training loop and what each step reports; one object per run.
 class Run {
  public:
+  // `peaks`: rank 0's (the others report no MFU); `precision_choice`: how train.precision =
+  // "auto" was resolved, for the start-up lines (empty when it was not "auto").
   Run(const plan::RunPlan& plan, const TrainOptions& options, comm::Mesh& mesh,
-      std::optional<std::string> resume_from, ThreadChoice threads)
+      std::optional<std::string> resume_from, ThreadChoice threads,
+      std::optional<HostPeaks> peaks, std::string precision_choice)
       : stop_signals_(plan.settings.save_signals.empty()
                           ? nullptr
                           : std::make_unique<StopSignals>(plan.settings.save_signals)),
@@ -797,7 +826,9 @@ class Run {
         resume_from_(std::move(resume_from)),
         threads_(std::move(threads)),
         data_(load_data(plan.config)),
-        engine_(plan, parallel_groups(mesh)) {
+        engine_(plan, parallel_groups(mesh)),
+        peaks_(std::move(peaks)),
+        precision_choice_(std::move(precision_choice)) {
     if (options.progress) progress_.emplace(ProgressLine::mode_for_stderr());
   }
 
@@ -810,17 +841,16 @@ class Run {
     summary.start_step =
         restore(config_, options_, resume_from_, data_->train_shard, engine_, progress);
     const bool leader = mesh_.world_rank() == 0;
-    // MFU divides by the peak of every device of the run (one device per rank).
-    peak_flops_ = static_cast<double>(mesh_.world_size()) *
-                  (config_.log.peak_tflops > 0 ? config_.log.peak_tflops * 1e12
-                   : leader ? kernels::measure_peak_flops(1024, 0.3)
-                            : 1.0);
+    if (leader) find_peak();
     std::optional<LineFile> metrics = open_metrics(config_, leader, summary.start_step);
     if (leader)
-      write_run_description(engine_, mesh_, summary.start_step, threads_.threads);
+      write_run_description(engine_, mesh_, summary.start_step, threads_.threads, peak_json());
     const std::vector<double> stage_activations = stage_activation_bytes(engine_, mesh_);
-    if (options_.progress)
+    if (options_.progress) {
+      if (!precision_choice_.empty()) log_info("{}", precision_choice_);
       log_start(engine_, mesh_, data_->train_shard.size(), threads_, stage_activations);
+      log_peak();
+    }
     if (summary.start_step == 0) {
       if (data_->val_batches) {
         summary.initial_val_loss = validation_loss(engine_, *data_->val_batches, t.eval_steps);
@@ -833,6 +863,7 @@ class Run {
     if (mesh_.world_size() > 1)
       stragglers_.emplace(mesh_.world(), this_host_name(), t.straggler_warn_ratio);
     const Stopwatch run_clock;
+    RecentStepRate recent;
     const std::int64_t tokens_per_step = t.global_batch * config_.model.seq_len;
     bool stop_after_this_step = false;
     for (std::int64_t step = summary.start_step; step < t.steps; ++step) {
@@ -854,10 +885,10 @@ class Run {
       }
       if (f.record.val_loss) summary.final_val_loss = f.record.val_loss;
       write_metrics(metrics, f, (step + 1) * tokens_per_step);
+      recent.step_ended(run_clock.seconds());
       if (progress && ((step + 1) % config_.log.every == 0 || last || f.record.val_loss)) {
-        const double done = static_cast<double>(step + 1 - summary.start_step);
         const std::string line = progress_text(
-            f, t.steps, run_clock.seconds() / done * static_cast<double>(t.steps - step - 1),
+            f, t.steps, recent.seconds_per_step() * static_cast<double>(t.steps - step - 1),
             mesh_.world_size() > 1);
         // Validation results and the last step stay on screen; other steps are redrawn.
         if (last || f.record.val_loss)
@@ -955,8 +986,91 @@ class Run {
     const double tokens = static_cast<double>(t.global_batch * config_.model.seq_len);
     f.tokens_per_s = tokens / f.record.step_time_s;
     f.model_flops = f.tokens_per_s * config_.model.training_flops_per_token();
-    f.mfu = f.model_flops / peak_flops_;
+    f.mfu = mfu_of(f.model_flops);
     return f;
+  }
+
+  // rank 0: the peak MFU divides by, per rank: log.peak_tflops when given, else this host's
+  // measured peak of the products' precision and path (train/peaks.h).
+  void find_peak() {
+    if (config_.log.peak_tflops > 0) {
+      peak_per_rank_ = config_.log.peak_tflops * 1e12;
+      return;
+    }
+    if (!peaks_) return;
+    const DType compute = engine_.plan().dtypes.compute;
+    host_peak_ = peaks_->get(compute, engine_.gemm16().paths.for_dtype(compute));
+    peak_per_rank_ = host_peak_->record.peak.flops_per_s;
+  }
+
+  nlohmann::json peak_json() const {
+    if (config_.log.peak_tflops > 0)
+      return {{"flops_per_s", peak_per_rank_}, {"source", "log.peak_tflops"}};
+    if (!host_peak_) return nullptr;
+    const PeakRecord& r = host_peak_->record;
+    return {{"flops_per_s", r.peak.flops_per_s}, {"precision", r.key.precision},
+            {"path", r.key.path},               {"threads", r.key.threads},
+            {"measured_at", r.measured_at},     {"loaded", r.peak.loaded},
+            {"source", peaks_->file().path().string()}};
+  }
+
+  // The start-up lines on the peak, and, for an fp32 run on a CPU whose bf16 products are
+  // well faster, the setting that would use them.
+  void log_peak() {
+    const int ranks = mesh_.world_size();
+    const std::string per = ranks > 1 ? fmt::format("; MFU = model FLOPs / ({} ranks x this)", ranks)
+                                      : std::string("; MFU = model FLOPs / this");
+    if (config_.log.peak_tflops > 0)
+      log_info("peak: {:.1f} GFLOP/s per rank (log.peak_tflops){}", peak_per_rank_ / 1e9, per);
+    else if (host_peak_)
+      log_info("peak: {}{}", describe_peak(*host_peak_, peaks_->file().path()), per);
+    if (!peaks_ || engine_.plan().dtypes.compute != DType::f32) return;
+    const std::optional<kernels::Gemm16Path> pinned = engine_.plan().settings.gemm16_path;
+    const Bf16Comparison c = compare_bf16_with_fp32(*peaks_, pinned);
+    if (c.bf16_pays())
+      log_info("bf16: this CPU's bf16 products are {:.2f}x as fast as its fp32 ones ({:.1f} "
+               "against {:.1f} GFLOP/s, by {}): train.precision = \"bf16\" (or \"auto\") "
+               "would train faster",
+               c.speedup, c.bf16->record.peak.flops_per_s / 1e9,
+               c.fp32->record.peak.flops_per_s / 1e9, c.bf16->record.key.path);
+  }
+
+  void warn(const std::string& text) {
+    if (progress_)
+      progress_->log(LogLevel::warning, text);
+    else
+      log_warning("{}", text);
+  }
+
+  // Model FLOPs per second over the run's peak; nullopt where no peak is known (ranks other
+  // than 0) or the ratio exceeds 1. A ratio above 1 means the peak is stale (measured while
+  // the machine was busy, or under other BLAS kernels): the first time, it is measured again
+  // and the record replaced.
+  std::optional<double> mfu_of(double model_flops) {
+    if (peak_per_rank_ <= 0) return std::nullopt;
+    const double ranks = static_cast<double>(mesh_.world_size());
+    double mfu = model_flops / (ranks * peak_per_rank_);
+    if (mfu <= 1) return mfu;
+    if (!host_peak_) {
+      if (!peak_warned_)
+        warn(fmt::format("log.peak_tflops = {} is below what the run achieves ({:.2f} TFLOP/s "
+                         "per rank): MFU is not reported; raise it or set 0 to measure",
+                         config_.log.peak_tflops, model_flops / ranks / 1e12));
+      peak_warned_ = true;
+      return std::nullopt;
+    }
+    if (peak_remeasured_) return std::nullopt;
+    peak_remeasured_ = true;
+    warn(fmt::format("MFU came out at {:.0f}%: the peak of {} is stale; measuring it again",
+                     100 * mfu, describe_peak(*host_peak_, peaks_->file().path())));
+    const PeakKey& key = host_peak_->record.key;
+    const DType compute = engine_.plan().dtypes.compute;
+    host_peak_ = peaks_->get(compute, engine_.gemm16().paths.for_dtype(compute), true);
+    OASES_ASSERT(host_peak_->record.key == key, "the peak's key changed within a run");
+    peak_per_rank_ = host_peak_->record.peak.flops_per_s;
+    warn(fmt::format("peak: {}", describe_peak(*host_peak_, peaks_->file().path())));
+    mfu = model_flops / (ranks * peak_per_rank_);
+    return mfu <= 1 ? std::optional(mfu) : std::nullopt;
   }
 
   std::optional<std::string> checkpoint_after(std::int64_t done, bool last) {
@@ -1065,7 +1179,11 @@ class Run {
   TrainingEngine engine_;
   planner::MemoryFigures memory_;  // the engine's, once its training schedule exists
   Batch batch_;
-  double peak_flops_ = 1;
+  std::optional<HostPeaks> peaks_;       // rank 0's
+  std::string precision_choice_;
+  std::optional<HostPeak> host_peak_;    // the peak in use, when measured (not log.peak_tflops)
+  double peak_per_rank_ = 0;             // FLOP/s; 0: no MFU (ranks other than 0)
+  bool peak_remeasured_ = false, peak_warned_ = false;
   CheckpointWriter writer_;  // checkpoint.async: the writer rank's save in flight
   std::optional<StragglerMonitor> stragglers_;  // runs of more than one rank
   std::optional<double> checkpoint_stall_s_, checkpoint_wait_s_;  // of the latest save
@@ -1114,6 +1232,22 @@ TrainSummary run_training(const plan::RunConfig& requested_config, const TrainOp
       resume ? resolve_lr_schedule(requested_config, resume->stored, resume->folder, resume->step,
                                    options.lr_schedule, leader)
              : requested_config;
+  std::optional<HostPeaks> peaks;
+  if (leader) peaks.emplace(host_peaks_from_environment());
+  // train.precision = "auto": a resumed run keeps the choice of the run it continues.
+  std::string precision_choice;
+  if (plan::parse_settings(config).precision == plan::Precision::automatic) {
+    if (resume && plan::parse_settings(resume->stored).precision != plan::Precision::automatic) {
+      config.train.precision = resume->stored.train.precision;
+      precision_choice = fmt::format("train.precision = \"auto\": {}, as the run it resumes "
+                                     "chose (checkpoint {})",
+                                     config.train.precision, resume->folder);
+    } else {
+      config = resolve_auto_precision(config, peaks ? &*peaks : nullptr, mesh.world(),
+                                      &precision_choice);
+    }
+    config.validate();  // the settings that depend on the precision, now that it is known
+  }
   // A resumed mixed-precision run multiplies as the run it continues did, so that its results
   // repeat bit for bit (unless the config pins a path).
   if (resume && !plan::parse_settings(config).gemm16_path &&
@@ -1121,7 +1255,8 @@ TrainSummary run_training(const plan::RunConfig& requested_config, const TrainOp
     config.train.gemm16_path = resume->stored.train.gemm16_path;
   return Run(check_host_memory(plan::make_run_plan(config, mesh.world_rank()),
                                mine.ranks_on_host),
-             options, mesh, resume ? std::optional(resume->folder) : std::nullopt, threads)
+             options, mesh, resume ? std::optional(resume->folder) : std::nullopt, threads,
+             std::move(peaks), std::move(precision_choice))
       .run();
 }
 

@@ -130,6 +130,13 @@ TEST_F(Cli, ProfileThenSimulateAnMoeModel) {
     EXPECT_NE(predicted.output.find(fragment), std::string::npos) << predicted.output;
   const auto step_at = predicted.output.find("predicted step ") + 15;
   EXPECT_GT(std::stod(predicted.output.substr(step_at)), 0.0) << predicted.output;
+  // MFU against this host's peak of the precision the profile measured (fp32 here).
+  const auto mfu_at = predicted.output.find("predicted MFU ");
+  ASSERT_NE(mfu_at, std::string::npos) << predicted.output;
+  const double mfu = std::stod(predicted.output.substr(mfu_at + 14));
+  EXPECT_GT(mfu, 0.0) << predicted.output;
+  EXPECT_LE(mfu, 100.0) << predicted.output;
+  EXPECT_NE(predicted.output.find("of fp32 products (sgemm"), std::string::npos) << predicted.output;
 
   expect_error(run("simulate " + config + " --profile " + profile),
                {"mixture-of-experts model", "is dense", "re-run `oases profile`"});
@@ -153,6 +160,13 @@ TEST_F(Cli, SimulateOnAClusterDescription) {
                                "MFU ", "exposed comm", "bubble s", "wrote "})
     EXPECT_NE(r.output.find(fragment), std::string::npos) << fragment << " in " << r.output;
   EXPECT_EQ(r.output.find("does not fit"), std::string::npos) << r.output;
+  // "auto" on a cluster description decides by the device's stated peaks: an A100's bf16 is
+  // 16x its fp32.
+  const Result automatic = run("simulate " + config + " train.precision=\\\"auto\\\"" + cluster);
+  ASSERT_EQ(automatic.exit_code, 0) << automatic.output;
+  EXPECT_NE(automatic.output.find("train.precision = \"auto\" on dgx-a100: bf16 (device.peak_tflops: bf16 16.00x fp32)"),
+            std::string::npos)
+      << automatic.output;
   const nlohmann::json written = nlohmann::json::parse(read_file(trace));
   std::set<int> ranks;
   int computes = 0;

@@ -1,16 +1,30 @@
 #include "kernels/cpu/blas_runtime.h"
 
+#include <fmt/format.h>
+#include <oneapi/dnnl/dnnl.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <unistd.h>
 
 extern "C" char* openblas_get_corename(void);
+extern "C" char* openblas_get_config(void);
 
 namespace oases::kernels::cpu {
 
 std::string openblas_core_name() {
   const char* name = openblas_get_corename();
   return name ? name : "";
+}
+
+std::string openblas_description() {
+  const char* config = openblas_get_config();
+  return config ? config : "OpenBLAS";
+}
+
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
 }
 
 std::optional<std::string> better_openblas_core() {

@@ -16,6 +16,13 @@ namespace oases::kernels::cpu {
 // Name of the kernel family OpenBLAS is using (e.g. "SkylakeX", "Prescott").
 std::string openblas_core_name();
 
+// OpenBLAS's own description of its build and kernels, e.g. "OpenBLAS 0.3.21 NO_AFFINITY
+// Haswell MAX_THREADS=64".
+std::string openblas_description();
+
+// The oneDNN library loaded, e.g. "oneDNN 2.7.3".
+std::string onednn_version();
+
 // The OPENBLAS_CORETYPE to use instead of the current one, when OpenBLAS fell back to a
 // generic family on a processor with AVX-512 or AVX2+FMA; nullopt when nothing is to gain or
 // the user set OPENBLAS_CORETYPE.
