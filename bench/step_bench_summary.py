@@ -102,12 +102,12 @@ def print_peaks(peaks):
     print(f"host peaks (oases peak): {host.get('cpu', '?')}, {host.get('threads', '?')} threads, "
           f"BLAS {host.get('blas', '?')}, oneDNN {host.get('onednn', '?')}"
           + (f"; cache {peaks['cache']}" if peaks.get("cache") else ""))
-    print(f"  {'precision':<10}{'GFLOP/s':>10}  {'path':<12}measured")
+    print(f"  {'precision':<10}{'GFLOP/s':>10}  {'path':<28}measured")
     for precision, entry in peaks.get("peaks", {}).items():
         if not isinstance(entry, dict):
             continue
         print(f"  {precision:<10}{fmt(entry.get('flops_per_s') and entry['flops_per_s'] / 1e9, '10.1f', '         -')}"
-              f"  {str(entry.get('path', '-')):<12}{entry.get('measured', '-')}")
+              f"  {str(entry.get('path', '-')):<28} {entry.get('measured', '-')}")
 
 
 def summarise_arch(runs, arch, precisions, peaks):
