@@ -1,11 +1,19 @@
 // Times full training steps (forward, backward, clipping, AdamW) of the engine on a config
-// (default configs/bench.toml; any model.arch and train.precision) with random tokens, and
-// measures this machine's peak sgemm rate in the same process. For a masked-language model
-// (bert) 15% of the targets are kept, the others ignored, as masked-LM training has them.
-// Prints one JSON object; bench/run_step_bench.sh compares it with PyTorch.
+// (default configs/bench.toml; any model.arch and train.precision) with random tokens. For a
+// masked-language model (bert) 15% of the targets are kept, the others ignored, as masked-LM
+// training has them. Prints one JSON object; bench/run_step_bench.sh compares it with PyTorch
+// and divides by the host's peaks (`oases peak`) for MFU.
+//
+// With --breakdown, one more step runs after the timed ones with a TimeBreakdown installed
+// (core/time_breakdown.h): the JSON's "breakdown" has that step's seconds and, per category
+// (products, attention, norms, head, optimizer, conversions, elementwise, allocation and
+// "unaccounted", the step's time outside every kernel), seconds, share of the step and calls.
+// The timed steps run without it, so the breakdown costs them nothing.
 //
 //   model_step [--config configs/bench.toml] [--steps 5] [--warmup 2] [--set key=value ...]
+//              [--breakdown]
 #include "core/philox.h"
+#include "core/time_breakdown.h"
 #include "core/timer.h"
 #include "kernels/kernels.h"
 #include "plan/run_config.h"
@@ -22,17 +30,50 @@
 
 using namespace oases;
 
+namespace {
+
+// One more training step with a TimeBreakdown installed: its seconds and each category's.
+nlohmann::json breakdown_of_one_step(train::TrainingEngine& engine, int step,
+                                     const std::vector<std::int32_t>& inputs,
+                                     const std::vector<std::int32_t>& targets) {
+  TimeBreakdown times;
+  double step_seconds = 0;
+  {
+    const TimeBreakdownScope scope(times);
+    const Stopwatch clock;
+    engine.train_step(step, inputs.data(), targets.data());
+    step_seconds = clock.seconds();
+  }
+  nlohmann::json categories = nlohmann::json::object();
+  const auto entry = [&](double seconds, std::int64_t calls) {
+    return nlohmann::json{{"seconds", seconds}, {"share", seconds / step_seconds}, {"calls", calls}};
+  };
+  for (int c = 0; c < kTimeCategories; ++c) {
+    const auto category = static_cast<TimeCategory>(c);
+    categories[std::string(time_category_name(category))] =
+        entry(times.seconds_of(category), times.calls_of(category));
+  }
+  categories["unaccounted"] = entry(step_seconds - times.total_seconds(), 0);
+  return {{"step_seconds", step_seconds}, {"categories", categories}};
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   kernels::reexec_with_better_blas_kernels(argv);
   std::string config_path = "configs/bench.toml";
   int steps = 5, warmup = 2;
+  bool breakdown = false;
   std::vector<std::string> overrides;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--config") config_path = argv[i + 1];
-    else if (flag == "--steps") steps = std::stoi(argv[i + 1]);
-    else if (flag == "--warmup") warmup = std::stoi(argv[i + 1]);
-    else if (flag == "--set") overrides.emplace_back(argv[i + 1]);
+    if (flag == "--breakdown") { breakdown = true; continue; }
+    if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", flag.c_str()); return 2; }
+    const char* value = argv[++i];
+    if (flag == "--config") config_path = value;
+    else if (flag == "--steps") steps = std::stoi(value);
+    else if (flag == "--warmup") warmup = std::stoi(value);
+    else if (flag == "--set") overrides.emplace_back(value);
     else { std::fprintf(stderr, "unknown flag %s\n", flag.c_str()); return 2; }
   }
   try {
@@ -59,7 +100,8 @@ int main(int argc, char** argv) {
     const double median = sorted[sorted.size() / 2];
     const double tokens = static_cast<double>(rows * seq);
     const double model_flops = tokens * config.model.training_flops_per_token();
-    const double peak = kernels::measure_peak_flops(2048, 2.0);
+    nlohmann::json breakdown_json = nullptr;
+    if (breakdown) breakdown_json = breakdown_of_one_step(engine, warmup + steps, inputs, targets);
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
     nlohmann::json out = {{"framework", "oases"},
@@ -72,10 +114,9 @@ int main(int argc, char** argv) {
                           {"tokens_per_step", rows * seq},
                           {"model_flops_per_step", model_flops},
                           {"model_flops_per_s", model_flops / median},
-                          {"peak_sgemm_flops_per_s", peak},
-                          {"mfu_vs_sgemm_peak", model_flops / median / peak},
                           {"final_loss", loss},
                           {"peak_rss_bytes", static_cast<std::int64_t>(usage.ru_maxrss) * 1024}};
+    if (breakdown) out["breakdown"] = breakdown_json;
     std::printf("%s\n", out.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

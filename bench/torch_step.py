@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch side of the training-step benchmark (fp32 or fp64, CPU): GPT, LLaMA or BERT.
+"""PyTorch side of the training-step benchmark (fp32, fp64 or bf16 autocast, CPU): GPT, LLaMA or BERT.
 
 Times full training steps (forward, backward, AdamW step, zero_grad) of the same models the
 parity tests use (tests/model/torch_gpt.py, torch_llama.py, torch_bert.py: plain PyTorch as a
@@ -7,6 +7,10 @@ Hugging Face model computes them, with explicit attention since torch 1.13 has n
 scaled_dot_product_attention) and prints one JSON object on stdout, to be set beside the
 engine's numbers measured in the same run. BERT predicts 15% of the positions (the others have
 target -1), as masked-LM training does; the engine's benchmark masks the same share.
+
+With --autocast bf16 the forward pass and the loss run under torch.autocast("cpu",
+dtype=torch.bfloat16) (PyTorch's mixed precision: matrix products in bf16, fp32 master weights,
+gradients and optimizer state), the counterpart of the engine's train.precision = "bf16".
 
 Run with /usr/bin/python3 (Debian's python3-torch is only visible there).
 """
@@ -40,6 +44,8 @@ def parse_args():
     p.add_argument("--vocab-size", type=int, default=50304)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                   help="bf16: forward and loss under torch.autocast (fp32 master weights)")
     p.add_argument("--steps", type=int, default=5, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
@@ -52,6 +58,8 @@ def parse_args():
         args.kv_heads = args.heads
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:
         p.error("--steps and --threads must be at least 1, --warmup at least 0")
+    if args.autocast != "none" and args.dtype != "float32":
+        p.error("--autocast needs --dtype float32 (the master weights)")
     return args
 
 
@@ -80,8 +88,21 @@ def main():
     if args.arch == "bert":
         targets[torch.rand(shape, generator=gen) >= 0.15] = -1
 
+    if args.autocast == "bf16" and hasattr(module, "_layer_norm"):
+        # torch 1.13's CPU autocast passes a bf16 input with fp32 weights to layer_norm, which
+        # refuses them (BERT's prediction transform: GeLU of a bf16 product, then LayerNorm);
+        # the norm is computed in fp32, as autocast's fp32 operations are.
+        layer_norm = module._layer_norm
+        module._layer_norm = lambda x, *rest: layer_norm(x.float(), *rest)
+
+    def forward_and_loss():
+        if args.autocast == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return module.loss_fn(module.forward(params, cfg, inputs), targets)
+        return module.loss_fn(module.forward(params, cfg, inputs), targets)
+
     def step():
-        loss = module.loss_fn(module.forward(params, cfg, inputs), targets)
+        loss = forward_and_loss()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         optimizer.step()
@@ -99,6 +120,9 @@ def main():
     print(json.dumps({
         "framework": "pytorch",
         "arch": args.arch,
+        "precision": "bf16" if args.autocast == "bf16" else
+                     {"float32": "fp32", "float64": "fp64"}[args.dtype],
+        "autocast": args.autocast,
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
         "step_seconds_median": statistics.median(times),
@@ -109,7 +133,7 @@ def main():
                    "kv_heads": args.kv_heads, "ffn_hidden": args.ffn_hidden,
                    "seq_len": args.seq_len, "vocab_size": args.vocab_size,
                    "micro_batch": args.micro_batch, "warmup_steps": args.warmup,
-                   "dtype": args.dtype},
+                   "dtype": args.dtype, "autocast": args.autocast},
         "parameters": sum(t.numel() for t in params.values()),
         "last_loss": loss,
     }))

@@ -1,6 +1,7 @@
 #include "core/buffer.h"
 
 #include "core/error.h"
+#include "core/time_breakdown.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@ constexpr std::size_t kMappedFrom = std::size_t{1} << 20;
 }  // namespace
 
 void Buffer::Free::operator()(void* p) const {
+  const TimedSection timed(TimeCategory::allocation);
   switch (owner) {
     case Owner::heap: std::free(p); break;
     case Owner::mapping: munmap(p, mapped_bytes); break;
@@ -31,6 +33,7 @@ Buffer Buffer::borrowed(void* data, std::size_t bytes, Device device) {
 }
 
 Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  const TimedSection timed(TimeCategory::allocation);
   check_device_available(device);
   if (bytes == 0) return;
   const std::size_t rounded = (bytes + Arena::kAlignment - 1) / Arena::kAlignment * Arena::kAlignment;

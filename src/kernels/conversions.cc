@@ -4,6 +4,7 @@
 #include "kernels/kernels.h"
 
 #include "core/error.h"
+#include "core/time_breakdown.h"
 #include "kernels/argument_checks.h"
 #include "kernels/cpu/convert.h"
 
@@ -42,6 +43,7 @@ void check_fp8(const char* what, const Tensor& src, const Tensor& dst, const Ten
 }  // namespace
 
 void convert(const Tensor& src, const Tensor& dst) {
+  const TimedSection timed(TimeCategory::conversions);
   check_contiguous("convert", {&src, &dst});
   check_host("convert", src, dst);
   OASES_ASSERT(src.numel() == dst.numel(), "convert of {} elements into {}", src.numel(),
@@ -50,6 +52,7 @@ void convert(const Tensor& src, const Tensor& dst) {
 }
 
 void encode_fp8(const Tensor& src, const Tensor& dst, Fp8Format format) {
+  const TimedSection timed(TimeCategory::conversions);
   check_fp8("encode_fp8", src, dst, dst, src);
   const std::int64_t n = src.numel();
   const auto encode = format == Fp8Format::e4m3 ? cpu::encode_e4m3 : cpu::encode_e5m2;
@@ -67,6 +70,7 @@ void encode_fp8(const Tensor& src, const Tensor& dst, Fp8Format format) {
 }
 
 void decode_fp8(const Tensor& src, const Tensor& dst, Fp8Format format) {
+  const TimedSection timed(TimeCategory::conversions);
   check_fp8("decode_fp8", src, dst, src, dst);
   const std::int64_t n = src.numel();
   const auto decode = format == Fp8Format::e4m3 ? cpu::decode_e4m3 : cpu::decode_e5m2;
@@ -84,6 +88,7 @@ void decode_fp8(const Tensor& src, const Tensor& dst, Fp8Format format) {
 }
 
 void reduce_into(const Tensor& in, const Tensor& inout, Reduction op) {
+  const TimedSection timed(TimeCategory::elementwise);
   check_contiguous("reduce_into", {&in, &inout});
   check_host("reduce_into", in, inout);
   OASES_ASSERT(in.dtype() == inout.dtype() && is_16bit(in.dtype()) && in.numel() == inout.numel(),

@@ -1,6 +1,7 @@
 #include "kernels/kernels.h"
 
 #include "core/error.h"
+#include "core/time_breakdown.h"
 #include "kernels/argument_checks.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/blas_runtime.h"
@@ -28,6 +29,13 @@
 #include <string>
 #include <type_traits>
 
+// Each compute function here is a timed section (core/time_breakdown.h): with a TimeBreakdown
+// installed on the calling thread it adds its seconds and one call to its category, otherwise
+// it costs a pointer test. Categories: products (linear_*), attention (attention_*,
+// cached_attention_forward), norms (layernorm_*, rmsnorm_*), head (cross_entropy_*, and what a
+// head op calls under a TimeAttributionScope: its vocabulary projection), optimizer
+// (adamw_update, sgd_update, and sum_of_squares and scale: the gradient clipping),
+// conversions (convert, encode_fp8, decode_fp8, in conversions.cc) and elementwise (the rest).
 namespace oases::kernels {
 namespace {
 
@@ -79,6 +87,7 @@ cpu::AttentionShape cpu_shape(const AttentionShape& s) {
 
 void linear_forward(const Tensor& x, const Tensor& w, WeightLayout layout, const Tensor& bias,
                     const Tensor& y, bool accumulate, const Gemm16Paths& paths) {
+  const TimedSection timed(TimeCategory::products);
   if (half::is_half(x.dtype()))
     return half::linear_forward(x, w, layout, bias, y, accumulate, paths);
   const DType dtype = common_dtype("linear_forward", {&x, &w, &bias, &y});
@@ -99,6 +108,7 @@ void linear_forward(const Tensor& x, const Tensor& w, WeightLayout layout, const
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, WeightLayout layout,
                      const Tensor& dx, bool accumulate_dx, const Tensor& dw, const Tensor& db,
                      const Gemm16Paths& paths) {
+  const TimedSection timed(TimeCategory::products);
   if (half::is_half(dy.dtype()))
     return half::linear_backward(dy, x, w, layout, dx, accumulate_dx, dw, db, paths);
   const DType dtype = common_dtype("linear_backward", {&dy, &x, &w, &dx, &dw, &db});
@@ -116,6 +126,7 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, WeightL
 
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd, double eps) {
+  const TimedSection timed(TimeCategory::norms);
   if (half::is_half(x.dtype())) return half::layernorm_forward(x, gamma, beta, y, mean, rstd, eps);
   const DType dtype = common_dtype("layernorm_forward", {&x, &gamma, &beta, &y, &mean, &rstd});
   check_contiguous("layernorm_forward", {&x, &gamma, &beta, &y, &mean, &rstd});
@@ -132,6 +143,7 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
                         const Tensor& dbeta) {
+  const TimedSection timed(TimeCategory::norms);
   if (half::is_half(dy.dtype()))
     return half::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
   const DType dtype =
@@ -148,6 +160,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
 
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                        const AttentionShape& s, const AttentionDropout& dropout) {
+  const TimedSection timed(TimeCategory::attention);
   if (half::is_half(qkv.dtype())) return half::attention_forward(qkv, out, lse, s, dropout);
   const DType dtype = common_dtype("attention_forward", {&qkv, &out, &lse});
   check_contiguous("attention_forward", {&qkv, &out, &lse});
@@ -160,6 +173,7 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, const Tensor& dqkv, const AttentionShape& s,
                         const AttentionDropout& dropout) {
+  const TimedSection timed(TimeCategory::attention);
   if (half::is_half(dout.dtype()))
     return half::attention_backward(dout, qkv, out, lse, dqkv, s, dropout);
   const DType dtype = common_dtype("attention_backward", {&dout, &qkv, &out, &lse, &dqkv});
@@ -173,6 +187,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
 
 void cached_attention_forward(const Tensor& qkv, const Tensor& keys, const Tensor& values,
                               const Tensor& out, std::int64_t past) {
+  const TimedSection timed(TimeCategory::attention);
   const DType dtype = common_dtype("cached_attention_forward", {&qkv, &keys, &values, &out});
   check_contiguous("cached_attention_forward", {&keys, &values});
   OASES_ASSERT(keys.ndim() == 3 && keys.shape() == values.shape() && qkv.ndim() == 2 &&
@@ -197,6 +212,7 @@ void cached_attention_forward(const Tensor& qkv, const Tensor& keys, const Tenso
 }
 
 void gelu_forward(const Tensor& x, const Tensor& y, GeluForm form) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(x.dtype())) return half::gelu_forward(x, y, form);
   const DType dtype = common_dtype("gelu_forward", {&x, &y});
   check_contiguous("gelu_forward", {&x, &y});
@@ -208,6 +224,7 @@ void gelu_forward(const Tensor& x, const Tensor& y, GeluForm form) {
 }
 
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, GeluForm form) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(x.dtype())) return half::gelu_backward(x, dy, dx, form);
   const DType dtype = common_dtype("gelu_backward", {&x, &dy, &dx});
   check_contiguous("gelu_backward", {&x, &dy, &dx});
@@ -222,6 +239,7 @@ void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, GeluForm
 
 void dropout_apply(const Tensor& x, const Tensor& y, std::int64_t batch, std::int64_t seq,
                    double p, const DropoutSite& site, const DropoutSlice& slice) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(x.dtype())) return half::dropout_apply(x, y, batch, seq, p, site, slice);
   const DType dtype = common_dtype("dropout_apply", {&x, &y});
   check_contiguous("dropout_apply", {&x, &y});
@@ -235,6 +253,7 @@ void dropout_apply(const Tensor& x, const Tensor& y, std::int64_t batch, std::in
 void bias_dropout_add_forward(const Tensor& x, const Tensor& bias, const Tensor& residual,
                               const Tensor& out, std::int64_t batch, std::int64_t seq, double p,
                               const DropoutSite& site, const DropoutSlice& slice) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(x.dtype()))
     return half::bias_dropout_add_forward(x, bias, residual, out, batch, seq, p, site, slice);
   const DType dtype = common_dtype("bias_dropout_add_forward", {&x, &bias, &residual, &out});
@@ -251,6 +270,7 @@ void bias_dropout_add_forward(const Tensor& x, const Tensor& bias, const Tensor&
 void bias_dropout_add_backward(const Tensor& dout, const Tensor& dx, const Tensor& dbias,
                                std::int64_t batch, std::int64_t seq, double p,
                                const DropoutSite& site, const DropoutSlice& slice) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(dout.dtype()))
     return half::bias_dropout_add_backward(dout, dx, dbias, batch, seq, p, site, slice);
   const DType dtype = common_dtype("bias_dropout_add_backward", {&dout, &dx, &dbias});
@@ -264,6 +284,7 @@ void bias_dropout_add_backward(const Tensor& dout, const Tensor& dx, const Tenso
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(a.dtype())) return half::add(a, b, out);
   const DType dtype = common_dtype("add", {&a, &b, &out});
   check_contiguous("add", {&a, &b, &out});
@@ -276,6 +297,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
 }
 
 void copy(const Tensor& src, const Tensor& dst) {
+  const TimedSection timed(TimeCategory::elementwise);
   common_dtype("copy", {&src, &dst});
   check_contiguous("copy", {&src, &dst});
   OASES_ASSERT(src.numel() == dst.numel(), "copy of {} elements into {}", src.numel(),
@@ -284,6 +306,7 @@ void copy(const Tensor& src, const Tensor& dst) {
 }
 
 void zero(const Tensor& t) {
+  const TimedSection timed(TimeCategory::elementwise);
   check_contiguous("zero", {&t});
   OASES_ASSERT(t.device().is_cpu(), "zero: no kernel for tensors on {}", t.device().str());
   if (t.nbytes() > 0) std::memset(t.raw(), 0, t.nbytes());
@@ -292,6 +315,7 @@ void zero(const Tensor& t) {
 void embedding_forward(const std::int32_t* tokens, const Tensor& wte, const Tensor& wpe,
                        const Tensor& out, std::int64_t batch, std::int64_t seq,
                        const VocabRange& range) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(wte.dtype()))
     return half::embedding_forward(tokens, wte, wpe, out, batch, seq, range);
   const DType dtype = common_dtype("embedding_forward", {&wte, &wpe, &out});
@@ -307,6 +331,7 @@ void embedding_forward(const std::int32_t* tokens, const Tensor& wte, const Tens
 void embedding_backward(const Tensor& dout, const std::int32_t* tokens, const Tensor& dwte,
                         const Tensor& dwpe, std::int64_t batch, std::int64_t seq,
                         const VocabRange& range) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(dout.dtype()))
     return half::embedding_backward(dout, tokens, dwte, dwpe, batch, seq, range);
   const DType dtype = common_dtype("embedding_backward", {&dout, &dwte, &dwpe});
@@ -321,6 +346,7 @@ void embedding_backward(const Tensor& dout, const std::int32_t* tokens, const Te
 
 void cross_entropy_forward(const Tensor& logits, std::int64_t vocab, const std::int32_t* targets,
                            const Tensor& losses) {
+  const TimedSection timed(TimeCategory::head);
   if (half::is_half(logits.dtype()))
     return half::cross_entropy_forward(logits, vocab, targets, losses);
   const DType dtype = common_dtype("cross_entropy_forward", {&logits, &losses});
@@ -334,6 +360,7 @@ void cross_entropy_forward(const Tensor& logits, std::int64_t vocab, const std::
 void cross_entropy_forward_backward(const Tensor& logits, std::int64_t vocab,
                                     const std::int32_t* targets, const Tensor& losses,
                                     double grad_scale) {
+  const TimedSection timed(TimeCategory::head);
   if (half::is_half(logits.dtype()))
     return half::cross_entropy_forward_backward(logits, vocab, targets, losses, grad_scale);
   const DType dtype = common_dtype("cross_entropy_forward_backward", {&logits, &losses});
@@ -346,6 +373,7 @@ void cross_entropy_forward_backward(const Tensor& logits, std::int64_t vocab,
 }
 
 void cross_entropy_shard_max(const Tensor& logits, std::int64_t vocab, const Tensor& row_max) {
+  const TimedSection timed(TimeCategory::head);
   if (half::is_half(logits.dtype())) return half::cross_entropy_shard_max(logits, vocab, row_max);
   const DType dtype = common_dtype("cross_entropy_shard_max", {&logits, &row_max});
   by_dtype(dtype, "cross_entropy_shard_max", [&](auto zero) {
@@ -364,6 +392,7 @@ void cross_entropy_shard_sums(const Tensor& logits, std::int64_t vocab,
                               const std::int32_t* targets, std::int64_t vocab_begin,
                               const Tensor& row_max, const Tensor& sum_exp,
                               const Tensor& target_logit) {
+  const TimedSection timed(TimeCategory::head);
   if (half::is_half(logits.dtype()))
     return half::cross_entropy_shard_sums(logits, vocab, targets, vocab_begin, row_max, sum_exp,
                                           target_logit);
@@ -387,6 +416,7 @@ void cross_entropy_shard_finish(const Tensor& logits, std::int64_t vocab,
                                 const Tensor& row_max, const Tensor& sum_exp,
                                 const Tensor& target_logit, double grad_scale,
                                 const Tensor& losses, bool gradient) {
+  const TimedSection timed(TimeCategory::head);
   if (half::is_half(logits.dtype()))
     return half::cross_entropy_shard_finish(logits, vocab, targets, vocab_begin, row_max, sum_exp,
                                             target_logit, grad_scale, losses, gradient);
@@ -414,6 +444,7 @@ void cross_entropy_shard_finish(const Tensor& logits, std::int64_t vocab,
 }
 
 double sum(const Tensor& x) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(x.dtype())) return half::sum(x);
   const DType dtype = common_dtype("sum", {&x});
   check_contiguous("sum", {&x});
@@ -427,6 +458,7 @@ double sum(const Tensor& x) {
 }
 
 double sum_of_squares(const Tensor& x) {
+  const TimedSection timed(TimeCategory::optimizer);
   if (half::is_half(x.dtype())) return half::sum_of_squares(x);
   const DType dtype = common_dtype("sum_of_squares", {&x});
   check_contiguous("sum_of_squares", {&x});
@@ -437,6 +469,7 @@ double sum_of_squares(const Tensor& x) {
 }
 
 void scale(const Tensor& x, double factor) {
+  const TimedSection timed(TimeCategory::optimizer);
   if (half::is_half(x.dtype())) return half::scale(x, factor);
   const DType dtype = common_dtype("scale", {&x});
   check_contiguous("scale", {&x});
@@ -448,6 +481,7 @@ void scale(const Tensor& x, double factor) {
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, const Tensor& y, const Tensor& rstd,
                      double eps) {
+  const TimedSection timed(TimeCategory::norms);
   if (half::is_half(x.dtype())) return half::rmsnorm_forward(x, weight, y, rstd, eps);
   const DType dtype = common_dtype("rmsnorm_forward", {&x, &weight, &y, &rstd});
   check_contiguous("rmsnorm_forward", {&x, &weight, &y, &rstd});
@@ -461,6 +495,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, const Tensor& y, con
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                       const Tensor& dx, const Tensor& dweight) {
+  const TimedSection timed(TimeCategory::norms);
   if (half::is_half(dy.dtype())) return half::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
   const DType dtype = common_dtype("rmsnorm_backward", {&dy, &x, &weight, &rstd, &dx, &dweight});
   check_contiguous("rmsnorm_backward", {&dy, &x, &weight, &rstd, &dx, &dweight});
@@ -474,6 +509,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
 
 void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const Tensor& cos,
                    const Tensor& sin) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(cos.dtype())) return half::rotary_tables(seq, head_dim, theta, cos, sin);
   const DType dtype = common_dtype("rotary_tables", {&cos, &sin});
   check_contiguous("rotary_tables", {&cos, &sin});
@@ -487,6 +523,7 @@ void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const 
 
 void rotary_apply(const Tensor& x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
                   std::int64_t head_dim, const Tensor& cos, const Tensor& sin, bool inverse) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(x.dtype()))
     return half::rotary_apply(x, batch, seq, heads, head_dim, cos, sin, inverse);
   const DType dtype = common_dtype("rotary_apply", {&x, &cos, &sin});
@@ -501,6 +538,7 @@ void rotary_apply(const Tensor& x, std::int64_t batch, std::int64_t seq, std::in
 }
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(gate.dtype())) return half::swiglu_forward(gate, up, out);
   const DType dtype = common_dtype("swiglu_forward", {&gate, &up, &out});
   OASES_ASSERT(gate.shape() == up.shape() && gate.shape() == out.shape() &&
@@ -516,6 +554,7 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
 
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout,
                      const Tensor& dgate, const Tensor& dup) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(gate.dtype())) return half::swiglu_backward(gate, up, dout, dgate, dup);
   const DType dtype = common_dtype("swiglu_backward", {&gate, &up, &dout, &dgate, &dup});
   OASES_ASSERT(gate.stride(0) == up.stride(0) && dgate.stride(0) == dup.stride(0) &&
@@ -531,6 +570,7 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout,
 
 void embedding_accumulate(const std::int32_t* ids, const Tensor& table, const Tensor& out,
                           std::int64_t batch, std::int64_t seq) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(out.dtype())) return half::embedding_accumulate(ids, table, out, batch, seq);
   const DType dtype = common_dtype("embedding_accumulate", {&table, &out});
   check_contiguous("embedding_accumulate", {&table, &out});
@@ -543,6 +583,7 @@ void embedding_accumulate(const std::int32_t* ids, const Tensor& table, const Te
 
 void embedding_accumulate_backward(const Tensor& dout, const std::int32_t* ids,
                                    const Tensor& dtable, std::int64_t batch, std::int64_t seq) {
+  const TimedSection timed(TimeCategory::elementwise);
   if (half::is_half(dout.dtype()))
     return half::embedding_accumulate_backward(dout, ids, dtable, batch, seq);
   const DType dtype = common_dtype("embedding_accumulate_backward", {&dout, &dtable});
@@ -556,6 +597,7 @@ void embedding_accumulate_backward(const Tensor& dout, const std::int32_t* ids,
 
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                   const Tensor& exp_avg_sq, const AdamWStep& step) {
+  const TimedSection timed(TimeCategory::optimizer);
   const DType dtype = common_dtype("adamw_update", {&param, &grad, &exp_avg, &exp_avg_sq});
   check_contiguous("adamw_update", {&param, &grad, &exp_avg, &exp_avg_sq});
   const std::int64_t n = param.numel();
@@ -571,6 +613,7 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
 
 void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
                 const SgdStep& step) {
+  const TimedSection timed(TimeCategory::optimizer);
   const DType dtype = common_dtype("sgd_update", {&param, &grad, &momentum_buffer});
   check_contiguous("sgd_update", {&param, &grad, &momentum_buffer});
   const std::int64_t n = param.numel();

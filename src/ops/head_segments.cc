@@ -1,6 +1,7 @@
 #include "ops/head_segments.h"
 
 #include "core/error.h"
+#include "core/time_breakdown.h"
 #include "kernels/kernels.h"
 
 #include <algorithm>
@@ -214,6 +215,8 @@ class FusedHeadSegment final : public Segment {
     const std::int64_t n = m_.tokens(), V = spec_.vocab_weight.value.dim(0);
     const std::int32_t* targets = targets_of(m_, ctx, mb, sb);
     const Tensor d_x = d_features(internals);
+    // Timed as the head: the vocabulary projection and the loss (the body above is not).
+    const TimeAttributionScope head_time(TimeCategory::head);
     for (std::int64_t row = 0; row < n; row += logits_.dim(0)) {
       const std::int64_t rows = std::min(logits_.dim(0), n - row);
       const Tensor x_rows = x.rows(row, row + rows);
@@ -324,6 +327,7 @@ class VocabParallelHeadSegment final : public Segment {
     const Tensor block = store().acquire(key(mb, sb, kInternals), m_.dtype, internals_.elements(),
                                          internals_.encodable_elements());
     const Tensor x = body_.forward(ctx, mb, sb, spec_.epilogue.spec().residual_segment, block);
+    const TimeAttributionScope head_time(TimeCategory::head);
     kernels::linear_forward(x, spec_.vocab_weight.value, kernels::WeightLayout::out_in,
                             spec_.vocab_bias.value, logits(block), false, m_.gemm16);
     kernels::cross_entropy_shard_max(logits(block), spec_.vocab_valid, row_max(block));
@@ -443,6 +447,7 @@ class HeadLossSegment final : public Segment {
     OASES_ASSERT(ctx.head_mode == HeadMode::train, "backward needs HeadMode::train");
     const Tensor block = head_.internals(mb, sb);
     const HeadSpec& spec = head_.spec();
+    const TimeAttributionScope head_time(TimeCategory::head);
     kernels::linear_backward(head_.logits(block), head_.features(block), spec.vocab_weight.value,
                              kernels::WeightLayout::out_in,
                              input ? m_.slot(Slot::input_grad, mb, sb) : Tensor(), false,
