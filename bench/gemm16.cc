@@ -4,7 +4,8 @@
 // timed side by side in one process through kernels::linear_forward / linear_backward, and the
 // start-up choice (choose_gemm16_paths) with its reasons. Prints one line per product with its
 // time in fp32 and each variant's time as a ratio to fp32 (< 1: faster than fp32), then the
-// step's totals (the layers' products times the layer count, plus the LM head), the speed of
+// step's totals (the layers' products times the layer count, plus the LM head), the bf16
+// product peak of the chosen bf16 path on a few shapes (GFLOP/s, all threads), the speed of
 // the f32 <-> bf16/f16 conversions by each instruction family this CPU has (kernels/cpu/
 // convert.h), and the start-up choice.
 //
@@ -26,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -126,6 +128,43 @@ void print_conversion_speeds(std::int64_t count) {
   }
 }
 
+// The bf16 product peak: GFLOP/s of C[M, N] = A[M, K] B[K, N] (bf16 operands, f32 C) by the
+// chosen bf16 path at the current thread count, best of `repeats` runs after a warm-up, on
+// square-ish shapes around the step's (2048 x 512 x 2048 is the shape oneDNN's own benchmark
+// is quoted at). The denominator of the bf16 step's fraction of peak in bench/RESULTS.md.
+void print_product_peaks(const kernels::Gemm16Paths& paths, int repeats) {
+  struct Shape {
+    std::int64_t M, K, N;
+  };
+  const Shape shapes[] = {
+      {2048, 512, 2048}, {2048, 2048, 512}, {2048, 512, 1536}, {2048, 2048, 2048}};
+  std::printf("bf16 product peak by %s (GFLOP/s, best of %d):",
+              std::string(kernels::gemm16_path_name(paths.bf16)).c_str(), repeats);
+  for (const Shape& shape : shapes) {
+    std::vector<BFloat16> a(static_cast<std::size_t>(shape.M * shape.K)),
+        b(static_cast<std::size_t>(shape.K * shape.N));
+    for (std::size_t i = 0; i < a.size(); ++i)
+      a[i] = BFloat16(static_cast<float>(i % 17) * 0.06f - 0.5f);
+    for (std::size_t i = 0; i < b.size(); ++i)
+      b[i] = BFloat16(static_cast<float>(i % 13) * 0.01f - 0.06f);
+    std::vector<float> c(static_cast<std::size_t>(shape.M * shape.N));
+    const Tensor at = Tensor::of(a.data(), {shape.M, shape.K});
+    const Tensor bt = Tensor::of(b.data(), {shape.K, shape.N});
+    const Tensor ct = Tensor::of(c.data(), {shape.M, shape.N});
+    double best = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < repeats + 1; ++r) {
+      const Stopwatch watch;
+      kernels::linear_forward(at, bt, WeightLayout::in_out, Tensor(), ct, false, paths);
+      if (r > 0) best = std::min(best, watch.seconds());
+    }
+    const double flops = 2.0 * static_cast<double>(shape.M * shape.K * shape.N);
+    std::printf("  %lldx%lldx%lld %.1f", static_cast<long long>(shape.M),
+                static_cast<long long>(shape.K), static_cast<long long>(shape.N),
+                flops / best * 1e-9);
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,6 +220,9 @@ int main(int argc, char** argv) {
       std::printf(" %22s", variants[v].name.c_str());
     std::printf("\n");
     std::vector<double> step_totals(variants.size(), 0.0);
+    // One workspace for every variant (its entries are per dtype and shape), kept across the
+    // repeats as a model keeps its own: the timings are those of a run's steady state.
+    const std::shared_ptr<kernels::Gemm16Workspace> workspace = kernels::make_gemm16_workspace();
     for (const Product& p : products) {
       Operands<float> f32(n, p.in, p.out);
       Operands<BFloat16> b16(n, p.in, p.out);
@@ -189,7 +231,7 @@ int main(int argc, char** argv) {
         std::vector<double> best(variants.size(), std::numeric_limits<double>::infinity());
         for (int r = 0; r < repeats + 1; ++r) {  // the first round warms up
           for (std::size_t v = 0; v < variants.size(); ++v) {
-            const kernels::Gemm16Paths paths{variants[v].path, variants[v].path};
+            const kernels::Gemm16Paths paths{variants[v].path, variants[v].path, workspace};
             const Stopwatch watch;
             if (variants[v].type == DType::f32)
               run(f32, p, n, pass, paths);
@@ -211,6 +253,7 @@ int main(int argc, char** argv) {
     for (std::size_t v = 1; v < variants.size(); ++v)
       std::printf(" %21.2fx", step_totals[v] / step_totals[0]);
     std::printf("   (ms for fp32; ratios to fp32)\n");
+    print_product_peaks(choice.paths, repeats);
     print_conversion_speeds(n * 2048);
     std::printf("start-up choice: %s\n", choice.bf16.reason.c_str());
     std::printf("start-up choice: %s\n", choice.f16.reason.c_str());

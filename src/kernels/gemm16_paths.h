@@ -8,7 +8,9 @@
 //    format on this CPU (kernels/cpu/gemm16.h has the details).
 // kernels.h's choose_gemm16_paths() measures both at start-up and explains its choice; the
 // caller keeps the returned Gemm16Paths (nothing is stored globally) and passes it to every
-// linear call.
+// linear call. The value also carries the products' workspace (scratch memory and prepared
+// oneDNN primitives reused from call to call), shared by its copies: the model that keeps the
+// value creates and owns it.
 #pragma once
 
 #include "core/dtype.h"
@@ -17,6 +19,7 @@
 #include <array>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -29,11 +32,11 @@ enum class Gemm16Path : std::uint8_t { convert_sgemm, onednn };
 // and "onednn". A config pins a path because the two round differently in the last bits
 // (summation order): a run that must repeat another bit for bit (a resumed run) uses the path
 // that run used rather than measuring again.
-inline constexpr std::array<NamedValue<Gemm16Path>, 4> kGemm16PathNames{{
-    {Gemm16Path::convert_sgemm, "convert+sgemm"},
-    {Gemm16Path::onednn, "oneDNN"},
-    {Gemm16Path::convert_sgemm, "convert_sgemm"},
-    {Gemm16Path::onednn, "onednn"}}};
+inline constexpr std::array<NamedValue<Gemm16Path>, 4> kGemm16PathNames{
+    {{Gemm16Path::convert_sgemm, "convert+sgemm"},
+     {Gemm16Path::onednn, "oneDNN"},
+     {Gemm16Path::convert_sgemm, "convert_sgemm"},
+     {Gemm16Path::onednn, "onednn"}}};
 
 // "convert+sgemm", "oneDNN".
 inline std::string_view gemm16_path_name(Gemm16Path path) {
@@ -46,10 +49,28 @@ inline std::optional<Gemm16Path> gemm16_path_from_name(std::string_view name) {
   return path ? std::optional(*path) : std::nullopt;
 }
 
-// The path each 16-bit format uses. The default, convert+sgemm, works everywhere.
+// What the 16-bit products keep between calls (defined by the device's kernels,
+// kernels/cpu/gemm16.cc): the oneDNN path's primitives for each product shape, built once
+// (building them costs more than a small product), and the convert path's f32 scratch for each
+// shape (fresh allocations of the widened operands page-fault on every call: 100 MB for a
+// 50k-vocabulary head's weight). One entry per distinct shape, kept for the workspace's life,
+// so its memory is bounded by the shapes a run multiplies (scratch that several threads use at
+// once is duplicated, one copy per concurrent call). Thread-safe: kernels may be called from
+// several threads with one workspace.
+class Gemm16Workspace;
+
+// A new, empty workspace.
+std::shared_ptr<Gemm16Workspace> make_gemm16_workspace();
+
+// The path each 16-bit format uses (the default, convert+sgemm, works everywhere) and the
+// workspace the products reuse. Copies share one workspace. Null (the default, so that a value
+// that only names paths owns nothing): every call allocates its scratch and builds its
+// primitives afresh; the bits are the same either way. A model gives the value it keeps a
+// workspace of its own.
 struct Gemm16Paths {
   Gemm16Path bf16 = Gemm16Path::convert_sgemm;
   Gemm16Path f16 = Gemm16Path::convert_sgemm;
+  std::shared_ptr<Gemm16Workspace> workspace;
   Gemm16Path for_dtype(DType operands) const { return operands == DType::f16 ? f16 : bf16; }
 };
 

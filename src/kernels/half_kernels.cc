@@ -23,7 +23,9 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace oases::kernels::half {
@@ -63,6 +65,64 @@ void narrow_any(const float* src, void* dst, DType type, std::int64_t n) {
   OASES_ASSERT(false, "narrow: {} is not f32, bf16 or f16", dtype_name(type));
 }
 
+// Reusable f32 scratch for the f32 images below, one pool per calling thread. Fresh
+// allocations of a step's activation-sized images (megabytes each, above malloc's mmap
+// threshold) are returned to the kernel on free and page-faulted in again on the next call:
+// measured on the configs/bench.toml bf16 step, that cost about a quarter of the step. The
+// kernels of kernels.h take no caller-owned state apart from a linear call's Gemm16Paths, and
+// giving every 16-bit kernel a workspace argument would change the whole front door for
+// scratch that never outlives a call; so the pool is thread-local, with no value that could
+// change a result (a buffer's contents are overwritten before they are read). Memory is
+// bounded: a call takes a free buffer of exactly its size or allocates one, so the pool holds
+// at most the buffers of the most a call of each size has used at once, and never more than
+// kMaxPooledBytes (a buffer given back past that is freed).
+class ScratchPool {
+ public:
+  static constexpr std::size_t kMaxPooledBytes = std::size_t{1} << 30;
+
+  std::unique_ptr<float[]> take(std::size_t count) {
+    const auto found = free_.find(count);
+    if (found == free_.end()) return std::make_unique_for_overwrite<float[]>(count);
+    std::unique_ptr<float[]> buffer = std::move(found->second);
+    free_.erase(found);
+    pooled_bytes_ -= count * sizeof(float);
+    return buffer;
+  }
+
+  void give_back(std::size_t count, std::unique_ptr<float[]> buffer) {
+    if (pooled_bytes_ + count * sizeof(float) > kMaxPooledBytes) return;  // freed
+    pooled_bytes_ += count * sizeof(float);
+    free_.emplace(count, std::move(buffer));
+  }
+
+  static ScratchPool& of_this_thread() {
+    thread_local ScratchPool pool;
+    return pool;
+  }
+
+ private:
+  std::multimap<std::size_t, std::unique_ptr<float[]>> free_;
+  std::size_t pooled_bytes_ = 0;
+};
+
+// `count` uninitialised floats from this thread's pool, given back when destroyed.
+class PooledFloats {
+ public:
+  PooledFloats() = default;
+  explicit PooledFloats(std::size_t count)
+      : count_(count), data_(ScratchPool::of_this_thread().take(count)) {}
+  PooledFloats(PooledFloats&&) = delete;
+  PooledFloats& operator=(PooledFloats&&) = delete;
+  ~PooledFloats() {
+    if (data_) ScratchPool::of_this_thread().give_back(count_, std::move(data_));
+  }
+  float* get() const { return data_.get(); }
+
+ private:
+  std::size_t count_ = 0;
+  std::unique_ptr<float[]> data_;
+};
+
 // The f32 image of one tensor argument of a 16-bit call: the tensor's own memory when it is
 // f32, else a contiguous f32 copy (widened when `load`, for inputs and accumulators) that
 // store() rounds back into the tensor (for outputs). A 2-dimensional view may have strided
@@ -87,8 +147,8 @@ class F32Image {
       return;
     }
     // Uninitialised: widened just below, or written by the kernel before store().
-    copy_ = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(rows_ * cols_));
-    data_ = copy_.get();
+    copy_.emplace(static_cast<std::size_t>(rows_ * cols_));
+    data_ = copy_->get();
     ld_ = cols_;
     if (!load) return;
     if (stride_ == cols_) {
@@ -123,7 +183,7 @@ class F32Image {
   }
 
   Tensor tensor_;
-  std::unique_ptr<float[]> copy_;
+  std::optional<PooledFloats> copy_;
   float* data_ = nullptr;
   std::int64_t rows_ = 0, cols_ = 0, stride_ = 0, ld_ = 0;
 };
@@ -234,7 +294,7 @@ void linear_forward(const Tensor& x, const Tensor& w, WeightLayout layout, const
                       layout == WeightLayout::in_out ? cpu::Trans::no : cpu::Trans::yes, n, out, in,
                       x.data<Half>(), x.stride(0), w.data<Half>(),
                       layout == WeightLayout::in_out ? out : in, b, accumulate, y.raw(), y.dtype(),
-                      y.stride(0));
+                      y.stride(0), paths.workspace.get());
   });
 }
 
@@ -252,6 +312,7 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, WeightL
   OASES_ASSERT(db.empty() || db.numel() == out, "linear_backward: db of {} for {} outputs",
                db.numel(), out);
   const cpu::Gemm16Path path = paths.for_dtype(h);
+  Gemm16Workspace* const workspace = paths.workspace.get();
   by_half(h, [&](auto zero) {
     using Half = decltype(zero);
     using cpu::Trans;
@@ -262,18 +323,18 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, WeightL
       // dx[n, in] (+)= dy[n, out] @ w[in, out]^T;  dw[in, out] += x[n, in]^T @ dy[n, out]
       if (!dx.empty())
         cpu::gemm16<Half>(path, Trans::no, Trans::yes, n, in, out, g, dy.stride(0), ws, out,
-                          nullptr, accumulate_dx, dx.raw(), dx.dtype(), dx.stride(0));
+                          nullptr, accumulate_dx, dx.raw(), dx.dtype(), dx.stride(0), workspace);
       if (!dw.empty())
         cpu::gemm16<Half>(path, Trans::yes, Trans::no, in, out, n, xs, x.stride(0), g, dy.stride(0),
-                          nullptr, true, dw.raw(), dw.dtype(), out);
+                          nullptr, true, dw.raw(), dw.dtype(), out, workspace);
     } else {
       // dx[n, in] (+)= dy[n, out] @ w[out, in];  dw[out, in] += dy[n, out]^T @ x[n, in]
       if (!dx.empty())
         cpu::gemm16<Half>(path, Trans::no, Trans::no, n, in, out, g, dy.stride(0), ws, in, nullptr,
-                          accumulate_dx, dx.raw(), dx.dtype(), dx.stride(0));
+                          accumulate_dx, dx.raw(), dx.dtype(), dx.stride(0), workspace);
       if (!dw.empty())
         cpu::gemm16<Half>(path, Trans::yes, Trans::no, out, in, n, g, dy.stride(0), xs, x.stride(0),
-                          nullptr, true, dw.raw(), dw.dtype(), in);
+                          nullptr, true, dw.raw(), dw.dtype(), in, workspace);
     }
     if (!db.empty()) accumulate_column_sums_into(g, n, out, dy.stride(0), db);
   });

@@ -15,8 +15,11 @@
 // Inside, every kernel computes in f32: its 16-bit inputs are widened (exactly) into f32
 // scratch, the f32 kernel of kernels/cpu runs (so formulas, masks, determinism and thread-count
 // independence are those of the f32 kernels), and the outputs are rounded once to H. The
-// scratch is allocated per call (the cost is one extra pass over the operands); embedding
-// forward reads the table rows it needs directly, and cross-entropy widens blocks of rows.
+// scratch comes from a per-thread pool that keeps its buffers from call to call (fresh
+// allocations of activation-sized scratch page-fault on every call; half_kernels.cc says why
+// the pool is per thread); the cost is one extra pass over the operands. Embedding forward
+// reads the table rows it needs directly, and cross-entropy widens blocks of rows. Matrix
+// products (linear_*) keep their scratch in the workspace their Gemm16Paths carries.
 #pragma once
 
 #include "core/tensor.h"

@@ -9,7 +9,7 @@
 namespace oases::model {
 namespace {
 // The decoder computes in its parameters' f32 or f64: no 16-bit products to route.
-constexpr kernels::Gemm16Paths kF32Paths{};
+const kernels::Gemm16Paths kF32Paths{};
 }  // namespace
 
 namespace {

@@ -427,6 +427,9 @@ Model::Model(const ModelConfig& config, ModelOptions options)
 
   context_.dtype = options_.mixed_precision.value_or(options_.dtype);
   context_.gemm16 = options_.gemm16;
+  // The model's own workspace for its 16-bit products (primitives and scratch kept between
+  // calls), unless the caller shares one.
+  if (!context_.gemm16.workspace) context_.gemm16.workspace = kernels::make_gemm16_workspace();
   context_.seq_len = config_.seq_len;
   context_.hidden = config_.hidden;
   context_.rows = options_.micro_batch / options_.sub_batches;

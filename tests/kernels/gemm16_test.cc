@@ -22,8 +22,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace oases::kernels::cpu {
@@ -218,6 +220,62 @@ TEST(Gemm16, ResultsDoNotDependOnTheThreadCount) {
   check_thread_count_independence<Float16>();
 }
 
+// A workspace only keeps primitives and scratch between calls: repeated products of several
+// shapes (16-bit and f32 C, bias, accumulation, multi-tile and edge tiles) through one
+// workspace, from several threads at once, give the bits of calls without one.
+template <class Half>
+void check_workspace_reuse() {
+  for (Gemm16Path path : available_paths(half_dtype<Half>)) {
+    SCOPED_TRACE(std::string(gemm16_path_name(path)));
+    struct Case {
+      Trans ta, tb;
+      std::int64_t M, N, K;
+      bool bias, accumulate;
+      DType c_type;
+    };
+    const Case cases[] = {{Trans::no, Trans::no, 300, 600, 96, true, false, half_dtype<Half>},
+                          {Trans::no, Trans::yes, 300, 600, 96, false, true, half_dtype<Half>},
+                          {Trans::yes, Trans::no, 600, 300, 70, false, true, DType::f32},
+                          {Trans::no, Trans::no, 13, 17, 29, true, true, DType::f32}};
+    const std::shared_ptr<Gemm16Workspace> workspace = make_gemm16_workspace();
+    for (const Case& c : cases) {
+      std::mt19937 rng(5);
+      Operand<Half> a(static_cast<std::size_t>(c.M * c.K), rng, 1.0),
+          b(static_cast<std::size_t>(c.K * c.N), rng, 1.0),
+          bias(static_cast<std::size_t>(c.N), rng, 1.0);
+      std::vector<float> bias32(bias.half.size());
+      for (std::size_t i = 0; i < bias32.size(); ++i) bias32[i] = static_cast<float>(bias.half[i]);
+      const std::int64_t lda = c.ta == Trans::no ? c.K : c.M, ldb = c.tb == Trans::no ? c.N : c.K;
+      const auto product = [&](Gemm16Workspace* w) {
+        std::vector<float> c32(static_cast<std::size_t>(c.M * c.N), 0.5f);
+        std::vector<Half> c16(c32.size(), Half(0.5f));
+        void* out = c.c_type == DType::f32 ? static_cast<void*>(c32.data()) : c16.data();
+        gemm16<Half>(path, c.ta, c.tb, c.M, c.N, c.K, a.half.data(), lda, b.half.data(), ldb,
+                     c.bias ? bias32.data() : nullptr, c.accumulate, out, c.c_type, c.N, w);
+        std::vector<float> result(c32.size());
+        for (std::size_t i = 0; i < result.size(); ++i)
+          result[i] = c.c_type == DType::f32 ? c32[i] : static_cast<float>(c16[i]);
+        return result;
+      };
+      const std::vector<float> expected = product(nullptr);
+      for (int repeat = 0; repeat < 2; ++repeat) EXPECT_EQ(product(workspace.get()), expected);
+      constexpr int kThreads = 3;
+      std::vector<std::vector<float>> results(kThreads);
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t)
+        threads.emplace_back(
+            [&, t] { results[static_cast<std::size_t>(t)] = product(workspace.get()); });
+      for (std::thread& thread : threads) thread.join();
+      for (const std::vector<float>& result : results) EXPECT_EQ(result, expected);
+    }
+  }
+}
+
+TEST(Gemm16, WorkspaceReuseKeepsTheBits) {
+  check_workspace_reuse<BFloat16>();
+  check_workspace_reuse<Float16>();
+}
+
 // The start-up choice: a valid, available path per format, the measured times behind it and
 // a reason that names the format and the winner.
 TEST(Gemm16, StartUpChoiceIsValidAndExplained) {
@@ -272,7 +330,7 @@ void check_linear(Gemm16Path path, kernels::WeightLayout layout, DType out_type)
   const Tensor xt = Tensor::of(x.half.data(), {n, in});
   const Tensor wt =
       in_out ? Tensor::of(w.half.data(), {in, out}) : Tensor::of(w.half.data(), {out, in});
-  const Gemm16Paths paths{path, path};
+  const Gemm16Paths paths{path, path, kernels::make_gemm16_workspace()};
 
   // Forward: y = x W + b, y in out_type; compared with the rounded operands (tight bound) and
   // with the unrounded fp64 operands (adds the 2u |x||W| + u |b| of rounding the operands).

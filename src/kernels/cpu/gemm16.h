@@ -37,13 +37,15 @@
 namespace oases::kernels::cpu {
 
 // The path names and the choice types (kernels/gemm16_paths.h).
+using kernels::gemm16_path_from_name;
+using kernels::gemm16_path_name;
 using kernels::Gemm16Availability;
 using kernels::Gemm16Choice;
 using kernels::Gemm16Path;
 using kernels::Gemm16Paths;
 using kernels::Gemm16PathsChoice;
-using kernels::gemm16_path_from_name;
-using kernels::gemm16_path_name;
+using kernels::Gemm16Workspace;
+using kernels::make_gemm16_workspace;
 
 // Whether `path` can multiply `operands` (DType::bf16 or DType::f16) on this CPU; `detail`
 // names the implementation (e.g. "oneDNN brg:avx512_core_bf16") or says why not (e.g. "oneDNN
@@ -56,10 +58,15 @@ Gemm16Availability gemm16_available(Gemm16Path path, DType operands);
 // type; rows at stride ldc >= N. bias [N] (f32) may be null. The result is rounded once into
 // C. C must not overlap A, B or bias. REQUIRES: gemm16_available(path, Half's type) (checked:
 // an InternalError otherwise); M, N, K >= 0.
+// `workspace` (kernels/gemm16_paths.h) keeps what a call of this shape needs for the next one:
+// the oneDNN path's tile primitives, the convert path's f32 scratch (widened A and B, and the
+// f32 accumulator of a 16-bit C). Null: the call builds and frees its own. The bits do not
+// depend on it.
 template <class Half>
 void gemm16(Gemm16Path path, Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N,
             std::int64_t K, const Half* A, std::int64_t lda, const Half* B, std::int64_t ldb,
-            const float* bias, bool accumulate, void* C, DType c_type, std::int64_t ldc);
+            const float* bias, bool accumulate, void* C, DType c_type, std::int64_t ldc,
+            Gemm16Workspace* workspace = nullptr);
 
 // The start-up choice for one format: the faster available path on a representative product
 // (oneDNN only when at least 1.1x faster: the paths differ in the last bits, and a margin keeps
