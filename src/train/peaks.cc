@@ -54,15 +54,6 @@ std::string vector_isa_flags() {
   return fmt::format("{}", fmt::join(kept, " "));
 }
 
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
-
 json key_json(const PeakKey& k) {
   return {{"cpu", k.cpu},       {"isa", k.isa},       {"threads", k.threads},
           {"blas", k.blas},     {"onednn", k.onednn}, {"precision", k.precision},
@@ -155,6 +146,20 @@ std::map<std::string, double> parse_test_peaks(const std::string& text) {
 
 }  // namespace
 
+std::string cpu_model_name() {
+  const std::string name = cpuinfo_field("model name");
+  return name.empty() ? "unknown" : name;
+}
+
+std::string iso8601_utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
 std::string precision_word(DType operands) {
   switch (operands) {
     case DType::f32: return "fp32";
@@ -174,8 +179,7 @@ std::string product_path_word(DType operands, kernels::Gemm16Path path) {
 }
 
 PeakKey this_host_peak_key(DType operands, kernels::Gemm16Path path, int threads) {
-  std::string cpu = cpuinfo_field("model name");
-  return PeakKey{cpu.empty() ? "unknown" : cpu, vector_isa_flags(),      threads,
+  return PeakKey{cpu_model_name(),             vector_isa_flags(),      threads,
                  kernels::blas_description(),   kernels::onednn_version(),
                  precision_word(operands),      product_path_word(operands, path)};
 }
@@ -257,7 +261,7 @@ HostPeak HostPeaks::get(DType operands, kernels::Gemm16Path path, bool remeasure
   const PeakKey key = this_host_peak_key(operands, path, threads_);
   if (!remeasure)
     if (std::optional<PeakRecord> kept = file_.find(key)) return HostPeak{std::move(*kept), false};
-  PeakRecord record{key, measure_(operands, path, seconds_), utc_now()};
+  PeakRecord record{key, measure_(operands, path, seconds_), iso8601_utc_now()};
   file_.store(record, warn_);
   return HostPeak{std::move(record), true};
 }

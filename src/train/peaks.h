@@ -27,6 +27,11 @@
 
 namespace oases::train {
 
+// /proc/cpuinfo's "model name" ("unknown" where there is none).
+std::string cpu_model_name();
+// Now in UTC, "2026-12-06T14:30:00Z".
+std::string iso8601_utc_now();
+
 // What a measured peak depends on; records are reused only under an equal key.
 struct PeakKey {
   std::string cpu;        // /proc/cpuinfo's model name

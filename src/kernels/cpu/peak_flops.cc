@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <ctime>
+#include <memory>
 #include <type_traits>
 
 namespace oases::kernels::cpu {
@@ -55,13 +56,15 @@ ProductPeak measure(DType operands, Gemm16Path path, double seconds) {
   Buffer c(static_cast<std::size_t>(c_elems) * sizeof(T));
   fill(a.as<T>(), a_elems, 7, 0.125f);
   fill(b.as<T>(), b_elems, 5, 0.25f);
+  // Reused scratch and primitives, as a model's products have them.
+  const std::shared_ptr<Gemm16Workspace> workspace = make_gemm16_workspace();
   const auto product = [&](const ProductShape& s) {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       gemm<T>(Trans::no, Trans::no, s.m, s.n, s.k, T(1), a.as<T>(), s.k, b.as<T>(), s.n, T(0),
               c.as<T>(), s.n);
     } else {
       gemm16<T>(path, Trans::no, Trans::no, s.m, s.n, s.k, a.as<T>(), s.k, b.as<T>(), s.n,
-                nullptr, false, c.as<T>(), operands, s.n);
+                nullptr, false, c.as<T>(), operands, s.n, workspace.get());
     }
   };
   const Stopwatch total;
