@@ -257,8 +257,8 @@ Gemm16PathsChoice choose_gemm16_paths();
 //
 // The peak of the matrix products in `operands` on `device`: f32 through the tiled sgemm of
 // linear layers, f64 through dgemm, bf16 and f16 through `path` (gemm16), each the way the
-// model's products run. The best rate over the shapes 2048x512x2048, 2048x2048x512 and
-// 1024x1024x1024, repeated for about `seconds` after a warm-up, at the current thread count;
+// model's products run. The best rate over five transformer-like shapes (cpu/peak_flops.h),
+// repeated for about `seconds` after a warm-up, at the current thread count;
 // robust to a busy machine (ProductPeak::cpu_share). The denominator of MFU (train/peaks.h
 // caches it per host). REQUIRES: seconds > 0; for 16-bit operands gemm16_available(path).
 // (cpu/peak_flops.h)

@@ -27,7 +27,9 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kPeakFileFormat = 1;
+// Raised when what a measurement means changes (its shapes): records of another format are
+// measured again.
+constexpr int kPeakFileFormat = 2;
 
 // The /proc/cpuinfo line starting with `field` of the first processor ("" when absent).
 std::string cpuinfo_field(const std::string& field) {
@@ -117,6 +119,7 @@ std::optional<std::vector<PeakRecord>> read_records(const std::filesystem::path&
   try {
     const json j = json::parse(in);
     std::vector<PeakRecord> out;
+    if (j.value("format", 0) != kPeakFileFormat) return out;
     for (const json& r : j.at("peaks")) out.push_back(record_of(r));
     return out;
   } catch (const std::exception& e) {

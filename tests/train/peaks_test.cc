@@ -109,8 +109,21 @@ TEST_F(Peaks, AnUnreadableFileIsReportedAndWrittenAnew) {
   EXPECT_NE(warnings_[0].find("could not be read"), std::string::npos) << warnings_[0];
   EXPECT_FALSE(p.get(DType::f32, kernels::Gemm16Path::convert_sgemm).measured_now);
   const auto j = nlohmann::json::parse(std::ifstream(dir_ / "peaks.json"));
-  EXPECT_EQ(j["format"], 1);
+  EXPECT_EQ(j["format"], 2);
   EXPECT_EQ(j["peaks"].size(), 1u);
+}
+
+// Records of an earlier format (measured over other shapes) are measured again, quietly.
+TEST_F(Peaks, RecordsOfAnotherFormatAreMeasuredAgain) {
+  HostPeaks p = peaks(1, {{"fp32", 1e11}});
+  p.get(DType::f32, kernels::Gemm16Path::convert_sgemm);
+  auto j = nlohmann::json::parse(std::ifstream(dir_ / "peaks.json"));
+  j["format"] = 1;
+  std::ofstream(dir_ / "peaks.json") << j.dump();
+  EXPECT_TRUE(p.get(DType::f32, kernels::Gemm16Path::convert_sgemm).measured_now);
+  EXPECT_EQ(calls_.size(), 2u);
+  EXPECT_TRUE(warnings_.empty());
+  EXPECT_FALSE(p.get(DType::f32, kernels::Gemm16Path::convert_sgemm).measured_now);
 }
 
 TEST_F(Peaks, TheFileFollowsOasesCacheElseHome) {

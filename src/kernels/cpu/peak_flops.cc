@@ -22,10 +22,15 @@ struct ProductShape {
   std::int64_t m, k, n;
 };
 
-// The products of a small transformer layer on 2048 token rows (x W, dy W^T, x^T dy at hidden
-// 512 and width 2048), and a square one.
-constexpr std::array<ProductShape, 3> kPeakShapes{{{2048, 512, 2048}, {2048, 2048, 512},
-                                                   {1024, 1024, 1024}}};
+// The products of a small transformer layer on 2048 token rows (x W, dy W^T at hidden 512 and
+// width 2048), a square one, and the wide ones of larger layers and of a vocabulary head, whose
+// long rows BLAS runs fastest: a peak below the rate a model's own products reach would put
+// MFU above 1.
+constexpr std::array<ProductShape, 5> kPeakShapes{{{2048, 512, 2048},
+                                                   {2048, 2048, 512},
+                                                   {1024, 1024, 1024},
+                                                   {2048, 1024, 4096},
+                                                   {2048, 512, 8192}}};
 
 // Below this share of the cores during a run, the machine was clearly busy with something
 // else and the run's rate is scaled up by the share; above it the wall-clock rate stands (a

@@ -22,8 +22,8 @@ struct ProductPeak {
 
 // Best FLOP/s of C[M, N] = A[M, K] B[K, N] in `operands` (f32 through the tiled sgemm, f64
 // through dgemm, bf16/f16 through gemm16 with `path`) over the shapes 2048x512x2048,
-// 2048x2048x512 and 1024x1024x1024, repeated for about `seconds` after a warm-up, at the
-// current thread count. REQUIRES: seconds > 0; for 16-bit operands gemm16_available(path).
+// 2048x2048x512, 1024x1024x1024, 2048x1024x4096 and 2048x512x8192, repeated for about
+// `seconds` after a warm-up, at the current thread count. REQUIRES: seconds > 0; for 16-bit operands gemm16_available(path).
 ProductPeak measure_product_peak(DType operands, Gemm16Path path, double seconds);
 
 // Best FLOP/s of square sgemm of size n over repeated runs lasting about `seconds` in total,
