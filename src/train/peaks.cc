@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "kernels/kernels.h"
 #include "plan/settings.h"
+#include "sim/cluster.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -164,15 +165,10 @@ std::string iso8601_utc_now() {
 }
 
 std::string precision_word(DType operands) {
-  switch (operands) {
-    case DType::f32: return "fp32";
-    case DType::f64: return "fp64";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "fp16";
-    default: break;
-  }
-  OASES_ASSERT(false, "precision_word: no products of {}", dtype_name(operands));
-  __builtin_unreachable();
+  OASES_ASSERT(operands == DType::f32 || operands == DType::f64 || operands == DType::bf16 ||
+                   operands == DType::f16,
+               "precision_word: no products of {}", dtype_name(operands));
+  return std::string(sim::precision_key(operands));
 }
 
 std::string product_path_word(DType operands, kernels::Gemm16Path path) {
