@@ -188,6 +188,165 @@ class F32Image {
   std::int64_t rows_ = 0, cols_ = 0, stride_ = 0, ld_ = 0;
 };
 
+// ---- Conversions fused into the element-wise kernels --------------------------------------
+//
+// A 16-bit element-wise call done through whole-tensor f32 images makes every element travel
+// through memory several times in f32: the widened input is written, read by the f32 kernel,
+// its output written, then read back to be rounded. The kernels below instead work in pieces
+// that stay in the cache: each OpenMP thread widens one piece of the inputs into its own f32
+// scratch, runs the f32 kernel on that piece (on the calling thread: a nested OpenMP region
+// runs serially) and rounds the piece's outputs into the 16-bit tensors, so memory sees only
+// the 16-bit reads and writes. The f32 kernels work element by element or row by row, so a
+// piece's results are those of the whole call, and the pieces (fixed sizes) do not depend on
+// the thread count. bench/half_kernels measures each kernel against its f32 form.
+
+// The f32 kernels run on each piece on the thread that converted it (kernels/cpu/threads.h).
+constexpr cpu::Threads kHere = cpu::Threads::calling_thread;
+
+// f32 elements per operand of a piece: 64 KB, a few operands of which stay in L2.
+constexpr std::int64_t kPieceElements = std::int64_t{1} << 14;
+
+// Calls body(piece, scratch) for piece in [0, pieces), the pieces shared among the OpenMP
+// threads, each thread with its own `scratch_floats` of f32 scratch.
+template <class Body>
+void in_pieces(std::int64_t pieces, std::int64_t scratch_floats, const Body& body) {
+  if (pieces <= 0) return;
+#pragma omp parallel if (pieces > 1)
+  {
+    const auto scratch =
+        std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(scratch_floats));
+#pragma omp for schedule(static)
+    for (std::int64_t piece = 0; piece < pieces; ++piece) body(piece, scratch.get());
+  }
+}
+
+void widen_here(const void* src, DType type, float* dst, std::int64_t n) {
+  switch (type) {
+    case DType::bf16:
+      cpu::widen_on_calling_thread(static_cast<const BFloat16*>(src), dst, n);
+      return;
+    case DType::f16:
+      cpu::widen_on_calling_thread(static_cast<const Float16*>(src), dst, n);
+      return;
+    case DType::f32:
+      std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+      return;
+    default:
+      break;
+  }
+  OASES_ASSERT(false, "widen: {} is not f32, bf16 or f16", dtype_name(type));
+}
+
+void narrow_here(const float* src, void* dst, DType type, std::int64_t n) {
+  switch (type) {
+    case DType::bf16:
+      cpu::narrow_on_calling_thread(src, static_cast<BFloat16*>(dst), n);
+      return;
+    case DType::f16:
+      cpu::narrow_on_calling_thread(src, static_cast<Float16*>(dst), n);
+      return;
+    case DType::f32:
+      std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+      return;
+    default:
+      break;
+  }
+  OASES_ASSERT(false, "narrow: {} is not f32, bf16 or f16", dtype_name(type));
+}
+
+// A tensor as a matrix of rows (a 2-dimensional view's rows, which may be strided; any other
+// tensor, contiguous, as `rows_if_flat` rows of numel / rows_if_flat elements), for copying
+// blocks of it to and from f32 scratch on the calling thread.
+class RowView {
+ public:
+  explicit RowView(const Tensor& t, std::int64_t rows_if_flat = 1)
+      : base_(static_cast<char*>(t.raw())), type_(t.dtype()), element_(t.element_size()) {
+    if (t.ndim() == 2) {
+      stride_ = t.stride(0);
+    } else {
+      OASES_ASSERT(t.is_contiguous(), "a strided {} argument", t.shape().str());
+      stride_ = rows_if_flat == 0 ? 0 : t.numel() / rows_if_flat;
+    }
+  }
+  // dst [r1 - r0, c1 - c0] (dense) = this[r0:r1, c0:c1] widened.
+  void widen(std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, float* dst) const {
+    for (std::int64_t r = r0; r < r1; ++r)
+      widen_here(at(r, c0), type_, dst + (r - r0) * (c1 - c0), c1 - c0);
+  }
+  // this[r0:r1, c0:c1] = src [r1 - r0, c1 - c0] (dense), each element rounded once.
+  void narrow(const float* src, std::int64_t r0, std::int64_t r1, std::int64_t c0,
+              std::int64_t c1) const {
+    for (std::int64_t r = r0; r < r1; ++r)
+      narrow_here(src + (r - r0) * (c1 - c0), at(r, c0), type_, c1 - c0);
+  }
+
+ private:
+  char* at(std::int64_t r, std::int64_t c) const {
+    return base_ + static_cast<std::size_t>(r * stride_ + c) * element_;
+  }
+
+  char* base_;
+  DType type_;
+  std::size_t element_;
+  std::int64_t stride_ = 0;
+};
+
+// Rows per piece of a row-wise kernel over rows of `cols` elements.
+std::int64_t rows_per_piece(std::int64_t cols) {
+  return std::max<std::int64_t>(1, kPieceElements / std::max<std::int64_t>(cols, 1));
+}
+
+// Calls body(first, count, scratch) over [0, n) in pieces of kPieceElements, for element-wise
+// kernels on contiguous tensors; `operands` pieces of scratch per thread.
+template <class Body>
+void flat_pieces(std::int64_t n, int operands, const Body& body) {
+  const std::int64_t pieces = (n + kPieceElements - 1) / kPieceElements;
+  in_pieces(pieces, operands * kPieceElements, [&](std::int64_t piece, float* scratch) {
+    const std::int64_t first = piece * kPieceElements;
+    body(first, std::min(kPieceElements, n - first), scratch);
+  });
+}
+
+// Calls body(r0, r1, scratch) over the rows [0, rows) in pieces of rows_per_piece(cols), for
+// row-wise kernels; `operands` pieces of scratch per thread.
+template <class Body>
+void row_pieces(std::int64_t rows, std::int64_t cols, int operands, const Body& body) {
+  const std::int64_t per = rows_per_piece(cols);
+  const std::int64_t pieces = (rows + per - 1) / per;
+  in_pieces(pieces, operands * per * cols, [&](std::int64_t piece, float* scratch) {
+    const std::int64_t r0 = piece * per;
+    body(r0, std::min(rows, r0 + per), scratch);
+  });
+}
+
+// Calls body(b, f0, f1, scratch) for each sample b in [0, batch) and each range of features
+// [f0, f1) of F, for the dropout kernels, whose masks are keyed by (sample, position, feature):
+// a piece is one sequence's [seq, f1 - f0] block, so the kernel is called on one sample with
+// the slice's offsets moved by (b, f0). `operands` blocks of scratch per thread.
+template <class Body>
+void sequence_pieces(std::int64_t batch, std::int64_t seq, std::int64_t F, int operands,
+                     const Body& body) {
+  if (batch * seq * F == 0) return;
+  // Whole cache lines of f32 per row of a piece where F allows.
+  const std::int64_t wanted = std::max<std::int64_t>(16, kPieceElements / seq / 16 * 16);
+  const std::int64_t width = std::min(F, wanted);
+  const std::int64_t per_sample = (F + width - 1) / width;
+  in_pieces(batch * per_sample, operands * seq * width, [&](std::int64_t piece, float* scratch) {
+    const std::int64_t b = piece / per_sample, f0 = (piece % per_sample) * width;
+    body(b, f0, std::min(F, f0 + width), scratch);
+  });
+}
+
+// A parameter vector (gamma, bias) as f32: the tensor's own memory when f32, else `copy`
+// filled with its widened values; null when empty.
+const float* f32_values(const Tensor& t, std::vector<float>& copy) {
+  if (t.empty()) return nullptr;
+  if (t.dtype() == DType::f32) return t.data<float>();
+  copy.resize(static_cast<std::size_t>(t.numel()));
+  widen_any(t.raw(), t.dtype(), copy.data(), t.numel());
+  return copy.data();
+}
+
 F32Image input(const Tensor& t) {
   return F32Image(t, true);
 }
@@ -350,10 +509,19 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   OASES_ASSERT(
       y.numel() == x.numel() && mean.numel() == n && rstd.numel() == n && beta.numel() == C,
       "layernorm_forward shapes");
-  const F32Image x32 = input(x), g32 = input(gamma), b32 = input(beta), y32 = output(y);
-  cpu::layernorm_forward<float>(x32.data(), g32.data(), b32.data(), y32.data(), mean.data<float>(),
-                                rstd.data<float>(), n, C, eps);
-  y32.store();
+  std::vector<float> gamma_copy, beta_copy;
+  const float* g = f32_values(gamma, gamma_copy);
+  const float* b = f32_values(beta, beta_copy);
+  const RowView xs(x, n), ys(y, n);
+  float* mu = mean.data<float>();
+  float* rs = rstd.data<float>();
+  row_pieces(n, C, 2, [&](std::int64_t r0, std::int64_t r1, float* scratch) {
+    float* x32 = scratch;
+    float* y32 = scratch + (r1 - r0) * C;
+    xs.widen(r0, r1, 0, C, x32);
+    cpu::layernorm_forward<float>(x32, g, b, y32, mu + r0, rs + r0, r1 - r0, C, eps, kHere);
+    ys.narrow(y32, r0, r1, 0, C);
+  });
 }
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
@@ -384,9 +552,17 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, const Tensor& y, con
   check_contiguous("rmsnorm_forward", {&x, &weight, &y, &rstd});
   const std::int64_t C = weight.numel(), n = x.numel() / C;
   OASES_ASSERT(y.numel() == x.numel() && rstd.numel() == n, "rmsnorm_forward shapes");
-  const F32Image x32 = input(x), w32 = input(weight), y32 = output(y);
-  cpu::rmsnorm_forward<float>(x32.data(), w32.data(), y32.data(), rstd.data<float>(), n, C, eps);
-  y32.store();
+  std::vector<float> weight_copy;
+  const float* w = f32_values(weight, weight_copy);
+  const RowView xs(x, n), ys(y, n);
+  float* rs = rstd.data<float>();
+  row_pieces(n, C, 2, [&](std::int64_t r0, std::int64_t r1, float* scratch) {
+    float* x32 = scratch;
+    float* y32 = scratch + (r1 - r0) * C;
+    xs.widen(r0, r1, 0, C, x32);
+    cpu::rmsnorm_forward<float>(x32, w, y32, rs + r0, r1 - r0, C, eps, kHere);
+    ys.narrow(y32, r0, r1, 0, C);
+  });
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
@@ -453,12 +629,24 @@ void rotary_apply(const Tensor& x, std::int64_t batch, std::int64_t seq, std::in
   OASES_ASSERT(x.ndim() == 2 && x.dim(0) == batch * seq && x.dim(1) >= heads * head_dim,
                "rotary_apply: {} for {} rows of {} heads of {}", x.shape().str(), batch * seq,
                heads, head_dim);
-  // Only the rotated columns take part: the first heads * head_dim of each row.
-  const F32Image x32 = accumulator(x.columns(0, heads * head_dim));
-  const F32Image cos32 = input(cos), sin32 = input(sin);
-  cpu::rotary_apply<float>(x32.data(), x32.ld(), batch, seq, heads, head_dim, cos32.data(),
-                           sin32.data(), inverse);
-  x32.store();
+  // Only the rotated columns take part: the first heads * head_dim of each row. A piece is a
+  // run of positions of one sequence, rotated by the tables' rows of those positions.
+  const std::int64_t width = heads * head_dim, half_dim = head_dim / 2;
+  std::vector<float> cos_copy, sin_copy;
+  const float* c = f32_values(cos, cos_copy);
+  const float* s = f32_values(sin, sin_copy);
+  const RowView xs(x.columns(0, width));
+  const std::int64_t per = std::min(rows_per_piece(width), std::max<std::int64_t>(seq, 1));
+  const std::int64_t per_sequence = seq == 0 ? 0 : (seq + per - 1) / per;
+  in_pieces(batch * per_sequence, per * width, [&](std::int64_t piece, float* x32) {
+    const std::int64_t b = piece / per_sequence, t0 = (piece % per_sequence) * per,
+                       t1 = std::min(seq, t0 + per);
+    const std::int64_t r0 = b * seq + t0, r1 = b * seq + t1;
+    xs.widen(r0, r1, 0, width, x32);
+    cpu::rotary_apply<float>(x32, width, 1, t1 - t0, heads, head_dim, c + t0 * half_dim,
+                             s + t0 * half_dim, inverse, kHere);
+    xs.narrow(x32, r0, r1, 0, width);
+  });
 }
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
@@ -466,10 +654,19 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
   OASES_ASSERT(gate.ndim() == 2 && gate.shape() == up.shape() && gate.shape() == out.shape(),
                "swiglu_forward shapes {} {} {}", gate.shape().str(), up.shape().str(),
                out.shape().str());
-  const F32Image g32 = input(gate), u32 = input(up), o32 = output(out);
-  cpu::swiglu_forward<float>(g32.data(), u32.data(), g32.ld(), o32.data(), o32.ld(), gate.dim(0),
-                             gate.dim(1));
-  o32.store();
+  const std::int64_t n = gate.dim(0), F = gate.dim(1);
+  const RowView gs(gate), us(up), os(out);
+  row_pieces(n, F, 3, [&](std::int64_t r0, std::int64_t r1, float* scratch) {
+    const std::int64_t m = (r1 - r0) * F;
+    float* g32 = scratch;
+    float* u32 = scratch + m;
+    float* o32 = scratch + 2 * m;
+    gs.widen(r0, r1, 0, F, g32);
+    us.widen(r0, r1, 0, F, u32);
+    // gate and up share the row stride: both pieces are dense [rows, F].
+    cpu::swiglu_forward<float>(g32, u32, F, o32, F, r1 - r0, F, kHere);
+    os.narrow(o32, r0, r1, 0, F);
+  });
 }
 
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate,
@@ -478,36 +675,55 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, c
   OASES_ASSERT(gate.ndim() == 2 && up.shape() == gate.shape() && dout.shape() == gate.shape() &&
                    dgate.shape() == gate.shape() && dup.shape() == gate.shape(),
                "swiglu_backward shapes");
-  const F32Image g32 = input(gate), u32 = input(up), do32 = input(dout), dg32 = output(dgate),
-                 du32 = output(dup);
-  cpu::swiglu_backward<float>(g32.data(), u32.data(), g32.ld(), do32.data(), do32.ld(), dg32.data(),
-                              du32.data(), dg32.ld(), gate.dim(0), gate.dim(1));
-  dg32.store();
-  du32.store();
+  const std::int64_t n = gate.dim(0), F = gate.dim(1);
+  const RowView gs(gate), us(up), dos(dout), dgs(dgate), dus(dup);
+  row_pieces(n, F, 5, [&](std::int64_t r0, std::int64_t r1, float* scratch) {
+    const std::int64_t m = (r1 - r0) * F;
+    float* g32 = scratch;
+    float* u32 = scratch + m;
+    float* do32 = scratch + 2 * m;
+    float* dg32 = scratch + 3 * m;
+    float* du32 = scratch + 4 * m;
+    gs.widen(r0, r1, 0, F, g32);
+    us.widen(r0, r1, 0, F, u32);
+    dos.widen(r0, r1, 0, F, do32);
+    cpu::swiglu_backward<float>(g32, u32, F, do32, F, dg32, du32, F, r1 - r0, F, kHere);
+    dgs.narrow(dg32, r0, r1, 0, F);
+    dus.narrow(du32, r0, r1, 0, F);
+  });
 }
 
 void gelu_forward(const Tensor& x, const Tensor& y, GeluForm form) {
   half_type("gelu_forward", {&x, &y});
   check_contiguous("gelu_forward", {&x, &y});
   OASES_ASSERT(x.numel() == y.numel(), "gelu_forward: sizes {} {}", x.numel(), y.numel());
-  const F32Image x32 = input(x), y32 = output(y);
-  if (form == GeluForm::tanh)
-    cpu::gelu_forward<float>(x32.data(), y32.data(), x.numel());
-  else
-    cpu::gelu_erf_forward<float>(x32.data(), y32.data(), x.numel());
-  y32.store();
+  const RowView xs(x), ys(y);
+  flat_pieces(x.numel(), 1, [&](std::int64_t first, std::int64_t count, float* v) {
+    xs.widen(0, 1, first, first + count, v);
+    if (form == GeluForm::tanh)  // in place: the f32 kernels allow y to alias x
+      cpu::gelu_forward<float>(v, v, count, kHere);
+    else
+      cpu::gelu_erf_forward<float>(v, v, count, kHere);
+    ys.narrow(v, 0, 1, first, first + count);
+  });
 }
 
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, GeluForm form) {
   half_type("gelu_backward", {&x, &dy, &dx});
   check_contiguous("gelu_backward", {&x, &dy, &dx});
   OASES_ASSERT(x.numel() == dy.numel() && x.numel() == dx.numel(), "gelu_backward: sizes");
-  const F32Image x32 = input(x), dy32 = input(dy), dx32 = output(dx);
-  if (form == GeluForm::tanh)
-    cpu::gelu_backward<float>(x32.data(), dy32.data(), dx32.data(), x.numel());
-  else
-    cpu::gelu_erf_backward<float>(x32.data(), dy32.data(), dx32.data(), x.numel());
-  dx32.store();
+  const RowView xs(x), dys(dy), dxs(dx);
+  flat_pieces(x.numel(), 2, [&](std::int64_t first, std::int64_t count, float* scratch) {
+    float* x32 = scratch;
+    float* g32 = scratch + kPieceElements;  // dy, then dx in its place (allowed to alias)
+    xs.widen(0, 1, first, first + count, x32);
+    dys.widen(0, 1, first, first + count, g32);
+    if (form == GeluForm::tanh)
+      cpu::gelu_backward<float>(x32, g32, g32, count, kHere);
+    else
+      cpu::gelu_erf_backward<float>(x32, g32, g32, count, kHere);
+    dxs.narrow(g32, 0, 1, first, first + count);
+  });
 }
 
 void dropout_apply(const Tensor& x, const Tensor& y, std::int64_t batch, std::int64_t seq, double p,
@@ -515,10 +731,16 @@ void dropout_apply(const Tensor& x, const Tensor& y, std::int64_t batch, std::in
   half_type("dropout_apply", {&x, &y});
   check_contiguous("dropout_apply", {&x, &y});
   OASES_ASSERT(x.numel() == y.numel(), "dropout_apply: sizes {} {}", x.numel(), y.numel());
-  const std::int64_t F = x.numel() / (batch * seq);
-  const F32Image x32 = input(x), y32 = output(y);
-  cpu::dropout_apply<float>(x32.data(), y32.data(), batch, seq, F, p, site, slice);
-  y32.store();
+  const std::int64_t F = batch * seq == 0 ? 0 : x.numel() / (batch * seq);
+  const RowView xs(x, batch * seq), ys(y, batch * seq);
+  sequence_pieces(
+      batch, seq, F, 1, [&](std::int64_t b, std::int64_t f0, std::int64_t f1, float* v) {
+        const std::int64_t r0 = b * seq, r1 = r0 + seq;
+        xs.widen(r0, r1, f0, f1, v);
+        cpu::dropout_apply<float>(v, v, 1, seq, f1 - f0, p, site,
+                                  {slice.sample_offset + b, slice.feature_offset + f0}, kHere);
+        ys.narrow(v, r0, r1, f0, f1);
+      });
 }
 
 void bias_dropout_add_forward(const Tensor& x, const Tensor& bias, const Tensor& residual,
@@ -528,11 +750,22 @@ void bias_dropout_add_forward(const Tensor& x, const Tensor& bias, const Tensor&
   check_h_or_f32("bias_dropout_add_forward", h, {&bias});
   check_contiguous("bias_dropout_add_forward", {&x, &bias, &residual, &out});
   OASES_ASSERT(!residual.empty(), "bias_dropout_add_forward needs a residual");
-  const std::int64_t F = x.numel() / (batch * seq);
-  const F32Image x32 = input(x), b32 = input(bias), r32 = input(residual), o32 = output(out);
-  cpu::bias_dropout_add_forward<float>(x32.data(), b32.data(), r32.data(), o32.data(), batch, seq,
-                                       F, p, site, slice);
-  o32.store();
+  const std::int64_t F = batch * seq == 0 ? 0 : x.numel() / (batch * seq);
+  std::vector<float> bias_copy;
+  const float* bias32 = f32_values(bias, bias_copy);
+  const RowView xs(x, batch * seq), rs(residual, batch * seq), os(out, batch * seq);
+  sequence_pieces(
+      batch, seq, F, 2, [&](std::int64_t b, std::int64_t f0, std::int64_t f1, float* scratch) {
+        const std::int64_t r0 = b * seq, r1 = r0 + seq;
+        float* x32 = scratch;
+        float* r32 = scratch + seq * (f1 - f0);  // the residual, then the output in its place
+        xs.widen(r0, r1, f0, f1, x32);
+        rs.widen(r0, r1, f0, f1, r32);
+        cpu::bias_dropout_add_forward<float>(
+            x32, bias32 == nullptr ? nullptr : bias32 + f0, r32, r32, 1, seq, f1 - f0, p, site,
+            {slice.sample_offset + b, slice.feature_offset + f0}, kHere);
+        os.narrow(r32, r0, r1, f0, f1);
+      });
 }
 
 void bias_dropout_add_backward(const Tensor& dout, const Tensor& dx, const Tensor& dbias,
@@ -554,9 +787,15 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
   check_contiguous("add", {&a, &b, &out});
   OASES_ASSERT(a.numel() == b.numel() && a.numel() == out.numel(), "add: sizes {} {} {}", a.numel(),
                b.numel(), out.numel());
-  const F32Image a32 = input(a), b32 = input(b), o32 = output(out);
-  cpu::add<float>(a32.data(), b32.data(), o32.data(), a.numel());
-  o32.store();
+  const RowView as(a), bs(b), os(out);
+  flat_pieces(a.numel(), 2, [&](std::int64_t first, std::int64_t count, float* scratch) {
+    float* a32 = scratch;
+    float* b32 = scratch + kPieceElements;
+    as.widen(0, 1, first, first + count, a32);
+    bs.widen(0, 1, first, first + count, b32);
+    cpu::add<float>(a32, b32, a32, count, kHere);
+    os.narrow(a32, 0, 1, first, first + count);
+  });
 }
 
 void embedding_forward(const std::int32_t* tokens, const Tensor& wte, const Tensor& wpe,
@@ -771,9 +1010,12 @@ double sum_of_squares(const Tensor& x) {
 void scale(const Tensor& x, double factor) {
   half_type("scale", {&x});
   check_contiguous("scale", {&x});
-  const F32Image x32 = accumulator(x);
-  cpu::scale_in_place<float>(x32.data(), x.numel(), static_cast<float>(factor));
-  x32.store();
+  const RowView xs(x);
+  flat_pieces(x.numel(), 1, [&](std::int64_t first, std::int64_t count, float* v) {
+    xs.widen(0, 1, first, first + count, v);
+    cpu::scale_in_place<float>(v, count, static_cast<float>(factor), kHere);
+    xs.narrow(v, 0, 1, first, first + count);
+  });
 }
 
 }  // namespace oases::kernels::half

@@ -157,6 +157,31 @@ TEST(GeluErf, FloatBackwardTracksDouble) {
   for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(dxf[i], dx[i], 1e-6) << "x=" << x[i];
 }
 
+// The float erf form (a vectorised erfc, gelu.cc) is accurate relative to the value itself on
+// a dense grid over [-14, 14], the negative tail included, where 1 + erf would cancel. The
+// bound is the header's: 1e-6 + 2.4e-7 x^2 relative (erfc's fit 1.2e-7 and exp_approx 3e-7;
+// the x^2 term is the rounding of the exponent's argument, x^2 / 2 in float, which exp turns
+// into a relative error of about 1.5 u32 x^2, doubled). Below about -13 x Phi(x) leaves
+// float's normal range; there the bound is absolute, 1e-37. The slope Phi(x) + x phi(x) is
+// held to the same relative bound of |Phi(x)| + |x phi(x)| (its two terms cancel near -1.5).
+TEST(GeluErf, FloatIsRelativelyAccurateIncludingTheNegativeTail) {
+  std::vector<float> x;
+  for (double v = -14.0; v <= 14.0; v += 1.0 / 64) x.push_back(static_cast<float>(v));
+  x.push_back(-0.0f);
+  const auto n = static_cast<std::int64_t>(x.size());
+  std::vector<float> y(x.size()), ones(x.size(), 1.0f), slope(x.size());
+  gelu_erf_forward(x.data(), y.data(), n);
+  gelu_erf_backward(x.data(), ones.data(), slope.data(), n);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    const double cdf = 0.5 * std::erfc(-v / std::sqrt(2.0));
+    const double pdf = std::exp(-0.5 * v * v) / std::sqrt(2.0 * std::numbers::pi);
+    const double relative = 1e-6 + 2.4e-7 * v * v;
+    EXPECT_NEAR(y[i], v * cdf, relative * std::abs(v * cdf) + 1e-37) << "x=" << v;
+    EXPECT_NEAR(slope[i], cdf + v * pdf, relative * (cdf + std::abs(v * pdf)) + 1e-37) << "x=" << v;
+  }
+}
+
 // Both forms, forward and backward, are bitwise equal at 1, 2 and 3 threads.
 TEST(Gelu, IsBitwiseIndependentOfThreadCount) {
   const std::int64_t n = (std::int64_t{1} << 15) + 123;

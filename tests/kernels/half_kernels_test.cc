@@ -457,6 +457,122 @@ TYPED_TEST(Half16Test, AddScaleAndSums) {
   check_half_output("scale", scaled, scaled32, sc_ref, sc_e);
 }
 
+// The element- and row-wise 16-bit kernels convert piece by piece in the cache (pieces of 2^14
+// f32 elements per operand, shared among the threads; half_kernels.cc). On shapes of several
+// pieces with ragged ends (rows that do not divide into pieces, features split across pieces
+// of a sequence, positions split within a sequence), every 16-bit output is still the f32
+// kernel's result on the widened values, rounded once, and every f32 output (statistics) is
+// the f32 call's, bit for bit: the pieces change where work is done, never what is computed.
+// Masks too: dropout is drawn by global (sample, position, feature), so the pieces draw the
+// whole call's mask.
+template <class Half>
+void expect_rounded_from(const char* what, const std::vector<Half>& y16,
+                         const std::vector<float>& y32) {
+  ASSERT_EQ(y16.size(), y32.size());
+  for (std::size_t i = 0; i < y16.size(); ++i)
+    ASSERT_EQ(y16[i].bits, Half(y32[i]).bits) << what << " at " << i;
+}
+
+TYPED_TEST(Half16Test, PiecesGiveTheWholeCallsBits) {
+  using Half = TypeParam;
+  std::mt19937 rng(21);
+  {  // flat: gelu (both forms, both passes), add, scale over 3.4 pieces
+    const std::int64_t n = 3 * (std::int64_t{1} << 14) + 6007;
+    Values<Half> x(n, rng, -6, 6), g(n, rng, -2, 2);
+    for (GeluForm form : {GeluForm::tanh, GeluForm::erf}) {
+      std::vector<Half> y16(n), dx16(n);
+      std::vector<float> y32(n), dx32(n);
+      gelu_forward(x.t16({n}), Tensor::of(y16.data(), {n}), form);
+      gelu_forward(x.t32({n}), Tensor::of(y32.data(), {n}), form);
+      expect_rounded_from("gelu", y16, y32);
+      gelu_backward(x.t16({n}), g.t16({n}), Tensor::of(dx16.data(), {n}), form);
+      gelu_backward(x.t32({n}), g.t32({n}), Tensor::of(dx32.data(), {n}), form);
+      expect_rounded_from("gelu backward", dx16, dx32);
+    }
+    std::vector<Half> s16(n);
+    std::vector<float> s32(n);
+    add(x.t16({n}), g.t16({n}), Tensor::of(s16.data(), {n}));
+    add(x.t32({n}), g.t32({n}), Tensor::of(s32.data(), {n}));
+    expect_rounded_from("add", s16, s32);
+    std::vector<Half> sc16 = x.h;
+    std::vector<float> sc32 = x.f;
+    scale(Tensor::of(sc16.data(), {n}), 0.7);
+    scale(Tensor::of(sc32.data(), {n}), 0.7);
+    expect_rounded_from("scale", sc16, sc32);
+  }
+  {  // rows: swiglu on fused halves, layernorm and rmsnorm forward
+    const std::int64_t n = 301, F = 333;  // 49 rows a piece: 6 full pieces and a ragged one
+    Values<Half> fused(n * 2 * F, rng, -5, 5), dout(n * F, rng, -1, 1);
+    std::vector<Half> out16(n * F), grad16(n * 2 * F);
+    std::vector<float> out32(n * F), grad32(n * 2 * F);
+    const Tensor f16t = fused.t16({n, 2 * F}), f32t = fused.t32({n, 2 * F});
+    swiglu_forward(f16t.columns(0, F), f16t.columns(F, 2 * F), Tensor::of(out16.data(), {n, F}));
+    swiglu_forward(f32t.columns(0, F), f32t.columns(F, 2 * F), Tensor::of(out32.data(), {n, F}));
+    expect_rounded_from("swiglu", out16, out32);
+    const Tensor g16 = Tensor::of(grad16.data(), {n, 2 * F}),
+                 g32 = Tensor::of(grad32.data(), {n, 2 * F});
+    swiglu_backward(f16t.columns(0, F), f16t.columns(F, 2 * F), dout.t16({n, F}), g16.columns(0, F),
+                    g16.columns(F, 2 * F));
+    swiglu_backward(f32t.columns(0, F), f32t.columns(F, 2 * F), dout.t32({n, F}), g32.columns(0, F),
+                    g32.columns(F, 2 * F));
+    expect_rounded_from("swiglu backward", grad16, grad32);
+
+    Values<Half> x(n * F, rng, -3, 5), gamma(F, rng, 0.5, 1.5), beta(F, rng, -1, 1);
+    std::vector<Half> y16(n * F);
+    std::vector<float> y32(n * F), mean16(n), mean32(n), rstd16(n), rstd32(n);
+    layernorm_forward(x.t16({n, F}), gamma.t32({F}), beta.t32({F}), Tensor::of(y16.data(), {n, F}),
+                      Tensor::of(mean16.data(), {n}), Tensor::of(rstd16.data(), {n}), 1e-5);
+    layernorm_forward(x.t32({n, F}), gamma.t32({F}), beta.t32({F}), Tensor::of(y32.data(), {n, F}),
+                      Tensor::of(mean32.data(), {n}), Tensor::of(rstd32.data(), {n}), 1e-5);
+    expect_rounded_from("layernorm", y16, y32);
+    EXPECT_EQ(mean16, mean32);
+    EXPECT_EQ(rstd16, rstd32);
+    rmsnorm_forward(x.t16({n, F}), gamma.t16({F}), Tensor::of(y16.data(), {n, F}),
+                    Tensor::of(rstd16.data(), {n}), 1e-5);
+    rmsnorm_forward(x.t32({n, F}), gamma.t32({F}), Tensor::of(y32.data(), {n, F}),
+                    Tensor::of(rstd32.data(), {n}), 1e-5);
+    expect_rounded_from("rmsnorm", y16, y32);
+    EXPECT_EQ(rstd16, rstd32);
+  }
+  {  // rotary: 3 sequences of 300 positions, 4 heads of 64 in a strided q|k|v block (64 rows
+     // a piece: each sequence in 5 pieces, the last ragged)
+    const std::int64_t B = 3, seq = 300, heads = 4, hd = 64, ld = 3 * heads * hd;
+    Values<Half> qkv(B * seq * ld, rng, -2, 2);
+    std::vector<float> cos32(seq * hd / 2), sin32(seq * hd / 2);
+    rotary_tables(seq, hd, 10000, Tensor::of(cos32.data(), {seq, hd / 2}),
+                  Tensor::of(sin32.data(), {seq, hd / 2}));
+    for (bool inverse : {false, true}) {
+      std::vector<Half> x16 = qkv.h;
+      std::vector<float> x32 = qkv.f;
+      rotary_apply(Tensor::of(x16.data(), {B * seq, ld}).columns(0, heads * hd), B, seq, heads, hd,
+                   Tensor::of(cos32.data(), {seq, hd / 2}), Tensor::of(sin32.data(), {seq, hd / 2}),
+                   inverse);
+      rotary_apply(Tensor::of(x32.data(), {B * seq, ld}).columns(0, heads * hd), B, seq, heads, hd,
+                   Tensor::of(cos32.data(), {seq, hd / 2}), Tensor::of(sin32.data(), {seq, hd / 2}),
+                   inverse);
+      expect_rounded_from("rotary", x16, x32);
+    }
+  }
+  {  // dropout and bias-dropout-add with a mask: 3 samples of 37 positions, 700 features (a
+     // sequence's features in pieces of 432, the last ragged), a slice of a larger batch
+    const std::int64_t B = 3, seq = 37, F = 700, N = B * seq * F;
+    const double p = 0.25;
+    const DropoutSite site{7, 2, 3, 1};
+    const DropoutSlice slice{5, 96};
+    Values<Half> x(N, rng, -3, 3), residual(N, rng, -3, 3), bias(F, rng, -1, 1);
+    std::vector<Half> y16(N), out16(N);
+    std::vector<float> y32(N), out32(N);
+    dropout_apply(x.t16({N}), Tensor::of(y16.data(), {N}), B, seq, p, site, slice);
+    dropout_apply(x.t32({N}), Tensor::of(y32.data(), {N}), B, seq, p, site, slice);
+    expect_rounded_from("dropout", y16, y32);
+    bias_dropout_add_forward(x.t16({N}), bias.t16({F}), residual.t16({N}),
+                             Tensor::of(out16.data(), {N}), B, seq, p, site, slice);
+    bias_dropout_add_forward(x.t32({N}), bias.t32({F}), residual.t32({N}),
+                             Tensor::of(out32.data(), {N}), B, seq, p, site, slice);
+    expect_rounded_from("bias_dropout_add", out16, out32);
+  }
+}
+
 // ---- Embedding and rotary ------------------------------------------------------------------
 
 // Embedding of a vocab-parallel shard: out = wte[token - begin] + wpe[t] (zero rows for tokens

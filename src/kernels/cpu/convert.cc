@@ -489,6 +489,18 @@ void narrow(const float* src, Float16* dst, std::int64_t n) {
   const detail::ConvertIsa isa = detail::best_convert_isa();
   in_blocks(n, [&](std::int64_t i, std::int64_t m) { narrow_range(isa, src + i, dst + i, m); });
 }
+void widen_on_calling_thread(const BFloat16* src, float* dst, std::int64_t n) {
+  widen_range(detail::best_convert_isa(), src, dst, n);
+}
+void widen_on_calling_thread(const Float16* src, float* dst, std::int64_t n) {
+  widen_range(detail::best_convert_isa(), src, dst, n);
+}
+void narrow_on_calling_thread(const float* src, BFloat16* dst, std::int64_t n) {
+  narrow_range(detail::best_convert_isa(), src, dst, n);
+}
+void narrow_on_calling_thread(const float* src, Float16* dst, std::int64_t n) {
+  narrow_range(detail::best_convert_isa(), src, dst, n);
+}
 void widen(const float* src, float* dst, std::int64_t n) {
   if (src != dst && n > 0) std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
 }

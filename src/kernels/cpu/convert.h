@@ -62,6 +62,12 @@ void narrow(const float* src, Float16* dst, std::int64_t n);
 // pointers are equal), so templates over the storage type can call widen/narrow uniformly.
 void widen(const float* src, float* dst, std::int64_t n);
 void narrow(const float* src, float* dst, std::int64_t n);
+// The same on the calling thread alone, for callers that already share their work among the
+// OpenMP threads (a piece of a larger conversion); the same bits as above.
+void widen_on_calling_thread(const BFloat16* src, float* dst, std::int64_t n);
+void widen_on_calling_thread(const Float16* src, float* dst, std::int64_t n);
+void narrow_on_calling_thread(const float* src, BFloat16* dst, std::int64_t n);
+void narrow_on_calling_thread(const float* src, Float16* dst, std::int64_t n);
 
 // 8-bit floating point (OCP 8-bit Floating Point Specification, OFP8, rev. 1.0), for
 // compressed activations. A value is its bit pattern in a std::uint8_t.

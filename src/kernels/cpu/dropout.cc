@@ -51,19 +51,19 @@ class DropoutMask {
 // kept_value)` consumes the result, so the three public kernels share one mask loop.
 template <class T, class Value, class Store>
 void for_each_masked(std::int64_t B, std::int64_t seq, std::int64_t F, double p,
-                     const DropoutSite& site, const DropoutSlice& slice, Value value, Store store) {
+                     const DropoutSite& site, const DropoutSlice& slice, Threads threads,
+                     Value value, Store store) {
   const DropoutMask mask(site, p);
   const T scale = static_cast<T>(1.0 / (1.0 - p));
   const std::int64_t rows = B * seq;
-#pragma omp parallel for schedule(static) if (rows * F >= kMinParallelWork)
-  for (std::int64_t row = 0; row < rows; ++row) {
+  for_each_index(rows, threads, rows * F >= kMinParallelWork, [&](std::int64_t row) {
     const std::int64_t sample = slice.sample_offset + row / seq;
     const std::int64_t position = row % seq;
     for (std::int64_t f = 0; f < F; ++f) {
       const bool kept = mask.keep(sample, position, slice.feature_offset + f);
       store(row, f, kept ? value(row, f) * scale : T(0));
     }
-  }
+  });
 }
 
 }  // namespace
@@ -77,18 +77,17 @@ bool dropout_keep(const DropoutSite& site, double p, std::int64_t global_sample,
 
 template <class T>
 void dropout_apply(const T* x, T* y, std::int64_t B, std::int64_t seq, std::int64_t F, double p,
-                   const DropoutSite& site, DropoutSlice slice) {
+                   const DropoutSite& site, DropoutSlice slice, Threads threads) {
   check_probability(p);
   check_shape(B, seq, F, slice);
   const std::int64_t n = B * seq * F;
   if (p == 0.0) {
     if (x == y) return;
-#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
-    for (std::int64_t i = 0; i < n; ++i) y[i] = x[i];
+    for_each_index(n, threads, n >= kMinParallelWork, [&](std::int64_t i) { y[i] = x[i]; });
     return;
   }
   for_each_masked<T>(
-      B, seq, F, p, site, slice,
+      B, seq, F, p, site, slice, threads,
       [x, F](std::int64_t row, std::int64_t f) { return x[row * F + f]; },
       [y, F](std::int64_t row, std::int64_t f, T v) { y[row * F + f] = v; });
 }
@@ -96,13 +95,12 @@ void dropout_apply(const T* x, T* y, std::int64_t B, std::int64_t seq, std::int6
 template <class T>
 void bias_dropout_add_forward(const T* x, const std::type_identity_t<T>* bias, const T* residual,
                               T* out, std::int64_t B, std::int64_t seq, std::int64_t F, double p,
-                              const DropoutSite& site, DropoutSlice slice) {
+                              const DropoutSite& site, DropoutSlice slice, Threads threads) {
   check_probability(p);
   check_shape(B, seq, F, slice);
   const std::int64_t rows = B * seq;
   if (p == 0.0) {
-#pragma omp parallel for schedule(static) if (rows * F >= kMinParallelWork)
-    for (std::int64_t row = 0; row < rows; ++row) {
+    for_each_index(rows, threads, rows * F >= kMinParallelWork, [&](std::int64_t row) {
       const T* xr = x + row * F;
       const T* rr = residual + row * F;
       T* outr = out + row * F;
@@ -111,11 +109,11 @@ void bias_dropout_add_forward(const T* x, const std::type_identity_t<T>* bias, c
       } else {
         for (std::int64_t f = 0; f < F; ++f) outr[f] = rr[f] + xr[f];
       }
-    }
+    });
     return;
   }
   for_each_masked<T>(
-      B, seq, F, p, site, slice,
+      B, seq, F, p, site, slice, threads,
       [x, bias, F](std::int64_t row, std::int64_t f) {
         return bias != nullptr ? x[row * F + f] + bias[f] : x[row * F + f];
       },
@@ -133,29 +131,29 @@ void bias_dropout_add_backward(const T* dout, T* dx, std::type_identity_t<T>* db
 }
 
 template <class T>
-void add(const T* a, const T* b, T* out, std::int64_t n) {
+void add(const T* a, const T* b, T* out, std::int64_t n, Threads threads) {
   OASES_ASSERT(n >= 0, "add: negative size {}", n);
-#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
-  for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  for_each_index(n, threads, n >= kMinParallelWork, [&](std::int64_t i) { out[i] = a[i] + b[i]; });
 }
 
 template void dropout_apply<float>(const float*, float*, std::int64_t, std::int64_t, std::int64_t,
-                                   double, const DropoutSite&, DropoutSlice);
+                                   double, const DropoutSite&, DropoutSlice, Threads);
 template void dropout_apply<double>(const double*, double*, std::int64_t, std::int64_t,
-                                    std::int64_t, double, const DropoutSite&, DropoutSlice);
+                                    std::int64_t, double, const DropoutSite&, DropoutSlice,
+                                    Threads);
 template void bias_dropout_add_forward<float>(const float*, const float*, const float*, float*,
                                               std::int64_t, std::int64_t, std::int64_t, double,
-                                              const DropoutSite&, DropoutSlice);
+                                              const DropoutSite&, DropoutSlice, Threads);
 template void bias_dropout_add_forward<double>(const double*, const double*, const double*, double*,
                                                std::int64_t, std::int64_t, std::int64_t, double,
-                                               const DropoutSite&, DropoutSlice);
+                                               const DropoutSite&, DropoutSlice, Threads);
 template void bias_dropout_add_backward<float>(const float*, float*, float*, std::int64_t,
                                                std::int64_t, std::int64_t, double,
                                                const DropoutSite&, DropoutSlice);
 template void bias_dropout_add_backward<double>(const double*, double*, double*, std::int64_t,
                                                 std::int64_t, std::int64_t, double,
                                                 const DropoutSite&, DropoutSlice);
-template void add<float>(const float*, const float*, float*, std::int64_t);
-template void add<double>(const double*, const double*, double*, std::int64_t);
+template void add<float>(const float*, const float*, float*, std::int64_t, Threads);
+template void add<double>(const double*, const double*, double*, std::int64_t, Threads);
 
 }  // namespace oases::kernels::cpu

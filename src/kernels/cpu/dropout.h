@@ -11,6 +11,7 @@
 // p must be in [0, 1) (OASES_ASSERT). p = 0 draws no random numbers at all.
 #pragma once
 
+#include "kernels/cpu/threads.h"
 #include "kernels/dropout_rule.h"
 
 #include <cstdint>
@@ -29,7 +30,8 @@ bool dropout_keep(const DropoutSite& site, double p, std::int64_t global_sample,
 // Backward is the same call applied to the output gradient.
 template <class T>
 void dropout_apply(const T* x, T* y, std::int64_t B, std::int64_t seq, std::int64_t F, double p,
-                   const DropoutSite& site, DropoutSlice slice = {});
+                   const DropoutSite& site, DropoutSlice slice = {},
+                   Threads threads = Threads::team);
 
 // out = residual + dropout(x + bias)  over [B, seq, F]; bias [F] may be null. out may alias
 // residual or x.
@@ -38,7 +40,8 @@ void dropout_apply(const T* x, T* y, std::int64_t B, std::int64_t seq, std::int6
 template <class T>
 void bias_dropout_add_forward(const T* x, const std::type_identity_t<T>* bias, const T* residual,
                               T* out, std::int64_t B, std::int64_t seq, std::int64_t F, double p,
-                              const DropoutSite& site, DropoutSlice slice = {});
+                              const DropoutSite& site, DropoutSlice slice = {},
+                              Threads threads = Threads::team);
 
 // Given dout: dx = dropout(dout) (overwritten, may alias dout), dbias += sum over rows of dx
 // (when non-null; formed in double in row order, whatever the thread count). The residual's
@@ -50,6 +53,6 @@ void bias_dropout_add_backward(const T* dout, T* dx, std::type_identity_t<T>* db
 
 // out[i] = a[i] + b[i]  (out may alias a or b)
 template <class T>
-void add(const T* a, const T* b, T* out, std::int64_t n);
+void add(const T* a, const T* b, T* out, std::int64_t n, Threads threads = Threads::team);
 
 }  // namespace oases::kernels::cpu

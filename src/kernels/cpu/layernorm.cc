@@ -16,11 +16,10 @@ constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 14;
 
 template <class T>
 void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd,
-                       std::int64_t n, std::int64_t C, double eps) {
+                       std::int64_t n, std::int64_t C, double eps, Threads threads) {
   OASES_ASSERT(n >= 0 && C > 0, "layernorm_forward: bad size n={} C={}", n, C);
   OASES_ASSERT(eps > 0, "layernorm_forward: eps must be positive, got {}", eps);
-#pragma omp parallel for schedule(static) if (n * C >= kMinParallelWork)
-  for (std::int64_t i = 0; i < n; ++i) {
+  for_each_index(n, threads, n * C >= kMinParallelWork, [&](std::int64_t i) {
     const T* xr = x + i * C;
     // Two passes in double: the one-pass E[x^2] - E[x]^2 cancels badly when |mean| >> std.
     double sum = 0;
@@ -40,7 +39,7 @@ void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean,
     rstd[i] = r;
     T* yr = y + i * C;
     for (std::int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * r * gamma[c] + beta[c];
-  }
+  });
 }
 
 template <class T>
@@ -101,9 +100,10 @@ void layernorm_backward(const T* dy, const T* x, const T* gamma, const T* mean, 
 }
 
 template void layernorm_forward<float>(const float*, const float*, const float*, float*, float*,
-                                       float*, std::int64_t, std::int64_t, double);
+                                       float*, std::int64_t, std::int64_t, double, Threads);
 template void layernorm_forward<double>(const double*, const double*, const double*, double*,
-                                        double*, double*, std::int64_t, std::int64_t, double);
+                                        double*, double*, std::int64_t, std::int64_t, double,
+                                        Threads);
 template void layernorm_backward<float>(const float*, const float*, const float*, const float*,
                                         const float*, float*, float*, float*, std::int64_t,
                                         std::int64_t);

@@ -1,6 +1,8 @@
 // LayerNorm over the last dimension, as torch.nn.LayerNorm (biased variance, eps inside sqrt).
 #pragma once
 
+#include "kernels/cpu/threads.h"
+
 #include <cstdint>
 
 namespace oases::kernels::cpu {
@@ -10,7 +12,7 @@ namespace oases::kernels::cpu {
 // computed in double (two passes) and rounded to T; y is formed from the rounded values.
 template <class T>
 void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd,
-                       std::int64_t n, std::int64_t C, double eps);
+                       std::int64_t n, std::int64_t C, double eps, Threads threads = Threads::team);
 
 // dx[n, C] overwritten (must not alias dy or x); dgamma[C] and dbeta[C] accumulated.
 // Deterministic, and independent of the thread count: each column's sum over rows is formed

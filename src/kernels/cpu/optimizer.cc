@@ -123,10 +123,9 @@ double sum_of_squares(const T* x, std::int64_t n) {
 }
 
 template <class T>
-void scale_in_place(T* x, std::int64_t n, T factor) {
+void scale_in_place(T* x, std::int64_t n, T factor, Threads threads) {
   OASES_ASSERT(n >= 0, "scale_in_place: negative size {}", n);
-#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
-  for (std::int64_t i = 0; i < n; ++i) x[i] *= factor;
+  for_each_index(n, threads, n >= kMinParallelWork, [&](std::int64_t i) { x[i] *= factor; });
 }
 
 double clip_coefficient(double total_norm, double max_norm) {
@@ -144,7 +143,7 @@ template void sgd_update<float>(float*, const float*, float*, std::int64_t, cons
 template void sgd_update<double>(double*, const double*, double*, std::int64_t, const SgdStep&);
 template double sum_of_squares<float>(const float*, std::int64_t);
 template double sum_of_squares<double>(const double*, std::int64_t);
-template void scale_in_place<float>(float*, std::int64_t, float);
-template void scale_in_place<double>(double*, std::int64_t, double);
+template void scale_in_place<float>(float*, std::int64_t, float, Threads);
+template void scale_in_place<double>(double*, std::int64_t, double, Threads);
 
 }  // namespace oases::kernels::cpu

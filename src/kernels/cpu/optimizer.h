@@ -4,6 +4,8 @@
 
 #include "kernels/types.h"
 
+#include "kernels/cpu/threads.h"
+
 #include <cstdint>
 
 namespace oases::kernels::cpu {
@@ -37,7 +39,7 @@ double sum_of_squares(const T* x, std::int64_t n);
 
 // x[i] *= factor
 template <class T>
-void scale_in_place(T* x, std::int64_t n, T factor);
+void scale_in_place(T* x, std::int64_t n, T factor, Threads threads = Threads::team);
 
 // The factor clip_grad_norm_ multiplies gradients by: min(1, max_norm / (total_norm + 1e-6)).
 // A NaN total_norm gives NaN (as torch.clamp does), so a non-finite gradient is not hidden.

@@ -16,11 +16,10 @@ constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 14;
 
 template <class T>
 void rmsnorm_forward(const T* x, const T* weight, T* y, T* rstd, std::int64_t n, std::int64_t C,
-                     double eps) {
+                     double eps, Threads threads) {
   OASES_ASSERT(n >= 0 && C > 0, "rmsnorm_forward: bad size n={} C={}", n, C);
   OASES_ASSERT(eps > 0, "rmsnorm_forward: eps must be positive, got {}", eps);
-#pragma omp parallel for schedule(static) if (n * C >= kMinParallelWork)
-  for (std::int64_t i = 0; i < n; ++i) {
+  for_each_index(n, threads, n * C >= kMinParallelWork, [&](std::int64_t i) {
     const T* xr = x + i * C;
     double sq = 0;
     for (std::int64_t c = 0; c < C; ++c) {
@@ -33,7 +32,7 @@ void rmsnorm_forward(const T* x, const T* weight, T* y, T* rstd, std::int64_t n,
     rstd[i] = r;
     T* yr = y + i * C;
     for (std::int64_t c = 0; c < C; ++c) yr[c] = xr[c] * r * weight[c];
-  }
+  });
 }
 
 template <class T>
@@ -77,9 +76,9 @@ void rmsnorm_backward(const T* dy, const T* x, const T* weight, const T* rstd, T
 }
 
 template void rmsnorm_forward<float>(const float*, const float*, float*, float*, std::int64_t,
-                                     std::int64_t, double);
+                                     std::int64_t, double, Threads);
 template void rmsnorm_forward<double>(const double*, const double*, double*, double*, std::int64_t,
-                                      std::int64_t, double);
+                                      std::int64_t, double, Threads);
 template void rmsnorm_backward<float>(const float*, const float*, const float*, const float*,
                                       float*, float*, std::int64_t, std::int64_t);
 template void rmsnorm_backward<double>(const double*, const double*, const double*, const double*,

@@ -2,6 +2,8 @@
 // bias, eps inside the square root).
 #pragma once
 
+#include "kernels/cpu/threads.h"
+
 #include <cstdint>
 
 namespace oases::kernels::cpu {
@@ -12,7 +14,7 @@ namespace oases::kernels::cpu {
 // (x * rstd) * weight. y may alias x. REQUIRES: eps > 0.
 template <class T>
 void rmsnorm_forward(const T* x, const T* weight, T* y, T* rstd, std::int64_t n, std::int64_t C,
-                     double eps);
+                     double eps, Threads threads = Threads::team);
 
 // With xhat = x * rstd and g = dy * weight:
 //   dx[i, :] = rstd_i * (g - xhat * mean_j(g * xhat))    (overwritten; must not alias dy or x)

@@ -47,7 +47,8 @@ void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, T* cos
 
 template <class T>
 void rotary_apply(T* x, std::int64_t ld, std::int64_t B, std::int64_t seq, std::int64_t heads,
-                  std::int64_t head_dim, const T* cos, const T* sin, bool inverse) {
+                  std::int64_t head_dim, const T* cos, const T* sin, bool inverse,
+                  Threads threads) {
   OASES_ASSERT(B >= 0 && seq >= 0 && heads >= 0 && head_dim > 0 && head_dim % 2 == 0,
                "rotary_apply: B={} seq={} heads={} head_dim={} (head_dim must be even)", B, seq,
                heads, head_dim);
@@ -56,20 +57,19 @@ void rotary_apply(T* x, std::int64_t ld, std::int64_t B, std::int64_t seq, std::
   const std::int64_t half = head_dim / 2;
   const std::int64_t rows = B * seq;
   const T sign = inverse ? T(-1) : T(1);
-#pragma omp parallel for schedule(static) if (rows * heads * head_dim >= kMinParallelWork)
-  for (std::int64_t row = 0; row < rows; ++row) {
+  for_each_index(rows, threads, rows * heads * head_dim >= kMinParallelWork, [&](std::int64_t row) {
     const std::int64_t t = row % seq;
     T* xr = x + row * ld;
     for (std::int64_t h = 0; h < heads; ++h)
       rotate_head(xr + h * head_dim, half, cos + t * half, sin + t * half, sign);
-  }
+  });
 }
 
 template void rotary_tables<float>(std::int64_t, std::int64_t, double, float*, float*);
 template void rotary_tables<double>(std::int64_t, std::int64_t, double, double*, double*);
 template void rotary_apply<float>(float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                                  std::int64_t, const float*, const float*, bool);
+                                  std::int64_t, const float*, const float*, bool, Threads);
 template void rotary_apply<double>(double*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                                   std::int64_t, const double*, const double*, bool);
+                                   std::int64_t, const double*, const double*, bool, Threads);
 
 }  // namespace oases::kernels::cpu

@@ -9,6 +9,8 @@
 // gradient of its input is the inverse rotation (angle -> -angle) of the output gradient.
 #pragma once
 
+#include "kernels/cpu/threads.h"
+
 #include <cstdint>
 
 namespace oases::kernels::cpu {
@@ -29,6 +31,7 @@ void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, T* cos
 // the same head_dim. Rows are independent; the result does not depend on the thread count.
 template <class T>
 void rotary_apply(T* x, std::int64_t ld, std::int64_t B, std::int64_t seq, std::int64_t heads,
-                  std::int64_t head_dim, const T* cos, const T* sin, bool inverse);
+                  std::int64_t head_dim, const T* cos, const T* sin, bool inverse,
+                  Threads threads = Threads::team);
 
 }  // namespace oases::kernels::cpu

@@ -58,30 +58,29 @@ void check_shape(const char* what, std::int64_t n, std::int64_t F, std::int64_t 
 
 template <class T>
 void swiglu_forward(const T* gate, const T* up, std::int64_t ld_in, T* out, std::int64_t ld_out,
-                    std::int64_t n, std::int64_t F) {
+                    std::int64_t n, std::int64_t F, Threads threads) {
   check_shape("swiglu_forward", n, F, ld_in, ld_out, F);
-#pragma omp parallel for schedule(static) if (n * F >= kMinParallelWork)
-  for (std::int64_t i = 0; i < n; ++i)
+  for_each_index(n, threads, n * F >= kMinParallelWork, [&](std::int64_t i) {
     swiglu_forward_row(gate + i * ld_in, up + i * ld_in, out + i * ld_out, F);
+  });
 }
 
 template <class T>
 void swiglu_backward(const T* gate, const T* up, std::int64_t ld_in, const T* dout,
                      std::int64_t ld_out, T* dgate, T* dup, std::int64_t ld_grad, std::int64_t n,
-                     std::int64_t F) {
+                     std::int64_t F, Threads threads) {
   check_shape("swiglu_backward", n, F, ld_in, ld_out, ld_grad);
-#pragma omp parallel for schedule(static) if (n * F >= kMinParallelWork)
-  for (std::int64_t i = 0; i < n; ++i) {
+  for_each_index(n, threads, n * F >= kMinParallelWork, [&](std::int64_t i) {
     swiglu_backward_row(gate + i * ld_in, up + i * ld_in, dout + i * ld_out, dgate + i * ld_grad,
                         dup + i * ld_grad, F);
-  }
+  });
 }
 
 #define OASES_INSTANTIATE(T)                                                                     \
   template void swiglu_forward<T>(const T*, const T*, std::int64_t, T*, std::int64_t,            \
-                                  std::int64_t, std::int64_t);                                   \
+                                  std::int64_t, std::int64_t, Threads);                          \
   template void swiglu_backward<T>(const T*, const T*, std::int64_t, const T*, std::int64_t, T*, \
-                                   T*, std::int64_t, std::int64_t, std::int64_t);
+                                   T*, std::int64_t, std::int64_t, std::int64_t, Threads);
 OASES_INSTANTIATE(float)
 OASES_INSTANTIATE(double)
 #undef OASES_INSTANTIATE

@@ -14,6 +14,8 @@
 // Every element is independent; results do not depend on the thread count.
 #pragma once
 
+#include "kernels/cpu/threads.h"
+
 #include <cstdint>
 
 namespace oases::kernels::cpu {
@@ -24,7 +26,7 @@ namespace oases::kernels::cpu {
 // REQUIRES: n, F >= 0; ld_in, ld_out >= F.
 template <class T>
 void swiglu_forward(const T* gate, const T* up, std::int64_t ld_in, T* out, std::int64_t ld_out,
-                    std::int64_t n, std::int64_t F);
+                    std::int64_t n, std::int64_t F, Threads threads = Threads::team);
 
 // Given dout (rows at stride ld_out), with s = sigmoid(gate):
 //   dgate = dout * up * s * (1 + gate * (1 - s))     (d silu / dg = s + g s (1 - s))
@@ -35,6 +37,6 @@ void swiglu_forward(const T* gate, const T* up, std::int64_t ld_in, T* out, std:
 template <class T>
 void swiglu_backward(const T* gate, const T* up, std::int64_t ld_in, const T* dout,
                      std::int64_t ld_out, T* dgate, T* dup, std::int64_t ld_grad, std::int64_t n,
-                     std::int64_t F);
+                     std::int64_t F, Threads threads = Threads::team);
 
 }  // namespace oases::kernels::cpu
