@@ -31,16 +31,18 @@
 namespace oases::kernels::half {
 namespace {
 
-void widen_any(const void* src, DType type, float* dst, std::int64_t n) {
+// dst = src widened, by the OpenMP team or (threads = calling_thread) on the calling thread.
+void widen_any(const void* src, DType type, float* dst, std::int64_t n,
+               cpu::Threads threads = cpu::Threads::team) {
   switch (type) {
     case DType::bf16:
-      cpu::widen(static_cast<const BFloat16*>(src), dst, n);
+      cpu::widen(static_cast<const BFloat16*>(src), dst, n, threads);
       return;
     case DType::f16:
-      cpu::widen(static_cast<const Float16*>(src), dst, n);
+      cpu::widen(static_cast<const Float16*>(src), dst, n, threads);
       return;
     case DType::f32:
-      cpu::widen(static_cast<const float*>(src), dst, n);
+      cpu::widen(static_cast<const float*>(src), dst, n, threads);
       return;
     default:
       break;
@@ -48,16 +50,17 @@ void widen_any(const void* src, DType type, float* dst, std::int64_t n) {
   OASES_ASSERT(false, "widen: {} is not f32, bf16 or f16", dtype_name(type));
 }
 
-void narrow_any(const float* src, void* dst, DType type, std::int64_t n) {
+void narrow_any(const float* src, void* dst, DType type, std::int64_t n,
+                cpu::Threads threads = cpu::Threads::team) {
   switch (type) {
     case DType::bf16:
-      cpu::narrow(src, static_cast<BFloat16*>(dst), n);
+      cpu::narrow(src, static_cast<BFloat16*>(dst), n, threads);
       return;
     case DType::f16:
-      cpu::narrow(src, static_cast<Float16*>(dst), n);
+      cpu::narrow(src, static_cast<Float16*>(dst), n, threads);
       return;
     case DType::f32:
-      cpu::narrow(src, static_cast<float*>(dst), n);
+      cpu::narrow(src, static_cast<float*>(dst), n, threads);
       return;
     default:
       break;
@@ -220,40 +223,6 @@ void in_pieces(std::int64_t pieces, std::int64_t scratch_floats, const Body& bod
   }
 }
 
-void widen_here(const void* src, DType type, float* dst, std::int64_t n) {
-  switch (type) {
-    case DType::bf16:
-      cpu::widen_on_calling_thread(static_cast<const BFloat16*>(src), dst, n);
-      return;
-    case DType::f16:
-      cpu::widen_on_calling_thread(static_cast<const Float16*>(src), dst, n);
-      return;
-    case DType::f32:
-      std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
-      return;
-    default:
-      break;
-  }
-  OASES_ASSERT(false, "widen: {} is not f32, bf16 or f16", dtype_name(type));
-}
-
-void narrow_here(const float* src, void* dst, DType type, std::int64_t n) {
-  switch (type) {
-    case DType::bf16:
-      cpu::narrow_on_calling_thread(src, static_cast<BFloat16*>(dst), n);
-      return;
-    case DType::f16:
-      cpu::narrow_on_calling_thread(src, static_cast<Float16*>(dst), n);
-      return;
-    case DType::f32:
-      std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
-      return;
-    default:
-      break;
-  }
-  OASES_ASSERT(false, "narrow: {} is not f32, bf16 or f16", dtype_name(type));
-}
-
 // A tensor as a matrix of rows (a 2-dimensional view's rows, which may be strided; any other
 // tensor, contiguous, as `rows_if_flat` rows of numel / rows_if_flat elements), for copying
 // blocks of it to and from f32 scratch on the calling thread.
@@ -271,13 +240,13 @@ class RowView {
   // dst [r1 - r0, c1 - c0] (dense) = this[r0:r1, c0:c1] widened.
   void widen(std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, float* dst) const {
     for (std::int64_t r = r0; r < r1; ++r)
-      widen_here(at(r, c0), type_, dst + (r - r0) * (c1 - c0), c1 - c0);
+      widen_any(at(r, c0), type_, dst + (r - r0) * (c1 - c0), c1 - c0, kHere);
   }
   // this[r0:r1, c0:c1] = src [r1 - r0, c1 - c0] (dense), each element rounded once.
   void narrow(const float* src, std::int64_t r0, std::int64_t r1, std::int64_t c0,
               std::int64_t c1) const {
     for (std::int64_t r = r0; r < r1; ++r)
-      narrow_here(src + (r - r0) * (c1 - c0), at(r, c0), type_, c1 - c0);
+      narrow_any(src + (r - r0) * (c1 - c0), at(r, c0), type_, c1 - c0, kHere);
   }
 
  private:

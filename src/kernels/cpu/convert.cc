@@ -344,9 +344,14 @@ bool cpuid_avx512_bf16() {
 // up to 7 ms split across two.
 constexpr std::int64_t kConvertBlock = std::int64_t{1} << 20;
 
-// Runs convert(first, count) over [0, n) in blocks shared among the OpenMP threads.
+// Runs convert(first, count) over [0, n) in blocks shared among the OpenMP threads, or at once
+// on the calling thread.
 template <class Convert>
-void in_blocks(std::int64_t n, Convert convert) {
+void in_blocks(std::int64_t n, Threads threads, Convert convert) {
+  if (threads == Threads::calling_thread) {
+    if (n > 0) convert(0, n);
+    return;
+  }
   const std::int64_t blocks = (n + kConvertBlock - 1) / kConvertBlock;
 #pragma omp parallel for schedule(dynamic) if (blocks > 1)
   for (std::int64_t b = 0; b < blocks; ++b) {
@@ -473,38 +478,32 @@ constexpr std::array<float, 256> kE5M2Values = fp8_table<kE5M2>();
 
 }  // namespace
 
-void widen(const BFloat16* src, float* dst, std::int64_t n) {
+void widen(const BFloat16* src, float* dst, std::int64_t n, Threads threads) {
   const detail::ConvertIsa isa = detail::best_convert_isa();
-  in_blocks(n, [&](std::int64_t i, std::int64_t m) { widen_range(isa, src + i, dst + i, m); });
+  in_blocks(n, threads,
+            [&](std::int64_t i, std::int64_t m) { widen_range(isa, src + i, dst + i, m); });
 }
-void widen(const Float16* src, float* dst, std::int64_t n) {
+void widen(const Float16* src, float* dst, std::int64_t n, Threads threads) {
   const detail::ConvertIsa isa = detail::best_convert_isa();
-  in_blocks(n, [&](std::int64_t i, std::int64_t m) { widen_range(isa, src + i, dst + i, m); });
+  in_blocks(n, threads,
+            [&](std::int64_t i, std::int64_t m) { widen_range(isa, src + i, dst + i, m); });
 }
-void narrow(const float* src, BFloat16* dst, std::int64_t n) {
+void narrow(const float* src, BFloat16* dst, std::int64_t n, Threads threads) {
   const detail::ConvertIsa isa = detail::best_convert_isa();
-  in_blocks(n, [&](std::int64_t i, std::int64_t m) { narrow_range(isa, src + i, dst + i, m); });
+  in_blocks(n, threads,
+            [&](std::int64_t i, std::int64_t m) { narrow_range(isa, src + i, dst + i, m); });
 }
-void narrow(const float* src, Float16* dst, std::int64_t n) {
+void narrow(const float* src, Float16* dst, std::int64_t n, Threads threads) {
   const detail::ConvertIsa isa = detail::best_convert_isa();
-  in_blocks(n, [&](std::int64_t i, std::int64_t m) { narrow_range(isa, src + i, dst + i, m); });
+  in_blocks(n, threads,
+            [&](std::int64_t i, std::int64_t m) { narrow_range(isa, src + i, dst + i, m); });
 }
-void widen_on_calling_thread(const BFloat16* src, float* dst, std::int64_t n) {
-  widen_range(detail::best_convert_isa(), src, dst, n);
-}
-void widen_on_calling_thread(const Float16* src, float* dst, std::int64_t n) {
-  widen_range(detail::best_convert_isa(), src, dst, n);
-}
-void narrow_on_calling_thread(const float* src, BFloat16* dst, std::int64_t n) {
-  narrow_range(detail::best_convert_isa(), src, dst, n);
-}
-void narrow_on_calling_thread(const float* src, Float16* dst, std::int64_t n) {
-  narrow_range(detail::best_convert_isa(), src, dst, n);
-}
-void widen(const float* src, float* dst, std::int64_t n) {
+void widen(const float* src, float* dst, std::int64_t n, Threads /*threads*/) {
   if (src != dst && n > 0) std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
 }
-void narrow(const float* src, float* dst, std::int64_t n) { widen(src, dst, n); }
+void narrow(const float* src, float* dst, std::int64_t n, Threads threads) {
+  widen(src, dst, n, threads);
+}
 
 std::uint8_t float_to_e4m3(float value) { return float_to_fp8(value, kE4M3); }
 std::uint8_t float_to_e5m2(float value) { return float_to_fp8(value, kE5M2); }
@@ -512,22 +511,22 @@ float e4m3_to_float(std::uint8_t bits) { return kE4M3Values[bits]; }
 float e5m2_to_float(std::uint8_t bits) { return kE5M2Values[bits]; }
 
 void encode_e4m3(const float* src, std::uint8_t* dst, std::int64_t n) {
-  in_blocks(n, [&](std::int64_t i, std::int64_t m) {
+  in_blocks(n, Threads::team, [&](std::int64_t i, std::int64_t m) {
     for (std::int64_t j = i; j < i + m; ++j) dst[j] = float_to_fp8(src[j], kE4M3);
   });
 }
 void encode_e5m2(const float* src, std::uint8_t* dst, std::int64_t n) {
-  in_blocks(n, [&](std::int64_t i, std::int64_t m) {
+  in_blocks(n, Threads::team, [&](std::int64_t i, std::int64_t m) {
     for (std::int64_t j = i; j < i + m; ++j) dst[j] = float_to_fp8(src[j], kE5M2);
   });
 }
 void decode_e4m3(const std::uint8_t* src, float* dst, std::int64_t n) {
-  in_blocks(n, [&](std::int64_t i, std::int64_t m) {
+  in_blocks(n, Threads::team, [&](std::int64_t i, std::int64_t m) {
     for (std::int64_t j = i; j < i + m; ++j) dst[j] = kE4M3Values[src[j]];
   });
 }
 void decode_e5m2(const std::uint8_t* src, float* dst, std::int64_t n) {
-  in_blocks(n, [&](std::int64_t i, std::int64_t m) {
+  in_blocks(n, Threads::team, [&](std::int64_t i, std::int64_t m) {
     for (std::int64_t j = i; j < i + m; ++j) dst[j] = kE5M2Values[src[j]];
   });
 }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "kernels/cpu/threads.h"
 #include "kernels/types.h"
 
 #include <cstdint>
@@ -53,21 +54,17 @@ void convert_elements(const void* src, DType src_type, void* dst, DType dst_type
 // vcvtps2ph / vcvtph2ps for f16, AVX-512F or AVX2 integer code for the rest of bf16 (widening
 // is a shift), portable C++ on a CPU with none of them. The family is detected from CPUID once
 // per process (detail::best_convert_isa); every family gives the same bits, so results do not
-// depend on the CPU. Split across OpenMP threads for large n; src and dst must not overlap.
-void widen(const BFloat16* src, float* dst, std::int64_t n);
-void widen(const Float16* src, float* dst, std::int64_t n);
-void narrow(const float* src, BFloat16* dst, std::int64_t n);
-void narrow(const float* src, Float16* dst, std::int64_t n);
+// depend on the CPU. Split across OpenMP threads for large n (Threads::calling_thread: on the
+// calling thread alone, for a caller that shares its own work among the threads; the same
+// bits); src and dst must not overlap.
+void widen(const BFloat16* src, float* dst, std::int64_t n, Threads threads = Threads::team);
+void widen(const Float16* src, float* dst, std::int64_t n, Threads threads = Threads::team);
+void narrow(const float* src, BFloat16* dst, std::int64_t n, Threads threads = Threads::team);
+void narrow(const float* src, Float16* dst, std::int64_t n, Threads threads = Threads::team);
 // The same for a float array that stands in a 16-bit one: the identity (a copy unless the
 // pointers are equal), so templates over the storage type can call widen/narrow uniformly.
-void widen(const float* src, float* dst, std::int64_t n);
-void narrow(const float* src, float* dst, std::int64_t n);
-// The same on the calling thread alone, for callers that already share their work among the
-// OpenMP threads (a piece of a larger conversion); the same bits as above.
-void widen_on_calling_thread(const BFloat16* src, float* dst, std::int64_t n);
-void widen_on_calling_thread(const Float16* src, float* dst, std::int64_t n);
-void narrow_on_calling_thread(const float* src, BFloat16* dst, std::int64_t n);
-void narrow_on_calling_thread(const float* src, Float16* dst, std::int64_t n);
+void widen(const float* src, float* dst, std::int64_t n, Threads threads = Threads::team);
+void narrow(const float* src, float* dst, std::int64_t n, Threads threads = Threads::team);
 
 // 8-bit floating point (OCP 8-bit Floating Point Specification, OFP8, rev. 1.0), for
 // compressed activations. A value is its bit pattern in a std::uint8_t.
