@@ -216,8 +216,8 @@ void in_pieces(std::int64_t pieces, std::int64_t scratch_floats, const Body& bod
   if (pieces <= 0) return;
 #pragma omp parallel if (pieces > 1)
   {
-    const auto scratch =
-        std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(scratch_floats));
+    // From the thread's scratch pool, as the f32 images above: no allocation per call.
+    const PooledFloats scratch(static_cast<std::size_t>(scratch_floats));
 #pragma omp for schedule(static)
     for (std::int64_t piece = 0; piece < pieces; ++piece) body(piece, scratch.get());
   }
