@@ -197,11 +197,11 @@ class F32Image {
 // through memory several times in f32: the widened input is written, read by the f32 kernel,
 // its output written, then read back to be rounded. The kernels below instead work in pieces
 // that stay in the cache: each OpenMP thread widens one piece of the inputs into its own f32
-// scratch, runs the f32 kernel on that piece (on the calling thread: a nested OpenMP region
-// runs serially) and rounds the piece's outputs into the 16-bit tensors, so memory sees only
-// the 16-bit reads and writes. The f32 kernels work element by element or row by row, so a
-// piece's results are those of the whole call, and the pieces (fixed sizes) do not depend on
-// the thread count. bench/half_kernels measures each kernel against its f32 form.
+// scratch, runs the f32 kernel on that piece on the same thread (cpu::Threads::calling_thread,
+// no nested parallel region) and rounds the piece's outputs into the 16-bit tensors, so memory
+// sees only the 16-bit reads and writes. The f32 kernels work element by element or row by
+// row, so a piece's results are those of the whole call, and the pieces (fixed sizes) do not
+// depend on the thread count. bench/half_kernels measures each kernel against its f32 form.
 
 // The f32 kernels run on each piece on the thread that converted it (kernels/cpu/threads.h).
 constexpr cpu::Threads kHere = cpu::Threads::calling_thread;
