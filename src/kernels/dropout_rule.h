@@ -35,10 +35,14 @@ struct DropoutSite {
   std::uint32_t site = 0;   // which dropout within the layer
 };
 
-// Where a shard's local [B, seq, F] block sits in the global batch and feature dimensions.
+// Where a shard's local [B, seq, F] block sits in the global batch, sequence and feature
+// dimensions: local element (b, t, f) is global (sample_offset + b, position_offset + t,
+// feature_offset + f). A sequence-parallel shard holding positions [p0, p0 + seq) of one
+// sample passes B = 1 and position_offset = p0.
 struct DropoutSlice {
-  std::int64_t sample_offset = 0;   // global index of local sample 0
-  std::int64_t feature_offset = 0;  // global index of local feature 0
+  std::int64_t sample_offset = 0;    // global index of local sample 0
+  std::int64_t feature_offset = 0;   // global index of local feature 0
+  std::int64_t position_offset = 0;  // position of local position 0 within its sequence
 };
 
 // Dropout on the attention probabilities of one call. p = 0 (the default) draws nothing.

@@ -706,8 +706,9 @@ void dropout_apply(const Tensor& x, const Tensor& y, std::int64_t batch, std::in
       batch, seq, F, 1, [&](std::int64_t b, std::int64_t f0, std::int64_t f1, float* v) {
         const std::int64_t r0 = b * seq, r1 = r0 + seq;
         xs.widen(r0, r1, f0, f1, v);
-        cpu::dropout_apply<float>(v, v, 1, seq, f1 - f0, p, site,
-                                  {slice.sample_offset + b, slice.feature_offset + f0}, kHere);
+        cpu::dropout_apply<float>(
+            v, v, 1, seq, f1 - f0, p, site,
+            {slice.sample_offset + b, slice.feature_offset + f0, slice.position_offset}, kHere);
         ys.narrow(v, r0, r1, f0, f1);
       });
 }
@@ -732,7 +733,7 @@ void bias_dropout_add_forward(const Tensor& x, const Tensor& bias, const Tensor&
         rs.widen(r0, r1, f0, f1, r32);
         cpu::bias_dropout_add_forward<float>(
             x32, bias32 == nullptr ? nullptr : bias32 + f0, r32, r32, 1, seq, f1 - f0, p, site,
-            {slice.sample_offset + b, slice.feature_offset + f0}, kHere);
+            {slice.sample_offset + b, slice.feature_offset + f0, slice.position_offset}, kHere);
         os.narrow(r32, r0, r1, f0, f1);
       });
 }

@@ -91,6 +91,32 @@ namespace {
 // Checked before anything is built from them (the layout only asserts).
 void check_options(const ModelConfig& config, const ModelOptions& o) {
   OASES_ASSERT(o.tp != nullptr, "a model needs its tensor-parallel group");
+  if (o.sequence_parallel) {
+    const int T = o.tp->size();
+    OASES_CHECK(T > 1,
+                "parallel.sequence_parallel = true splits the tokens over the tensor-parallel "
+                "group, but parallel.tp = 1; set parallel.tp > 1 or sequence_parallel = false");
+    OASES_CHECK(config.seq_len % T == 0,
+                "parallel.sequence_parallel = true: model.seq_len = {} must be divisible by "
+                "parallel.tp = {}",
+                config.seq_len, T);
+    OASES_CHECK(!config.has_moe(),
+                "parallel.sequence_parallel = true is not available with mixture-of-experts "
+                "layers (model.moe_every = {}); set sequence_parallel = false",
+                config.moe_every);
+    for (std::size_t l = 0; l < o.layer_degrees.size(); ++l)
+      OASES_CHECK(o.layer_degrees[l] == T,
+                  "parallel.sequence_parallel = true needs every layer at parallel.tp = {}, but "
+                  "parallel.plan gives layer {} degree {}",
+                  T, l, o.layer_degrees[l]);
+    const bool whole = o.layer_ranges.empty()
+                           ? o.first_layer == 0 && (o.end_layer < 0 || o.end_layer == config.layers)
+                           : o.layer_ranges.size() == 1 && o.layer_ranges[0].begin == 0 &&
+                                 o.layer_ranges[0].end == config.layers;
+    OASES_CHECK(whole,
+                "parallel.sequence_parallel = true is not available with pipeline "
+                "parallelism yet (parallel.pp > 1); set sequence_parallel = false");
+  }
   OASES_CHECK(o.dtype == DType::f32 || o.dtype == DType::f64,
               "train.precision: the model's parameters are fp32 or fp64, not {}",
               dtype_name(o.dtype));
@@ -227,7 +253,9 @@ class Model::Builder final : public ParamResolver {
   // The epilogue forming r_layer from the last segment's output: in place, or in a reshard
   // segment where the degree changes (the next segment then copies the reshard's rows).
   ops::ResidualEpilogue epilogue_into(std::int64_t layer) {
-    const int previous = next_id() - 1;
+    // The residual is the checkpoint of the segment before: under sequence parallelism the
+    // shard segment before the last body.
+    const int previous = next_id() - (sequence_parallel() && layer > 0 ? 2 : 1);
     begin_segment();
     ops::ResidualEpilogue::Spec real = arch_.epilogue_into_layer(layer, previous, *this);
     const int from = m_.layer_degree(layer - 1), to = m_.layer_degree(layer);
@@ -266,9 +294,12 @@ class Model::Builder final : public ParamResolver {
     attention.at = at;
     attention.epilogue = std::move(epilogue);
     attention.input_from_peer = from_peer;
+    if (sequence_parallel()) split_off_shard(attention, "attention_in.");
     scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(attention, c_.seq_len));
     const int attention_id = next_id();
     m_.segments_.push_back(ops::make_attention_segment(attention_id, context(), std::move(attention)));
+    // The segment whose checkpoint holds r_layer, the residual of the MLP's epilogue.
+    const int residual_id = sequence_parallel() ? attention_id - 1 : attention_id;
 
     begin_segment();
     if (c_.is_moe_layer(layer)) return add_moe(block, attention_id);
@@ -276,9 +307,52 @@ class Model::Builder final : public ParamResolver {
     mlp.name = "mlp." + std::to_string(layer);
     mlp.layer = static_cast<int>(layer);
     mlp.at = at;
-    mlp.epilogue = ops::ResidualEpilogue(arch_.epilogue_into_mlp(layer, attention_id, *this));
+    mlp.epilogue = ops::ResidualEpilogue(arch_.epilogue_into_mlp(layer, residual_id, *this));
+    if (sequence_parallel()) split_off_shard(mlp, "mlp_in.");
     scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(mlp, c_.seq_len));
     m_.segments_.push_back(ops::make_mlp_segment(next_id(), context(), std::move(mlp)));
+  }
+
+  bool sequence_parallel() const { return m_.options_.sequence_parallel; }
+
+  // Sequence parallelism: appends the shard segment that runs `block`'s epilogue and pre-norm
+  // on this rank's tokens ("<prefix><layer>"), and leaves `block` the body that starts from the
+  // gathered tokens. Both read the parameters resolved for the segment begun last; the shard
+  // segment, first of the two, finishes the bucket.
+  void split_off_shard(ops::LayerSpec& block, const std::string& prefix) {
+    ops::LayerSpec shard;
+    shard.name = prefix + std::to_string(block.layer);
+    shard.layer = block.layer;
+    shard.at = block.at;
+    shard.epilogue = block.epilogue;
+    shard.input_from_peer = block.input_from_peer;
+    shard.pre_norm = block.pre_norm;
+    add_shard_segment(std::move(shard));
+    ops::ResidualEpilogue::Spec copy;
+    copy.copies_input = true;
+    block.epilogue = ops::ResidualEpilogue(copy);
+    block.pre_norm = ops::Norm();
+    block.input_from_peer = false;
+    block.sequence_parallel = true;
+  }
+  void add_shard_segment(ops::LayerSpec shard) {
+    const int id = next_id();
+    // Parameters applied to this rank's tokens alone: their gradients are partial sums.
+    const auto partial = [&](const ops::ParamRef& param) {
+      if (!param.present() || param.grad.empty()) return;
+      const std::int64_t begin = (static_cast<const std::byte*>(param.grad.raw()) -
+                                  static_cast<const std::byte*>(m_.grads_.raw())) /
+                                 static_cast<std::int64_t>(dtype_size(m_.grads_.dtype()));
+      shard_gradients_.push_back({shard.at.group, {begin, begin + param.grad.numel()}});
+    };
+    partial(shard.pre_norm.weight());
+    partial(shard.pre_norm.bias());
+    partial(shard.epilogue.spec().bias);
+    partial(shard.epilogue.spec().post_norm.weight());
+    partial(shard.epilogue.spec().post_norm.bias());
+    m_.segments_.push_back(ops::make_sequence_shard_segment(id, context(), std::move(shard)));
+    groups_of_segment_[id + 1] = groups_of_segment_[id];
+    segment_ = id + 1;
   }
 
   void add_moe(const BlockContext& block, int attention_id) {
@@ -301,6 +375,20 @@ class Model::Builder final : public ParamResolver {
   void add_head() {
     ops::ResidualEpilogue epilogue = epilogue_into(c_.layers);
     ops::HeadSpec head = arch_.head(*this);
+    if (sequence_parallel()) {
+      // r_L is formed on the shard and gathered; the head computes from the whole.
+      ops::LayerSpec shard;
+      shard.name = "head_in";
+      shard.layer = -1;
+      shard.at = placement(c_.layers - 1);
+      shard.epilogue = std::move(epilogue);
+      shard.feeds_head = true;
+      add_shard_segment(std::move(shard));
+      ops::ResidualEpilogue::Spec copy;
+      copy.copies_input = true;
+      epilogue = ops::ResidualEpilogue(copy);
+      head.gathered_input = true;
+    }
     head.epilogue = std::move(epilogue);
     const VocabShard shard = vocab_shard(c_, context().tp_rank(), context().tp_size());
     head.vocab_begin = shard.begin;
@@ -348,6 +436,19 @@ class Model::Builder final : public ParamResolver {
     // In memory order (an MoE layer's expert group follows its layer's group).
     std::sort(m_.buckets_.begin(), m_.buckets_.end(),
               [](const Bucket& a, const Bucket& b) { return a.begin < b.begin; });
+    for (const ShardGradient& g : shard_gradients_) {
+      const auto bucket = std::find_if(
+          m_.buckets_.begin(), m_.buckets_.end(),
+          [&](const Bucket& b) { return b.begin <= g.range.first && g.range.second <= b.end; });
+      OASES_ASSERT(bucket != m_.buckets_.end(), "gradient range [{}, {}) in no bucket",
+                   g.range.first, g.range.second);
+      auto& all = m_.token_shard_gradients_;
+      auto entry = std::find_if(all.begin(), all.end(), [&](const TokenShardGradients& t) {
+        return t.bucket == bucket->id && t.group == g.group;
+      });
+      if (entry == all.end()) entry = all.insert(all.end(), {bucket->id, g.group, {}});
+      entry->ranges.push_back(g.range);
+    }
     for (int i = 0; i < next_id(); ++i) {
       ops::SegmentShape shape = m_.segments_[static_cast<std::size_t>(i)]->shape();
       if (auto it = ready.find(i); it != ready.end()) shape.ready_bucket = it->second;
@@ -377,6 +478,12 @@ class Model::Builder final : public ParamResolver {
   mutable std::map<int, std::set<int>> groups_of_segment_;  // segment -> groups it reads
   std::int64_t scratch_wide_ = 1;
   Tensor rope_cos_, rope_sin_;
+  // Gradients a shard segment forms from this rank's tokens alone, and the group that sums them.
+  struct ShardGradient {
+    comm::Communicator* group = nullptr;
+    std::pair<std::int64_t, std::int64_t> range;
+  };
+  std::vector<ShardGradient> shard_gradients_;
 };
 
 Model::Model(const ModelConfig& config, ModelOptions options)
@@ -438,6 +545,7 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   context_.tp = options_.tp;
   context_.ep = options_.ep ? options_.ep : &self_ep_;
   context_.seed = options_.seed;
+  context_.sequence_parallel = options_.sequence_parallel;
   context_.dropout = config_.dropout;
   context_.attention_dropout = config_.attention_dropout;
   context_.store = &store_;

@@ -63,6 +63,10 @@ struct ModelOptions {
   // take their groups from tp_subgroup.
   std::vector<int> layer_degrees;
   ops::TpSubgroups tp_subgroup;
+  // Sequence parallelism (ops/layer_segments.h, make_sequence_shard_segment): norms, dropout
+  // and residuals run on each rank's block of the tokens between tensor-parallel regions.
+  // REQUIRES: every layer at tp's size, seq_len divisible by it, no MoE layer, one chunk.
+  bool sequence_parallel = false;
   // The layers [first_layer, end_layer) this instance holds (end_layer -1: to the last); the
   // instance holding layer 0 has the embedding, the one holding the last layer the head.
   std::int64_t first_layer = 0;
@@ -155,6 +159,18 @@ class Model {
   };
   const std::vector<Bucket>& grad_buckets() const { return buckets_; }
   const Bucket& bucket(int id) const;
+  // Under sequence parallelism the gradients of the parameters a shard segment applies to this
+  // rank's tokens alone (its norm, and the bias and post-norm of its epilogue) are partial sums
+  // over the layer's group: `ranges` of bucket `bucket`'s flat gradients (element offsets
+  // [begin, end)) that `group` sums before the bucket's own reduction. Empty otherwise.
+  struct TokenShardGradients {
+    int bucket = 0;
+    comm::Communicator* group = nullptr;
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  };
+  const std::vector<TokenShardGradients>& token_shard_gradients() const {
+    return token_shard_gradients_;
+  }
 
   ops::LossAccumulator& loss() { return loss_; }
   // Per layer (indexed by layer; used where ModelConfig::is_moe_layer and this instance holds
@@ -187,6 +203,7 @@ class Model {
   std::vector<std::unique_ptr<ops::Segment>> segments_;
   ops::Program program_;
   std::vector<Bucket> buckets_;
+  std::vector<TokenShardGradients> token_shard_gradients_;
 };
 
 // The parameters of layers [first_layer, end_layer) of `config` (end_layer -1: to the last;

@@ -103,6 +103,10 @@ struct ModelContext {
   // (schedule::slot_lanes), else 1.
   int slot_lanes = 1;
   comm::Communicator* tp = nullptr;  // the tensor-parallel group (a group of one: no TP)
+  // Sequence parallelism: between tensor-parallel regions each rank of a layer's group holds
+  // its block of the tokens (ops/layer_segments.h, make_sequence_shard_segment); the embedding
+  // reduce-scatters its output.
+  bool sequence_parallel = false;
   // The expert-parallel group: the ranks among which MoE layers dispatch tokens (a group of one:
   // every expert on this rank).
   comm::Communicator* ep = nullptr;

@@ -19,6 +19,8 @@ class EmbeddingSegment final : public Segment {
     SegmentShape shape;
     shape.name = name_;
     shape.has_forward_collective = true;
+    shape.forward_kind = reduction();
+    shape.sequence_sharded = m_.sequence_parallel;
     shape.collective_ranks = m_.tp_size();
     shape.degree = m_.tp_size();
     shape.forward_collective_elements = m_.tokens() * m_.hidden;
@@ -51,10 +53,15 @@ class EmbeddingSegment final : public Segment {
                                              m_.rows, m_.seq_len);
   }
   CollectiveCall forward_collective(int mb, int sb) override {
-    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, m_.tp, m_.slot(Slot::output, mb, sb), {}};
+    return {reduction(), comm::ReduceOp::sum, m_.tp, m_.slot(Slot::output, mb, sb), {}};
   }
 
  private:
+  // Under sequence parallelism each rank keeps its block of the tokens: the first layer's shard
+  // segment reads it, and its backward all-gathers the output's gradient back.
+  CollectiveKind reduction() const {
+    return m_.sequence_parallel ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
+  }
   const std::int32_t* tokens(const StepContext& ctx, int mb, int sb) const {
     return ctx.micro_batches[static_cast<std::size_t>(mb)].inputs + sb * m_.tokens();
   }

@@ -80,14 +80,19 @@ class ResidualEpilogue {
   // Runs on `rows` sequences starting at row `first_row` of sub-batch sb (the dropout masks
   // follow their global sample indices). input, residual, out [rows * seq, hidden]; residual
   // is ignored without a residual segment; `kept` as kept() gives it.
-  void forward(const ModelContext& model, const StepContext& ctx, int mb, int sb,
-               std::int64_t rows, std::int64_t first_row, const Tensor& input,
-               const Tensor& residual, const Tensor& out, const Kept& kept) const;
+  //
+  // Under sequence parallelism the tensors hold a shard instead: tokens [first_token,
+  // first_token + out.dim(0)) of those rows in order (sample-major); the masks are those of the
+  // same tokens in the whole call.
+  void forward(const ModelContext& model, const StepContext& ctx, int mb, int sb, std::int64_t rows,
+               std::int64_t first_row, const Tensor& input, const Tensor& residual,
+               const Tensor& out, const Kept& kept, std::int64_t first_token = 0) const;
   // d_out holds d(out) and is left holding d(residual); d_input receives d(partial sums).
-  // scratch [rows * seq, hidden] is overwritten.
+  // scratch [tokens, hidden] is overwritten (tokens: d_out.dim(0), a shard as in forward).
   void backward(const ModelContext& model, const StepContext& ctx, int mb, int sb,
                 std::int64_t rows, std::int64_t first_row, const Tensor& d_out,
-                const Tensor& d_input, const Kept& kept, const Tensor& scratch) const;
+                const Tensor& d_input, const Kept& kept, const Tensor& scratch,
+                std::int64_t first_token = 0) const;
 
  private:
   kernels::DropoutSite site(const ModelContext& model, const StepContext& ctx) const;

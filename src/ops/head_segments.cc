@@ -37,7 +37,9 @@ class HeadBody {
   Tensor forward(const StepContext& ctx, int mb, int sb, int residual_of,
                  const Tensor& internals) const {
     const ResidualEpilogue& epilogue = spec_.epilogue;
-    const Tensor input = m_.slot(epilogue.spec().copies_input ? Slot::reshard : Slot::output, mb, sb);
+    const Tensor input = m_.slot(
+        epilogue.spec().copies_input && !spec_.gathered_input ? Slot::reshard : Slot::output, mb,
+        sb);
     Tensor residual_in;
     if (epilogue.spec().residual_segment >= 0)
       residual_in = m_.store->get({residual_of, mb, sb, kCheckpoint}).view(0, {tokens_, m_.hidden});

@@ -45,6 +45,10 @@ struct HeadSpec {
   ParamRef vocab_bias;    // [local vocabulary rows], or absent
   std::int64_t vocab_begin = 0;  // first token of this rank's rows
   std::int64_t vocab_valid = 0;  // rows that are real tokens (the last ranks may hold padding)
+  // Sequence parallelism: r_L arrives all-gathered in Slot::output (the epilogue copies it; a
+  // shard segment before ran the real epilogue on each rank's tokens); backward leaves d(r_L)
+  // in Slot::residual_grad as always, whole and the same on every rank.
+  bool gathered_input = false;
 };
 
 // One segment (tensor-parallel group of one), or the three vocab-parallel segments; the

@@ -25,6 +25,10 @@ class LayerSegment : public Segment {
         internals_(model.dtype),
         core_(model.dtype),
         deferred_(model.dtype) {
+    OASES_ASSERT(!spec.sequence_parallel || (spec.epilogue.spec().copies_input &&
+                                             !spec.pre_norm.present() && !spec.input_from_peer),
+                 "{}: under sequence parallelism the shard segment runs the epilogue and norm",
+                 spec.name);
     const std::int64_t C = model.hidden;
     stash_output_grad_ = deferred_.add(tokens_ * C);
     residual_ = checkpoint_.add(tokens_ * C);
@@ -49,11 +53,11 @@ class LayerSegment : public Segment {
     run(ctx, mb, sb, sets);
   }
   CollectiveCall forward_collective(int mb, int sb) override {
-    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, layer_.at.group, rows_of(Slot::output, mb, sb), {}};
+    return {reduction(), comm::ReduceOp::sum, layer_.at.group, rows_of(Slot::output, mb, sb), {}};
   }
   CollectiveCall backward_collective(int mb, int sb) override {
-    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, layer_.at.group,
-            rows_of(Slot::input_grad, mb, sb), {}};
+    return {
+        reduction(), comm::ReduceOp::sum, layer_.at.group, rows_of(Slot::input_grad, mb, sb), {}};
   }
   comm::Communicator* replica_group() const override {
     return layer_.at.degree > 1 ? layer_.at.group : nullptr;
@@ -79,8 +83,15 @@ class LayerSegment : public Segment {
   // output gradients go to the stash instead.
   virtual void backward_body(const StepContext& ctx, int mb, int sb, bool defer) = 0;
 
+  // How the group completes the output's and the input gradient's partial sums: whole on every
+  // rank, or (sequence parallelism) each rank's block of the tokens.
+  CollectiveKind reduction() const {
+    return layer_.sequence_parallel ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
+  }
   void run_backward(const StepContext& ctx, int mb, int sb, int stage, bool defer) {
     if (stage == 0) return backward_body(ctx, mb, sb, defer);
+    // Under sequence parallelism the shard segment before runs the pre-norm and epilogue back.
+    if (layer_.sequence_parallel) return;
     backward_to_previous(ctx, mb, sb, store().get(key(mb, sb, kCheckpoint)),
                          store().get(key(mb, sb, kInternals)));
   }
@@ -105,6 +116,8 @@ class LayerSegment : public Segment {
     shape.name = layer_.name;
     shape.has_forward_collective = shape.has_backward_collective = true;
     shape.backward_stages = 2;
+    shape.forward_kind = shape.backward_kind = reduction();
+    shape.sequence_sharded = layer_.sequence_parallel;
     shape.collective_ranks = layer_.at.degree;
     shape.degree = layer_.at.degree;
     shape.layer = layer_.layer;
@@ -144,6 +157,7 @@ class LayerSegment : public Segment {
   }
   Work stage_one_work() const {
     Work w;
+    if (layer_.sequence_parallel) return w;
     w.bytes = (3 + (layer_.pre_norm.present() ? 3 : 0) +
                (layer_.epilogue.spec().post_norm.present() ? 3 : 0)) *
               row_bytes();
@@ -180,6 +194,8 @@ class LayerSegment : public Segment {
     const ResidualEpilogue& epilogue = layer_.epilogue;
     Tensor input;
     if (layer_.input_from_peer) input = store().get(key(mb, sb, kReceivedInput)).reshaped({tokens_, m_.hidden});
+    else if (layer_.sequence_parallel)
+      input = rows_of(Slot::output, mb, sb);  // all-gathered
     else input = rows_of(epilogue.spec().copies_input ? Slot::reshard : Slot::output, mb, sb);
     Tensor residual_in;
     if (epilogue.spec().residual_segment >= 0)

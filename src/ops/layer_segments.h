@@ -41,6 +41,18 @@ struct LayerSpec {
   // epilogue then copies it.
   bool input_from_peer = false;
   Norm pre_norm;  // absent in post-norm architectures
+  // Sequence parallelism (make_sequence_shard_segment): in an attention or MLP segment, the
+  // block's input arrives all-gathered along the tokens in Slot::output and is copied into the
+  // checkpoint (the epilogue copies its input; the pre-norm ran on the shard before the
+  // gather), the output's partial sums are reduce-scattered along the tokens, and backward is
+  // stage 0 (the body, from the gathered output gradient) then a reduce-scatter of the input's
+  // partial gradient, with an empty stage 1. In a shard segment, the spec's epilogue and
+  // pre-norm run on this rank's tokens.
+  bool sequence_parallel = false;
+  // A shard segment whose next segment is the head (HeadSpec::gathered_input): the head leaves
+  // d(r_L), whole, in Slot::residual_grad, so this rank's block of it is the residual gradient
+  // and nothing is added to it.
+  bool feeds_head = false;
 };
 
 struct AttentionSpec : LayerSpec {
@@ -103,6 +115,23 @@ struct MoeSpec : LayerSpec {
   double expert_dropout = 0;
   MoeLayerStats* stats = nullptr;         // forward passes in training add to it
 };
+
+// Sequence parallelism: what runs on this rank's 1/degree of the tokens between two
+// tensor-parallel regions (the group's ranks hold consecutive blocks of the instance's rows x
+// seq tokens, sample-major; rank shard holds block `shard`):
+//
+//   *_in.l            r = epilogue(previous output: this rank's block of the reduce-scatter)
+//                     [checkpoint] -> [pre-norm, statistics: internals] -> this rank's block of
+//                     Slot::output                                        | AG(output)
+//
+// Backward stage 0 takes this rank's block of the following block's input gradient (reduce-
+// scattered), runs the pre-norm back, adds the residual gradient and runs the epilogue back
+// into this rank's block of Slot::output_grad; the all-gather of output_grad gives the previous
+// segment its whole output gradient; stage 1 is empty. `spec` carries the epilogue, the
+// pre-norm, the placement, the layer and input_from_peer (then the shard arrives from the
+// previous pipeline stage).
+std::unique_ptr<Segment> make_sequence_shard_segment(int id, const ModelContext& model,
+                                                     LayerSpec spec);
 
 // Backward scratch the segments of a spec need beyond [tokens, hidden] (elements).
 std::int64_t scratch_wide_elements(const AttentionSpec& spec, std::int64_t seq_len);

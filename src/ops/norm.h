@@ -18,6 +18,8 @@ class Norm {
       : kind_(kind), weight_(weight), bias_(bias), eps_(eps) {}
 
   bool present() const { return weight_.present(); }
+  const ParamRef& weight() const { return weight_; }
+  const ParamRef& bias() const { return bias_; }  // absent for RMSNorm
   // Statistics kept per row: mean and rstd (LayerNorm) or rstd (RMSNorm).
   std::int64_t stats_per_row() const { return kind_ == NormKind::layer ? 2 : 1; }
 

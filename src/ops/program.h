@@ -46,6 +46,9 @@ enum class CollectiveKind : std::uint8_t {
   all_reduce,  // combines the partial results of the ranks that share the segment's parameters
   all_gather,  // concatenates row blocks: a reshard between layers of different degrees
   all_to_all,  // exchanges equal blocks: MoE dispatch and combine over the expert-parallel group
+  // Sums the partial results of the group and leaves each rank its block of the sum: the exit
+  // of a tensor-parallel region under sequence parallelism (and, in backward, its entry).
+  reduce_scatter,
 };
 
 // How an all-reduce combines: sums of partial products, or the maximum (the vocab-parallel
@@ -125,6 +128,10 @@ struct SegmentShape {
   ReduceKind forward_reduce = ReduceKind::sum;
   // Ranks taking part in the segment's collectives (1: a group of one, nothing on the wire).
   int collective_ranks = 1;
+  // Sequence parallelism: the segment's all-gathers and reduce-scatters run over its own
+  // layer's group (degree ranks), along the tokens, rather than joining groups of two degrees
+  // as a reshard's all-gather does.
+  bool sequence_sharded = false;
   // Tensor-parallel degree the segment runs at: its parameters are split this many ways and
   // it processes degree / T of every sub-batch's rows (T: the group size). A reshard segment
   // runs at the degree of the layer before it.

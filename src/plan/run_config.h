@@ -55,6 +55,10 @@ struct ParallelConfig {
   // slice per rank between the passes and all-gathered before the backward pass reads it
   // (schedule::partition_kept_checkpoints). No effect on layers at degree 1.
   bool partition_activations = false;
+  // Megatron-LM's sequence parallelism (needs tp > 1): between tensor-parallel regions each rank
+  // holds 1/tp of the tokens; the regions' all-reduces become an all-gather at their entry and
+  // a reduce-scatter at their exit (ops/layer_segments.h).
+  bool sequence_parallel = false;
   // Bytes each collective moves per transport call (0: no bound): larger collectives run as
   // consecutive pieces of at most this many bytes, so the transport's own buffers stay within
   // it whatever the size of a bucket or a layer (ZeRO-R's constant buffer sizing).

@@ -46,6 +46,7 @@ model::ModelOptions RunPlan::model_options(int stage) const {
   o.slot_lanes = schedule::slot_lanes(schedule);
   o.seed = static_cast<std::uint64_t>(config.train.seed);
   o.layer_degrees = layer_degrees;
+  o.sequence_parallel = sequence_parallel;
   o.layer_ranges = pipeline.stage_ranges(stage);
   o.pageable_grads = zero.stage >= 2;
   o.pageable_params = zero.stage >= 3;
@@ -158,6 +159,7 @@ RunPlan make_run_plan(const RunConfig& config, int rank) {
   p.dtypes = dtypes_of(p.settings);
   p.pipeline = resolve_pipeline(config, p.settings);
   p.layer_degrees = resolve_layer_degrees(config, p.settings);
+  p.sequence_parallel = config.parallel.sequence_parallel;
   p.schedule = resolve_schedule(config, p.settings);
   p.sync_every = config.parallel.dp_sync_every;
   p.local_sgd = p.sync_every > 1 && p.mesh.dp > 1;

@@ -116,6 +116,8 @@ struct RunPlan {
   PipelinePlan pipeline;
   // The tensor-parallel degree of each transformer layer; empty: every layer at parallel.tp.
   std::vector<int> layer_degrees;
+  // parallel.sequence_parallel: norms, dropout and residuals on 1/tp of the tokens.
+  bool sequence_parallel = false;
   ZeroPlan zero;
   // parallel.dp_sync_every > 1 over more than one data-parallel rank (local SGD): replicas step
   // alone and average every sync_every steps; no gradient sums over the data-parallel group.

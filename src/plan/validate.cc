@@ -319,6 +319,29 @@ void check_combinations(const RunConfig& c, const Settings& s) {
               "train.precision = \"fp16\" does not run with parallel.pipeline = \"2bw\" (a step "
               "skipped for an overflow would break its stream of weight versions); valid: "
               "train.precision = \"bf16\" (no loss scaling), or another parallel.pipeline");
+  if (p.sequence_parallel) {
+    OASES_CHECK(p.tp > 1,
+                "parallel.sequence_parallel = true splits the tokens over the tensor-parallel "
+                "group, but parallel.tp = {}; valid: parallel.tp > 1, or sequence_parallel = false",
+                p.tp);
+    OASES_CHECK(c.model.seq_len % p.tp == 0,
+                "parallel.sequence_parallel = true: model.seq_len = {} must be divisible by "
+                "parallel.tp = {} (each rank holds seq_len / tp of every sequence's tokens)",
+                c.model.seq_len, p.tp);
+    OASES_CHECK(c.model.moe_every == 0,
+                "parallel.sequence_parallel = true is not available with mixture-of-experts "
+                "layers yet (model.moe_every = {}); valid: model.moe_every = 0, or "
+                "sequence_parallel = false",
+                c.model.moe_every);
+    OASES_CHECK(p.pp == 1,
+                "parallel.sequence_parallel = true is not available with pipeline parallelism "
+                "yet (parallel.pp = {}); valid: parallel.pp = 1, or sequence_parallel = false",
+                p.pp);
+    OASES_CHECK(s.plan == LayerPlanSource::uniform,
+                "parallel.sequence_parallel = true needs every layer at parallel.tp (parallel.plan "
+                "= \"uniform\") for now; parallel.plan is \"{}\"",
+                p.plan);
+  }
   OASES_CHECK(p.dp_sync_every >= 1,
               "parallel.dp_sync_every = {} must be at least 1 (1: gradients summed over the "
               "data-parallel group every step; x > 1: replicas average every x steps)",

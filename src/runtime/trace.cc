@@ -58,10 +58,11 @@ std::string trace_name(const InstructionRecord& record) {
       return fmt::format("W {} mb{} sb{}", segment, ins.micro_batch, ins.sub_batch);
     case Op::start:
     case Op::wait: {
-      const char* kind = record.collective == ops::CollectiveKind::all_gather   ? "AG"
-                         : record.collective == ops::CollectiveKind::all_to_all ? "A2A"
-                         : record.reduce == comm::ReduceOp::max              ? "AR-max"
-                                                                              : "AR";
+      const char* kind = record.collective == ops::CollectiveKind::all_gather       ? "AG"
+                         : record.collective == ops::CollectiveKind::all_to_all     ? "A2A"
+                         : record.collective == ops::CollectiveKind::reduce_scatter ? "RS"
+                         : record.reduce == comm::ReduceOp::max                     ? "AR-max"
+                                                                                    : "AR";
       return fmt::format("{} {}{} {} mb{} sb{}", kind,
                          ins.direction == schedule::Direction::forward ? "fwd" : "bwd",
                          ins.replay ? " replay" : "", segment, ins.micro_batch, ins.sub_batch);

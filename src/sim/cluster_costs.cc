@@ -71,7 +71,10 @@ GroupKind segment_group_kind(const ops::Program& program, int segment, bool forw
   switch (kind) {
     case ops::CollectiveKind::all_to_all:
       return {GroupKind::ep};
+    case ops::CollectiveKind::reduce_scatter:
+      break;
     case ops::CollectiveKind::all_gather: {
+      if (shape.sequence_sharded) break;
       // A reshard runs at the degree of the layer before it; the gather joins collective_ranks
       // groups of the smaller degree into one of the larger.
       const bool rises = shape.has_forward_collective;
@@ -112,7 +115,9 @@ CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
                                                                : shape.backward_collective_elements);
     const CollectiveOp op = kind == ops::CollectiveKind::all_to_all   ? CollectiveOp::all_to_all
                             : kind == ops::CollectiveKind::all_gather ? CollectiveOp::all_gather
-                                                                      : CollectiveOp::all_reduce;
+                            : kind == ops::CollectiveKind::reduce_scatter
+                                ? CollectiveOp::reduce_scatter
+                                : CollectiveOp::all_reduce;
     return prices->price(op, bytes, segment_group_kind(program, ins.segment, forward));
   };
   // A bucket's replicas: the ranks holding the same shard of its parameters.

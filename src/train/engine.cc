@@ -474,6 +474,7 @@ MoeSummary TrainingEngine::moe_summary() {
 }
 
 bool TrainingEngine::reduce_grads(int bucket, std::vector<std::unique_ptr<comm::Work>>& reductions) {
+  reduction_.sum_token_shard_gradients(bucket);
   std::unique_ptr<comm::Work> work = reduce_bucket(bucket);
   const bool started = work != nullptr;
   if (started) reductions.push_back(std::move(work));

@@ -32,6 +32,28 @@ std::vector<std::string> tied_params(const plan::RunPlan& plan, const comm::Comm
 
 }  // namespace
 
+void GradientReduction::sum_token_shard_gradients(int bucket) const {
+  for (const model::Model::TokenShardGradients& g : model_.token_shard_gradients()) {
+    if (g.bucket != bucket || g.group->size() == 1) continue;
+    std::int64_t elements = 0;
+    for (const auto& [begin, end] : g.ranges) elements += end - begin;
+    const Tensor& grads = model_.grads();
+    Buffer staging(static_cast<std::size_t>(elements) * dtype_size(grads.dtype()), grads.device());
+    const Tensor packed = staging.tensor(grads.dtype(), {elements});
+    std::int64_t at = 0;
+    for (const auto& [begin, end] : g.ranges) {
+      kernels::copy(grads.view(begin, {end - begin}), packed.view(at, {end - begin}));
+      at += end - begin;
+    }
+    g.group->all_reduce(packed, comm::ReduceOp::sum);
+    at = 0;
+    for (const auto& [begin, end] : g.ranges) {
+      kernels::copy(packed.view(at, {end - begin}), grads.view(begin, {end - begin}));
+      at += end - begin;
+    }
+  }
+}
+
 double sum_over(comm::Communicator& group, double value) {
   group.all_reduce(Tensor::of(&value, {1}), comm::ReduceOp::sum);
   return value;

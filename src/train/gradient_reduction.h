@@ -60,6 +60,11 @@ class GradientReduction {
   comm::Communicator* group_of(const model::Model::Bucket& bucket) const;
   // The buckets group_of gives a group: the reductions a step waits for.
   std::size_t reduced_bucket_count() const;
+  // Sequence parallelism: sums, over each layer's group, the gradients of bucket `bucket` that
+  // its ranks formed from their own tokens (model::Model::token_shard_gradients), so that they
+  // are whole before group_of's reduction; a no-op for other buckets. Collective (blocking)
+  // over those groups, called by every rank in the same bucket order.
+  void sum_token_shard_gradients(int bucket) const;
 
   // Names of the parameters both the first and the last pipeline stage hold, in layout order,
   // where this rank is one of those stages (empty otherwise, and when pp = 1).

@@ -208,7 +208,7 @@ TEST(Dispatch, OptimizerArgumentsThatDisagreeAreInternalErrors) {
 TEST(Dispatch, DropoutKeepIsTheRuleTheKernelsDraw) {
   const DropoutSite site{99, 4, 2, 5};
   const std::int64_t B = 2, seq = 3, F = 40;
-  const DropoutSlice slice{6, 100};
+  const DropoutSlice slice{6, 100, 0};
   std::vector<float> x(B * seq * F, 1.0f), y(x.size());
   dropout_apply(Tensor::of(x.data(), {B * seq * F}), Tensor::of(y.data(), {B * seq * F}), B, seq,
                 0.3, site, slice);

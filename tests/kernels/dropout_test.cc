@@ -263,6 +263,34 @@ TEST(Dropout, BiasDropoutAddMayWriteIntoResidualOrX) {
   EXPECT_EQ(into_x, expected);
 }
 
+// A sequence-parallel shard holds a run of positions of one sample: called on that run with
+// position_offset, every kernel gives exactly the elements of the whole call there.
+TEST(Dropout, PositionSliceGivesTheWholeCallsElements) {
+  const std::int64_t B = 2, seq = 12, F = 6;
+  const double p = 0.4;
+  const DropoutSlice whole_slice{.sample_offset = 3, .feature_offset = 7};
+  const auto x = random_vector(B * seq * F, 31), bias = random_vector(F, 32),
+             residual = random_vector(B * seq * F, 33);
+  std::vector<double> whole(x.size()), whole_out(x.size());
+  dropout_apply(x.data(), whole.data(), B, seq, F, p, kSite, whole_slice);
+  bias_dropout_add_forward(x.data(), bias.data(), residual.data(), whole_out.data(), B, seq, F, p,
+                           kSite, whole_slice);
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (const auto& [p0, p1] : {std::pair<std::int64_t, std::int64_t>{0, 5}, {5, 12}, {3, 4}}) {
+      const std::int64_t first = (b * seq + p0) * F, count = (p1 - p0) * F;
+      const DropoutSlice run{.sample_offset = 3 + b, .feature_offset = 7, .position_offset = p0};
+      std::vector<double> part(static_cast<std::size_t>(count)), part_out(part.size());
+      dropout_apply(x.data() + first, part.data(), 1, p1 - p0, F, p, kSite, run);
+      bias_dropout_add_forward(x.data() + first, bias.data(), residual.data() + first,
+                               part_out.data(), 1, p1 - p0, F, p, kSite, run);
+      for (std::int64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(part[i], whole[first + i]) << "sample " << b << " positions " << p0 << ".." << p1;
+        ASSERT_EQ(part_out[i], whole_out[first + i]);
+      }
+    }
+  }
+}
+
 TEST(Dropout, AddSumsElementwise) {
   const std::vector<double> a = {1, 2, 3}, b = {0.5, -2, 4};
   std::vector<double> out(3);

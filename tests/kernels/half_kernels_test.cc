@@ -371,7 +371,7 @@ TYPED_TEST(Half16Test, DropoutAndBiasDropoutAdd) {
   const std::int64_t N = B * seq * F;
   const double p = 0.3;
   const DropoutSite site{42, 3, 1, 2};
-  const DropoutSlice slice{4, 8};
+  const DropoutSlice slice{4, 8, 0};
   std::mt19937 rng(5);
   Values<Half> x(N, rng, -3, 3), residual(N, rng, -3, 3), bias(F, rng, -1, 1);
   const double scale = static_cast<double>(static_cast<float>(1 / (1 - p)));
@@ -558,7 +558,7 @@ TYPED_TEST(Half16Test, PiecesGiveTheWholeCallsBits) {
     const std::int64_t B = 3, seq = 37, F = 700, N = B * seq * F;
     const double p = 0.25;
     const DropoutSite site{7, 2, 3, 1};
-    const DropoutSlice slice{5, 96};
+    const DropoutSlice slice{5, 96, 0};
     Values<Half> x(N, rng, -3, 3), residual(N, rng, -3, 3), bias(F, rng, -1, 1);
     std::vector<Half> y16(N), out16(N);
     std::vector<float> y32(N), out32(N);

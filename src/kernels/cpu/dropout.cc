@@ -20,9 +20,9 @@ void check_probability(double p) {
 
 void check_shape(std::int64_t B, std::int64_t seq, std::int64_t F, const DropoutSlice& slice) {
   OASES_ASSERT(B >= 0 && seq >= 0 && F >= 0, "dropout: negative size B={} seq={} F={}", B, seq, F);
-  OASES_ASSERT(slice.sample_offset >= 0 && slice.feature_offset >= 0,
-               "dropout: negative slice offset (sample {}, feature {})", slice.sample_offset,
-               slice.feature_offset);
+  OASES_ASSERT(slice.sample_offset >= 0 && slice.feature_offset >= 0 && slice.position_offset >= 0,
+               "dropout: negative slice offset (sample {}, feature {}, position {})",
+               slice.sample_offset, slice.feature_offset, slice.position_offset);
 }
 
 // The keep decision of one site, with the key derived once per call.
@@ -58,7 +58,7 @@ void for_each_masked(std::int64_t B, std::int64_t seq, std::int64_t F, double p,
   const std::int64_t rows = B * seq;
   for_each_index(rows, threads, rows * F >= kMinParallelWork, [&](std::int64_t row) {
     const std::int64_t sample = slice.sample_offset + row / seq;
-    const std::int64_t position = row % seq;
+    const std::int64_t position = slice.position_offset + row % seq;
     for (std::int64_t f = 0; f < F; ++f) {
       const bool kept = mask.keep(sample, position, slice.feature_offset + f);
       store(row, f, kept ? value(row, f) * scale : T(0));

@@ -1,0 +1,143 @@
+// Sequence parallelism (parallel.sequence_parallel): `mpirun -np N oases train` with norms,
+// dropout and residuals on each rank's 1/tp of the tokens, under the megatron and oases
+// schedules, each recomputation policy, data parallelism, ZeRO and partitioned checkpoints,
+// gives the losses, parameters and AdamW moments of the single-process run in fp64 to relative
+// 1e-10, for GPT, LLaMA (grouped-query attention) and BERT (post-norms, masked-LM head), with
+// dropout 0.1: the masks are keyed by each token's global sample and position, whichever rank
+// holds it. Settings it cannot honour are refused with the valid values.
+#include "support/command.h"
+#include "support/runs.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Result = oases::testing::CommandResult;
+using oases::testing::expect_same_losses;
+using oases::testing::expect_same_tensors;
+using oases::testing::run_command;
+
+class SequenceParallel : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = oases::testing::fresh_test_folder("sequence_parallel_runs");
+    const Result r = oases::testing::prepare_fortunes_data(OASES_BINARY, dir_);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const bool llama = GetParam() == "llama";
+    std::ofstream(dir_ / "tiny.toml") << "[model]\narch = \"" << GetParam() << "\"\n"
+                                      << (llama ? "kv_heads = 2\n" : "") << R"(layers = 2
+hidden = 64
+heads = 4
+ffn_hidden = 96
+vocab_size = 263    # bytes + BERT's four special tokens + 3: padded under tp = 2 and 4
+seq_len = 20        # 10 tokens per rank at tp 2, 5 at tp 4: shards start mid-sequence
+dropout = 0.1
+[train]
+precision = "fp64"  # the verification precision: every layout agrees to 1e-10
+micro_batch = 4
+global_batch = 8
+steps = 3
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 1
+threads = 1
+[data]
+path = ")" << (dir_ / "data").string() << "\"\n";
+    oases::testing::write_random_init(dir_ / "tiny.toml", dir_ / "init.safetensors", 99);
+  }
+
+  Result launch(int tp, int dp, const fs::path& out, const std::string& extra) const {
+    return run_command(oases::testing::train_command(OASES_BINARY, dir_, tp, dp, out, extra));
+  }
+  std::optional<fs::path> train(int tp, int dp, const std::string& name,
+                                const std::string& extra = "") const {
+    const fs::path out = dir_ / name;
+    const Result r = launch(tp, dp, out, extra);
+    EXPECT_EQ(r.exit_code, 0) << name << " " << extra << "\n" << r.output;
+    if (r.exit_code != 0) return std::nullopt;
+    return out;
+  }
+
+  void expect_matches(const fs::path& reference, const fs::path& run,
+                      const std::string& what) const {
+    expect_same_losses(oases::testing::metric_values(run / "metrics.jsonl", "loss"),
+                       oases::testing::metric_values(reference / "metrics.jsonl", "loss"), what);
+    const fs::path last = fs::path("ckpt") / "step_3";
+    expect_same_tensors(run / last / "model.safetensors", reference / last / "model.safetensors",
+                        what);
+    expect_same_tensors(run / last / "optimizer.safetensors",
+                        reference / last / "optimizer.safetensors", what + " optimizer");
+  }
+
+  fs::path dir_;
+};
+
+TEST_P(SequenceParallel, EveryScheduleAndRecomputationMatchesTheSingleProcessRun) {
+  const auto reference = train(1, 1, "single");
+  ASSERT_TRUE(reference.has_value());
+  // name, tp, dp, settings (sequence parallelism on in every one)
+  const std::vector<std::tuple<std::string, int, int, std::string>> runs{
+      {"tp2_megatron", 2, 1, "parallel.schedule=megatron"},
+      {"tp2_megatron_full", 2, 1, "parallel.schedule=megatron parallel.recompute=full"},
+      {"tp2_megatron_selective", 2, 1, "parallel.schedule=megatron parallel.recompute=selective"},
+      {"tp2_fine_grained", 2, 1, "parallel.schedule=fine-grained"},
+      {"tp2_cross_pass", 2, 1, "parallel.schedule=cross-pass"},
+      {"tp2_oases", 2, 1, "parallel.schedule=oases"},
+      {"tp4_oases", 4, 1, "parallel.schedule=oases"},
+      {"tp2_dp2_oases_zero1", 2, 2, "parallel.schedule=oases parallel.zero=1"},
+      {"tp2_dp2_megatron_zero3", 2, 2, "parallel.schedule=megatron parallel.zero=3"},
+      {"tp2_oases_partitioned", 2, 1,
+       "parallel.schedule=oases parallel.partition_activations=true"},
+  };
+  for (const auto& [name, tp, dp, settings] : runs) {
+    const auto run = train(tp, dp, name, settings + " parallel.sequence_parallel=true");
+    if (run) expect_matches(*reference, *run, GetParam() + " " + name);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, SequenceParallel, ::testing::Values("gpt", "llama", "bert"),
+                         [](const ::testing::TestParamInfo<std::string>& test) {
+                           return test.param;
+                         });
+
+// Bad settings stop the run before it starts, naming the setting, the value and what is valid.
+TEST(SequenceParallelSettings, AreRefusedWithTheValidValues) {
+  const fs::path dir = oases::testing::fresh_test_folder("sequence_parallel_settings");
+  const Result data = oases::testing::prepare_fortunes_data(OASES_BINARY, dir);
+  ASSERT_EQ(data.exit_code, 0) << data.output;
+  std::ofstream(dir / "tiny.toml") << R"([model]
+layers = 2
+hidden = 64
+heads = 4
+ffn_hidden = 96
+vocab_size = 263
+seq_len = 18
+[train]
+micro_batch = 2
+global_batch = 2
+steps = 1
+threads = 1
+[data]
+path = ")" << (dir / "data").string()
+                                   << "\"\n";
+  oases::testing::write_random_init(dir / "tiny.toml", dir / "init.safetensors", 7);
+  const auto refused = [&](int tp, const std::string& extra, const std::string& expected) {
+    const Result r = run_command(oases::testing::train_command(
+        OASES_BINARY, dir, tp, 1, dir / "out", "parallel.sequence_parallel=true " + extra));
+    EXPECT_NE(r.exit_code, 0) << extra;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << extra << "\n" << r.output;
+  };
+  refused(1, "", "parallel.tp = 1; valid: parallel.tp > 1");
+  refused(4, "", "model.seq_len = 18 must be divisible by parallel.tp = 4");
+}
+
+}  // namespace
