@@ -109,13 +109,6 @@ void check_options(const ModelConfig& config, const ModelOptions& o) {
                   "parallel.sequence_parallel = true needs every layer at parallel.tp = {}, but "
                   "parallel.plan gives layer {} degree {}",
                   T, l, o.layer_degrees[l]);
-    const bool whole = o.layer_ranges.empty()
-                           ? o.first_layer == 0 && (o.end_layer < 0 || o.end_layer == config.layers)
-                           : o.layer_ranges.size() == 1 && o.layer_ranges[0].begin == 0 &&
-                                 o.layer_ranges[0].end == config.layers;
-    OASES_CHECK(whole,
-                "parallel.sequence_parallel = true is not available with pipeline "
-                "parallelism yet (parallel.pp > 1); set sequence_parallel = false");
   }
   OASES_CHECK(o.dtype == DType::f32 || o.dtype == DType::f64,
               "train.precision: the model's parameters are fp32 or fp64, not {}",
@@ -335,21 +328,26 @@ class Model::Builder final : public ParamResolver {
     block.input_from_peer = false;
     block.sequence_parallel = true;
   }
-  void add_shard_segment(ops::LayerSpec shard) {
-    const int id = next_id();
-    // Parameters applied to this rank's tokens alone: their gradients are partial sums.
+  // Parameters a segment applies to this rank's tokens alone (sequence parallelism): their
+  // gradients are partial sums over `group`.
+  void record_shard_gradients(comm::Communicator* group, const ops::ResidualEpilogue& epilogue,
+                              const ops::Norm& norm) {
     const auto partial = [&](const ops::ParamRef& param) {
       if (!param.present() || param.grad.empty()) return;
       const std::int64_t begin = (static_cast<const std::byte*>(param.grad.raw()) -
                                   static_cast<const std::byte*>(m_.grads_.raw())) /
                                  static_cast<std::int64_t>(dtype_size(m_.grads_.dtype()));
-      shard_gradients_.push_back({shard.at.group, {begin, begin + param.grad.numel()}});
+      shard_gradients_.push_back({group, {begin, begin + param.grad.numel()}});
     };
-    partial(shard.pre_norm.weight());
-    partial(shard.pre_norm.bias());
-    partial(shard.epilogue.spec().bias);
-    partial(shard.epilogue.spec().post_norm.weight());
-    partial(shard.epilogue.spec().post_norm.bias());
+    partial(norm.weight());
+    partial(norm.bias());
+    partial(epilogue.spec().bias);
+    partial(epilogue.spec().post_norm.weight());
+    partial(epilogue.spec().post_norm.bias());
+  }
+  void add_shard_segment(ops::LayerSpec shard) {
+    const int id = next_id();
+    record_shard_gradients(shard.at.group, shard.epilogue, shard.pre_norm);
     m_.segments_.push_back(ops::make_sequence_shard_segment(id, context(), std::move(shard)));
     groups_of_segment_[id + 1] = groups_of_segment_[id];
     segment_ = id + 1;
@@ -413,6 +411,8 @@ class Model::Builder final : public ParamResolver {
     output.name = "stage_output";
     output.at = placement(next);
     output.epilogue = std::move(epilogue);
+    output.sequence_parallel = sequence_parallel();
+    if (sequence_parallel()) record_shard_gradients(output.at.group, output.epilogue, ops::Norm());
     m_.segments_.push_back(ops::make_stage_output_segment(next_id(), context(), std::move(output)));
   }
 

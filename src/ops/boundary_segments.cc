@@ -153,6 +153,10 @@ class StageOutputSegment final : public Segment {
   StageOutputSegment(int id, const ModelContext& model, StageOutputSpec spec)
       : Segment(id, *model.store), m_(model), spec_(std::move(spec)), checkpoint_(model.dtype) {
     tokens_ = spec_.at.rows * model.seq_len;
+    if (spec_.sequence_parallel) {
+      tokens_ /= spec_.at.degree;
+      first_token_ = tokens_ * spec_.at.shard;
+    }
     output_ = checkpoint_.add(tokens_ * model.hidden);
     kept_ = spec_.epilogue.add_kept(checkpoint_, tokens_, model.hidden);
   }
@@ -167,6 +171,16 @@ class StageOutputSegment final : public Segment {
     shape.checkpoint_statistics_bytes = checkpoint_.statistics_bytes();
     shape.output_to_peer = true;
     shape.received_bytes = static_cast<std::size_t>(tokens_ * m_.hidden) * dtype_size(m_.dtype);
+    if (spec_.sequence_parallel) {
+      shape.has_backward_collective = true;
+      shape.backward_stages = 2;
+      shape.backward_kind = CollectiveKind::all_gather;
+      shape.sequence_sharded = true;
+      shape.backward_collective_elements = spec_.at.rows * m_.seq_len * m_.hidden;
+      if (const int residual = spec_.epilogue.spec().residual_segment;
+          residual >= 0 && residual != id() - 1)
+        shape.residual_of = residual;
+    }
     const double rows = static_cast<double>(tokens_ * m_.hidden) * static_cast<double>(dtype_size(m_.dtype));
     const double post_norm = spec_.epilogue.spec().post_norm.present() ? 1 : 0;
     shape.work.known = true;
@@ -177,22 +191,29 @@ class StageOutputSegment final : public Segment {
   void forward(const StepContext& ctx, int mb, int sb) override {
     const Tensor block = store().acquire(key(mb, sb, kCheckpoint), m_.dtype, checkpoint_.elements(),
                                          checkpoint_.encodable_elements());
-    const Slot input = spec_.epilogue.spec().copies_input ? Slot::reshard : Slot::output;
-    spec_.epilogue.forward(m_, ctx, mb, sb, spec_.at.rows, spec_.at.first_row,
-                           m_.slot_rows(input, mb, sb, spec_.at.rows),
+    const Slot input = spec_.epilogue.spec().copies_input && !spec_.sequence_parallel
+                           ? Slot::reshard
+                           : Slot::output;
+    spec_.epilogue.forward(m_, ctx, mb, sb, spec_.at.rows, spec_.at.first_row, rows(input, mb, sb),
                            previous_checkpoint(store(), spec_.epilogue, mb, sb, tokens_, m_.hidden),
-                           output(block), kept(block));
+                           output(block), kept(block), first_token_);
   }
-  void backward(const StepContext& ctx, int mb, int sb, int) override {
+  void backward(const StepContext& ctx, int mb, int sb, int stage) override {
+    if (stage > 0) return;  // after the all-gather of the output gradient (sequence parallel)
     const Tensor block = store().get(key(mb, sb, kCheckpoint));
     const ActivationKey received = key(mb, sb, kReceivedGradient);
     kernels::copy(store().get(received).reshaped({tokens_, m_.hidden}),
-                  m_.slot_rows(Slot::residual_grad, mb, sb, spec_.at.rows));
+                  rows(Slot::residual_grad, mb, sb));
     store().release(received);
     spec_.epilogue.backward(m_, ctx, mb, sb, spec_.at.rows, spec_.at.first_row,
-                            m_.slot_rows(Slot::residual_grad, mb, sb, spec_.at.rows),
-                            m_.slot_rows(Slot::output_grad, mb, sb, spec_.at.rows), kept(block),
-                            m_.scratch_narrow.rows(0, tokens_));
+                            rows(Slot::residual_grad, mb, sb), rows(Slot::output_grad, mb, sb),
+                            kept(block), m_.scratch_narrow.rows(0, tokens_), first_token_);
+  }
+  CollectiveCall backward_collective(int mb, int sb) override {
+    OASES_ASSERT(spec_.sequence_parallel, "{} has no backward collective", name());
+    return {CollectiveKind::all_gather, comm::ReduceOp::sum, spec_.at.group,
+            m_.slot_rows(Slot::output_grad, mb, sb, spec_.at.rows),
+            rows(Slot::output_grad, mb, sb)};
   }
   Tensor send_buffer(Payload payload, int mb, int sb) override {
     OASES_ASSERT(payload == Payload::activation, "{} sends activations only", name());
@@ -207,6 +228,10 @@ class StageOutputSegment final : public Segment {
 
  private:
   Tensor output(const Tensor& block) const { return block.view(output_, {tokens_, m_.hidden}); }
+  // The rows of a slot this segment works on: the placement's, or this rank's block of them.
+  Tensor rows(Slot slot, int mb, int sb) const {
+    return m_.slot_rows(slot, mb, sb, spec_.at.rows).rows(first_token_, first_token_ + tokens_);
+  }
   ResidualEpilogue::Kept kept(const Tensor& block) const {
     return spec_.epilogue.kept(block, checkpoint_, kept_, tokens_, m_.hidden);
   }
@@ -215,6 +240,7 @@ class StageOutputSegment final : public Segment {
   StageOutputSpec spec_;
   SetLayout checkpoint_;
   std::int64_t tokens_ = 0, output_ = 0;
+  std::int64_t first_token_ = 0;  // of this rank's block (sequence parallelism)
   ResidualEpilogue::KeptPieces kept_;
 };
 

@@ -35,6 +35,11 @@ struct StageOutputSpec {
   std::string name;  // "stage_output"
   Placement at;
   ResidualEpilogue epilogue;
+  // Sequence parallelism: the epilogue runs on this rank's block of the tokens (as a shard
+  // segment's does: ops/layer_segments.h), which is what is sent, 1/degree of r; backward
+  // all-gathers the output gradient it forms for the stage's last block (stage 0, then
+  // AG(output_grad), then an empty stage 1).
+  bool sequence_parallel = false;
 };
 
 std::unique_ptr<Segment> make_reshard_segment(int id, const ModelContext& model, ReshardSpec spec);

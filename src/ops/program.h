@@ -158,6 +158,12 @@ struct SegmentShape {
   // previous segment's checkpoint (the vocab-parallel loss segments read the logits the head
   // keeps): those sets must stay live until this segment has run.
   std::vector<int> reads_sets_of = {};
+  // The earlier segment whose checkpoint the epilogue reads as its residual, where that is not
+  // the previous segment (-1: the previous one, as everywhere but under sequence parallelism,
+  // where a shard segment's residual is the checkpoint of the shard segment before the body in
+  // between). Forward, and a Recompute of the checkpoint, read it; schedules keep it live until
+  // then.
+  int residual_of = -1;
   // Gradient bucket whose gradients are all final once this segment's last backward stage has
   // run on every micro-batch and sub-batch (-1: none). Lets the data-parallel reduction of later
   // layers overlap the backward pass of earlier ones.

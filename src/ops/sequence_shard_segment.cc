@@ -43,6 +43,9 @@ class SequenceShardSegment final : public Segment {
     shape.degree = spec_.at.degree;
     shape.layer = spec_.layer;
     shape.recomputable = true;
+    if (const int residual = spec_.epilogue.spec().residual_segment;
+        residual >= 0 && residual != id() - 1)
+      shape.residual_of = residual;
     shape.input_from_peer = spec_.input_from_peer;
     if (spec_.input_from_peer) shape.received_bytes = checkpoint_bytes_of_residual();
     shape.sets = kCheckpoint | (spec_.pre_norm.present() ? kInternals : 0);

@@ -333,10 +333,6 @@ void check_combinations(const RunConfig& c, const Settings& s) {
                 "layers yet (model.moe_every = {}); valid: model.moe_every = 0, or "
                 "sequence_parallel = false",
                 c.model.moe_every);
-    OASES_CHECK(p.pp == 1,
-                "parallel.sequence_parallel = true is not available with pipeline parallelism "
-                "yet (parallel.pp = {}); valid: parallel.pp = 1, or sequence_parallel = false",
-                p.pp);
     OASES_CHECK(s.plan == LayerPlanSource::uniform,
                 "parallel.sequence_parallel = true needs every layer at parallel.tp (parallel.plan "
                 "= \"uniform\") for now; parallel.plan is \"{}\"",

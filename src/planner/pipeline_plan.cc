@@ -62,6 +62,8 @@ ops::Program rank_program(const ops::Program& whole, const std::vector<int>& chu
     local[s] = static_cast<int>(out.segments.size());
     ops::SegmentShape shape = whole.segments[s];
     for (int& read : shape.reads_sets_of) read = local.at(static_cast<std::size_t>(read));
+    if (shape.residual_of >= 0)
+      shape.residual_of = local.at(static_cast<std::size_t>(shape.residual_of));
     const int c = chunk_of[s];
     shape.input_from_peer = c > 0 && (s == 0 || chunk_of[s - 1] != c);
     shape.output_to_peer = c < chunks - 1 && (s + 1 == whole.segments.size() || chunk_of[s + 1] != c);

@@ -32,6 +32,8 @@ void for_each_set_read(const ops::Program& program, const Instruction& ins, Read
   const auto input = [&] {  // the epilogue's residual: the previous segment's checkpoint
     if (shape.input_from_peer || ins.segment == 0) return;
     if (shape_at(program, ins.segment - 1).sets & kCheckpoint) read(ins.segment - 1, kCheckpoint);
+    if (shape.residual_of >= 0 && (shape_at(program, shape.residual_of).sets & kCheckpoint))
+      read(shape.residual_of, kCheckpoint);
   };
   const auto others = [&] {
     for (int owner : shape.reads_sets_of)

@@ -66,6 +66,16 @@ int last_reader(const Program& program, int segment) {
   return last;
 }
 
+// The last segment whose Forward reads `segment`'s checkpoint: the next one, or a later one
+// that reads it as its residual (SegmentShape::residual_of).
+int checkpoint_last_reader(const Program& program, int segment) {
+  const int count = static_cast<int>(program.segments.size());
+  int last = std::min(segment + 1, count - 1);
+  for (int t = segment + 1; t < count; ++t)
+    if (shape_of(program, t).residual_of == segment) last = t;
+  return last;
+}
+
 // Sets of `segment` the policy drops right after its Forward (and regenerates before its
 // Backward). The checkpoint of a segment inside a replay group is dropped under `full` and
 // `sqrt` too, but only once the next segment's epilogue has read it.
@@ -118,7 +128,7 @@ Schedule instance_forward(const Program& program, const ScheduleSpec& spec, int 
       for (int owner = 0; owner <= s; ++owner) {
         const TensorSets sets = shape_of(program, owner).sets;
         const int reader = last_reader(program, owner);
-        const int checkpoint_reader = std::min(std::max(reader, owner + 1), num_segments - 1);
+        const int checkpoint_reader = std::max(reader, checkpoint_last_reader(program, owner));
         const TensorSets dead = (reader == s ? sets & ~kCheckpoint : 0) |
                                 (checkpoint_reader == s ? sets & kCheckpoint : 0);
         if (dead) out.push_back(with_sets(Op::free, owner, dead, mb, sb));
@@ -126,8 +136,11 @@ Schedule instance_forward(const Program& program, const ScheduleSpec& spec, int 
     } else {
       if (const TensorSets dropped = dropped_after_forward(program, s, policy))
         out.push_back(with_sets(Op::free, s, dropped, mb, sb));
-      if (replays_groups(policy) && s > 0 && inside_group(program, spec, s - 1))
-        out.push_back(with_sets(Op::free, s - 1, kCheckpoint, mb, sb));
+      // Inside a replay group a checkpoint goes once its last reader has run.
+      if (replays_groups(policy))
+        for (int owner = 0; owner < s; ++owner)
+          if (inside_group(program, spec, owner) && checkpoint_last_reader(program, owner) == s)
+            out.push_back(with_sets(Op::free, owner, kCheckpoint, mb, sb));
     }
     if (shape.has_forward_collective) {
       out.push_back(collective(Op::start, s, Direction::forward, mb, sb));
@@ -572,6 +585,12 @@ Program chunk_program(const Program& program, SegmentRange chunk) {
                    "segment {} reads the sets of segment {}, outside its chunk [{}, {})", s, owner,
                    chunk.begin, chunk.end);
       owner -= chunk.begin;
+    }
+    if (shape.residual_of >= 0) {
+      OASES_ASSERT(shape.residual_of >= chunk.begin && shape.residual_of < s,
+                   "segment {} reads the residual of segment {}, outside its chunk [{}, {})", s,
+                   shape.residual_of, chunk.begin, chunk.end);
+      shape.residual_of -= chunk.begin;
     }
     part.segments.push_back(std::move(shape));
   }

@@ -443,6 +443,11 @@ class Verifier {
           "reads a forward collective that was not waited on");
     read(instance(ins.batch, ins.segment - 1, ins.micro_batch, ins.sub_batch), kCheckpoint,
          previous);
+    if (const int residual = shape_of(program_, ins.segment).residual_of; residual >= 0) {
+      check(residual < ins.segment, "reads the residual of a segment that does not precede it");
+      read(instance(ins.batch, residual, ins.micro_batch, ins.sub_batch), kCheckpoint,
+           shape_of(program_, residual));
+    }
   }
   void write_output(const Instruction& ins) {
     Port& port = port_of(ins);
