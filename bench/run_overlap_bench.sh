@@ -23,9 +23,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The compared schedules, in table order, each with the --set overrides that select it.
-# The -sb4 rows are run only when named in SCHEDULES.
+# The -sb4 and -sp rows are run only when named in SCHEDULES.
 schedule_names=(megatron-full megatron-none fine-grained cross-pass oases oases-interleaved oases-deferred)
-extra_names=(oases-sb4 oases-interleaved-sb4 oases-deferred-sb4)
+extra_names=(oases-sb4 oases-interleaved-sb4 oases-deferred-sb4 megatron-full-sp megatron-none-sp oases-sp oases-sp-sb4)
 declare -A schedule_sets=(
   [megatron-full]='parallel.schedule="megatron" parallel.recompute="full"'
   [megatron-none]='parallel.schedule="megatron" parallel.recompute="none"'
@@ -38,6 +38,12 @@ declare -A schedule_sets=(
   [oases-sb4]='parallel.schedule="oases" parallel.sub_batches=4'
   [oases-interleaved-sb4]='parallel.schedule="oases-interleaved" parallel.sub_batches=4'
   [oases-deferred-sb4]='parallel.schedule="oases-deferred" parallel.sub_batches=4'
+  # Sequence parallelism (docs/distributed.md): the same schedules with the regions entered by
+  # an all-gather and left by a reduce-scatter.
+  [megatron-full-sp]='parallel.schedule="megatron" parallel.recompute="full" parallel.sequence_parallel=true'
+  [megatron-none-sp]='parallel.schedule="megatron" parallel.recompute="none" parallel.sequence_parallel=true'
+  [oases-sp]='parallel.schedule="oases" parallel.sub_batches=2 parallel.sequence_parallel=true'
+  [oases-sp-sb4]='parallel.schedule="oases" parallel.sub_batches=4 parallel.sequence_parallel=true'
 )
 
 IFS=', ' read -r -a selected <<<"${SCHEDULES:-${schedule_names[*]}}"

@@ -717,6 +717,17 @@ void print_cluster_variants(
   }
 }
 
+// The config with sequence parallelism off and on, simulated on the cluster (where tp > 1).
+void print_sequence_parallel_variants(const oases::plan::RunConfig& config,
+                                      const oases::sim::ClusterSpec& cluster) {
+  if (config.parallel.tp <= 1) return;
+  std::vector<std::pair<std::string, std::function<void(oases::plan::RunConfig&)>>> variants;
+  for (const bool on : {false, true})
+    variants.push_back({fmt::format("parallel.sequence_parallel = {}", on),
+                        [on](oases::plan::RunConfig& c) { c.parallel.sequence_parallel = on; }});
+  print_cluster_variants(config, cluster, "sequence parallelism", variants);
+}
+
 // The planner's input: measured (--profile) or priced on a cluster description (--cluster).
 oases::planner::Profile plan_input(const PlanArgs& a, const oases::plan::RunPlan& plan,
                                    const oases::sim::ClusterSpec* cluster);
@@ -827,6 +838,7 @@ int run_plan(const PlanArgs& a) {
                          c.parallel.virtual_stages = 2;
                        }});
       print_cluster_variants(config, *cluster, "pipeline schedules", kinds);
+      print_sequence_parallel_variants(config, *cluster);
     }
     return status;
   }
@@ -842,6 +854,7 @@ int run_plan(const PlanArgs& a) {
       stages.push_back({fmt::format("chosen plan, parallel.zero = {}", zero),
                         [zero](oases::plan::RunConfig& c) { c.parallel.zero = zero; }});
     print_cluster_variants(config, *cluster, "ZeRO stages", stages);
+    print_sequence_parallel_variants(config, *cluster);
   }
   if (!a.output.empty()) {
     oases::planner::write_plan(report.chosen, static_cast<int>(config.parallel.tp), a.output);

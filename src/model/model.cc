@@ -104,11 +104,6 @@ void check_options(const ModelConfig& config, const ModelOptions& o) {
                 "parallel.sequence_parallel = true is not available with mixture-of-experts "
                 "layers (model.moe_every = {}); set sequence_parallel = false",
                 config.moe_every);
-    for (std::size_t l = 0; l < o.layer_degrees.size(); ++l)
-      OASES_CHECK(o.layer_degrees[l] == T,
-                  "parallel.sequence_parallel = true needs every layer at parallel.tp = {}, but "
-                  "parallel.plan gives layer {} degree {}",
-                  T, l, o.layer_degrees[l]);
   }
   OASES_CHECK(o.dtype == DType::f32 || o.dtype == DType::f64,
               "train.precision: the model's parameters are fp32 or fp64, not {}",
@@ -197,6 +192,16 @@ class Model::Builder final : public ParamResolver {
   void begin_segment() { segment_ = next_id(); }
   const ops::ModelContext& context() const { return m_.context_; }
 
+  // The embedding's and the head's: the whole tensor-parallel group, every row.
+  ops::Placement whole_placement() const {
+    const ops::ModelContext& ctx = context();
+    ops::Placement at;
+    at.degree = ctx.tp_size();
+    at.shard = ctx.tp_rank();
+    at.rows = ctx.rows;
+    at.group = ctx.tp;
+    return at;
+  }
   ops::Placement placement(std::int64_t layer) const {
     const ops::ModelContext& ctx = context();
     const int T = ctx.tp_size();
@@ -252,7 +257,9 @@ class Model::Builder final : public ParamResolver {
     begin_segment();
     ops::ResidualEpilogue::Spec real = arch_.epilogue_into_layer(layer, previous, *this);
     const int from = m_.layer_degree(layer - 1), to = m_.layer_degree(layer);
-    if (from == to) return ops::ResidualEpilogue(std::move(real));
+    // Under sequence parallelism a rank holds the same tokens at every degree: the shard
+    // segment takes them from the rows of the block before (LayerSpec::before).
+    if (from == to || sequence_parallel()) return ops::ResidualEpilogue(std::move(real));
     ops::ReshardSpec reshard;
     reshard.name = "reshard." + std::to_string(layer);
     reshard.from = placement(layer - 1);
@@ -287,7 +294,9 @@ class Model::Builder final : public ParamResolver {
     attention.at = at;
     attention.epilogue = std::move(epilogue);
     attention.input_from_peer = from_peer;
-    if (sequence_parallel()) split_off_shard(attention, "attention_in.");
+    if (sequence_parallel())
+      split_off_shard(attention, "attention_in.",
+                      layer == 0 ? whole_placement() : placement(layer - 1));
     scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(attention, c_.seq_len));
     const int attention_id = next_id();
     m_.segments_.push_back(ops::make_attention_segment(attention_id, context(), std::move(attention)));
@@ -301,7 +310,7 @@ class Model::Builder final : public ParamResolver {
     mlp.layer = static_cast<int>(layer);
     mlp.at = at;
     mlp.epilogue = ops::ResidualEpilogue(arch_.epilogue_into_mlp(layer, residual_id, *this));
-    if (sequence_parallel()) split_off_shard(mlp, "mlp_in.");
+    if (sequence_parallel()) split_off_shard(mlp, "mlp_in.", at);
     scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(mlp, c_.seq_len));
     m_.segments_.push_back(ops::make_mlp_segment(next_id(), context(), std::move(mlp)));
   }
@@ -312,8 +321,10 @@ class Model::Builder final : public ParamResolver {
   // on this rank's tokens ("<prefix><layer>"), and leaves `block` the body that starts from the
   // gathered tokens. Both read the parameters resolved for the segment begun last; the shard
   // segment, first of the two, finishes the bucket.
-  void split_off_shard(ops::LayerSpec& block, const std::string& prefix) {
+  void split_off_shard(ops::LayerSpec& block, const std::string& prefix,
+                       const ops::Placement& before) {
     ops::LayerSpec shard;
+    shard.before = before;
     shard.name = prefix + std::to_string(block.layer);
     shard.layer = block.layer;
     shard.at = block.at;
@@ -329,25 +340,29 @@ class Model::Builder final : public ParamResolver {
     block.sequence_parallel = true;
   }
   // Parameters a segment applies to this rank's tokens alone (sequence parallelism): their
-  // gradients are partial sums over `group`.
-  void record_shard_gradients(comm::Communicator* group, const ops::ResidualEpilogue& epilogue,
+  // gradients are partial sums. Each is summed over the group of the layer it belongs to, the
+  // ranks that share its rows (the epilogue's to the block before, the norm's to this one), so
+  // that the bucket's own reduction over the layer's replicas completes it.
+  void record_shard_gradients(comm::Communicator* epilogue_group,
+                              const ops::ResidualEpilogue& epilogue, comm::Communicator* norm_group,
                               const ops::Norm& norm) {
-    const auto partial = [&](const ops::ParamRef& param) {
+    const auto partial = [&](comm::Communicator* group, const ops::ParamRef& param) {
       if (!param.present() || param.grad.empty()) return;
       const std::int64_t begin = (static_cast<const std::byte*>(param.grad.raw()) -
                                   static_cast<const std::byte*>(m_.grads_.raw())) /
                                  static_cast<std::int64_t>(dtype_size(m_.grads_.dtype()));
       shard_gradients_.push_back({group, {begin, begin + param.grad.numel()}});
     };
-    partial(norm.weight());
-    partial(norm.bias());
-    partial(epilogue.spec().bias);
-    partial(epilogue.spec().post_norm.weight());
-    partial(epilogue.spec().post_norm.bias());
+    partial(norm_group, norm.weight());
+    partial(norm_group, norm.bias());
+    partial(epilogue_group, epilogue.spec().bias);
+    partial(epilogue_group, epilogue.spec().post_norm.weight());
+    partial(epilogue_group, epilogue.spec().post_norm.bias());
   }
   void add_shard_segment(ops::LayerSpec shard) {
     const int id = next_id();
-    record_shard_gradients(shard.at.group, shard.epilogue, shard.pre_norm);
+    const ops::Placement& before = shard.before.group != nullptr ? shard.before : shard.at;
+    record_shard_gradients(before.group, shard.epilogue, shard.at.group, shard.pre_norm);
     m_.segments_.push_back(ops::make_sequence_shard_segment(id, context(), std::move(shard)));
     groups_of_segment_[id + 1] = groups_of_segment_[id];
     segment_ = id + 1;
@@ -378,7 +393,8 @@ class Model::Builder final : public ParamResolver {
       ops::LayerSpec shard;
       shard.name = "head_in";
       shard.layer = -1;
-      shard.at = placement(c_.layers - 1);
+      shard.at = whole_placement();
+      shard.before = placement(c_.layers - 1);
       shard.epilogue = std::move(epilogue);
       shard.feeds_head = true;
       add_shard_segment(std::move(shard));
@@ -409,10 +425,13 @@ class Model::Builder final : public ParamResolver {
     ops::ResidualEpilogue epilogue = epilogue_into(next);
     ops::StageOutputSpec output;
     output.name = "stage_output";
-    output.at = placement(next);
+    // Under sequence parallelism the block sent is this rank's tokens, the same at any degree:
+    // formed in the rows of the stage's last layer, whose group gathers its gradient back.
+    output.at = sequence_parallel() ? placement(last) : placement(next);
     output.epilogue = std::move(epilogue);
     output.sequence_parallel = sequence_parallel();
-    if (sequence_parallel()) record_shard_gradients(output.at.group, output.epilogue, ops::Norm());
+    if (sequence_parallel())
+      record_shard_gradients(output.at.group, output.epilogue, output.at.group, ops::Norm());
     m_.segments_.push_back(ops::make_stage_output_segment(next_id(), context(), std::move(output)));
   }
 

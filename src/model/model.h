@@ -65,7 +65,7 @@ struct ModelOptions {
   ops::TpSubgroups tp_subgroup;
   // Sequence parallelism (ops/layer_segments.h, make_sequence_shard_segment): norms, dropout
   // and residuals run on each rank's block of the tokens between tensor-parallel regions.
-  // REQUIRES: every layer at tp's size, seq_len divisible by it, no MoE layer.
+  // REQUIRES: seq_len divisible by tp's size, no MoE layer.
   bool sequence_parallel = false;
   // The layers [first_layer, end_layer) this instance holds (end_layer -1: to the last); the
   // instance holding layer 0 has the embedding, the one holding the last layer the head.

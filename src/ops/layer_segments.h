@@ -53,6 +53,13 @@ struct LayerSpec {
   // d(r_L), whole, in Slot::residual_grad, so this rank's block of it is the residual gradient
   // and nothing is added to it.
   bool feeds_head = false;
+  // A shard segment: the placement of the block before it (the embedding's, the previous
+  // layer's, the last layer's before the head), whose reduce-scatter leaves this rank's tokens
+  // in that block's rows, and whose backward all-gathers the output gradient this segment
+  // forms there. A rank holds the same tokens at every degree (1/tp of the sub-batch), but a
+  // layer at degree k keeps its group's rows first in the slots, so where degrees differ the
+  // block moves within the slot. Unset (no group): `at`.
+  Placement before;
 };
 
 struct AttentionSpec : LayerSpec {

@@ -132,6 +132,10 @@ struct SegmentShape {
   // layer's group (degree ranks), along the tokens, rather than joining groups of two degrees
   // as a reshard's all-gather does.
   bool sequence_sharded = false;
+  // A sequence-sharded segment whose backward collective runs over another degree's group than
+  // `degree` (a shard segment after a change of degree gathers for the block before it); 0:
+  // `degree`.
+  int backward_degree = 0;
   // Tensor-parallel degree the segment runs at: its parameters are split this many ways and
   // it processes degree / T of every sub-batch's rows (T: the group size). A reshard segment
   // runs at the degree of the layer before it.

@@ -24,6 +24,11 @@ class SequenceShardSegment final : public Segment {
     OASES_ASSERT(layer_tokens_ % spec_.at.degree == 0,
                  "{}: {} tokens do not split into {} sequence shards", spec_.name, layer_tokens_,
                  spec_.at.degree);
+    if (spec_.before.group == nullptr || spec_.input_from_peer) spec_.before = spec_.at;
+    OASES_ASSERT(spec_.before.rows * model.seq_len == tokens_ * spec_.before.degree,
+                 "{}: the block before holds {} tokens per rank, this one {}", spec_.name,
+                 spec_.before.rows * model.seq_len / spec_.before.degree, tokens_);
+    before_first_token_ = tokens_ * spec_.before.shard;
     const std::int64_t C = model.hidden;
     residual_ = checkpoint_.add(tokens_ * C);
     epilogue_kept_ = spec_.epilogue.add_kept(checkpoint_, tokens_, C);
@@ -41,6 +46,7 @@ class SequenceShardSegment final : public Segment {
     shape.sequence_sharded = true;
     shape.collective_ranks = spec_.at.degree;
     shape.degree = spec_.at.degree;
+    if (spec_.before.degree != spec_.at.degree) shape.backward_degree = spec_.before.degree;
     shape.layer = spec_.layer;
     shape.recomputable = true;
     if (const int residual = spec_.epilogue.spec().residual_segment;
@@ -55,8 +61,8 @@ class SequenceShardSegment final : public Segment {
       shape.internals_bytes = internals_.bytes();
       shape.internals_statistics_bytes = internals_.statistics_bytes();
     }
-    shape.forward_collective_elements = shape.backward_collective_elements =
-        layer_tokens_ * m_.hidden;
+    shape.forward_collective_elements = layer_tokens_ * m_.hidden;
+    shape.backward_collective_elements = spec_.before.rows * m_.seq_len * m_.hidden;
     // On the shard: the epilogue reads the reduced block and the residual and writes the
     // checkpoint (a post-norm reads and writes it again); the pre-norm (or the copy of the
     // residual) writes the gather's block. Backward runs both back.
@@ -78,12 +84,14 @@ class SequenceShardSegment final : public Segment {
     run(ctx, mb, sb, sets);
   }
   // Stage 0: the block's reduced input gradient through the pre-norm, plus the residual
-  // gradient, through the epilogue into this rank's block of output_grad.
+  // gradient, through the epilogue into this rank's block of output_grad in the rows of the
+  // block before; the residual's gradient is left there too, for the shard segment before.
   void backward(const StepContext& ctx, int mb, int sb, int stage) override {
     if (stage != 0) return;
     const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
     const Tensor input_grad = block(Slot::input_grad, mb, sb);
     const Tensor residual_grad = block(Slot::residual_grad, mb, sb);
+    const Tensor residual_grad_before = block_before(Slot::residual_grad, mb, sb);
     const Tensor scratch = m_.scratch_narrow.rows(0, tokens_);
     if (spec_.feeds_head) {
       // The head's d(r_L) already is this block's residual gradient.
@@ -94,15 +102,19 @@ class SequenceShardSegment final : public Segment {
     } else {
       kernels::add(residual_grad, input_grad, residual_grad);
     }
-    spec_.epilogue.backward(m_, ctx, mb, sb, spec_.at.rows, spec_.at.first_row, residual_grad,
-                            block(Slot::output_grad, mb, sb), epilogue_kept(checkpoint), scratch,
-                            first_token_);
+    if (before_first_token_ != first_token_) kernels::copy(residual_grad, residual_grad_before);
+    spec_.epilogue.backward(m_, ctx, mb, sb, spec_.at.rows, spec_.at.first_row,
+                            residual_grad_before, block_before(Slot::output_grad, mb, sb),
+                            epilogue_kept(checkpoint), scratch, first_token_);
   }
   CollectiveCall forward_collective(int mb, int sb) override {
     return gather(Slot::output, mb, sb);
   }
+  // The block before gets its whole output gradient back.
   CollectiveCall backward_collective(int mb, int sb) override {
-    return gather(Slot::output_grad, mb, sb);
+    return {CollectiveKind::all_gather, comm::ReduceOp::sum, spec_.before.group,
+            m_.slot_rows(Slot::output_grad, mb, sb, spec_.before.rows),
+            block_before(Slot::output_grad, mb, sb)};
   }
   Tensor recv_buffer(Payload payload, int mb, int sb) override {
     OASES_ASSERT(spec_.input_from_peer && payload == Payload::activation, "{} receives no {}",
@@ -124,6 +136,11 @@ class SequenceShardSegment final : public Segment {
   // This rank's block of the layer's rows of a slot: [tokens_, hidden].
   Tensor block(Slot slot, int mb, int sb) const {
     return m_.slot_rows(slot, mb, sb, spec_.at.rows).rows(first_token_, first_token_ + tokens_);
+  }
+  // The same tokens in the rows of the block before.
+  Tensor block_before(Slot slot, int mb, int sb) const {
+    return m_.slot_rows(slot, mb, sb, spec_.before.rows)
+        .rows(before_first_token_, before_first_token_ + tokens_);
   }
   CollectiveCall gather(Slot slot, int mb, int sb) const {
     return {CollectiveKind::all_gather, comm::ReduceOp::sum, spec_.at.group,
@@ -155,7 +172,7 @@ class SequenceShardSegment final : public Segment {
       if (spec_.input_from_peer)
         input = store().get(key(mb, sb, kReceivedInput)).reshaped({tokens_, m_.hidden});
       else
-        input = block(Slot::output, mb, sb);
+        input = block_before(Slot::output, mb, sb);
       Tensor residual_in;
       if (epilogue.spec().residual_segment >= 0)
         residual_in = store()
@@ -185,6 +202,7 @@ class SequenceShardSegment final : public Segment {
   std::int64_t layer_tokens_;  // the layer's rows x seq
   std::int64_t tokens_;        // this rank's block of them
   std::int64_t first_token_;
+  std::int64_t before_first_token_ = 0;  // of the same tokens in the rows of the block before
   SetLayout checkpoint_, internals_;
   std::int64_t residual_ = 0;                   // in checkpoint_
   ResidualEpilogue::KeptPieces epilogue_kept_;  // in checkpoint_

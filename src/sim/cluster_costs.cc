@@ -74,6 +74,8 @@ GroupKind segment_group_kind(const ops::Program& program, int segment, bool forw
     case ops::CollectiveKind::reduce_scatter:
       break;
     case ops::CollectiveKind::all_gather: {
+      if (shape.sequence_sharded && !forward && shape.backward_degree > 0)
+        return {GroupKind::tp_subgroup, shape.backward_degree, 1};
       if (shape.sequence_sharded) break;
       // A reshard runs at the degree of the layer before it; the gather joins collective_ranks
       // groups of the smaller degree into one of the larger.

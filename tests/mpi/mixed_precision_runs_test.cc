@@ -1,5 +1,6 @@
 // Mixed precision through `oases train` on several ranks: bf16 and fp16 under tensor
-// parallelism with the oases schedule (16-bit slots and tensor-parallel collectives), and bf16
+// parallelism with the oases schedule (16-bit slots and tensor-parallel collectives; bf16 with
+// sequence parallelism too), and bf16
 // with data-parallel gradients reduced in bf16 (train.grad_reduce_dtype), each 300 steps on real
 // text ending within 3% of the single-process fp32 run's validation loss; fp16's metrics carry
 // the loss scale and skipped steps; run.json names the 16-bit product path measured at start-up.
@@ -71,9 +72,19 @@ TEST_F(MixedPrecisionRuns, TensorAndDataParallel16BitRunsEndWithin3PercentOfFp32
     std::string name, settings;
   };
   const std::vector<Case> cases{
-      {{2, 1, 1}, "tp2_oases_bf16", "train.precision=" + quoted("bf16") + " parallel.schedule=" + quoted("oases")},
-      {{2, 1, 1}, "tp2_oases_fp16", "train.precision=" + quoted("fp16") + " parallel.schedule=" + quoted("oases")},
-      {{1, 1, 2}, "dp2_bf16_reduce_bf16",
+      {{2, 1, 1},
+       "tp2_oases_bf16",
+       "train.precision=" + quoted("bf16") + " parallel.schedule=" + quoted("oases")},
+      {{2, 1, 1},
+       "tp2_oases_fp16",
+       "train.precision=" + quoted("fp16") + " parallel.schedule=" + quoted("oases")},
+      // Sequence parallelism: 16-bit shards, gathers and reduce-scatters.
+      {{2, 1, 1},
+       "tp2_oases_bf16_sequence_parallel",
+       "train.precision=" + quoted("bf16") + " parallel.schedule=" + quoted("oases") +
+           " parallel.sequence_parallel=true"},
+      {{1, 1, 2},
+       "dp2_bf16_reduce_bf16",
        "train.precision=" + quoted("bf16") + " train.grad_reduce_dtype=" + quoted("bf16")},
   };
   for (const Case& c : cases) {

@@ -9,11 +9,12 @@
 // in layouts_test.cc, they start from random weights with nonzero biases and LayerNorm
 // parameters, so that no parameter is a pure sum of AdamW updates.
 #include "core/philox.h"
+#include "io/safetensors.h"
 #include "model/param_layout.h"
+#include "plan/run_config.h"
 #include "support/command.h"
 #include "support/runs.h"
-#include "plan/run_config.h"
-#include "io/safetensors.h"
+#include "support/trace_events.h"
 
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
@@ -27,7 +28,6 @@
 #include <iterator>
 #include <map>
 #include <optional>
-#include <regex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -247,34 +247,12 @@ TEST_F(Schedules, InterleavedMicroBatchesMatchTheSingleProcessRunUnderMixedPlans
 
 // ---- The trace: which collectives run, and when ----
 
-struct TraceEvent {
-  std::string name;
-  double start_us = 0;
-  double duration_us = 0;
-};
-
-// The complete events of one rank's lane.
-std::vector<TraceEvent> lane_events(const nlohmann::json& trace, int rank, int lane) {
-  std::vector<TraceEvent> out;
-  for (const auto& e : trace.at("traceEvents")) {
-    if (e.value("ph", "") != "X" || e.value("pid", -1) != rank || e.value("tid", -1) != lane)
-      continue;
-    out.push_back({e.at("name").get<std::string>(), e.at("ts").get<double>(),
-                   e.at("dur").get<double>()});
-  }
-  return out;
-}
-
-// (micro-batch, sub-batch) from "... mb<m> sb<s>...".
-std::optional<std::pair<int, int>> instance_of(const std::string& name) {
-  static const std::regex pattern(R"( mb(\d+) sb(\d+)(?: |$))");
-  std::smatch m;
-  if (!std::regex_search(name, m, pattern)) return std::nullopt;
-  return std::pair{std::stoi(m[1]), std::stoi(m[2])};
-}
+using oases::testing::instance_of;
+using oases::testing::lane_events;
+using oases::testing::TraceEvent;
 
 std::string suffix(int mb, int sb) {
-  return " mb" + std::to_string(mb) + " sb" + std::to_string(sb);
+  return oases::testing::instance_suffix(mb, sb);
 }
 
 // The communication-lane events each instance must show exactly once: the forward collectives

@@ -1,18 +1,22 @@
 // Sequence parallelism (parallel.sequence_parallel): `mpirun -np N oases train` with norms,
 // dropout and residuals on each rank's 1/tp of the tokens, under the megatron and oases
-// schedules, each recomputation policy, data parallelism, ZeRO, partitioned checkpoints and
-// pipelines (1F1B, zero-bubble: stage messages carry the shard), validation losses included,
+// schedules, each recomputation policy, data parallelism, ZeRO, partitioned checkpoints,
+// pipelines (1F1B, zero-bubble: stage messages carry the shard) and per-layer plans of mixed
+// degrees, validation losses and the predicted activation peak included,
 // gives the losses, parameters and AdamW moments of the single-process run in fp64 to relative
 // 1e-10, for GPT, LLaMA (grouped-query attention) and BERT (post-norms, masked-LM head), with
 // dropout 0.1: the masks are keyed by each token's global sample and position, whichever rank
 // holds it. Settings it cannot honour are refused with the valid values.
 #include "support/command.h"
 #include "support/runs.h"
+#include "support/trace_events.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -25,6 +29,7 @@ namespace {
 using Result = oases::testing::CommandResult;
 using oases::testing::expect_same_losses;
 using oases::testing::expect_same_tensors;
+using oases::testing::quoted;
 using oases::testing::run_command;
 
 class SequenceParallel : public ::testing::TestWithParam<std::string> {
@@ -56,9 +61,9 @@ path = ")" << (dir_ / "data").string() << "\"\n";
     oases::testing::write_random_init(dir_ / "tiny.toml", dir_ / "init.safetensors", 99);
   }
 
-  // tp x dp x pp ranks under mpirun, validation every step.
+  // tp x dp x pp ranks under mpirun; with `validate`, validation after every step.
   std::optional<fs::path> train(int tp, int dp, int pp, const std::string& name,
-                                const std::string& extra = "") const {
+                                const std::string& extra = "", bool validate = true) const {
     const fs::path out = dir_ / name;
     const int ranks = tp * dp * pp;
     const Result r = run_command(
@@ -68,7 +73,7 @@ path = ")" << (dir_ / "data").string() << "\"\n";
         " parallel.dp=" + std::to_string(dp) + " parallel.pp=" + std::to_string(pp) +
         " log.metrics=" + oases::testing::quoted((out / "metrics.jsonl").string()) +
         " checkpoint.dir=" + oases::testing::quoted((out / "ckpt").string()) +
-        " train.eval_every=1 train.eval_steps=1 " + extra);
+        (validate ? " train.eval_every=1 train.eval_steps=1 " : " ") + extra);
     EXPECT_EQ(r.exit_code, 0) << name << " " << extra << "\n" << r.output;
     if (r.exit_code != 0) return std::nullopt;
     return out;
@@ -80,6 +85,14 @@ path = ")" << (dir_ / "data").string() << "\"\n";
       expect_same_losses(oases::testing::metric_values(run / "metrics.jsonl", metric),
                          oases::testing::metric_values(reference / "metrics.jsonl", metric),
                          what + " " + metric);
+    // Rank 0 measures the activation peak its schedule predicts, every step.
+    nlohmann::json info;
+    std::ifstream(run / "run.json") >> info;
+    const auto predicted = info.at("memory_bytes").at("activations").get<double>();
+    const std::vector<double> measured =
+        oases::testing::metric_values(run / "metrics.jsonl", "peak_activation_bytes");
+    ASSERT_EQ(measured.size(), 3u) << what;
+    for (const double peak : measured) EXPECT_EQ(peak, predicted) << what << " activation peak";
     const fs::path last = fs::path("ckpt") / "step_3";
     expect_same_tensors(run / last / "model.safetensors", reference / last / "model.safetensors",
                         what);
@@ -110,6 +123,13 @@ TEST_P(SequenceParallel, EveryScheduleAndRecomputationMatchesTheSingleProcessRun
        "parallel.schedule=oases parallel.partition_activations=true"},
       {"tp2_pp2_1f1b", 2, 1, 2, "parallel.schedule=megatron parallel.pipeline=1f1b"},
       {"tp2_pp2_zero_bubble", 2, 1, 2, "parallel.schedule=megatron parallel.pipeline=zero-bubble"},
+      // Per-layer plans: a rank holds the same tokens at every degree, so nothing moves
+      // between ranks where the degree changes.
+      {"tp2_plan_oases", 2, 1, 1, "parallel.schedule=oases parallel.plan=" + quoted("1,2")},
+      {"tp4_plan_megatron_full", 4, 1, 1,
+       "parallel.schedule=megatron parallel.recompute=full parallel.plan=" + quoted("2,4")},
+      {"tp2_pp2_plan", 2, 1, 2,
+       "parallel.schedule=megatron parallel.pipeline=1f1b parallel.plan=" + quoted("2,1")},
   };
   for (const auto& [name, tp, dp, pp, settings] : runs) {
     // LLaMA's two key/value heads allow tp 2 at most.
@@ -119,6 +139,61 @@ TEST_P(SequenceParallel, EveryScheduleAndRecomputationMatchesTheSingleProcessRun
   }
 }
 
+// The trace of one oases step at tp 2: every instance issues each all-gather and
+// reduce-scatter of sequence parallelism (and the head's all-reduces) exactly once, replays
+// none, and no collective of an instance starts while that instance recomputes.
+using SequenceParallelTrace = SequenceParallel;  // one architecture suffices for the trace
+
+TEST_P(SequenceParallelTrace, OasesShowsEachGatherAndScatterOnceAndNoneReplayed) {
+  const fs::path trace_file = dir_ / "traced" / "trace.json";
+  const auto run = train(2, 1, 1, "traced",
+                         "parallel.schedule=oases parallel.sequence_parallel=true train.steps=1 "
+                         "log.trace=" +
+                             oases::testing::quoted(trace_file.string()),
+                         false);
+  ASSERT_TRUE(run.has_value());
+  std::ifstream in(trace_file);
+  ASSERT_TRUE(in.good()) << trace_file;
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<std::string, int> expected;
+  for (int mb = 0; mb < 2; ++mb) {
+    for (int sb = 0; sb < 2; ++sb) {
+      const std::string at = oases::testing::instance_suffix(mb, sb);
+      expected["RS fwd embedding" + at] = 1;
+      for (const std::string dir : {"fwd ", "bwd "}) {
+        expected["AG " + dir + "head_in" + at] = 1;
+        for (int l = 0; l < 2; ++l)
+          for (const std::string block : {"attention", "mlp"}) {
+            expected["AG " + dir + block + "_in." + std::to_string(l) + at] = 1;
+            expected["RS " + dir + block + "." + std::to_string(l) + at] = 1;
+          }
+      }
+      expected["AR bwd head" + at] = 1;
+      expected["AR-max fwd head" + at] = 1;
+      expected["AR fwd head_softmax" + at] = 1;
+    }
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    std::map<std::string, int> counted;
+    const auto comm = oases::testing::lane_events(trace, rank, 1);
+    for (const auto& e : comm) ++counted[e.name];
+    EXPECT_EQ(counted, expected) << "rank " << rank;
+    for (const auto& r : oases::testing::lane_events(trace, rank, 0)) {
+      if (r.name.rfind("R ", 0) != 0) continue;
+      const auto instance = oases::testing::instance_of(r.name);
+      ASSERT_TRUE(instance.has_value()) << r.name;
+      for (const auto& c : comm)
+        if (oases::testing::instance_of(c.name) == instance && c.start_us > r.start_us &&
+            c.start_us < r.start_us + r.duration_us)
+          ADD_FAILURE() << "rank " << rank << ": " << c.name << " begins during " << r.name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpt, SequenceParallelTrace, ::testing::Values("gpt"),
+                         [](const ::testing::TestParamInfo<std::string>& test) {
+                           return test.param;
+                         });
 INSTANTIATE_TEST_SUITE_P(Architectures, SequenceParallel, ::testing::Values("gpt", "llama", "bert"),
                          [](const ::testing::TestParamInfo<std::string>& test) {
                            return test.param;

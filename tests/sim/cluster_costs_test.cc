@@ -164,5 +164,62 @@ TEST(ClusterCosts, ExpertBucketsReduceOverTheirExpertReplicas) {
   EXPECT_FALSE(cluster_costs(cluster, program, {.layout = {.tp = 1, .dp = 2}, .rank = 1}).shared_link);
 }
 
+// Sequence parallelism: a layer's gathers and reduce-scatters run over its tensor-parallel
+// pair, each priced as the collective it is; a ring's all-gather and reduce-scatter together
+// cost what its all-reduce costs, so the layers' collectives cost what they cost without it.
+TEST(ClusterCosts, SequenceParallelGathersAndScattersCostTheirAllReduces) {
+  const ClusterSpec cluster = two_by_two();
+  comm::ShapeOnlyCommunicator tp(1, 2, "tp");
+  model::ModelOptions options;
+  options.tp = &tp;
+  options.micro_batch = 4;
+  options.shape_only = true;
+  const model::Model plain(two_layers(), options);
+  options.sequence_parallel = true;
+  const model::Model sharded(two_layers(), options);
+  const ClusterRank at{.layout = {.tp = 2, .dp = 2}, .rank = 1};
+  // Every collective of the layers, forward and backward, summed.
+  const auto layer_collectives = [&](const ops::Program& program) {
+    const CostModel costs = cluster_costs(cluster, program, at);
+    double total = 0;
+    for (std::size_t i = 0; i < program.segments.size(); ++i) {
+      const ops::SegmentShape& s = program.segments[i];
+      if (s.layer < 0) continue;
+      schedule::Instruction start{schedule::Op::start};
+      start.segment = static_cast<int>(i);
+      for (const auto direction : {schedule::Direction::forward, schedule::Direction::backward}) {
+        start.direction = direction;
+        const bool has = direction == schedule::Direction::forward ? s.has_forward_collective
+                                                                   : s.has_backward_collective;
+        if (!has) continue;
+        EXPECT_EQ(segment_group(program, static_cast<int>(i),
+                                direction == schedule::Direction::forward, at.layout, 1),
+                  (DeviceGroup{0, 1}))
+            << s.name;
+        total += costs.collective(start);
+      }
+    }
+    return total;
+  };
+  const double without = layer_collectives(plain.program());
+  EXPECT_GT(without, 0.0);
+  EXPECT_NEAR(layer_collectives(sharded.program()), without, 1e-12 * without);
+  // One gather, against the function it is made of.
+  const ops::Program& program = sharded.program();
+  int shard = -1;
+  for (std::size_t i = 0; i < program.segments.size(); ++i)
+    if (program.segments[i].name == "mlp_in.1") shard = static_cast<int>(i);
+  ASSERT_GE(shard, 0);
+  schedule::Instruction gather{schedule::Op::start};
+  gather.segment = shard;
+  EXPECT_DOUBLE_EQ(
+      cluster_costs(cluster, program, at).collective(gather),
+      collective_seconds(
+          cluster, CollectiveOp::all_gather,
+          4.0 * static_cast<double>(
+                    program.segments[static_cast<std::size_t>(shard)].forward_collective_elements),
+          {0, 1}, {{0, 1}, {2, 3}}));
+}
+
 }  // namespace
 }  // namespace oases::sim
