@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.."
 # The compared schedules, in table order, each with the --set overrides that select it.
 # The -sb4 and -sp rows are run only when named in SCHEDULES.
 schedule_names=(megatron-full megatron-none fine-grained cross-pass oases oases-interleaved oases-deferred)
-extra_names=(oases-sb4 oases-interleaved-sb4 oases-deferred-sb4 megatron-full-sp megatron-none-sp oases-sp oases-sp-sb4)
+extra_names=(oases-sb4 oases-interleaved-sb4 oases-deferred-sb4 megatron-full-sp megatron-none-sp oases-sp oases-sp-sb4 oases-sp-partitioned)
 declare -A schedule_sets=(
   [megatron-full]='parallel.schedule="megatron" parallel.recompute="full"'
   [megatron-none]='parallel.schedule="megatron" parallel.recompute="none"'
@@ -44,6 +44,8 @@ declare -A schedule_sets=(
   [megatron-none-sp]='parallel.schedule="megatron" parallel.recompute="none" parallel.sequence_parallel=true'
   [oases-sp]='parallel.schedule="oases" parallel.sub_batches=2 parallel.sequence_parallel=true'
   [oases-sp-sb4]='parallel.schedule="oases" parallel.sub_batches=4 parallel.sequence_parallel=true'
+  # The regions' kept inputs as 1/tp slices, gathered back before their backward.
+  [oases-sp-partitioned]='parallel.schedule="oases" parallel.sub_batches=2 parallel.sequence_parallel=true parallel.partition_activations=true'
 )
 
 IFS=', ' read -r -a selected <<<"${SCHEDULES:-${schedule_names[*]}}"
