@@ -32,14 +32,13 @@ std::vector<std::string> tied_params(const plan::RunPlan& plan, const comm::Comm
 
 }  // namespace
 
-void GradientReduction::sum_token_shard_gradients(int bucket) const {
+void GradientReduction::sum_token_shard_gradients(int bucket) {
   for (const model::Model::TokenShardGradients& g : model_.token_shard_gradients()) {
     if (g.bucket != bucket || g.group->size() == 1) continue;
     std::int64_t elements = 0;
     for (const auto& [begin, end] : g.ranges) elements += end - begin;
     const Tensor& grads = model_.grads();
-    Buffer staging(static_cast<std::size_t>(elements) * dtype_size(grads.dtype()), grads.device());
-    const Tensor packed = staging.tensor(grads.dtype(), {elements});
+    const Tensor packed = shard_staging_.tensor(grads.dtype(), {elements});
     std::int64_t at = 0;
     for (const auto& [begin, end] : g.ranges) {
       kernels::copy(grads.view(begin, {end - begin}), packed.view(at, {end - begin}));
@@ -64,7 +63,18 @@ GradientReduction::GradientReduction(const plan::RunPlan& plan, model::Model& mo
     : plan_(plan),
       model_(model),
       groups_(std::move(groups)),
-      tied_params_(tied_params(plan, *groups_.tp, *groups_.pp)) {}
+      tied_params_(tied_params(plan, *groups_.tp, *groups_.pp)) {
+  // Staging for the largest group of shard gradients, allocated once (no step allocates).
+  std::int64_t most = 0;
+  for (const model::Model::TokenShardGradients& g : model_.token_shard_gradients()) {
+    std::int64_t elements = 0;
+    for (const auto& [begin, end] : g.ranges) elements += end - begin;
+    most = std::max(most, elements);
+  }
+  if (most > 0)
+    shard_staging_ = Buffer(static_cast<std::size_t>(most) * dtype_size(model_.grads().dtype()),
+                            model_.grads().device());
+}
 
 comm::Communicator* GradientReduction::group_of(const model::Model::Bucket& b) const {
   // An MoE layer's experts split over expert-parallel ranks: the ranks with the same experts.

@@ -18,6 +18,7 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "core/buffer.h"
 #include "model/model.h"
 #include "plan/run_plan.h"
 #include "train/zero_sharding.h"
@@ -64,7 +65,7 @@ class GradientReduction {
   // its ranks formed from their own tokens (model::Model::token_shard_gradients), so that they
   // are whole before group_of's reduction; a no-op for other buckets. Collective (blocking)
   // over those groups, called by every rank in the same bucket order.
-  void sum_token_shard_gradients(int bucket) const;
+  void sum_token_shard_gradients(int bucket);
 
   // Names of the parameters both the first and the last pipeline stage hold, in layout order,
   // where this rank is one of those stages (empty otherwise, and when pp = 1).
@@ -96,6 +97,8 @@ class GradientReduction {
   // Names of the parameters both the first and the last pipeline stage hold, in layout order
   // (empty when pp = 1).
   std::vector<std::string> tied_params_;
+  // Packs the shard gradients of one bucket and group for their sum (sized for the largest).
+  Buffer shard_staging_;
 };
 
 }  // namespace oases::train
