@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <ctime>
+#include <thread>
 #include <utility>
 
 namespace oases {
@@ -61,7 +63,15 @@ std::optional<FileLock> FileLock::try_take(const std::string& path, const std::s
     const int err = errno;
     if (err == EINTR) continue;
     if (err == EWOULDBLOCK) {
-      if (holder) *holder = read_holder(fd);
+      // The holder writes its line right after taking the lock; a run started at the same
+      // moment can look in between, so give it a moment to say who it is.
+      if (holder) {
+        *holder = read_holder(fd);
+        for (int attempt = 0; holder->empty() && attempt < 50; ++attempt) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          *holder = read_holder(fd);
+        }
+      }
       ::close(fd);
       return std::nullopt;
     }
