@@ -228,8 +228,12 @@ int train_on_mpi_ranks(const oases::plan::RunConfig& config,
               static_cast<int>(config.parallel.pp * config.parallel.virtual_stages));
         }
         mesh.emplace(oases::comm::Mesh::create(
-            runtime, static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.dp),
-            static_cast<int>(config.parallel.pp), comm_options));
+            runtime,
+            oases::comm::MeshDegrees{static_cast<int>(config.parallel.tp),
+                                     static_cast<int>(config.parallel.cp),
+                                     static_cast<int>(config.parallel.dp),
+                                     static_cast<int>(config.parallel.pp)},
+            comm_options));
         mesh->add_expert_groups(static_cast<int>(config.parallel.ep), comm_options);
         summary = oases::train::run_training(run_config, options, *mesh);
       },
@@ -252,11 +256,13 @@ int run_train(const TrainArgs& args) {
     if (const int code = train_on_mpi_ranks(config, options, summary, world_rank); code != 0)
       return code;
   } else {
-    const auto ranks = config.parallel.tp * config.parallel.dp * config.parallel.pp;
+    const auto ranks =
+        config.parallel.tp * config.parallel.cp * config.parallel.dp * config.parallel.pp;
     OASES_CHECK(ranks == 1,
-                "parallel.tp = {}, dp = {}, pp = {} needs {} processes: launch with `mpirun -np "
-                "{} oases train ...`",
-                config.parallel.tp, config.parallel.dp, config.parallel.pp, ranks, ranks);
+                "parallel.tp = {}, cp = {}, dp = {}, pp = {} needs {} processes: launch with "
+                "`mpirun -np {} oases train ...`",
+                config.parallel.tp, config.parallel.cp, config.parallel.dp, config.parallel.pp,
+                ranks, ranks);
     oases::plan::RunConfig run_config = config;
     const oases::plan::Settings settings = oases::plan::parse_settings(config);
     if (settings.plan == oases::plan::LayerPlanSource::automatic)

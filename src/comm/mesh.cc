@@ -33,17 +33,28 @@ std::string valid_layouts(int world_size, int tp, int pp) {
   return text;
 }
 
-void check_layout(int world_size, int tp, int dp, int pp) {
-  OASES_CHECK(tp >= 1 && dp >= 1 && pp >= 1,
-              "parallel.tp = {}, parallel.dp = {}, parallel.pp = {}: each degree must be >= 1", tp,
-              dp, pp);
-  OASES_CHECK(static_cast<long long>(tp) * dp * pp == world_size,
-              "parallel.tp * parallel.dp * parallel.pp = {} * {} * {} = {} must equal the number "
-              "of processes, {}; launch {} processes (mpirun -np {}) or choose degrees whose "
-              "product is {}, e.g. {}",
-              tp, dp, pp, static_cast<long long>(tp) * dp * pp, world_size,
-              static_cast<long long>(tp) * dp * pp, static_cast<long long>(tp) * dp * pp,
-              world_size, valid_layouts(world_size, tp, pp));
+void check_layout(int world_size, MeshDegrees d) {
+  const auto [tp, cp, dp, pp] = d;
+  OASES_CHECK(tp >= 1 && cp >= 1 && dp >= 1 && pp >= 1,
+              "parallel.tp = {}, parallel.cp = {}, parallel.dp = {}, parallel.pp = {}: each "
+              "degree must be >= 1",
+              tp, cp, dp, pp);
+  const long long product = static_cast<long long>(tp) * cp * dp * pp;
+  if (cp == 1)
+    OASES_CHECK(product == world_size,
+                "parallel.tp * parallel.dp * parallel.pp = {} * {} * {} = {} must equal the "
+                "number of processes, {}; launch {} processes (mpirun -np {}) or choose degrees "
+                "whose product is {}, e.g. {}",
+                tp, dp, pp, product, world_size, product, product, world_size,
+                valid_layouts(world_size, tp, pp));
+  OASES_CHECK(product == world_size,
+              "parallel.tp * parallel.cp * parallel.dp * parallel.pp = {} * {} * {} * {} = {} "
+              "must equal the number of processes, {}; launch {} processes (mpirun -np {}) or "
+              "choose degrees whose product is {}{}",
+              tp, cp, dp, pp, product, world_size, product, product, world_size,
+              world_size % (tp * cp * pp) == 0
+                  ? fmt::format(", e.g. parallel.dp = {}", world_size / (tp * cp * pp))
+                  : std::string());
 }
 
 // The group of `world`'s ranks that share `color`, ordered by `key`, as an MpiCommunicator.
@@ -58,32 +69,41 @@ std::unique_ptr<Communicator> split(int color, int key, const char* name,
 
 }  // namespace
 
-Mesh::Mesh(int tp, int dp, int pp, int world_rank)
-    : tp_(tp),
-      dp_(dp),
-      pp_(pp),
-      tp_rank_(world_rank % tp),
-      dp_rank_(world_rank / tp % dp),
-      pp_rank_(world_rank / (tp * dp)) {}
+Mesh::Mesh(MeshDegrees d, int world_rank)
+    : tp_(d.tp),
+      cp_(d.cp),
+      dp_(d.dp),
+      pp_(d.pp),
+      tp_rank_(world_rank % d.tp),
+      cp_rank_(world_rank / d.tp % d.cp),
+      dp_rank_(world_rank / (d.tp * d.cp) % d.dp),
+      pp_rank_(world_rank / (d.tp * d.cp * d.dp)) {}
 
 Mesh::Mesh(Mesh&&) noexcept = default;
 Mesh& Mesh::operator=(Mesh&&) noexcept = default;
 Mesh::~Mesh() = default;
 
-Mesh Mesh::create(const MpiRuntime& runtime, int tp, int dp, int pp,
+Mesh Mesh::create(const MpiRuntime& runtime, MeshDegrees degrees,
                   MpiCommunicatorOptions options) {
-  check_layout(runtime.world_size(), tp, dp, pp);
-  Mesh mesh(tp, dp, pp, runtime.world_rank());
+  check_layout(runtime.world_size(), degrees);
+  Mesh mesh(degrees, runtime.world_rank());
   OASES_ASSERT(mesh.world_rank() == runtime.world_rank(), "mesh coordinates of world rank {}",
                runtime.world_rank());
+  const int tp = degrees.tp, cp = degrees.cp, replicas = degrees.cp * degrees.dp;
+  const int replica = mesh.replica_rank();
   // Every rank makes the same calls in the same order: each constructor is collective.
   mesh.world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", options);
-  mesh.tp_group_ = split(mesh.dp_rank_ + dp * mesh.pp_rank_, mesh.tp_rank_, "tp", options);
-  mesh.dp_group_ = split(mesh.tp_rank_ + tp * mesh.pp_rank_, mesh.dp_rank_, "dp", options);
-  mesh.pp_group_ = split(mesh.tp_rank_ + tp * mesh.dp_rank_, mesh.pp_rank_, "pp", options);
+  mesh.tp_group_ = split(replica + replicas * mesh.pp_rank_, mesh.tp_rank_, "tp", options);
+  mesh.dp_group_ = split(mesh.tp_rank_ + tp * mesh.pp_rank_, replica, "dp", options);
+  mesh.pp_group_ = split(mesh.tp_rank_ + tp * replica, mesh.pp_rank_, "pp", options);
+  if (cp > 1)
+    mesh.cp_group_ = split(mesh.tp_rank_ + tp * (mesh.dp_rank_ + degrees.dp * mesh.pp_rank_),
+                           mesh.cp_rank_, "cp", options);
+  else
+    mesh.cp_group_ = std::make_unique<SelfCommunicator>("cp");
   mesh.self_ = std::make_unique<SelfCommunicator>("tp-self");
-  // Colours must be distinct across (dp, pp) and the sub-group within the TP group.
-  const int outer = mesh.dp_rank_ + dp * mesh.pp_rank_;
+  // Colours must be distinct across (replica, pp) and the sub-group within the TP group.
+  const int outer = replica + replicas * mesh.pp_rank_;
   for (int span = 2; span <= tp; ++span) {
     if (tp % span != 0) continue;
     for (int stride = 1; stride < span; ++stride) {
@@ -103,11 +123,12 @@ Mesh Mesh::create(const MpiRuntime& runtime, int tp, int dp, int pp,
   return mesh;
 }
 
-Mesh Mesh::single_process(int tp, int dp, int pp) {
-  check_layout(1, tp, dp, pp);
-  Mesh mesh(1, 1, 1, 0);
+Mesh Mesh::single_process(int tp, int dp, int pp, int cp) {
+  check_layout(1, MeshDegrees{tp, cp, dp, pp});
+  Mesh mesh(MeshDegrees{}, 0);
   mesh.world_ = std::make_unique<SelfCommunicator>("world");
   mesh.tp_group_ = std::make_unique<SelfCommunicator>("tp");
+  mesh.cp_group_ = std::make_unique<SelfCommunicator>("cp");
   mesh.dp_group_ = std::make_unique<SelfCommunicator>("dp");
   mesh.pp_group_ = std::make_unique<SelfCommunicator>("pp");
   mesh.self_ = std::make_unique<SelfCommunicator>("tp-self");
@@ -115,8 +136,8 @@ Mesh Mesh::single_process(int tp, int dp, int pp) {
 }
 
 void Mesh::add_expert_groups(int ep, MpiCommunicatorOptions options) {
-  OASES_ASSERT(ep >= 1 && dp_ % ep == 0, "expert parallelism over {} of {} data-parallel ranks", ep,
-               dp_);
+  OASES_ASSERT(ep >= 1 && dp_ % ep == 0 && (ep == 1 || cp_ == 1),
+               "expert parallelism over {} of {} data-parallel ranks (cp = {})", ep, dp_, cp_);
   ep_ = ep;
   if (ep == 1) return;
   ep_group_ = split(tp_rank_ + tp_ * (dp_rank_ / ep + dp_ / ep * pp_rank_), dp_rank_ % ep, "ep",

@@ -305,6 +305,26 @@ void copy(const Tensor& src, const Tensor& dst) {
   if (src.raw() != dst.raw() && src.nbytes() > 0) std::memmove(dst.raw(), src.raw(), src.nbytes());
 }
 
+void copy_matrix(const Tensor& src, const Tensor& dst) {
+  const TimedSection timed(TimeCategory::elementwise);
+  common_dtype("copy_matrix", {&src, &dst});
+  OASES_ASSERT(src.ndim() == 2 && src.shape() == dst.shape() && src.stride(1) == 1 &&
+                   dst.stride(1) == 1,
+               "copy_matrix of a {}-dimensional [{}, {}] view into [{}, {}]", src.ndim(),
+               src.dim(0), src.ndim() > 1 ? src.dim(1) : 0, dst.dim(0),
+               dst.ndim() > 1 ? dst.dim(1) : 0);
+  OASES_ASSERT(src.device().is_cpu() && dst.device().is_cpu(),
+               "copy_matrix: no kernel for tensors on {}", src.device().str());
+  const std::size_t row_bytes = static_cast<std::size_t>(src.dim(1)) * src.element_size();
+  const auto* from = static_cast<const std::byte*>(src.raw());
+  auto* to = static_cast<std::byte*>(dst.raw());
+  const auto from_stride = static_cast<std::size_t>(src.stride(0)) * src.element_size();
+  const auto to_stride = static_cast<std::size_t>(dst.stride(0)) * dst.element_size();
+  for (std::int64_t r = 0; r < src.dim(0); ++r)
+    std::memcpy(to + static_cast<std::size_t>(r) * to_stride,
+                from + static_cast<std::size_t>(r) * from_stride, row_bytes);
+}
+
 void zero(const Tensor& t) {
   const TimedSection timed(TimeCategory::elementwise);
   check_contiguous("zero", {&t});

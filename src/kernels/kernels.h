@@ -172,6 +172,9 @@ void reduce_into(const Tensor& in, const Tensor& inout, Reduction op);
 
 // dst := src, same dtype and element count (contiguous; ranges may not overlap partially).
 void copy(const Tensor& src, const Tensor& dst);
+// dst := src for matrices of the same shape whose rows may be strided (column blocks of wider
+// matrices); they must not overlap.
+void copy_matrix(const Tensor& src, const Tensor& dst);
 // t := 0
 void zero(const Tensor& t);
 

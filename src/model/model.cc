@@ -128,6 +128,22 @@ void check_options(const ModelConfig& config, const ModelOptions& o) {
     previous_end = range.end;
   }
   const int T = o.tp->size();
+  if (const int cp = o.cp ? o.cp->size() : 1; cp > 1) {
+    OASES_CHECK(config.seq_len % (2 * cp) == 0,
+                "parallel.cp = {}: model.seq_len = {} must be divisible by 2 x cp = {}", cp,
+                config.seq_len, 2 * cp);
+    OASES_CHECK(o.cp_kind == ops::ContextParallelKind::all_to_all,
+                "parallel.cp_kind = \"ring\" is not available yet; use \"all-to-all\"");
+    OASES_CHECK(config.heads / T % cp == 0 && config.kv_head_count() / T % cp == 0,
+                "parallel.cp_kind = \"all-to-all\": the heads ({}) and kv heads ({}) of each "
+                "tensor-parallel rank must be divisible by parallel.cp = {}",
+                config.heads / T, config.kv_head_count() / T, cp);
+    OASES_CHECK(!config.has_moe() && !o.sequence_parallel &&
+                    std::ranges::all_of(o.layer_degrees, [&](int k) { return k == T; }),
+                "parallel.cp = {} is not available with mixture-of-experts layers, sequence "
+                "parallelism or layers below parallel.tp yet",
+                cp);
+  }
   if (o.layer_degrees.empty()) return;
   OASES_CHECK(static_cast<std::int64_t>(o.layer_degrees.size()) == config.layers,
               "parallel.plan gives {} layer degrees; the model has model.layers = {}",
@@ -237,8 +253,13 @@ class Model::Builder final : public ParamResolver {
         moe_rows = std::max(moe_rows, ops::moe_slot_rows(moe.router, moe.group_tokens,
                                                          placement(l).rows * c_.seq_len));
       }
+    // The all-to-alls of context-parallel attention move this rank's q|k|v.
+    const std::int64_t cp_elements =
+        ctx.cp_size() > 1
+            ? ctx.tokens() * (c_.heads + 2 * c_.kv_head_count()) * c_.head_dim() / ctx.tp_size()
+            : 0;
     ctx.slots.allocate(m_.arena_, ctx.dtype, ctx.slot_lanes, ctx.sub_batches, ctx.tokens(), c_.hidden,
-                       reshards, moe_rows);
+                       reshards, moe_rows, cp_elements);
   }
 
   void add_embedding() {
@@ -299,7 +320,15 @@ class Model::Builder final : public ParamResolver {
                       layer == 0 ? whole_placement() : placement(layer - 1));
     scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(attention, c_.seq_len));
     const int attention_id = next_id();
-    m_.segments_.push_back(ops::make_attention_segment(attention_id, context(), std::move(attention)));
+    if (context().cp_size() > 1) {
+      ops::append_all_to_all_attention_segments(attention_id, context(), std::move(attention),
+                                                m_.segments_);
+      // The output projection reads the layer's parameters the projections resolved.
+      groups_of_segment_[attention_id + 2] = groups_of_segment_[attention_id];
+    } else {
+      m_.segments_.push_back(
+          ops::make_attention_segment(attention_id, context(), std::move(attention)));
+    }
     // The segment whose checkpoint holds r_layer, the residual of the MLP's epilogue.
     const int residual_id = sequence_parallel() ? attention_id - 1 : attention_id;
 
@@ -556,7 +585,10 @@ Model::Model(const ModelConfig& config, ModelOptions options)
   // The model's own workspace for its 16-bit products (primitives and scratch kept between
   // calls), unless the caller shares one.
   if (!context_.gemm16.workspace) context_.gemm16.workspace = kernels::make_gemm16_workspace();
-  context_.seq_len = config_.seq_len;
+  context_.cp = options_.cp ? options_.cp : &self_cp_;
+  context_.cp_kind = options_.cp_kind;
+  context_.full_seq_len = config_.seq_len;
+  context_.seq_len = config_.seq_len / context_.cp_size();
   context_.hidden = config_.hidden;
   context_.rows = options_.micro_batch / options_.sub_batches;
   context_.sub_batches = options_.sub_batches;

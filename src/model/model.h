@@ -59,6 +59,13 @@ struct ModelOptions {
   // The expert-parallel group (null: a group of one, every expert here); it must outlive the
   // model.
   comm::Communicator* ep = nullptr;
+  // The context-parallel group (null: a group of one): its ranks split every sequence
+  // (ops::ModelContext::cp), and attention sees the whole sequence by cp_kind. REQUIRES under
+  // more than one rank: seq_len divisible by 2 x its size; with all_to_all, the heads and kv
+  // heads of each tensor-parallel rank divisible by it; no MoE layer, no sequence parallelism,
+  // every layer at tp's degree.
+  comm::Communicator* cp = nullptr;
+  ops::ContextParallelKind cp_kind = ops::ContextParallelKind::all_to_all;
   // One degree per layer (each dividing tp's size; empty: all at tp's size); degrees below it
   // take their groups from tp_subgroup.
   std::vector<int> layer_degrees;
@@ -100,6 +107,8 @@ class Model {
   DType dtype() const { return options_.dtype; }  // parameters and gradients
   // Activations and the parameters' working copy: dtype(), or the mixed-precision type.
   DType activation_dtype() const { return context_.dtype; }
+  // What the segments share (sizes, groups, the context-parallel token split).
+  const ops::ModelContext& context() const { return context_; }
   bool mixed_precision() const { return options_.mixed_precision.has_value(); }
   const kernels::Gemm16Paths& gemm16_paths() const { return options_.gemm16; }
   std::int64_t micro_batch() const { return options_.micro_batch; }
@@ -199,6 +208,7 @@ class Model {
   ops::ModelContext context_;
   ops::LossAccumulator loss_;
   comm::SelfCommunicator self_ep_{"ep"};
+  comm::SelfCommunicator self_cp_{"cp"};
   std::vector<ops::MoeLayerStats> moe_stats_;  // sized once: segments hold pointers into it
   std::vector<std::unique_ptr<ops::Segment>> segments_;
   ops::Program program_;

@@ -19,6 +19,14 @@ class CoreAttention {
       : shape_(shape), cos_(rope_cos), sin_(rope_sin) {}
 
   const kernels::AttentionShape& shape() const { return shape_; }
+  // The same attention over `heads` query and `kv_heads` key/value heads (a split of these
+  // heads: the same head width, rotary tables and mask).
+  CoreAttention with_heads(std::int64_t heads, std::int64_t kv_heads) const {
+    kernels::AttentionShape shape = shape_;
+    shape.heads = heads;
+    shape.kv_heads = kv_heads;
+    return CoreAttention(shape, cos_, sin_);
+  }
   std::int64_t qkv_width() const { return (shape_.heads + 2 * shape_.kv_heads) * shape_.head_dim; }
   std::int64_t out_width() const { return shape_.heads * shape_.head_dim; }
   std::int64_t lse_elements() const { return shape_.batch * shape_.heads * shape_.seq; }

@@ -8,7 +8,8 @@
 namespace oases::ops {
 
 void Slots::allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std::int64_t tokens,
-                     std::int64_t hidden, bool with_reshard, std::int64_t moe_rows) {
+                     std::int64_t hidden, bool with_reshard, std::int64_t moe_rows,
+                     std::int64_t cp_elements) {
   OASES_ASSERT(lanes >= 1 && sub_batches >= 1, "{} lanes of {} sub-batches", lanes, sub_batches);
   lanes_ = lanes;
   sub_batches_ = sub_batches;
@@ -17,6 +18,11 @@ void Slots::allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std:
     for (int s = 0; s < kSlotCount; ++s) {
       const auto slot = static_cast<Slot>(s);
       if (slot == Slot::reshard && !with_reshard) continue;
+      if (slot >= Slot::cp_send) {
+        if (cp_elements > 0)
+          slots[static_cast<std::size_t>(s)] = arena.allocate(dtype, {cp_elements});
+        continue;
+      }
       if (slot >= Slot::moe_send) {
         if (moe_rows == 0) continue;
         if (slot == Slot::moe_residual) {

@@ -7,6 +7,7 @@
 #include "comm/communicator.h"
 #include "core/tensor.h"
 #include "kernels/kernels.h"
+#include "core/named_values.h"
 #include "ops/activation_store.h"
 
 #include <algorithm>
@@ -43,8 +44,15 @@ enum class Slot : std::uint8_t {
   moe_grad_recv,
   moe_routing,
   moe_residual,
+  // Context parallelism of the all-to-all kind ([cp_elements] each, present only then): what
+  // the attention's all-to-alls send and receive in forward (q|k|v rows, then the core's
+  // output), and the same for the gradients in backward.
+  cp_send,
+  cp_recv,
+  cp_grad_send,
+  cp_grad_recv,
 };
-inline constexpr int kSlotCount = 11;
+inline constexpr int kSlotCount = 15;
 
 // An MoE row ends in a header of 8 bytes, held as raw bits whatever the element type (a 16-bit
 // float cannot hold a position): the token's global sample and position as int32 (sample -1:
@@ -60,10 +68,12 @@ inline constexpr std::int64_t moe_routing_elements(DType dtype) {
 class Slots {
  public:
   // Allocates every slot (reshard only when `with_reshard`, the MoE slots only when moe_rows
-  // > 0) for `lanes` x `sub_batches` (micro-batch lane, sub-batch) pairs of `tokens` x `hidden`
-  // elements of `dtype` from `arena`.
+  // > 0, the context-parallel ones only when cp_elements > 0) for `lanes` x `sub_batches`
+  // (micro-batch lane, sub-batch) pairs of `tokens` x `hidden` elements of `dtype` from
+  // `arena`.
   void allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std::int64_t tokens,
-                std::int64_t hidden, bool with_reshard, std::int64_t moe_rows = 0);
+                std::int64_t hidden, bool with_reshard, std::int64_t moe_rows = 0,
+                std::int64_t cp_elements = 0);
   // [tokens, hidden]: the slot of micro-batch `micro_batch` (lane micro_batch % lanes) and
   // sub-batch `sub_batch`.
   const Tensor& at(Slot slot, int micro_batch, int sub_batch) const;
@@ -72,6 +82,14 @@ class Slots {
   int lanes_ = 1, sub_batches_ = 1;
   std::vector<std::array<Tensor, kSlotCount>> per_lane_;  // [lane * sub_batches + sub_batch]
 };
+
+// How attention sees the whole sequence under context parallelism (parallel.cp_kind).
+enum class ContextParallelKind : std::uint8_t {
+  all_to_all,  // DeepSpeed-Ulysses: sequence shards traded for head shards around core attention
+  ring,        // key/value blocks passed around the context-parallel group
+};
+inline constexpr std::array<NamedValue<ContextParallelKind>, 2> kContextParallelKindNames{{
+    {ContextParallelKind::all_to_all, "all-to-all"}, {ContextParallelKind::ring, "ring"}}};
 
 // Sub-groups of the tensor-parallel group by (span, stride): see comm::Mesh::tp_subgroup.
 using TpSubgroups = std::function<comm::Communicator&(int span, int stride)>;
@@ -94,7 +112,7 @@ struct ModelContext {
   DType dtype = DType::f32;
   // The matrix-product paths of 16-bit linear layers (ignored in f32 and f64).
   kernels::Gemm16Paths gemm16;
-  std::int64_t seq_len = 0;
+  std::int64_t seq_len = 0;  // tokens of each sequence on this rank (see cp below)
   std::int64_t hidden = 0;
   std::int64_t rows = 0;        // sequences per sub-batch
   int sub_batches = 1;
@@ -110,6 +128,13 @@ struct ModelContext {
   // The expert-parallel group: the ranks among which MoE layers dispatch tokens (a group of one:
   // every expert on this rank).
   comm::Communicator* ep = nullptr;
+  // Context parallelism: the cp group (a group of one: none) splits every sequence of
+  // full_seq_len tokens into 2 x cp equal chunks; this rank holds chunks cp_rank and
+  // 2 cp - 1 - cp_rank of each sequence, in that order, so seq_len = full_seq_len / cp is the
+  // tokens per sequence here and position() maps them to their place in the sequence.
+  comm::Communicator* cp = nullptr;
+  ContextParallelKind cp_kind = ContextParallelKind::all_to_all;
+  std::int64_t full_seq_len = 0;
   std::uint64_t seed = 0;            // keys dropout masks
   double dropout = 0;                // probability at every residual-stream dropout site
   double attention_dropout = 0;      // probability of dropping an attention probability
@@ -120,6 +145,22 @@ struct ModelContext {
   Tensor scratch_narrow, scratch_wide;
 
   std::int64_t tokens() const { return rows * seq_len; }
+  int cp_size() const { return cp ? cp->size() : 1; }
+  int cp_rank() const { return cp ? cp->rank() : 0; }
+  // Tokens of one context-parallel chunk (the whole sequence without context parallelism).
+  std::int64_t chunk_len() const { return cp_size() > 1 ? full_seq_len / (2 * cp_size()) : seq_len; }
+  // The chunk of the sequence that context-parallel rank `rank` holds `half`-th (0 or 1).
+  std::int64_t chunk_of(int rank, int half) const {
+    return half == 0 ? rank : 2 * cp_size() - 1 - rank;
+  }
+  // Position within its sequence of this rank's local position `local` (in [0, seq_len)).
+  std::int64_t position(std::int64_t local) const { return position_of(cp_rank(), local); }
+  // The same for context-parallel rank `rank`.
+  std::int64_t position_of(int rank, std::int64_t local) const {
+    if (cp_size() == 1) return local;
+    const std::int64_t chunk = chunk_len();
+    return chunk_of(rank, static_cast<int>(local / chunk)) * chunk + local % chunk;
+  }
   int tp_rank() const { return tp->rank(); }
   int tp_size() const { return tp->size(); }
   const Tensor& slot(Slot s, int micro_batch, int sub_batch) const {

@@ -37,17 +37,26 @@ class EmbeddingSegment final : public Segment {
   void forward(const StepContext& ctx, int mb, int sb) override {
     const Tensor out = m_.slot(Slot::output, mb, sb);
     const bool adds_once = m_.tp_rank() == 0;
-    kernels::embedding_forward(tokens(ctx, mb, sb), spec_.word.value,
-                               adds_once ? spec_.positions.value : Tensor(), out, m_.rows,
-                               m_.seq_len, spec_.vocab);
+    const Tensor positions = adds_once ? spec_.positions.value : Tensor();
+    for_each_chunk([&](std::int64_t first, std::int64_t count, std::int64_t rows,
+                       std::int64_t position) {
+      kernels::embedding_forward(tokens(ctx, mb, sb) + first, spec_.word.value,
+                                 positions_from(positions, position, count),
+                                 out.rows(first, first + rows * count), rows, count, spec_.vocab);
+    });
     if (adds_once && spec_.token_types.present())
       kernels::embedding_accumulate(type_ids_.data(), spec_.token_types.value, out, m_.rows,
                                     m_.seq_len);
   }
   void backward(const StepContext& ctx, int mb, int sb, int) override {
     const Tensor d_out = m_.slot(Slot::output_grad, mb, sb);
-    kernels::embedding_backward(d_out, tokens(ctx, mb, sb), spec_.word.grad,
-                                spec_.positions.grad, m_.rows, m_.seq_len, spec_.vocab);
+    for_each_chunk([&](std::int64_t first, std::int64_t count, std::int64_t rows,
+                       std::int64_t position) {
+      kernels::embedding_backward(d_out.rows(first, first + rows * count),
+                                  tokens(ctx, mb, sb) + first, spec_.word.grad,
+                                  positions_from(spec_.positions.grad, position, count), rows,
+                                  count, spec_.vocab);
+    });
     if (spec_.token_types.present())
       kernels::embedding_accumulate_backward(d_out, type_ids_.data(), spec_.token_types.grad,
                                              m_.rows, m_.seq_len);
@@ -61,6 +70,21 @@ class EmbeddingSegment final : public Segment {
   // segment reads it, and its backward all-gathers the output's gradient back.
   CollectiveKind reduction() const {
     return m_.sequence_parallel ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
+  }
+  // Calls run(first token, tokens per sequence, sequences, first position) over the sub-batch:
+  // once for all of it, or under context parallelism once per sequence and chunk (whose
+  // positions are those of the chunk in its sequence).
+  template <class Run>
+  void for_each_chunk(const Run& run) const {
+    if (m_.cp_size() == 1) return run(std::int64_t{0}, m_.seq_len, m_.rows, std::int64_t{0});
+    const std::int64_t chunk = m_.chunk_len();
+    for (std::int64_t row = 0; row < m_.rows; ++row)
+      for (std::int64_t local = 0; local < m_.seq_len; local += chunk)
+        run(row * m_.seq_len + local, chunk, std::int64_t{1}, m_.position(local));
+  }
+  // The rows of a position table from `position` on (empty stays empty).
+  static Tensor positions_from(const Tensor& table, std::int64_t position, std::int64_t count) {
+    return table.empty() ? table : table.rows(position, position + count);
   }
   const std::int32_t* tokens(const StepContext& ctx, int mb, int sb) const {
     return ctx.micro_batches[static_cast<std::size_t>(mb)].inputs + sb * m_.tokens();

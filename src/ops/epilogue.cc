@@ -35,23 +35,28 @@ namespace {
 
 // Calls run(first, count, batch, seq, slice) for the runs of tokens [first_token, first_token +
 // tokens) of `rows` sequences whose first is global sample `sample`: one call over whole
-// sequences when the range is all of them, else one per sequence the range touches (positions
+// sequences when the range is all of them, else one per sequence (and, under context
+// parallelism, per chunk) the range touches (positions
 // [p0, p1) of it, with the slice's position offset p0), so that dropout masks follow each
 // token's global sample and position. `first` counts from first_token.
 template <class Run>
-void for_each_token_run(std::int64_t seq, std::int64_t rows, std::int64_t sample,
+void for_each_token_run(const ModelContext& model, std::int64_t rows, std::int64_t sample,
                         std::int64_t first_token, std::int64_t tokens, const Run& run) {
-  if (first_token == 0 && tokens == rows * seq) {
+  const std::int64_t seq = model.seq_len;
+  if (first_token == 0 && tokens == rows * seq && model.cp_size() == 1) {
     run(std::int64_t{0}, tokens, rows, seq, kernels::DropoutSlice{sample, 0, 0});
     return;
   }
   OASES_ASSERT(first_token >= 0 && first_token + tokens <= rows * seq,
                "tokens [{}, {}) outside {} sequences of {}", first_token, first_token + tokens,
                rows, seq);
+  // A run ends at a sequence's end and, under context parallelism, at a chunk's.
+  const std::int64_t chunk = model.chunk_len();
   for (std::int64_t t = first_token; t < first_token + tokens;) {
-    const std::int64_t row = t / seq, end = std::min(first_token + tokens, (row + 1) * seq);
+    const std::int64_t row = t / seq, local = t - row * seq;
+    const std::int64_t end = std::min(first_token + tokens, row * seq + (local / chunk + 1) * chunk);
     run(t - first_token, end - t, std::int64_t{1}, end - t,
-        kernels::DropoutSlice{sample + row, 0, t - row * seq});
+        kernels::DropoutSlice{sample + row, 0, model.position(local)});
     t = end;
   }
 }
@@ -84,7 +89,7 @@ void ResidualEpilogue::forward(const ModelContext& model, const StepContext& ctx
   const Tensor sum = post_norm ? kept.sum : out;
   OASES_ASSERT(spec_.residual_segment >= 0 || !spec_.bias.present(),
                "an epilogue without a residual has no bias");
-  for_each_token_run(model.seq_len, rows, sample, first_token, tokens,
+  for_each_token_run(model, rows, sample, first_token, tokens,
                      [&](std::int64_t first, std::int64_t count, std::int64_t batch,
                          std::int64_t seq, const kernels::DropoutSlice& slice) {
                        const Tensor in = input.rows(first, first + count);
@@ -100,7 +105,7 @@ void ResidualEpilogue::forward(const ModelContext& model, const StepContext& ctx
   if (!post_norm) return;
   spec_.post_norm.forward(sum, out, kept.statistics);
   if (spec_.dropout_after_norm)
-    for_each_token_run(model.seq_len, rows, sample, first_token, tokens,
+    for_each_token_run(model, rows, sample, first_token, tokens,
                        [&](std::int64_t first, std::int64_t count, std::int64_t batch,
                            std::int64_t seq, const kernels::DropoutSlice& slice) {
                          const Tensor o = out.rows(first, first + count);
@@ -118,7 +123,7 @@ void ResidualEpilogue::backward(const ModelContext& model, const StepContext& ct
   const double p = probability(model, ctx);
   if (spec_.post_norm.present()) {
     if (spec_.dropout_after_norm)
-      for_each_token_run(model.seq_len, rows, sample, first_token, tokens,
+      for_each_token_run(model, rows, sample, first_token, tokens,
                          [&](std::int64_t first, std::int64_t count, std::int64_t batch,
                              std::int64_t seq, const kernels::DropoutSlice& slice) {
                            const Tensor d = d_out.rows(first, first + count);
@@ -128,7 +133,7 @@ void ResidualEpilogue::backward(const ModelContext& model, const StepContext& ct
     spec_.post_norm.backward(d_out, kept.sum, kept.statistics, d_sum);
     kernels::copy(d_sum, d_out);  // now d(a): the residual's gradient
   }
-  for_each_token_run(model.seq_len, rows, sample, first_token, tokens,
+  for_each_token_run(model, rows, sample, first_token, tokens,
                      [&](std::int64_t first, std::int64_t count, std::int64_t batch,
                          std::int64_t seq, const kernels::DropoutSlice& slice) {
                        kernels::bias_dropout_add_backward(

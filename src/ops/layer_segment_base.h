@@ -123,6 +123,9 @@ class LayerSegment : public Segment {
     shape.layer = layer_.layer;
     shape.recomputable = true;
     shape.checkpoint_replicated = layer_.at.degree > 1;
+    if (const int residual = layer_.epilogue.spec().residual_segment;
+        residual >= 0 && residual != id() - 1)
+      shape.residual_of = residual;
     shape.input_from_peer = layer_.input_from_peer;
     if (layer_.input_from_peer)
       shape.received_bytes = static_cast<std::size_t>(tokens_ * m_.hidden) * dtype_size(m_.dtype);

@@ -140,6 +140,30 @@ struct MoeSpec : LayerSpec {
 std::unique_ptr<Segment> make_sequence_shard_segment(int id, const ModelContext& model,
                                                      LayerSpec spec);
 
+// Context parallelism of the all-to-all kind (DeepSpeed-Ulysses; ops/all_to_all_attention.cc
+// has the shapes): an attention layer as three segments, so that both all-to-alls over the
+// context-parallel group are schedule instructions:
+//
+//   attention.l        r = epilogue(previous output)  [checkpoint]
+//                      -> [pre-norm] -> QKV  [internals]
+//                      -> head group j's q|k|v columns of this rank's tokens to cp rank j
+//                                                                        | A2A (cp)
+//   attention_core.l   head group r's q|k|v of every token of the sequences, rotated
+//                      [checkpoint] -> core attention  [core]
+//                      -> each rank's tokens of the output to it         | A2A (cp)
+//   attention_out.l    this rank's tokens of every group's output  [checkpoint]
+//                      -> out-projection (row-parallel)                  | AR (layer group)
+//
+// Backward runs the other way: the out-projection's input gradient goes back to the head
+// groups (A2A), attention runs back and each rank's q|k|v gradient goes home (A2A), the
+// projections run back into the input's partial gradient (AR over the layer's group) and the
+// layer's pre-norm and epilogue back. The MLP's residual is attention.l's checkpoint. The
+// buffers are Slot::cp_send / cp_recv (forward) and cp_grad_send / cp_grad_recv (backward),
+// each of at least tokens x (q|k|v width of this tensor-parallel rank) elements.
+void append_all_to_all_attention_segments(int first_id, const ModelContext& model,
+                                          AttentionSpec spec,
+                                          std::vector<std::unique_ptr<Segment>>& segments);
+
 // Backward scratch the segments of a spec need beyond [tokens, hidden] (elements).
 std::int64_t scratch_wide_elements(const AttentionSpec& spec, std::int64_t seq_len);
 std::int64_t scratch_wide_elements(const MlpSpec& spec, std::int64_t seq_len);

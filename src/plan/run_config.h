@@ -27,6 +27,15 @@ struct ParallelConfig {
   // MLP are; 1 keeps every expert whole on each rank, which runs the MoE layers (their
   // attention included) at tensor-parallel degree 1.
   std::int64_t expert_tp = 0;
+  // Context parallelism: every sequence is split over cp ranks (each holds chunks i and
+  // 2cp - 1 - i of 2cp equal chunks, so causal attention work is balanced); the mesh orders tp
+  // fastest, then cp, then dp, then pp, and gradients are summed over cp x dp.
+  std::int64_t cp = 1;
+  // How attention sees the whole sequence under cp > 1: "all-to-all" (DeepSpeed-Ulysses: an
+  // all-to-all trades sequence shards for head shards before core attention and back after it;
+  // heads and kv heads per tensor-parallel rank must divide by cp) or "ring" (key/value blocks
+  // passed around the cp group).
+  std::string cp_kind = "all-to-all";
   // Pipeline schedule when pp > 1: "1f1b", "gpipe" or "interleaved" (schedule/pipeline.h;
   // "zero-bubble" and "2bw" are not available yet).
   std::string pipeline = "1f1b";

@@ -47,6 +47,7 @@ model::ModelOptions RunPlan::model_options(int stage) const {
   o.seed = static_cast<std::uint64_t>(config.train.seed);
   o.layer_degrees = layer_degrees;
   o.sequence_parallel = sequence_parallel;
+  o.cp_kind = settings.context_parallel;
   o.layer_ranges = pipeline.stage_ranges(stage);
   o.pageable_grads = zero.stage >= 2;
   o.pageable_params = zero.stage >= 3;
@@ -82,6 +83,7 @@ namespace {
 MeshPlan mesh_plan(const RunConfig& config, int rank) {
   MeshPlan mesh;
   mesh.tp = static_cast<int>(config.parallel.tp);
+  mesh.cp = static_cast<int>(config.parallel.cp);
   mesh.dp = static_cast<int>(config.parallel.dp);
   mesh.pp = static_cast<int>(config.parallel.pp);
   mesh.ep = static_cast<int>(config.parallel.ep);
@@ -124,7 +126,7 @@ LossScalingPlan loss_scaling_of(const OptimConfig& t, Precision precision) {
 // partitions: the data-parallel replicas' every step (not under local SGD), or the replicas of
 // a layer below the tensor-parallel degree.
 bool buckets_summed_over_ranks(const RunPlan& p) {
-  if (p.mesh.dp > 1 && !p.local_sgd) return true;
+  if (p.mesh.replicas() > 1 && !p.local_sgd) return true;
   return std::ranges::any_of(p.layer_degrees, [&](int degree) { return degree < p.mesh.tp; });
 }
 

@@ -40,15 +40,20 @@
 
 namespace oases::plan {
 
-// The mesh of ranks (parallel.tp, dp, pp, ep) and where this rank sits in it, laid out as
-// comm::Mesh lays it out: world rank = tp_rank + tp * (dp_rank + dp * pp_rank).
+// The mesh of ranks (parallel.tp, cp, dp, pp, ep) and where this rank sits in it, laid out as
+// comm::Mesh lays it out: world rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank)).
+// The cp x dp ranks of one (tp_rank, pp_rank) hold the same parameters (replicas): gradients
+// are summed and ZeRO partitions over them; the cp ranks of one replica read the same samples.
 struct MeshPlan {
-  int tp = 1, dp = 1, pp = 1, ep = 1;
+  int tp = 1, cp = 1, dp = 1, pp = 1, ep = 1;
   int rank = 0;  // world rank
-  int world() const { return tp * dp * pp; }
+  int world() const { return tp * cp * dp * pp; }
+  int replicas() const { return cp * dp; }
   int tp_rank() const { return rank % tp; }
-  int dp_rank() const { return rank / tp % dp; }
-  int pp_rank() const { return rank / (tp * dp); }
+  int cp_rank() const { return rank / tp % cp; }
+  int dp_rank() const { return rank / (tp * cp) % dp; }
+  int replica_rank() const { return rank / tp % replicas(); }
+  int pp_rank() const { return rank / (tp * cp * dp); }
   int ep_rank() const { return dp_rank() % ep; }
 };
 

@@ -107,6 +107,8 @@ Settings parse_settings(const RunConfig& c) {
   s.activation_compression =
       kCompressionWords.parse(c.parallel.activation_compression, "parallel.activation_compression");
   s.offload = parse_named_value<Offload>(kOffloadNames, c.parallel.offload, "parallel.offload");
+  s.context_parallel = parse_named_value<ops::ContextParallelKind>(
+      ops::kContextParallelKindNames, c.parallel.cp_kind, "parallel.cp_kind");
   s.optimizer = parse_named_value<optim::OptimizerKind>(optim::kOptimizerNames, c.train.optimizer,
                                                         "train.optimizer");
   s.precision = parse_named_value<Precision>(kPrecisionNames, c.train.precision, "train.precision");
@@ -145,6 +147,8 @@ std::vector<WordSetting> word_settings() {
       {"parallel.plan", keyword_words(kLayerPlanKeywords)},
       {"parallel.activation_compression", kCompressionWords.words()},
       {"parallel.offload", value_names<Offload>(kOffloadNames)},
+      {"parallel.cp_kind",
+       value_names<ops::ContextParallelKind>(ops::kContextParallelKindNames)},
       {"train.optimizer", value_names<optim::OptimizerKind>(optim::kOptimizerNames)},
       {"train.precision", value_names<Precision>(kPrecisionNames)},
       {"train.grad_reduce_dtype", value_names<GradReduceType>(kGradReduceTypeNames)},

@@ -11,6 +11,7 @@
 #include "core/named_values.h"
 #include "data/tokenizer.h"
 #include "kernels/gemm16_paths.h"
+#include "ops/context.h"
 #include "ops/program.h"
 #include "optim/optimizer.h"
 #include "plan/run_config.h"
@@ -89,6 +90,7 @@ struct Settings {
   // parallel.activation_compression ("none", "bf16", "fp8"); "none": empty.
   std::optional<ops::ActivationEncoding> activation_compression;
   Offload offload = Offload::none;
+  ops::ContextParallelKind context_parallel = ops::ContextParallelKind::all_to_all;  // cp_kind
   optim::OptimizerKind optimizer = optim::OptimizerKind::adamw;  // train.optimizer
   Precision precision = Precision::fp32;
   GradReduceType grad_reduce = GradReduceType::fp32;

@@ -154,6 +154,42 @@ void check_experts(const RunConfig& c, const Settings& s) {
   }
 }
 
+void check_context_parallelism(const RunConfig& c, const Settings& s) {
+  const ParallelConfig& p = c.parallel;
+  OASES_CHECK(p.cp >= 1, "parallel.cp = {} must be at least 1 (1: no context parallelism)", p.cp);
+  if (p.cp == 1) return;
+  OASES_CHECK(c.model.seq_len % (2 * p.cp) == 0,
+              "parallel.cp = {}: model.seq_len = {} must be divisible by 2 x cp = {} (each rank "
+              "holds two of 2 x cp equal chunks of every sequence); valid: a cp with 2 x cp "
+              "dividing {}",
+              p.cp, c.model.seq_len, 2 * p.cp, c.model.seq_len);
+  if (s.context_parallel == ops::ContextParallelKind::ring)
+    throw UserError(fmt::format(
+        "parallel.cp_kind = \"ring\" is not available yet; valid: \"all-to-all\" (heads and "
+        "kv heads per tensor-parallel rank divisible by parallel.cp = {})",
+        p.cp));
+  const std::int64_t heads = c.model.heads / p.tp, kv_heads = c.model.kv_head_count() / p.tp;
+  OASES_CHECK(heads % p.cp == 0 && kv_heads % p.cp == 0,
+              "parallel.cp_kind = \"all-to-all\" trades sequence shards for head shards: the "
+              "heads ({}) and kv heads ({}) of each tensor-parallel rank (model.heads = {}, "
+              "kv heads = {}, parallel.tp = {}) must both be divisible by parallel.cp = {}; valid "
+              "cp: a common divisor of {} and {}",
+              heads, kv_heads, c.model.heads, c.model.kv_head_count(), p.tp, p.cp, heads,
+              kv_heads);
+  const auto not_yet = [&](bool ok, std::string_view setting) {
+    OASES_CHECK(ok,
+                "parallel.cp = {} is not available with {} yet; valid: parallel.cp = 1, or "
+                "leave that setting at its default",
+                p.cp, setting);
+  };
+  not_yet(!c.model.has_moe(), fmt::format("model.moe_every = {}", c.model.moe_every));
+  not_yet(!p.sequence_parallel, "parallel.sequence_parallel = true");
+  not_yet(s.plan == LayerPlanSource::uniform, fmt::format("parallel.plan = \"{}\"", p.plan));
+  not_yet(p.dp_sync_every == 1, fmt::format("parallel.dp_sync_every = {}", p.dp_sync_every));
+  not_yet(s.pipeline != schedule::PipelineKind::two_bw,
+          fmt::format("parallel.pipeline = \"{}\"", p.pipeline));
+}
+
 void check_communication(const RunConfig& c) {
   const ParallelConfig& p = c.parallel;
   OASES_CHECK(p.memory_limit >= 0, "parallel.memory_limit = {} must be >= 0 bytes", p.memory_limit);
@@ -400,6 +436,7 @@ void RunConfig::validate() const {
   const Settings settings = parse_settings(*this);
   check_mesh_and_layers(*this, settings);
   check_experts(*this, settings);
+  check_context_parallelism(*this, settings);
   check_communication(*this);
   check_batches(*this, settings);
   check_optimization(*this, settings);

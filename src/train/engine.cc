@@ -48,6 +48,7 @@ model::ModelOptions model_options(const plan::RunPlan& plan, comm::Communicator&
   o.gemm16 = paths;
   o.tp = &tp;
   o.ep = groups.ep;
+  o.cp = groups.cp;
   o.tp_subgroup = groups.tp_subgroup;
   if (offload != nullptr && plan.zero.offload == plan::Offload::optimizer_and_params)
     o.allocate_params = [offload](std::size_t bytes) { return offload->allocate(bytes); };
@@ -60,8 +61,8 @@ std::int64_t size_of(const comm::Communicator* group) { return group ? group->si
 void check_group_sizes(const ParallelGroups& groups, std::int64_t tp, std::int64_t dp,
                        std::int64_t pp) {
   OASES_CHECK(size_of(groups.tp) == tp && size_of(groups.dp) == dp && size_of(groups.pp) == pp,
-              "the engine's groups (tp {}, dp {}, pp {} ranks) do not match parallel.tp = {}, "
-              "dp = {}, pp = {}",
+              "the engine's groups (tp {}, replicas {}, pp {} ranks) do not match parallel.tp = "
+              "{}, cp x dp = {}, pp = {}",
               size_of(groups.tp), size_of(groups.dp), size_of(groups.pp), tp, dp, pp);
 }
 
@@ -70,15 +71,16 @@ void check_group_sizes(const ParallelGroups& groups, std::int64_t tp, std::int64
 int rank_of_groups(const plan::RunConfig& config, const ParallelGroups& groups) {
   const auto rank_of = [](const comm::Communicator* group) { return group ? group->rank() : 0; };
   const auto& p = config.parallel;
-  check_group_sizes(groups, p.tp, p.dp, p.pp);
+  check_group_sizes(groups, p.tp, p.cp * p.dp, p.pp);
   return rank_of(groups.tp) +
-         static_cast<int>(p.tp) * (rank_of(groups.dp) + static_cast<int>(p.dp) * rank_of(groups.pp));
+         static_cast<int>(p.tp) *
+             (rank_of(groups.dp) + static_cast<int>(p.cp * p.dp) * rank_of(groups.pp));
 }
 
 // `plan`, once the groups are checked against its mesh: before anything is built over them.
 const plan::RunPlan& checked_against_groups(const plan::RunPlan& plan,
                                             const ParallelGroups& groups) {
-  check_group_sizes(groups, plan.mesh.tp, plan.mesh.dp, plan.mesh.pp);
+  check_group_sizes(groups, plan.mesh.tp, plan.mesh.replicas(), plan.mesh.pp);
   return plan;
 }
 
@@ -265,7 +267,9 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
                                    std::int64_t first_sample, double loss_scale,
                                    ops::HeadMode mode, const runtime::StepHooks& hooks,
                                    StepResult* result) {
-  const std::int64_t mb = model_.micro_batch(), seq = config().model.seq_len;
+  const std::int64_t mb = model_.micro_batch(), seq = model_.context().seq_len;
+  inputs = own_tokens(inputs, sequences, own_inputs_);
+  targets = own_tokens(targets, sequences, own_targets_);
   OASES_ASSERT(first_sample >= 0, "negative sample index");
   OASES_ASSERT(sequences > 0 && sequences % mb == 0, "{} sequences is not a multiple of the "
                "micro-batch {}", sequences, mb);
@@ -293,8 +297,20 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
   return model_.loss().sum;
 }
 
+const std::int32_t* TrainingEngine::own_tokens(const std::int32_t* tokens, std::int64_t sequences,
+                                              std::vector<std::int32_t>& own) const {
+  const ops::ModelContext& m = model_.context();
+  if (tokens == nullptr || m.cp_size() == 1) return tokens;
+  own.resize(static_cast<std::size_t>(sequences * m.seq_len));
+  for (std::int64_t row = 0; row < sequences; ++row)
+    for (std::int64_t local = 0; local < m.seq_len; ++local)
+      own[static_cast<std::size_t>(row * m.seq_len + local)] =
+          tokens[row * m.full_seq_len + m.position(local)];
+  return own.data();
+}
+
 void TrainingEngine::check_loss_count(const std::int32_t* targets, std::int64_t sequences) {
-  const std::int64_t tokens = sequences * config().model.seq_len;
+  const std::int64_t tokens = sequences * model_.context().seq_len;
   // Only the last pipeline stage holds the head and so the loss.
   OASES_ASSERT(!model_.has_head() || model_.loss().count == counted_targets(targets, tokens),
                "loss counted {} targets, expected {}", model_.loss().count,
@@ -302,10 +318,13 @@ void TrainingEngine::check_loss_count(const std::int32_t* targets, std::int64_t 
 }
 
 TrainingEngine::TargetCounts TrainingEngine::count_targets(const std::int32_t* targets) {
-  const std::int64_t local_tokens = local_batch() * config().model.seq_len;
+  // Under context parallelism a rank counts the targets of its own chunks.
+  const std::int64_t local_tokens = local_batch() * model_.context().seq_len;
   const bool masked = config().model.masked_lm();
   TargetCounts counts;
-  counts.local = static_cast<double>(masked ? counted_targets(targets, local_tokens) : local_tokens);
+  counts.local = static_cast<double>(
+      masked ? counted_targets(own_tokens(targets, local_batch(), own_targets_), local_tokens)
+             : local_tokens);
   counts.global = masked ? sum_over(*dp_, counts.local)
                          : static_cast<double>(config().train.global_batch * config().model.seq_len);
   return counts;

@@ -84,7 +84,9 @@ struct StepResult {
 // The process groups this rank trains in. Null members mean a group of one.
 struct ParallelGroups {
   comm::Communicator* tp = nullptr;  // tensor-parallel group: shards of one model replica
-  comm::Communicator* dp = nullptr;  // data-parallel group: replicas that average gradients
+  // The replicas that sum gradients: the cp x dp ranks of comm::Mesh::dp_group (the
+  // data-parallel group when cp = 1).
+  comm::Communicator* dp = nullptr;
   // Sub-groups of tp (comm::Mesh::tp_subgroup) and the groups that sum the gradients of a
   // layer's replicas (comm::Mesh::tp_replica_group), needed when parallel.plan runs a layer at
   // a degree below tp.
@@ -99,6 +101,9 @@ struct ParallelGroups {
   // gradients are summed (comm::Mesh::expert_replica_group).
   comm::Communicator* ep = nullptr;
   std::function<comm::Communicator&(int degree)> expert_replicas = nullptr;
+  // Context-parallel group (parallel.cp > 1; null otherwise): the ranks that split every
+  // sequence of the same samples (comm::Mesh::cp_group).
+  comm::Communicator* cp = nullptr;
 };
 
 class TrainingEngine {
@@ -119,7 +124,10 @@ class TrainingEngine {
   // Sequences of each global batch this data-parallel rank processes, and the global index of
   // its first one.
   std::int64_t local_batch() const { return plan_.local_batch(); }
-  std::int64_t first_local_sample() const { return dp_->rank() * local_batch(); }
+  // The context-parallel ranks of a replica group read the same samples.
+  std::int64_t first_local_sample() const {
+    return dp_->rank() / plan_.mesh.cp * local_batch();
+  }
 
   model::Model& model() { return model_; }
   // fp16's loss scaler (the identity for other precisions); its state goes into checkpoints.
@@ -244,6 +252,11 @@ class TrainingEngine {
   // InternalError unless the last run's loss counted every target of `sequences` local rows
   // (on the stage that holds the head).
   void check_loss_count(const std::int32_t* targets, std::int64_t sequences);
+  // Context parallelism: this rank's chunks of `sequences` rows of tokens ([sequences,
+  // seq_len] -> [sequences, seq_len / cp], ops::ModelContext::position), copied into `own`;
+  // `tokens` itself (null stays null) without it.
+  const std::int32_t* own_tokens(const std::int32_t* tokens, std::int64_t sequences,
+                                 std::vector<std::int32_t>& own) const;
   // A causal language model counts every target; a masked one only the masked positions,
   // which differ between data-parallel ranks (the global count is then summed over them).
   TargetCounts count_targets(const std::int32_t* targets);
@@ -315,6 +328,8 @@ class TrainingEngine {
   runtime::InstructionListener* listener_ = nullptr;
   LocalSgd local_sgd_;
   TwoBwSteps two_bw_;
+  // Context parallelism: this rank's chunks of the inputs and targets of the batch running.
+  std::vector<std::int32_t> own_inputs_, own_targets_;
 };
 
 // The optimizer's view of parameter `p` (this rank's shard): its place in the flat array, and

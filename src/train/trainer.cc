@@ -1182,7 +1182,8 @@ ParallelGroups parallel_groups(comm::Mesh& mesh) {
                         mesh.ep_size() > 1 ? &mesh.ep_group() : nullptr,
                         [&mesh](int degree) -> comm::Communicator& {
                           return mesh.expert_replica_group(degree);
-                        }};
+                        },
+                        mesh.cp_size() > 1 ? &mesh.cp_group() : nullptr};
 }
 
 TrainSummary run_training(const plan::RunConfig& config, const TrainOptions& options) {
