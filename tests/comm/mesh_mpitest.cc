@@ -56,11 +56,11 @@ TEST(Mesh, CoordinatesAndGroupsOfEveryLayout) {
 
     std::vector<std::int64_t> expected_tp, expected_dp, expected_pp, expected_world;
     for (int t = 0; t < tp; ++t)
-      expected_tp.push_back(mesh.world_rank_of(t, mesh.dp_rank(), mesh.pp_rank()));
+      expected_tp.push_back(mesh.world_rank_of(t, 0, mesh.dp_rank(), mesh.pp_rank()));
     for (int d = 0; d < dp; ++d)
-      expected_dp.push_back(mesh.world_rank_of(mesh.tp_rank(), d, mesh.pp_rank()));
+      expected_dp.push_back(mesh.world_rank_of(mesh.tp_rank(), 0, d, mesh.pp_rank()));
     for (int p = 0; p < pp; ++p)
-      expected_pp.push_back(mesh.world_rank_of(mesh.tp_rank(), mesh.dp_rank(), p));
+      expected_pp.push_back(mesh.world_rank_of(mesh.tp_rank(), 0, mesh.dp_rank(), p));
     for (int w = 0; w < runtime().world_size(); ++w) expected_world.push_back(w);
     EXPECT_EQ(members(mesh.tp_group()), expected_tp);
     EXPECT_EQ(members(mesh.dp_group()), expected_dp);
@@ -82,6 +82,35 @@ TEST(Mesh, FourRankLayoutsFromTheDesign) {
     EXPECT_EQ(members(mesh.dp_group()), (std::vector<std::int64_t>{r / 2 * 2, r / 2 * 2 + 1}));
     EXPECT_EQ(members(mesh.pp_group()), (std::vector<std::int64_t>{r % 2, r % 2 + 2}));
     EXPECT_EQ(mesh.pp_rank(), r / 2);
+  }
+}
+
+// Context parallelism between tp and dp: at tp 1 x cp 2 x dp 2 the cp pairs are {0,1} and
+// {2,3}; the replicas that sum gradients (dp_group) are all four, ordered by cp_rank + 2 dp_rank;
+// at tp 2 x cp 2 the cp pairs are {0,2} and {1,3}.
+TEST(Mesh, ContextParallelGroupsSitBetweenTensorAndDataParallel) {
+  if (runtime().world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  const int r = runtime().world_rank();
+  {
+    Mesh mesh = Mesh::create(runtime(), MeshDegrees{1, 2, 2, 1}, test_options());
+    EXPECT_EQ(mesh.cp_size(), 2);
+    EXPECT_EQ(mesh.dp_size(), 2);
+    EXPECT_EQ(mesh.cp_rank(), r % 2);
+    EXPECT_EQ(mesh.dp_rank(), r / 2);
+    EXPECT_EQ(mesh.world_rank_of(0, r % 2, r / 2, 0), r);
+    EXPECT_EQ(mesh.cp_group().name(), "cp");
+    EXPECT_EQ(members(mesh.cp_group()), (std::vector<std::int64_t>{r / 2 * 2, r / 2 * 2 + 1}));
+    EXPECT_EQ(members(mesh.dp_group()), (std::vector<std::int64_t>{0, 1, 2, 3}));
+    EXPECT_EQ(mesh.dp_group().rank(), mesh.replica_rank());
+    EXPECT_EQ(mesh.tp_group().size(), 1);
+    EXPECT_EQ(mesh.pp_group().size(), 1);
+  }
+  {
+    Mesh mesh = Mesh::create(runtime(), MeshDegrees{2, 2, 1, 1}, test_options());
+    EXPECT_EQ(members(mesh.tp_group()), (std::vector<std::int64_t>{r / 2 * 2, r / 2 * 2 + 1}));
+    EXPECT_EQ(members(mesh.cp_group()), (std::vector<std::int64_t>{r % 2, r % 2 + 2}));
+    EXPECT_EQ(members(mesh.dp_group()), (std::vector<std::int64_t>{r % 2, r % 2 + 2}));
+    EXPECT_EQ(members(mesh.tp_replica_group(1)), (std::vector<std::int64_t>{0, 1, 2, 3}));
   }
 }
 

@@ -1,0 +1,251 @@
+// Context parallelism (parallel.cp, cp_kind = "all-to-all"): `mpirun -np N oases train` with
+// every sequence split over cp ranks (chunks i and 2cp - 1 - i of each), attention computed by
+// head groups after an all-to-all and turned back after it, alone and with tensor, data and
+// pipeline parallelism, every recomputation policy and ZeRO, validation losses and the
+// predicted activation peak included, gives the losses, parameters and AdamW moments of the
+// single-process run in fp64 to relative 1e-10, for GPT, LLaMA (grouped-query attention) and
+// BERT (bidirectional attention, masked-LM targets), with dropout 0.1 on the residual stream
+// and on attention probabilities: masks are keyed by each token's global sample and position
+// and each head's global index, whichever rank holds them. Checkpoints move between cp layouts
+// and one process; evaluation and generation read a cp checkpoint. Settings it cannot honour
+// are refused with the valid values.
+#include "support/command.h"
+#include "support/runs.h"
+#include "support/trace_events.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Result = oases::testing::CommandResult;
+using oases::testing::expect_same_losses;
+using oases::testing::expect_same_tensors;
+using oases::testing::quoted;
+using oases::testing::run_command;
+
+struct Layout {
+  int tp = 1, cp = 1, dp = 1, pp = 1;
+  int ranks() const { return tp * cp * dp * pp; }
+};
+
+class ContextParallel : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = oases::testing::fresh_test_folder("context_parallel_runs");
+    const Result r = oases::testing::prepare_fortunes_data(OASES_BINARY, dir_);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // LLaMA: 8 query heads over 4 key/value heads, so that tp 2 x cp 2 leaves each rank's head
+    // group two query heads sharing one key/value head.
+    const bool llama = GetParam() == "llama";
+    std::ofstream(dir_ / "tiny.toml") << "[model]\narch = \"" << GetParam() << "\"\n"
+                                      << (llama ? "heads = 8\nkv_heads = 4\n" : "heads = 4\n")
+                                      << R"(layers = 2
+hidden = 64
+ffn_hidden = 96
+vocab_size = 263    # bytes + BERT's four special tokens + 3: padded under tp = 2
+seq_len = 24        # chunks of 6 tokens at cp 2, of 3 at cp 4
+dropout = 0.1
+attention_dropout = 0.1
+[train]
+precision = "fp64"  # the verification precision: every layout agrees to 1e-10
+micro_batch = 4
+global_batch = 8
+steps = 3
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 1
+threads = 0
+[data]
+path = ")" << (dir_ / "data").string() << "\"\n";
+    oases::testing::write_random_init(dir_ / "tiny.toml", dir_ / "init.safetensors", 99);
+  }
+
+  // Under mpirun when the layout has more than one rank; with `validate`, validation after
+  // every step.
+  std::optional<fs::path> train(Layout at, const std::string& name, const std::string& extra = "",
+                                bool validate = true) const {
+    const fs::path out = dir_ / name;
+    const Result r = run_command(
+        (at.ranks() > 1 ? oases::testing::mpirun_prefix(at.ranks()) : std::string()) +
+        OASES_BINARY + " train --quiet --config " + (dir_ / "tiny.toml").string() +
+        " --init-from " + (dir_ / "init.safetensors").string() +
+        " --set parallel.tp=" + std::to_string(at.tp) + " parallel.cp=" + std::to_string(at.cp) +
+        " parallel.dp=" + std::to_string(at.dp) + " parallel.pp=" + std::to_string(at.pp) +
+        " log.metrics=" + quoted((out / "metrics.jsonl").string()) +
+        " checkpoint.dir=" + quoted((out / "ckpt").string()) +
+        (validate ? " train.eval_every=1 train.eval_steps=1 " : " ") + extra);
+    EXPECT_EQ(r.exit_code, 0) << name << " " << extra << "\n" << r.output;
+    if (r.exit_code != 0) return std::nullopt;
+    return out;
+  }
+
+  // The run's last `steps` losses (and validation losses), the step-3 parameters and AdamW
+  // moments are the reference's; rank 0's measured activation peak is the one its schedule
+  // predicts.
+  void expect_matches(const fs::path& reference, const fs::path& run, const std::string& what,
+                      std::size_t steps = 3) const {
+    for (const char* metric : {"loss", "val_loss"}) {
+      const auto want = oases::testing::metric_values(reference / "metrics.jsonl", metric);
+      ASSERT_GE(want.size(), steps) << what;
+      expect_same_losses(oases::testing::metric_values(run / "metrics.jsonl", metric),
+                         {want.end() - static_cast<std::ptrdiff_t>(steps), want.end()},
+                         what + " " + metric);
+    }
+    nlohmann::json info;
+    std::ifstream(run / "run.json") >> info;
+    const auto predicted = info.at("memory_bytes").at("activations").get<double>();
+    for (const double peak :
+         oases::testing::metric_values(run / "metrics.jsonl", "peak_activation_bytes"))
+      EXPECT_EQ(peak, predicted) << what << " activation peak";
+    const fs::path last = fs::path("ckpt") / "step_3";
+    expect_same_tensors(run / last / "model.safetensors", reference / last / "model.safetensors",
+                        what);
+    expect_same_tensors(run / last / "optimizer.safetensors",
+                        reference / last / "optimizer.safetensors", what + " optimizer");
+  }
+
+  fs::path dir_;
+};
+
+TEST_P(ContextParallel, EveryLayoutAndScheduleMatchesTheSingleProcessRun) {
+  const auto reference = train({}, "single", "checkpoint.every=1 checkpoint.keep=0");
+  ASSERT_TRUE(reference.has_value());
+  const std::vector<std::tuple<std::string, Layout, std::string>> runs{
+      {"cp2", {1, 2, 1, 1}, ""},
+      {"cp2_full", {1, 2, 1, 1}, "parallel.schedule=megatron parallel.recompute=full"},
+      {"cp2_selective", {1, 2, 1, 1}, "parallel.schedule=megatron parallel.recompute=selective"},
+      {"cp2_cross_pass", {1, 2, 1, 1}, "parallel.schedule=cross-pass"},
+      {"cp4", {1, 4, 1, 1}, ""},
+      {"tp2_cp2_oases", {2, 2, 1, 1}, "parallel.schedule=oases"},
+      {"cp2_dp2_zero1", {1, 2, 2, 1}, "parallel.zero=1"},
+      {"cp2_dp2_zero3", {1, 2, 2, 1}, "parallel.zero=3"},
+      {"cp2_pp2_1f1b", {1, 2, 1, 2}, "parallel.pipeline=1f1b"},
+      {"cp2_pp2_zero_bubble", {1, 2, 1, 2}, "parallel.pipeline=zero-bubble"},
+  };
+  for (const auto& [name, layout, settings] : runs) {
+    const auto run = train(layout, name, "parallel.cp_kind=" + quoted("all-to-all") + " " + settings);
+    if (run) expect_matches(*reference, *run, GetParam() + " " + name);
+  }
+  // The single process's step-1 checkpoint resumes at tp 2 x cp 2.
+  fs::create_directories(dir_ / "resumed" / "ckpt");
+  fs::copy(*reference / "ckpt" / "step_1", dir_ / "resumed" / "ckpt" / "step_1",
+           fs::copy_options::recursive);
+  const auto resumed = train({2, 2, 1, 1}, "resumed", "checkpoint.resume=true");
+  if (resumed) expect_matches(*reference, *resumed, GetParam() + " resumed at tp 2 x cp 2", 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, ContextParallel, ::testing::Values("gpt", "llama", "bert"),
+                         [](const ::testing::TestParamInfo<std::string>& test) {
+                           return test.param;
+                         });
+
+// A checkpoint written at tp 2 x cp 2 resumes in one process with the losses and parameters of
+// the run that never stopped; `oases eval` reads it (in one process) with the loss of the
+// single-process checkpoint of the same step, and `oases generate` continues a prompt from it.
+using ContextParallelCheckpoints = ContextParallel;
+
+TEST_P(ContextParallelCheckpoints, ResumeEvaluateAndGenerateInOneProcess) {
+  const auto reference = train({}, "single", "checkpoint.every=1 checkpoint.keep=0", false);
+  ASSERT_TRUE(reference.has_value());
+  const auto source = train({2, 2, 1, 1}, "source",
+                            "parallel.schedule=oases checkpoint.every=1 checkpoint.keep=0", false);
+  ASSERT_TRUE(source.has_value());
+  fs::create_directories(dir_ / "resumed" / "ckpt");
+  fs::copy(*source / "ckpt" / "step_1", dir_ / "resumed" / "ckpt" / "step_1",
+           fs::copy_options::recursive);
+  const auto resumed = train({}, "resumed", "checkpoint.resume=true", false);
+  ASSERT_TRUE(resumed.has_value());
+  expect_same_losses(oases::testing::metric_values(*resumed / "metrics.jsonl", "loss"),
+                     [&] {
+                       const auto all =
+                           oases::testing::metric_values(*reference / "metrics.jsonl", "loss");
+                       return std::vector<double>(all.begin() + 1, all.end());
+                     }(),
+                     "resumed in one process");
+  const fs::path last = fs::path("ckpt") / "step_3";
+  expect_same_tensors(*resumed / last / "model.safetensors",
+                      *reference / last / "model.safetensors", "resumed in one process");
+
+  const auto eval_loss = [&](const fs::path& checkpoint) {
+    const Result r = run_command(std::string(OASES_BINARY) + " eval --json --checkpoint " +
+                                 checkpoint.string() + " --data " + (dir_ / "data").string() +
+                                 " --batches 2");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const auto json = nlohmann::json::parse(r.output.substr(r.output.find('{')), nullptr, false);
+    return json.is_discarded() ? -1.0 : json.at("loss").get<double>();
+  };
+  const double from_cp = eval_loss(*source / "ckpt" / "step_1");
+  const double from_single = eval_loss(*reference / "ckpt" / "step_1");
+  EXPECT_GT(from_single, 0);
+  EXPECT_NEAR(from_cp, from_single, 1e-10 * from_single);
+  const Result generated = run_command(std::string(OASES_BINARY) + " generate --checkpoint " +
+                                       (*source / "ckpt" / "step_1").string() +
+                                       " --prompt Hello --max-new-tokens 4 --temperature 0");
+  EXPECT_EQ(generated.exit_code, 0) << generated.output;
+  EXPECT_EQ(generated.output.rfind("Hello", 0), 0u) << generated.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(GptAndLlama, ContextParallelCheckpoints, ::testing::Values("gpt", "llama"),
+                         [](const ::testing::TestParamInfo<std::string>& test) {
+                           return test.param;
+                         });
+
+// Bad settings stop the run before it starts, naming the setting, the value and what is valid.
+TEST(ContextParallelSettings, AreRefusedWithTheValidValues) {
+  const fs::path dir = oases::testing::fresh_test_folder("context_parallel_settings");
+  const Result data = oases::testing::prepare_fortunes_data(OASES_BINARY, dir);
+  ASSERT_EQ(data.exit_code, 0) << data.output;
+  std::ofstream(dir / "tiny.toml") << R"([model]
+arch = "llama"
+layers = 2
+hidden = 64
+heads = 4
+kv_heads = 2
+ffn_hidden = 96
+vocab_size = 263
+seq_len = 20
+[train]
+micro_batch = 2
+global_batch = 2
+steps = 1
+threads = 1
+[data]
+path = ")" << (dir / "data").string()
+                                   << "\"\n";
+  const auto refused = [&](int ranks, const std::string& settings, const std::string& expected) {
+    const Result r = run_command(
+        (ranks > 1 ? oases::testing::mpirun_prefix(ranks) : std::string()) + OASES_BINARY +
+        " train --quiet --config " + (dir / "tiny.toml").string() + " --set " + settings +
+        " checkpoint.dir=" + quoted((dir / "out").string()));
+    EXPECT_NE(r.exit_code, 0) << settings;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << settings << "\n" << r.output;
+  };
+  // 2 x 3 chunks do not split 20 tokens evenly.
+  refused(3, "parallel.cp=3",
+          "model.seq_len = 20 must be divisible by 2 x cp = 6 (each rank holds two of 2 x cp "
+          "equal chunks");
+  // Two key/value heads over tp 2 leave one per rank: no all-to-all over 2 head groups.
+  refused(4, "parallel.cp=2 parallel.tp=2",
+          "the heads (2) and kv heads (1) of each tensor-parallel rank (model.heads = 4, kv heads "
+          "= 2, parallel.tp = 2) must both be divisible by parallel.cp = 2");
+  refused(2, "parallel.cp=2 parallel.cp_kind=" + quoted("ring"),
+          "parallel.cp_kind = \"ring\" is not available yet; valid: \"all-to-all\"");
+  refused(1, "parallel.cp_kind=" + quoted("ulysses"),
+          "parallel.cp_kind");
+  refused(1, "parallel.cp=2", "needs 2 processes");
+  refused(3, "parallel.cp=2", "must equal the number of processes, 3");
+  refused(1, "parallel.cp=0", "parallel.cp = 0 must be at least 1");
+}
+
+}  // namespace
