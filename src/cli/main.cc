@@ -899,8 +899,8 @@ struct SimulateArgs {
 // layout on this one host would divide MFU by (the ranks share the cores).
 oases::train::HostPeak host_peak_for(const oases::plan::RunConfig& config) {
   oases::comm::HostPlacement here = oases::comm::this_process_placement();
-  here.ranks_on_host =
-      static_cast<int>(config.parallel.tp * config.parallel.dp * config.parallel.pp);
+  here.ranks_on_host = static_cast<int>(config.parallel.tp * config.parallel.cp *
+                                        config.parallel.dp * config.parallel.pp);
   oases::train::use_threads(config.train.threads, here, here);
   oases::train::HostPeaks peaks = oases::train::host_peaks_from_environment();
   const oases::plan::RunPlan plan = oases::plan::make_run_plan(config);

@@ -30,7 +30,8 @@ namespace oases::cluster {
 sim::RankLayout rank_layout(const plan::RunPlan& plan) {
   sim::RankLayout layout;
   layout.tp = plan.mesh.tp;
-  layout.dp = plan.mesh.dp;
+  layout.dp = plan.mesh.replicas();
+  layout.cp = plan.mesh.cp;
   layout.pp = plan.mesh.pp;
   layout.ep = plan.mesh.ep;
   return layout;
@@ -105,6 +106,10 @@ void build_model(const plan::RunPlan& plan, const sim::RankLayout& layout, Shape
   if (layout.ep > 1) {
     r.ep = std::make_unique<comm::ShapeOnlyCommunicator>(layout.dp_rank(rank) % layout.ep, layout.ep, "ep");
     options.ep = r.ep.get();
+  }
+  if (layout.cp > 1) {
+    r.cp = std::make_unique<comm::ShapeOnlyCommunicator>(layout.dp_rank(rank) % layout.cp, layout.cp, "cp");
+    options.cp = r.cp.get();
   }
   ShapeOnlyRank* self = &r;
   options.tp_subgroup = [self, tp_rank, tp = layout.tp](int span, int stride) -> comm::Communicator& {
@@ -206,6 +211,7 @@ bool cluster_layout_is_symmetric(const plan::RunPlan& plan, const sim::ClusterSp
   std::vector<std::function<sim::DeviceGroup(int)>> kinds = {
       [&](int r) { return layout.tp_group(r); }, [&](int r) { return layout.dp_group(r); },
       [&](int r) { return layout.pp_group(r); }};
+  if (layout.cp > 1) kinds.push_back([&](int r) { return layout.cp_group(r); });
   if (layout.ep > 1) {
     kinds.push_back([&](int r) { return layout.ep_group(r); });
     kinds.push_back([&](int r) { return layout.expert_replica_group(r, layout.tp); });

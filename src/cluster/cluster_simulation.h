@@ -88,7 +88,7 @@ sim::RankLayout rank_layout(const plan::RunPlan& plan);
 // which refer to the program.
 struct ShapeOnlyRank {
   int rank = 0, stage = 0;
-  std::unique_ptr<comm::ShapeOnlyCommunicator> tp, ep;
+  std::unique_ptr<comm::ShapeOnlyCommunicator> tp, ep, cp;
   std::map<std::pair<int, int>, std::unique_ptr<comm::ShapeOnlyCommunicator>> subgroups;
   std::unique_ptr<model::Model> model;
   schedule::Schedule schedule;

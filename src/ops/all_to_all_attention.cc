@@ -151,6 +151,7 @@ class ProjectionSegment final : public LayerSegment {
   SegmentShape shape() const override {
     SegmentShape shape = layer_shape(kCheckpoint | kInternals);
     shape.forward_kind = CollectiveKind::all_to_all;
+    shape.context_parallel_ranks = split_.groups;
     shape.forward_collective_elements = tokens_ * split_.qkv_width();
     const std::int64_t n = tokens_, C = m_.hidden;
     SegmentWork& w = shape.work;
@@ -265,6 +266,7 @@ class CoreSegment final : public Segment {
     shape.backward_stages = 2;
     shape.forward_kind = shape.backward_kind = CollectiveKind::all_to_all;
     shape.collective_ranks = split_.groups;
+    shape.context_parallel_ranks = split_.groups;
     shape.degree = at_.degree;
     shape.layer = layer_;
     shape.recomputable = true;
@@ -409,6 +411,7 @@ class OutputSegment final : public Segment {
     shape.forward_kind = CollectiveKind::all_reduce;
     shape.backward_kind = CollectiveKind::all_to_all;
     shape.collective_ranks = spec_.at.degree;
+    shape.context_parallel_ranks = split_.groups;
     shape.degree = spec_.at.degree;
     shape.layer = spec_.layer;
     shape.recomputable = true;

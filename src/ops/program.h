@@ -128,6 +128,9 @@ struct SegmentShape {
   ReduceKind forward_reduce = ReduceKind::sum;
   // Ranks taking part in the segment's collectives (1: a group of one, nothing on the wire).
   int collective_ranks = 1;
+  // Context parallelism: the segment's all-to-alls run over the context-parallel group of this
+  // many ranks (rather than the expert-parallel group, or collective_ranks); 0: none.
+  int context_parallel_ranks = 0;
   // Sequence parallelism: the segment's all-gathers and reduce-scatters run over its own
   // layer's group (degree ranks), along the tokens, rather than joining groups of two degrees
   // as a reshard's all-gather does.

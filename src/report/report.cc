@@ -311,10 +311,13 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
       return v.is_null() ? from_config : v.get<std::int64_t>();
     };
     const plan::ParallelConfig p = run.config ? run.config->parallel : plan::ParallelConfig{};
-    const std::int64_t tp = number("tp", p.tp), dp = number("dp", p.dp), pp = number("pp", p.pp);
+    const std::int64_t tp = number("tp", p.tp), cp = number("cp", p.cp), dp = number("dp", p.dp),
+                       pp = number("pp", p.pp);
+    const std::int64_t ranks = world.is_null() ? tp * cp * dp * pp : world.get<std::int64_t>();
     std::string layout =
-        fmt::format("{} rank(s): tp {} x dp {} x pp {}",
-                    world.is_null() ? tp * dp * pp : world.get<std::int64_t>(), tp, dp, pp);
+        cp > 1 ? fmt::format("{} rank(s): tp {} x cp {} x dp {} x pp {} ({})", ranks, tp, cp, dp,
+                             pp, p.cp_kind)
+               : fmt::format("{} rank(s): tp {} x dp {} x pp {}", ranks, tp, dp, pp);
     if (run.config) {
       layout += fmt::format(", schedule {}, recompute {}", p.schedule, p.recompute);
       const json schedule = run_json_member(run, "schedule", json::value_t::object);

@@ -23,13 +23,14 @@ int finishing_segment(const ops::Program& program, int bucket) {
 
 // Which group of a rank a collective runs over: every rank's group of one kind runs it at once.
 struct GroupKind {
-  enum Type { ep, tp_subgroup, tp_replicas, expert_replicas } type = tp_subgroup;
+  enum Type { ep, cp, tp_subgroup, tp_replicas, expert_replicas } type = tp_subgroup;
   int a = 1, b = 1;  // tp_subgroup: (span, stride); replicas: (degree, unused)
   auto operator<=>(const GroupKind&) const = default;
 
   DeviceGroup group(const RankLayout& layout, int rank) const {
     switch (type) {
       case ep: return layout.ep_group(rank);
+      case cp: return layout.cp_group(rank);
       case tp_subgroup: return layout.tp_subgroup(rank, a, b);
       case tp_replicas: return layout.tp_replica_group(rank, a);
       case expert_replicas: return layout.expert_replica_group(rank, a);
@@ -70,7 +71,7 @@ GroupKind segment_group_kind(const ops::Program& program, int segment, bool forw
   const ops::CollectiveKind kind = forward ? shape.forward_kind : shape.backward_kind;
   switch (kind) {
     case ops::CollectiveKind::all_to_all:
-      return {GroupKind::ep};
+      return {shape.context_parallel_ranks > 0 ? GroupKind::cp : GroupKind::ep};
     case ops::CollectiveKind::reduce_scatter:
       break;
     case ops::CollectiveKind::all_gather: {

@@ -10,6 +10,9 @@
 //                       replicas of one shard of a layer at degree k, data-parallel ones
 //                       included)
 //   dp_group, pp_group  the dp (pp) ranks that share the other two coordinates
+//   cp_group            context parallelism: dp counts the cp x dp replicas (cp_rank fastest,
+//                       as comm::Mesh orders them), and the cp ranks of one data-parallel
+//                       replica (this rank's dp_rank / cp) split its sequences
 //   ep_group            the ep data-parallel ranks that share dp_rank / ep, tp_rank, pp_rank
 //   expert_replica_group(k)  every rank of the stage with this rank's dp_rank % ep and
 //                       tp_rank % k (the holders of the same shard of the same experts)
@@ -25,6 +28,7 @@ namespace oases::sim {
 
 struct RankLayout {
   int tp = 1, dp = 1, pp = 1, ep = 1;
+  int cp = 1;  // dividing dp, which counts every replica
 
   int world() const { return tp * dp * pp; }
   int rank_of(int tp_rank, int dp_rank, int pp_rank) const {
@@ -38,6 +42,7 @@ struct RankLayout {
   DeviceGroup tp_subgroup(int rank, int span, int stride) const;
   DeviceGroup tp_replica_group(int rank, int degree) const;
   DeviceGroup dp_group(int rank) const;
+  DeviceGroup cp_group(int rank) const;
   DeviceGroup pp_group(int rank) const;
   DeviceGroup ep_group(int rank) const;
   DeviceGroup expert_replica_group(int rank, int degree) const;

@@ -483,7 +483,9 @@ void price_all_to_alls(CostModel& costs, const ops::Program& program, const Link
     const auto elements = static_cast<double>(forward ? shape.forward_collective_elements
                                                       : shape.backward_collective_elements);
     return all_to_all_seconds(elements * static_cast<double>(program.set_element_bytes),
-                              shape.collective_ranks, link);
+                              shape.context_parallel_ranks > 0 ? shape.context_parallel_ranks
+                                                               : shape.collective_ranks,
+                              link);
   };
 }
 

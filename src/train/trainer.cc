@@ -393,6 +393,7 @@ void write_run_description(TrainingEngine& engine, comm::Mesh& mesh,
                         {"layer_degrees", degrees},
                         {"world_size", mesh.world_size()},
                         {"tp", mesh.tp_size()},
+                        {"cp", mesh.cp_size()},
                         {"dp", mesh.dp_size()},
                         {"pp", mesh.pp_size()},
                         {"threads", threads},
@@ -405,6 +406,7 @@ void write_run_description(TrainingEngine& engine, comm::Mesh& mesh,
                         {"activation_compression", config.parallel.activation_compression},
                         {"partition_activations", config.parallel.partition_activations},
                         {"sequence_parallel", engine.plan().sequence_parallel},
+                        {"cp_kind", config.parallel.cp_kind},
                         {"bucket_bytes", config.parallel.bucket_bytes},
                         {"zero", engine.zero_stage()},
                         {"offload", config.parallel.offload},
@@ -497,7 +499,12 @@ void log_layout(TrainingEngine& engine, comm::Mesh& mesh,
   const plan::RunPlan& plan = engine.plan();
   const plan::RunConfig& config = plan.config;
   const auto& m = config.model;
-  if (mesh.world_size() > 1)
+  if (mesh.world_size() > 1 && mesh.cp_size() > 1)
+    log_info("parallel: {} ranks = tp {} x cp {} x dp {} x pp {} (context parallelism: {}, "
+             "{} tokens of every sequence per rank, in chunks of {})",
+             mesh.world_size(), mesh.tp_size(), mesh.cp_size(), mesh.dp_size(), mesh.pp_size(),
+             config.parallel.cp_kind, m.seq_len / mesh.cp_size(), m.seq_len / (2 * mesh.cp_size()));
+  else if (mesh.world_size() > 1)
     log_info("parallel: {} ranks = tp {} x dp {} x pp {}", mesh.world_size(), mesh.tp_size(),
              mesh.dp_size(), mesh.pp_size());
   if (m.has_moe())

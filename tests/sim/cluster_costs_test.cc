@@ -221,5 +221,56 @@ TEST(ClusterCosts, SequenceParallelGathersAndScattersCostTheirAllReduces) {
           {0, 1}, {{0, 1}, {2, 3}}));
 }
 
+// Context parallelism (all-to-all): at tp 1 x cp 2 x dp 2 on two nodes of two devices, the cp
+// pairs are {0, 1} and {2, 3} (cp inside a node) and the gradients' replicas all four; each of
+// the attention's all-to-alls is priced over this rank's cp pair by its volume, the out
+// projection's all-reduce over its group of one costs nothing.
+TEST(ClusterCosts, ContextParallelAllToAllsRunOverTheCpGroup) {
+  const ClusterSpec cluster = two_by_two();
+  comm::ShapeOnlyCommunicator tp(0, 1, "tp"), cp(1, 2, "cp");
+  model::ModelOptions options;
+  options.tp = &tp;
+  options.cp = &cp;
+  options.micro_batch = 4;
+  options.shape_only = true;
+  const model::Model model(two_layers(), options);
+  const ops::Program& program = model.program();
+  const ClusterRank at{.layout = {.tp = 1, .dp = 4, .cp = 2}, .rank = 1};
+  EXPECT_EQ(at.layout.cp_group(3), (DeviceGroup{2, 3}));
+  EXPECT_EQ(at.layout.dp_group(1), (DeviceGroup{0, 1, 2, 3}));
+  const CostModel costs = cluster_costs(cluster, program, at);
+  const auto index = [&](const std::string& name) {
+    for (std::size_t i = 0; i < program.segments.size(); ++i)
+      if (program.segments[i].name == name) return static_cast<int>(i);
+    ADD_FAILURE() << "no segment " << name;
+    return 0;
+  };
+  // 4 sequences of 8 tokens, 4 per rank each: 16 tokens of q|k|v (3 x 32 columns) leave each
+  // rank, then 16 of the output (32 columns); backward moves them back.
+  const std::vector<std::tuple<std::string, bool, std::int64_t>> all_to_alls{
+      {"attention.1", true, 16 * 96}, {"attention_core.1", true, 16 * 32},
+      {"attention_core.1", false, 16 * 96}, {"attention_out.1", false, 16 * 32}};
+  for (const auto& [name, forward, elements] : all_to_alls) {
+    const int segment = index(name);
+    const ops::SegmentShape& s = program.segments[static_cast<std::size_t>(segment)];
+    EXPECT_EQ(s.context_parallel_ranks, 2) << name;
+    EXPECT_EQ(forward ? s.forward_collective_elements : s.backward_collective_elements, elements)
+        << name;
+    EXPECT_EQ(segment_group(program, segment, forward, at.layout, 1), (DeviceGroup{0, 1})) << name;
+    schedule::Instruction start{schedule::Op::start};
+    start.segment = segment;
+    start.direction = forward ? schedule::Direction::forward : schedule::Direction::backward;
+    EXPECT_DOUBLE_EQ(costs.collective(start),
+                     collective_seconds(cluster, CollectiveOp::all_to_all,
+                                        4.0 * static_cast<double>(elements), {0, 1},
+                                        {{0, 1}, {2, 3}}))
+        << name;
+  }
+  schedule::Instruction reduce{schedule::Op::start};
+  reduce.segment = index("attention_out.1");
+  reduce.direction = schedule::Direction::forward;
+  EXPECT_EQ(costs.collective(reduce), 0.0);
+}
+
 }  // namespace
 }  // namespace oases::sim
