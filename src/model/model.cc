@@ -318,7 +318,7 @@ class Model::Builder final : public ParamResolver {
     if (sequence_parallel())
       split_off_shard(attention, "attention_in.",
                       layer == 0 ? whole_placement() : placement(layer - 1));
-    scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(attention, c_.seq_len));
+    scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(attention, context().seq_len));
     const int attention_id = next_id();
     if (context().cp_size() > 1) {
       ops::append_all_to_all_attention_segments(attention_id, context(), std::move(attention),
@@ -340,7 +340,7 @@ class Model::Builder final : public ParamResolver {
     mlp.at = at;
     mlp.epilogue = ops::ResidualEpilogue(arch_.epilogue_into_mlp(layer, residual_id, *this));
     if (sequence_parallel()) split_off_shard(mlp, "mlp_in.", at);
-    scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(mlp, c_.seq_len));
+    scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(mlp, context().seq_len));
     m_.segments_.push_back(ops::make_mlp_segment(next_id(), context(), std::move(mlp)));
   }
 

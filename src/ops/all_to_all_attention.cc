@@ -136,7 +136,8 @@ Segment::CollectiveCall exchange(const HeadSplit& split, Slot send, Slot recv, i
 }
 
 //   attention.l   r = epilogue(previous output)  [checkpoint]
-//                 -> [pre-norm] -> QKV (this tensor-parallel rank's heads)  [internals]
+//                 -> [pre-norm]  [internals]
+//                 -> QKV (this tensor-parallel rank's heads, not kept)
 //                 -> head group j's columns to rank j                     | A2A (cp)
 // Backward: stage 0 gathers the q|k|v gradient that came back from every group and runs the
 // projections back into the input's partial gradient (| AR over the layer's group); stage 1 is
@@ -145,7 +146,6 @@ class ProjectionSegment final : public LayerSegment {
  public:
   ProjectionSegment(int id, const ModelContext& model, AttentionSpec spec)
       : LayerSegment(id, model, spec), spec_(std::move(spec)), split_(head_split(model, spec_)) {
-    qkv_ = internals_.add(tokens_ * split_.qkv_width());
     stash_d_qkv_ = deferred_.add(tokens_ * split_.qkv_width());
   }
   SegmentShape shape() const override {
@@ -159,7 +159,7 @@ class ProjectionSegment final : public LayerSegment {
     w.checkpoint = epilogue_work();
     w.internals = pre_norm_work();
     for (const ColumnParallelLinear& projection : spec_.qkv)
-      w.internals.matmuls.push_back({n, projection.local_out(), C});
+      w.output.matmuls.push_back({n, projection.local_out(), C});
     w.output.bytes = 2.0 * static_cast<double>(n * split_.qkv_width() * dtype_size(m_.dtype));
     Work stage0;
     stage0.bytes = w.output.bytes;
@@ -209,30 +209,29 @@ class ProjectionSegment final : public LayerSegment {
     }
     if (part != Part::input && !spec_.key_bias_grad.empty()) kernels::zero(spec_.key_bias_grad);
   }
+  // The q|k|v leave at once: attention_core keeps them (as its checkpoint), and the
+  // projections' backward needs only their input, so they are formed in scratch for kOutput
+  // rather than kept.
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) override {
     const Tensor checkpoint = acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_);
     const Tensor internals = acquire_or_get(mb, sb, kInternals, parts, internals_);
     if (parts & kCheckpoint) run_epilogue(ctx, mb, sb, checkpoint);
-    const Tensor qkv = matrix(internals, qkv_, split_.qkv_width());
-    if (parts & kInternals) {
-      run_pre_norm(checkpoint, internals);
-      const Tensor x = body_input(checkpoint, internals);
-      std::int64_t column = 0;
-      for (const ColumnParallelLinear& projection : spec_.qkv) {
-        projection.forward(x, spec_.qkv.size() == 1 ? qkv
-                                                    : qkv.columns(column, column + projection.local_out()),
-                           m_.gemm16);
-        column += projection.local_out();
-      }
+    if (parts & kInternals) run_pre_norm(checkpoint, internals);
+    if (!(parts & kOutput)) return;
+    const Tensor qkv = m_.scratch_wide.view(0, {tokens_, split_.qkv_width()});
+    const Tensor x = body_input(checkpoint, internals);
+    std::int64_t column = 0;
+    for (const ColumnParallelLinear& projection : spec_.qkv) {
+      projection.forward(
+          x, spec_.qkv.size() == 1 ? qkv : qkv.columns(column, column + projection.local_out()),
+          m_.gemm16);
+      column += projection.local_out();
     }
-    if (parts & kOutput)
-      split_.pack_qkv_columns(qkv,
-                              split_.slot(Slot::cp_send, mb, sb, tokens_ * split_.qkv_width()));
+    split_.pack_qkv_columns(qkv, split_.slot(Slot::cp_send, mb, sb, tokens_ * split_.qkv_width()));
   }
 
   AttentionSpec spec_;
   HeadSplit split_;
-  std::int64_t qkv_ = 0;          // in internals_
   std::int64_t stash_d_qkv_ = 0;  // in deferred_
 };
 

@@ -145,7 +145,7 @@ std::unique_ptr<Segment> make_sequence_shard_segment(int id, const ModelContext&
 // context-parallel group are schedule instructions:
 //
 //   attention.l        r = epilogue(previous output)  [checkpoint]
-//                      -> [pre-norm] -> QKV  [internals]
+//                      -> [pre-norm]  [internals] -> QKV (not kept: attention_core keeps it)
 //                      -> head group j's q|k|v columns of this rank's tokens to cp rank j
 //                                                                        | A2A (cp)
 //   attention_core.l   head group r's q|k|v of every token of the sequences, rotated
