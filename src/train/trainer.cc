@@ -153,11 +153,12 @@ void check_memory_limit(const plan::RunConfig& config, TrainingEngine& engine) {
   OASES_CHECK(needed <= config.parallel.memory_limit,
               "parallel.memory_limit = {} bytes is too small: this model needs {} bytes "
               "(parameters, gradients, optimizer state and activations for micro_batch = {}); "
-              "raise the limit, lower train.micro_batch or the model size, or partition the "
+              "raise the limit, lower train.micro_batch or the model size, partition the "
               "optimizer state, gradients and parameters over the data-parallel group with "
-              "parallel.zero = 1, 2 or 3 (now {})",
+              "parallel.zero = 1, 2 or 3 (now {}), or split every sequence over more ranks with "
+              "parallel.cp (now {})",
               config.parallel.memory_limit, needed, config.train.micro_batch,
-              config.parallel.zero);
+              config.parallel.zero, config.parallel.cp);
 }
 
 // Resumes from `resume_from` (the newest checkpoint, when checkpoint.resume found one) or

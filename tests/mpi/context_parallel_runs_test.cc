@@ -201,6 +201,66 @@ INSTANTIATE_TEST_SUITE_P(GptAndLlama, ContextParallelCheckpoints, ::testing::Val
                            return test.param;
                          });
 
+// A sequence of 2048 tokens: the memory one process needs is refused under a limit between it
+// and what each of two cp ranks needs, and the cp run trains under it, its measured activation
+// peak the predicted one.
+TEST(ContextParallelMemory, TwoRanksHoldASequenceOneProcessCannot) {
+  const fs::path dir = oases::testing::fresh_test_folder("context_parallel_memory");
+  const Result data = oases::testing::prepare_fortunes_data(OASES_BINARY, dir);
+  ASSERT_EQ(data.exit_code, 0) << data.output;
+  std::ofstream(dir / "long.toml") << R"([model]
+layers = 2
+hidden = 64
+heads = 4
+ffn_hidden = 256
+vocab_size = 256
+seq_len = 2048
+[train]
+micro_batch = 1
+global_batch = 1
+steps = 1
+threads = 0
+[data]
+path = ")" << (dir / "data").string()
+                                   << "\"\n";
+  const auto train = [&](int cp, std::int64_t limit) {
+    return run_command((cp > 1 ? oases::testing::mpirun_prefix(cp) : std::string()) +
+                       OASES_BINARY + " train --quiet --config " + (dir / "long.toml").string() +
+                       " --set parallel.cp=" + std::to_string(cp) +
+                       " parallel.memory_limit=" + std::to_string(limit) + " log.metrics=" +
+                       quoted((dir / ("cp" + std::to_string(cp)) / "metrics.jsonl").string()));
+  };
+  // What a run needs, from the refusal under a limit of one byte.
+  const auto needed = [&](int cp) -> std::int64_t {
+    const Result r = train(cp, 1);
+    const std::string marker = "this model needs ";
+    const auto at = r.output.find(marker);
+    EXPECT_NE(at, std::string::npos) << r.output;
+    return at == std::string::npos ? 0 : std::stoll(r.output.substr(at + marker.size()));
+  };
+  const std::int64_t one = needed(1), two = needed(2);
+  ASSERT_GT(two, 0);
+  EXPECT_LT(two, one);
+  const std::int64_t limit = (one + two) / 2;
+  const Result refused = train(1, limit);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("parallel.memory_limit = " + std::to_string(limit) +
+                                " bytes is too small"),
+            std::string::npos)
+      << refused.output;
+  EXPECT_NE(refused.output.find("parallel.cp (now 1)"), std::string::npos) << refused.output;
+  const Result fits = train(2, limit);
+  ASSERT_EQ(fits.exit_code, 0) << fits.output;
+  nlohmann::json info;
+  std::ifstream(dir / "cp2" / "run.json") >> info;
+  const auto predicted = info.at("memory_bytes").at("activations").get<double>();
+  const auto measured =
+      oases::testing::metric_values(dir / "cp2" / "metrics.jsonl", "peak_activation_bytes");
+  ASSERT_EQ(measured.size(), 1u);
+  EXPECT_EQ(measured.front(), predicted);
+  EXPECT_EQ(info.at("cp").get<int>(), 2);
+}
+
 // Bad settings stop the run before it starts, naming the setting, the value and what is valid.
 TEST(ContextParallelSettings, AreRefusedWithTheValidValues) {
   const fs::path dir = oases::testing::fresh_test_folder("context_parallel_settings");
