@@ -56,36 +56,25 @@ struct HeadSplit {
   Tensor block(const Tensor& buffer, int j, std::int64_t width) const {
     return buffer.view(j * local_tokens() * width, {local_tokens(), width});
   }
-  // whole [n, W] -> block j of `buffer`: head group j's columns.
-  void pack_qkv_columns(const Tensor& whole, const Tensor& buffer) const {
+  // whole [n, W] <-> `buffer`: block j holds head group j's columns; `out`: from whole into
+  // the buffer, else back.
+  void move_qkv_columns(const Tensor& whole, const Tensor& buffer, bool out) const {
     for (int j = 0; j < groups; ++j) {
-      const Tensor to = block(buffer, j, group_qkv_width());
-      for_each_qkv_block(j, [&](std::int64_t from_column, std::int64_t to_column, std::int64_t w) {
-        kernels::copy_matrix(whole.columns(from_column, from_column + w),
-                             to.columns(to_column, to_column + w));
+      const Tensor group = block(buffer, j, group_qkv_width());
+      for_each_qkv_block(j, [&](std::int64_t whole_column, std::int64_t group_column, std::int64_t w) {
+        const Tensor a = whole.columns(whole_column, whole_column + w);
+        const Tensor b = group.columns(group_column, group_column + w);
+        out ? kernels::copy_matrix(a, b) : kernels::copy_matrix(b, a);
       });
     }
   }
-  // The reverse: block j of `buffer` -> head group j's columns of whole [n, W].
-  void unpack_qkv_columns(const Tensor& buffer, const Tensor& whole) const {
+  // [n, O] <-> `buffer`: block j holds head group j's columns [n, O'].
+  void move_out_columns(const Tensor& whole, const Tensor& buffer, bool out) const {
+    const std::int64_t w = group_out_width();
     for (int j = 0; j < groups; ++j) {
-      const Tensor from = block(buffer, j, group_qkv_width());
-      for_each_qkv_block(j, [&](std::int64_t whole_column, std::int64_t from_column, std::int64_t w) {
-        kernels::copy_matrix(from.columns(from_column, from_column + w),
-                             whole.columns(whole_column, whole_column + w));
-      });
+      const Tensor a = whole.columns(j * w, (j + 1) * w), b = block(buffer, j, w);
+      out ? kernels::copy_matrix(a, b) : kernels::copy_matrix(b, a);
     }
-  }
-  // [n, O] <-> blocks of [n, O']: head group j's columns are block j.
-  void pack_out_columns(const Tensor& whole, const Tensor& buffer) const {
-    const std::int64_t w = group_out_width();
-    for (int j = 0; j < groups; ++j)
-      kernels::copy_matrix(whole.columns(j * w, (j + 1) * w), block(buffer, j, w));
-  }
-  void unpack_out_columns(const Tensor& buffer, const Tensor& whole) const {
-    const std::int64_t w = group_out_width();
-    for (int j = 0; j < groups; ++j)
-      kernels::copy_matrix(block(buffer, j, w), whole.columns(j * w, (j + 1) * w));
   }
   // Calls move(rows of block j's local tokens, the same tokens' rows in sequence order, count)
   // for every chunk of every sequence rank j holds.
@@ -96,20 +85,14 @@ struct HeadSplit {
       for (int half = 0; half < 2; ++half)
         move(row * seq + half * chunk, row * full + m->chunk_of(j, half) * chunk, chunk);
   }
-  // Blocks of `width` columns, rank j's tokens each -> full [N, width] in sequence order.
-  void unpack_rows(const Tensor& buffer, const Tensor& full, std::int64_t width) const {
+  // full [N, width] in sequence order <-> `buffer`: block j holds rank j's tokens; `out`: from
+  // full into the buffer, else back.
+  void move_rows(const Tensor& full, const Tensor& buffer, std::int64_t width, bool out) const {
     for (int j = 0; j < groups; ++j) {
-      const Tensor from = block(buffer, j, width);
+      const Tensor group = block(buffer, j, width);
       for_each_chunk(j, [&](std::int64_t local, std::int64_t global, std::int64_t count) {
-        kernels::copy(from.rows(local, local + count), full.rows(global, global + count));
-      });
-    }
-  }
-  void pack_rows(const Tensor& full, const Tensor& buffer, std::int64_t width) const {
-    for (int j = 0; j < groups; ++j) {
-      const Tensor to = block(buffer, j, width);
-      for_each_chunk(j, [&](std::int64_t local, std::int64_t global, std::int64_t count) {
-        kernels::copy(full.rows(global, global + count), to.rows(local, local + count));
+        const Tensor a = full.rows(global, global + count), b = group.rows(local, local + count);
+        out ? kernels::copy(a, b) : kernels::copy(b, a);
       });
     }
   }
@@ -177,8 +160,8 @@ class ProjectionSegment final : public LayerSegment {
     const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
     const Tensor internals = store().get(key(mb, sb, kInternals));
     const Tensor stash = store().get(key(mb, sb, kDeferredGradients));
-    project_back(matrix(stash, stash_d_qkv_, split_.qkv_width()),
-                 body_input(checkpoint, internals), Tensor(), Part::weight);
+    project_qkv_back(spec_, matrix(stash, stash_d_qkv_, split_.qkv_width()),
+                     body_input(checkpoint, internals), Tensor(), Part::weight);
     store().release(key(mb, sb, kDeferredGradients));
   }
 
@@ -188,26 +171,11 @@ class ProjectionSegment final : public LayerSegment {
     const Tensor internals = store().get(key(mb, sb, kInternals));
     const Tensor d_qkv = defer ? matrix(acquire_stash(mb, sb), stash_d_qkv_, split_.qkv_width())
                                : m_.scratch_wide.view(0, {tokens_, split_.qkv_width()});
-    split_.unpack_qkv_columns(
-        split_.slot(Slot::cp_grad_recv, mb, sb, tokens_ * split_.qkv_width()), d_qkv);
+    split_.move_qkv_columns(
+        d_qkv, split_.slot(Slot::cp_grad_recv, mb, sb, tokens_ * split_.qkv_width()), false);
     // This rank's heads contribute a partial gradient of the input; the group sums it.
-    project_back(d_qkv, body_input(checkpoint, internals), rows_of(Slot::input_grad, mb, sb),
-                 defer ? Part::input : Part::whole);
-  }
-  void project_back(const Tensor& d_qkv, const Tensor& x, const Tensor& d_x, Part part) const {
-    std::int64_t column = 0;
-    for (std::size_t i = 0; i < spec_.qkv.size(); ++i) {
-      const ColumnParallelLinear& projection = spec_.qkv[i];
-      const std::int64_t width = projection.local_out();
-      const Tensor dy = spec_.qkv.size() == 1 ? d_qkv : d_qkv.columns(column, column + width);
-      switch (part) {
-        case Part::whole: projection.backward(dy, x, d_x, i > 0, m_.gemm16); break;
-        case Part::input: projection.backward_input(dy, x, d_x, i > 0, m_.gemm16); break;
-        case Part::weight: projection.backward_weight(dy, x, m_.gemm16); break;
-      }
-      column += width;
-    }
-    if (part != Part::input && !spec_.key_bias_grad.empty()) kernels::zero(spec_.key_bias_grad);
+    project_qkv_back(spec_, d_qkv, body_input(checkpoint, internals),
+                     rows_of(Slot::input_grad, mb, sb), defer ? Part::input : Part::whole);
   }
   // The q|k|v leave at once: attention_core keeps them (as its checkpoint), and the
   // projections' backward needs only their input, so they are formed in scratch for kOutput
@@ -219,15 +187,8 @@ class ProjectionSegment final : public LayerSegment {
     if (parts & kInternals) run_pre_norm(checkpoint, internals);
     if (!(parts & kOutput)) return;
     const Tensor qkv = m_.scratch_wide.view(0, {tokens_, split_.qkv_width()});
-    const Tensor x = body_input(checkpoint, internals);
-    std::int64_t column = 0;
-    for (const ColumnParallelLinear& projection : spec_.qkv) {
-      projection.forward(
-          x, spec_.qkv.size() == 1 ? qkv : qkv.columns(column, column + projection.local_out()),
-          m_.gemm16);
-      column += projection.local_out();
-    }
-    split_.pack_qkv_columns(qkv, split_.slot(Slot::cp_send, mb, sb, tokens_ * split_.qkv_width()));
+    project_qkv(spec_, body_input(checkpoint, internals), qkv);
+    split_.move_qkv_columns(qkv, split_.slot(Slot::cp_send, mb, sb, tokens_ * split_.qkv_width()), true);
   }
 
   AttentionSpec spec_;
@@ -310,13 +271,13 @@ class CoreSegment final : public Segment {
     const std::int64_t N = split_.full_tokens(), Wg = split_.group_qkv_width(),
                        Og = split_.group_out_width();
     const Tensor d_out = m_.scratch_narrow.view(0, {N, Og});
-    split_.unpack_rows(split_.slot(Slot::cp_grad_recv, mb, sb, split_.local_tokens() * split_.out_width()),
-                       d_out, Og);
+    split_.move_rows(d_out, split_.slot(Slot::cp_grad_recv, mb, sb, split_.local_tokens() * split_.out_width()),
+                     Og, false);
     const Tensor d_qkv = m_.scratch_wide.view(0, {N, Wg});
     core_.backward(d_out, qkv(checkpoint), out(core), lse(core), d_qkv,
                    probability_dropout(ctx, mb, sb));
-    split_.pack_rows(d_qkv, split_.slot(Slot::cp_grad_send, mb, sb, split_.local_tokens() * split_.qkv_width()),
-                     Wg);
+    split_.move_rows(d_qkv, split_.slot(Slot::cp_grad_send, mb, sb, split_.local_tokens() * split_.qkv_width()),
+                     Wg, true);
   }
   CollectiveCall forward_collective(int mb, int sb) override {
     return exchange(split_, Slot::cp_send, Slot::cp_recv, mb, sb,
@@ -351,14 +312,14 @@ class CoreSegment final : public Segment {
                                         : store().get(key(mb, sb, kCore));
     const std::int64_t n = split_.local_tokens();
     if (parts & kCheckpoint) {
-      split_.unpack_rows(split_.slot(Slot::cp_recv, mb, sb, n * split_.qkv_width()), qkv(checkpoint),
-                         split_.group_qkv_width());
+      split_.move_rows(qkv(checkpoint), split_.slot(Slot::cp_recv, mb, sb, n * split_.qkv_width()),
+                       split_.group_qkv_width(), false);
       core_.rotate(qkv(checkpoint));
     }
     if (parts & kCore) core_.forward(qkv(checkpoint), out(core), lse(core), probability_dropout(ctx, mb, sb));
     if (parts & kOutput)
-      split_.pack_rows(out(core), split_.slot(Slot::cp_send, mb, sb, n * split_.out_width()),
-                       split_.group_out_width());
+      split_.move_rows(out(core), split_.slot(Slot::cp_send, mb, sb, n * split_.out_width()),
+                       split_.group_out_width(), true);
   }
   // Keyed as the unsplit attention's: the group's first head is global head
   // shard x h + r x h'.
@@ -477,7 +438,8 @@ class OutputSegment final : public Segment {
     } else {
       spec_.out_proj.backward(d_output, attn(checkpoint), d_attn, m_.gemm16);
     }
-    split_.pack_out_columns(d_attn, split_.slot(Slot::cp_grad_send, mb, sb, n * split_.out_width()));
+    split_.move_out_columns(d_attn, split_.slot(Slot::cp_grad_send, mb, sb, n * split_.out_width()),
+                            true);
   }
   // kCheckpoint: the output rows that arrived, head group j's from rank j; kOutput: the
   // projection's partial sums.
@@ -488,8 +450,8 @@ class OutputSegment final : public Segment {
                               : store().get(key(mb, sb, kCheckpoint));
     const std::int64_t n = split_.local_tokens();
     if (parts & kCheckpoint)
-      split_.unpack_out_columns(split_.slot(Slot::cp_recv, mb, sb, n * split_.out_width()),
-                                attn(checkpoint));
+      split_.move_out_columns(attn(checkpoint),
+                              split_.slot(Slot::cp_recv, mb, sb, n * split_.out_width()), false);
     if (parts & kOutput)
       spec_.out_proj.forward(attn(checkpoint), m_.slot_rows(Slot::output, mb, sb, spec_.at.rows),
                              m_.gemm16);

@@ -109,6 +109,36 @@ class LayerSegment : public Segment {
     return copy;
   }
 
+  // An attention block's q|k|v projections (one fused or three), column blocks of
+  // qkv [tokens, their widths]: forward from x, and backward from d_qkv into d_x (whole,
+  // input) and the parameters' gradients (whole, weight). The key bias's gradient stays
+  // exactly zero (AttentionSpec::key_bias_grad).
+  void project_qkv(const AttentionSpec& spec, const Tensor& x, const Tensor& qkv) const {
+    std::int64_t column = 0;
+    for (const ColumnParallelLinear& projection : spec.qkv) {
+      projection.forward(
+          x, spec.qkv.size() == 1 ? qkv : qkv.columns(column, column + projection.local_out()),
+          m_.gemm16);
+      column += projection.local_out();
+    }
+  }
+  void project_qkv_back(const AttentionSpec& spec, const Tensor& d_qkv, const Tensor& x,
+                        const Tensor& d_x, Part part) const {
+    std::int64_t column = 0;
+    for (std::size_t i = 0; i < spec.qkv.size(); ++i) {
+      const ColumnParallelLinear& projection = spec.qkv[i];
+      const std::int64_t width = projection.local_out();
+      const Tensor dy = spec.qkv.size() == 1 ? d_qkv : d_qkv.columns(column, column + width);
+      switch (part) {
+        case Part::whole: projection.backward(dy, x, d_x, i > 0, m_.gemm16); break;
+        case Part::input: projection.backward_input(dy, x, d_x, i > 0, m_.gemm16); break;
+        case Part::weight: projection.backward_weight(dy, x, m_.gemm16); break;
+      }
+      column += width;
+    }
+    if (part != Part::input && !spec.key_bias_grad.empty()) kernels::zero(spec.key_bias_grad);
+  }
+
   SegmentShape layer_shape(TensorSets sets) const {
     SegmentShape shape;
     shape.has_weight_part = true;

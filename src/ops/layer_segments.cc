@@ -73,8 +73,8 @@ class AttentionSegment final : public LayerSegment {
     const Tensor stash = store().get(key(mb, sb, kDeferredGradients));
     spec_.out_proj.backward_weight(matrix(stash, stash_output_grad_, m_.hidden),
                                    matrix(core, attn_out_, a.out_width()), m_.gemm16);
-    project_qkv_back(matrix(stash, stash_d_qkv_, a.qkv_width()), body_input(checkpoint, internals),
-                     Tensor(), Part::weight);
+    project_qkv_back(spec_, matrix(stash, stash_d_qkv_, a.qkv_width()),
+                     body_input(checkpoint, internals), Tensor(), Part::weight);
     store().release(key(mb, sb, kDeferredGradients));
   }
 
@@ -98,27 +98,9 @@ class AttentionSegment final : public LayerSegment {
                statistics_view(core, core_.statistics_offset(lse_), a.lse_elements()), d_qkv,
                probability_dropout(ctx, mb, sb));
     // This rank's heads contribute a partial gradient of the input; the group sums it.
-    project_qkv_back(d_qkv, body_input(checkpoint, internals), rows_of(Slot::input_grad, mb, sb),
-                     defer ? Part::input : Part::whole);
+    project_qkv_back(spec_, d_qkv, body_input(checkpoint, internals),
+                     rows_of(Slot::input_grad, mb, sb), defer ? Part::input : Part::whole);
   }
-  // The QKV projections' backward from d_qkv [tokens, qkv width] and their input x: d_x (whole,
-  // input), the parameters' gradients (whole, weight).
-  void project_qkv_back(const Tensor& d_qkv, const Tensor& x, const Tensor& d_x, Part part) const {
-    std::int64_t column = 0;
-    for (std::size_t i = 0; i < spec_.qkv.size(); ++i) {
-      const ColumnParallelLinear& projection = spec_.qkv[i];
-      const std::int64_t width = projection.local_out();
-      const Tensor dy = spec_.qkv.size() == 1 ? d_qkv : d_qkv.columns(column, column + width);
-      switch (part) {
-        case Part::whole: projection.backward(dy, x, d_x, i > 0, m_.gemm16); break;
-        case Part::input: projection.backward_input(dy, x, d_x, i > 0, m_.gemm16); break;
-        case Part::weight: projection.backward_weight(dy, x, m_.gemm16); break;
-      }
-      column += width;
-    }
-    if (part != Part::input && !spec_.key_bias_grad.empty()) kernels::zero(spec_.key_bias_grad);
-  }
-
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) override {
     const CoreAttention& a = spec_.attention;
     const Tensor checkpoint = acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_);
@@ -130,16 +112,7 @@ class AttentionSegment final : public LayerSegment {
     if (parts & kInternals) {
       run_pre_norm(checkpoint, internals);
       const Tensor x = body_input(checkpoint, internals);
-      // Column-parallel: this rank's heads only.
-      if (spec_.qkv.size() == 1) {
-        spec_.qkv[0].forward(x, qkv, m_.gemm16);
-      } else {
-        std::int64_t column = 0;
-        for (const ColumnParallelLinear& projection : spec_.qkv) {
-          projection.forward(x, qkv.columns(column, column + projection.local_out()), m_.gemm16);
-          column += projection.local_out();
-        }
-      }
+      project_qkv(spec_, x, qkv);  // column-parallel: this rank's heads only
       a.rotate(qkv);
     }
     if (parts & kCore)
