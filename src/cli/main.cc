@@ -229,10 +229,9 @@ int train_on_mpi_ranks(const oases::plan::RunConfig& config,
         }
         mesh.emplace(oases::comm::Mesh::create(
             runtime,
-            oases::comm::MeshDegrees{static_cast<int>(config.parallel.tp),
-                                     static_cast<int>(config.parallel.cp),
-                                     static_cast<int>(config.parallel.dp),
-                                     static_cast<int>(config.parallel.pp)},
+            oases::comm::MeshDegrees{
+                static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.cp),
+                static_cast<int>(config.parallel.dp), static_cast<int>(config.parallel.pp)},
             comm_options));
         mesh->add_expert_groups(static_cast<int>(config.parallel.ep), comm_options);
         summary = oases::train::run_training(run_config, options, *mesh);
@@ -821,6 +820,12 @@ int run_plan(const PlanArgs& a) {
   auto config = with_precision_resolved(oases::plan::load_run_config(a.config, a.overrides),
                                         nullptr, cluster ? &*cluster : nullptr);
   const oases::plan::RunPlan plan = oases::plan::make_run_plan(config);
+  OASES_CHECK(plan.mesh.cp == 1,
+              "oases plan chooses a tensor-parallel degree per layer, which context "
+              "parallelism does not take yet (parallel.cp = {}): every layer runs at parallel.tp "
+              "= {}; `oases simulate` prices that layout with its all-to-alls, or plan with "
+              "parallel.cp = 1",
+              plan.mesh.cp, plan.mesh.tp);
   const oases::schedule::ScheduleSpec& spec = plan.schedule;
   const auto measured = plan_input(a, plan, cluster ? &*cluster : nullptr);
   if (config.parallel.pp > 1) {

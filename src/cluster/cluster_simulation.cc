@@ -108,7 +108,8 @@ void build_model(const plan::RunPlan& plan, const sim::RankLayout& layout, Shape
     options.ep = r.ep.get();
   }
   if (layout.cp > 1) {
-    r.cp = std::make_unique<comm::ShapeOnlyCommunicator>(layout.dp_rank(rank) % layout.cp, layout.cp, "cp");
+    r.cp = std::make_unique<comm::ShapeOnlyCommunicator>(layout.dp_rank(rank) % layout.cp,
+                                                         layout.cp, "cp");
     options.cp = r.cp.get();
   }
   ShapeOnlyRank* self = &r;

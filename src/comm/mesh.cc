@@ -83,8 +83,7 @@ Mesh::Mesh(Mesh&&) noexcept = default;
 Mesh& Mesh::operator=(Mesh&&) noexcept = default;
 Mesh::~Mesh() = default;
 
-Mesh Mesh::create(const MpiRuntime& runtime, MeshDegrees degrees,
-                  MpiCommunicatorOptions options) {
+Mesh Mesh::create(const MpiRuntime& runtime, MeshDegrees degrees, MpiCommunicatorOptions options) {
   check_layout(runtime.world_size(), degrees);
   Mesh mesh(degrees, runtime.world_rank());
   OASES_ASSERT(mesh.world_rank() == runtime.world_rank(), "mesh coordinates of world rank {}",

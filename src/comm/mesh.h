@@ -26,13 +26,13 @@
 // Mesh::create makes every such group once (collectively), so any plan can use them.
 // tp_replica_group(k) holds every rank with the same shard of a layer at degree k: the tp / k
 // ranks of (tp, k) in each data-parallel replica, over all dp replicas of one pipeline stage
-// (the dp group itself when k == tp). A layer's gradients are summed there in one all-reduce; it is a communicator
-// of its own, so those reductions do not queue (in issue order, one FIFO per communicator) in
-// front of the activation collectives the next layers wait for.
+// (the dp group itself when k == tp). A layer's gradients are summed there in one all-reduce; it is
+// a communicator of its own, so those reductions do not queue (in issue order, one FIFO per
+// communicator) in front of the activation collectives the next layers wait for.
 //
-// Expert parallelism (MoE layers, parallel.ep = e dividing dp; cp = 1): add_expert_groups(e) makes, after
-// create, the expert-parallel group ep_group() (the e data-parallel ranks that share dp_rank / e,
-// tp_rank and pp_rank, ordered by dp_rank % e; they split the experts and exchange tokens) and
+// Expert parallelism (MoE layers, parallel.ep = e dividing dp; cp = 1): add_expert_groups(e) makes,
+// after create, the expert-parallel group ep_group() (the e data-parallel ranks that share dp_rank
+// / e, tp_rank and pp_rank, ordered by dp_rank % e; they split the experts and exchange tokens) and
 // expert_replica_group(k) for each degree k dividing tp (every rank of the pipeline stage with
 // the same dp_rank % e and the same tp_rank % k: the ranks that hold the same shard of the same
 // experts in a layer at degree k, over which their gradients are summed; tp_replica_group(k)

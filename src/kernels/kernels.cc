@@ -308,11 +308,10 @@ void copy(const Tensor& src, const Tensor& dst) {
 void copy_matrix(const Tensor& src, const Tensor& dst) {
   const TimedSection timed(TimeCategory::elementwise);
   common_dtype("copy_matrix", {&src, &dst});
-  OASES_ASSERT(src.ndim() == 2 && src.shape() == dst.shape() && src.stride(1) == 1 &&
-                   dst.stride(1) == 1,
-               "copy_matrix of a {}-dimensional [{}, {}] view into [{}, {}]", src.ndim(),
-               src.dim(0), src.ndim() > 1 ? src.dim(1) : 0, dst.dim(0),
-               dst.ndim() > 1 ? dst.dim(1) : 0);
+  OASES_ASSERT(
+      src.ndim() == 2 && src.shape() == dst.shape() && src.stride(1) == 1 && dst.stride(1) == 1,
+      "copy_matrix of a {}-dimensional [{}, {}] view into [{}, {}]", src.ndim(), src.dim(0),
+      src.ndim() > 1 ? src.dim(1) : 0, dst.dim(0), dst.ndim() > 1 ? dst.dim(1) : 0);
   OASES_ASSERT(src.device().is_cpu() && dst.device().is_cpu(),
                "copy_matrix: no kernel for tensors on {}", src.device().str());
   const std::size_t row_bytes = static_cast<std::size_t>(src.dim(1)) * src.element_size();

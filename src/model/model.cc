@@ -258,8 +258,8 @@ class Model::Builder final : public ParamResolver {
         ctx.cp_size() > 1
             ? ctx.tokens() * (c_.heads + 2 * c_.kv_head_count()) * c_.head_dim() / ctx.tp_size()
             : 0;
-    ctx.slots.allocate(m_.arena_, ctx.dtype, ctx.slot_lanes, ctx.sub_batches, ctx.tokens(), c_.hidden,
-                       reshards, moe_rows, cp_elements);
+    ctx.slots.allocate(m_.arena_, ctx.dtype, ctx.slot_lanes, ctx.sub_batches, ctx.tokens(),
+                       c_.hidden, reshards, moe_rows, cp_elements);
   }
 
   void add_embedding() {
@@ -318,7 +318,8 @@ class Model::Builder final : public ParamResolver {
     if (sequence_parallel())
       split_off_shard(attention, "attention_in.",
                       layer == 0 ? whole_placement() : placement(layer - 1));
-    scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(attention, context().seq_len));
+    scratch_wide_ =
+        std::max(scratch_wide_, ops::scratch_wide_elements(attention, context().seq_len));
     const int attention_id = next_id();
     if (context().cp_size() > 1) {
       ops::append_all_to_all_attention_segments(attention_id, context(), std::move(attention),

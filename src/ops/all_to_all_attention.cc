@@ -29,9 +29,9 @@ using detail::LayerSegment;
 // What the three segments share: the head split and the moves between layouts.
 struct HeadSplit {
   const ModelContext* m = nullptr;
-  std::int64_t rows = 0;   // sequences of the instance
+  std::int64_t rows = 0;                               // sequences of the instance
   std::int64_t heads = 0, kv_heads = 0, head_dim = 0;  // of this tensor-parallel rank
-  int groups = 1;          // c
+  int groups = 1;                                      // c
 
   std::int64_t local_tokens() const { return rows * m->seq_len; }
   std::int64_t full_tokens() const { return rows * m->full_seq_len; }
@@ -47,7 +47,8 @@ struct HeadSplit {
   template <class Move>
   void for_each_qkv_block(int j, const Move& move) const {
     const std::int64_t d = head_dim, hq = group_heads(), hk = group_kv_heads();
-    const std::int64_t whole[3] = {j * hq * d, (heads + j * hk) * d, (heads + kv_heads + j * hk) * d};
+    const std::int64_t whole[3] = {j * hq * d, (heads + j * hk) * d,
+                                   (heads + kv_heads + j * hk) * d};
     const std::int64_t group[3] = {0, hq * d, (hq + hk) * d};
     const std::int64_t width[3] = {hq * d, hk * d, hk * d};
     for (int part = 0; part < 3; ++part) move(whole[part], group[part], width[part]);
@@ -61,11 +62,12 @@ struct HeadSplit {
   void move_qkv_columns(const Tensor& whole, const Tensor& buffer, bool out) const {
     for (int j = 0; j < groups; ++j) {
       const Tensor group = block(buffer, j, group_qkv_width());
-      for_each_qkv_block(j, [&](std::int64_t whole_column, std::int64_t group_column, std::int64_t w) {
-        const Tensor a = whole.columns(whole_column, whole_column + w);
-        const Tensor b = group.columns(group_column, group_column + w);
-        out ? kernels::copy_matrix(a, b) : kernels::copy_matrix(b, a);
-      });
+      for_each_qkv_block(j,
+                         [&](std::int64_t whole_column, std::int64_t group_column, std::int64_t w) {
+                           const Tensor a = whole.columns(whole_column, whole_column + w);
+                           const Tensor b = group.columns(group_column, group_column + w);
+                           out ? kernels::copy_matrix(a, b) : kernels::copy_matrix(b, a);
+                         });
     }
   }
   // [n, O] <-> `buffer`: block j holds head group j's columns [n, O'].
@@ -188,7 +190,8 @@ class ProjectionSegment final : public LayerSegment {
     if (!(parts & kOutput)) return;
     const Tensor qkv = m_.scratch_wide.view(0, {tokens_, split_.qkv_width()});
     project_qkv(spec_, body_input(checkpoint, internals), qkv);
-    split_.move_qkv_columns(qkv, split_.slot(Slot::cp_send, mb, sb, tokens_ * split_.qkv_width()), true);
+    split_.move_qkv_columns(qkv, split_.slot(Slot::cp_send, mb, sb, tokens_ * split_.qkv_width()),
+                            true);
   }
 
   AttentionSpec spec_;
@@ -240,14 +243,17 @@ class CoreSegment final : public Segment {
     const std::int64_t S = h.seq, d = h.head_dim, pairs = h.batch * h.heads;
     const double e = static_cast<double>(dtype_size(m_.dtype));
     const double scores = static_cast<double>(pairs * S * S) * e;
-    const double moved_in = static_cast<double>(split_.full_tokens() * split_.group_qkv_width()) * e;
-    const double moved_out = static_cast<double>(split_.full_tokens() * split_.group_out_width()) * e;
+    const double moved_in =
+        static_cast<double>(split_.full_tokens() * split_.group_qkv_width()) * e;
+    const double moved_out =
+        static_cast<double>(split_.full_tokens() * split_.group_out_width()) * e;
     const double dropout_traffic = m_.attention_dropout > 0 ? 2 * scores + scores / e : 0.0;
     SegmentWork& w = shape.work;
     w.known = true;
     w.checkpoint.bytes = 2 * moved_in;
     if (core_.rotary())
-      w.checkpoint.bytes += 2.0 * static_cast<double>(split_.full_tokens() * (h.heads + h.kv_heads) * d) * e;
+      w.checkpoint.bytes +=
+          2.0 * static_cast<double>(split_.full_tokens() * (h.heads + h.kv_heads) * d) * e;
     w.core.matmuls = {{S, S, d, pairs}, {S, d, S, pairs}};
     w.core.bytes = 2 * scores + dropout_traffic;
     w.output.bytes = 2 * moved_out;
@@ -271,13 +277,15 @@ class CoreSegment final : public Segment {
     const std::int64_t N = split_.full_tokens(), Wg = split_.group_qkv_width(),
                        Og = split_.group_out_width();
     const Tensor d_out = m_.scratch_narrow.view(0, {N, Og});
-    split_.move_rows(d_out, split_.slot(Slot::cp_grad_recv, mb, sb, split_.local_tokens() * split_.out_width()),
-                     Og, false);
+    split_.move_rows(
+        d_out, split_.slot(Slot::cp_grad_recv, mb, sb, split_.local_tokens() * split_.out_width()),
+        Og, false);
     const Tensor d_qkv = m_.scratch_wide.view(0, {N, Wg});
     core_.backward(d_out, qkv(checkpoint), out(core), lse(core), d_qkv,
                    probability_dropout(ctx, mb, sb));
-    split_.move_rows(d_qkv, split_.slot(Slot::cp_grad_send, mb, sb, split_.local_tokens() * split_.qkv_width()),
-                     Wg, true);
+    split_.move_rows(
+        d_qkv, split_.slot(Slot::cp_grad_send, mb, sb, split_.local_tokens() * split_.qkv_width()),
+        Wg, true);
   }
   CollectiveCall forward_collective(int mb, int sb) override {
     return exchange(split_, Slot::cp_send, Slot::cp_recv, mb, sb,
@@ -303,20 +311,22 @@ class CoreSegment final : public Segment {
   // output into the send slot.
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) {
     const Tensor checkpoint =
-        (parts & kCheckpoint) ? store().acquire(key(mb, sb, kCheckpoint), m_.dtype,
-                                                checkpoint_.elements(), checkpoint_.encodable_elements())
-                              : store().get(key(mb, sb, kCheckpoint));
-    const Tensor core = (parts & kCore) ? store().acquire(key(mb, sb, kCore), m_.dtype,
-                                                          core_set_.elements(),
-                                                          core_set_.encodable_elements())
-                                        : store().get(key(mb, sb, kCore));
+        (parts & kCheckpoint)
+            ? store().acquire(key(mb, sb, kCheckpoint), m_.dtype, checkpoint_.elements(),
+                              checkpoint_.encodable_elements())
+            : store().get(key(mb, sb, kCheckpoint));
+    const Tensor core = (parts & kCore)
+                            ? store().acquire(key(mb, sb, kCore), m_.dtype, core_set_.elements(),
+                                              core_set_.encodable_elements())
+                            : store().get(key(mb, sb, kCore));
     const std::int64_t n = split_.local_tokens();
     if (parts & kCheckpoint) {
       split_.move_rows(qkv(checkpoint), split_.slot(Slot::cp_recv, mb, sb, n * split_.qkv_width()),
                        split_.group_qkv_width(), false);
       core_.rotate(qkv(checkpoint));
     }
-    if (parts & kCore) core_.forward(qkv(checkpoint), out(core), lse(core), probability_dropout(ctx, mb, sb));
+    if (parts & kCore)
+      core_.forward(qkv(checkpoint), out(core), lse(core), probability_dropout(ctx, mb, sb));
     if (parts & kOutput)
       split_.move_rows(out(core), split_.slot(Slot::cp_send, mb, sb, n * split_.out_width()),
                        split_.group_out_width(), true);
@@ -407,13 +417,17 @@ class OutputSegment final : public Segment {
   void backward_weight(const StepContext&, int mb, int sb) override {
     const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
     const Tensor stash = store().get(key(mb, sb, kDeferredGradients));
-    spec_.out_proj.backward_weight(stash.view(stash_output_grad_, {split_.local_tokens(), m_.hidden}),
-                                   attn(checkpoint), m_.gemm16);
+    spec_.out_proj.backward_weight(
+        stash.view(stash_output_grad_, {split_.local_tokens(), m_.hidden}), attn(checkpoint),
+        m_.gemm16);
     store().release(key(mb, sb, kDeferredGradients));
   }
   CollectiveCall forward_collective(int mb, int sb) override {
-    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, spec_.at.group,
-            m_.slot_rows(Slot::output, mb, sb, spec_.at.rows), {}};
+    return {CollectiveKind::all_reduce,
+            comm::ReduceOp::sum,
+            spec_.at.group,
+            m_.slot_rows(Slot::output, mb, sb, spec_.at.rows),
+            {}};
   }
   CollectiveCall backward_collective(int mb, int sb) override {
     return exchange(split_, Slot::cp_grad_send, Slot::cp_grad_recv, mb, sb,
@@ -430,8 +444,8 @@ class OutputSegment final : public Segment {
     Tensor d_output = m_.slot_rows(Slot::output_grad, mb, sb, spec_.at.rows);
     const Tensor d_attn = m_.scratch_wide.view(0, {n, split_.out_width()});
     if (defer) {
-      const Tensor stash = store().acquire(key(mb, sb, kDeferredGradients), deferred_.dtype(),
-                                           deferred_.elements());
+      const Tensor stash =
+          store().acquire(key(mb, sb, kDeferredGradients), deferred_.dtype(), deferred_.elements());
       const Tensor copy = stash.view(stash_output_grad_, {n, m_.hidden});
       kernels::copy(d_output, copy);
       spec_.out_proj.backward_input(copy, attn(checkpoint), d_attn, m_.gemm16);
@@ -445,9 +459,10 @@ class OutputSegment final : public Segment {
   // projection's partial sums.
   void run(const StepContext&, int mb, int sb, TensorSets parts) {
     const Tensor checkpoint =
-        (parts & kCheckpoint) ? store().acquire(key(mb, sb, kCheckpoint), m_.dtype,
-                                                checkpoint_.elements(), checkpoint_.encodable_elements())
-                              : store().get(key(mb, sb, kCheckpoint));
+        (parts & kCheckpoint)
+            ? store().acquire(key(mb, sb, kCheckpoint), m_.dtype, checkpoint_.elements(),
+                              checkpoint_.encodable_elements())
+            : store().get(key(mb, sb, kCheckpoint));
     const std::int64_t n = split_.local_tokens();
     if (parts & kCheckpoint)
       split_.move_out_columns(attn(checkpoint),

@@ -5,9 +5,9 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "core/named_values.h"
 #include "core/tensor.h"
 #include "kernels/kernels.h"
-#include "core/named_values.h"
 #include "ops/activation_store.h"
 
 #include <algorithm>
@@ -88,8 +88,8 @@ enum class ContextParallelKind : std::uint8_t {
   all_to_all,  // DeepSpeed-Ulysses: sequence shards traded for head shards around core attention
   ring,        // key/value blocks passed around the context-parallel group
 };
-inline constexpr std::array<NamedValue<ContextParallelKind>, 2> kContextParallelKindNames{{
-    {ContextParallelKind::all_to_all, "all-to-all"}, {ContextParallelKind::ring, "ring"}}};
+inline constexpr std::array<NamedValue<ContextParallelKind>, 2> kContextParallelKindNames{
+    {{ContextParallelKind::all_to_all, "all-to-all"}, {ContextParallelKind::ring, "ring"}}};
 
 // Sub-groups of the tensor-parallel group by (span, stride): see comm::Mesh::tp_subgroup.
 using TpSubgroups = std::function<comm::Communicator&(int span, int stride)>;
@@ -148,7 +148,9 @@ struct ModelContext {
   int cp_size() const { return cp ? cp->size() : 1; }
   int cp_rank() const { return cp ? cp->rank() : 0; }
   // Tokens of one context-parallel chunk (the whole sequence without context parallelism).
-  std::int64_t chunk_len() const { return cp_size() > 1 ? full_seq_len / (2 * cp_size()) : seq_len; }
+  std::int64_t chunk_len() const {
+    return cp_size() > 1 ? full_seq_len / (2 * cp_size()) : seq_len;
+  }
   // The chunk of the sequence that context-parallel rank `rank` holds `half`-th (0 or 1).
   std::int64_t chunk_of(int rank, int half) const {
     return half == 0 ? rank : 2 * cp_size() - 1 - rank;

@@ -50,13 +50,12 @@ class EmbeddingSegment final : public Segment {
   }
   void backward(const StepContext& ctx, int mb, int sb, int) override {
     const Tensor d_out = m_.slot(Slot::output_grad, mb, sb);
-    for_each_chunk([&](std::int64_t first, std::int64_t count, std::int64_t rows,
-                       std::int64_t position) {
-      kernels::embedding_backward(d_out.rows(first, first + rows * count),
-                                  tokens(ctx, mb, sb) + first, spec_.word.grad,
-                                  positions_from(spec_.positions.grad, position, count), rows,
-                                  count, spec_.vocab);
-    });
+    for_each_chunk(
+        [&](std::int64_t first, std::int64_t count, std::int64_t rows, std::int64_t position) {
+          kernels::embedding_backward(
+              d_out.rows(first, first + rows * count), tokens(ctx, mb, sb) + first, spec_.word.grad,
+              positions_from(spec_.positions.grad, position, count), rows, count, spec_.vocab);
+        });
     if (spec_.token_types.present())
       kernels::embedding_accumulate_backward(d_out, type_ids_.data(), spec_.token_types.grad,
                                              m_.rows, m_.seq_len);

@@ -54,7 +54,8 @@ void for_each_token_run(const ModelContext& model, std::int64_t rows, std::int64
   const std::int64_t chunk = model.chunk_len();
   for (std::int64_t t = first_token; t < first_token + tokens;) {
     const std::int64_t row = t / seq, local = t - row * seq;
-    const std::int64_t end = std::min(first_token + tokens, row * seq + (local / chunk + 1) * chunk);
+    const std::int64_t end =
+        std::min(first_token + tokens, row * seq + (local / chunk + 1) * chunk);
     run(t - first_token, end - t, std::int64_t{1}, end - t,
         kernels::DropoutSlice{sample + row, 0, model.position(local)});
     t = end;

@@ -130,9 +130,15 @@ class LayerSegment : public Segment {
       const std::int64_t width = projection.local_out();
       const Tensor dy = spec.qkv.size() == 1 ? d_qkv : d_qkv.columns(column, column + width);
       switch (part) {
-        case Part::whole: projection.backward(dy, x, d_x, i > 0, m_.gemm16); break;
-        case Part::input: projection.backward_input(dy, x, d_x, i > 0, m_.gemm16); break;
-        case Part::weight: projection.backward_weight(dy, x, m_.gemm16); break;
+        case Part::whole:
+          projection.backward(dy, x, d_x, i > 0, m_.gemm16);
+          break;
+        case Part::input:
+          projection.backward_input(dy, x, d_x, i > 0, m_.gemm16);
+          break;
+        case Part::weight:
+          projection.backward_weight(dy, x, m_.gemm16);
+          break;
       }
       column += width;
     }

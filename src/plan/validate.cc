@@ -174,8 +174,7 @@ void check_context_parallelism(const RunConfig& c, const Settings& s) {
               "heads ({}) and kv heads ({}) of each tensor-parallel rank (model.heads = {}, "
               "kv heads = {}, parallel.tp = {}) must both be divisible by parallel.cp = {}; valid "
               "cp: a common divisor of {} and {}",
-              heads, kv_heads, c.model.heads, c.model.kv_head_count(), p.tp, p.cp, heads,
-              kv_heads);
+              heads, kv_heads, c.model.heads, c.model.kv_head_count(), p.tp, p.cp, heads, kv_heads);
   const auto not_yet = [&](bool ok, std::string_view setting) {
     OASES_CHECK(ok,
                 "parallel.cp = {} is not available with {} yet; valid: parallel.cp = 1, or "

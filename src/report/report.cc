@@ -314,10 +314,10 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
     const std::int64_t tp = number("tp", p.tp), cp = number("cp", p.cp), dp = number("dp", p.dp),
                        pp = number("pp", p.pp);
     const std::int64_t ranks = world.is_null() ? tp * cp * dp * pp : world.get<std::int64_t>();
-    std::string layout =
-        cp > 1 ? fmt::format("{} rank(s): tp {} x cp {} x dp {} x pp {} ({})", ranks, tp, cp, dp,
-                             pp, p.cp_kind)
-               : fmt::format("{} rank(s): tp {} x dp {} x pp {}", ranks, tp, dp, pp);
+    std::string layout = cp > 1
+                             ? fmt::format("{} rank(s): tp {} x cp {} x dp {} x pp {} ({})", ranks,
+                                           tp, cp, dp, pp, p.cp_kind)
+                             : fmt::format("{} rank(s): tp {} x dp {} x pp {}", ranks, tp, dp, pp);
     if (run.config) {
       layout += fmt::format(", schedule {}, recompute {}", p.schedule, p.recompute);
       const json schedule = run_json_member(run, "schedule", json::value_t::object);

@@ -30,7 +30,8 @@ struct GroupKind {
   DeviceGroup group(const RankLayout& layout, int rank) const {
     switch (type) {
       case ep: return layout.ep_group(rank);
-      case cp: return layout.cp_group(rank);
+      case cp:
+        return layout.cp_group(rank);
       case tp_subgroup: return layout.tp_subgroup(rank, a, b);
       case tp_replicas: return layout.tp_replica_group(rank, a);
       case expert_replicas: return layout.expert_replica_group(rank, a);

@@ -40,7 +40,8 @@ DeviceGroup RankLayout::cp_group(int rank) const {
   OASES_ASSERT(cp >= 1 && dp % cp == 0, "cp {} does not divide the replicas {}", cp, dp);
   const int first = dp_rank(rank) / cp * cp;
   DeviceGroup group;
-  for (int d = first; d < first + cp; ++d) group.push_back(rank_of(tp_rank(rank), d, pp_rank(rank)));
+  for (int d = first; d < first + cp; ++d)
+    group.push_back(rank_of(tp_rank(rank), d, pp_rank(rank)));
   return group;
 }
 

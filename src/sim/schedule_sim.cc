@@ -482,10 +482,10 @@ void price_all_to_alls(CostModel& costs, const ops::Program& program, const Link
       return base ? base(ins) : 0.0;
     const auto elements = static_cast<double>(forward ? shape.forward_collective_elements
                                                       : shape.backward_collective_elements);
-    return all_to_all_seconds(elements * static_cast<double>(program.set_element_bytes),
-                              shape.context_parallel_ranks > 0 ? shape.context_parallel_ranks
-                                                               : shape.collective_ranks,
-                              link);
+    return all_to_all_seconds(
+        elements * static_cast<double>(program.set_element_bytes),
+        shape.context_parallel_ranks > 0 ? shape.context_parallel_ranks : shape.collective_ranks,
+        link);
   };
 }
 

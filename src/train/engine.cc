@@ -298,7 +298,7 @@ double TrainingEngine::run_batches(std::int64_t step, const std::int32_t* inputs
 }
 
 const std::int32_t* TrainingEngine::own_tokens(const std::int32_t* tokens, std::int64_t sequences,
-                                              std::vector<std::int32_t>& own) const {
+                                               std::vector<std::int32_t>& own) const {
   const ops::ModelContext& m = model_.context();
   if (tokens == nullptr || m.cp_size() == 1) return tokens;
   own.resize(static_cast<std::size_t>(sequences * m.seq_len));

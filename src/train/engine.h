@@ -125,9 +125,7 @@ class TrainingEngine {
   // its first one.
   std::int64_t local_batch() const { return plan_.local_batch(); }
   // The context-parallel ranks of a replica group read the same samples.
-  std::int64_t first_local_sample() const {
-    return dp_->rank() / plan_.mesh.cp * local_batch();
-  }
+  std::int64_t first_local_sample() const { return dp_->rank() / plan_.mesh.cp * local_batch(); }
 
   model::Model& model() { return model_; }
   // fp16's loss scaler (the identity for other precisions); its state goes into checkpoints.

@@ -157,8 +157,8 @@ void check_memory_limit(const plan::RunConfig& config, TrainingEngine& engine) {
               "optimizer state, gradients and parameters over the data-parallel group with "
               "parallel.zero = 1, 2 or 3 (now {}), or split every sequence over more ranks with "
               "parallel.cp (now {})",
-              config.parallel.memory_limit, needed, config.train.micro_batch,
-              config.parallel.zero, config.parallel.cp);
+              config.parallel.memory_limit, needed, config.train.micro_batch, config.parallel.zero,
+              config.parallel.cp);
 }
 
 // Resumes from `resume_from` (the newest checkpoint, when checkpoint.resume found one) or
@@ -501,10 +501,11 @@ void log_layout(TrainingEngine& engine, comm::Mesh& mesh,
   const plan::RunConfig& config = plan.config;
   const auto& m = config.model;
   if (mesh.world_size() > 1 && mesh.cp_size() > 1)
-    log_info("parallel: {} ranks = tp {} x cp {} x dp {} x pp {} (context parallelism: {}, "
-             "{} tokens of every sequence per rank, in chunks of {})",
-             mesh.world_size(), mesh.tp_size(), mesh.cp_size(), mesh.dp_size(), mesh.pp_size(),
-             config.parallel.cp_kind, m.seq_len / mesh.cp_size(), m.seq_len / (2 * mesh.cp_size()));
+    log_info(
+        "parallel: {} ranks = tp {} x cp {} x dp {} x pp {} (context parallelism: {}, "
+        "{} tokens of every sequence per rank, in chunks of {})",
+        mesh.world_size(), mesh.tp_size(), mesh.cp_size(), mesh.dp_size(), mesh.pp_size(),
+        config.parallel.cp_kind, m.seq_len / mesh.cp_size(), m.seq_len / (2 * mesh.cp_size()));
   else if (mesh.world_size() > 1)
     log_info("parallel: {} ranks = tp {} x dp {} x pp {}", mesh.world_size(), mesh.tp_size(),
              mesh.dp_size(), mesh.pp_size());
@@ -1179,19 +1180,17 @@ class Run {
 }  // namespace
 
 ParallelGroups parallel_groups(comm::Mesh& mesh) {
-  return ParallelGroups{&mesh.tp_group(), &mesh.dp_group(),
-                        [&mesh](int span, int stride) -> comm::Communicator& {
-                          return mesh.tp_subgroup(span, stride);
-                        },
-                        [&mesh](int degree) -> comm::Communicator& {
-                          return mesh.tp_replica_group(degree);
-                        },
-                        &mesh.pp_group(),
-                        mesh.ep_size() > 1 ? &mesh.ep_group() : nullptr,
-                        [&mesh](int degree) -> comm::Communicator& {
-                          return mesh.expert_replica_group(degree);
-                        },
-                        mesh.cp_size() > 1 ? &mesh.cp_group() : nullptr};
+  return ParallelGroups{
+      &mesh.tp_group(),
+      &mesh.dp_group(),
+      [&mesh](int span, int stride) -> comm::Communicator& {
+        return mesh.tp_subgroup(span, stride);
+      },
+      [&mesh](int degree) -> comm::Communicator& { return mesh.tp_replica_group(degree); },
+      &mesh.pp_group(),
+      mesh.ep_size() > 1 ? &mesh.ep_group() : nullptr,
+      [&mesh](int degree) -> comm::Communicator& { return mesh.expert_replica_group(degree); },
+      mesh.cp_size() > 1 ? &mesh.cp_group() : nullptr};
 }
 
 TrainSummary run_training(const plan::RunConfig& config, const TrainOptions& options) {

@@ -38,8 +38,8 @@ TEST(ContextParallelProgram, AttentionIsThreeSegmentsAroundTwoAllToAlls) {
   std::vector<std::string> names;
   for (const ops::SegmentShape& s : model.program().segments) names.push_back(s.name);
   const std::vector<std::string> expected{
-      "embedding", "attention.0", "attention_core.0", "attention_out.0", "mlp.0",
-      "attention.1", "attention_core.1", "attention_out.1", "mlp.1", "head"};
+      "embedding",   "attention.0",      "attention_core.0", "attention_out.0", "mlp.0",
+      "attention.1", "attention_core.1", "attention_out.1",  "mlp.1",           "head"};
   ASSERT_EQ(std::vector<std::string>(names.begin(), names.begin() + 10), expected);
   const auto& segments = model.program().segments;
   for (int layer = 0; layer < 2; ++layer) {
@@ -88,8 +88,9 @@ TEST(ContextParallelProgram, KeepsHalfThePerTokenActivationsPlusTheOutputProject
   const double extra = 2 * (n / 2) * C * 4;
   const double half = static_cast<double>(kept_by_layers(whole)) / 2;
   EXPECT_NEAR(static_cast<double>(kept_by_layers(split)), half + extra, 2 * 2 * 3 * 64.0);
-  EXPECT_LT(schedule::peak_activation_bytes(split.program(), schedule::generate(split.program(), spec)),
-            schedule::peak_activation_bytes(whole.program(), schedule::generate(whole.program(), spec)));
+  EXPECT_LT(
+      schedule::peak_activation_bytes(split.program(), schedule::generate(split.program(), spec)),
+      schedule::peak_activation_bytes(whole.program(), schedule::generate(whole.program(), spec)));
 }
 
 // Under oases (tp 2 x cp 2) every forward and backward collective of a sub-batch, the

@@ -134,7 +134,8 @@ TEST_P(ContextParallel, EveryLayoutAndScheduleMatchesTheSingleProcessRun) {
       {"cp2_pp2_zero_bubble", {1, 2, 1, 2}, "parallel.pipeline=zero-bubble"},
   };
   for (const auto& [name, layout, settings] : runs) {
-    const auto run = train(layout, name, "parallel.cp_kind=" + quoted("all-to-all") + " " + settings);
+    const auto run =
+        train(layout, name, "parallel.cp_kind=" + quoted("all-to-all") + " " + settings);
     if (run) expect_matches(*reference, *run, GetParam() + " " + name);
   }
   // The single process's step-1 checkpoint resumes at tp 2 x cp 2.
@@ -146,6 +147,56 @@ TEST_P(ContextParallel, EveryLayoutAndScheduleMatchesTheSingleProcessRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, ContextParallel, ::testing::Values("gpt", "llama", "bert"),
+                         [](const ::testing::TestParamInfo<std::string>& test) {
+                           return test.param;
+                         });
+
+// The trace of one oases step at tp 2 x cp 2: every instance issues each of its layers' four
+// all-to-alls exactly once, replays none, and no collective of an instance starts while that
+// instance recomputes.
+using ContextParallelTrace = ContextParallel;  // one architecture suffices for the trace
+
+TEST_P(ContextParallelTrace, OasesShowsEachAllToAllOnceAndNoneReplayed) {
+  const fs::path trace_file = dir_ / "traced" / "trace.json";
+  const auto run = train({2, 2, 1, 1}, "traced",
+                         "parallel.schedule=oases train.steps=1 log.trace=" +
+                             quoted(trace_file.string()),
+                         false);
+  ASSERT_TRUE(run.has_value());
+  std::ifstream in(trace_file);
+  ASSERT_TRUE(in.good()) << trace_file;
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<std::string, int> expected;
+  for (int mb = 0; mb < 2; ++mb)
+    for (int sb = 0; sb < 2; ++sb)
+      for (int l = 0; l < 2; ++l) {
+        std::string at = ".";  // (one append at a time: GCC 12's -Wrestrict misreads "." + s)
+        at += std::to_string(l);
+        at += oases::testing::instance_suffix(mb, sb);
+        expected["A2A fwd attention" + at] = 1;
+        expected["A2A fwd attention_core" + at] = 1;
+        expected["A2A bwd attention_core" + at] = 1;
+        expected["A2A bwd attention_out" + at] = 1;
+      }
+  for (int rank = 0; rank < 4; ++rank) {
+    std::map<std::string, int> counted;
+    const auto comm = oases::testing::lane_events(trace, rank, 1);
+    for (const auto& e : comm)
+      if (e.name.rfind("A2A ", 0) == 0) ++counted[e.name];
+    EXPECT_EQ(counted, expected) << "rank " << rank;
+    for (const auto& r : oases::testing::lane_events(trace, rank, 0)) {
+      if (r.name.rfind("R ", 0) != 0) continue;
+      const auto instance = oases::testing::instance_of(r.name);
+      ASSERT_TRUE(instance.has_value()) << r.name;
+      for (const auto& c : comm)
+        if (oases::testing::instance_of(c.name) == instance && c.start_us > r.start_us &&
+            c.start_us < r.start_us + r.duration_us)
+          ADD_FAILURE() << "rank " << rank << ": " << c.name << " begins during " << r.name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpt, ContextParallelTrace, ::testing::Values("gpt"),
                          [](const ::testing::TestParamInfo<std::string>& test) {
                            return test.param;
                          });
@@ -166,21 +217,21 @@ TEST_P(ContextParallelCheckpoints, ResumeEvaluateAndGenerateInOneProcess) {
            fs::copy_options::recursive);
   const auto resumed = train({}, "resumed", "checkpoint.resume=true", false);
   ASSERT_TRUE(resumed.has_value());
-  expect_same_losses(oases::testing::metric_values(*resumed / "metrics.jsonl", "loss"),
-                     [&] {
-                       const auto all =
-                           oases::testing::metric_values(*reference / "metrics.jsonl", "loss");
-                       return std::vector<double>(all.begin() + 1, all.end());
-                     }(),
-                     "resumed in one process");
+  expect_same_losses(
+      oases::testing::metric_values(*resumed / "metrics.jsonl", "loss"),
+      [&] {
+        const auto all = oases::testing::metric_values(*reference / "metrics.jsonl", "loss");
+        return std::vector<double>(all.begin() + 1, all.end());
+      }(),
+      "resumed in one process");
   const fs::path last = fs::path("ckpt") / "step_3";
   expect_same_tensors(*resumed / last / "model.safetensors",
                       *reference / last / "model.safetensors", "resumed in one process");
 
   const auto eval_loss = [&](const fs::path& checkpoint) {
-    const Result r = run_command(std::string(OASES_BINARY) + " eval --json --checkpoint " +
-                                 checkpoint.string() + " --data " + (dir_ / "data").string() +
-                                 " --batches 2");
+    const Result r =
+        run_command(std::string(OASES_BINARY) + " eval --json --checkpoint " + checkpoint.string() +
+                    " --data " + (dir_ / "data").string() + " --batches 2");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     const auto json = nlohmann::json::parse(r.output.substr(r.output.find('{')), nullptr, false);
     return json.is_discarded() ? -1.0 : json.at("loss").get<double>();
@@ -224,8 +275,8 @@ threads = 0
 path = ")" << (dir / "data").string()
                                    << "\"\n";
   const auto train = [&](int cp, std::int64_t limit) {
-    return run_command((cp > 1 ? oases::testing::mpirun_prefix(cp) : std::string()) +
-                       OASES_BINARY + " train --quiet --config " + (dir / "long.toml").string() +
+    return run_command((cp > 1 ? oases::testing::mpirun_prefix(cp) : std::string()) + OASES_BINARY +
+                       " train --quiet --config " + (dir / "long.toml").string() +
                        " --set parallel.cp=" + std::to_string(cp) +
                        " parallel.memory_limit=" + std::to_string(limit) + " log.metrics=" +
                        quoted((dir / ("cp" + std::to_string(cp)) / "metrics.jsonl").string()));
@@ -284,10 +335,10 @@ threads = 1
 path = ")" << (dir / "data").string()
                                    << "\"\n";
   const auto refused = [&](int ranks, const std::string& settings, const std::string& expected) {
-    const Result r = run_command(
-        (ranks > 1 ? oases::testing::mpirun_prefix(ranks) : std::string()) + OASES_BINARY +
-        " train --quiet --config " + (dir / "tiny.toml").string() + " --set " + settings +
-        " checkpoint.dir=" + quoted((dir / "out").string()));
+    const Result r =
+        run_command((ranks > 1 ? oases::testing::mpirun_prefix(ranks) : std::string()) +
+                    OASES_BINARY + " train --quiet --config " + (dir / "tiny.toml").string() +
+                    " --set " + settings + " checkpoint.dir=" + quoted((dir / "out").string()));
     EXPECT_NE(r.exit_code, 0) << settings;
     EXPECT_NE(r.output.find(expected), std::string::npos) << settings << "\n" << r.output;
   };
@@ -301,8 +352,7 @@ path = ")" << (dir / "data").string()
           "= 2, parallel.tp = 2) must both be divisible by parallel.cp = 2");
   refused(2, "parallel.cp=2 parallel.cp_kind=" + quoted("ring"),
           "parallel.cp_kind = \"ring\" is not available yet; valid: \"all-to-all\"");
-  refused(1, "parallel.cp_kind=" + quoted("ulysses"),
-          "parallel.cp_kind");
+  refused(1, "parallel.cp_kind=" + quoted("ulysses"), "parallel.cp_kind");
   refused(1, "parallel.cp=2", "needs 2 processes");
   refused(3, "parallel.cp=2", "must equal the number of processes, 3");
   refused(1, "parallel.cp=0", "parallel.cp = 0 must be at least 1");

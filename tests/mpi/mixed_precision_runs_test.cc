@@ -83,6 +83,11 @@ TEST_F(MixedPrecisionRuns, TensorAndDataParallel16BitRunsEndWithin3PercentOfFp32
        "tp2_oases_bf16_sequence_parallel",
        "train.precision=" + quoted("bf16") + " parallel.schedule=" + quoted("oases") +
            " parallel.sequence_parallel=true"},
+      // Context parallelism: 16-bit all-to-alls of q|k|v and attention outputs (two ranks,
+      // counted as the layout's dp = 2, set to cp = 2 x dp = 1).
+      {{1, 1, 2},
+       "cp2_bf16_all_to_all",
+       "train.precision=" + quoted("bf16") + " parallel.dp=1 parallel.cp=2"},
       {{1, 1, 2},
        "dp2_bf16_reduce_bf16",
        "train.precision=" + quoted("bf16") + " train.grad_reduce_dtype=" + quoted("bf16")},

@@ -248,8 +248,10 @@ TEST(ClusterCosts, ContextParallelAllToAllsRunOverTheCpGroup) {
   // 4 sequences of 8 tokens, 4 per rank each: 16 tokens of q|k|v (3 x 32 columns) leave each
   // rank, then 16 of the output (32 columns); backward moves them back.
   const std::vector<std::tuple<std::string, bool, std::int64_t>> all_to_alls{
-      {"attention.1", true, 16 * 96}, {"attention_core.1", true, 16 * 32},
-      {"attention_core.1", false, 16 * 96}, {"attention_out.1", false, 16 * 32}};
+      {"attention.1", true, 16 * 96},
+      {"attention_core.1", true, 16 * 32},
+      {"attention_core.1", false, 16 * 96},
+      {"attention_out.1", false, 16 * 32}};
   for (const auto& [name, forward, elements] : all_to_alls) {
     const int segment = index(name);
     const ops::SegmentShape& s = program.segments[static_cast<std::size_t>(segment)];
@@ -260,10 +262,10 @@ TEST(ClusterCosts, ContextParallelAllToAllsRunOverTheCpGroup) {
     schedule::Instruction start{schedule::Op::start};
     start.segment = segment;
     start.direction = forward ? schedule::Direction::forward : schedule::Direction::backward;
-    EXPECT_DOUBLE_EQ(costs.collective(start),
-                     collective_seconds(cluster, CollectiveOp::all_to_all,
-                                        4.0 * static_cast<double>(elements), {0, 1},
-                                        {{0, 1}, {2, 3}}))
+    EXPECT_DOUBLE_EQ(
+        costs.collective(start),
+        collective_seconds(cluster, CollectiveOp::all_to_all, 4.0 * static_cast<double>(elements),
+                           {0, 1}, {{0, 1}, {2, 3}}))
         << name;
   }
   schedule::Instruction reduce{schedule::Op::start};

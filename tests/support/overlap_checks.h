@@ -38,10 +38,11 @@ inline std::vector<schedule::Instruction> expect_every_collective_overlapped(
     }
     EXPECT_LT(j, steps.size()) << schedule::to_string(start) << " is never waited on";
     // The last backward collective of the step has nothing left to hide behind.
-    const bool last = std::none_of(steps.begin() + static_cast<std::ptrdiff_t>(std::min(j, steps.size())),
-                                   steps.end(), [](const schedule::Instruction& ins) {
-                                     return ins.op == Op::forward || ins.op == Op::backward;
-                                   });
+    const bool last =
+        std::none_of(steps.begin() + static_cast<std::ptrdiff_t>(std::min(j, steps.size())),
+                     steps.end(), [](const schedule::Instruction& ins) {
+                       return ins.op == Op::forward || ins.op == Op::backward;
+                     });
     if (!last) {
       EXPECT_TRUE(other_computes) << schedule::to_string(start) << " is not overlapped";
     }
