@@ -970,6 +970,12 @@ int run_simulate(const SimulateArgs& a) {
               "`oases plan`, which predicts every pipeline schedule",
               config.parallel.pp);
   const oases::plan::RunPlan run = oases::plan::make_run_plan(config);
+  OASES_CHECK(run.mesh.cp == 1,
+              "parallel.cp = {}: a profile measures whole sequences, not the segments of "
+              "context-parallel attention, so it cannot predict this layout yet; run `oases "
+              "simulate --cluster` with a cluster whose device computes from its peak FLOP/s "
+              "(clusters/dgx-h100.toml, ...), or set parallel.cp = 1",
+              run.mesh.cp);
   const oases::schedule::ScheduleSpec& spec = run.schedule;
   const auto measured = profile_for(run, a.profile);
   std::vector<int> plan;

@@ -128,6 +128,12 @@ void build_model(const plan::RunPlan& plan, const sim::RankLayout& layout, Shape
 // Compute and optimizer prices from the profile, for a cluster that computes from one.
 void price_from_profile(const plan::RunPlan& plan, const sim::RankLayout& layout,
                         const planner::Profile& profile, ShapeOnlyRank& r) {
+  OASES_CHECK(plan.mesh.cp == 1,
+              "parallel.cp = {}: a profile measures whole sequences, not the segments of "
+              "context-parallel attention, so it cannot price this layout yet; simulate it on a "
+              "cluster whose device computes from its peak FLOP/s (clusters/dgx-h100.toml, ...), "
+              "or with parallel.cp = 1",
+              plan.mesh.cp);
   const ops::Program& program = r.model->program();
   r.costs.compute = planner::profiled_compute(
       profile, program, static_cast<double>(plan.config.train.micro_batch) / plan.schedule.sub_batches);

@@ -356,6 +356,14 @@ path = ")" << (dir / "data").string()
   refused(1, "parallel.cp=2", "needs 2 processes");
   refused(3, "parallel.cp=2", "must equal the number of processes, 3");
   refused(1, "parallel.cp=0", "parallel.cp = 0 must be at least 1");
+  // The planner chooses per-layer degrees, which context parallelism does not take yet.
+  const Result plan = run_command(std::string(OASES_BINARY) + " plan --config " +
+                                  (dir / "tiny.toml").string() + " --cluster " +
+                                  OASES_SOURCE_DIR + "/clusters/dgx-h100.toml --set parallel.cp=2");
+  EXPECT_NE(plan.exit_code, 0);
+  EXPECT_NE(plan.output.find("context parallelism does not take yet (parallel.cp = 2)"),
+            std::string::npos)
+      << plan.output;
 }
 
 }  // namespace
