@@ -3,6 +3,7 @@
 // sub-batch) instance an event names.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <optional>
@@ -42,6 +43,21 @@ inline std::optional<std::pair<int, int>> instance_of(const std::string& name) {
 // " mb<m> sb<s>", as trace events name an instance.
 inline std::string instance_suffix(int mb, int sb) {
   return " mb" + std::to_string(mb) + " sb" + std::to_string(sb);
+}
+
+// Fails the test for every collective of `rank` that begins while its own instance recomputes
+// (recomputation must never wait on, or replay, a collective of the instance it rebuilds).
+inline void expect_no_collective_during_own_recompute(const nlohmann::json& trace, int rank) {
+  const std::vector<TraceEvent> comm = lane_events(trace, rank, 1);
+  for (const TraceEvent& r : lane_events(trace, rank, 0)) {
+    if (r.name.rfind("R ", 0) != 0) continue;
+    const auto instance = instance_of(r.name);
+    EXPECT_TRUE(instance.has_value()) << r.name;
+    for (const TraceEvent& c : comm)
+      if (instance_of(c.name) == instance && c.start_us > r.start_us &&
+          c.start_us < r.start_us + r.duration_us)
+        ADD_FAILURE() << "rank " << rank << ": " << c.name << " begins during " << r.name;
+  }
 }
 
 }  // namespace oases::testing
