@@ -378,8 +378,9 @@ class OutputSegment final : public Segment {
     shape.name = name_;
     shape.has_forward_collective = shape.has_backward_collective = true;
     shape.backward_stages = 2;
-    shape.forward_kind = CollectiveKind::all_reduce;
+    shape.forward_kind = reduction();
     shape.backward_kind = CollectiveKind::all_to_all;
+    shape.sequence_sharded = spec_.sequence_parallel;
     shape.collective_ranks = spec_.at.degree;
     shape.context_parallel_ranks = split_.groups;
     shape.degree = spec_.at.degree;
@@ -422,8 +423,10 @@ class OutputSegment final : public Segment {
         m_.gemm16);
     store().release(key(mb, sb, kDeferredGradients));
   }
+  // The partial sums of the output projection: whole on every rank of the layer's group, or
+  // (sequence parallelism) each rank's block of the tokens.
   CollectiveCall forward_collective(int mb, int sb) override {
-    return {CollectiveKind::all_reduce,
+    return {reduction(),
             comm::ReduceOp::sum,
             spec_.at.group,
             m_.slot_rows(Slot::output, mb, sb, spec_.at.rows),
@@ -435,6 +438,9 @@ class OutputSegment final : public Segment {
   }
 
  private:
+  CollectiveKind reduction() const {
+    return spec_.sequence_parallel ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
+  }
   Tensor attn(const Tensor& checkpoint) const {
     return checkpoint.view(attn_, {split_.local_tokens(), split_.out_width()});
   }

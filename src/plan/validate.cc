@@ -182,7 +182,11 @@ void check_context_parallelism(const RunConfig& c, const Settings& s) {
                 p.cp, setting);
   };
   not_yet(!c.model.has_moe(), fmt::format("model.moe_every = {}", c.model.moe_every));
-  not_yet(!p.sequence_parallel, "parallel.sequence_parallel = true");
+  OASES_CHECK(!p.sequence_parallel || c.model.seq_len / p.cp * c.train.micro_batch % p.tp == 0,
+              "parallel.sequence_parallel = true with parallel.cp = {}: each rank's {} tokens of "
+              "a micro-batch (model.seq_len / cp x train.micro_batch) must be divisible by "
+              "parallel.tp = {}",
+              p.cp, c.model.seq_len / p.cp * c.train.micro_batch, p.tp);
   not_yet(s.plan == LayerPlanSource::uniform, fmt::format("parallel.plan = \"{}\"", p.plan));
   not_yet(p.dp_sync_every == 1, fmt::format("parallel.dp_sync_every = {}", p.dp_sync_every));
   not_yet(s.pipeline != schedule::PipelineKind::two_bw,

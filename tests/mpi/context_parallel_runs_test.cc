@@ -128,6 +128,11 @@ TEST_P(ContextParallel, EveryLayoutAndScheduleMatchesTheSingleProcessRun) {
       {"cp2_cross_pass", {1, 2, 1, 1}, "parallel.schedule=cross-pass"},
       {"cp4", {1, 4, 1, 1}, ""},
       {"tp2_cp2_oases", {2, 2, 1, 1}, "parallel.schedule=oases"},
+      // Sequence parallelism inside each cp rank's tokens: norms, dropout and residuals on 1/tp
+      // of them, the output projection reduce-scattered.
+      {"tp2_cp2_sp_oases", {2, 2, 1, 1}, "parallel.schedule=oases parallel.sequence_parallel=true"},
+      {"tp2_cp2_sp_full", {2, 2, 1, 1},
+       "parallel.schedule=megatron parallel.recompute=full parallel.sequence_parallel=true"},
       {"cp2_dp2_zero1", {1, 2, 2, 1}, "parallel.zero=1"},
       {"cp2_dp2_zero3", {1, 2, 2, 1}, "parallel.zero=3"},
       {"cp2_pp2_1f1b", {1, 2, 1, 2}, "parallel.pipeline=1f1b"},
