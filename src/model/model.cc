@@ -138,11 +138,8 @@ void check_options(const ModelConfig& config, const ModelOptions& o) {
                 "parallel.cp_kind = \"all-to-all\": the heads ({}) and kv heads ({}) of each "
                 "tensor-parallel rank must be divisible by parallel.cp = {}",
                 config.heads / T, config.kv_head_count() / T, cp);
-    OASES_CHECK(!config.has_moe() &&
-                    std::ranges::all_of(o.layer_degrees, [&](int k) { return k == T; }),
-                "parallel.cp = {} is not available with mixture-of-experts layers or layers "
-                "below parallel.tp yet",
-                cp);
+    OASES_CHECK(!config.has_moe(),
+                "parallel.cp = {} is not available with mixture-of-experts layers yet", cp);
   }
   if (o.layer_degrees.empty()) return;
   OASES_CHECK(static_cast<std::int64_t>(o.layer_degrees.size()) == config.layers,

@@ -187,7 +187,7 @@ void check_context_parallelism(const RunConfig& c, const Settings& s) {
               "a micro-batch (model.seq_len / cp x train.micro_batch) must be divisible by "
               "parallel.tp = {}",
               p.cp, c.model.seq_len / p.cp * c.train.micro_batch, p.tp);
-  not_yet(s.plan == LayerPlanSource::uniform, fmt::format("parallel.plan = \"{}\"", p.plan));
+  not_yet(s.plan != LayerPlanSource::automatic, "parallel.plan = \"auto\"");
   not_yet(p.dp_sync_every == 1, fmt::format("parallel.dp_sync_every = {}", p.dp_sync_every));
   not_yet(s.pipeline != schedule::PipelineKind::two_bw,
           fmt::format("parallel.pipeline = \"{}\"", p.pipeline));

@@ -1,7 +1,8 @@
 // Context parallelism (parallel.cp, cp_kind = "all-to-all"): `mpirun -np N oases train` with
 // every sequence split over cp ranks (chunks i and 2cp - 1 - i of each), attention computed by
-// head groups after an all-to-all and turned back after it, alone and with tensor, data and
-// pipeline parallelism, every recomputation policy and ZeRO, validation losses and the
+// head groups after an all-to-all and turned back after it, alone and with tensor (and
+// sequence), data and pipeline parallelism, per-layer plans, every recomputation policy and
+// ZeRO, validation losses and the
 // predicted activation peak included, gives the losses, parameters and AdamW moments of the
 // single-process run in fp64 to relative 1e-10, for GPT, LLaMA (grouped-query attention) and
 // BERT (bidirectional attention, masked-LM targets), with dropout 0.1 on the residual stream
@@ -133,6 +134,11 @@ TEST_P(ContextParallel, EveryLayoutAndScheduleMatchesTheSingleProcessRun) {
       {"tp2_cp2_sp_oases", {2, 2, 1, 1}, "parallel.schedule=oases parallel.sequence_parallel=true"},
       {"tp2_cp2_sp_full", {2, 2, 1, 1},
        "parallel.schedule=megatron parallel.recompute=full parallel.sequence_parallel=true"},
+      // Per-layer plans: a layer at degree 1 runs whole on each tensor-parallel rank, with its
+      // own head groups over the same cp pair.
+      {"tp2_cp2_plan_oases", {2, 2, 1, 1}, "parallel.schedule=oases parallel.plan=" + quoted("1,2")},
+      {"tp2_cp2_sp_plan", {2, 2, 1, 1},
+       "parallel.sequence_parallel=true parallel.plan=" + quoted("2,1")},
       {"cp2_dp2_zero1", {1, 2, 2, 1}, "parallel.zero=1"},
       {"cp2_dp2_zero3", {1, 2, 2, 1}, "parallel.zero=3"},
       {"cp2_pp2_1f1b", {1, 2, 1, 2}, "parallel.pipeline=1f1b"},
