@@ -132,12 +132,16 @@ TEST_P(ContextParallel, EveryLayoutAndScheduleMatchesTheSingleProcessRun) {
       // Sequence parallelism inside each cp rank's tokens: norms, dropout and residuals on 1/tp
       // of them, the output projection reduce-scattered.
       {"tp2_cp2_sp_oases", {2, 2, 1, 1}, "parallel.schedule=oases parallel.sequence_parallel=true"},
-      {"tp2_cp2_sp_full", {2, 2, 1, 1},
+      {"tp2_cp2_sp_full",
+       {2, 2, 1, 1},
        "parallel.schedule=megatron parallel.recompute=full parallel.sequence_parallel=true"},
       // Per-layer plans: a layer at degree 1 runs whole on each tensor-parallel rank, with its
       // own head groups over the same cp pair.
-      {"tp2_cp2_plan_oases", {2, 2, 1, 1}, "parallel.schedule=oases parallel.plan=" + quoted("1,2")},
-      {"tp2_cp2_sp_plan", {2, 2, 1, 1},
+      {"tp2_cp2_plan_oases",
+       {2, 2, 1, 1},
+       "parallel.schedule=oases parallel.plan=" + quoted("1,2")},
+      {"tp2_cp2_sp_plan",
+       {2, 2, 1, 1},
        "parallel.sequence_parallel=true parallel.plan=" + quoted("2,1")},
       {"cp2_dp2_zero1", {1, 2, 2, 1}, "parallel.zero=1"},
       {"cp2_dp2_zero3", {1, 2, 2, 1}, "parallel.zero=3"},
@@ -360,9 +364,9 @@ path = ")" << (dir / "data").string()
   refused(3, "parallel.cp=2", "must equal the number of processes, 3");
   refused(1, "parallel.cp=0", "parallel.cp = 0 must be at least 1");
   // The planner chooses per-layer degrees, which context parallelism does not take yet.
-  const Result plan = run_command(std::string(OASES_BINARY) + " plan --config " +
-                                  (dir / "tiny.toml").string() + " --cluster " +
-                                  OASES_SOURCE_DIR + "/clusters/dgx-h100.toml --set parallel.cp=2");
+  const Result plan =
+      run_command(std::string(OASES_BINARY) + " plan --config " + (dir / "tiny.toml").string() +
+                  " --cluster " + OASES_SOURCE_DIR + "/clusters/dgx-h100.toml --set parallel.cp=2");
   EXPECT_NE(plan.exit_code, 0);
   EXPECT_NE(plan.output.find("context parallelism does not take yet (parallel.cp = 2)"),
             std::string::npos)
