@@ -310,15 +310,8 @@ class CoreSegment final : public Segment {
   // core from it does not rotate again); kCore: attention; kOutput: each rank's tokens of the
   // output into the send slot.
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) {
-    const Tensor checkpoint =
-        (parts & kCheckpoint)
-            ? store().acquire(key(mb, sb, kCheckpoint), m_.dtype, checkpoint_.elements(),
-                              checkpoint_.encodable_elements())
-            : store().get(key(mb, sb, kCheckpoint));
-    const Tensor core = (parts & kCore)
-                            ? store().acquire(key(mb, sb, kCore), m_.dtype, core_set_.elements(),
-                                              core_set_.encodable_elements())
-                            : store().get(key(mb, sb, kCore));
+    const Tensor checkpoint = acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_);
+    const Tensor core = acquire_or_get(mb, sb, kCore, parts, core_set_);
     const std::int64_t n = split_.local_tokens();
     if (parts & kCheckpoint) {
       split_.move_rows(qkv(checkpoint), split_.slot(Slot::cp_recv, mb, sb, n * split_.qkv_width()),
@@ -464,11 +457,7 @@ class OutputSegment final : public Segment {
   // kCheckpoint: the output rows that arrived, head group j's from rank j; kOutput: the
   // projection's partial sums.
   void run(const StepContext&, int mb, int sb, TensorSets parts) {
-    const Tensor checkpoint =
-        (parts & kCheckpoint)
-            ? store().acquire(key(mb, sb, kCheckpoint), m_.dtype, checkpoint_.elements(),
-                              checkpoint_.encodable_elements())
-            : store().get(key(mb, sb, kCheckpoint));
+    const Tensor checkpoint = acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_);
     const std::int64_t n = split_.local_tokens();
     if (parts & kCheckpoint)
       split_.move_out_columns(attn(checkpoint),

@@ -209,11 +209,6 @@ class LayerSegment : public Segment {
   Tensor matrix(const Tensor& block, std::int64_t offset, std::int64_t cols) const {
     return block.view(offset, {tokens_, cols});
   }
-  Tensor acquire_or_get(int mb, int sb, TensorSet set, TensorSets parts, const SetLayout& layout) {
-    return (parts & set) ? store().acquire(key(mb, sb, set), layout.dtype(), layout.elements(),
-                                           layout.encodable_elements())
-                         : store().get(key(mb, sb, set));
-  }
   Tensor residual(const Tensor& checkpoint) const { return matrix(checkpoint, residual_, m_.hidden); }
   ResidualEpilogue::Kept epilogue_kept(const Tensor& checkpoint) const {
     return layer_.epilogue.kept(checkpoint, checkpoint_, epilogue_kept_, tokens_, m_.hidden);

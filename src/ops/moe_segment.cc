@@ -548,11 +548,6 @@ class MoeExpertsSegment final : public Segment {
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) {
     for_dtype(m_.dtype, [&]<class T>() { run_typed<T>(ctx, mb, sb, parts); });
   }
-  Tensor acquire_or_get(int mb, int sb, TensorSet set, TensorSets parts, const SetLayout& layout) {
-    return (parts & set) ? store().acquire(key(mb, sb, set), layout.dtype(), layout.elements(),
-                                           layout.encodable_elements())
-                         : store().get(key(mb, sb, set));
-  }
   // Expert e's first n rows of an internals piece of `width` columns.
   Tensor piece(const Tensor& internals, std::int64_t offset, int e, std::int64_t n,
                std::int64_t width) const {
@@ -762,10 +757,7 @@ class MoeCombineSegment final : public Segment {
   template <class T>
   void run_typed(int mb, int sb, TensorSets parts) {
     const std::int64_t n = layout_.total_rows(), C = layout_.hidden, W = layout_.width;
-    const Tensor checkpoint = (parts & kCheckpoint)
-                                  ? store().acquire(key(mb, sb, kCheckpoint), checkpoint_.dtype(),
-                                                    checkpoint_.elements(), checkpoint_.encodable_elements())
-                                  : store().get(key(mb, sb, kCheckpoint));
+    const Tensor checkpoint = acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_);
     if (parts & kCheckpoint) {
       kernels::copy(m_.slot_rows(Slot::moe_residual, mb, sb, spec_.at.rows),
                     checkpoint.view(residual_, {tokens_, C}));

@@ -44,6 +44,7 @@
 #include "comm/communicator.h"
 #include "core/tensor.h"
 #include "ops/activation_store.h"
+#include "ops/context.h"
 #include "ops/program.h"
 
 #include <cstdint>
@@ -134,6 +135,14 @@ class Segment {
 
  protected:
   ActivationKey key(int mb, int sb, std::uint8_t set) const { return {id_, mb, sb, set}; }
+  // Set `set` of instance (mb, sb): acquired anew (laid out as `layout`) when `parts` forms it,
+  // else the live one.
+  Tensor acquire_or_get(int mb, int sb, TensorSet set, TensorSets parts,
+                        const SetLayout& layout) const {
+    return (parts & set) ? store_.acquire(key(mb, sb, set), layout.dtype(), layout.elements(),
+                                          layout.encodable_elements())
+                         : store_.get(key(mb, sb, set));
+  }
   ActivationStore& store() const { return store_; }
 
  private:

@@ -161,11 +161,7 @@ class SequenceShardSegment final : public Segment {
   // all-gather sends (the pre-norm's output, or the residual itself without one). Without
   // kOutput the norm's output goes to scratch: the slot may be another instance's by then.
   void run(const StepContext& ctx, int mb, int sb, TensorSets parts) {
-    const Tensor checkpoint =
-        (parts & kCheckpoint)
-            ? store().acquire(key(mb, sb, kCheckpoint), m_.dtype, checkpoint_.elements(),
-                              checkpoint_.encodable_elements())
-            : store().get(key(mb, sb, kCheckpoint));
+    const Tensor checkpoint = acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_);
     if (parts & kCheckpoint) {
       const ResidualEpilogue& epilogue = spec_.epilogue;
       Tensor input;
@@ -184,11 +180,7 @@ class SequenceShardSegment final : public Segment {
     }
     const bool norm = spec_.pre_norm.present();
     if (norm && (parts & (kInternals | kOutput))) {
-      const Tensor internals =
-          (parts & kInternals)
-              ? store().acquire(key(mb, sb, kInternals), m_.dtype, internals_.elements(),
-                                internals_.encodable_elements())
-              : store().get(key(mb, sb, kInternals));
+      const Tensor internals = acquire_or_get(mb, sb, kInternals, parts, internals_);
       const Tensor out =
           (parts & kOutput) ? block(Slot::output, mb, sb) : m_.scratch_narrow.rows(0, tokens_);
       spec_.pre_norm.forward(residual(checkpoint), out, norm_stats(internals));
