@@ -35,6 +35,18 @@ class AllOf final : public Work {
   bool test() override {
     return std::ranges::all_of(parts_, [](auto& part) { return part->test(); });
   }
+  // From the first part's beginning to the last part's end, where every part measures.
+  std::optional<WorkTiming> timing() const override {
+    std::optional<WorkTiming> whole;
+    for (const auto& part : parts_) {
+      const std::optional<WorkTiming> t = part->timing();
+      if (!t) return std::nullopt;
+      whole = whole ? WorkTiming{std::min(whole->began, t->began),
+                                 std::max(whole->finished, t->finished)}
+                    : *t;
+    }
+    return whole;
+  }
 
  private:
   std::vector<std::unique_ptr<Work>> parts_;
@@ -73,6 +85,23 @@ std::unique_ptr<Work> Communicator::all_gather_blocks_async(Tensor buffer,
     parts.push_back(broadcast_async(buffer.view(offset, {count}), root));
     offset += count;
   }
+  return std::make_unique<AllOf>(std::move(parts));
+}
+
+std::unique_ptr<Work> Communicator::shift_async(Tensor send, Tensor recv, int offset) {
+  OASES_ASSERT(send.numel() == recv.numel() && send.dtype() == recv.dtype(),
+               "shift on group '{}': sends {} {} and receives {} {}", name(),
+               dtype_name(send.dtype()), send.shape().str(), dtype_name(recv.dtype()),
+               recv.shape().str());
+  const int n = size();
+  const int to = ((rank() + offset) % n + n) % n, from = ((rank() - offset) % n + n) % n;
+  if (to == rank()) {
+    copy(send, recv, "shift");
+    return done();
+  }
+  std::vector<std::unique_ptr<Work>> parts;
+  parts.push_back(recv_async(recv, from, kShiftTag));
+  parts.push_back(send_async(send, to, kShiftTag));
   return std::make_unique<AllOf>(std::move(parts));
 }
 

@@ -76,6 +76,12 @@ class Communicator {
                                                   Tensor output,
                                                   std::vector<std::int64_t> recv_counts) = 0;
   virtual std::unique_ptr<Work> barrier_async() = 0;
+  // One step of a ring: `send` goes to the rank `offset` places after this one (modulo size())
+  // and `recv` (as large) is filled by the rank `offset` places before it; every rank of the
+  // group takes part with the same offset, and steps match in the order they are issued. The
+  // base version is a send and a receive of tag kShiftTag.
+  virtual std::unique_ptr<Work> shift_async(Tensor send, Tensor recv, int offset);
+  static constexpr int kShiftTag = 0x5348;
 
   // Collectives over the blocks of one buffer (ZeRO's partition of a gradient bucket): the
   // buffer is cut into size() consecutive blocks of counts[0], counts[1], ... elements (they sum

@@ -51,6 +51,10 @@ struct AttentionDropout {
   DropoutSite site;                // seed, step, layer and site of the mask's stream
   std::int64_t sample_offset = 0;  // global index of batch row 0
   std::int64_t head_offset = 0;    // global index of query head 0
+  // Positions within the sequence of the call's query 0 and key 0: a call over one chunk of
+  // queries against another chunk of keys (ring attention) draws the unsplit mask's entries.
+  std::int64_t query_offset = 0;
+  std::int64_t key_offset = 0;
 };
 
 }  // namespace oases::kernels

@@ -576,6 +576,17 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   dqkv32.store();
 }
 
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_out,
+                     const Tensor& part_lse, const AttentionShape& shape) {
+  half_type("attention_merge", {&out, &part_out});
+  check_f32("attention_merge", {&lse, &part_lse});
+  check_contiguous("attention_merge", {&out, &lse, &part_out, &part_lse});
+  const F32Image out32 = accumulator(out), part32 = input(part_out);
+  cpu::attention_merge<float>(out32.data(), lse.data<float>(), part32.data(),
+                              part_lse.data<float>(), cpu_shape(shape));
+  out32.store();
+}
+
 void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const Tensor& cos,
                    const Tensor& sin) {
   const DType h = half_type("rotary_tables", {&cos, &sin});

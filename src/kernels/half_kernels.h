@@ -50,6 +50,8 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                         const Tensor& dqkv, const AttentionShape& shape,
                         const AttentionDropout& dropout);
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_out,
+                     const Tensor& part_lse, const AttentionShape& shape);
 
 void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const Tensor& cos,
                    const Tensor& sin);

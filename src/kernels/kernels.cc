@@ -185,6 +185,24 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   });
 }
 
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_out,
+                     const Tensor& part_lse, const AttentionShape& s) {
+  const TimedSection timed(TimeCategory::attention);
+  OASES_ASSERT(out.numel() == s.batch * s.seq * s.heads * s.head_dim &&
+                   part_out.numel() == out.numel() && lse.numel() == s.batch * s.heads * s.seq &&
+                   part_lse.numel() == lse.numel(),
+               "attention_merge: out {}, {}; lse {}, {}", out.shape().str(),
+               part_out.shape().str(), lse.shape().str(), part_lse.shape().str());
+  if (half::is_half(out.dtype())) return half::attention_merge(out, lse, part_out, part_lse, s);
+  const DType dtype = common_dtype("attention_merge", {&out, &lse, &part_out, &part_lse});
+  check_contiguous("attention_merge", {&out, &lse, &part_out, &part_lse});
+  by_dtype(dtype, "attention_merge", [&](auto zero) {
+    using T = decltype(zero);
+    cpu::attention_merge<T>(out.data<T>(), lse.data<T>(), part_out.data<T>(), part_lse.data<T>(),
+                            cpu_shape(s));
+  });
+}
+
 void cached_attention_forward(const Tensor& qkv, const Tensor& keys, const Tensor& values,
                               const Tensor& out, std::int64_t past) {
   const TimedSection timed(TimeCategory::attention);
@@ -322,6 +340,19 @@ void copy_matrix(const Tensor& src, const Tensor& dst) {
   for (std::int64_t r = 0; r < src.dim(0); ++r)
     std::memcpy(to + static_cast<std::size_t>(r) * to_stride,
                 from + static_cast<std::size_t>(r) * from_stride, row_bytes);
+}
+
+void add_matrix(const Tensor& src, const Tensor& dst) {
+  common_dtype("add_matrix", {&src, &dst});
+  OASES_ASSERT(
+      src.ndim() == 2 && src.shape() == dst.shape() && src.stride(1) == 1 && dst.stride(1) == 1,
+      "add_matrix of a {}-dimensional [{}, {}] view into [{}, {}]", src.ndim(), src.dim(0),
+      src.ndim() > 1 ? src.dim(1) : 0, dst.dim(0), dst.ndim() > 1 ? dst.dim(1) : 0);
+  if (src.is_contiguous() && dst.is_contiguous()) return add(dst, src, dst);
+  for (std::int64_t r = 0; r < src.dim(0); ++r) {
+    const Tensor to = dst.rows(r, r + 1);
+    add(to, src.rows(r, r + 1), to);
+  }
 }
 
 void zero(const Tensor& t) {

@@ -93,6 +93,13 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
                         const Tensor& lse, const Tensor& dqkv, const AttentionShape& shape,
                         const AttentionDropout& dropout = {});
 
+// Folds partial attention (part_out, part_lse: the same queries over other keys) into
+// (out, lse), the layouts of attention_forward for `shape` (its seq: the queries): lse becomes
+// log(e^lse + e^part_lse), out the rows mixed by those weights (ring attention; cpu/attention.h).
+// 16-bit: out and part_out H, lse f32.
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_out,
+                     const Tensor& part_lse, const AttentionShape& shape);
+
 // Causal attention of `rows` new positions over a key/value cache (cpu/cached_attention.h):
 // qkv [rows, >= (heads + 2 kv_heads) * head_dim] (strided rows allowed) holds the new
 // positions' q|k|v, at absolute positions past..past + rows - 1; their k and v are written
@@ -175,6 +182,9 @@ void copy(const Tensor& src, const Tensor& dst);
 // dst := src for matrices of the same shape whose rows may be strided (column blocks of wider
 // matrices); they must not overlap.
 void copy_matrix(const Tensor& src, const Tensor& dst);
+// dst += src for matrices of the same shape whose rows may be strided (column blocks of wider
+// matrices); they must not overlap.
+void add_matrix(const Tensor& src, const Tensor& dst);
 // t := 0
 void zero(const Tensor& t);
 

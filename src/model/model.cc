@@ -132,9 +132,8 @@ void check_options(const ModelConfig& config, const ModelOptions& o) {
     OASES_CHECK(config.seq_len % (2 * cp) == 0,
                 "parallel.cp = {}: model.seq_len = {} must be divisible by 2 x cp = {}", cp,
                 config.seq_len, 2 * cp);
-    OASES_CHECK(o.cp_kind == ops::ContextParallelKind::all_to_all,
-                "parallel.cp_kind = \"ring\" is not available yet; use \"all-to-all\"");
-    OASES_CHECK(config.heads / T % cp == 0 && config.kv_head_count() / T % cp == 0,
+    OASES_CHECK(o.cp_kind == ops::ContextParallelKind::ring ||
+                    (config.heads / T % cp == 0 && config.kv_head_count() / T % cp == 0),
                 "parallel.cp_kind = \"all-to-all\": the heads ({}) and kv heads ({}) of each "
                 "tensor-parallel rank must be divisible by parallel.cp = {}",
                 config.heads / T, config.kv_head_count() / T, cp);
@@ -250,13 +249,17 @@ class Model::Builder final : public ParamResolver {
         moe_rows = std::max(moe_rows, ops::moe_slot_rows(moe.router, moe.group_tokens,
                                                          placement(l).rows * c_.seq_len));
       }
-    // The all-to-alls of context-parallel attention move this rank's q|k|v.
+    // The all-to-alls of context-parallel attention move this rank's q|k|v; the ring moves
+    // its k|v and keeps the queries' and the output's gradients.
+    const bool ring = ctx.cp_kind == ops::ContextParallelKind::ring;
     const std::int64_t cp_elements =
-        ctx.cp_size() > 1
-            ? ctx.tokens() * (c_.heads + 2 * c_.kv_head_count()) * c_.head_dim() / ctx.tp_size()
-            : 0;
+        ctx.cp_size() == 1 ? 0
+        : ring ? ctx.tokens() * std::max(c_.heads, 2 * c_.kv_head_count()) * c_.head_dim() /
+                     ctx.tp_size()
+               : ctx.tokens() * (c_.heads + 2 * c_.kv_head_count()) * c_.head_dim() /
+                     ctx.tp_size();
     ctx.slots.allocate(m_.arena_, ctx.dtype, ctx.slot_lanes, ctx.sub_batches, ctx.tokens(),
-                       c_.hidden, reshards, moe_rows, cp_elements);
+                       c_.hidden, reshards, moe_rows, cp_elements, ring && ctx.cp_size() > 1);
   }
 
   void add_embedding() {
@@ -318,7 +321,15 @@ class Model::Builder final : public ParamResolver {
     scratch_wide_ =
         std::max(scratch_wide_, ops::scratch_wide_elements(attention, context().seq_len));
     const int attention_id = next_id();
-    if (context().cp_size() > 1) {
+    if (context().cp_size() > 1 && context().cp_kind == ops::ContextParallelKind::ring) {
+      scratch_wide_ = std::max(scratch_wide_,
+                               ops::ring_attention_scratch_elements(context(), attention));
+      ops::append_ring_attention_segments(attention_id, context(), std::move(attention),
+                                          m_.segments_);
+      // The output projection (the last of the layer's attention segments) reads the layer's
+      // parameters the projections resolved.
+      groups_of_segment_[next_id() - 1] = groups_of_segment_[attention_id];
+    } else if (context().cp_size() > 1) {
       ops::append_all_to_all_attention_segments(attention_id, context(), std::move(attention),
                                                 m_.segments_);
       // The output projection reads the layer's parameters the projections resolved.

@@ -9,6 +9,13 @@ void CoreAttention::rotate(const Tensor& qkv) const {
                         shape_.head_dim, cos_, sin_, false);
 }
 
+void CoreAttention::rotate_rows(const Tensor& rows, std::int64_t first, bool inverse) const {
+  if (cos_.empty()) return;
+  const std::int64_t count = rows.dim(0);
+  kernels::rotary_apply(rows, 1, count, shape_.heads + shape_.kv_heads, shape_.head_dim,
+                        cos_.rows(first, first + count), sin_.rows(first, first + count), inverse);
+}
+
 void CoreAttention::forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                             const kernels::AttentionDropout& dropout) const {
   kernels::attention_forward(qkv, out, lse, shape_, dropout);

@@ -36,6 +36,9 @@ class CoreAttention {
   // right after the projections, so that recomputing attention from a kept qkv does not
   // rotate twice). No-op without rotary.
   void rotate(const Tensor& qkv) const;
+  // The same for `rows` consecutive positions of one sequence, from position `first` (the
+  // rows of one context-parallel chunk); inverse: back (the gradient before rotation).
+  void rotate_rows(const Tensor& rows, std::int64_t first, bool inverse) const;
   // qkv [n, qkv_width()] (already rotated); out [n, out_width()]; lse [lse_elements()].
   // `dropout` drops attention probabilities (its offsets are the global indices of this call's
   // first sequence and first head).

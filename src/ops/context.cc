@@ -9,7 +9,7 @@ namespace oases::ops {
 
 void Slots::allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std::int64_t tokens,
                      std::int64_t hidden, bool with_reshard, std::int64_t moe_rows,
-                     std::int64_t cp_elements) {
+                     std::int64_t cp_elements, bool ring) {
   OASES_ASSERT(lanes >= 1 && sub_batches >= 1, "{} lanes of {} sub-batches", lanes, sub_batches);
   lanes_ = lanes;
   sub_batches_ = sub_batches;
@@ -19,7 +19,7 @@ void Slots::allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std:
       const auto slot = static_cast<Slot>(s);
       if (slot == Slot::reshard && !with_reshard) continue;
       if (slot >= Slot::cp_send) {
-        if (cp_elements > 0)
+        if (cp_elements > 0 && (ring || slot < Slot::cp_kv_grad))
           slots[static_cast<std::size_t>(s)] = arena.allocate(dtype, {cp_elements});
         continue;
       }

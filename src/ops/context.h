@@ -51,8 +51,14 @@ enum class Slot : std::uint8_t {
   cp_recv,
   cp_grad_send,
   cp_grad_recv,
+  // Context parallelism of the ring kind also keeps, between the segments of a layer's
+  // backward, one step's share of a block's dk|dv, the queries' gradient and the attention
+  // output's gradient ([cp_elements] each, present only then; ops/ring_attention.cc).
+  cp_kv_grad,
+  cp_query_grad,
+  cp_out_grad,
 };
-inline constexpr int kSlotCount = 15;
+inline constexpr int kSlotCount = 18;
 
 // An MoE row ends in a header of 8 bytes, held as raw bits whatever the element type (a 16-bit
 // float cannot hold a position): the token's global sample and position as int32 (sample -1:
@@ -68,12 +74,13 @@ inline constexpr std::int64_t moe_routing_elements(DType dtype) {
 class Slots {
  public:
   // Allocates every slot (reshard only when `with_reshard`, the MoE slots only when moe_rows
-  // > 0, the context-parallel ones only when cp_elements > 0) for `lanes` x `sub_batches`
+  // > 0, the context-parallel ones only when cp_elements > 0, those of the ring kind only with
+  // `ring`) for `lanes` x `sub_batches`
   // (micro-batch lane, sub-batch) pairs of `tokens` x `hidden` elements of `dtype` from
   // `arena`.
   void allocate(Arena& arena, DType dtype, int lanes, int sub_batches, std::int64_t tokens,
                 std::int64_t hidden, bool with_reshard, std::int64_t moe_rows = 0,
-                std::int64_t cp_elements = 0);
+                std::int64_t cp_elements = 0, bool ring = false);
   // [tokens, hidden]: the slot of micro-batch `micro_batch` (lane micro_batch % lanes) and
   // sub-batch `sub_batch`.
   const Tensor& at(Slot slot, int micro_batch, int sub_batch) const;

@@ -164,6 +164,31 @@ void append_all_to_all_attention_segments(int first_id, const ModelContext& mode
                                           AttentionSpec spec,
                                           std::vector<std::unique_ptr<Segment>>& segments);
 
+// Context parallelism of the ring kind (ring attention; ops/ring_attention.cc has the shapes):
+// an attention layer as 2 c segments, c = cp, so that every block transfer is a schedule
+// instruction and travels while a step attends to the block in hand:
+//
+//   attention.l          r = epilogue(previous output)  [checkpoint] -> [pre-norm]  [internals]
+//                        -> QKV, rotated at the chunks' positions, and the running attention
+//                        [core, never dropped] -> this rank's k|v to the next cp rank | shift
+//   attention_ring.l.0   attention to the local block (beside the shift)
+//   attention_recv.l.t   the block of cp rank r - t  [checkpoint] -> on to the next | shift
+//   attention_ring.l.t   attention to it (beside the shift)            (0 < t < c - 1)
+//   attention_out.l      the block of cp rank r - c + 1  [checkpoint] -> attention to it
+//                        -> out-projection of the merged output (row-parallel) | AR (group)
+//
+// Backward runs the other way: each step adds its block's share of dq and sends its share of
+// the block's dk|dv on towards the block's owner, added to what came from the next rank
+// (shifts the other way, again beside the steps' attention); the projections run back into
+// the input's partial gradient (AR over the layer's group). The MLP's residual is
+// attention.l's checkpoint. Buffers: Slot::cp_send / cp_recv / cp_grad_send / cp_grad_recv /
+// cp_kv_grad ([tokens, 2 kv_heads head_dim] used) and cp_query_grad / cp_out_grad ([tokens,
+// heads head_dim] used).
+void append_ring_attention_segments(int first_id, const ModelContext& model, AttentionSpec spec,
+                                    std::vector<std::unique_ptr<Segment>>& segments);
+// Backward scratch (scratch_wide) of those segments, elements.
+std::int64_t ring_attention_scratch_elements(const ModelContext& model, const AttentionSpec& spec);
+
 // Backward scratch the segments of a spec need beyond [tokens, hidden] (elements).
 std::int64_t scratch_wide_elements(const AttentionSpec& spec, std::int64_t seq_len);
 std::int64_t scratch_wide_elements(const MlpSpec& spec, std::int64_t seq_len);

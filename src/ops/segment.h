@@ -110,7 +110,11 @@ class Segment {
     Tensor buffer;  // all_reduce: combined in place; all_gather: the whole gathered output;
                     // all_to_all: what arrives, block i from rank i
     Tensor block;   // all_gather: this rank's block of `buffer`, already in place;
-                    // all_to_all: what leaves, block j to rank j (as large as `buffer`)
+                    // all_to_all: what leaves, block j to rank j (as large as `buffer`);
+                    // shift: what leaves (as large as `buffer`)
+    // shift: `block` goes to the rank this many places after this one in the group (modulo its
+    // size) and `buffer` is filled by the rank as many places before it.
+    int shift = 0;
   };
 
   // The ranks on which the segment's checkpoint is identical (SegmentShape::

@@ -163,17 +163,13 @@ void check_context_parallelism(const RunConfig& c, const Settings& s) {
               "holds two of 2 x cp equal chunks of every sequence); valid: a cp with 2 x cp "
               "dividing {}",
               p.cp, c.model.seq_len, 2 * p.cp, c.model.seq_len);
-  if (s.context_parallel == ops::ContextParallelKind::ring)
-    throw UserError(fmt::format(
-        "parallel.cp_kind = \"ring\" is not available yet; valid: \"all-to-all\" (heads and "
-        "kv heads per tensor-parallel rank divisible by parallel.cp = {})",
-        p.cp));
   const std::int64_t heads = c.model.heads / p.tp, kv_heads = c.model.kv_head_count() / p.tp;
-  OASES_CHECK(heads % p.cp == 0 && kv_heads % p.cp == 0,
+  OASES_CHECK(s.context_parallel == ops::ContextParallelKind::ring ||
+                  (heads % p.cp == 0 && kv_heads % p.cp == 0),
               "parallel.cp_kind = \"all-to-all\" trades sequence shards for head shards: the "
               "heads ({}) and kv heads ({}) of each tensor-parallel rank (model.heads = {}, "
               "kv heads = {}, parallel.tp = {}) must both be divisible by parallel.cp = {}; valid "
-              "cp: a common divisor of {} and {}",
+              "cp: a common divisor of {} and {}, or parallel.cp_kind = \"ring\"",
               heads, kv_heads, c.model.heads, c.model.kv_head_count(), p.tp, p.cp, heads, kv_heads);
   const auto not_yet = [&](bool ok, std::string_view setting) {
     OASES_CHECK(ok,

@@ -61,6 +61,7 @@ std::string trace_name(const InstructionRecord& record) {
       const char* kind = record.collective == ops::CollectiveKind::all_gather       ? "AG"
                          : record.collective == ops::CollectiveKind::all_to_all     ? "A2A"
                          : record.collective == ops::CollectiveKind::reduce_scatter ? "RS"
+                         : record.collective == ops::CollectiveKind::shift          ? "SHIFT"
                          : record.reduce == comm::ReduceOp::max                     ? "AR-max"
                                                                                     : "AR";
       return fmt::format("{} {}{} {} mb{} sb{}", kind,

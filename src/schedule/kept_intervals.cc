@@ -38,7 +38,7 @@ void for_each_set_read(const ops::Program& program, const Instruction& ins, Read
   const auto others = [&] {
     for (int owner : shape.reads_sets_of)
       for (TensorSet set : kKeptSets)
-        if (shape_at(program, owner).sets & set) read(owner, set);
+        if (shape_at(program, owner).sets & set & shape.owner_sets_read) read(owner, set);
   };
   switch (ins.op) {
     case Op::forward:

@@ -82,12 +82,13 @@ int checkpoint_last_reader(const Program& program, int segment) {
 TensorSets dropped_after_forward(const Program& program, int segment, Recompute policy) {
   const SegmentShape& shape = shape_of(program, segment);
   if (!shape.recomputable) return 0;
+  const TensorSets droppable = shape.sets & ~shape.never_dropped;
   switch (policy) {
     case Recompute::none: return 0;
-    case Recompute::selective: return shape.sets & kCore;
+    case Recompute::selective: return droppable & kCore;
     case Recompute::fine_grained:
     case Recompute::full:
-    case Recompute::sqrt: return shape.sets & (kInternals | kCore);
+    case Recompute::sqrt: return droppable & (kInternals | kCore);
   }
   return 0;
 }
@@ -118,6 +119,8 @@ Schedule instance_forward(const Program& program, const ScheduleSpec& spec, int 
   Schedule out;
   const int num_segments = static_cast<int>(program.segments.size());
   const Recompute policy = spec.recompute;
+  // The Wait of a collective that travels beside the next segment's Forward.
+  std::optional<Instruction> beside_wait;
   for (int s = 0; s < num_segments; ++s) {
     const SegmentShape& shape = shape_of(program, s);
     out.push_back(make(Op::forward, s, mb, sb));
@@ -139,12 +142,19 @@ Schedule instance_forward(const Program& program, const ScheduleSpec& spec, int 
       // Inside a replay group a checkpoint goes once its last reader has run.
       if (replays_groups(policy))
         for (int owner = 0; owner < s; ++owner)
-          if (inside_group(program, spec, owner) && checkpoint_last_reader(program, owner) == s)
+          if ((shape_of(program, owner).sets & kCheckpoint) && inside_group(program, spec, owner) &&
+              checkpoint_last_reader(program, owner) == s)
             out.push_back(with_sets(Op::free, owner, kCheckpoint, mb, sb));
+    }
+    if (beside_wait) {
+      out.push_back(*beside_wait);
+      beside_wait.reset();
     }
     if (shape.has_forward_collective) {
       out.push_back(collective(Op::start, s, Direction::forward, mb, sb));
-      out.push_back(collective(Op::wait, s, Direction::forward, mb, sb));
+      const Instruction wait = collective(Op::wait, s, Direction::forward, mb, sb);
+      if (s + 1 < num_segments && shape_of(program, s + 1).beside_transfers) beside_wait = wait;
+      else out.push_back(wait);
     }
   }
   return out;
@@ -172,6 +182,8 @@ Schedule instance_backward(const Program& program, const ScheduleSpec& spec, int
   Schedule out;
   const int num_segments = static_cast<int>(program.segments.size());
   const Recompute policy = spec.recompute;
+  // The Wait of a backward collective that travels beside the previous segment's backward.
+  std::optional<Instruction> beside_wait;
   for (int s = num_segments - 1; s >= 0; --s) {
     const SegmentShape& shape = shape_of(program, s);
     if (replays_groups(policy) && ends_group(program, spec, s)) {
@@ -181,6 +193,7 @@ Schedule instance_backward(const Program& program, const ScheduleSpec& spec, int
       while (inside_group(program, spec, first)) --first;
       for (int t = first; t <= s; ++t) {
         const SegmentShape& layer_shape = shape_of(program, t);
+        if (layer_shape.beside_transfers) continue;
         TensorSets sets = dropped_after_forward(program, t, policy) | kOutput;
         if (inside_group(program, spec, t)) sets |= layer_shape.sets & kCheckpoint;
         out.push_back(with_sets(Op::recompute, t, sets, mb, sb));
@@ -201,8 +214,14 @@ Schedule instance_backward(const Program& program, const ScheduleSpec& spec, int
       out.push_back(ins);
       if (stage == 0 && shape.has_backward_collective) {
         out.push_back(collective(Op::start, s, Direction::backward, mb, sb));
-        out.push_back(collective(Op::wait, s, Direction::backward, mb, sb));
+        const Instruction wait = collective(Op::wait, s, Direction::backward, mb, sb);
+        if (s > 0 && shape_of(program, s - 1).beside_transfers) beside_wait = wait;
+        else out.push_back(wait);
       }
+    }
+    if (beside_wait && shape.beside_transfers) {
+      out.push_back(*beside_wait);
+      beside_wait.reset();
     }
     const bool kept_for_weight = input_only && !weight_readers(program, s).empty();
     if (shape.sets && !kept_for_weight) out.push_back(with_sets(Op::free, s, shape.sets, mb, sb));

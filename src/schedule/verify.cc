@@ -61,6 +61,17 @@ class Verifier {
         carried_out_(carry.carried_out.begin(), carry.carried_out.end()) {
     slot_lanes_ = slot_lanes(spec);
     at("in the program");
+    for (int s = 0; s < num_segments(); ++s) {
+      const SegmentShape& shape = shape_of(program_, s);
+      if (!shape.beside_transfers) continue;
+      if (s == 0 || s + 1 == num_segments() || shape.has_forward_collective ||
+          shape.has_backward_collective || shape.backward_stages != 1 || shape.sets != 0 ||
+          shape.input_from_peer || shape.output_to_peer ||
+          shape_of(program_, s - 1).beside_transfers)
+        fail(fmt::format("segment {} ({}) computes beside transfers but is not a single-stage "
+                         "segment without collectives or sets between two others",
+                         s, shape.name));
+    }
     for (int s = 0; s + 1 < num_segments(); ++s)
       if (shape_of(program_, s).output_to_peer != shape_of(program_, s + 1).input_from_peer)
         fail(fmt::format("segments {} and {} do not agree on a chunk boundary between them (one "
@@ -216,6 +227,14 @@ class Verifier {
 
   void forward(const Instruction& ins, Instance& inst, const SegmentShape& shape) {
     check(!inst.forward_done, "forward twice");
+    if (shape.beside_transfers) {
+      // Beside the previous segment's collective: its checkpoint alone, and no output.
+      read(instance(ins.batch, ins.segment - 1, ins.micro_batch, ins.sub_batch), kCheckpoint,
+           shape_of(program_, ins.segment - 1));
+      read_other_sets(ins, shape);
+      inst.forward_done = true;
+      return;
+    }
     read_input(ins);
     read_other_sets(ins, shape);
     write_output(ins);
@@ -226,6 +245,7 @@ class Verifier {
   void recompute(const Instruction& ins, Instance& inst, const SegmentShape& shape) {
     check(inst.forward_done, "recompute before forward");
     check(inst.stages_done == 0, "recompute after backward started");
+    check(!shape.beside_transfers, "recomputes a segment that computes beside transfers");
     check(ins.sets != 0 && (ins.sets & ~(shape.sets | kOutput)) == 0,
           "recomputes sets the segment does not have");
     for (auto set : {kCheckpoint, kInternals, kCore})
@@ -256,6 +276,16 @@ class Verifier {
       const Instance& next = instance(ins.batch, ins.segment + 1, ins.micro_batch, ins.sub_batch);
       check(next.stages_done == shape_of(program_, ins.segment + 1).backward_stages,
             "the following segment's backward has not finished");
+      // The gradient this stage reads comes from the backward collective of the following
+      // segment, or of the one after a segment that computes beside it.
+      if (!shape.beside_transfers) {
+        int producer = ins.segment + 1;
+        if (shape_of(program_, producer).beside_transfers) ++producer;
+        const Instance& from = instance(ins.batch, producer, ins.micro_batch, ins.sub_batch);
+        check(!shape_of(program_, producer).has_backward_collective ||
+                  from.backward_collective == CollState::waited,
+              "reads a backward collective that was not waited on");
+      }
     }
     if (ins.stage == 0 && ins.segment + 1 == num_segments())
       check(inst.forward_done, "backward before the loss");
@@ -421,7 +451,8 @@ class Verifier {
             "reads the sets of a segment that does not precede it");
       const SegmentShape& owner_shape = shape_of(program_, owner);
       for (auto set : {kCheckpoint, kInternals, kCore})
-        read(instance(ins.batch, owner, ins.micro_batch, ins.sub_batch), set, owner_shape);
+        if (shape.owner_sets_read & set)
+          read(instance(ins.batch, owner, ins.micro_batch, ins.sub_batch), set, owner_shape);
     }
   }
   // A segment's epilogue reads the previous segment's reduced output and its checkpoint; the
@@ -435,11 +466,14 @@ class Verifier {
     }
     if (ins.segment == 0) return;
     const SegmentShape& previous = shape_of(program_, ins.segment - 1);
+    // A segment that computes beside transfers passes the output before it through.
+    const int producer = previous.beside_transfers ? ins.segment - 2 : ins.segment - 1;
     Port& port = port_of(ins);
-    check(port.segment == ins.segment - 1 && port.micro_batch == ins.micro_batch &&
+    check(port.segment == producer && port.micro_batch == ins.micro_batch &&
               port.batch == ins.batch,
           "the previous segment's output is not in the collective buffer");
-    check(port.state == (previous.has_forward_collective ? PortState::reduced : PortState::written),
+    check(port.state == (shape_of(program_, producer).has_forward_collective ? PortState::reduced
+                                                                             : PortState::written),
           "reads a forward collective that was not waited on");
     read(instance(ins.batch, ins.segment - 1, ins.micro_batch, ins.sub_batch), kCheckpoint,
          previous);

@@ -73,6 +73,8 @@ GroupKind segment_group_kind(const ops::Program& program, int segment, bool forw
   switch (kind) {
     case ops::CollectiveKind::all_to_all:
       return {shape.context_parallel_ranks > 0 ? GroupKind::cp : GroupKind::ep};
+    case ops::CollectiveKind::shift:
+      return {GroupKind::cp};
     case ops::CollectiveKind::reduce_scatter:
       break;
     case ops::CollectiveKind::all_gather: {
@@ -117,7 +119,8 @@ CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
     const ops::CollectiveKind kind = forward ? shape.forward_kind : shape.backward_kind;
     const double bytes = element * static_cast<double>(forward ? shape.forward_collective_elements
                                                                : shape.backward_collective_elements);
-    const CollectiveOp op = kind == ops::CollectiveKind::all_to_all   ? CollectiveOp::all_to_all
+    const CollectiveOp op = kind == ops::CollectiveKind::shift        ? CollectiveOp::shift
+                            : kind == ops::CollectiveKind::all_to_all ? CollectiveOp::all_to_all
                             : kind == ops::CollectiveKind::all_gather ? CollectiveOp::all_gather
                             : kind == ops::CollectiveKind::reduce_scatter
                                 ? CollectiveOp::reduce_scatter

@@ -196,6 +196,10 @@ double collective_seconds(const ClusterSpec& cluster, CollectiveOp op, double by
     }
     case CollectiveOp::all_to_all:
       return all_to_all(cluster, bytes, group, all);
+    case CollectiveOp::shift: {
+      const RingPath path = ring_path(cluster, group, all, bytes);
+      return bytes / path.bytes_per_second + path.latency_seconds;
+    }
   }
   return 0;
 }

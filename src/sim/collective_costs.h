@@ -38,7 +38,9 @@
 
 namespace oases::sim {
 
-enum class CollectiveOp { all_reduce, all_gather, reduce_scatter, all_to_all };
+// shift: every device of the group sends `bytes` to its neighbour in the ring at once (a step
+// of ring attention).
+enum class CollectiveOp { all_reduce, all_gather, reduce_scatter, all_to_all, shift };
 
 // Devices of one group, any order (rings use ascending order).
 using DeviceGroup = std::vector<int>;

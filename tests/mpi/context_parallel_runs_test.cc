@@ -1,6 +1,7 @@
-// Context parallelism (parallel.cp, cp_kind = "all-to-all"): `mpirun -np N oases train` with
-// every sequence split over cp ranks (chunks i and 2cp - 1 - i of each), attention computed by
-// head groups after an all-to-all and turned back after it, alone and with tensor (and
+// Context parallelism (parallel.cp, cp_kind = "all-to-all" and "ring"): `mpirun -np N oases
+// train` with every sequence split over cp ranks (chunks i and 2cp - 1 - i of each), attention
+// computed by head groups after an all-to-all and turned back after it, or by passing key/value
+// blocks around the cp group (ring), alone and with tensor (and
 // sequence), data and pipeline parallelism, per-layer plans, every recomputation policy and
 // ZeRO, validation losses and the
 // predicted activation peak included, gives the losses, parameters and AdamW moments of the
@@ -17,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -161,6 +163,46 @@ TEST_P(ContextParallel, EveryLayoutAndScheduleMatchesTheSingleProcessRun) {
   if (resumed) expect_matches(*reference, *resumed, GetParam() + " resumed at tp 2 x cp 2", 2);
 }
 
+// The ring kind: key/value blocks passed around the cp group, the steps' partial attention
+// merged by log-sum-exp, dk|dv passed back to their owners. cp 4 runs the receive segments
+// (blocks passed on); the LLaMA model's 8 query heads over 4 key/value heads need not divide
+// by cp here. A checkpoint of the ring run resumes at tp 2 x cp 2 (ring) and in one process.
+TEST_P(ContextParallel, RingMatchesTheSingleProcessRun) {
+  const auto reference = train({}, "single", "checkpoint.every=1 checkpoint.keep=0");
+  ASSERT_TRUE(reference.has_value());
+  const std::vector<std::tuple<std::string, Layout, std::string>> runs{
+      {"ring_cp2", {1, 2, 1, 1}, "checkpoint.every=1 checkpoint.keep=0"},
+      {"ring_cp2_full", {1, 2, 1, 1}, "parallel.schedule=megatron parallel.recompute=full"},
+      {"ring_cp2_selective",
+       {1, 2, 1, 1},
+       "parallel.schedule=megatron parallel.recompute=selective"},
+      {"ring_cp2_cross_pass", {1, 2, 1, 1}, "parallel.schedule=cross-pass"},
+      {"ring_cp4", {1, 4, 1, 1}, "parallel.schedule=megatron parallel.recompute=full"},
+      {"ring_cp4_fine_grained", {1, 4, 1, 1}, "parallel.schedule=fine-grained"},
+      {"ring_tp2_cp2_oases", {2, 2, 1, 1}, "parallel.schedule=oases"},
+      {"ring_tp2_cp2_sp_plan",
+       {2, 2, 1, 1},
+       "parallel.sequence_parallel=true parallel.plan=" + quoted("2,1")},
+      {"ring_cp2_dp2_zero3", {1, 2, 2, 1}, "parallel.zero=3"},
+      {"ring_cp2_pp2_zero_bubble", {1, 2, 1, 2}, "parallel.pipeline=zero-bubble"},
+  };
+  for (const auto& [name, layout, settings] : runs) {
+    const auto run = train(layout, name, "parallel.cp_kind=ring " + settings);
+    if (run) expect_matches(*reference, *run, GetParam() + " " + name);
+  }
+  // The ring run's step-1 checkpoint resumes at tp 2 x cp 2 (ring) and in one process.
+  for (const auto& [name, layout, kind] :
+       {std::tuple{"ring_resumed_tp2_cp2", Layout{2, 2, 1, 1}, "ring"},
+        std::tuple{"ring_resumed_single", Layout{}, "all-to-all"}}) {
+    fs::create_directories(dir_ / name / "ckpt");
+    fs::copy(dir_ / "ring_cp2" / "ckpt" / "step_1", dir_ / name / "ckpt" / "step_1",
+             fs::copy_options::recursive);
+    const auto resumed =
+        train(layout, name, "checkpoint.resume=true parallel.cp_kind=" + quoted(kind));
+    if (resumed) expect_matches(*reference, *resumed, GetParam() + " " + name, 2);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, ContextParallel, ::testing::Values("gpt", "llama", "bert"),
                          [](const ::testing::TestParamInfo<std::string>& test) {
                            return test.param;
@@ -200,6 +242,61 @@ TEST_P(ContextParallelTrace, OasesShowsEachAllToAllOnceAndNoneReplayed) {
       if (e.name.rfind("A2A ", 0) == 0) ++counted[e.name];
     EXPECT_EQ(counted, expected) << "rank " << rank;
     oases::testing::expect_no_collective_during_own_recompute(trace, rank);
+  }
+}
+
+// The trace of one ring step at cp 2 under the megatron schedule, which overlaps nothing across
+// instances: each instance shifts each layer's block once forward and its dk|dv once backward
+// (no replay), and the step over the local block runs on the compute lane between the
+// projections that issue the shift and the output segment that reads the block that arrived.
+// (When the wire begins a shift depends on the communicator's progress; the schedule test
+// tests/model/context_parallel_program_test.cc checks that every shift's Wait follows its
+// step.)
+TEST_P(ContextParallelTrace, RingShiftsTravelWhileTheLocalBlocksAttentionRuns) {
+  const fs::path trace_file = dir_ / "ring_traced" / "trace.json";
+  const auto run = train({1, 2, 1, 1}, "ring_traced",
+                         "parallel.cp_kind=ring parallel.schedule=megatron train.steps=1 "
+                         "log.trace=" + quoted(trace_file.string()),
+                         false);
+  ASSERT_TRUE(run.has_value());
+  std::ifstream in(trace_file);
+  ASSERT_TRUE(in.good()) << trace_file;
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::map<std::string, int> counted;
+    const auto comm = oases::testing::lane_events(trace, rank, 1);
+    const auto compute = oases::testing::lane_events(trace, rank, 0);
+    const auto find = [](const std::vector<oases::testing::TraceEvent>& events,
+                         const std::string& name) {
+      return std::find_if(events.begin(), events.end(),
+                          [&](const oases::testing::TraceEvent& e) { return e.name == name; });
+    };
+    for (const auto& e : comm)
+      if (e.name.rfind("SHIFT ", 0) == 0) ++counted[e.name];
+    std::map<std::string, int> expected;
+    for (int mb = 0; mb < 2; ++mb)
+      for (int l = 0; l < 2; ++l) {
+        std::string layer = std::to_string(l);
+        std::string at = layer;
+        at += oases::testing::instance_suffix(mb, 0);
+        expected["SHIFT fwd attention." + at] = 1;
+        expected["SHIFT bwd attention_out." + at] = 1;
+        const auto shift = find(comm, "SHIFT fwd attention." + at);
+        std::string step_name = "F attention_ring." + layer;
+        step_name += ".0";
+        step_name += oases::testing::instance_suffix(mb, 0);
+        const auto projections = find(compute, "F attention." + at);
+        const auto step = find(compute, step_name);
+        const auto out = find(compute, "F attention_out." + at);
+        ASSERT_TRUE(shift != comm.end() && projections != compute.end() &&
+                    step != compute.end() && out != compute.end())
+            << at;
+        EXPECT_LE(projections->start_us + projections->duration_us, step->start_us)
+            << "rank " << rank << " " << at;
+        EXPECT_LE(step->start_us + step->duration_us, out->start_us)
+            << "rank " << rank << " " << at;
+      }
+    EXPECT_EQ(counted, expected) << "rank " << rank;
   }
 }
 
@@ -356,13 +453,22 @@ path = ")" << (dir / "data").string()
   // Two key/value heads over tp 2 leave one per rank: no all-to-all over 2 head groups.
   refused(4, "parallel.cp=2 parallel.tp=2",
           "the heads (2) and kv heads (1) of each tensor-parallel rank (model.heads = 4, kv heads "
-          "= 2, parallel.tp = 2) must both be divisible by parallel.cp = 2");
-  refused(2, "parallel.cp=2 parallel.cp_kind=" + quoted("ring"),
-          "parallel.cp_kind = \"ring\" is not available yet; valid: \"all-to-all\"");
-  refused(1, "parallel.cp_kind=" + quoted("ulysses"), "parallel.cp_kind");
+          "= 2, parallel.tp = 2) must both be divisible by parallel.cp = 2; valid cp: a common "
+          "divisor of 2 and 1, or parallel.cp_kind = \"ring\"");
+  refused(1, "parallel.cp_kind=" + quoted("ulysses"),
+          "parallel.cp_kind = \"ulysses\"");
+  // The ring splits no heads: what the all-to-all refuses above it runs (and the seq_len
+  // rule holds for both kinds).
+  refused(3, "parallel.cp=3 parallel.cp_kind=" + quoted("ring"),
+          "model.seq_len = 20 must be divisible by 2 x cp = 6");
   refused(1, "parallel.cp=2", "needs 2 processes");
   refused(3, "parallel.cp=2", "must equal the number of processes, 3");
   refused(1, "parallel.cp=0", "parallel.cp = 0 must be at least 1");
+  const Result ring = run_command(
+      oases::testing::mpirun_prefix(4) + OASES_BINARY + " train --quiet --config " +
+      (dir / "tiny.toml").string() + " --set parallel.cp=2 parallel.tp=2 parallel.cp_kind=" +
+      quoted("ring") + " checkpoint.dir=" + quoted((dir / "ring").string()));
+  EXPECT_EQ(ring.exit_code, 0) << ring.output;
   // The planner chooses per-layer degrees, which context parallelism does not take yet.
   const Result plan =
       run_command(std::string(OASES_BINARY) + " plan --config " + (dir / "tiny.toml").string() +

@@ -132,7 +132,9 @@ class ProbabilityMask {
                             1)),
         sample_(static_cast<std::uint32_t>(global_sample)),
         step_(dropout.site.step),
-        p_(dropout.p) {}
+        p_(dropout.p),
+        query_offset_(dropout.query_offset),
+        key_offset_(dropout.key_offset) {}
 
   bool keep(int64_t query, int64_t key) const {
     const PhiloxCounter counter = {static_cast<std::uint32_t>(key >> 2),
@@ -149,11 +151,11 @@ class ProbabilityMask {
     for (int64_t r = 0; r < nq; ++r) {
       T* mrow = m + r * block;
       const int64_t limit = diagonal ? r + 1 : nk;
-      const auto query = static_cast<std::uint32_t>(i0 + r);
+      const auto query = static_cast<std::uint32_t>(query_offset_ + i0 + r);
       PhiloxCounter bits{};
       int64_t bits_for = -1;  // the group of four keys `bits` holds
       for (int64_t j = 0; j < limit; ++j) {
-        const int64_t key = j0 + j;
+        const int64_t key = key_offset_ + j0 + j;
         if (key >> 2 != bits_for) {
           bits_for = key >> 2;
           bits = philox4x32({static_cast<std::uint32_t>(bits_for), query, sample_, step_}, key_);
@@ -173,6 +175,7 @@ class ProbabilityMask {
   PhiloxKey key_;
   std::uint32_t sample_, step_;
   double p_;
+  int64_t query_offset_, key_offset_;
 };
 
 // In place over an [nq, nk] tile (row stride `block`): a[r, j] *= m[r, j].
@@ -471,7 +474,30 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
                                      kAttentionBlock);
 }
 
+template <class T>
+void attention_merge(T* out, T* lse, const T* part_out, const T* part_lse,
+                     const AttentionShape& shape) {
+  const int64_t seq = shape.seq, heads = shape.heads, hd = shape.head_dim, C = heads * hd;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < shape.batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < seq; ++i) {
+        T& l = lse[(b * heads + h) * seq + i];
+        const T pl = part_lse[(b * heads + h) * seq + i];
+        // A row that saw no key on one side (lse -inf) takes the other side whole.
+        const T top = std::max(l, pl);
+        if (top == -std::numeric_limits<T>::infinity()) continue;
+        const T a = std::exp(l - top), p = std::exp(pl - top), sum = a + p;
+        const T wa = a / sum, wp = p / sum;
+        T* o = out + (b * seq + i) * C + h * hd;
+        const T* po = part_out + (b * seq + i) * C + h * hd;
+        for (int64_t d = 0; d < hd; ++d) o[d] = wa * o[d] + wp * po[d];
+        l = top + std::log(sum);
+      }
+}
+
 #define OASES_INSTANTIATE(T)                                                                      \
+  template void attention_merge<T>(T*, T*, const T*, const T*, const AttentionShape&);            \
   template void attention_forward<T>(const T*, T*, T*, const AttentionShape&,                     \
                                      const AttentionDropout&);                                    \
   template void attention_backward<T>(const T*, const T*, const T*, const T*, T*,                 \

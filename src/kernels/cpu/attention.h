@@ -63,6 +63,14 @@ template <class T>
 void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
                         const AttentionShape& shape, const AttentionDropout& dropout = {});
 
+// Folds a partial attention of the same queries over other keys into (out, lse), both the
+// layouts of attention_forward's: lse becomes log(e^lse + e^part_lse) and each out row the
+// mix of the two rows weighted by e^lse and e^part_lse (ring attention merges the blocks of
+// keys it sees one at a time this way). A row with lse = -inf on one side takes the other's.
+template <class T>
+void attention_merge(T* out, T* lse, const T* part_out, const T* part_lse,
+                     const AttentionShape& shape);
+
 // Causal multi-head attention (GPT-2): the functions above with
 // AttentionShape{B, seq, heads, heads, head_dim, true}, so qkv [B, seq, 3C], lse [B, heads,
 // seq] and dqkv [B, seq, 3C].
