@@ -6,18 +6,18 @@
 #   bash bench/run_long_context.sh
 # Environment (defaults in brackets):
 #   SEQS        sequence lengths [4096 16384]
-#   KINDS       parallel.cp_kind values to run at cp 2 [all-to-all]
+#   KINDS       parallel.cp_kind values to run at cp 2 [all-to-all ring]
 #   ROUNDS      interleaved rounds; the table shows the best round [2]
 #   STEPS       steps per run; medians are over the steps after the first [3]
 #   LIMIT       parallel.memory_limit of the limit check, bytes [900000000]
 #   SKIP_BUILD  1: use the existing build/release/oases as it is [0]
 # Prints per run: median step time, exposed communication per step, the predicted and measured
-# activation peak and the peak resident memory of rank 0. About 6 minutes on 2 cores.
+# activation peak and the peak resident memory of rank 0. About 10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SEQS=${SEQS:-"4096 16384"}
-KINDS=${KINDS:-"all-to-all"}
+KINDS=${KINDS:-"all-to-all ring"}
 ROUNDS=${ROUNDS:-2}
 STEPS=${STEPS:-3}
 LIMIT=${LIMIT:-900000000}

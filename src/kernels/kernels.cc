@@ -191,8 +191,8 @@ void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_ou
   OASES_ASSERT(out.numel() == s.batch * s.seq * s.heads * s.head_dim &&
                    part_out.numel() == out.numel() && lse.numel() == s.batch * s.heads * s.seq &&
                    part_lse.numel() == lse.numel(),
-               "attention_merge: out {}, {}; lse {}, {}", out.shape().str(),
-               part_out.shape().str(), lse.shape().str(), part_lse.shape().str());
+               "attention_merge: out {}, {}; lse {}, {}", out.shape().str(), part_out.shape().str(),
+               lse.shape().str(), part_lse.shape().str());
   if (half::is_half(out.dtype())) return half::attention_merge(out, lse, part_out, part_lse, s);
   const DType dtype = common_dtype("attention_merge", {&out, &lse, &part_out, &part_lse});
   check_contiguous("attention_merge", {&out, &lse, &part_out, &part_lse});

@@ -256,8 +256,7 @@ class Model::Builder final : public ParamResolver {
         ctx.cp_size() == 1 ? 0
         : ring ? ctx.tokens() * std::max(c_.heads, 2 * c_.kv_head_count()) * c_.head_dim() /
                      ctx.tp_size()
-               : ctx.tokens() * (c_.heads + 2 * c_.kv_head_count()) * c_.head_dim() /
-                     ctx.tp_size();
+               : ctx.tokens() * (c_.heads + 2 * c_.kv_head_count()) * c_.head_dim() / ctx.tp_size();
     ctx.slots.allocate(m_.arena_, ctx.dtype, ctx.slot_lanes, ctx.sub_batches, ctx.tokens(),
                        c_.hidden, reshards, moe_rows, cp_elements, ring && ctx.cp_size() > 1);
   }
@@ -322,8 +321,8 @@ class Model::Builder final : public ParamResolver {
         std::max(scratch_wide_, ops::scratch_wide_elements(attention, context().seq_len));
     const int attention_id = next_id();
     if (context().cp_size() > 1 && context().cp_kind == ops::ContextParallelKind::ring) {
-      scratch_wide_ = std::max(scratch_wide_,
-                               ops::ring_attention_scratch_elements(context(), attention));
+      scratch_wide_ =
+          std::max(scratch_wide_, ops::ring_attention_scratch_elements(context(), attention));
       ops::append_ring_attention_segments(attention_id, context(), std::move(attention),
                                           m_.segments_);
       // The output projection (the last of the layer's attention segments) reads the layer's

@@ -138,33 +138,23 @@ class ProjectionSegment final : public LayerSegment {
     shape.forward_kind = CollectiveKind::all_to_all;
     shape.context_parallel_ranks = split_.groups;
     shape.forward_collective_elements = tokens_ * split_.qkv_width();
-    const std::int64_t n = tokens_, C = m_.hidden;
     SegmentWork& w = shape.work;
     w.known = true;
     w.checkpoint = epilogue_work();
     w.internals = pre_norm_work();
-    for (const ColumnParallelLinear& projection : spec_.qkv)
-      w.output.matmuls.push_back({n, projection.local_out(), C});
-    w.output.bytes = 2.0 * static_cast<double>(n * split_.qkv_width() * dtype_size(m_.dtype));
     Work stage0;
+    add_qkv_work(spec_, w.output, stage0, w.backward_weight);
+    w.output.bytes =
+        2.0 * static_cast<double>(tokens_ * split_.qkv_width() * dtype_size(m_.dtype));
     stage0.bytes = w.output.bytes;
-    for (const ColumnParallelLinear& projection : spec_.qkv)
-      stage0.matmuls.push_back({n, C, projection.local_out()});
     w.backward_input = {stage0, stage_one_work()};
-    for (const ColumnParallelLinear& projection : spec_.qkv)
-      w.backward_weight.matmuls.push_back({C, projection.local_out(), n});
     return shape;
   }
   CollectiveCall forward_collective(int mb, int sb) override {
     return exchange(split_, Slot::cp_send, Slot::cp_recv, mb, sb, tokens_ * split_.qkv_width());
   }
   void backward_weight(const StepContext&, int mb, int sb) override {
-    const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
-    const Tensor internals = store().get(key(mb, sb, kInternals));
-    const Tensor stash = store().get(key(mb, sb, kDeferredGradients));
-    project_qkv_back(spec_, matrix(stash, stash_d_qkv_, split_.qkv_width()),
-                     body_input(checkpoint, internals), Tensor(), Part::weight);
-    store().release(key(mb, sb, kDeferredGradients));
+    qkv_weight_part(spec_, mb, sb, stash_d_qkv_, split_.qkv_width());
   }
 
  private:

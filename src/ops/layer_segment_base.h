@@ -145,6 +145,28 @@ class LayerSegment : public Segment {
     if (part != Part::input && !spec.key_bias_grad.empty()) kernels::zero(spec.key_bias_grad);
   }
 
+  // The q|k|v projections' products over this segment's tokens: forward into `forward`, the
+  // input gradient into `input`, the weight gradient into `weight`.
+  void add_qkv_work(const AttentionSpec& spec, Work& forward, Work& input, Work& weight) const {
+    const std::int64_t n = tokens_, C = m_.hidden;
+    for (const ColumnParallelLinear& projection : spec.qkv) {
+      forward.matmuls.push_back({n, projection.local_out(), C});
+      input.matmuls.push_back({n, C, projection.local_out()});
+      weight.matmuls.push_back({C, projection.local_out(), n});
+    }
+  }
+  // The weight part of the q|k|v projections of a context-parallel layer, whose input-only
+  // backward stashed their output gradient [tokens, width] at `offset`; releases the stash.
+  void qkv_weight_part(const AttentionSpec& spec, int mb, int sb, std::int64_t offset,
+                       std::int64_t width) {
+    const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
+    const Tensor internals = store().get(key(mb, sb, kInternals));
+    const Tensor stash = store().get(key(mb, sb, kDeferredGradients));
+    project_qkv_back(spec, matrix(stash, offset, width), body_input(checkpoint, internals),
+                     Tensor(), Part::weight);
+    store().release(key(mb, sb, kDeferredGradients));
+  }
+
   SegmentShape layer_shape(TensorSets sets) const {
     SegmentShape shape;
     shape.has_weight_part = true;

@@ -181,9 +181,15 @@ struct SegmentShape {
   // previous segment's checkpoint (the vocab-parallel loss segments read the logits the head
   // keeps): those sets must stay live until this segment has run.
   std::vector<int> reads_sets_of = {};
-  // Which sets of those owners it reads (ring attention's steps read only the projections'
-  // core): the others may be dropped and recomputed as their own segment's policy says.
-  TensorSets owner_sets_read = kCheckpoint | kInternals | kCore;
+  // Which sets of each of those owners it reads, in the same order (empty: every set of each).
+  // Ring attention's steps read only the projections' core (and a receive segment's
+  // checkpoint): the projections' other sets may be dropped, partitioned or recomputed as
+  // their own segment's policy says.
+  std::vector<TensorSets> owner_sets_read = {};
+  TensorSets sets_read_of(std::size_t owner_index) const {
+    return owner_index < owner_sets_read.size() ? owner_sets_read[owner_index]
+                                                : TensorSets{kCheckpoint | kInternals | kCore};
+  }
   // The earlier segment whose checkpoint the epilogue reads as its residual, where that is not
   // the previous segment (-1: the previous one, as everywhere but under sequence parallelism,
   // where a shard segment's residual is the checkpoint of the shard segment before the body in

@@ -39,8 +39,8 @@ struct Ring {
   std::int64_t rows = 0;                               // sequences of the instance
   std::int64_t heads = 0, kv_heads = 0, head_dim = 0;  // of this tensor-parallel rank
   bool causal = true;
-  std::int64_t head_offset = 0;                        // global index of this rank's head 0
-  int ranks = 1, rank = 0;                             // c, r
+  std::int64_t head_offset = 0;  // global index of this rank's head 0
+  int ranks = 1, rank = 0;       // c, r
 
   std::int64_t tokens() const { return rows * m->seq_len; }
   std::int64_t chunk() const { return m->chunk_len(); }
@@ -66,8 +66,7 @@ struct Ring {
   template <class Visit>
   void for_each_sequence(int half, const Visit& visit) const {
     const std::int64_t c = chunk(), seq = m->seq_len;
-    for (std::int64_t row = 0; row < rows; ++row)
-      visit(row * seq + half * c, row * c, c);
+    for (std::int64_t row = 0; row < rows; ++row) visit(row * seq + half * c, row * c, c);
   }
   // [m, W] pair matrix: q of this rank's half a from `qkv` [n, W], k|v of half b from `kv`
   // [n, KV] (strided views allowed).
@@ -107,15 +106,22 @@ struct Ring {
     }
   }
   // A slot's first `elements` as a [rows, cols] matrix.
-  Tensor slot(Slot s, int mb, int sb, std::int64_t rows_, std::int64_t cols) const {
-    return m->slot(s, mb, sb).view(0, {rows_, cols});
+  Tensor slot(Slot s, int mb, int sb, std::int64_t count, std::int64_t cols) const {
+    return m->slot(s, mb, sb).view(0, {count, cols});
   }
 };
 
 Ring ring_of(const ModelContext& model, const AttentionSpec& spec) {
   const kernels::AttentionShape& a = spec.attention.shape();
-  Ring ring{&model,      spec.at.rows, a.heads,          a.kv_heads,     a.head_dim, a.causal,
-            static_cast<std::int64_t>(spec.at.shard) * a.heads, model.cp_size(), model.cp_rank()};
+  Ring ring{&model,
+            spec.at.rows,
+            a.heads,
+            a.kv_heads,
+            a.head_dim,
+            a.causal,
+            static_cast<std::int64_t>(spec.at.shard) * a.heads,
+            model.cp_size(),
+            model.cp_rank()};
   return ring;
 }
 
@@ -136,9 +142,9 @@ PairScratch pair_scratch(const Ring& ring) {
 // The running attention of one instance (in the projections' core set): this rank's q|k|v
 // (rotated), and per half the output and log-sum-exp merged so far.
 struct RunningAttention {
-  Tensor qkv;      // [n, W]
-  Tensor out[2];   // [m, Q]
-  Tensor lse[2];   // [rows, h, chunk]
+  Tensor qkv;     // [n, W]
+  Tensor out[2];  // [m, Q]
+  Tensor lse[2];  // [rows, h, chunk]
 };
 
 // What every step segment does with the block in hand, forward and backward.
@@ -190,11 +196,11 @@ class StepAttention {
                                     ring_.pair_shape(pair == Ring::Pair::diagonal),
                                     dropout_of(ctx, first_sample, a, owner, b));
         kernels::add_matrix(s.d_pair.columns(0, Q), dq.rows(a * m_rows, (a + 1) * m_rows));
-        ring_.for_each_sequence(b, [&](std::int64_t local, std::int64_t in_half,
-                                       std::int64_t count) {
-          kernels::add_matrix(s.d_pair.rows(in_half, in_half + count).columns(Q, W),
-                              d_kv.rows(local, local + count));
-        });
+        ring_.for_each_sequence(
+            b, [&](std::int64_t local, std::int64_t in_half, std::int64_t count) {
+              kernels::add_matrix(s.d_pair.rows(in_half, in_half + count).columns(Q, W),
+                                  d_kv.rows(local, local + count));
+            });
       }
   }
 
@@ -299,36 +305,25 @@ class RingProjectionSegment final : public LayerSegment {
     shape.context_parallel_ranks = ring_.ranks;
     shape.forward_collective_elements = tokens_ * ring_.kv_width();
     shape.never_dropped = kCore;
-    const std::int64_t n = tokens_, C = m_.hidden;
     SegmentWork& w = shape.work;
     w.known = true;
     w.checkpoint = epilogue_work();
     w.internals = pre_norm_work();
-    for (const ColumnParallelLinear& projection : spec_.qkv)
-      w.core.matmuls.push_back({n, projection.local_out(), C});
-    const double qkv_bytes =
-        static_cast<double>(n * ring_.qkv_width() * static_cast<std::int64_t>(dtype_size(m_.dtype)));
+    Work stage0;
+    add_qkv_work(spec_, w.core, stage0, w.backward_weight);
+    const double qkv_bytes = static_cast<double>(tokens_ * ring_.qkv_width() *
+                                                 static_cast<std::int64_t>(dtype_size(m_.dtype)));
     w.core.bytes = 2 * qkv_bytes;
     w.output.bytes = qkv_bytes;
-    Work stage0;
     stage0.bytes = 4 * qkv_bytes;
-    for (const ColumnParallelLinear& projection : spec_.qkv)
-      stage0.matmuls.push_back({n, C, projection.local_out()});
     w.backward_input = {stage0, stage_one_work()};
-    for (const ColumnParallelLinear& projection : spec_.qkv)
-      w.backward_weight.matmuls.push_back({C, projection.local_out(), n});
     return shape;
   }
   CollectiveCall forward_collective(int mb, int sb) override {
     return shift(ring_, Slot::cp_send, Slot::cp_recv, mb, sb, 1);
   }
   void backward_weight(const StepContext&, int mb, int sb) override {
-    const Tensor checkpoint = store().get(key(mb, sb, kCheckpoint));
-    const Tensor internals = store().get(key(mb, sb, kInternals));
-    const Tensor stash = store().get(key(mb, sb, kDeferredGradients));
-    project_qkv_back(spec_, matrix(stash, stash_d_qkv_, ring_.qkv_width()),
-                     body_input(checkpoint, internals), Tensor(), Part::weight);
-    store().release(key(mb, sb, kDeferredGradients));
+    qkv_weight_part(spec_, mb, sb, stash_d_qkv_, ring_.qkv_width());
   }
 
  private:
@@ -400,7 +395,7 @@ class RingSegment : public Segment {
     shape.collective_ranks = at_.degree;
     shape.context_parallel_ranks = ring_.ranks;
     shape.reads_sets_of = {projections_};
-    shape.owner_sets_read = kCore;
+    shape.owner_sets_read = {kCore};
     return shape;
   }
   RunningAttention running(int mb, int sb) const {
@@ -438,7 +433,7 @@ class RingStepSegment final : public RingSegment {
     // The block of a later step: the receive segment's checkpoint.
     if (step_ > 0) {
       shape.reads_sets_of.push_back(id() - 1);
-      shape.owner_sets_read |= kCheckpoint;
+      shape.owner_sets_read.push_back(kCheckpoint);
     }
     shape.work.known = true;
     shape.work.output = step_work(ring_, step_, false);
@@ -480,12 +475,13 @@ class RingStepSegment final : public RingSegment {
 // the block's owner (| shift the other way).
 class RingReceiveSegment final : public RingSegment {
  public:
-  RingReceiveSegment(int id, const ModelContext& model, const AttentionSpec& spec,
-                     int projections, int step)
+  RingReceiveSegment(int id, const ModelContext& model, const AttentionSpec& spec, int projections,
+                     int step)
       : RingSegment(id, model, spec, receive_name(spec.layer, step), projections, step) {}
   SegmentShape shape() const override {
     SegmentShape shape = base_shape();
     shape.reads_sets_of.clear();
+    shape.owner_sets_read.clear();
     shape.has_forward_collective = shape.has_backward_collective = true;
     shape.forward_kind = shape.backward_kind = CollectiveKind::shift;
     shape.forward_collective_elements = shape.backward_collective_elements =
@@ -501,10 +497,13 @@ class RingReceiveSegment final : public RingSegment {
     return shape;
   }
   void forward(const StepContext&, int mb, int sb) override { run(mb, sb, kCheckpoint | kOutput); }
-  void recompute(const StepContext&, int mb, int sb, TensorSets sets) override { run(mb, sb, sets); }
+  void recompute(const StepContext&, int mb, int sb, TensorSets sets) override {
+    run(mb, sb, sets);
+  }
   void backward(const StepContext&, int mb, int sb, int stage) override {
     OASES_ASSERT(stage == 0, "{} has one backward stage", name_);
-    kernels::add(kv_slot(ring_, Slot::cp_kv_grad, mb, sb), kv_slot(ring_, Slot::cp_grad_recv, mb, sb),
+    kernels::add(kv_slot(ring_, Slot::cp_kv_grad, mb, sb),
+                 kv_slot(ring_, Slot::cp_grad_recv, mb, sb),
                  kv_slot(ring_, Slot::cp_grad_send, mb, sb));
   }
   CollectiveCall forward_collective(int mb, int sb) override {
@@ -557,7 +556,8 @@ class RingOutputSegment final : public RingSegment {
     const std::int64_t n = ring_.tokens(), C = m_.hidden, Q = ring_.q_width();
     shape.forward_collective_elements = n * C;
     shape.backward_collective_elements = n * ring_.kv_width();
-    const double moved = static_cast<double>(n * Q * static_cast<std::int64_t>(dtype_size(m_.dtype)));
+    const double moved =
+        static_cast<double>(n * Q * static_cast<std::int64_t>(dtype_size(m_.dtype)));
     SegmentWork& w = shape.work;
     w.known = true;
     w.checkpoint.bytes = 2 * static_cast<double>(block_.bytes());
@@ -619,7 +619,8 @@ class RingOutputSegment final : public RingSegment {
     const Tensor set = acquire_or_get(mb, sb, kCheckpoint, parts, block_);
     if (parts & kCheckpoint) kernels::copy(kv_slot(ring_, Slot::cp_recv, mb, sb), block(set));
     const RunningAttention run = running(mb, sb);
-    if (parts & kCore) attention_.forward(ctx, first_sample(ctx, mb, sb), run, block(set), owner(), false);
+    if (parts & kCore)
+      attention_.forward(ctx, first_sample(ctx, mb, sb), run, block(set), owner(), false);
     if (parts & kOutput)
       spec_.out_proj.forward(attention_output(mb, sb),
                              m_.slot_rows(Slot::output, mb, sb, spec_.at.rows), m_.gemm16);
@@ -641,8 +642,8 @@ class RingOutputSegment final : public RingSegment {
     const Tensor d_out = halves_slot(ring_, Slot::cp_out_grad, mb, sb);
     ring_.move_halves(d_attn, d_out, true);
     const Tensor set = store().get(key(mb, sb, kCheckpoint));
-    attention_.backward(ctx, first_sample(ctx, mb, sb), running(mb, sb), block(set), owner(),
-                        d_out, halves_slot(ring_, Slot::cp_query_grad, mb, sb),
+    attention_.backward(ctx, first_sample(ctx, mb, sb), running(mb, sb), block(set), owner(), d_out,
+                        halves_slot(ring_, Slot::cp_query_grad, mb, sb),
                         kv_slot(ring_, Slot::cp_grad_send, mb, sb), true);
   }
 
@@ -662,8 +663,8 @@ void append_ring_attention_segments(int first_id, const ModelContext& model, Att
   segments.push_back(std::make_unique<RingProjectionSegment>(first_id, model, spec));
   for (int step = 0; step + 1 < c; ++step) {
     if (step > 0)
-      segments.push_back(std::make_unique<RingReceiveSegment>(
-          static_cast<int>(segments.size()), model, spec, first_id, step));
+      segments.push_back(std::make_unique<RingReceiveSegment>(static_cast<int>(segments.size()),
+                                                              model, spec, first_id, step));
     segments.push_back(std::make_unique<RingStepSegment>(static_cast<int>(segments.size()), model,
                                                          spec, first_id, step));
   }
@@ -674,8 +675,8 @@ void append_ring_attention_segments(int first_id, const ModelContext& model, Att
 std::int64_t ring_attention_scratch_elements(const ModelContext& model, const AttentionSpec& spec) {
   const Ring ring = ring_of(model, spec);
   const std::int64_t m = ring.half_tokens(), W = ring.qkv_width(), Q = ring.q_width();
-  const std::int64_t pairs =
-      aligned_elements(model.dtype, 2 * m * W + m * Q) + statistics_footprint(model.dtype, ring.half_lse());
+  const std::int64_t pairs = aligned_elements(model.dtype, 2 * m * W + m * Q) +
+                             statistics_footprint(model.dtype, ring.half_lse());
   return std::max({pairs, 2 * ring.tokens() * Q, ring.tokens() * W});
 }
 

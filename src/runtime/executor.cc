@@ -157,7 +157,8 @@ std::unique_ptr<comm::Work> issue(const ops::Segment::CollectiveCall& call) {
     case ops::CollectiveKind::all_reduce: return call.group->all_reduce_async(call.buffer, call.op);
     case ops::CollectiveKind::all_gather: return call.group->all_gather_async(call.block, call.buffer);
     case ops::CollectiveKind::all_to_all: return call.group->all_to_all_async(call.block, call.buffer);
-    case ops::CollectiveKind::shift: return call.group->shift_async(call.block, call.buffer, call.shift);
+    case ops::CollectiveKind::shift:
+      return call.group->shift_async(call.block, call.buffer, call.shift);
     case ops::CollectiveKind::reduce_scatter: {
       const std::int64_t ranks = call.group->size();
       OASES_ASSERT(call.buffer.numel() % ranks == 0, "reduce-scatter of {} elements over {} ranks",

@@ -36,9 +36,11 @@ void for_each_set_read(const ops::Program& program, const Instruction& ins, Read
       read(shape.residual_of, kCheckpoint);
   };
   const auto others = [&] {
-    for (int owner : shape.reads_sets_of)
+    for (std::size_t i = 0; i < shape.reads_sets_of.size(); ++i) {
+      const int owner = shape.reads_sets_of[i];
       for (TensorSet set : kKeptSets)
-        if (shape_at(program, owner).sets & set & shape.owner_sets_read) read(owner, set);
+        if (shape_at(program, owner).sets & set & shape.sets_read_of(i)) read(owner, set);
+    }
   };
   switch (ins.op) {
     case Op::forward:

@@ -85,10 +85,12 @@ TensorSets dropped_after_forward(const Program& program, int segment, Recompute 
   const TensorSets droppable = shape.sets & ~shape.never_dropped;
   switch (policy) {
     case Recompute::none: return 0;
-    case Recompute::selective: return droppable & kCore;
+    case Recompute::selective:
+      return droppable & kCore;
     case Recompute::fine_grained:
     case Recompute::full:
-    case Recompute::sqrt: return droppable & (kInternals | kCore);
+    case Recompute::sqrt:
+      return droppable & (kInternals | kCore);
   }
   return 0;
 }
@@ -153,8 +155,10 @@ Schedule instance_forward(const Program& program, const ScheduleSpec& spec, int 
     if (shape.has_forward_collective) {
       out.push_back(collective(Op::start, s, Direction::forward, mb, sb));
       const Instruction wait = collective(Op::wait, s, Direction::forward, mb, sb);
-      if (s + 1 < num_segments && shape_of(program, s + 1).beside_transfers) beside_wait = wait;
-      else out.push_back(wait);
+      if (s + 1 < num_segments && shape_of(program, s + 1).beside_transfers)
+        beside_wait = wait;
+      else
+        out.push_back(wait);
     }
   }
   return out;
@@ -215,8 +219,10 @@ Schedule instance_backward(const Program& program, const ScheduleSpec& spec, int
       if (stage == 0 && shape.has_backward_collective) {
         out.push_back(collective(Op::start, s, Direction::backward, mb, sb));
         const Instruction wait = collective(Op::wait, s, Direction::backward, mb, sb);
-        if (s > 0 && shape_of(program, s - 1).beside_transfers) beside_wait = wait;
-        else out.push_back(wait);
+        if (s > 0 && shape_of(program, s - 1).beside_transfers)
+          beside_wait = wait;
+        else
+          out.push_back(wait);
       }
     }
     if (beside_wait && shape.beside_transfers) {

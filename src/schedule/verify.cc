@@ -68,9 +68,10 @@ class Verifier {
           shape.has_backward_collective || shape.backward_stages != 1 || shape.sets != 0 ||
           shape.input_from_peer || shape.output_to_peer ||
           shape_of(program_, s - 1).beside_transfers)
-        fail(fmt::format("segment {} ({}) computes beside transfers but is not a single-stage "
-                         "segment without collectives or sets between two others",
-                         s, shape.name));
+        fail(
+            fmt::format("segment {} ({}) computes beside transfers but is not a single-stage "
+                        "segment without collectives or sets between two others",
+                        s, shape.name));
     }
     for (int s = 0; s + 1 < num_segments(); ++s)
       if (shape_of(program_, s).output_to_peer != shape_of(program_, s + 1).input_from_peer)
@@ -446,12 +447,13 @@ class Verifier {
   }
   // Sets of earlier segments this segment reads (SegmentShape::reads_sets_of).
   void read_other_sets(const Instruction& ins, const SegmentShape& shape) {
-    for (int owner : shape.reads_sets_of) {
+    for (std::size_t i = 0; i < shape.reads_sets_of.size(); ++i) {
+      const int owner = shape.reads_sets_of[i];
       check(owner >= 0 && owner < ins.segment,
             "reads the sets of a segment that does not precede it");
       const SegmentShape& owner_shape = shape_of(program_, owner);
       for (auto set : {kCheckpoint, kInternals, kCore})
-        if (shape.owner_sets_read & set)
+        if (shape.sets_read_of(i) & set)
           read(instance(ins.batch, owner, ins.micro_batch, ins.sub_batch), set, owner_shape);
     }
   }
@@ -469,9 +471,9 @@ class Verifier {
     // A segment that computes beside transfers passes the output before it through.
     const int producer = previous.beside_transfers ? ins.segment - 2 : ins.segment - 1;
     Port& port = port_of(ins);
-    check(port.segment == producer && port.micro_batch == ins.micro_batch &&
-              port.batch == ins.batch,
-          "the previous segment's output is not in the collective buffer");
+    check(
+        port.segment == producer && port.micro_batch == ins.micro_batch && port.batch == ins.batch,
+        "the previous segment's output is not in the collective buffer");
     check(port.state == (shape_of(program_, producer).has_forward_collective ? PortState::reduced
                                                                              : PortState::written),
           "reads a forward collective that was not waited on");

@@ -177,6 +177,21 @@ void check_send_recv_ring(Communicator& c, std::int64_t n) {
   EXPECT_TRUE(all_equal(in, [&](std::int64_t i) { return tagged(previous, i); })) << "send/recv";
 }
 
+// A ring step each way (and two places on): every rank gets the block of the rank `offset`
+// places before it.
+template <class T>
+void check_shift(Communicator& c, std::int64_t n) {
+  const int s = c.size();
+  for (const int offset : {1, -1, 2}) {
+    std::vector<T> out(static_cast<std::size_t>(n)), in(static_cast<std::size_t>(n), T(-1));
+    for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(tagged(c.rank(), i));
+    c.shift_async(view(out), view(in), offset)->wait();
+    const int from = ((c.rank() - offset) % s + s) % s;
+    EXPECT_TRUE(all_equal(in, [&](std::int64_t i) { return tagged(from, i); }))
+        << "shift by " << offset;
+  }
+}
+
 template <class T>
 void check_all_to_all(Communicator& c, std::int64_t n) {
   const int s = c.size();
@@ -232,6 +247,7 @@ void check_every_operation(Communicator& c, std::int64_t n, bool every_root) {
   check_reduce_scatter<T>(c, n);
   check_broadcast<T>(c, n, every_root);
   check_send_recv_ring<T>(c, n);
+  check_shift<T>(c, n);
   check_all_to_all<T>(c, n);
   check_all_to_allv<T>(c, n);
   c.barrier();

@@ -133,9 +133,10 @@ TEST(ContextParallelProgram, RingAttentionIsTwoSegmentsPerRankAroundShifts) {
   std::vector<std::string> names;
   for (const ops::SegmentShape& s : segments) names.push_back(s.name);
   const std::vector<std::string> expected{
-      "embedding",          "attention.0",        "attention_ring.0.0", "attention_recv.0.1",
-      "attention_ring.0.1", "attention_recv.0.2", "attention_ring.0.2", "attention_out.0",
-      "mlp.0",              "attention.1"};
+      "embedding",          "attention.0",        "attention_ring.0.0",
+      "attention_recv.0.1", "attention_ring.0.1", "attention_recv.0.2",
+      "attention_ring.0.2", "attention_out.0",    "mlp.0",
+      "attention.1"};
   ASSERT_EQ(std::vector<std::string>(names.begin(), names.begin() + 10), expected);
   const std::size_t first = 1;
   const ops::SegmentShape& projections = segments[first];
@@ -193,8 +194,7 @@ TEST(ContextParallelProgram, EveryRingShiftTravelsWhileAStepComputes) {
         if (ins.micro_batch != start.micro_batch) continue;
         if (ins.segment == step && (ins.op == Op::forward || ins.op == Op::backward))
           computed = true;
-        if (ins.op == Op::wait && ins.segment == start.segment &&
-            ins.direction == start.direction)
+        if (ins.op == Op::wait && ins.segment == start.segment && ins.direction == start.direction)
           break;
       }
       ASSERT_LT(j, steps.size()) << "no Wait for " << schedule::to_string(start);

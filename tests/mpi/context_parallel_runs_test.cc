@@ -256,7 +256,8 @@ TEST_P(ContextParallelTrace, RingShiftsTravelWhileTheLocalBlocksAttentionRuns) {
   const fs::path trace_file = dir_ / "ring_traced" / "trace.json";
   const auto run = train({1, 2, 1, 1}, "ring_traced",
                          "parallel.cp_kind=ring parallel.schedule=megatron train.steps=1 "
-                         "log.trace=" + quoted(trace_file.string()),
+                         "log.trace=" +
+                             quoted(trace_file.string()),
                          false);
   ASSERT_TRUE(run.has_value());
   std::ifstream in(trace_file);
@@ -288,8 +289,8 @@ TEST_P(ContextParallelTrace, RingShiftsTravelWhileTheLocalBlocksAttentionRuns) {
         const auto projections = find(compute, "F attention." + at);
         const auto step = find(compute, step_name);
         const auto out = find(compute, "F attention_out." + at);
-        ASSERT_TRUE(shift != comm.end() && projections != compute.end() &&
-                    step != compute.end() && out != compute.end())
+        ASSERT_TRUE(shift != comm.end() && projections != compute.end() && step != compute.end() &&
+                    out != compute.end())
             << at;
         EXPECT_LE(projections->start_us + projections->duration_us, step->start_us)
             << "rank " << rank << " " << at;
@@ -455,8 +456,7 @@ path = ")" << (dir / "data").string()
           "the heads (2) and kv heads (1) of each tensor-parallel rank (model.heads = 4, kv heads "
           "= 2, parallel.tp = 2) must both be divisible by parallel.cp = 2; valid cp: a common "
           "divisor of 2 and 1, or parallel.cp_kind = \"ring\"");
-  refused(1, "parallel.cp_kind=" + quoted("ulysses"),
-          "parallel.cp_kind = \"ulysses\"");
+  refused(1, "parallel.cp_kind=" + quoted("ulysses"), "parallel.cp_kind = \"ulysses\"");
   // The ring splits no heads: what the all-to-all refuses above it runs (and the seq_len
   // rule holds for both kinds).
   refused(3, "parallel.cp=3 parallel.cp_kind=" + quoted("ring"),
@@ -464,10 +464,11 @@ path = ")" << (dir / "data").string()
   refused(1, "parallel.cp=2", "needs 2 processes");
   refused(3, "parallel.cp=2", "must equal the number of processes, 3");
   refused(1, "parallel.cp=0", "parallel.cp = 0 must be at least 1");
-  const Result ring = run_command(
-      oases::testing::mpirun_prefix(4) + OASES_BINARY + " train --quiet --config " +
-      (dir / "tiny.toml").string() + " --set parallel.cp=2 parallel.tp=2 parallel.cp_kind=" +
-      quoted("ring") + " checkpoint.dir=" + quoted((dir / "ring").string()));
+  const Result ring =
+      run_command(oases::testing::mpirun_prefix(4) + OASES_BINARY + " train --quiet --config " +
+                  (dir / "tiny.toml").string() +
+                  " --set parallel.cp=2 parallel.tp=2 parallel.cp_kind=" + quoted("ring") +
+                  " checkpoint.dir=" + quoted((dir / "ring").string()));
   EXPECT_EQ(ring.exit_code, 0) << ring.output;
   // The planner chooses per-layer degrees, which context parallelism does not take yet.
   const Result plan =

@@ -88,6 +88,12 @@ TEST_F(MixedPrecisionRuns, TensorAndDataParallel16BitRunsEndWithin3PercentOfFp32
       {{1, 1, 2},
        "cp2_bf16_all_to_all",
        "train.precision=" + quoted("bf16") + " parallel.dp=1 parallel.cp=2"},
+      // The ring kind: 16-bit k|v blocks and their gradients shifted, partial attention
+      // merged by log-sum-exp in f32 and rounded once per merge.
+      {{1, 1, 2},
+       "cp2_bf16_ring",
+       "train.precision=" + quoted("bf16") +
+           " parallel.dp=1 parallel.cp=2 parallel.cp_kind=" + quoted("ring")},
       {{1, 1, 2},
        "dp2_bf16_reduce_bf16",
        "train.precision=" + quoted("bf16") + " train.grad_reduce_dtype=" + quoted("bf16")},

@@ -274,5 +274,53 @@ TEST(ClusterCosts, ContextParallelAllToAllsRunOverTheCpGroup) {
   EXPECT_EQ(costs.collective(reduce), 0.0);
 }
 
+// Context parallelism (ring): the projections' shift and the output segment's backward shift
+// carry this rank's k|v block (its 16 tokens x 2 x 32 columns) to its neighbour in the cp
+// pair: one step of a ring over {0, 1}, dearer than an all-to-all of the same bytes over the
+// pair (which sends half of them).
+TEST(ClusterCosts, RingShiftsCarryABlockOverTheCpGroup) {
+  const ClusterSpec cluster = two_by_two();
+  comm::ShapeOnlyCommunicator tp(0, 1, "tp"), cp(1, 2, "cp");
+  model::ModelOptions options;
+  options.tp = &tp;
+  options.cp = &cp;
+  options.cp_kind = ops::ContextParallelKind::ring;
+  options.micro_batch = 4;
+  options.shape_only = true;
+  const model::Model model(two_layers(), options);
+  const ops::Program& program = model.program();
+  const ClusterRank at{.layout = {.tp = 1, .dp = 4, .cp = 2}, .rank = 1};
+  const CostModel costs = cluster_costs(cluster, program, at);
+  int shifts = 0;
+  for (std::size_t i = 0; i < program.segments.size(); ++i) {
+    const ops::SegmentShape& s = program.segments[i];
+    for (const bool forward : {true, false}) {
+      const bool has = forward ? s.has_forward_collective : s.has_backward_collective;
+      if (!has || (forward ? s.forward_kind : s.backward_kind) != ops::CollectiveKind::shift)
+        continue;
+      ++shifts;
+      const std::int64_t elements =
+          forward ? s.forward_collective_elements : s.backward_collective_elements;
+      EXPECT_EQ(elements, 16 * 64) << s.name;
+      const int segment = static_cast<int>(i);
+      EXPECT_EQ(segment_group(program, segment, forward, at.layout, 1), (DeviceGroup{0, 1}))
+          << s.name;
+      schedule::Instruction start{schedule::Op::start};
+      start.segment = segment;
+      start.direction = forward ? schedule::Direction::forward : schedule::Direction::backward;
+      const double bytes = 4.0 * static_cast<double>(elements);
+      const double seconds = costs.collective(start);
+      EXPECT_DOUBLE_EQ(seconds, collective_seconds(cluster, CollectiveOp::shift, bytes, {0, 1},
+                                                   {{0, 1}, {2, 3}}))
+          << s.name;
+      EXPECT_GT(seconds, collective_seconds(cluster, CollectiveOp::all_to_all, bytes, {0, 1},
+                                            {{0, 1}, {2, 3}}))
+          << s.name;
+    }
+  }
+  // Two layers, one shift each way.
+  EXPECT_EQ(shifts, 4);
+}
+
 }  // namespace
 }  // namespace oases::sim
