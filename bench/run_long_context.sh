@@ -11,8 +11,9 @@
 #   STEPS       steps per run; medians are over the steps after the first [3]
 #   LIMIT       parallel.memory_limit of the limit check, bytes [900000000]
 #   SKIP_BUILD  1: use the existing build/release/oases as it is [0]
-# Prints per run: median step time, exposed communication per step, the predicted and measured
-# activation peak and the peak resident memory of rank 0. About 10 minutes on 2 cores.
+# Prints per run: median step time, exposed communication per step (and of it, the wait on the
+# cp transfers, with their time on the wire), the predicted and measured activation peak and
+# the peak resident memory of rank 0. About 10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,13 +57,16 @@ rows = [json.loads(l) for l in open(out + "/metrics.jsonl") if '"step_time_s"' i
 later = rows[1:] or rows
 step = statistics.median(r["step_time_s"] for r in later)
 exposed = statistics.median(r.get("exposed_comm_s", 0.0) for r in later)
+exposed_cp = statistics.median(r.get("exposed_cp_s", 0.0) for r in later)
+wire_cp = statistics.median(r.get("cp_s", 0.0) for r in later)
 run = json.load(open(out + "/run.json"))
 predicted = run["memory_bytes"]["activations"]
 measured = max(r["peak_activation_bytes"] for r in rows)
 rss = max(r["peak_mem_bytes"] for r in rows)
 mib = 1 << 20
-print(f"{label:24s} step {step:8.2f} s  exposed comm {exposed:6.2f} s  activations predicted "
-      f"{predicted / mib:7.1f} MiB measured {measured / mib:7.1f} MiB  peak RSS {rss / mib:7.1f} MiB")
+print(f"{label:24s} step {step:8.2f} s  exposed comm {exposed:6.2f} s (cp transfers {exposed_cp:5.2f} "
+      f"s of {wire_cp:5.2f} s on the wire)  activations predicted {predicted / mib:7.1f} MiB "
+      f"measured {measured / mib:7.1f} MiB  peak RSS {rss / mib:7.1f} MiB")
 EOF
 }
 

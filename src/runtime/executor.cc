@@ -20,6 +20,8 @@ ExecutionStats& ExecutionStats::operator+=(const ExecutionStats& other) {
   comm_seconds += other.comm_seconds;
   exposed_all_to_all_seconds += other.exposed_all_to_all_seconds;
   all_to_all_seconds += other.all_to_all_seconds;
+  exposed_cp_seconds += other.exposed_cp_seconds;
+  cp_seconds += other.cp_seconds;
   collectives += other.collectives;
   peak_activation_bytes = std::max(peak_activation_bytes, other.peak_activation_bytes);
   return *this;
@@ -203,7 +205,8 @@ void invoke_hook(const schedule::Instruction& ins, const StepHooks& hooks) {
 double span_seconds(const Measure& m) { return elapsed_seconds(m.began, m.finished); }
 
 // Adds what `m` measured to `stats`, and a collective's time on the wire to `wire`.
-void account(const Measure& m, ExecutionStats& stats, std::vector<Interval>& wire) {
+void account(const Measure& m, const ops::Program& program, ExecutionStats& stats,
+             std::vector<Interval>& wire) {
   switch (m.kind) {
     case Measure::Kind::compute: stats.compute_seconds += span_seconds(m); return;
     case Measure::Kind::receive: stats.bubble_seconds += span_seconds(m); return;
@@ -212,13 +215,21 @@ void account(const Measure& m, ExecutionStats& stats, std::vector<Interval>& wir
     case Measure::Kind::collective: {
       const double waited = span_seconds(m);
       const ops::Segment::CollectiveCall& call = m.flight->call;
-      const bool all_to_all = call.kind == ops::CollectiveKind::all_to_all;
+      const bool over_cp =
+          call.kind == ops::CollectiveKind::shift ||
+          (call.kind == ops::CollectiveKind::all_to_all &&
+           program.segments[static_cast<std::size_t>(m.instruction.segment)]
+                   .context_parallel_ranks > 0);
+      const bool moe = call.kind == ops::CollectiveKind::all_to_all && !over_cp;
       stats.exposed_comm_seconds += waited;
-      if (all_to_all) stats.exposed_all_to_all_seconds += waited;
+      if (moe) stats.exposed_all_to_all_seconds += waited;
+      if (over_cp) stats.exposed_cp_seconds += waited;
       if (call.group->size() == 1) return;  // nothing was on a wire
       const comm::WorkTiming timing = m.flight->wire();
       wire.emplace_back(timing.began, timing.finished);
-      if (all_to_all) stats.all_to_all_seconds += seconds(timing.finished - timing.began);
+      const double on_wire = seconds(timing.finished - timing.began);
+      if (moe) stats.all_to_all_seconds += on_wire;
+      if (over_cp) stats.cp_seconds += on_wire;
       return;
     }
     case Measure::Kind::hook:
@@ -478,7 +489,7 @@ void Executor::synchronize_streams() {
 ExecutionStats Executor::resolve(RunState& run) const {
   std::vector<Interval> wire;
   for (const Measure& measure : run.measures) {
-    account(measure, run.stats, wire);
+    account(measure, program_, run.stats, wire);
     if (!run.listener) continue;
     if (const std::optional<InstructionRecord> record = record_of(measure, program_))
       run.listener->record(*record);

@@ -96,6 +96,10 @@ struct ExecutionStats {
   // wait on them, and their time on the wire (summed).
   double exposed_all_to_all_seconds = 0;
   double all_to_all_seconds = 0;
+  // And the context-parallel transfers (the attention's all-to-alls, or the ring's shifts, over
+  // the cp group), the same two ways.
+  double exposed_cp_seconds = 0;
+  double cp_seconds = 0;
   int collectives = 0;               // collectives issued by the schedule
   std::size_t peak_activation_bytes = 0;  // slots and scratch + peak of the activation store
 

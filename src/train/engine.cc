@@ -135,6 +135,8 @@ void add_stats(const runtime::ExecutionStats& stats, StepResult& result) {
   result.comm_seconds += stats.comm_seconds;
   result.exposed_all_to_all_seconds += stats.exposed_all_to_all_seconds;
   result.all_to_all_seconds += stats.all_to_all_seconds;
+  result.exposed_cp_seconds += stats.exposed_cp_seconds;
+  result.cp_seconds += stats.cp_seconds;
   result.peak_activation_bytes = std::max(result.peak_activation_bytes, stats.peak_activation_bytes);
 }
 

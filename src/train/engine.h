@@ -70,6 +70,8 @@ struct StepResult {
   // MoE all-to-alls: the compute lane's wait on them (part of exposed_comm_seconds) and their
   // time on the wire.
   double exposed_all_to_all_seconds = 0, all_to_all_seconds = 0;
+  // Context-parallel transfers (all-to-alls or ring shifts over the cp group), the same two ways.
+  double exposed_cp_seconds = 0, cp_seconds = 0;
   double bubble_seconds = 0;        // compute lane waiting on pipeline Recvs (this rank's)
   std::size_t peak_activation_bytes = 0;
   double loss_scale = 1;     // the factor the step's loss was scaled by (fp16; else 1)

@@ -644,6 +644,7 @@ struct StepFigures {
   // known or the figure would exceed 1, which only a stale peak gives).
   std::optional<double> mfu;
   bool loss_scaling = false;  // fp16: the scale and skipped steps are reported
+  bool context_parallel = false;  // cp > 1: the cp transfers' times are reported
   planner::MemoryFigures memory;  // this rank's, as the start-up line gives them
   // The step ended in a state a checkpoint holds whole (not so for a step of 2bw or of local
   // SGD that did not drain or average).
@@ -690,6 +691,10 @@ void write_metrics(std::optional<LineFile>& metrics, const StepFigures& f, std::
     line["skipped_steps"] = f.record.skipped_steps;
   }
   if (f.record.val_loss) line["val_loss"] = *f.record.val_loss;
+  if (f.context_parallel) {
+    line["exposed_cp_s"] = f.result.exposed_cp_seconds;
+    line["cp_s"] = f.result.cp_seconds;
+  }
   if (!f.result.moe.layers.empty()) {
     line["moe_loss"] = f.result.moe.loss;
     line["exposed_a2a_s"] = f.result.exposed_all_to_all_seconds;
@@ -967,6 +972,7 @@ class Run {
                 clock.seconds(), f.result.loss_scale, f.result.skipped,
                 engine_.loss_scaler().skipped_steps(), std::nullopt};
     f.loss_scaling = engine_.plan().loss_scaling.kind != plan::LossScalingPlan::Kind::none;
+    f.context_parallel = mesh_.cp_size() > 1;
     f.memory = memory_;
     const bool last = step + 1 == t.steps;
     if (data_->val_batches && ((step + 1) % t.eval_every == 0 || last))

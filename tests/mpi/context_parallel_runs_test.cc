@@ -188,7 +188,20 @@ TEST_P(ContextParallel, RingMatchesTheSingleProcessRun) {
   };
   for (const auto& [name, layout, settings] : runs) {
     const auto run = train(layout, name, "parallel.cp_kind=ring " + settings);
-    if (run) expect_matches(*reference, *run, GetParam() + " " + name);
+    if (!run) continue;
+    expect_matches(*reference, *run, GetParam() + " " + name);
+    // Every step records its wait on the shifts (part of all its waits) and their wire time.
+    const auto exposed = oases::testing::metric_values(*run / "metrics.jsonl", "exposed_cp_s");
+    const auto all = oases::testing::metric_values(*run / "metrics.jsonl", "exposed_comm_s");
+    const auto wire = oases::testing::metric_values(*run / "metrics.jsonl", "cp_s");
+    ASSERT_EQ(exposed.size(), 3u) << name;
+    ASSERT_EQ(all.size(), 3u) << name;
+    ASSERT_EQ(wire.size(), 3u) << name;
+    for (std::size_t i = 0; i < 3; ++i) {
+      EXPECT_GE(exposed[i], 0) << name;
+      EXPECT_LE(exposed[i], all[i]) << name;
+      EXPECT_GT(wire[i], 0) << name;
+    }
   }
   // The ring run's step-1 checkpoint resumes at tp 2 x cp 2 (ring) and in one process.
   for (const auto& [name, layout, kind] :
