@@ -387,6 +387,14 @@ class RingSegment : public Segment {
   const std::string& name() const override { return name_; }
 
  protected:
+  // "<kind><layer>.<step>" (built by appends: GCC 12's -Wrestrict misreads a chain of +).
+  static std::string step_name(const char* kind, int layer, int step) {
+    std::string name = kind;
+    name += std::to_string(layer);
+    name += '.';
+    name += std::to_string(step);
+    return name;
+  }
   SegmentShape base_shape() const {
     SegmentShape shape;
     shape.name = name_;
@@ -426,7 +434,7 @@ class RingStepSegment final : public RingSegment {
  public:
   RingStepSegment(int id, const ModelContext& model, const AttentionSpec& spec, int projections,
                   int step)
-      : RingSegment(id, model, spec, step_name(spec.layer, step), projections, step) {}
+      : RingSegment(id, model, spec, step_name("attention_ring.", spec.layer, step), projections, step) {}
   SegmentShape shape() const override {
     SegmentShape shape = base_shape();
     shape.beside_transfers = true;
@@ -454,13 +462,6 @@ class RingStepSegment final : public RingSegment {
   }
 
  private:
-  static std::string step_name(int layer, int step) {
-    std::string name = "attention_ring.";
-    name += std::to_string(layer);
-    name += '.';
-    name += std::to_string(step);
-    return name;
-  }
   // The block in hand: this rank's own at step 0, else the one the receive segment before
   // this one keeps.
   Tensor kv(const RunningAttention& run, int mb, int sb) const {
@@ -477,7 +478,7 @@ class RingReceiveSegment final : public RingSegment {
  public:
   RingReceiveSegment(int id, const ModelContext& model, const AttentionSpec& spec, int projections,
                      int step)
-      : RingSegment(id, model, spec, receive_name(spec.layer, step), projections, step) {}
+      : RingSegment(id, model, spec, step_name("attention_recv.", spec.layer, step), projections, step) {}
   SegmentShape shape() const override {
     SegmentShape shape = base_shape();
     shape.reads_sets_of.clear();
@@ -514,13 +515,6 @@ class RingReceiveSegment final : public RingSegment {
   }
 
  private:
-  static std::string receive_name(int layer, int step) {
-    std::string name = "attention_recv.";
-    name += std::to_string(layer);
-    name += '.';
-    name += std::to_string(step);
-    return name;
-  }
   void run(int mb, int sb, TensorSets parts) {
     const Tensor set = acquire_or_get(mb, sb, kCheckpoint, parts, block_);
     if (parts & kCheckpoint) kernels::copy(kv_slot(ring_, Slot::cp_recv, mb, sb), block(set));
