@@ -434,7 +434,8 @@ class RingStepSegment final : public RingSegment {
  public:
   RingStepSegment(int id, const ModelContext& model, const AttentionSpec& spec, int projections,
                   int step)
-      : RingSegment(id, model, spec, step_name("attention_ring.", spec.layer, step), projections, step) {}
+      : RingSegment(id, model, spec, step_name("attention_ring.", spec.layer, step), projections,
+                    step) {}
   SegmentShape shape() const override {
     SegmentShape shape = base_shape();
     shape.beside_transfers = true;
@@ -478,7 +479,8 @@ class RingReceiveSegment final : public RingSegment {
  public:
   RingReceiveSegment(int id, const ModelContext& model, const AttentionSpec& spec, int projections,
                      int step)
-      : RingSegment(id, model, spec, step_name("attention_recv.", spec.layer, step), projections, step) {}
+      : RingSegment(id, model, spec, step_name("attention_recv.", spec.layer, step), projections,
+                    step) {}
   SegmentShape shape() const override {
     SegmentShape shape = base_shape();
     shape.reads_sets_of.clear();
