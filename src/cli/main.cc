@@ -1,4 +1,7 @@
 // The `oases` command: verbs in the style of git. Every verb has --help.
+#include "cluster/cluster_profile.h"
+#include "cluster/cluster_simulation.h"
+#include "cluster/plan_prediction.h"
 #include "comm/job.h"
 #include "comm/mesh.h"
 #include "comm/mpi_runtime.h"
@@ -7,25 +10,23 @@
 #include "data/prepare_data.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "data/token_shard.h"
-#include "kernels/kernels.h"
+#include "generate/generate.h"
 #include "io/checkpoint_dir.h"
-#include "planner/pipeline_plan.h"
-#include "planner/planner.h"
-#include "planner/stage_partition.h"
-#include "sim/cluster.h"
-#include "train/checkpoint.h"
-#include "cluster/cluster_profile.h"
-#include "cluster/cluster_simulation.h"
+#include "kernels/kernels.h"
 #include "plan/run_config.h"
 #include "plan/run_plan.h"
 #include "plan/settings.h"
+#include "planner/pipeline_plan.h"
+#include "planner/planner.h"
+#include "planner/stage_partition.h"
+#include "report/flight_report.h"
+#include "report/report.h"
+#include "sim/cluster.h"
+#include "train/checkpoint.h"
 #include "train/evaluate.h"
-#include "generate/generate.h"
 #include "train/peaks.h"
 #include "train/pipeline_split.h"
 #include "train/profiler.h"
-#include "report/flight_report.h"
-#include "report/report.h"
 #include "train/threads.h"
 #include "train/trainer.h"
 
@@ -630,11 +631,12 @@ struct ProfileArgs {
 int run_profile(ProfileArgs& a) {
   const auto requested = oases::plan::load_run_config(a.config, a.overrides);
   if (!oases::comm::launched_by_mpi()) {
-    const std::int64_t ranks = requested.parallel.tp * requested.parallel.dp;
+    const std::int64_t ranks =
+        requested.parallel.tp * requested.parallel.cp * requested.parallel.dp;
     OASES_CHECK(ranks == 1,
-                "parallel.tp = {} and parallel.dp = {} need {} processes: launch with `mpirun -np "
-                "{} oases profile ...`",
-                requested.parallel.tp, requested.parallel.dp, ranks, ranks);
+                "parallel.tp = {}, parallel.cp = {} and parallel.dp = {} need {} processes: "
+                "launch with `mpirun -np {} oases profile ...`",
+                requested.parallel.tp, requested.parallel.cp, requested.parallel.dp, ranks, ranks);
     // Measured at the thread count training will use (train.threads).
     const auto mine = oases::comm::this_process_placement();
     oases::train::use_threads(requested.train.threads, mine, mine);
@@ -655,10 +657,18 @@ int run_profile(ProfileArgs& a) {
             oases::comm::Mesh::create(runtime, runtime.world_size(), 1, 1, comm_options);
         const auto config = with_precision_resolved(requested, &every_rank.world());
         // With parallel.ep > 1 the world holds ep copies of a tensor-parallel group's grid:
-        // the rest of it fills the third axis, so that every copy measures at once.
+        // the rest of it fills the last axis, so that every copy measures at once. Each
+        // degree's groups keep the run's context-parallel ranks.
+        const auto cp = static_cast<int>(config.parallel.cp);
+        const std::int64_t group = config.parallel.tp * config.parallel.cp * config.parallel.dp;
+        OASES_CHECK(runtime.world_size() % group == 0,
+                    "oases profile with parallel.tp = {}, parallel.cp = {} and parallel.dp = {} "
+                    "runs on {} ranks (or a multiple); mpirun started {}: use `mpirun -np {}`",
+                    config.parallel.tp, config.parallel.cp, config.parallel.dp, group,
+                    runtime.world_size(), group);
         const auto result = oases::train::run_profile(config, a.options, [&](int tp, int dp) {
-          return oases::comm::Mesh::create(runtime, tp, dp, runtime.world_size() / (tp * dp),
-                                           comm_options);
+          return oases::comm::Mesh::create(
+              runtime, {tp, cp, dp, runtime.world_size() / (tp * cp * dp)}, comm_options);
         });
         if (runtime.world_rank() == 0) {
           oases::planner::write_profile(result, a.output);
@@ -671,7 +681,8 @@ Verb add_profile(CLI::App& app, ProfileArgs& a) {
   auto* c = app.add_subcommand(
       "profile",
       "Measure every segment and collective at each tensor-parallel degree (JSON for the "
-      "planner); run under mpirun with parallel.tp ranks");
+      "planner), in the config's sequence- and context-parallel layout; run under mpirun with "
+      "parallel.tp x parallel.cp ranks");
   c->add_option("--config", a.config, "Run configuration (TOML)")->required();
   c->add_option("--set", a.overrides, "Override config keys, as for train");
   c->add_option("--output", a.output, "Where to write the profile (JSON)")->required();
@@ -791,6 +802,7 @@ oases::planner::Profile profile_for(const oases::plan::RunPlan& plan, const std:
   oases::planner::check_profile_matches(measured, config.model, config.train.micro_batch,
                                         spec.sub_batches, degrees, path,
                                         static_cast<int>(config.parallel.ep));
+  oases::planner::check_profile_layout(measured, plan.profiled_layout(), path);
   return measured;
 }
 
@@ -820,14 +832,21 @@ int run_plan(const PlanArgs& a) {
   auto config = with_precision_resolved(oases::plan::load_run_config(a.config, a.overrides),
                                         nullptr, cluster ? &*cluster : nullptr);
   const oases::plan::RunPlan plan = oases::plan::make_run_plan(config);
-  OASES_CHECK(plan.mesh.cp == 1,
-              "oases plan chooses a tensor-parallel degree per layer, which context "
-              "parallelism does not take yet (parallel.cp = {}): every layer runs at parallel.tp "
-              "= {}; `oases simulate` prices that layout with its all-to-alls, or plan with "
-              "parallel.cp = 1",
-              plan.mesh.cp, plan.mesh.tp);
+  // Sequence- and context-parallel layers are not the cost model's plain tensor-parallel ones:
+  // their plans are predicted from the run's own program (cluster/plan_prediction.h).
+  const bool own_program = plan.sequence_parallel || plan.mesh.cp > 1;
+  OASES_CHECK(plan.mesh.cp == 1 || plan.mesh.pp == 1,
+              "oases plan with parallel.pp = {} predicts pipeline stages of plain tensor-parallel "
+              "layers, not context-parallel ones (parallel.cp = {}); simulate that layout with "
+              "`oases simulate --cluster`, or plan with parallel.pp = 1",
+              plan.mesh.pp, plan.mesh.cp);
   const oases::schedule::ScheduleSpec& spec = plan.schedule;
   const auto measured = plan_input(a, plan, cluster ? &*cluster : nullptr);
+  OASES_CHECK(cluster || !plan.sequence_parallel || plan.mesh.pp == 1,
+              "oases plan with parallel.pp = {} predicts pipeline stages of plain tensor-parallel "
+              "layers from the profile, which was measured with sequence parallelism; plan the "
+              "stages for a cluster description (--cluster), or with parallel.pp = 1",
+              plan.mesh.pp);
   if (config.parallel.pp > 1) {
     PlanArgs args = a;
     if (cluster && args.link_gbps == 0) {
@@ -853,9 +872,17 @@ int run_plan(const PlanArgs& a) {
     }
     return status;
   }
-  const auto report = oases::planner::make_plan(measured, spec, config.train.micro_batch,
-                                                config.parallel.memory_limit,
-                                                moe_at_degree_one(config));
+  const auto report =
+      !own_program
+          ? oases::planner::make_plan(measured, spec, config.train.micro_batch,
+                                      config.parallel.memory_limit, moe_at_degree_one(config))
+          : oases::planner::make_plan(
+                measured, spec, config.parallel.memory_limit, moe_at_degree_one(config),
+                cluster ? oases::cluster::cluster_plan_predictor(config, *cluster)
+                        : oases::cluster::profile_plan_predictor(config, measured));
+  if (own_program)
+    fmt::print("every plan predicted from the run's own program, with {}\n",
+               plan.profiled_layout().describe());
   fmt::print("{}", oases::planner::format_plan_report(report, spec, config.parallel.memory_limit));
   if (cluster) {
     // The chosen plan on the whole cluster, under each ZeRO stage the data-parallel group allows.
@@ -955,7 +982,8 @@ int run_cluster_simulate(const SimulateArgs& a) {
 // parallel.expert_tp = 1; "auto": the plan `oases plan` would choose), simulated with the
 // profiled times (planner::predict_plan). A data-parallel run is predicted per rank: its
 // gradient all-reduce over parallel.dp is not priced; the MoE all-to-alls are, over
-// parallel.ep ranks.
+// parallel.ep ranks. A sequence- or context-parallel layout is predicted from the run's own
+// program (cluster::predict_from_profile).
 int run_simulate(const SimulateArgs& a) {
   OASES_CHECK(!a.profile.empty() || !a.cluster.empty(),
               "oases simulate needs a source of costs: --profile (this machine, measured by "
@@ -970,14 +998,11 @@ int run_simulate(const SimulateArgs& a) {
               "`oases plan`, which predicts every pipeline schedule",
               config.parallel.pp);
   const oases::plan::RunPlan run = oases::plan::make_run_plan(config);
-  OASES_CHECK(run.mesh.cp == 1,
-              "parallel.cp = {}: a profile measures whole sequences, not the segments of "
-              "context-parallel attention, so it cannot predict this layout yet; run `oases "
-              "simulate --cluster` with a cluster whose device computes from its peak FLOP/s "
-              "(clusters/dgx-h100.toml, ...), or set parallel.cp = 1",
-              run.mesh.cp);
   const oases::schedule::ScheduleSpec& spec = run.schedule;
   const auto measured = profile_for(run, a.profile);
+  // Sequence- and context-parallel layers are not the cost model's plain tensor-parallel ones:
+  // their layouts are predicted from the run's own program.
+  const bool own_program = run.sequence_parallel || run.mesh.cp > 1;
   std::vector<int> plan;
   if (run.settings.plan == oases::plan::LayerPlanSource::automatic) {
     plan = oases::planner::make_plan(measured, spec, config.train.micro_batch,
@@ -989,7 +1014,8 @@ int run_simulate(const SimulateArgs& a) {
   if (plan.empty())
     plan.assign(static_cast<std::size_t>(config.model.layers), static_cast<int>(config.parallel.tp));
   const oases::planner::Prediction p =
-      oases::planner::predict_plan(measured, plan, spec, config.train.micro_batch);
+      own_program ? oases::cluster::predict_from_profile(config, measured)
+                  : oases::planner::predict_plan(measured, plan, spec, config.train.micro_batch);
   const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
   fmt::print("layer degrees {}{}\n", fmt::join(plan, ","),
              config.model.has_moe()
@@ -1000,7 +1026,8 @@ int run_simulate(const SimulateArgs& a) {
              p.step_seconds, p.compute_seconds, p.exposed_comm_seconds);
   {
     const oases::train::HostPeak peak = host_peak_for(config);
-    const double world = static_cast<double>(config.parallel.tp * config.parallel.dp);
+    const double world =
+        static_cast<double>(config.parallel.tp * config.parallel.cp * config.parallel.dp);
     const double model_flops = static_cast<double>(config.train.global_batch * config.model.seq_len) *
                                config.model.training_flops_per_token() / p.step_seconds;
     fmt::print("predicted MFU {:.1f}% of this host's peak, {}\n",

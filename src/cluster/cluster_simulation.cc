@@ -128,13 +128,8 @@ void build_model(const plan::RunPlan& plan, const sim::RankLayout& layout, Shape
 // Compute and optimizer prices from the profile, for a cluster that computes from one.
 void price_from_profile(const plan::RunPlan& plan, const sim::RankLayout& layout,
                         const planner::Profile& profile, ShapeOnlyRank& r) {
-  OASES_CHECK(plan.mesh.cp == 1,
-              "parallel.cp = {}: a profile measures whole sequences, not the segments of "
-              "context-parallel attention, so it cannot price this layout yet; simulate it on a "
-              "cluster whose device computes from its peak FLOP/s (clusters/dgx-h100.toml, ...), "
-              "or with parallel.cp = 1",
-              plan.mesh.cp);
   const ops::Program& program = r.model->program();
+  planner::check_profiled_kinds(profile, program);
   r.costs.compute = planner::profiled_compute(
       profile, program, static_cast<double>(plan.config.train.micro_batch) / plan.schedule.sub_batches);
   // Profiled backward stages are whole: a zero-bubble BackwardWeight takes about half of
@@ -151,29 +146,15 @@ void price_from_profile(const plan::RunPlan& plan, const sim::RankLayout& layout
 
 }  // namespace
 
-std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunPlan& plan,
-                                                     const sim::ClusterSpec& cluster,
-                                                     const planner::Profile* profile) {
+std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan) {
   const sim::RankLayout layout = rank_layout(plan);
   auto r = std::make_unique<ShapeOnlyRank>();
   r->rank = plan.mesh.rank;
   r->stage = plan.mesh.pp_rank();
   build_model(plan, layout, *r);
   const ops::Program& program = r->model->program();
-  r->schedule = plan::rank_schedule(plan, program, plan.pass_spec(plan.schedule.micro_batches, true),
-                                    r->stage);
-
-  sim::ClusterRank at;
-  at.layout = layout;
-  at.rank = r->rank;
-  at.products = plan.dtypes.compute;
-  at.grad_element_bytes = dtype_size(plan.dtypes.gradient_reduce);
-  at.zero = plan.zero.effective_stage();
-  r->costs = sim::cluster_costs(cluster, program, at);
-  if (cluster.device.computes_from_profile()) {
-    OASES_ASSERT(profile != nullptr, "the cluster {} computes from a profile", cluster.name);
-    price_from_profile(plan, layout, *profile, *r);
-  }
+  r->schedule = plan::rank_schedule(plan, program,
+                                    plan.pass_spec(plan.schedule.micro_batches, true), r->stage);
   r->memory = rank_memory(plan, layout, *r);
 
   // The model's products over a step: forward and every backward part of each segment instance,
@@ -185,6 +166,25 @@ std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunPlan& plan,
     for (const ops::Work& part : shape.work.backward_input) flops += part.flops();
   }
   r->flops_per_step = flops * plan.schedule.sub_batches * plan.schedule.micro_batches;
+  return r;
+}
+
+std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunPlan& plan,
+                                                     const sim::ClusterSpec& cluster,
+                                                     const planner::Profile* profile) {
+  std::unique_ptr<ShapeOnlyRank> r = shape_only_rank(plan);
+  const sim::RankLayout layout = rank_layout(plan);
+  sim::ClusterRank at;
+  at.layout = layout;
+  at.rank = r->rank;
+  at.products = plan.dtypes.compute;
+  at.grad_element_bytes = dtype_size(plan.dtypes.gradient_reduce);
+  at.zero = plan.zero.effective_stage();
+  r->costs = sim::cluster_costs(cluster, r->model->program(), at);
+  if (cluster.device.computes_from_profile()) {
+    OASES_ASSERT(profile != nullptr, "the cluster {} computes from a profile", cluster.name);
+    price_from_profile(plan, layout, *profile, *r);
+  }
   return r;
 }
 
@@ -261,6 +261,7 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
     planner::check_profile_matches(*options.profile, config.model, config.train.micro_batch,
                                    spec.sub_batches, degrees, "the profile",
                                    static_cast<int>(config.parallel.ep));
+    planner::check_profile_layout(*options.profile, plan.profiled_layout(), "the profile");
   }
   const std::string dtype(sim::precision_key(plan.dtypes.compute));
   const auto peak = cluster.device.peak_flops.find(dtype);

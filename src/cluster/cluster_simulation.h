@@ -97,6 +97,9 @@ struct ShapeOnlyRank {
   double flops_per_step = 0;
 };
 
+// The rank `plan` is made for (plan.mesh.rank): its model, schedule, memory and model FLOPs,
+// without prices (costs left empty for the caller).
+std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan);
 // The rank `plan` is made for (plan.mesh.rank) running its training steps.
 // `profile`: as ClusterSimulationOptions::profile (needed where the cluster computes from one).
 std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunPlan& plan,

@@ -54,6 +54,14 @@ model::ModelOptions RunPlan::model_options(int stage) const {
   return o;
 }
 
+planner::ProfiledLayout RunPlan::profiled_layout() const {
+  planner::ProfiledLayout layout;
+  layout.sequence_parallel = sequence_parallel;
+  layout.cp = mesh.cp;
+  layout.cp_kind = settings.context_parallel;
+  return layout;
+}
+
 planner::MemoryPolicy RunPlan::memory_policy() const {
   planner::MemoryPolicy policy;
   policy.master_element = dtype_size(dtypes.master);

@@ -28,6 +28,7 @@
 #include "plan/run_config.h"
 #include "plan/settings.h"
 #include "planner/memory.h"
+#include "planner/profile.h"
 #include "schedule/pipeline.h"
 #include "schedule/schedule.h"
 
@@ -149,6 +150,8 @@ struct RunPlan {
   model::ModelOptions model_options(int stage) const;
   // What decides how much memory a rank holds, for planner::memory_figures.
   planner::MemoryPolicy memory_policy() const;
+  // The layout a profile of this run is measured in (oases profile) and must match.
+  planner::ProfiledLayout profiled_layout() const;
   // The schedule spec of a pass over `micro_batches` micro-batches (training or forward only).
   schedule::ScheduleSpec pass_spec(int micro_batches, bool training) const;
   // The same plan for world rank `rank` of its mesh (the simulators plan every rank of a run

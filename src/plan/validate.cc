@@ -370,8 +370,9 @@ void check_combinations(const RunConfig& c, const Settings& s) {
                 c.model.moe_every);
     OASES_CHECK(s.plan != LayerPlanSource::automatic,
                 "parallel.sequence_parallel = true with parallel.plan = \"auto\" is not available "
-                "yet (the profile does not measure sequence-parallel segments); valid: "
-                "parallel.plan = \"uniform\", a list of degrees or a plan file");
+                "(the start-up planner prices plain tensor-parallel layers); valid: "
+                "parallel.plan = \"uniform\", a list of degrees, or a plan file from `oases "
+                "profile` and `oases plan`, which price the sequence-parallel segments");
   }
   OASES_CHECK(p.dp_sync_every >= 1,
               "parallel.dp_sync_every = {} must be at least 1 (1: gradients summed over the "

@@ -1,6 +1,9 @@
 #include "planner/cost_model.h"
 
 #include "core/error.h"
+#include "planner/profiler.h"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -360,66 +363,83 @@ PlanProgram plan_program(const Profile& profile, const std::vector<int>& degrees
   return out;
 }
 
-}  // namespace
-
-Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
-                        const schedule::ScheduleSpec& spec, std::int64_t micro_batch,
-                        double overlap_slowdown) {
-  return predict_plan(profile, degrees,
-                      model_moe_layers(profile, static_cast<int>(degrees.size())), spec,
-                      micro_batch, overlap_slowdown);
+// Parameter bytes of this rank under a plan of degrees.size() layers (the profile's model may
+// have more): the embeddings and ln_f at T, each layer at its degree.
+std::int64_t plan_parameter_bytes(const Profile& profile, const std::vector<int>& degrees) {
+  const DegreeProfile& full = degree_of(profile, profile.tp);
+  std::int64_t bytes = full.parameter_bytes - profile.model.layers * full.parameter_bytes_per_layer;
+  for (int k : degrees) bytes += degree_of(profile, k).parameter_bytes_per_layer;
+  return bytes;
 }
 
-Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
-                        const std::vector<bool>& moe, const schedule::ScheduleSpec& spec,
-                        std::int64_t micro_batch, double overlap_slowdown) {
-  const int T = profile.tp;
-  const auto L = static_cast<int>(degrees.size());
-  OASES_CHECK(moe.size() == degrees.size(),
-              "a plan of {} layer degrees with {} MoE-layer flags: give one flag per layer",
-              degrees.size(), moe.size());
-  const double sub_batch_rows = static_cast<double>(micro_batch) / spec.sub_batches;
-  const PlanProgram plan = plan_program(profile, degrees, moe, sub_batch_rows);
-  const ops::Program& program = plan.program;
-  const DegreeProfile& full = degree_of(profile, T);
+}  // namespace
 
+void check_profiled_kinds(const Profile& profile, const ops::Program& program) {
+  for (const ops::SegmentShape& shape : program.segments) {
+    const std::string kind = segment_kind(shape.name);
+    if (kind == "reshard" || kind == "stage_output") continue;  // priced by their collectives
+    const DegreeProfile& d = degree_of(profile, shape.degree);
+    const bool shard_at_one = profile.layout.sequence_parallel && shape.degree == 1;
+    OASES_CHECK(d.segments.contains(kind),
+                "the profile has no times for segment {} (kind \"{}\") at tensor-parallel "
+                "degree {}; {}",
+                shape.name, kind, shape.degree,
+                shard_at_one ? "under sequence parallelism a group of one has no "
+                               "sequence-parallel segments to measure: give every layer a "
+                               "degree above 1 (parallel.plan)"
+                             : fmt::format("it was measured with {}: re-run `oases profile` with "
+                                           "this config",
+                                           profile.layout.describe()));
+  }
+}
+
+sim::CostModel profiled_costs(const Profile& profile, const ops::Program& program,
+                              double sub_batch_rows, const std::vector<int>& layer_degrees,
+                              double overlap_slowdown) {
+  const int T = profile.tp;
+  const auto L = static_cast<int>(layer_degrees.size());
+  const DegreeProfile& full = degree_of(profile, T);
   sim::CostModel costs;
-  const auto segment_profile = [&](int segment) -> const DegreeProfile& {
-    return degree_of(profile, program.segments[static_cast<std::size_t>(segment)].degree);
-  };
-  const auto factor_of = [&](int segment) {
-    return plan.rows[static_cast<std::size_t>(segment)] /
-           static_cast<double>(segment_profile(segment).rows);
-  };
   costs.compute = profiled_compute(profile, program, sub_batch_rows);
-  costs.collective = [&](const schedule::Instruction& ins) {
+  costs.collective = [&profile, &program, sub_batch_rows](const schedule::Instruction& ins) {
     const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
-    const std::string kind = kind_at(program, ins.segment);
+    const std::string kind = segment_kind(shape.name);
     if (kind == "reshard") {
-      const int into = std::stoi(shape.name.substr(shape.name.find('.') + 1));
-      const int to = into < L ? degrees[static_cast<std::size_t>(into)] : T;
+      // An all-gather from the smaller group's rows to the larger group's, forward where the
+      // degree rises.
+      const int to = shape.has_forward_collective ? shape.degree * shape.collective_ranks
+                                                  : shape.degree / shape.collective_ranks;
       return profile.reshard_seconds(shape.degree, to);
     }
-    const DegreeProfile& d = segment_profile(ins.segment);
+    const DegreeProfile& d = degree_of(profile, shape.degree);
     const auto it = d.collectives.find(
         kind + (ins.direction == schedule::Direction::forward ? ".fwd_s" : ".bwd_s"));
-    return it == d.collectives.end() ? 0.0 : it->second * factor_of(ins.segment);
+    const double factor = sub_batch_rows * shape.degree / profile.tp / static_cast<double>(d.rows);
+    return it == d.collectives.end() ? 0.0 : it->second * factor;
   };
-  costs.gather_sets = [&](const schedule::Instruction& ins) {
+  costs.gather_sets = [&profile, &program](const schedule::Instruction& ins) {
     return checkpoint_gather_seconds(
         profile, program.segments[static_cast<std::size_t>(ins.segment)].degree);
   };
-  costs.reduce_grads = [&](int bucket) {
-    if (bucket < 1 || bucket > L) return 0.0;  // the embeddings and ln_f run at T: no replicas
-    return degree_of(profile, degrees[static_cast<std::size_t>(bucket - 1)])
-        .replica_reduce_per_layer_s;
+  // Bucket 1 + l: layer l's gradients over its replicas at its degree; bucket 0: the rest of
+  // the parameters (the embeddings) over the replicas at T, at the same rate per byte.
+  std::vector<double> reduce(static_cast<std::size_t>(L + 1), 0.0);
+  if (full.parameter_bytes_per_layer > 0)
+    reduce[0] = full.replica_reduce_per_layer_s *
+                static_cast<double>(full.parameter_bytes -
+                                    profile.model.layers * full.parameter_bytes_per_layer) /
+                static_cast<double>(full.parameter_bytes_per_layer);
+  for (int l = 0; l < L; ++l)
+    reduce[static_cast<std::size_t>(l + 1)] =
+        degree_of(profile, layer_degrees[static_cast<std::size_t>(l)]).replica_reduce_per_layer_s;
+  costs.reduce_grads = [reduce](int bucket) {
+    return bucket >= 0 && static_cast<std::size_t>(bucket) < reduce.size()
+               ? reduce[static_cast<std::size_t>(bucket)]
+               : 0.0;  // ln_f is negligible
   };
-  // Parameters: the embeddings and ln_f at T, each layer at its degree.
-  std::int64_t parameter_bytes = full.parameter_bytes - profile.model.layers *
-                                                            full.parameter_bytes_per_layer;
-  for (int k : degrees) parameter_bytes += degree_of(profile, k).parameter_bytes_per_layer;
   // The optimizer's time follows the number of parameters it updates.
-  costs.optimizer_step = full.optimizer_s * static_cast<double>(parameter_bytes) /
+  costs.optimizer_step = full.optimizer_s *
+                         static_cast<double>(plan_parameter_bytes(profile, layer_degrees)) /
                          static_cast<double>(std::max<std::int64_t>(1, full.parameter_bytes));
   // Measured on the whole group (degree T), the only one whose traffic crosses the link in the
   // profile; every collective of the plan (reshards and replica reductions too) uses that link.
@@ -427,6 +447,30 @@ Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
   costs.collective_slowdown = full.collective_slowdown;
   costs.shared_link = true;  // a layer's replicas are ranks of the tensor-parallel group
   price_expert_all_to_alls(profile, costs, program);
+  return costs;
+}
+
+Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
+                        const schedule::ScheduleSpec& spec, std::int64_t micro_batch,
+                        double overlap_slowdown) {
+  return predict_plan(profile, degrees, model_moe_layers(profile, static_cast<int>(degrees.size())),
+                      spec, micro_batch, overlap_slowdown);
+}
+
+Prediction predict_plan(const Profile& profile, const std::vector<int>& degrees,
+                        const std::vector<bool>& moe, const schedule::ScheduleSpec& spec,
+                        std::int64_t micro_batch, double overlap_slowdown) {
+  const int T = profile.tp;
+  OASES_CHECK(moe.size() == degrees.size(),
+              "a plan of {} layer degrees with {} MoE-layer flags: give one flag per layer",
+              degrees.size(), moe.size());
+  const double sub_batch_rows = static_cast<double>(micro_batch) / spec.sub_batches;
+  const PlanProgram plan = plan_program(profile, degrees, moe, sub_batch_rows);
+  const ops::Program& program = plan.program;
+  const DegreeProfile& full = degree_of(profile, T);
+  const sim::CostModel costs =
+      profiled_costs(profile, program, sub_batch_rows, degrees, overlap_slowdown);
+  const std::int64_t parameter_bytes = plan_parameter_bytes(profile, degrees);
 
   const schedule::Schedule schedule = training_schedule(program, spec);
   const sim::SimResult sim = sim::simulate(schedule, costs);

@@ -78,6 +78,30 @@ std::function<double(const schedule::Instruction&)> profiled_compute(const Profi
                                                                      const ops::Program& program,
                                                                      double sub_batch_rows);
 
+// UserError when a segment of `program` (other than a reshard or a stage output, priced by
+// their collectives) is of a kind the profile has no times for at the segment's degree: a
+// program of another layout than the profile's (Profile::layout), or a sequence-parallel
+// layer at degree 1.
+void check_profiled_kinds(const Profile& profile, const ops::Program& program);
+
+// The simulator's costs, from the profile, of any program whose segments are named by kind and
+// run at degrees of the profile (the planner's plan programs, and a run's own program built
+// shape-only in the profile's layout), its layers at `layer_degrees` (one per layer):
+//   compute: profiled_compute;
+//   a collective: its kind's profiled time in its direction ("<kind>.fwd_s", ".bwd_s") at the
+//     segment's degree, scaled to the segment's rows; a reshard's the profiled all-gather
+//     between its two degrees; a partitioned checkpoint's gather the reshard from 1 to the
+//     segment's degree;
+//   bucket 1 + l: layer l's replica reduction at its degree; bucket 0 (the embeddings) the
+//     whole group's at the same rate per byte (0 where the group has no replicas);
+//   the optimizer step: the profiled one, scaled to the parameters the degrees leave here;
+//   overlap_slowdown (< 0: the profile's at degree T) and the collective slowdown at T;
+//   MoE all-to-alls over profile.ep > 1 ranks by their per-peer volume (sim::price_all_to_alls).
+// `profile` and `program` must outlive the costs.
+sim::CostModel profiled_costs(const Profile& profile, const ops::Program& program,
+                              double sub_batch_rows, const std::vector<int>& layer_degrees,
+                              double overlap_slowdown = -1);
+
 // Instruction costs of that program for the simulator.
 sim::CostModel costs_at(const Profile& profile, int degree, double rows,
                         const ops::Program& program, double overlap_slowdown = 0);

@@ -68,14 +68,28 @@ void read_memory_parts(const nlohmann::json& j, Plan& plan, const std::string& p
 PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
                      std::int64_t micro_batch, std::int64_t memory_limit,
                      bool moe_at_degree_one) {
-  OASES_CHECK(!profile.degrees.empty(), "the profile has no degrees");
+  return make_plan(profile, spec, memory_limit, moe_at_degree_one,
+                   [&](const std::vector<int>& degrees, const std::vector<bool>& moe) {
+                     return predict_plan(profile, degrees, moe, spec, micro_batch);
+                   });
+}
+
+PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
+                     std::int64_t memory_limit, bool moe_at_degree_one,
+                     const PlanPredictor& predict) {
+  std::vector<const DegreeProfile*> candidates;
+  for (const DegreeProfile& d : profile.degrees)
+    if (d.degree > 1 || !profile.layout.sequence_parallel) candidates.push_back(&d);
+  OASES_CHECK(
+      !candidates.empty(), "the profile has no degrees{}",
+      profile.layout.sequence_parallel ? " above 1 (measured with sequence parallelism)" : "");
   const auto L = static_cast<int>(profile.model.layers);
   const int T = profile.tp;
   PlanReport report;
   report.memory_settings = profile.memory_settings();
   ChainProblem chain;
   chain.layers = L;
-  chain.candidates = static_cast<int>(profile.degrees.size());
+  chain.candidates = static_cast<int>(candidates.size());
   // MoE layers (three segments in place of the MLP) cost what dense ones do not: each kind of
   // layer is priced apart, as the difference between the whole model and the model less one
   // layer of that kind.
@@ -100,13 +114,11 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
   std::vector<double> layer_time[2];
   std::vector<double> layer_bytes[2];
   Prediction top_full;
-  for (const DegreeProfile& d : profile.degrees) {
+  for (const DegreeProfile* candidate : candidates) {
+    const DegreeProfile& d = *candidate;
     const std::vector<int> every_layer(static_cast<std::size_t>(L), d.degree);
-    const Prediction full = predict_plan(profile, every_layer, moe, spec, micro_batch);
-    const Prediction uniform = moe_at_degree_one
-                                   ? predict_plan(profile, uniform_at(d.degree), moe, spec,
-                                                  micro_batch)
-                                   : full;
+    const Prediction full = predict(every_layer, moe);
+    const Prediction uniform = moe_at_degree_one ? predict(uniform_at(d.degree), moe) : full;
     report.uniform.push_back({d.degree, uniform,
                               memory_limit == 0 || uniform.memory_bytes() <= memory_limit,
                               moe_at_degree_one && d.degree != 1});
@@ -119,8 +131,7 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
         continue;
       }
       const Prediction less =
-          predict_plan(profile, std::vector<int>(static_cast<std::size_t>(L - 1), d.degree),
-                       *less_moe, spec, micro_batch);
+          predict(std::vector<int>(static_cast<std::size_t>(L - 1), d.degree), *less_moe);
       layer_time[kind].push_back(std::max(0.0, full.step_seconds - less.step_seconds));
       layer_bytes[kind].push_back(static_cast<double>(full.memory_bytes() - less.memory_bytes()));
     }
@@ -204,7 +215,7 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
                   memory_limit, l, report.chosen.degrees[static_cast<std::size_t>(l)], T);
     report.chosen_chain_seconds = fixed_time + dp.cost;
     // The chain is additive; the simulation of the chosen plan's own schedule is the prediction.
-    const Prediction chosen = predict_plan(profile, report.chosen.degrees, spec, micro_batch);
+    const Prediction chosen = predict(report.chosen.degrees, moe);
     report.chosen.predicted_step_seconds = chosen.step_seconds;
     report.chosen.predicted_memory_bytes = chosen.memory_bytes();
     report.chosen.predicted_memory = chosen.memory;

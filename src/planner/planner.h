@@ -16,6 +16,7 @@
 #include "planner/profile.h"
 #include "schedule/schedule.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,11 @@ struct PlanReport {
   std::string memory_settings;
 };
 
+// A plan's prediction: `degrees` one per layer, `moe` whether each is an MoE layer (the planner
+// also asks for plans of one layer less, to price one layer by difference).
+using PlanPredictor =
+    std::function<Prediction(const std::vector<int>& degrees, const std::vector<bool>& moe)>;
+
 // memory_limit: bytes per rank; 0 means none. UserError when no plan fits, saying by how much.
 // The memory per rank is the cost model's (Prediction::memory): the profile's per-kind ratios
 // of the parameters each layer's degree leaves on a rank, plus the schedule's activations.
@@ -58,6 +64,13 @@ struct PlanReport {
 PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
                      std::int64_t micro_batch, std::int64_t memory_limit,
                      bool moe_at_degree_one = false);
+// The same with every plan predicted by `predict` in place of predict_plan (a run whose
+// layers are not the cost model's plain tensor-parallel ones: cluster/profile_prediction.h).
+// The candidate degrees are the profile's, less degree 1 where it was measured with sequence
+// parallelism (a group of one has no sequence-parallel segments).
+PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
+                     std::int64_t memory_limit, bool moe_at_degree_one,
+                     const PlanPredictor& predict);
 
 // What `oases plan` prints: every uniform plan (predicted time, memory, whether it fits) and the
 // chosen degrees with their prediction, its memory per rank by kind (parameters, gradients,

@@ -2,6 +2,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/named_values.h"
 #include "core/regular_file.h"
 #include "io/untrusted_json.h"
 
@@ -25,6 +26,15 @@ const DegreeProfile* Profile::at_degree(int degree) const {
   for (const DegreeProfile& d : degrees)
     if (d.degree == degree) return &d;
   return nullptr;
+}
+
+std::string ProfiledLayout::describe() const {
+  std::string out = sequence_parallel ? "sequence parallelism" : "";
+  if (cp > 1)
+    out +=
+        fmt::format("{}parallel.cp = {} ({})", out.empty() ? "" : ", ", cp,
+                    value_name<ops::ContextParallelKind>(ops::kContextParallelKindNames, cp_kind));
+  return out.empty() ? "no sequence or context parallelism" : out;
 }
 
 std::string Profile::memory_settings() const {
@@ -251,6 +261,12 @@ std::string to_json(const Profile& p) {
     out["replica_link"] = {{"bytes", p.replica_link.bytes},
                            {"ranks", p.replica_link.ranks},
                            {"seconds", p.replica_link.seconds}};
+  if (p.layout.sequence_parallel) out["sequence_parallel"] = true;
+  if (p.layout.cp > 1) {
+    out["cp"] = p.layout.cp;
+    out["cp_kind"] = std::string(
+        value_name<ops::ContextParallelKind>(ops::kContextParallelKindNames, p.layout.cp_kind));
+  }
   if (p.ep > 1) {
     out["ep"] = p.ep;
     out["expert_link"] = {{"bytes_per_second", p.expert_link.bytes_per_second},
@@ -360,6 +376,21 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
           p.expert_load_imbalance[layer] = ratio;
         }
     }
+    if (j.contains("sequence_parallel")) {
+      OASES_CHECK(j.at("sequence_parallel").is_boolean(),
+                  "{}: malformed profile (\"sequence_parallel\" = {}: true or false)", source,
+                  j.at("sequence_parallel").dump());
+      p.layout.sequence_parallel = j.at("sequence_parallel").get<bool>();
+    }
+    if (j.contains("cp")) {
+      p.layout.cp = integer_at<int>(j, "cp", source);
+      OASES_CHECK(p.layout.cp >= 1, "{}: malformed profile (\"cp\" = {}: at least 1)", source,
+                  p.layout.cp);
+      OASES_CHECK(j.contains("cp_kind") && j.at("cp_kind").is_string(),
+                  "{}: malformed profile (\"cp\" without a \"cp_kind\" string)", source);
+      p.layout.cp_kind = parse_named_value<ops::ContextParallelKind>(
+          ops::kContextParallelKindNames, j.at("cp_kind").get<std::string>(), source + ": cp_kind");
+    }
     check_profile_figures(p, source);
     return p;
   } catch (const json::exception& e) {
@@ -435,6 +466,24 @@ void check_profile_matches(const Profile& p, const model::ModelConfig& m, std::i
                 "parallel.ep = {}); this config splits the experts over parallel.ep = {}: re-run "
                 "`oases profile` under mpirun with parallel.ep = parallel.dp = {} ({} ranks)",
                 source, ep, p.ep, ep, ep, ep * degrees.back());
+}
+
+void check_profile_layout(const Profile& p, const ProfiledLayout& layout,
+                          const std::string& source) {
+  const auto cp_kind = [](const ProfiledLayout& l) {
+    return value_name<ops::ContextParallelKind>(ops::kContextParallelKindNames, l.cp_kind);
+  };
+  OASES_CHECK(p.layout.sequence_parallel == layout.sequence_parallel,
+              "{} was measured with parallel.sequence_parallel = {}; this config sets {}: the "
+              "layers' segments differ, re-run `oases profile` with this config",
+              source, p.layout.sequence_parallel, layout.sequence_parallel);
+  OASES_CHECK(p.layout.cp == layout.cp && (layout.cp == 1 || p.layout.cp_kind == layout.cp_kind),
+              "{} was measured at parallel.cp = {}{}; this config runs parallel.cp = {}{}: the "
+              "attention's segments and transfers differ, re-run `oases profile` with this "
+              "config (under mpirun with parallel.tp x parallel.cp ranks)",
+              source, p.layout.cp,
+              p.layout.cp > 1 ? fmt::format(" (cp_kind \"{}\")", cp_kind(p.layout)) : "", layout.cp,
+              layout.cp > 1 ? fmt::format(" (cp_kind \"{}\")", cp_kind(layout)) : "");
 }
 
 }  // namespace oases::planner

@@ -20,7 +20,8 @@
 //                       "mlp.bwd_s": .., "embedding.fwd_s": .., "head.fwd_s": ..,
 //                       "head_softmax.fwd_s": .., "head.bwd_s": .., ...},
 //       "optimizer_s": .., "parameter_bytes": .., "parameter_bytes_per_layer": ..,
-//       "replica_reduce_per_layer_s": .., "overlap_slowdown": .., "collective_slowdown": .., "activation_bytes": {"attention":
+//       "replica_reduce_per_layer_s": .., "overlap_slowdown": .., "collective_slowdown": ..,
+//       "activation_bytes": {"attention":
 //       {"checkpoint": ..,
 //                       "internals": .., "core": ..}, ...}},
 //       "static_activation_bytes": ..,
@@ -30,7 +31,8 @@
 //    "reshards": {"1-2": .., "1-4": .., "2-4": ..},
 //    "replica_link": {"bytes": .., "ranks": 2, "seconds": ..},  (optional: ReplicaLink)
 //    "ep": 2, "expert_link": {"bytes_per_second": .., "latency_s": ..},
-//    "expert_load_imbalance": {"1": .., "3": .., ...}}
+//    "expert_load_imbalance": {"1": .., "3": .., ...},
+//    "sequence_parallel": true, "cp": 2, "cp_kind": "ring"}  (ProfiledLayout; absent: none)
 //
 // Mixture-of-experts models: an MoE layer runs as three segments in place of the MLP
 // (ops/layer_segments.h), whose kinds "moe_dispatch", "experts" and "moe_combine" are measured
@@ -59,6 +61,7 @@
 #pragma once
 
 #include "model/config.h"
+#include "ops/context.h"
 
 #include <cstdint>
 #include <map>
@@ -120,13 +123,31 @@ struct ReplicaLink {
   bool operator==(const ReplicaLink&) const = default;
 };
 
+// The layout the segments were measured in, which decides which segments a layer has
+// (docs/distributed.md): sequence parallelism (parallel.sequence_parallel: the shard segments
+// "attention_in", "mlp_in" and "head_in" beside the layers, reduce-scatters and all-gathers in
+// place of all-reduces) at every degree above 1, and context parallelism over `cp` ranks
+// (parallel.cp, parallel.cp_kind: the all-to-all kind's "attention_core" and "attention_out",
+// the ring's "attention_ring", "attention_recv" and "attention_out", with their transfers over
+// the context-parallel group among the collectives). A degree-1 group has no sequence-parallel
+// segments: under sequence parallelism the degrees priced are those above 1.
+struct ProfiledLayout {
+  bool sequence_parallel = false;
+  int cp = 1;
+  ops::ContextParallelKind cp_kind = ops::ContextParallelKind::all_to_all;  // where cp > 1
+  bool operator==(const ProfiledLayout&) const = default;
+  // "sequence parallelism, cp 2 (ring)"; "no sequence or context parallelism" when neither.
+  std::string describe() const;
+};
+
 // The segment kinds of an MoE layer, in program order.
 inline constexpr const char* kMoeKinds[] = {"moe_dispatch", "experts", "moe_combine"};
 
 struct Profile {
-  // Version 4 added the MoE model keys, collective_elements, ep and expert_link; version 3
-  // profiles (dense models) read as before.
-  static constexpr int kVersion = 4;
+  // Version 4 added the MoE model keys, collective_elements, ep and expert_link; version 5
+  // the layout (sequence_parallel, cp, cp_kind). Older profiles read as before, measured
+  // without sequence or context parallelism.
+  static constexpr int kVersion = 5;
   static constexpr int kOldestVersion = 3;
   model::ModelConfig model;
   int tp = 1;
@@ -175,6 +196,7 @@ struct Profile {
   // launcher ran beside it. A cluster description of this machine takes its link's efficiency
   // at that transfer size from it (cluster::calibrate_replica_link). Optional in the file.
   ReplicaLink replica_link;
+  ProfiledLayout layout;
 
   // The bytes held per parameter byte besides one copy of the parameters and one of the
   // gradients (the sum of the three ratios less 2; may be negative): the profile's
@@ -222,5 +244,9 @@ void check_profile_matches(const Profile& profile, const model::ModelConfig& mod
                            std::int64_t micro_batch, int sub_batches,
                            const std::vector<int>& degrees, const std::string& source,
                            int ep = 0);
+// UserError when the profile was measured in another layout than `layout` (the run's), saying
+// which setting differs and how to re-measure.
+void check_profile_layout(const Profile& profile, const ProfiledLayout& layout,
+                          const std::string& source);
 
 }  // namespace oases::planner

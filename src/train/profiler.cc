@@ -199,6 +199,7 @@ planner::Profile profile_of_run(const plan::RunPlan& plan) {
   profile.zero = static_cast<int>(config.parallel.zero);
   profile.offload = config.parallel.offload;
   profile.ep = static_cast<int>(config.parallel.ep);
+  profile.layout = plan.profiled_layout();
   const std::int64_t sub_batch_rows = config.train.micro_batch / spec.sub_batches;
   for (int k = 1; k <= T; k *= 2) {
     // A degree-k replica handles k / T of each sub-batch.
@@ -232,6 +233,11 @@ DegreeEngines degree_engines(const plan::RunPlan& run, comm::Mesh& mesh, int k,
   c = config;
   c.parallel = plan::ParallelConfig{};
   c.parallel.tp = k;
+  // The layers' segments are those of the run's layout (planner::ProfiledLayout): sequence
+  // parallelism where the group has more than one rank, the run's context parallelism.
+  c.parallel.sequence_parallel = config.parallel.sequence_parallel && k > 1;
+  c.parallel.cp = config.parallel.cp;
+  c.parallel.cp_kind = config.parallel.cp_kind;
   // The memory figures (and the optimizer's time) are measured under the run's ZeRO stage and
   // offload. This engine has no data-parallel ranks, so ZeRO shards nothing: the figures are
   // those of a run at dp = 1, as parallel.plan = "auto" runs.
@@ -242,7 +248,14 @@ DegreeEngines degree_engines(const plan::RunPlan& run, comm::Mesh& mesh, int k,
   c.train.micro_batch = c.train.global_batch = rows;
   c.checkpoint = {};
   c.log = {};
-  e.measured = std::make_unique<TrainingEngine>(c, ParallelGroups{&mesh.tp_group(), nullptr, {}, {}});
+  ParallelGroups groups{&mesh.tp_group(), nullptr, {}, {}};
+  if (mesh.cp_size() > 1) {
+    // The engine is one replica over its context-parallel ranks (dp = 1): those ranks sum
+    // its gradients.
+    groups.cp = &mesh.cp_group();
+    groups.dp = &mesh.cp_group();
+  }
+  e.measured = std::make_unique<TrainingEngine>(c, groups);
   e.measured_tokens = profile_tokens(c);
   // At the whole group's degree, a schedule that overlaps compute with its collectives runs its
   // own steps too, one after each timed blocking step (so that both see the shared host alike):
@@ -256,8 +269,7 @@ DegreeEngines degree_engines(const plan::RunPlan& run, comm::Mesh& mesh, int k,
     o.parallel.recompute_every = config.parallel.recompute_every;
     o.parallel.sub_batches = config.parallel.sub_batches;
     o.train.micro_batch = o.train.global_batch = config.train.micro_batch;
-    e.overlapped =
-        std::make_unique<TrainingEngine>(o, ParallelGroups{&mesh.tp_group(), nullptr, {}, {}});
+    e.overlapped = std::make_unique<TrainingEngine>(o, groups);
     e.overlapped_tokens = profile_tokens(o);
   }
   return e;

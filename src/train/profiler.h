@@ -28,17 +28,20 @@ void record_segment_shapes(const model::Model& model, planner::DegreeProfile& de
 // sub-batch does not split over some degree's replicas, or a degree does not divide the model.
 planner::Profile profile_of_run(const plan::RunPlan& plan);
 
-// Collective over every rank of the run (config.parallel.tp ranks; dp = pp = 1, or dp =
-// parallel.ep > 1 for a mixture-of-experts model: tp x ep ranks). For each power-of-two degree
-// k dividing tp, the ranks form tp / k groups of k (make_mesh(k, tp / k), which must fill the
-// rest of the world with copies of that grid: with ep > 1 every tensor-parallel group measures
-// at once, as the data-parallel replicas of a run compute at once) and each trains its share of
-// a sub-batch with blocking collectives and fine-grained recomputation, so that every segment
-// action and every collective is timed on its own. MoE segments run with every expert local
-// (ep = 1); with parallel.ep > 1 the link of the expert-parallel group (make_mesh(tp, ep) with
-// its expert groups) is measured apart (planner::Profile::expert_link). At degree tp, when the
-// run's schedule overlaps compute with its collectives, that schedule's own steps run after
-// each timed step and give the degree's overlap_slowdown and collective_slowdown
+// Collective over every rank of the run (config.parallel.tp x parallel.cp ranks; dp = pp = 1,
+// or dp = parallel.ep > 1 for a mixture-of-experts model: tp x ep ranks). For each power-of-two
+// degree k dividing tp, the ranks form tp / k groups of k (make_mesh(k, tp / k), which must keep
+// the run's cp ranks in each group's context-parallel axis and fill the rest of the world with
+// copies of that grid: with ep > 1 every tensor-parallel group measures at once, as the
+// data-parallel replicas of a run compute at once) and each trains its share of a sub-batch
+// with blocking collectives and fine-grained recomputation, so that every segment action and
+// every collective is timed on its own. The engines run the run's layout
+// (planner::ProfiledLayout): sequence parallelism at every degree above 1, the run's context
+// parallelism (the cp ranks sum the engine's gradients) at every degree. MoE segments run with
+// every expert local (ep = 1); with parallel.ep > 1 the link of the expert-parallel group
+// (make_mesh(tp, ep) with its expert groups) is measured apart (planner::Profile::expert_link). At
+// degree tp, when the run's schedule overlaps compute with its collectives, that schedule's own
+// steps run after each timed step and give the degree's overlap_slowdown and collective_slowdown
 // (planner::OverlapCollector); otherwise a GEMM loop under an all-reduce gives them.
 // Every rank returns the profile of its group; rank 0's is the one to write.
 planner::Profile run_profile(const plan::RunConfig& config, const ProfileOptions& options,

@@ -3,15 +3,17 @@
 // reads back matching its config; the plan verb prints every layer at each degree and the
 // chosen degrees with their memory per rank by kind, writes a plan file, and says by how much a
 // memory limit no plan fits is too small.
+#include "plan/run_config.h"
 #include "planner/profile.h"
 #include "support/command.h"
-#include "plan/run_config.h"
+#include "support/runs.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -110,6 +112,131 @@ tp = 2
                                                  (dir / "tiny.toml").string() + " --output " + out);
   EXPECT_EQ(alone.exit_code, 2);
   EXPECT_NE(alone.output.find("mpirun -np 2 oases profile"), std::string::npos) << alone.output;
+}
+
+// A profile measured in a sequence- or context-parallel layout holds that layout's segments and
+// transfers; `oases simulate` and `oases plan` price the run's own program from it, and the
+// activation memory they predict is what a training step of that layout measures.
+TEST(ProfileVerb, MeasuresAndPricesSequenceAndContextParallelLayouts) {
+  const fs::path dir = oases::testing::fresh_test_folder("profile_runs");
+  ASSERT_EQ(oases::testing::prepare_fortunes_data(OASES_BINARY, dir).exit_code, 0);
+  std::ofstream(dir / "tiny.toml") << R"(
+[model]
+layers = 2
+hidden = 128
+heads = 4
+ffn_hidden = 256
+vocab_size = 260
+seq_len = 64
+[train]
+micro_batch = 8
+global_batch = 8
+steps = 1
+threads = 1
+[data]
+path = ")" << (dir / "data").string()
+                                   << "\"\n";
+  struct Layout {
+    std::string name, settings;
+    int ranks;
+    std::vector<std::string> kinds;        // segment kinds at the whole group's degree
+    std::vector<std::string> collectives;  // measured on the wire (> 0)
+  };
+  const std::vector<Layout> layouts = {
+      {"sp",
+       "parallel.tp=2 parallel.sequence_parallel=true",
+       2,
+       {"attention_in", "mlp_in", "head_in", "attention", "mlp"},
+       {"attention_in.fwd_s", "mlp_in.bwd_s", "mlp.fwd_s"}},
+      // The ring's shift of the projected keys and values (forward), and of their gradients
+      // back to the owner (the output projection's backward).
+      {"ring",
+       "parallel.cp=2 parallel.cp_kind=\\\"ring\\\"",
+       2,
+       {"attention", "attention_ring", "attention_out", "mlp"},
+       {"attention.fwd_s", "attention_out.bwd_s"}},
+      {"a2a",
+       "parallel.cp=2 parallel.cp_kind=\\\"all-to-all\\\"",
+       2,
+       {"attention", "attention_core", "attention_out", "mlp"},
+       {"attention.fwd_s", "attention_core.fwd_s", "attention_core.bwd_s"}}};
+  for (const Layout& layout : layouts) {
+    SCOPED_TRACE(layout.name);
+    const std::string config =
+        " --config " + (dir / "tiny.toml").string() + " --set " + layout.settings;
+    const std::string out = (dir / (layout.name + ".json")).string();
+    const auto profiled =
+        oases::testing::run_command(oases::testing::mpirun_prefix(layout.ranks) + OASES_BINARY +
+                                    " profile" + config + " --steps 1 --output " + out);
+    ASSERT_EQ(profiled.exit_code, 0) << profiled.output;
+    const auto profile = oases::planner::read_profile(out);
+    EXPECT_EQ(profile.layout.sequence_parallel, layout.name == "sp");
+    EXPECT_EQ(profile.layout.cp, layout.name == "sp" ? 1 : 2);
+    const oases::planner::DegreeProfile& whole = profile.degrees.back();
+    for (const std::string& kind : layout.kinds) {
+      ASSERT_TRUE(whole.segments.contains(kind)) << kind;
+      EXPECT_GT(whole.segments.at(kind).forward_s, 0) << kind;
+      EXPECT_GT(whole.segments.at(kind).backward0_s, 0) << kind;
+    }
+    for (const std::string& collective : layout.collectives) {
+      ASSERT_TRUE(whole.collectives.contains(collective)) << collective;
+      EXPECT_GT(whole.collectives.at(collective), 0) << collective;
+    }
+    if (layout.name != "sp") {
+      // The context-parallel pair sums its gradients, as the run's replicas do.
+      EXPECT_GT(whole.replica_reduce_per_layer_s, 0);
+    }
+
+    const auto simulated = oases::testing::run_command(std::string(OASES_BINARY) + " simulate" +
+                                                       config + " --profile " + out);
+    ASSERT_EQ(simulated.exit_code, 0) << simulated.output;
+    std::smatch activations;
+    ASSERT_TRUE(
+        std::regex_search(simulated.output, activations, std::regex("activations ([0-9.]+)\\n")))
+        << simulated.output;
+    const fs::path run = dir / (layout.name + "_run");
+    const auto trained = oases::testing::run_command(
+        oases::testing::mpirun_prefix(layout.ranks) + OASES_BINARY + " train --quiet" + config +
+        " log.metrics=" + oases::testing::quoted((run / "metrics.jsonl").string()) +
+        " checkpoint.dir=" + oases::testing::quoted((run / "ckpt").string()));
+    ASSERT_EQ(trained.exit_code, 0) << trained.output;
+    const auto measured =
+        oases::testing::metric_values(run / "metrics.jsonl", "peak_activation_bytes");
+    ASSERT_EQ(measured.size(), 1u);
+    // Printed in MiB to one decimal (of 3.5 to 7 MiB).
+    EXPECT_GT(measured[0], 3 << 20);
+    EXPECT_NEAR(std::stod(activations[1]), measured[0] / (1 << 20), 0.05 + 1e-9)
+        << simulated.output;
+
+    const auto planned = oases::testing::run_command(std::string(OASES_BINARY) + " plan" + config +
+                                                     " --profile " + out);
+    ASSERT_EQ(planned.exit_code, 0) << planned.output;
+    EXPECT_NE(planned.output.find("every plan predicted from the run's own program, with " +
+                                  profile.layout.describe()),
+              std::string::npos)
+        << planned.output;
+    // Under sequence parallelism only degree 2 is a candidate (a group of one has no
+    // sequence-parallel segments).
+    EXPECT_EQ(planned.output.find("every layer at 1") == std::string::npos, layout.name == "sp")
+        << planned.output;
+
+    // A profile of this layout does not price another.
+    const auto other =
+        oases::testing::run_command(std::string(OASES_BINARY) + " simulate --config " +
+                                    (dir / "tiny.toml").string() + " --profile " + out);
+    EXPECT_NE(other.exit_code, 0);
+    EXPECT_NE(other.output.find("re-run `oases profile` with this config"), std::string::npos)
+        << other.output;
+  }
+  // tp 2 x cp 2 needs four ranks.
+  const auto short_of_ranks = oases::testing::run_command(
+      oases::testing::mpirun_prefix(2) + OASES_BINARY + " profile --config " +
+      (dir / "tiny.toml").string() + " --set parallel.tp=2 parallel.cp=2 --output " +
+      (dir / "x.json").string());
+  EXPECT_NE(short_of_ranks.exit_code, 0);
+  EXPECT_NE(short_of_ranks.output.find("runs on 4 ranks (or a multiple); mpirun started 2"),
+            std::string::npos)
+      << short_of_ranks.output;
 }
 
 }  // namespace

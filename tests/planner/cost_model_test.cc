@@ -3,12 +3,15 @@
 #include "planner/planner.h"
 
 #include "core/error.h"
+#include "support/files.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <vector>
 
 namespace oases::planner {
 namespace {
@@ -282,6 +285,102 @@ TEST(Planner, SmallerStatePerRankLetsLowerDegreesFit) {
   // The same parameters on a rank, a quarter of the state.
   EXPECT_EQ(sharded.uniform[0].prediction.memory.state() * 4,
             unsharded.uniform[0].prediction.memory.state());
+}
+
+}  // namespace
+}  // namespace oases::planner
+
+namespace oases::planner {
+namespace {
+
+// A predictor standing in for the run's own program (cluster/plan_prediction.h): each layer at
+// degree k costs cost_ms[k] and holds bytes[k]; it records every degree asked for.
+struct RecordingPredictor {
+  std::map<int, double> cost_ms;
+  std::map<int, std::int64_t> bytes;
+  std::vector<int>* asked;
+  Prediction operator()(const std::vector<int>& degrees, const std::vector<bool>& moe) const {
+    EXPECT_EQ(moe.size(), degrees.size());
+    Prediction p;
+    p.step_seconds = 0.001;
+    p.memory.activations = 1 << 20;
+    for (int k : degrees) {
+      asked->push_back(k);
+      p.step_seconds += cost_ms.at(k) * 1e-3;
+      p.memory.activations += bytes.at(k);
+    }
+    return p;
+  }
+};
+
+TEST(Planner, WithSequenceParallelismPlansTheDegreesAboveOneByTheGivenPredictor) {
+  Profile p = synthetic(0.5);
+  p.model.layers = 4;
+  const auto oases = spec(schedule::ScheduleKind::oases, schedule::Recompute::fine_grained, 2);
+  std::vector<int> asked;
+  // Degree 1 would be the cheapest, but a sequence-parallel profile has no degree-1 layers.
+  const RecordingPredictor predict{{{1, 1.0}, {2, 3.0}}, {{1, 200 << 10}, {2, 100 << 10}}, &asked};
+  p.layout.sequence_parallel = true;
+  const PlanReport report = make_plan(p, oases, 0, false, predict);
+  ASSERT_EQ(report.uniform.size(), 1u);
+  EXPECT_EQ(report.uniform[0].degree, 2);
+  EXPECT_EQ(report.chosen.degrees, (std::vector<int>{2, 2, 2, 2}));
+  EXPECT_NEAR(report.chosen.predicted_step_seconds, 0.001 + 4 * 3e-3, 1e-12);
+  EXPECT_EQ(report.chosen.predicted_memory_bytes, (1 << 20) + 4 * (100 << 10));
+  EXPECT_TRUE(std::ranges::none_of(asked, [](int k) { return k == 1; }));
+  // Without sequence parallelism degree 1 is a candidate again, and the predictor's costs
+  // (not the cost model's) choose it.
+  p.layout.sequence_parallel = false;
+  asked.clear();
+  const PlanReport plain = make_plan(p, oases, 0, false, predict);
+  ASSERT_EQ(plain.uniform.size(), 2u);
+  EXPECT_EQ(plain.chosen.degrees, (std::vector<int>{1, 1, 1, 1}));
+  EXPECT_NEAR(plain.chosen.predicted_step_seconds, 0.001 + 4 * 1e-3, 1e-12);
+  // A memory limit between the two uniform plans mixes them.
+  const PlanReport bound =
+      make_plan(p, oases, (1 << 20) + 2 * (200 << 10) + 2 * (100 << 10), false, predict);
+  EXPECT_EQ(std::ranges::count(bound.chosen.degrees, 1), 2);
+  EXPECT_EQ(std::ranges::count(bound.chosen.degrees, 2), 2);
+}
+
+TEST(CostModel, AProgramSegmentTheProfileHasNoTimesForIsAnErrorSayingWhy) {
+  Profile p = synthetic(0.0);
+  for (const char* kind : {"head_softmax", "head_loss"}) p.degrees[1].segments[kind] = {};
+  ops::Program program = program_at(p, 2, 2.0);
+  EXPECT_NO_THROW(check_profiled_kinds(p, program));
+  ops::SegmentShape shard;
+  shard.name = "attention_in.0";
+  shard.degree = 1;
+  program.segments.insert(program.segments.begin() + 1, shard);
+  testing::expect_user_error([&] { check_profiled_kinds(p, program); },
+                             {"no times for segment attention_in.0 (kind \"attention_in\") at "
+                              "tensor-parallel degree 1; it was measured with no sequence or "
+                              "context parallelism: re-run `oases profile`"});
+  p.layout.sequence_parallel = true;
+  testing::expect_user_error([&] { check_profiled_kinds(p, program); },
+                             {"a group of one has no sequence-parallel segments to measure: give "
+                              "every layer a degree above 1"});
+}
+
+TEST(CostModel, ProfiledCostsPriceCollectivesByKindAndDegreeAndReplicasByBucket) {
+  Profile p = synthetic(0.5);
+  p.degrees[1].replica_reduce_per_layer_s = 0.002;  // a context-parallel pair at degree T
+  p.degrees[0].replica_reduce_per_layer_s = 0.003;
+  const ops::Program program = program_at(p, 2, 2.0);
+  const sim::CostModel costs = profiled_costs(p, program, 2.0, {1, 2});
+  schedule::Instruction start;
+  start.op = schedule::Op::start;
+  start.segment = 1;  // attention.0 at degree 2, 2 rows as profiled
+  start.direction = schedule::Direction::forward;
+  EXPECT_NEAR(costs.collective(start), 0.5e-3 * 2, 1e-15);
+  // Bucket 1 + l: layer l at its degree; bucket 0: the parameters besides the layers at the
+  // whole group's rate per byte (1000 - 2 x 400 bytes at 0.002 s per 400).
+  EXPECT_NEAR(costs.reduce_grads(1), 0.003, 1e-15);
+  EXPECT_NEAR(costs.reduce_grads(2), 0.002, 1e-15);
+  EXPECT_NEAR(costs.reduce_grads(0), 0.002 * 200 / 400, 1e-15);
+  EXPECT_EQ(costs.reduce_grads(3), 0.0);
+  // The optimizer over the parameters the degrees leave here: 1000 - 2 x 400 + 800 + 400.
+  EXPECT_NEAR(costs.optimizer_step, 0.01 * 1400 / 1000, 1e-15);
 }
 
 }  // namespace

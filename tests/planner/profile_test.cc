@@ -185,6 +185,66 @@ TEST(Profile, AProfileOfAnotherModelOrMissingADegreeIsRejected) {
             std::string::npos);
 }
 
+TEST(Profile, RoundTripsTheLayoutItWasMeasuredIn) {
+  Profile p = sample();
+  // Without sequence or context parallelism the file carries no layout keys: older readers
+  // and profiles read alike.
+  EXPECT_FALSE(nlohmann::json::parse(to_json(p)).contains("cp"));
+  EXPECT_FALSE(nlohmann::json::parse(to_json(p)).contains("sequence_parallel"));
+  p.layout.sequence_parallel = true;
+  p.layout.cp = 2;
+  p.layout.cp_kind = ops::ContextParallelKind::ring;
+  const Profile q = profile_from_json(to_json(p), "p.json");
+  EXPECT_EQ(q.layout, p.layout);
+  EXPECT_EQ(q.layout.describe(), "sequence parallelism, parallel.cp = 2 (ring)");
+  p.layout.cp_kind = ops::ContextParallelKind::all_to_all;
+  EXPECT_EQ(profile_from_json(to_json(p), "p.json").layout, p.layout);
+  EXPECT_EQ(Profile().layout.describe(), "no sequence or context parallelism");
+  // A version-4 profile (before the layout) reads as measured without either.
+  nlohmann::json old = nlohmann::json::parse(to_json(sample()));
+  old["version"] = 4;
+  EXPECT_EQ(profile_from_json(old.dump(), "old.json").layout, ProfiledLayout{});
+}
+
+TEST(Profile, AMalformedLayoutIsRejectedNamingTheKey) {
+  nlohmann::json j = nlohmann::json::parse(to_json(sample()));
+  j["cp"] = 2;
+  testing::expect_user_error([&] { profile_from_json(j.dump(), "x.json"); },
+                             {"x.json: malformed profile", "cp_kind"});
+  j["cp_kind"] = "p2p";
+  testing::expect_user_error([&] { profile_from_json(j.dump(), "x.json"); },
+                             {"cp_kind = \"p2p\" is not known", "\"all-to-all\"", "\"ring\""});
+  j["cp_kind"] = "ring";
+  j["cp"] = 0;
+  testing::expect_user_error([&] { profile_from_json(j.dump(), "x.json"); },
+                             {"\"cp\" = 0: at least 1"});
+  j["cp"] = 2;
+  j["sequence_parallel"] = 1;
+  testing::expect_user_error([&] { profile_from_json(j.dump(), "x.json"); },
+                             {"\"sequence_parallel\" = 1: true or false"});
+}
+
+TEST(Profile, AProfileOfAnotherLayoutIsRejectedSayingWhichSettingDiffers) {
+  Profile p = sample();
+  p.layout.cp = 2;
+  p.layout.cp_kind = ops::ContextParallelKind::ring;
+  EXPECT_NO_THROW(check_profile_layout(p, p.layout, "p.json"));
+  ProfiledLayout run = p.layout;
+  run.cp_kind = ops::ContextParallelKind::all_to_all;
+  testing::expect_user_error(
+      [&] { check_profile_layout(p, run, "p.json"); },
+      {"p.json was measured at parallel.cp = 2 (cp_kind \"ring\")",
+       "this config runs parallel.cp = 2 (cp_kind \"all-to-all\")", "re-run `oases profile`"});
+  run = ProfiledLayout{};
+  testing::expect_user_error([&] { check_profile_layout(p, run, "p.json"); },
+                             {"this config runs parallel.cp = 1:"});
+  run = p.layout;
+  run.sequence_parallel = true;
+  testing::expect_user_error([&] { check_profile_layout(p, run, "p.json"); },
+                             {"p.json was measured with parallel.sequence_parallel = false; this "
+                              "config sets true"});
+}
+
 TEST(Profile, OtherFilesAreRejectedWithTheReason) {
   EXPECT_NE(user_error_of([] {
               profile_from_json("{", "x.json");

@@ -1,0 +1,114 @@
+#include "cluster/plan_prediction.h"
+
+#include "cluster/cluster_simulation.h"
+#include "core/error.h"
+#include "plan/run_plan.h"
+#include "sim/schedule_sim.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+namespace oases::cluster {
+namespace {
+
+// The engine's memory figures as the cost model's kinds: what parallel.offload keeps off memory
+// comes off the optimizer's state first and the rest off the parameters (as the profile's
+// ratios count it).
+planner::MemoryBytes memory_bytes(const planner::MemoryFigures& m) {
+  const std::size_t optimizer_offloaded = std::min(m.offloaded, m.optimizer);
+  const std::size_t params_offloaded = std::min(m.offloaded - optimizer_offloaded, m.params);
+  planner::MemoryBytes bytes;
+  bytes.params = static_cast<std::int64_t>(m.params - params_offloaded);
+  bytes.grads = static_cast<std::int64_t>(m.grads);
+  bytes.optimizer = static_cast<std::int64_t>(m.optimizer - optimizer_offloaded);
+  bytes.activations = static_cast<std::int64_t>(m.activations);
+  return bytes;
+}
+
+// `config` with `degrees` as parallel.plan and one layer per degree (the planner prices one
+// layer as the model less one). The layouts these predictors serve have dense layers only.
+plan::RunConfig with_plan(const plan::RunConfig& config, const std::vector<int>& degrees,
+                          const std::vector<bool>& moe) {
+  OASES_ASSERT(std::ranges::none_of(moe, [](bool m) { return m; }),
+               "the plan predictors price dense layers only");
+  OASES_CHECK(!degrees.empty(),
+              "planning prices one layer as the model less one: with sequence or context "
+              "parallelism model.layers must be at least 2");
+  plan::RunConfig c = config;
+  c.model.layers = static_cast<std::int64_t>(degrees.size());
+  c.parallel.plan = fmt::format("{}", fmt::join(degrees, ","));
+  return c;
+}
+
+// The plan's own program priced from the profile, which must match it.
+planner::Prediction predict_checked(const plan::RunPlan& plan, const planner::Profile& profile) {
+  const std::unique_ptr<ShapeOnlyRank> rank = shape_only_rank(plan);
+  const ops::Program& program = rank->model->program();
+  planner::check_profiled_kinds(profile, program);
+  std::vector<int> layer_degrees = plan.layer_degrees;
+  if (layer_degrees.empty())
+    layer_degrees.assign(static_cast<std::size_t>(plan.config.model.layers), plan.mesh.tp);
+  const sim::CostModel costs = planner::profiled_costs(
+      profile, program,
+      static_cast<double>(plan.config.train.micro_batch) / plan.schedule.sub_batches,
+      layer_degrees);
+  const sim::SimResult sim = sim::simulate(rank->schedule, costs);
+  planner::Prediction p;
+  p.step_seconds = sim.step_seconds;
+  p.compute_seconds = sim.compute_seconds;
+  p.exposed_comm_seconds = sim.exposed_comm_seconds;
+  p.memory = memory_bytes(rank->memory);
+  return p;
+}
+
+// UserError unless the profile was measured for the plan's model, batch split, degrees and
+// layout.
+void check_matches(const plan::RunPlan& plan, const planner::Profile& profile) {
+  OASES_CHECK(plan.mesh.pp == 1,
+              "a profile predicts one pipeline stage's layout; with parallel.pp = {} run `oases "
+              "plan`, which predicts every pipeline schedule",
+              plan.mesh.pp);
+  std::vector<int> degrees;
+  for (int k = 1; k <= plan.mesh.tp; k *= 2) degrees.push_back(k);
+  planner::check_profile_matches(profile, plan.config.model, plan.config.train.micro_batch,
+                                 plan.schedule.sub_batches, degrees, "the profile",
+                                 static_cast<int>(plan.config.parallel.ep));
+  planner::check_profile_layout(profile, plan.profiled_layout(), "the profile");
+}
+
+}  // namespace
+
+planner::Prediction predict_from_profile(const plan::RunConfig& config,
+                                         const planner::Profile& profile) {
+  const plan::RunPlan plan = plan::make_run_plan(config);
+  check_matches(plan, profile);
+  return predict_checked(plan, profile);
+}
+
+planner::PlanPredictor profile_plan_predictor(const plan::RunConfig& config,
+                                              const planner::Profile& profile) {
+  check_matches(plan::make_run_plan(config), profile);
+  return [&config, &profile](const std::vector<int>& degrees, const std::vector<bool>& moe) {
+    return predict_checked(plan::make_run_plan(with_plan(config, degrees, moe)), profile);
+  };
+}
+
+planner::PlanPredictor cluster_plan_predictor(const plan::RunConfig& config,
+                                              const sim::ClusterSpec& cluster) {
+  return [&config, &cluster](const std::vector<int>& degrees, const std::vector<bool>& moe) {
+    const ClusterSimulation s = simulate_cluster(with_plan(config, degrees, moe), cluster);
+    planner::Prediction p;
+    p.step_seconds = s.step_seconds;
+    for (const SimulatedRank& rank : s.ranks) {
+      p.compute_seconds = std::max(p.compute_seconds, rank.time.compute_seconds);
+      p.exposed_comm_seconds = std::max(p.exposed_comm_seconds, rank.time.exposed_comm_seconds);
+      const planner::MemoryBytes m = memory_bytes(rank.memory);
+      if (m.total() > p.memory.total()) p.memory = m;
+    }
+    return p;
+  };
+}
+
+}  // namespace oases::cluster
