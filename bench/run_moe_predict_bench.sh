@@ -15,6 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/capped_loopback.sh
+source bench/predict_and_measure.sh
 steps=${1:-6}
 rate=${2:-1000}
 [[ $(id -u) -eq 0 ]] || { echo "needs root (ip netns, tc)" >&2; exit 2; }
@@ -68,42 +69,11 @@ layouts=(
   "tp2-expert_tp1|2|parallel.tp=2 parallel.expert_tp=1"
 )
 for entry in "${layouts[@]}"; do
-  IFS='|' read -r name ranks settings <<<"$entry"
-  read -r -a extra <<<"$settings"
-  launch=("$oases")
-  [[ $ranks == 2 ]] && launch=("${mpi[@]}" "$oases")
-  set_args=()
-  ((${#extra[@]})) && set_args=(--set "${extra[@]}")
-  profile=$work/profile_$name.json
   # expert_tp does not change what the profile measures (each degree's MoE segments).
-  [[ $name == tp2-expert_tp1 ]] && profile=$work/profile_tp2-expert_tp2.json
-  if [[ ! -f $profile ]]; then
-    "${launch[@]}" profile "${config[@]}" "${set_args[@]}" --output "$profile" \
-      --steps 3 >"$work/profile_$name.log" 2>&1 ||
-      { echo "profile $name failed:"; tail -5 "$work/profile_$name.log"; exit 1; }
+  if [[ $entry == tp2-expert_tp1* ]]; then
+    predict_and_measure "$entry" "$work/profile_tp2-expert_tp2.json"
+  else
+    predict_and_measure "$entry"
   fi
-  "$oases" simulate "${config[@]}" "${set_args[@]}" --profile "$profile" >"$work/sim_$name.txt" 2>&1 ||
-    { echo "simulate $name failed:"; cat "$work/sim_$name.txt"; exit 1; }
-  "${launch[@]}" train --quiet "${config[@]}" --set "${extra[@]}" \
-    log.metrics="\"$work/$name.jsonl\"" >"$work/train_$name.log" 2>&1 ||
-    { echo "train $name failed:"; tail -5 "$work/train_$name.log"; exit 1; }
 done
-
-/usr/bin/python3 - "$work" "${layouts[@]}" <<'PY'
-import json, re, statistics, sys
-work = sys.argv[1]
-print("| layout | predicted step s | measured step s | predicted / measured | measured a2a wire s | measured exposed a2a s |")
-print("|---|---|---|---|---|---|")
-for entry in sys.argv[2:]:
-    name = entry.split("|")[0]
-    text = open(f"{work}/sim_{name}.txt").read()
-    predicted = float(re.search(r"predicted step ([0-9.]+) s", text).group(1))
-    lines = [r for r in map(json.loads, open(f"{work}/{name}.jsonl")) if r["step"] > 0][1:]
-    measured = statistics.median(r["step_time_s"] for r in lines)
-    wire = statistics.median(r.get("a2a_s", 0.0) for r in lines)
-    exposed = statistics.median(r.get("exposed_a2a_s", 0.0) for r in lines)
-    print(f"| {name} | {predicted:.4f} | {measured:.4f} | {predicted / measured:.2f} | {wire:.4f} | {exposed:.4f} |")
-for entry in sys.argv[2:]:
-    name = entry.split("|")[0]
-    print(f"\n{name}:\n" + open(f"{work}/sim_{name}.txt").read().strip())
-PY
+predicted_vs_measured "${layouts[@]}"

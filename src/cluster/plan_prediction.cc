@@ -28,11 +28,15 @@ planner::MemoryBytes memory_bytes(const planner::MemoryFigures& m) {
 }
 
 // `config` with `degrees` as parallel.plan and one layer per degree (the planner prices one
-// layer as the model less one). The layouts these predictors serve have dense layers only.
+// layer as the model less one, which the MoE layers' fixed pattern, model.moe_every, cannot
+// follow: UserError for MoE models).
 plan::RunConfig with_plan(const plan::RunConfig& config, const std::vector<int>& degrees,
                           const std::vector<bool>& moe) {
-  OASES_ASSERT(std::ranges::none_of(moe, [](bool m) { return m; }),
-               "the plan predictors price dense layers only");
+  OASES_CHECK(std::ranges::none_of(moe, [](bool m) { return m; }),
+              "oases plan chooses per-layer degrees of a sequence- or context-parallel layout "
+              "for dense models only (this one has MoE layers: model.moe_every = {}); "
+              "`oases simulate` predicts the layout at the degrees parallel.plan gives",
+              config.model.moe_every);
   OASES_CHECK(!degrees.empty(),
               "planning prices one layer as the model less one: with sequence or context "
               "parallelism model.layers must be at least 2");

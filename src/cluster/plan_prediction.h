@@ -34,9 +34,9 @@ planner::Prediction predict_from_profile(const plan::RunConfig& config,
                                          const planner::Profile& profile);
 
 // For planner::make_plan: the config with `degrees` as its plan (and as many layers) predicted
-// by predict_from_profile. The model must be dense (MoE-layer flags all false): the layouts
-// this serves (sequence and context parallelism) do not run with MoE layers. `config` and
-// `profile` must outlive the predictor.
+// by predict_from_profile. UserError for a model with MoE layers (their pattern,
+// model.moe_every, cannot lose one layer of a kind). `config` and `profile` must outlive the
+// predictor.
 planner::PlanPredictor profile_plan_predictor(const plan::RunConfig& config,
                                               const planner::Profile& profile);
 

@@ -100,10 +100,6 @@ void check_options(const ModelConfig& config, const ModelOptions& o) {
                 "parallel.sequence_parallel = true: model.seq_len = {} must be divisible by "
                 "parallel.tp = {}",
                 config.seq_len, T);
-    OASES_CHECK(!config.has_moe(),
-                "parallel.sequence_parallel = true is not available with mixture-of-experts "
-                "layers (model.moe_every = {}); set sequence_parallel = false",
-                config.moe_every);
   }
   OASES_CHECK(o.dtype == DType::f32 || o.dtype == DType::f64,
               "train.precision: the model's parameters are fp32 or fp64, not {}",
@@ -272,8 +268,9 @@ class Model::Builder final : public ParamResolver {
   // segment where the degree changes (the next segment then copies the reshard's rows).
   ops::ResidualEpilogue epilogue_into(std::int64_t layer) {
     // The residual is the checkpoint of the segment before: under sequence parallelism the
-    // shard segment before the last body.
-    const int previous = next_id() - (sequence_parallel() && layer > 0 ? 2 : 1);
+    // shard segment of the layer before's feed-forward block (its body is one segment, or an
+    // MoE layer's three).
+    const int previous = sequence_parallel() && layer > 0 ? last_shard_id_ : next_id() - 1;
     begin_segment();
     ops::ResidualEpilogue::Spec real = arch_.epilogue_into_layer(layer, previous, *this);
     const int from = m_.layer_degree(layer - 1), to = m_.layer_degree(layer);
@@ -341,7 +338,7 @@ class Model::Builder final : public ParamResolver {
     const int residual_id = sequence_parallel() ? attention_id - 1 : attention_id;
 
     begin_segment();
-    if (c_.is_moe_layer(layer)) return add_moe(block, attention_id);
+    if (c_.is_moe_layer(layer)) return add_moe(block, residual_id);
     ops::MlpSpec mlp = arch_.mlp(block);
     mlp.name = "mlp." + std::to_string(layer);
     mlp.layer = static_cast<int>(layer);
@@ -403,16 +400,22 @@ class Model::Builder final : public ParamResolver {
     m_.segments_.push_back(ops::make_sequence_shard_segment(id, context(), std::move(shard)));
     groups_of_segment_[id + 1] = groups_of_segment_[id];
     segment_ = id + 1;
+    last_shard_id_ = id;
   }
 
-  void add_moe(const BlockContext& block, int attention_id) {
+  // `residual_id`: the segment whose checkpoint holds r_layer (the attention, or under
+  // sequence parallelism its shard segment).
+  void add_moe(const BlockContext& block, int residual_id) {
     const std::int64_t layer = block.layer;
     ops::MoeSpec moe = arch_.moe(block);
     moe_spec_settings(c_, moe);
     moe.name = "moe_dispatch." + std::to_string(layer);
     moe.layer = static_cast<int>(layer);
     moe.at = block.at;
-    moe.epilogue = ops::ResidualEpilogue(arch_.epilogue_into_mlp(layer, attention_id, *this));
+    moe.epilogue = ops::ResidualEpilogue(arch_.epilogue_into_mlp(layer, residual_id, *this));
+    // Under sequence parallelism the dispatch routes the gathered tokens of its group, as it
+    // routes the replicated ones without it; the combine reduce-scatters them back.
+    if (sequence_parallel()) split_off_shard(moe, "mlp_in.", block.at);
     moe.stats = &m_.moe_stats_[static_cast<std::size_t>(layer)];
     moe.expert_ranks = context().ep->size();
     scratch_wide_ = std::max(scratch_wide_, ops::scratch_wide_elements(moe, c_.seq_len));
@@ -530,6 +533,7 @@ class Model::Builder final : public ParamResolver {
   const ModelConfig& c_;
   const Architecture& arch_;
   int segment_ = 0;  // the segment whose parameters are being resolved
+  int last_shard_id_ = -1;                 // sequence parallelism: the last shard segment added
   mutable std::map<int, int> first_user_;  // group -> first segment using it
   mutable std::map<int, std::set<int>> groups_of_segment_;  // segment -> groups it reads
   std::int64_t scratch_wide_ = 1;

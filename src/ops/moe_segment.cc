@@ -183,6 +183,10 @@ class MoeDispatchSegment final : public detail::LayerSegment {
     shape.backward_stages = split() ? 2 : 1;
     shape.has_backward_collective = split();
     shape.backward_collective_elements = split() ? reduced_elements() : 0;
+    // The slot weights' gradients must be whole on every rank of the group (the router's
+    // backward reads them all), so the group all-reduces even under sequence parallelism; the
+    // shard segment before then takes its block of the input's gradient.
+    shape.backward_kind = CollectiveKind::all_reduce;
     shape.forward_kind = CollectiveKind::all_to_all;
     shape.collective_ranks = layout_.ranks;
     shape.forward_collective_elements = layout_.total_rows() * layout_.width;
@@ -229,11 +233,12 @@ class MoeDispatchSegment final : public detail::LayerSegment {
              ctx.head_mode == HeadMode::train && layer_.at.shard == 0);
   }
   // Stage 0 gathers the experts' input gradients onto the tokens; stage 1 (the same call at
-  // degree 1) adds the router's and runs on to the previous segment.
+  // degree 1) adds the router's and runs on to the previous segment (under sequence
+  // parallelism the shard segment before runs the pre-norm and epilogue back on its block).
   void backward(const StepContext& ctx, int mb, int sb, int stage) override {
     OASES_ASSERT(stage < (split() ? 2 : 1), "{}: backward stage {}", name(), stage);
     for_dtype(m_.dtype, [&]<class T>() { backward_typed<T>(ctx, mb, sb, stage); });
-    if (stage == 1 || !split())
+    if ((stage == 1 || !split()) && !layer_.sequence_parallel)
       backward_to_previous(ctx, mb, sb, store().get(key(mb, sb, kCheckpoint)),
                            store().get(key(mb, sb, kInternals)));
   }
@@ -334,7 +339,8 @@ class MoeDispatchSegment final : public detail::LayerSegment {
         route_instance<T>(ctx, mb, sb, internals, collect ? spec_.stats : nullptr);
     // The residual for the combine to keep; the dispatch buffer: each slot's token row and
     // where it comes from; the routing for the combine.
-    kernels::copy(residual(checkpoint), rows_of(Slot::moe_residual, mb, sb));
+    if (!layer_.sequence_parallel)
+      kernels::copy(residual(checkpoint), rows_of(Slot::moe_residual, mb, sb));
     T* send = m_.slot(Slot::moe_send, mb, sb).data<T>();
     T* table = m_.slot(Slot::moe_routing, mb, sb).data<T>();
     const std::int64_t first_sample = global_sample(m_, ctx, mb, sb, layer_.at.first_row);
@@ -702,8 +708,9 @@ class MoeCombineSegment final : public Segment {
       : Segment(id, *model.store), m_(model), spec_(std::move(spec)), layout_(model, spec_),
         name_("moe_combine." + std::to_string(spec_.layer)), checkpoint_(model.dtype),
         tokens_(spec_.at.rows * model.seq_len) {
-    // First the residual h, where the next epilogue reads its residual (ops/epilogue.h).
-    residual_ = checkpoint_.add(tokens_ * m_.hidden);
+    // First the residual h, where the next epilogue reads its residual (ops/epilogue.h); under
+    // sequence parallelism the shard segment before the dispatch holds it.
+    if (!spec_.sequence_parallel) residual_ = checkpoint_.add(tokens_ * m_.hidden);
     returned_ = checkpoint_.add(layout_.total_rows() * layout_.width);
     routing_ = checkpoint_.add(layout_.total_rows() * layout_.route);
   }
@@ -713,7 +720,10 @@ class MoeCombineSegment final : public Segment {
     shape.name = name_;
     shape.has_forward_collective = shape.has_backward_collective = true;
     shape.backward_stages = 2;
-    shape.forward_kind = CollectiveKind::all_reduce;  // over the layer's group: one rank at degree 1
+    // Over the layer's group (one rank at degree 1): the experts' partial outputs summed, or
+    // under sequence parallelism each rank's block of the tokens.
+    shape.forward_kind = reduction();
+    shape.sequence_sharded = spec_.sequence_parallel;
     shape.backward_kind = CollectiveKind::all_to_all;
     shape.collective_ranks = layout_.ranks;
     shape.degree = spec_.at.degree;
@@ -734,8 +744,11 @@ class MoeCombineSegment final : public Segment {
     return shape;
   }
   CollectiveCall forward_collective(int mb, int sb) override {
-    return {CollectiveKind::all_reduce, comm::ReduceOp::sum, spec_.at.group,
-            m_.slot_rows(Slot::output, mb, sb, spec_.at.rows), {}};
+    return {reduction(),
+            comm::ReduceOp::sum,
+            spec_.at.group,
+            m_.slot_rows(Slot::output, mb, sb, spec_.at.rows),
+            {}};
   }
   CollectiveCall backward_collective(int mb, int sb) override {
     const std::int64_t n = layout_.total_rows() * layout_.width;
@@ -754,13 +767,17 @@ class MoeCombineSegment final : public Segment {
   void run(int mb, int sb, TensorSets parts) {
     for_dtype(m_.dtype, [&]<class T>() { run_typed<T>(mb, sb, parts); });
   }
+  CollectiveKind reduction() const {
+    return spec_.sequence_parallel ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
+  }
   template <class T>
   void run_typed(int mb, int sb, TensorSets parts) {
     const std::int64_t n = layout_.total_rows(), C = layout_.hidden, W = layout_.width;
     const Tensor checkpoint = acquire_or_get(mb, sb, kCheckpoint, parts, checkpoint_);
     if (parts & kCheckpoint) {
-      kernels::copy(m_.slot_rows(Slot::moe_residual, mb, sb, spec_.at.rows),
-                    checkpoint.view(residual_, {tokens_, C}));
+      if (!spec_.sequence_parallel)
+        kernels::copy(m_.slot_rows(Slot::moe_residual, mb, sb, spec_.at.rows),
+                      checkpoint.view(residual_, {tokens_, C}));
       kernels::copy(m_.slot(Slot::moe_recv, mb, sb).view(0, {n * W}), checkpoint.view(returned_, {n * W}));
       kernels::copy(m_.slot(Slot::moe_routing, mb, sb).view(0, {n * layout_.route}),
                     checkpoint.view(routing_, {n * layout_.route}));

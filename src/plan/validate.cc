@@ -363,11 +363,6 @@ void check_combinations(const RunConfig& c, const Settings& s) {
                 "parallel.sequence_parallel = true: model.seq_len = {} must be divisible by "
                 "parallel.tp = {} (each rank holds seq_len / tp of every sequence's tokens)",
                 c.model.seq_len, p.tp);
-    OASES_CHECK(c.model.moe_every == 0,
-                "parallel.sequence_parallel = true is not available with mixture-of-experts "
-                "layers yet (model.moe_every = {}); valid: model.moe_every = 0, or "
-                "sequence_parallel = false",
-                c.model.moe_every);
     OASES_CHECK(s.plan != LayerPlanSource::automatic,
                 "parallel.sequence_parallel = true with parallel.plan = \"auto\" is not available "
                 "(the start-up planner prices plain tensor-parallel layers); valid: "

@@ -483,14 +483,24 @@ path = ")" << (dir / "data").string()
                   " --set parallel.cp=2 parallel.tp=2 parallel.cp_kind=" + quoted("ring") +
                   " checkpoint.dir=" + quoted((dir / "ring").string()));
   EXPECT_EQ(ring.exit_code, 0) << ring.output;
-  // The planner chooses per-layer degrees, which context parallelism does not take yet.
-  const Result plan =
-      run_command(std::string(OASES_BINARY) + " plan --config " + (dir / "tiny.toml").string() +
-                  " --cluster " + OASES_SOURCE_DIR + "/clusters/dgx-h100.toml --set parallel.cp=2");
-  EXPECT_NE(plan.exit_code, 0);
-  EXPECT_NE(plan.output.find("context parallelism does not take yet (parallel.cp = 2)"),
+  // The planner prices context-parallel plans as the run's own program; the pipeline
+  // predictions build stages of plain layers, so with pp > 1 it refuses them.
+  const std::string plan_command = std::string(OASES_BINARY) + " plan --config " +
+                                   (dir / "tiny.toml").string() + " --cluster " + OASES_SOURCE_DIR +
+                                   "/clusters/dgx-h100.toml --set parallel.cp=2";
+  const Result plan = run_command(plan_command);
+  EXPECT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("every plan predicted from the run's own program, with "
+                             "parallel.cp = 2 (all-to-all)"),
             std::string::npos)
       << plan.output;
+  const Result staged = run_command(plan_command + " parallel.pp=2");
+  EXPECT_NE(staged.exit_code, 0);
+  EXPECT_NE(staged.output.find("oases plan with parallel.pp = 2 predicts pipeline stages of "
+                               "plain tensor-parallel layers, not context-parallel ones "
+                               "(parallel.cp = 2)"),
+            std::string::npos)
+      << staged.output;
 }
 
 }  // namespace

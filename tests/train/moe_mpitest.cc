@@ -41,6 +41,7 @@ struct Layout {
   std::string arch = "gpt";
   int tp = 1, dp = 1, pp = 1, ep = 1;
   int expert_tp = 0;
+  bool sequence_parallel = false;
   std::string schedule = "megatron";
   std::string recompute = "none";
   std::string pipeline = "1f1b";
@@ -56,9 +57,12 @@ struct Layout {
 };
 
 std::string describe(const Layout& l) {
-  return fmt::format("{} {} {} tp{} dp{} pp{} ep{} expert_tp{} {} recompute {} {} plan {} zero {} mb {} sb {} group {}",
-                     l.precision, l.gate, l.arch, l.tp, l.dp, l.pp, l.ep, l.expert_tp, l.schedule, l.recompute,
-                     l.pipeline, l.plan, l.zero, l.micro_batch, l.sub_batches, l.group_size);
+  return fmt::format(
+      "{} {} {} tp{}{} dp{} pp{} ep{} expert_tp{} {} recompute {} {} plan {} zero {} mb {} sb {} "
+      "group {}",
+      l.precision, l.gate, l.arch, l.tp, l.sequence_parallel ? " sp" : "", l.dp, l.pp, l.ep,
+      l.expert_tp, l.schedule, l.recompute, l.pipeline, l.plan, l.zero, l.micro_batch,
+      l.sub_batches, l.group_size);
 }
 
 plan::RunConfig config(const Layout& layout) {
@@ -87,6 +91,7 @@ plan::RunConfig config(const Layout& layout) {
   c.parallel.pp = layout.pp;
   c.parallel.ep = layout.ep;
   c.parallel.expert_tp = layout.expert_tp;
+  c.parallel.sequence_parallel = layout.sequence_parallel;
   c.parallel.schedule = layout.schedule;
   c.parallel.recompute = layout.recompute;
   c.parallel.pipeline = layout.pipeline;
@@ -266,6 +271,74 @@ TEST(Moe, ExpertParallelRunsEqualTheOneProcessRun) {
                      .expert_tp = 2, .zero = 1, .micro_batch = 2});
     compare_on_mesh({.gate = "noisy-topk", .tp = 2, .dp = 2, .ep = 2, .expert_tp = 1,
                      .zero = 3, .micro_batch = 2});
+  } else {
+    GTEST_SKIP() << "runs at 2 and 4 ranks";
+  }
+}
+
+// Sequence parallelism with MoE layers: a shard segment runs the epilogue and the pre-norm on
+// this rank's block of the tokens and all-gathers them; the dispatch routes the gathered tokens
+// of its group as it routes the replicated ones without sequence parallelism (every rank of a
+// split layer the same rows); the combine reduce-scatters the experts' outputs back to the
+// blocks. Under every gate, with the experts split over the pair or whole (the MoE layers at
+// degree 1), under the overlapped and recomputing schedules, mixed plans, pipelines, ZeRO and
+// expert parallelism over ep 2.
+TEST(Moe, SequenceParallelRunsEqualTheOneProcessRun) {
+  const int ranks = mpitest::runtime().world_size();
+  if (ranks == 2) {
+    for (const char* gate : {"switch", "gshard", "noisy-topk", "expert-choice"})
+      compare_on_mesh(
+          {.gate = gate, .tp = 2, .expert_tp = 2, .sequence_parallel = true, .micro_batch = 4});
+    compare_on_mesh(
+        {.gate = "gshard", .tp = 2, .expert_tp = 1, .sequence_parallel = true, .micro_batch = 4});
+    compare_on_mesh({.gate = "noisy-topk",
+                     .arch = "llama",
+                     .tp = 2,
+                     .sequence_parallel = true,
+                     .schedule = "oases",
+                     .recompute = "fine-grained",
+                     .micro_batch = 4,
+                     .sub_batches = 2});
+    compare_on_mesh({.gate = "switch",
+                     .tp = 2,
+                     .sequence_parallel = true,
+                     .schedule = "cross-pass",
+                     .recompute = "full",
+                     .micro_batch = 4,
+                     .sub_batches = 2});
+    compare_on_mesh({.gate = "expert-choice",
+                     .tp = 2,
+                     .sequence_parallel = true,
+                     .recompute = "selective",
+                     .plan = "2,1,2,2",
+                     .micro_batch = 4});
+  } else if (ranks == 4) {
+    // ep 2 x tp 2: the experts split over the pair and over two expert-parallel ranks.
+    compare_on_mesh({.gate = "gshard",
+                     .tp = 2,
+                     .dp = 2,
+                     .ep = 2,
+                     .expert_tp = 2,
+                     .sequence_parallel = true,
+                     .schedule = "oases",
+                     .recompute = "fine-grained",
+                     .micro_batch = 4,
+                     .sub_batches = 2});
+    compare_on_mesh({.gate = "switch",
+                     .arch = "llama",
+                     .tp = 2,
+                     .dp = 2,
+                     .ep = 2,
+                     .expert_tp = 1,
+                     .sequence_parallel = true,
+                     .zero = 1,
+                     .micro_batch = 2});
+    compare_on_mesh({.gate = "noisy-topk",
+                     .tp = 2,
+                     .pp = 2,
+                     .sequence_parallel = true,
+                     .pipeline = "zero-bubble",
+                     .micro_batch = 2});
   } else {
     GTEST_SKIP() << "runs at 2 and 4 ranks";
   }
