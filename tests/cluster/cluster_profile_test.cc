@@ -22,21 +22,7 @@ sim::ClusterSpec four_by_two() {
   return oases::testing::four_by_two_cluster();
 }
 
-plan::RunConfig tiny(int tp, int dp) {
-  plan::RunConfig config = plan::parse_run_config("", "test");
-  config.model.layers = 4;
-  config.model.hidden = 128;
-  config.model.heads = 4;
-  config.model.ffn_hidden = 512;
-  config.model.vocab_size = 512;
-  config.model.seq_len = 64;
-  config.train.micro_batch = 8;
-  config.train.global_batch = 8 * dp * 2;
-  config.parallel.tp = tp;
-  config.parallel.dp = dp;
-  config.parallel.schedule = "oases";
-  return config;
-}
+plan::RunConfig tiny(int tp, int dp) { return oases::testing::cluster_test_run(tp, dp); }
 
 TEST(ClusterProfile, CollectivesReductionsAndReshardsArePricedOnTheRunsGroups) {
   const sim::ClusterSpec cluster = four_by_two();

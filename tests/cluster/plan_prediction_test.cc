@@ -28,20 +28,7 @@ sim::ClusterSpec four_by_two() {
   return oases::testing::four_by_two_cluster();
 }
 
-plan::RunConfig tiny(int tp) {
-  plan::RunConfig config = plan::parse_run_config("", "test");
-  config.model.layers = 4;
-  config.model.hidden = 128;
-  config.model.heads = 4;
-  config.model.ffn_hidden = 512;
-  config.model.vocab_size = 512;
-  config.model.seq_len = 64;
-  config.train.micro_batch = 8;
-  config.train.global_batch = 16;
-  config.parallel.tp = tp;
-  config.parallel.schedule = "oases";
-  return config;
-}
+plan::RunConfig tiny(int tp) { return oases::testing::cluster_test_run(tp, 1); }
 
 // The engine's own memory figures of rank 0 of `config`, as the cost model's kinds.
 std::int64_t engine_activation_bytes(const plan::RunConfig& config) {

@@ -1,6 +1,7 @@
 // Small cluster descriptions for tests of the cluster simulator and what prices on it.
 #pragma once
 
+#include "plan/run_config.h"
 #include "sim/cluster.h"
 
 namespace oases::testing {
@@ -22,6 +23,24 @@ inline sim::ClusterSpec four_by_two_cluster() {
   c.device.memory_efficiency = {{1e4, 1e8}, {0.2, 0.85}};
   c.tiers = {{"pcie", 4, 10e9, 0, 10e-6, {}}, {"network", 8, 5e9, 5e9, 20e-6, {}}};
   return c;
+}
+
+// A GPT of 4 layers x 128 (seq 64, vocabulary 512) in fp32 under the oases schedule over tp x
+// dp ranks: micro-batch 8, two micro-batches per data-parallel rank.
+inline plan::RunConfig cluster_test_run(int tp, int dp) {
+  plan::RunConfig config = plan::parse_run_config("", "test");
+  config.model.layers = 4;
+  config.model.hidden = 128;
+  config.model.heads = 4;
+  config.model.ffn_hidden = 512;
+  config.model.vocab_size = 512;
+  config.model.seq_len = 64;
+  config.train.micro_batch = 8;
+  config.train.global_batch = 8 * dp * 2;
+  config.parallel.tp = tp;
+  config.parallel.dp = dp;
+  config.parallel.schedule = "oases";
+  return config;
 }
 
 }  // namespace oases::testing
