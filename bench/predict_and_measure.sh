@@ -8,8 +8,9 @@
 #     launcher) and `work` (the folder for the files).
 #   predicted_vs_measured ENTRY...
 #     the table: predicted and measured step (median of the steps after the first), their
-#     ratio, the MoE all-to-alls' wire and exposed time, the exposed communication, and the
-#     predicted and measured activation peak; then each prediction.
+#     ratio, the MoE all-to-alls' and the context-parallel transfers' wire and exposed time, the
+#     exposed communication, and the predicted and measured activation peak; then each
+#     prediction.
 predict_and_measure() {
   local name ranks settings
   IFS='|' read -r name ranks settings <<<"$1"
@@ -35,8 +36,8 @@ predicted_vs_measured() {
   /usr/bin/python3 - "$work" "$@" <<'PY'
 import json, re, statistics, sys
 work = sys.argv[1]
-print("| layout | predicted step s | measured step s | predicted / measured | a2a wire s | exposed a2a s | exposed comm s | predicted activations MiB | measured activations MiB |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| layout | predicted step s | measured step s | predicted / measured | a2a wire s | exposed a2a s | cp wire s | exposed cp s | exposed comm s | predicted activations MiB | measured activations MiB |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for entry in sys.argv[2:]:
     name = entry.split("|")[0]
     text = open(f"{work}/sim_{name}.txt").read()
@@ -47,7 +48,8 @@ for entry in sys.argv[2:]:
     measured = median("step_time_s")
     peak = max(r["peak_activation_bytes"] for r in lines) / 2**20
     print(f"| {name} | {predicted:.4f} | {measured:.4f} | {predicted / measured:.2f} | "
-          f"{median('a2a_s'):.4f} | {median('exposed_a2a_s'):.4f} | {median('exposed_comm_s'):.4f} | "
+          f"{median('a2a_s'):.4f} | {median('exposed_a2a_s'):.4f} | {median('cp_s'):.4f} | "
+          f"{median('exposed_cp_s'):.4f} | {median('exposed_comm_s'):.4f} | "
           f"{activations:.1f} | {peak:.1f} |")
 for entry in sys.argv[2:]:
     name = entry.split("|")[0]

@@ -1,5 +1,6 @@
 #include "train/profiler.h"
 
+#include "core/buffer.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/philox.h"
@@ -17,6 +18,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace oases::train {
@@ -182,6 +184,46 @@ planner::ExpertLink measure_expert_link(const plan::RunConfig& config, std::int6
   return link;
 }
 
+// Context parallelism's transfers (the ring's shifts, the all-to-all kind's exchanges) travel
+// beside a step even in the measured engine (SegmentShape::beside_transfers), so the wire time
+// it records holds the step's interference. Each segment kind's transfer is timed again alone
+// here: a blocking transfer of the same kind and size over the context-parallel group, the
+// median over `steps` after one that warms the connections up, recorded as the kind's
+// collective time in that direction (the simulator adds the overlap's slowdown itself).
+void time_context_parallel_transfers_alone(const model::Model& model, comm::Communicator& cp,
+                                           int steps, planner::DegreeProfile& degree) {
+  const std::size_t element = dtype_size(model.activation_dtype());
+  std::map<std::string, double> alone;
+  for (const ops::SegmentShape& shape : model.program().segments) {
+    for (const bool forward : {true, false}) {
+      const bool has = forward ? shape.has_forward_collective : shape.has_backward_collective;
+      const ops::CollectiveKind kind = forward ? shape.forward_kind : shape.backward_kind;
+      const bool transfer = kind == ops::CollectiveKind::shift ||
+                            (kind == ops::CollectiveKind::all_to_all && shape.context_parallel_ranks > 0);
+      if (!has || !transfer) continue;
+      const std::string key = planner::segment_kind(shape.name) + (forward ? ".fwd_s" : ".bwd_s");
+      if (alone.contains(key)) continue;
+      const std::int64_t elements =
+          forward ? shape.forward_collective_elements : shape.backward_collective_elements;
+      Buffer send(static_cast<std::size_t>(elements) * element),
+          recv(static_cast<std::size_t>(elements) * element);
+      const Tensor in = send.tensor(model.activation_dtype(), {elements});
+      const Tensor out = recv.tensor(model.activation_dtype(), {elements});
+      kernels::zero(in);
+      std::vector<double> times;
+      for (int s = 0; s < steps + 1; ++s) {
+        cp.barrier();
+        const Stopwatch clock;
+        if (kind == ops::CollectiveKind::shift) cp.shift_async(in, out, 1)->wait();
+        else cp.all_to_all(in, out);
+        if (s > 0) times.push_back(clock.seconds());
+      }
+      alone[key] = median(times);
+    }
+  }
+  for (const auto& [key, seconds] : alone) degree.collectives[key] = seconds;
+}
+
 }  // namespace
 
 planner::Profile profile_of_run(const plan::RunPlan& plan) {
@@ -261,8 +303,10 @@ DegreeEngines degree_engines(const plan::RunPlan& run, comm::Mesh& mesh, int k,
   // own steps too, one after each timed blocking step (so that both see the shared host alike):
   // they measure how compute and communication slow each other in training steps rather than
   // in a synthetic loop (planner::OverlapCollector).
+  // Context parallelism's transfers overlap compute even where the tensor-parallel group is
+  // one rank.
   const int T = run.mesh.tp;
-  if (k == T && T > 1 && schedule::overlaps_collectives(run.schedule.kind)) {
+  if (k == T && (T > 1 || run.mesh.cp > 1) && schedule::overlaps_collectives(run.schedule.kind)) {
     plan::RunConfig o = c;
     o.parallel.schedule = config.parallel.schedule;
     o.parallel.recompute = config.parallel.recompute;
@@ -401,6 +445,9 @@ planner::DegreeProfile profile_degree(const plan::RunPlan& run, const ProfileOpt
   degree.degree = k;
   degree.rows = rows;
   timings.fill(degree);
+  if (mesh.cp_size() > 1)
+    time_context_parallel_transfers_alone(e.measured->model(), mesh.cp_group(), options.steps,
+                                          degree);
   record_memory(*e.measured, profile, degree);
   // A group of one rank has no tensor-parallel link, but its compute still shares the device
   // with reductions over the ranks beside it: its replicas at this degree (dp group), or with
