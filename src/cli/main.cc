@@ -208,12 +208,17 @@ int train_on_mpi_ranks(const oases::plan::RunConfig& config,
                                     runtime.most_crowded_placement());
           oases::train::ProfileOptions auto_profile;
           auto_profile.progress = options.progress && runtime.world_rank() == 0;
+          const oases::plan::RunConfig planned_config = run_config;
+          const auto cp = static_cast<int>(run_config.parallel.cp);
           run_config = oases::train::plan_automatically(
-              run_config, auto_profile,
+              planned_config, auto_profile,
               [&](int tp, int dp) {
-                return oases::comm::Mesh::create(runtime, tp, dp, 1, comm_options);
+                return oases::comm::Mesh::create(runtime, {tp, cp, dp, 1}, comm_options);
               },
-              auto_plan_path(config));
+              auto_plan_path(config),
+              [&](const oases::planner::Profile& profile) {
+                return oases::cluster::profile_plan_predictor(planned_config, profile);
+              });
         }
         if (settings.pipeline_layers == oases::plan::PipelineLayersSource::automatic) {
           oases::train::use_threads(config.train.threads, runtime.placement(),
@@ -1005,16 +1010,23 @@ int run_simulate(const SimulateArgs& a) {
   const bool own_program = run.sequence_parallel || run.mesh.cp > 1;
   std::vector<int> plan;
   if (run.settings.plan == oases::plan::LayerPlanSource::automatic) {
-    plan = oases::planner::make_plan(measured, spec, config.train.micro_batch,
-                                     config.parallel.memory_limit, moe_at_degree_one(config))
-               .chosen.degrees;
+    plan =
+        (own_program
+             ? oases::planner::make_plan(measured, spec, config.parallel.memory_limit,
+                                         moe_at_degree_one(config),
+                                         oases::cluster::profile_plan_predictor(config, measured))
+             : oases::planner::make_plan(measured, spec, config.train.micro_batch,
+                                         config.parallel.memory_limit, moe_at_degree_one(config)))
+            .chosen.degrees;
   } else {
     plan = run.layer_degrees;
   }
   if (plan.empty())
     plan.assign(static_cast<std::size_t>(config.model.layers), static_cast<int>(config.parallel.tp));
+  oases::plan::RunConfig planned = config;
+  planned.parallel.plan = fmt::format("{}", fmt::join(plan, ","));
   const oases::planner::Prediction p =
-      own_program ? oases::cluster::predict_from_profile(config, measured)
+      own_program ? oases::cluster::predict_from_profile(planned, measured)
                   : oases::planner::predict_plan(measured, plan, spec, config.train.micro_batch);
   const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
   fmt::print("layer degrees {}{}\n", fmt::join(plan, ","),

@@ -183,7 +183,6 @@ void check_context_parallelism(const RunConfig& c, const Settings& s) {
               "a micro-batch (model.seq_len / cp x train.micro_batch) must be divisible by "
               "parallel.tp = {}",
               p.cp, c.model.seq_len / p.cp * c.train.micro_batch, p.tp);
-  not_yet(s.plan != LayerPlanSource::automatic, "parallel.plan = \"auto\"");
   not_yet(p.dp_sync_every == 1, fmt::format("parallel.dp_sync_every = {}", p.dp_sync_every));
   not_yet(s.pipeline != schedule::PipelineKind::two_bw,
           fmt::format("parallel.pipeline = \"{}\"", p.pipeline));
@@ -363,11 +362,6 @@ void check_combinations(const RunConfig& c, const Settings& s) {
                 "parallel.sequence_parallel = true: model.seq_len = {} must be divisible by "
                 "parallel.tp = {} (each rank holds seq_len / tp of every sequence's tokens)",
                 c.model.seq_len, p.tp);
-    OASES_CHECK(s.plan != LayerPlanSource::automatic,
-                "parallel.sequence_parallel = true with parallel.plan = \"auto\" is not available "
-                "(the start-up planner prices plain tensor-parallel layers); valid: "
-                "parallel.plan = \"uniform\", a list of degrees, or a plan file from `oases "
-                "profile` and `oases plan`, which price the sequence-parallel segments");
   }
   OASES_CHECK(p.dp_sync_every >= 1,
               "parallel.dp_sync_every = {} must be at least 1 (1: gradients summed over the "

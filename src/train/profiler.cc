@@ -518,8 +518,8 @@ planner::Profile run_profile(const plan::RunConfig& config, const ProfileOptions
 }
 
 plan::RunConfig plan_automatically(const plan::RunConfig& config, const ProfileOptions& options,
-                             const std::function<comm::Mesh(int tp, int dp)>& make_mesh,
-                             const std::string& plan_path) {
+                                   const std::function<comm::Mesh(int tp, int dp)>& make_mesh,
+                                   const std::string& plan_path, const PredictorOf& own_program) {
   OASES_ASSERT(plan::parse_settings(config).plan == plan::LayerPlanSource::automatic,
                "plan_automatically for parallel.plan = \"{}\"", config.parallel.plan);
   OASES_CHECK(config.parallel.dp == 1 && config.parallel.pp == 1,
@@ -537,15 +537,25 @@ plan::RunConfig plan_automatically(const plan::RunConfig& config, const ProfileO
   const planner::Profile profile = run_profile(config, options, make_mesh);
   const schedule::ScheduleSpec step = plan::make_run_plan(config).schedule;  // of one step
   comm::Mesh mesh = make_mesh(T, 1);
-  comm::Communicator& group = mesh.tp_group();
+  // Every rank follows world rank 0's plan (with context parallelism the tensor-parallel groups
+  // of the cp ranks profile apart).
+  comm::Communicator& group = mesh.world();
   // Rank 0 plans from its profile; a plan that cannot fit is an error every rank reports.
   std::vector<std::int64_t> degrees(static_cast<std::size_t>(config.model.layers), 0);
   std::string error;
   if (group.rank() == 0) {
     try {
+      const bool moe_at_one = config.model.has_moe() && config.parallel.expert_tp == 1;
+      const bool plain = profile.layout == planner::ProfiledLayout{};
+      OASES_CHECK(plain || own_program,
+                  "parallel.plan = \"auto\" with {}: this engine was started without the "
+                  "prediction of the run's own program; run `oases profile` and `oases plan`",
+                  profile.layout.describe());
       const planner::PlanReport report =
-          planner::make_plan(profile, step, config.train.micro_batch, config.parallel.memory_limit,
-                             config.model.has_moe() && config.parallel.expert_tp == 1);
+          plain ? planner::make_plan(profile, step, config.train.micro_batch,
+                                     config.parallel.memory_limit, moe_at_one)
+                : planner::make_plan(profile, step, config.parallel.memory_limit, moe_at_one,
+                                     own_program(profile));
       std::copy(report.chosen.degrees.begin(), report.chosen.degrees.end(), degrees.begin());
       if (!plan_path.empty()) planner::write_plan(report.chosen, T, plan_path);
       if (options.progress)

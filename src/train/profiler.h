@@ -4,9 +4,10 @@
 
 #include "comm/mesh.h"
 #include "model/model.h"
-#include "planner/profile.h"
 #include "plan/run_config.h"
 #include "plan/run_plan.h"
+#include "planner/planner.h"
+#include "planner/profile.h"
 
 #include <functional>
 
@@ -47,13 +48,20 @@ planner::Profile profile_of_run(const plan::RunPlan& plan);
 planner::Profile run_profile(const plan::RunConfig& config, const ProfileOptions& options,
                              const std::function<comm::Mesh(int tp, int dp)>& make_mesh);
 
+// The prediction of plans of the run's own program from a profile of its layout
+// (cluster::profile_plan_predictor, which lives above the engine); the predictor may refer to
+// the profile, which outlives it.
+using PredictorOf = std::function<planner::PlanPredictor(const planner::Profile& profile)>;
+
 // parallel.plan = "auto": profiles the model on these ranks (as run_profile), plans it under
 // parallel.memory_limit (planner::make_plan; rank 0 decides and tells the others), and returns
-// the config with parallel.plan set to the chosen degrees. Rank 0 writes the plan file to
-// `plan_path` (when not empty) and, with options.progress, prints the plan. Collective over
-// every rank of the run; UserError (on every rank) when no plan fits the limit.
+// the config with parallel.plan set to the chosen degrees. A sequence- or context-parallel
+// layout's plans are predicted by `own_program` (UserError without one). Rank 0 writes the
+// plan file to `plan_path` (when not empty) and, with options.progress, prints the plan.
+// Collective over every rank of the run; UserError (on every rank) when no plan fits the limit.
 plan::RunConfig plan_automatically(const plan::RunConfig& config, const ProfileOptions& options,
-                             const std::function<comm::Mesh(int tp, int dp)>& make_mesh,
-                             const std::string& plan_path);
+                                   const std::function<comm::Mesh(int tp, int dp)>& make_mesh,
+                                   const std::string& plan_path,
+                                   const PredictorOf& own_program = {});
 
 }  // namespace oases::train

@@ -145,6 +145,10 @@ TEST_P(ContextParallel, EveryLayoutAndScheduleMatchesTheSingleProcessRun) {
       {"tp2_cp2_sp_plan",
        {2, 2, 1, 1},
        "parallel.sequence_parallel=true parallel.plan=" + quoted("2,1")},
+      // The start-up planner profiles the cp layout itself and prices its own program.
+      {"tp2_cp2_plan_auto",
+       {2, 2, 1, 1},
+       "parallel.schedule=oases parallel.plan=" + quoted("auto")},
       {"cp2_dp2_zero1", {1, 2, 2, 1}, "parallel.zero=1"},
       {"cp2_dp2_zero3", {1, 2, 2, 1}, "parallel.zero=3"},
       {"cp2_pp2_1f1b", {1, 2, 1, 2}, "parallel.pipeline=1f1b"},

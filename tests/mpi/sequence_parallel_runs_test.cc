@@ -130,6 +130,9 @@ TEST_P(SequenceParallel, EveryScheduleAndRecomputationMatchesTheSingleProcessRun
        "parallel.schedule=megatron parallel.recompute=full parallel.plan=" + quoted("2,4")},
       {"tp2_pp2_plan", 2, 1, 2,
        "parallel.schedule=megatron parallel.pipeline=1f1b parallel.plan=" + quoted("2,1")},
+      // The start-up planner profiles the sequence-parallel segments and prices its own
+      // program (degree 2 the only candidate at tp 2).
+      {"tp2_plan_auto", 2, 1, 1, "parallel.schedule=oases parallel.plan=" + quoted("auto")},
   };
   for (const auto& [name, tp, dp, pp, settings] : runs) {
     // LLaMA's two key/value heads allow tp 2 at most.
