@@ -1,7 +1,6 @@
 #include "planner/cost_model.h"
 
 #include "core/error.h"
-#include "planner/profiler.h"
 
 #include <fmt/format.h>
 
@@ -22,8 +21,7 @@ const DegreeProfile& degree_of(const Profile& profile, int degree) {
 
 // Segment kinds in program order: embedding, (attention, mlp) per layer, head.
 std::string kind_at(const ops::Program& program, int segment) {
-  const std::string& name = program.segments[static_cast<std::size_t>(segment)].name;
-  return name.substr(0, name.find('.'));
+  return segment_kind(program.segments[static_cast<std::size_t>(segment)].name);
 }
 
 std::int64_t scaled(std::int64_t bytes, double factor) {

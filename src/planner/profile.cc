@@ -28,6 +28,10 @@ const DegreeProfile* Profile::at_degree(int degree) const {
   return nullptr;
 }
 
+std::string segment_kind(const std::string& name) {
+  return name.substr(0, name.find('.'));
+}
+
 std::string ProfiledLayout::describe() const {
   std::string out = sequence_parallel ? "sequence parallelism" : "";
   if (cp > 1)

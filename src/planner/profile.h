@@ -140,6 +140,10 @@ struct ProfiledLayout {
   std::string describe() const;
 };
 
+// The segment kind of a segment name, by which a profile keys its times ("attention.3" ->
+// "attention", "attention_ring.3.1" -> "attention_ring").
+std::string segment_kind(const std::string& name);
+
 // The segment kinds of an MoE layer, in program order.
 inline constexpr const char* kMoeKinds[] = {"moe_dispatch", "experts", "moe_combine"};
 

@@ -117,8 +117,6 @@ OverlapCollector::Estimate OverlapCollector::estimate(const DegreeProfile& block
   return e;
 }
 
-std::string segment_kind(const std::string& name) { return name.substr(0, name.find('.')); }
-
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());

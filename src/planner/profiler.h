@@ -75,10 +75,6 @@ class OverlapCollector final : public runtime::InstructionListener {
 double blocking_seconds(const DegreeProfile& degree, const std::string& kind,
                         const schedule::Instruction& instruction);
 
-// The segment kind of a segment name ("attention.3" -> "attention", "moe_dispatch.3" ->
-// "moe_dispatch").
-std::string segment_kind(const std::string& name);
-
 double median(std::vector<double> values);
 
 }  // namespace oases::planner
