@@ -1,6 +1,10 @@
 # Sourced by the benchmarks that compare `oases simulate`'s prediction from a profile with a
 # measured run of the same layout (bench/run_moe_predict_bench.sh,
-# bench/run_layout_predict_bench.sh).
+# bench/run_layout_predict_bench.sh), after bench/capped_loopback.sh.
+#   predict_bench_start COMMAND RATE
+#     builds oases (sets `oases`), prints the header for COMMAND, makes the folder `work` with
+#     the fortunes text as byte tokens in $work/data, and a loopback namespace capped at RATE
+#     Mbit/s whose two-rank launcher is `mpi`; both are removed on exit. Needs root.
 #   predict_and_measure ENTRY [PROFILE]
 #     ENTRY "name|ranks|settings": profiles the layout on its ranks (into PROFILE, default
 #     $work/profile_<name>.json, unless that exists), predicts it (oases simulate) and trains it;
@@ -11,6 +15,21 @@
 #     ratio, the MoE all-to-alls' and the context-parallel transfers' wire and exposed time, the
 #     exposed communication, and the predicted and measured activation peak; then each
 #     prediction.
+predict_bench_start() {
+  [[ $(id -u) -eq 0 ]] || { echo "needs root (ip netns, tc)" >&2; exit 2; }
+  cmake --preset release >/dev/null
+  cmake --build --preset release --target oases >/dev/null
+  oases=$PWD/build/release/oases
+  bench_header "$1"
+  work=$(mktemp -d)
+  predict_bench_ns=oases-predict-$$
+  trap 'capped_loopback_stop "$predict_bench_ns"; rm -rf "$work"' EXIT
+  "$oases" prepare-data --input /usr/share/games/fortunes/fortunes --output "$work/data" \
+    --tokenizer byte >/dev/null
+  capped_loopback_start "$predict_bench_ns" "$2"
+  mpi=("${mpi_capped[@]}")
+}
+
 predict_and_measure() {
   local name ranks settings
   IFS='|' read -r name ranks settings <<<"$1"

@@ -18,17 +18,7 @@ source bench/capped_loopback.sh
 source bench/predict_and_measure.sh
 steps=${1:-6}
 rate=${2:-1000}
-[[ $(id -u) -eq 0 ]] || { echo "needs root (ip netns, tc)" >&2; exit 2; }
-cmake --preset release >/dev/null
-cmake --build --preset release --target oases >/dev/null
-oases=$PWD/build/release/oases
-bench_header "bash bench/run_moe_predict_bench.sh $*"
-
-work=$(mktemp -d)
-ns=oases-moe-predict-$$
-trap 'capped_loopback_stop "$ns"; rm -rf "$work"' EXIT
-"$oases" prepare-data --input /usr/share/games/fortunes/fortunes --output "$work/data" \
-  --tokenizer byte >/dev/null
+predict_bench_start "bash bench/run_moe_predict_bench.sh $*" "$rate"
 cat >"$work/moe.toml" <<EOF
 [model]
 layers = 4
@@ -57,8 +47,6 @@ tokenizer = "byte"
 peak_tflops = 1.0
 EOF
 echo "# model: GPT 4 layers, hidden 256, seq 128, byte vocabulary, fp32, micro-batch 8, global batch 16; layers 1 and 3: 4 gshard experts of 512; oases schedule; RATE $rate Mbit/s for two ranks; $steps steps per run (medians of steps 2-$steps)"
-capped_loopback_start "$ns" "$rate"
-mpi=("${mpi_capped[@]}")
 config=(--config "$work/moe.toml")
 
 # name | ranks | settings
