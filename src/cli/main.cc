@@ -798,16 +798,10 @@ int run_pipeline_plan(const PlanArgs& a, const oases::plan::RunPlan& plan,
 // over the config's data-parallel group as its ZeRO stage does.
 oases::planner::Profile profile_for(const oases::plan::RunPlan& plan, const std::string& path) {
   const oases::plan::RunConfig& config = plan.config;
-  const oases::schedule::ScheduleSpec& spec = plan.schedule;
   auto measured = oases::planner::with_zero_share(oases::planner::read_profile(path),
                                                   static_cast<int>(config.parallel.zero),
                                                   static_cast<int>(config.parallel.dp));
-  std::vector<int> degrees;
-  for (int k = 1; k <= config.parallel.tp; k *= 2) degrees.push_back(k);
-  oases::planner::check_profile_matches(measured, config.model, config.train.micro_batch,
-                                        spec.sub_batches, degrees, path,
-                                        static_cast<int>(config.parallel.ep));
-  oases::planner::check_profile_layout(measured, plan.profiled_layout(), path);
+  plan.check_profile(measured, path);
   return measured;
 }
 
@@ -839,7 +833,7 @@ int run_plan(const PlanArgs& a) {
   const oases::plan::RunPlan plan = oases::plan::make_run_plan(config);
   // Sequence- and context-parallel layers are not the cost model's plain tensor-parallel ones:
   // their plans are predicted from the run's own program (cluster/plan_prediction.h).
-  const bool own_program = plan.sequence_parallel || plan.mesh.cp > 1;
+  const bool own_program = !plan.profiled_layout().plain();
   OASES_CHECK(plan.mesh.cp == 1 || plan.mesh.pp == 1,
               "oases plan with parallel.pp = {} predicts pipeline stages of plain tensor-parallel "
               "layers, not context-parallel ones (parallel.cp = {}); simulate that layout with "
@@ -1007,7 +1001,7 @@ int run_simulate(const SimulateArgs& a) {
   const auto measured = profile_for(run, a.profile);
   // Sequence- and context-parallel layers are not the cost model's plain tensor-parallel ones:
   // their layouts are predicted from the run's own program.
-  const bool own_program = run.sequence_parallel || run.mesh.cp > 1;
+  const bool own_program = !run.profiled_layout().plain();
   std::vector<int> plan;
   if (run.settings.plan == oases::plan::LayerPlanSource::automatic) {
     plan =

@@ -254,15 +254,7 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
               "peak_tflops); give `oases simulate` the config's profile (--profile, written by "
               "`oases profile`) or a cluster with device.peak_tflops",
               cluster.name);
-  const schedule::ScheduleSpec& spec = plan.schedule;
-  if (profiled) {
-    std::vector<int> degrees;
-    for (int k = 1; k <= layout.tp; k *= 2) degrees.push_back(k);
-    planner::check_profile_matches(*options.profile, config.model, config.train.micro_batch,
-                                   spec.sub_batches, degrees, "the profile",
-                                   static_cast<int>(config.parallel.ep));
-    planner::check_profile_layout(*options.profile, plan.profiled_layout(), "the profile");
-  }
+  if (profiled) plan.check_profile(*options.profile, "the profile");
   const std::string dtype(sim::precision_key(plan.dtypes.compute));
   const auto peak = cluster.device.peak_flops.find(dtype);
   OASES_CHECK(profiled || peak != cluster.device.peak_flops.end(),

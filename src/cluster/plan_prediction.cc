@@ -13,20 +13,6 @@
 namespace oases::cluster {
 namespace {
 
-// The engine's memory figures as the cost model's kinds: what parallel.offload keeps off memory
-// comes off the optimizer's state first and the rest off the parameters (as the profile's
-// ratios count it).
-planner::MemoryBytes memory_bytes(const planner::MemoryFigures& m) {
-  const std::size_t optimizer_offloaded = std::min(m.offloaded, m.optimizer);
-  const std::size_t params_offloaded = std::min(m.offloaded - optimizer_offloaded, m.params);
-  planner::MemoryBytes bytes;
-  bytes.params = static_cast<std::int64_t>(m.params - params_offloaded);
-  bytes.grads = static_cast<std::int64_t>(m.grads);
-  bytes.optimizer = static_cast<std::int64_t>(m.optimizer - optimizer_offloaded);
-  bytes.activations = static_cast<std::int64_t>(m.activations);
-  return bytes;
-}
-
 // `config` with `degrees` as parallel.plan and one layer per degree (the planner prices one
 // layer as the model less one, which the MoE layers' fixed pattern, model.moe_every, cannot
 // follow: UserError for MoE models).
@@ -63,7 +49,7 @@ planner::Prediction predict_checked(const plan::RunPlan& plan, const planner::Pr
   p.step_seconds = sim.step_seconds;
   p.compute_seconds = sim.compute_seconds;
   p.exposed_comm_seconds = sim.exposed_comm_seconds;
-  p.memory = memory_bytes(rank->memory);
+  p.memory = planner::resident_memory(rank->memory);
   return p;
 }
 
@@ -74,12 +60,7 @@ void check_matches(const plan::RunPlan& plan, const planner::Profile& profile) {
               "a profile predicts one pipeline stage's layout; with parallel.pp = {} run `oases "
               "plan`, which predicts every pipeline schedule",
               plan.mesh.pp);
-  std::vector<int> degrees;
-  for (int k = 1; k <= plan.mesh.tp; k *= 2) degrees.push_back(k);
-  planner::check_profile_matches(profile, plan.config.model, plan.config.train.micro_batch,
-                                 plan.schedule.sub_batches, degrees, "the profile",
-                                 static_cast<int>(plan.config.parallel.ep));
-  planner::check_profile_layout(profile, plan.profiled_layout(), "the profile");
+  plan.check_profile(profile, "the profile");
 }
 
 }  // namespace
@@ -108,7 +89,7 @@ planner::PlanPredictor cluster_plan_predictor(const plan::RunConfig& config,
     for (const SimulatedRank& rank : s.ranks) {
       p.compute_seconds = std::max(p.compute_seconds, rank.time.compute_seconds);
       p.exposed_comm_seconds = std::max(p.exposed_comm_seconds, rank.time.exposed_comm_seconds);
-      const planner::MemoryBytes m = memory_bytes(rank.memory);
+      const planner::MemoryBytes m = planner::resident_memory(rank.memory);
       if (m.total() > p.memory.total()) p.memory = m;
     }
     return p;

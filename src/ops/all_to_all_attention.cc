@@ -421,9 +421,7 @@ class OutputSegment final : public Segment {
   }
 
  private:
-  CollectiveKind reduction() const {
-    return spec_.sequence_parallel ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
-  }
+  CollectiveKind reduction() const { return partial_sum_collective(spec_.sequence_parallel); }
   Tensor attn(const Tensor& checkpoint) const {
     return checkpoint.view(attn_, {split_.local_tokens(), split_.out_width()});
   }

@@ -67,9 +67,7 @@ class EmbeddingSegment final : public Segment {
  private:
   // Under sequence parallelism each rank keeps its block of the tokens: the first layer's shard
   // segment reads it, and its backward all-gathers the output's gradient back.
-  CollectiveKind reduction() const {
-    return m_.sequence_parallel ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
-  }
+  CollectiveKind reduction() const { return partial_sum_collective(m_.sequence_parallel); }
   // Calls run(first token, tokens per sequence, sequences, first position) over the sub-batch:
   // once for all of it, or under context parallelism once per sequence and chunk (whose
   // positions are those of the chunk in its sequence).

@@ -85,9 +85,7 @@ class LayerSegment : public Segment {
 
   // How the group completes the output's and the input gradient's partial sums: whole on every
   // rank, or (sequence parallelism) each rank's block of the tokens.
-  CollectiveKind reduction() const {
-    return layer_.sequence_parallel ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
-  }
+  CollectiveKind reduction() const { return partial_sum_collective(layer_.sequence_parallel); }
   void run_backward(const StepContext& ctx, int mb, int sb, int stage, bool defer) {
     if (stage == 0) return backward_body(ctx, mb, sb, defer);
     // Under sequence parallelism the shard segment before runs the pre-norm and epilogue back.

@@ -767,9 +767,7 @@ class MoeCombineSegment final : public Segment {
   void run(int mb, int sb, TensorSets parts) {
     for_dtype(m_.dtype, [&]<class T>() { run_typed<T>(mb, sb, parts); });
   }
-  CollectiveKind reduction() const {
-    return spec_.sequence_parallel ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
-  }
+  CollectiveKind reduction() const { return partial_sum_collective(spec_.sequence_parallel); }
   template <class T>
   void run_typed(int mb, int sb, TensorSets parts) {
     const std::int64_t n = layout_.total_rows(), C = layout_.hidden, W = layout_.width;

@@ -55,6 +55,13 @@ enum class CollectiveKind : std::uint8_t {
   shift,
 };
 
+// How a tensor-parallel region's exit completes its partial sums (and its entry, in backward,
+// the input gradient's): whole on every rank, or under sequence parallelism each rank's block
+// of the tokens.
+inline CollectiveKind partial_sum_collective(bool sequence_parallel) {
+  return sequence_parallel ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
+}
+
 // How an all-reduce combines: sums of partial products, or the maximum (the vocab-parallel
 // loss's row maxima).
 enum class ReduceKind : std::uint8_t { sum, max };

@@ -601,9 +601,7 @@ class RingOutputSegment final : public RingSegment {
   }
 
  private:
-  CollectiveKind reduction() const {
-    return spec_.sequence_parallel ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce;
-  }
+  CollectiveKind reduction() const { return partial_sum_collective(spec_.sequence_parallel); }
   // The running output in local order [n, Q] (at the start of scratch_wide).
   Tensor attention_output(int mb, int sb) const {
     const RunningAttention run = running(mb, sb);

@@ -62,6 +62,15 @@ planner::ProfiledLayout RunPlan::profiled_layout() const {
   return layout;
 }
 
+void RunPlan::check_profile(const planner::Profile& profile, const std::string& source) const {
+  std::vector<int> degrees;
+  for (int k = 1; k <= mesh.tp; k *= 2) degrees.push_back(k);
+  planner::check_profile_matches(profile, config.model, config.train.micro_batch,
+                                 schedule.sub_batches, degrees, source,
+                                 static_cast<int>(config.parallel.ep));
+  planner::check_profile_layout(profile, profiled_layout(), source);
+}
+
 planner::MemoryPolicy RunPlan::memory_policy() const {
   planner::MemoryPolicy policy;
   policy.master_element = dtype_size(dtypes.master);

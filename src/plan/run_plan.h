@@ -152,6 +152,10 @@ struct RunPlan {
   planner::MemoryPolicy memory_policy() const;
   // The layout a profile of this run is measured in (oases profile) and must match.
   planner::ProfiledLayout profiled_layout() const;
+  // UserError naming `source` unless `profile` was measured for this run's model, batch split,
+  // every power-of-two degree up to tp, expert-parallel link and layout
+  // (planner::check_profile_matches, planner::check_profile_layout).
+  void check_profile(const planner::Profile& profile, const std::string& source) const;
   // The schedule spec of a pass over `micro_batches` micro-batches (training or forward only).
   schedule::ScheduleSpec pass_spec(int micro_batches, bool training) const;
   // The same plan for world rank `rank` of its mesh (the simulators plan every rank of a run

@@ -172,6 +172,17 @@ void price_expert_all_to_alls(const Profile& profile, sim::CostModel& costs,
 
 }  // namespace
 
+MemoryBytes resident_memory(const MemoryFigures& m) {
+  const std::size_t optimizer_offloaded = std::min(m.offloaded, m.optimizer);
+  const std::size_t params_offloaded = std::min(m.offloaded - optimizer_offloaded, m.params);
+  MemoryBytes bytes;
+  bytes.params = static_cast<std::int64_t>(m.params - params_offloaded);
+  bytes.grads = static_cast<std::int64_t>(m.grads);
+  bytes.optimizer = static_cast<std::int64_t>(m.optimizer - optimizer_offloaded);
+  bytes.activations = static_cast<std::int64_t>(m.activations);
+  return bytes;
+}
+
 MemoryBytes state_memory(const Profile& profile, std::int64_t parameter_bytes) {
   const auto bytes = static_cast<double>(parameter_bytes);
   const auto rounded = [](double b) { return static_cast<std::int64_t>(std::llround(b)); };

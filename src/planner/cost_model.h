@@ -20,6 +20,7 @@
 #pragma once
 
 #include "ops/program.h"
+#include "planner/memory.h"
 #include "planner/profile.h"
 #include "schedule/schedule.h"
 #include "sim/schedule_sim.h"
@@ -41,6 +42,11 @@ struct MemoryBytes {
   std::int64_t total() const { return state() + activations; }
   bool operator==(const MemoryBytes&) const = default;
 };
+
+// The engine's memory figures as these kinds, what stays in memory: what parallel.offload keeps
+// off memory comes off the optimizer's state first and the rest off the parameters (the master
+// weights of "optimizer+params"), as the profile's ratios count them.
+MemoryBytes resident_memory(const MemoryFigures& figures);
 
 // The parameters, gradients and optimizer state of `parameter_bytes` of (master) parameters, by
 // the profile's ratios (Profile::param_bytes_ratio, ...). Their sum is the sum of the ratios

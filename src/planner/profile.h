@@ -136,6 +136,8 @@ struct ProfiledLayout {
   int cp = 1;
   ops::ContextParallelKind cp_kind = ops::ContextParallelKind::all_to_all;  // where cp > 1
   bool operator==(const ProfiledLayout&) const = default;
+  // Neither sequence nor context parallelism: the cost model's plain tensor-parallel layers.
+  bool plain() const { return !sequence_parallel && cp == 1; }
   // "sequence parallelism, cp 2 (ring)"; "no sequence or context parallelism" when neither.
   std::string describe() const;
 };

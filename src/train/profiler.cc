@@ -364,17 +364,12 @@ void record_memory(TrainingEngine& engine, planner::Profile& profile, planner::D
   const auto& layer0 = engine.model().layout().groups().at(1);  // the first layer's parameters
   degree.parameter_bytes_per_layer = (layer0.second - layer0.first) * element;
   degree.parameter_bytes = engine.model().param_count() * element;
-  const planner::MemoryFigures memory = engine.memory_figures();
+  const planner::MemoryBytes resident = planner::resident_memory(engine.memory_figures());
   const double parameter_bytes = static_cast<double>(
       std::max<std::int64_t>(1, engine.model().param_count()) * element);
-  const std::size_t optimizer_offloaded = std::min(memory.offloaded, memory.optimizer);
-  const std::size_t params_offloaded =
-      std::min(memory.offloaded - optimizer_offloaded, memory.params);
-  profile.param_bytes_ratio =
-      static_cast<double>(memory.params - params_offloaded) / parameter_bytes;
-  profile.grad_bytes_ratio = static_cast<double>(memory.grads) / parameter_bytes;
-  profile.optimizer_bytes_ratio =
-      static_cast<double>(memory.optimizer - optimizer_offloaded) / parameter_bytes;
+  profile.param_bytes_ratio = static_cast<double>(resident.params) / parameter_bytes;
+  profile.grad_bytes_ratio = static_cast<double>(resident.grads) / parameter_bytes;
+  profile.optimizer_bytes_ratio = static_cast<double>(resident.optimizer) / parameter_bytes;
   degree.static_activation_bytes =
       static_cast<std::int64_t>(engine.model().static_activation_bytes());
 }
@@ -546,7 +541,7 @@ plan::RunConfig plan_automatically(const plan::RunConfig& config, const ProfileO
   if (group.rank() == 0) {
     try {
       const bool moe_at_one = config.model.has_moe() && config.parallel.expert_tp == 1;
-      const bool plain = profile.layout == planner::ProfiledLayout{};
+      const bool plain = profile.layout.plain();
       OASES_CHECK(plain || own_program,
                   "parallel.plan = \"auto\" with {}: this engine was started without the "
                   "prediction of the run's own program; run `oases profile` and `oases plan`",
