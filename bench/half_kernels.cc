@@ -116,7 +116,8 @@ int main(int argc, char** argv) {
     const std::int64_t width = (kHeads + 2 * 4) * kHeadDim;
     Buffer qkv(n * width, 2.0f), cos(kSeq * kHeadDim / 2, 1.0f), sin(kSeq * kHeadDim / 2, 1.0f);
     for (DType d : {DType::f32, DType::bf16})
-      kernels::rotary_tables(kSeq, kHeadDim, 10000.0, cos.view(d, {kSeq * kHeadDim / 2}),
+      kernels::rotary_tables(kSeq, kernels::rotary_inverse_frequencies(kHeadDim, 10000.0),
+                             cos.view(d, {kSeq * kHeadDim / 2}),
                              sin.view(d, {kSeq * kHeadDim / 2}));
     rows.push_back(time_both("rotary q+k", h2 * 2 * n * 12 * kHeadDim, repeats, [&](DType d) {
       const Tensor m = qkv.view(d, {n, width});

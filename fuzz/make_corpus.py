@@ -91,14 +91,20 @@ def make_safetensors():
 # token shards (data/token_shard.h)
 
 def shard(tokens, vocab, width=None, name=b"byte", version=2, count=None, magic=b"OASESTOK",
-          crc=None):
+          crc=None, mask=None, mask_crc=None):
     width = width or (2 if vocab <= 65536 else 4)
     count = len(tokens) if count is None else count
     header = magic + struct.pack("<IIIQ", version, width, vocab, count) + name.ljust(16, b"\0")
     fmt = "<%d%s" % (len(tokens), "H" if width == 2 else "I")
     body = struct.pack(fmt, *tokens)
-    if version == 2:
+    if version in (2, 3):
         header += struct.pack("<I", zlib.crc32(body) if crc is None else crc)
+    if version == 3:  # the loss mask: a bit per token, least significant first
+        bits = bytearray((len(tokens) + 7) // 8)
+        for i, counts in enumerate(mask if mask is not None else [1] * len(tokens)):
+            bits[i // 8] |= int(counts) << (i % 8)
+        header += struct.pack("<I", zlib.crc32(bytes(bits)) if mask_crc is None else mask_crc)
+        body += bytes(bits)
     return header + body
 
 
@@ -112,7 +118,13 @@ def make_token_shards():
           shard([0, 1, 65535, 65536, 69999], 70000, name=b"words", version=1))
     write("token_shard", "valid_long_name.bin", shard([3, 2, 1], 4, name=b"sixteen-chars-xx"))
     write("token_shard", "bad_magic.bin", shard(list(text), 256, magic=b"OASESTOC"))
-    write("token_shard", "bad_version.bin", shard(list(text), 256, version=3))
+    write("token_shard", "valid_masked.bin",
+          shard(list(text), 256, version=3, mask=[i % 3 != 0 for i in range(len(text))]))
+    write("token_shard", "valid_masked_empty.bin", shard([], 256, version=3))
+    write("token_shard", "bad_mask_checksum.bin",
+          shard(list(text), 256, version=3, mask_crc=12345))
+    write("token_shard", "bad_mask_truncated.bin", shard(list(text), 256, version=3)[:-1])
+    write("token_shard", "bad_version.bin", shard(list(text), 256, version=4))
     write("token_shard", "bad_checksum.bin", shard(list(text), 256, crc=12345))
     write("token_shard", "bad_vocab_for_tokenizer.bin", shard(list(text), 300))
     write("token_shard", "bad_width.bin", shard([1, 2], 256, width=3))

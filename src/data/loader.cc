@@ -3,12 +3,16 @@
 #include "core/error.h"
 #include "core/philox.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace oases::data {
 namespace {
 
 __extension__ typedef unsigned __int128 u128;
+
+// The target of a token that does not count: the loss ignores negative targets.
+constexpr std::int32_t kNoTarget = -1;
 
 // Feistel permutation for shuffled windows.
 
@@ -46,7 +50,6 @@ std::uint64_t feistel_permute(std::uint64_t index, std::uint64_t domain, std::ui
   return x;
 }
 
-
 }  // namespace
 
 DataLoader::DataLoader(const TokenShard& shard, std::int64_t seq_len, std::int64_t global_batch,
@@ -63,6 +66,12 @@ DataLoader::DataLoader(const TokenShard& shard, std::int64_t seq_len, std::int64
               "data shard '{}' holds {} tokens, too few for one sample of seq_len + 1 = {} "
               "tokens (model.seq_len = {}); use more text or a shorter seq_len",
               shard.path, shard.size(), seq_len + 1, seq_len);
+  OASES_CHECK(!shard.has_loss_mask() || std::find(shard.loss_mask.begin(), shard.loss_mask.end(),
+                                                  std::uint8_t{1}) != shard.loss_mask.end(),
+              "data shard '{}' has a loss mask that counts none of its {} tokens as a target, so "
+              "nothing could be learnt from it; prepare it again with targets (for chat data: "
+              "at least one assistant turn)",
+              shard.path, shard.size());
   windows_ = shard.size() / seq_len;
 }
 
@@ -91,6 +100,8 @@ void DataLoader::fill(std::int64_t step, std::int64_t first_sample, std::int64_t
                first_sample + num_samples, global_batch_);
   OASES_ASSERT(num_samples == 0 || (inputs != nullptr && targets != nullptr), "null output arrays");
   const std::int32_t* tokens = shard_->tokens.data();
+  // Null without a loss mask: every target counts.
+  const std::uint8_t* mask = shard_->has_loss_mask() ? shard_->loss_mask.data() : nullptr;
   const std::int64_t count = shard_->size();
   const auto row_bytes = static_cast<std::size_t>(seq_len_) * sizeof(std::int32_t);
   for (std::int64_t r = 0; r < num_samples; ++r) {
@@ -100,6 +111,9 @@ void DataLoader::fill(std::int64_t step, std::int64_t first_sample, std::int64_t
     if (start + seq_len_ + 1 <= count) {
       std::memcpy(in_row, tokens + start, row_bytes);
       std::memcpy(target_row, tokens + start + 1, row_bytes);
+      if (mask != nullptr)
+        for (std::int64_t t = 0; t < seq_len_; ++t)
+          if (mask[start + 1 + t] == 0) target_row[t] = kNoTarget;
       continue;
     }
     // start < count and seq_len < count, so one subtraction wraps any position.
@@ -109,9 +123,29 @@ void DataLoader::fill(std::int64_t step, std::int64_t first_sample, std::int64_t
       std::int64_t next = pos + 1;
       if (next >= count) next -= count;
       in_row[t] = tokens[pos];
-      target_row[t] = tokens[next];
+      target_row[t] = mask != nullptr && mask[next] == 0 ? kNoTarget : tokens[next];
     }
   }
+}
+
+std::int64_t DataLoader::counted_targets(std::int64_t step, std::int64_t first_sample,
+                                         std::int64_t num_samples) const {
+  OASES_ASSERT(first_sample >= 0 && num_samples >= 0 && first_sample + num_samples <= global_batch_,
+               "samples [{}, {}) outside the global batch of {}", first_sample,
+               first_sample + num_samples, global_batch_);
+  if (!shard_->has_loss_mask()) return num_samples * seq_len_;
+  const std::uint8_t* mask = shard_->loss_mask.data();
+  const std::int64_t count = shard_->size();
+  std::int64_t counted = 0;
+  for (std::int64_t r = 0; r < num_samples; ++r) {
+    // The targets are tokens start + 1 .. start + seq_len, wrapped.
+    std::int64_t next = window_start(step, first_sample + r);
+    for (std::int64_t t = 0; t < seq_len_; ++t) {
+      if (++next >= count) next -= count;
+      counted += mask[next];
+    }
+  }
+  return counted;
 }
 
 }  // namespace oases::data

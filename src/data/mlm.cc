@@ -55,11 +55,27 @@ MlmSpecialTokens mlm_special_tokens(std::int64_t tokenizer_vocab) {
   return {v, v + 1, v + 2, v + 3};
 }
 
+std::optional<MlmSpecialTokens> tokenizer_mlm_special_tokens(const Tokenizer& tokenizer) {
+  const auto mask = tokenizer.special_token_id("[MASK]");
+  const auto cls = tokenizer.special_token_id("[CLS]");
+  const auto sep = tokenizer.special_token_id("[SEP]");
+  const auto pad = tokenizer.special_token_id("[PAD]");
+  if (!mask || !cls || !sep || !pad) return std::nullopt;
+  return MlmSpecialTokens{*mask, *cls, *sep, *pad};
+}
+
 void mlm_mask(const std::int32_t* text_tokens, std::int64_t rows, std::int64_t seq_len,
               std::int64_t tokenizer_vocab, std::uint64_t seed, std::uint64_t stream,
               std::int64_t first_global_sample, std::int32_t* inputs, std::int32_t* targets) {
+  mlm_mask(text_tokens, rows, seq_len, tokenizer_vocab, mlm_special_tokens(tokenizer_vocab), seed,
+           stream, first_global_sample, inputs, targets);
+}
+
+void mlm_mask(const std::int32_t* text_tokens, std::int64_t rows, std::int64_t seq_len,
+              std::int64_t tokenizer_vocab, const MlmSpecialTokens& special, std::uint64_t seed,
+              std::uint64_t stream, std::int64_t first_global_sample, std::int32_t* inputs,
+              std::int32_t* targets) {
   check_rows(rows, seq_len, first_global_sample);
-  const MlmSpecialTokens special = mlm_special_tokens(tokenizer_vocab);
   const std::int64_t text_len = seq_len - 2;
   for (std::int64_t i = 0; i < rows * text_len; ++i) {
     OASES_CHECK(text_tokens[i] >= 0 && text_tokens[i] < tokenizer_vocab,

@@ -2,8 +2,10 @@
 // Philox keyed by global indices: a sample's mask depends only on (seed, stream, global sample
 // index, position), never on how a batch is split across ranks, micro-batches or calls.
 //
-// Vocabulary: the special tokens are appended after a tokenizer vocabulary of size V, so the
-// model's vocabulary is V + 4 (see mlm_special_tokens).
+// Vocabulary: a tokenizer whose vocabulary holds [MASK], [CLS], [SEP] and [PAD] (BERT's
+// WordPiece) gives their ids (tokenizer_mlm_special_tokens) and the model's vocabulary is its
+// V; for any other the special tokens are appended after its V tokens, so the model's
+// vocabulary is V + 4 (see mlm_special_tokens).
 //
 // Row layout: inputs and targets rows are [seq_len]: position 0 is [CLS], positions
 // 1 .. seq_len - 2 hold the seq_len - 2 text tokens of the window in order, and position
@@ -30,7 +32,10 @@
 // same values every time).
 #pragma once
 
+#include "data/tokenizer.h"
+
 #include <cstdint>
+#include <optional>
 
 namespace oases::data {
 
@@ -41,6 +46,9 @@ struct MlmSpecialTokens {
 // mask = V, cls = V + 1, sep = V + 2, pad = V + 3 for a tokenizer vocabulary of size V.
 // REQUIRES: 1 <= V and V + 3 fits in int32.
 MlmSpecialTokens mlm_special_tokens(std::int64_t tokenizer_vocab);
+// The ids of [MASK], [CLS], [SEP] and [PAD] in `tokenizer`'s vocabulary; nullopt when it lacks
+// any of them.
+std::optional<MlmSpecialTokens> tokenizer_mlm_special_tokens(const Tokenizer& tokenizer);
 
 // text_tokens [rows, seq_len - 2]: the windows of samples first_global_sample ..
 // first_global_sample + rows - 1, each token in [0, tokenizer_vocab) (UserError otherwise:
@@ -51,6 +59,11 @@ MlmSpecialTokens mlm_special_tokens(std::int64_t tokenizer_vocab);
 void mlm_mask(const std::int32_t* text_tokens, std::int64_t rows, std::int64_t seq_len,
               std::int64_t tokenizer_vocab, std::uint64_t seed, std::uint64_t stream,
               std::int64_t first_global_sample, std::int32_t* inputs, std::int32_t* targets);
+// The same with the special tokens `special` (the tokenizer's own, or mlm_special_tokens').
+void mlm_mask(const std::int32_t* text_tokens, std::int64_t rows, std::int64_t seq_len,
+              std::int64_t tokenizer_vocab, const MlmSpecialTokens& special, std::uint64_t seed,
+              std::uint64_t stream, std::int64_t first_global_sample, std::int32_t* inputs,
+              std::int32_t* targets);
 
 // The number of selected positions (targets that are not -1) mlm_mask gives for these
 // samples: the selection does not depend on the tokens, so the loss normaliser of a global

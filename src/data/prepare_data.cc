@@ -2,7 +2,10 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "core/timer.h"
+#include "data/chat_template.h"
+#include "data/mlm.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"
 
@@ -155,13 +158,72 @@ class DocumentReader {
   std::int64_t line_number_ = 0;
 };
 
+// One document's tokens and, for a chat record, which of them the model learns (1) and which
+// it only reads (0); empty `trained`: every token is learned.
+struct DocumentTokens {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::uint8_t> trained;
+
+  bool empty() const { return tokens.empty(); }
+  std::size_t size() const { return tokens.size(); }
+};
+
+// How a document becomes tokens: the tokenizer, the begin-of-sequence token put before each
+// text document, and for chat records their field and template.
+struct DocumentEncoder {
+  const Tokenizer& tokenizer;
+  std::string jsonl_field;
+  std::optional<std::int32_t> begin_of_sequence;
+  std::string chat_field;  // empty: JSONL lines hold text
+  const ModelChatTemplate* chat = nullptr;
+
+  DocumentTokens text(std::string_view raw) const {
+    DocumentTokens document{tokenizer.encode(raw), {}};
+    if (begin_of_sequence && !document.tokens.empty())
+      document.tokens.insert(document.tokens.begin(), *begin_of_sequence);
+    return document;
+  }
+
+  // A chat record: its messages rendered by the template, each segment encoded with its
+  // special tokens (the template writes them as text), the assistant's segments learned.
+  DocumentTokens conversation(const std::string& raw, const std::string& path,
+                              std::int64_t line_number) const {
+    nlohmann::ordered_json line;
+    try {
+      line = nlohmann::ordered_json::parse(raw);
+    } catch (const nlohmann::json::parse_error& e) {
+      OASES_FAIL(
+          "--input '{}' line {} is not valid JSON (at byte {}); a chat record is one JSON "
+          "object per line with its messages in the field \"{}\" (--chat-field)",
+          path, line_number, e.byte, chat_field);
+    }
+    OASES_CHECK(line.is_object() && line.contains(chat_field) && line[chat_field].is_array(),
+                "--input '{}' line {} has no list in the field \"{}\" (--chat-field); a chat "
+                "record holds its messages there, each an object with \"role\" and "
+                "\"content\"",
+                path, line_number, chat_field);
+    std::vector<ChatSegment> segments;
+    try {
+      segments = render_chat(chat->chat_template, line[chat_field], chat->variables);
+    } catch (const UserError& e) {
+      OASES_FAIL("--input '{}' line {}: {}", path, line_number, e.what());
+    }
+    DocumentTokens document;
+    for (const ChatSegment& segment : segments) {
+      const std::vector<std::int32_t> piece = tokenizer.encode_with_special_tokens(segment.text);
+      document.tokens.insert(document.tokens.end(), piece.begin(), piece.end());
+      document.trained.insert(document.trained.end(), piece.size(), segment.trained ? 1 : 0);
+    }
+    return document;
+  }
+};
+
 // Tokenizes a batch, documents in parallel; the result is in batch order, as if tokenized one
 // after the other. The first failing document (in batch order) is the error reported.
-std::vector<std::vector<std::int32_t>> tokenize_batch(const std::vector<PendingDocument>& batch,
-                                                      const std::vector<InputFile>& inputs,
-                                                      const Tokenizer& tokenizer,
-                                                      const std::string& jsonl_field) {
-  std::vector<std::vector<std::int32_t>> tokens(batch.size());
+std::vector<DocumentTokens> tokenize_batch(const std::vector<PendingDocument>& batch,
+                                           const std::vector<InputFile>& inputs,
+                                           const DocumentEncoder& encoder) {
+  std::vector<DocumentTokens> tokens(batch.size());
   std::vector<std::exception_ptr> errors(batch.size());
   const auto count = static_cast<std::int64_t>(batch.size());
 #pragma omp parallel for schedule(dynamic, 1)
@@ -169,10 +231,14 @@ std::vector<std::vector<std::int32_t>> tokenize_batch(const std::vector<PendingD
     const PendingDocument& document = batch[static_cast<std::size_t>(i)];
     try {
       const InputFile& input = inputs[document.input];
-      tokens[static_cast<std::size_t>(i)] =
-          input.jsonl ? tokenizer.encode(jsonl_document_text(document.raw, input.path,
-                                                             document.line, jsonl_field))
-                      : tokenizer.encode(document.raw);
+      DocumentTokens& out = tokens[static_cast<std::size_t>(i)];
+      if (!input.jsonl)
+        out = encoder.text(document.raw);
+      else if (!encoder.chat_field.empty())
+        out = encoder.conversation(document.raw, input.path, document.line);
+      else
+        out = encoder.text(
+            jsonl_document_text(document.raw, input.path, document.line, encoder.jsonl_field));
     } catch (...) {
       errors[static_cast<std::size_t>(i)] = std::current_exception();
     }
@@ -223,18 +289,18 @@ class ProgressDisplay {
 // Reads and tokenizes every input in order, handing each non-empty document's tokens to
 // `take(input index, tokens)` in that order.
 template <class Take>
-void tokenize_inputs(const std::vector<InputFile>& inputs, const Tokenizer& tokenizer,
+void tokenize_inputs(const std::vector<InputFile>& inputs, const DocumentEncoder& encoder,
                      const PrepareDataOptions& options, std::int64_t total_bytes, Take&& take) {
   ProgressDisplay progress(options.progress, total_bytes);
   std::int64_t bytes_read = 0, tokens_made = 0;
   std::vector<PendingDocument> batch;
   std::size_t batch_bytes = 0;
   const auto flush = [&] {
-    const auto tokens = tokenize_batch(batch, inputs, tokenizer, options.jsonl_field);
+    const auto tokens = tokenize_batch(batch, inputs, encoder);
     for (std::size_t i = 0; i < batch.size(); ++i) {
       if (tokens[i].empty()) continue;
       tokens_made += static_cast<std::int64_t>(tokens[i].size());
-      take(batch[i].input, std::span<const std::int32_t>(tokens[i]));
+      take(batch[i].input, tokens[i]);
     }
     batch.clear();
     batch_bytes = 0;
@@ -250,23 +316,49 @@ void tokenize_inputs(const std::vector<InputFile>& inputs, const Tokenizer& toke
   progress.finish(bytes_read, tokens_made);
 }
 
-// One input's documents, tokenized: document d is tokens[ends[d-1] .. ends[d]).
+// The output stream: tokens and, when the output carries a loss mask, one 0 or 1 per token
+// (separators 0: the document after one is not predicted from the one before).
+struct TokenStream {
+  bool masked = false;
+  std::vector<std::int32_t> tokens;
+  std::vector<std::uint8_t> mask;
+
+  void separator(std::int32_t token) {
+    tokens.push_back(token);
+    if (masked) mask.push_back(0);
+  }
+  void document(std::span<const std::int32_t> document, std::span<const std::uint8_t> trained) {
+    tokens.insert(tokens.end(), document.begin(), document.end());
+    if (!masked) return;
+    if (trained.empty())
+      mask.insert(mask.end(), document.size(), 1);
+    else
+      mask.insert(mask.end(), trained.begin(), trained.end());
+  }
+};
+
+// One input's documents, tokenized: document d is tokens[ends[d-1] .. ends[d]), and trained
+// the same range of `trained` (empty when the input holds no chat records).
 struct SourceTokens {
   std::vector<std::int32_t> tokens;
+  std::vector<std::uint8_t> trained;
   std::vector<std::size_t> ends;
 
+  std::size_t begin_of(std::size_t d) const { return d == 0 ? 0 : ends[d - 1]; }
   std::span<const std::int32_t> document(std::size_t d) const {
-    const std::size_t begin = d == 0 ? 0 : ends[d - 1];
-    return std::span<const std::int32_t>(tokens).subspan(begin, ends[d] - begin);
+    return std::span<const std::int32_t>(tokens).subspan(begin_of(d), ends[d] - begin_of(d));
+  }
+  std::span<const std::uint8_t> trained_of(std::size_t d) const {
+    if (trained.empty()) return {};
+    return std::span<const std::uint8_t>(trained).subspan(begin_of(d), ends[d] - begin_of(d));
   }
 };
 
 // Interleaves the sources' documents into one stream as described in prepare_data.h, filling
 // each source's documents_taken and tokens_taken.
-std::vector<std::int32_t> blend(const std::vector<SourceTokens>& sources,
-                                const std::vector<double>& weights,
-                                std::optional<std::int32_t> separator,
-                                std::vector<SourceSummary>& summaries) {
+void blend(const std::vector<SourceTokens>& sources, const std::vector<double>& weights,
+           std::optional<std::int32_t> separator, std::vector<SourceSummary>& summaries,
+           TokenStream& stream) {
   double weight_sum = 0.0;
   std::int64_t all_tokens = 0;
   for (std::size_t i = 0; i < sources.size(); ++i) {
@@ -288,8 +380,7 @@ std::vector<std::int32_t> blend(const std::vector<SourceTokens>& sources,
     const auto length = static_cast<double>(source.document(taken[i] % source.ends.size()).size());
     return 2.0 * static_cast<double>(emitted[i]) + length < 2.0 * targets[i];
   };
-  std::vector<std::int32_t> stream;
-  stream.reserve(static_cast<std::size_t>(all_tokens));
+  stream.tokens.reserve(static_cast<std::size_t>(all_tokens));
   while (true) {
     // The source furthest behind its share, among those that want more.
     std::optional<std::size_t> next;
@@ -301,9 +392,10 @@ std::vector<std::int32_t> blend(const std::vector<SourceTokens>& sources,
     }
     if (!next) break;
     const SourceTokens& source = sources[*next];
-    const auto document = source.document(taken[*next] % source.ends.size());
-    if (!stream.empty() && separator) stream.push_back(*separator);
-    stream.insert(stream.end(), document.begin(), document.end());
+    const std::size_t d = taken[*next] % source.ends.size();
+    const auto document = source.document(d);
+    if (!stream.tokens.empty() && separator) stream.separator(*separator);
+    stream.document(document, source.trained_of(d));
     emitted[*next] += static_cast<std::int64_t>(document.size());
     ++taken[*next];
   }
@@ -311,7 +403,6 @@ std::vector<std::int32_t> blend(const std::vector<SourceTokens>& sources,
     summaries[i].documents_taken = static_cast<std::int64_t>(taken[i]);
     summaries[i].tokens_taken = emitted[i];
   }
-  return stream;
 }
 
 // Checks every input up front, so that a typo in the last of many inputs fails before any
@@ -402,9 +493,60 @@ InputSpec parse_input_spec(const std::string& value) {
   return {value.substr(0, colon), weight};
 }
 
+std::unique_ptr<Tokenizer> resolve_tokenizer(const std::string& tokenizer,
+                                             const std::string& tokenizer_model) {
+  std::error_code ec;
+  const std::optional<TokenizerKind> in_folder =
+      !tokenizer_model.empty() && fs::is_directory(tokenizer_model, ec)
+          ? folder_tokenizer_kind(tokenizer_model)
+          : std::nullopt;
+  if (in_folder) {
+    OASES_CHECK(tokenizer.empty() || tokenizer_kind(tokenizer) == in_folder,
+                "--tokenizer {} does not fit --tokenizer-model '{}', which holds a {} tokenizer; "
+                "leave --tokenizer out (the folder's is taken) or give --tokenizer {}",
+                tokenizer, tokenizer_model, name(*in_folder), name(*in_folder));
+    return load_tokenizer_folder(tokenizer_model);
+  }
+  return make_tokenizer(tokenizer.empty() ? std::string("byte") : tokenizer, tokenizer_model);
+}
+
 PrepareDataSummary prepare_data(const PrepareDataOptions& options) {
   const std::unique_ptr<Tokenizer> tokenizer =
-      make_tokenizer(options.tokenizer, options.tokenizer_model);
+      resolve_tokenizer(options.tokenizer, options.tokenizer_model);
+  std::optional<ModelChatTemplate> chat;
+  if (!options.chat_field.empty()) {
+    if (!options.chat_template.empty()) {
+      chat = ModelChatTemplate{
+          ChatTemplate::parse(read_regular_file(options.chat_template, "--chat-template file",
+                                                std::uint64_t{16} << 20),
+                              options.chat_template),
+          nlohmann::ordered_json::object()};
+      // The tokenizer's own begin and end tokens, as a model folder's template would get them.
+      std::error_code ec;
+      if (!options.tokenizer_model.empty() && fs::is_directory(options.tokenizer_model, ec)) {
+        try {
+          chat->variables = load_model_chat_template(options.tokenizer_model).variables;
+        } catch (const UserError&) {
+        }
+      }
+    } else {
+      std::error_code ec;
+      OASES_CHECK(!options.tokenizer_model.empty() && fs::is_directory(options.tokenizer_model, ec),
+                  "--chat-field {} renders chat records with a chat template: give the model "
+                  "folder whose tokenizer_config.json holds it (--tokenizer-model DIR) or a "
+                  "template file (--chat-template FILE)",
+                  options.chat_field);
+      chat = load_model_chat_template(options.tokenizer_model);
+    }
+  }
+  // The token a sequence starts with (LLaMA's <s>, <|begin_of_text|>) starts each text
+  // document; masked-language models' [CLS] is the batches' to place, per row.
+  std::optional<std::int32_t> begin_of_sequence = tokenizer->begin_of_sequence();
+  if (const auto mlm = tokenizer_mlm_special_tokens(*tokenizer);
+      mlm && begin_of_sequence == mlm->cls)
+    begin_of_sequence.reset();
+  const DocumentEncoder encoder{*tokenizer, options.jsonl_field, begin_of_sequence,
+                                options.chat_field, chat ? &*chat : nullptr};
   OASES_CHECK(options.val_fraction >= 0.0 && options.val_fraction < 1.0,
               "--val-fraction = {} is outside [0, 1): it is the share of the tokens kept for "
               "validation (e.g. 0.1; 0 keeps none)",
@@ -430,12 +572,13 @@ PrepareDataSummary prepare_data(const PrepareDataOptions& options) {
   }
 
   const std::optional<std::int32_t> separator = tokenizer->document_separator();
-  std::vector<std::int32_t> tokens;
+  TokenStream stream;
+  stream.masked = chat.has_value();
   if (!summary.weighted) {
-    tokenize_inputs(inputs, *tokenizer, options, summary.input_bytes,
-                    [&](std::size_t input, std::span<const std::int32_t> document) {
-                      if (!tokens.empty() && separator) tokens.push_back(*separator);
-                      tokens.insert(tokens.end(), document.begin(), document.end());
+    tokenize_inputs(inputs, encoder, options, summary.input_bytes,
+                    [&](std::size_t input, const DocumentTokens& document) {
+                      if (!stream.tokens.empty() && separator) stream.separator(*separator);
+                      stream.document(document.tokens, document.trained);
                       ++summary.sources[input].documents;
                       summary.sources[input].tokens += static_cast<std::int64_t>(document.size());
                     });
@@ -445,10 +588,18 @@ PrepareDataSummary prepare_data(const PrepareDataOptions& options) {
     }
   } else {
     std::vector<SourceTokens> sources(inputs.size());
-    tokenize_inputs(inputs, *tokenizer, options, summary.input_bytes,
-                    [&](std::size_t input, std::span<const std::int32_t> document) {
+    tokenize_inputs(inputs, encoder, options, summary.input_bytes,
+                    [&](std::size_t input, const DocumentTokens& document) {
                       SourceTokens& source = sources[input];
-                      source.tokens.insert(source.tokens.end(), document.begin(), document.end());
+                      if (stream.masked) {
+                        if (document.trained.empty())
+                          source.trained.insert(source.trained.end(), document.size(), 1);
+                        else
+                          source.trained.insert(source.trained.end(), document.trained.begin(),
+                                                document.trained.end());
+                      }
+                      source.tokens.insert(source.tokens.end(), document.tokens.begin(),
+                                           document.tokens.end());
                       source.ends.push_back(source.tokens.size());
                     });
     std::vector<double> weights;
@@ -464,7 +615,7 @@ PrepareDataSummary prepare_data(const PrepareDataOptions& options) {
                   source.path, *source.weight,
                   is_jsonl_path(source.path) ? jsonl_rule(options.jsonl_field)
                                              : std::string("give a file that holds text"));
-    tokens = blend(sources, weights, separator, summary.sources);
+    blend(sources, weights, separator, summary.sources, stream);
   }
   for (const SourceSummary& source : summary.sources)
     OASES_CHECK(source.documents > 0 || !is_jsonl_path(source.path),
@@ -472,6 +623,7 @@ PrepareDataSummary prepare_data(const PrepareDataOptions& options) {
                 "text; {}",
                 source.path, jsonl_rule(options.jsonl_field));
 
+  const std::vector<std::int32_t>& tokens = stream.tokens;
   const auto total = static_cast<std::int64_t>(tokens.size());
   const auto val = static_cast<std::int64_t>(
       std::llround(static_cast<double>(total) * options.val_fraction));
@@ -487,16 +639,37 @@ PrepareDataSummary prepare_data(const PrepareDataOptions& options) {
 
   create_parent_folder(options.output_prefix);
   // A tokenizer that its name does not determine travels with its shards (written first: the
-  // shards complete the output).
-  if (const std::string model = tokenizer->model_file_contents(); !model.empty()) {
+  // shards complete the output): a lone SentencePiece model as <prefix>_tokenizer.model, any
+  // other files (a model folder's tokenizer.json, vocab.txt, tokenizer_config.json) in a
+  // folder.
+  const std::vector<TokenizerFile> files = tokenizer->files();
+  const bool lone_model = files.size() == 1 && files.front().name == "tokenizer.model";
+  if (!known_vocab_size(summary.tokenizer) && !lone_model) {
+    summary.tokenizer_files_path = tokenizer_folder_beside_shards(options.output_prefix);
+    std::error_code ec;
+    fs::create_directories(summary.tokenizer_files_path, ec);
+    OASES_CHECK(!ec, "cannot create '{}' for the tokenizer's files: {}",
+                summary.tokenizer_files_path, ec.message());
+    for (const TokenizerFile& file : files)
+      write_file_atomically((fs::path(summary.tokenizer_files_path) / file.name).string(),
+                            file.contents);
+  }
+  if (const std::string model = tokenizer->model_file_contents(); !model.empty() && lone_model) {
     summary.tokenizer_model_path = tokenizer_model_beside_shards(options.output_prefix);
     write_file_atomically(summary.tokenizer_model_path, model);
   }
   const std::span<const std::int32_t> all(tokens);
+  const std::span<const std::uint8_t> mask(stream.mask);
+  const auto train_count = static_cast<std::size_t>(summary.train_tokens);
+  const auto val_count = static_cast<std::size_t>(summary.val_tokens);
   write_token_shard(summary.train_path, summary.tokenizer, summary.vocab_size,
-                    all.first(static_cast<std::size_t>(summary.train_tokens)));
-  write_token_shard(summary.val_path, summary.tokenizer, summary.vocab_size,
-                    all.last(static_cast<std::size_t>(summary.val_tokens)));
+                    all.first(train_count),
+                    stream.masked ? mask.first(train_count) : std::span<const std::uint8_t>());
+  write_token_shard(summary.val_path, summary.tokenizer, summary.vocab_size, all.last(val_count),
+                    stream.masked ? mask.last(val_count) : std::span<const std::uint8_t>());
+  summary.loss_masked = stream.masked;
+  if (stream.masked)
+    summary.trained_tokens = std::count(stream.mask.begin(), stream.mask.end(), std::uint8_t{1});
   return summary;
 }
 

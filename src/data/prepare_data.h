@@ -40,7 +40,10 @@
 // them one after the other.
 #pragma once
 
+#include "data/tokenizer.h"
+
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -53,11 +56,22 @@ struct PrepareDataOptions {
   std::vector<std::string> inputs;
   std::string output_prefix;  // shards go to <prefix>_train.bin and <prefix>_val.bin
   double val_fraction = 0.1;  // in [0, 1)
-  std::string tokenizer = "byte";
-  // The tokenizer's file or folder where it has files (make_tokenizer): gpt2's folder or
-  // tokenizer.json, sentencepiece's .model; a sentencepiece model is copied beside the shards.
+  // The tokenizer's name (tokenizer_names()); empty: the kind the files of a Hugging Face
+  // model folder in tokenizer_model are (folder_tokenizer_kind), else "byte".
+  std::string tokenizer;
+  // The tokenizer's file or folder where it has files (make_tokenizer): a Hugging Face model
+  // folder, gpt2's tokenizer.json or folder, sentencepiece's .model, ... The files of a
+  // tokenizer its name does not determine are copied beside the shards.
   std::string tokenizer_model;
   std::string jsonl_field = "text";
+  // Chat records (instruction data): every *.jsonl line holds a conversation in this field, a
+  // list of {"role", "content"} objects, rendered with the chat template (below) and
+  // tokenized with its special tokens; only the assistant's turns are learned (the shards carry
+  // a loss mask: token_shard.h, chat_template.h's span rule). Empty: JSONL lines hold text.
+  std::string chat_field;
+  // A Jinja file holding the chat template; empty: the template of the model folder given as
+  // tokenizer_model (tokenizer_config.json's chat_template, or chat_template.jinja).
+  std::string chat_template;
   bool progress = false;  // report progress on stderr for runs that last over a second
 };
 
@@ -96,23 +110,35 @@ struct PrepareDataSummary {
   std::int64_t val_tokens = 0;
   std::string train_path;  // <prefix>_train.bin
   std::string val_path;    // <prefix>_val.bin
-  // <prefix>_tokenizer.model, the copy of the tokenizer's model file; empty when the
-  // tokenizer's name determines it (Tokenizer::model_file_contents).
+  // <prefix>_tokenizer, the folder holding a copy of the tokenizer's files (Tokenizer::files);
+  // empty when the tokenizer's name determines it (byte, gpt2) or it is a lone SentencePiece
+  // model file.
+  std::string tokenizer_files_path;
+  // <prefix>_tokenizer.model, the copy of a lone SentencePiece model file (one from
+  // train-tokenizer); empty otherwise.
   std::string tokenizer_model_path;
   bool weighted = false;   // the inputs carried weights (a blend)
+  bool loss_masked = false;            // chat records: the shards carry a loss mask
+  std::int64_t trained_tokens = 0;     // with a loss mask: the tokens it counts (both shards)
   std::vector<SourceSummary> sources;  // one per input, in the order given
 };
 
 // Tokenizes the inputs as described at the top and writes `<output_prefix>_train.bin` and
 // `<output_prefix>_val.bin` (atomically; missing parent folders of the prefix are created),
-// and, for a tokenizer with a model file (sentencepiece), a copy of it at
-// tokenizer_model_beside_shards(output_prefix), where training finds it by default.
+// and, for a tokenizer its name does not determine, a copy of its files where training finds
+// them by default: tokenizer_folder_beside_shards(output_prefix), or for a lone SentencePiece
+// model tokenizer_model_beside_shards(output_prefix).
 // With val_fraction = 0 the validation shard is written empty. Preconditions (UserError
 // otherwise, before any shard is written): a known tokenizer (with its files); at least one
 // input; every input an existing non-empty regular file; weights on all inputs or none;
 // val_fraction in [0, 1); when val_fraction > 0, both splits non-empty; a non-empty
 // jsonl_field.
 PrepareDataSummary prepare_data(const PrepareDataOptions& options);
+
+// The tokenizer `tokenizer` and `tokenizer_model` name, as PrepareDataOptions describes them.
+// UserError when --tokenizer names another kind than the folder holds.
+std::unique_ptr<Tokenizer> resolve_tokenizer(const std::string& tokenizer,
+                                             const std::string& tokenizer_model);
 
 // The same for unweighted or weighted `inputs` with the other options at their defaults.
 PrepareDataSummary prepare_data(const std::vector<std::string>& inputs,

@@ -14,9 +14,24 @@
 //  - fall back to one piece per UTF-8 byte (`<0x00>` .. `<0xFF>`) for characters the pieces
 //    do not cover, so characters never seen in training (and newlines, tabs, control
 //    characters) survive.
-// Models from elsewhere (e.g. trained with NFKC or a dummy prefix) load and work, but need not
-// be lossless. Text that is not valid UTF-8 is refused by encode (a UserError with the byte
-// offset): SentencePiece would replace it, and the data would not decode back to the input.
+// Models from elsewhere (e.g. trained with NFKC) load and work, but need not be lossless. Text
+// that is not valid UTF-8 is refused by encode (a UserError with the byte offset): SentencePiece
+// would replace it, and the data would not decode back to the input.
+//
+// LLaMA 2's model (a BPE model with identity normalization, a dummy prefix and byte fallback)
+// encodes as SentencePiece does: a dummy space before the text (which decode drops), each space
+// as U+2581, and the byte pieces (<0x0A> for a newline) for characters without a piece; so it
+// is lossless too. The one difference from SentencePiece, in every model with byte fallback: a
+// U+2581 of the text itself is written in its three byte pieces (SentencePiece would read it as
+// a space), and the dummy space still comes once, before the whole text.
+//
+// Special tokens: the control and unknown pieces (<s>, </s>, <unk>) and those
+// tokenizer_config.json marks special (which must be pieces of the model). The text between them
+// is encoded as a text of its own, dummy space included, as Meta's LLaMA 2 chat format encodes
+// each turn (Hugging Face's "legacy" behaviour). begin_of_sequence() is the bos_token (<s>) when
+// tokenizer_config.json sets add_bos_token, or leaves it unset with a LlamaTokenizer
+// tokenizer_class (whose default is to add it); none otherwise (a bare model file, models
+// trained by oases). files(): tokenizer.model, and tokenizer_config.json when read.
 #pragma once
 
 #include "data/tokenizer.h"
@@ -30,16 +45,23 @@
 namespace oases::data {
 
 inline constexpr std::string_view kSentencePieceName = "sentencepiece";
+// Hugging Face's name of a model folder's SentencePiece model.
+inline constexpr std::string_view kSentencePieceModelFile = "tokenizer.model";
 
-// Loads the model file at `model_path`. UserError when the path is empty (naming
+// Loads the model file at `model_path`, or the tokenizer.model of the folder `model_path`; the
+// tokenizer_config.json beside it is read too when there is one and the model file is called
+// tokenizer.model (a Hugging Face model folder's). UserError when the path is empty (naming
 // --tokenizer-model and data.tokenizer_model), the file is missing or unreadable, it is not a
 // SentencePiece model, or the model has no end-of-sentence piece.
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::string& model_path);
+// The same from files: tokenizer.model (required) and tokenizer_config.json (optional).
+std::unique_ptr<Tokenizer> sentencepiece_tokenizer_from_files(
+    const std::vector<TokenizerFile>& files, const std::string& source);
 
 // The same from the bytes of a model file; `source` names where they came from in messages
 // ("checkpoint 'runs/x/step_10' tokenizer.model").
 std::unique_ptr<Tokenizer> sentencepiece_tokenizer_from_bytes(std::string model_bytes,
-                                                             const std::string& source);
+                                                              const std::string& source);
 
 struct SentencePieceTrainingOptions {
   std::vector<std::string> inputs;  // text files; each line is one training sentence

@@ -1,9 +1,9 @@
 #include "data/token_shard.h"
 
-#include "core/regular_file.h"
 #include "core/atomic_file.h"
 #include "core/checksum.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "data/tokenizer.h"
 
 #include <fmt/format.h>
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -41,12 +42,24 @@ constexpr std::size_t kOffsetWidth = 12;
 constexpr std::size_t kOffsetVocab = 16;
 constexpr std::size_t kOffsetCount = 20;
 constexpr std::size_t kOffsetName = 28;
-constexpr std::size_t kOffsetChecksum = 44;  // version 2
+constexpr std::size_t kOffsetChecksum = 44;      // versions 2 and 3
+constexpr std::size_t kOffsetMaskChecksum = 48;  // version 3
 static_assert(kOffsetName + kTokenShardNameBytes == kTokenShardV1HeaderBytes);
 static_assert(kOffsetChecksum + 4 == kTokenShardHeaderBytes);
+static_assert(kOffsetMaskChecksum + 4 == kTokenShardMaskedHeaderBytes);
 
-// Tokens are converted in chunks so that a multi-GB shard never needs a second full copy.
+// Tokens are converted in chunks so that a multi-GB shard never needs a second full copy. A
+// multiple of 8, so that a chunk's mask bits fill whole bytes.
 constexpr std::size_t kChunkTokens = std::size_t{1} << 20;
+static_assert(kChunkTokens % 8 == 0);
+
+// What a reader's error tells the user to do about a damaged shard.
+constexpr std::string_view kRemedy = "re-run `oases prepare-data`";
+
+// Bytes of the packed loss mask of `count` tokens (one bit each).
+constexpr std::uint64_t mask_bytes_for(std::uint64_t count) {
+  return count / 8 + (count % 8 != 0);
+}
 
 std::string hex_bytes(const std::uint8_t* bytes, std::size_t n) {
   std::string out;
@@ -59,6 +72,39 @@ bool valid_tokenizer_name(std::string_view name) {
   return std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c < 127; });
 }
 
+// Reads the packed loss mask that follows a version-3 shard's tokens into `shard.loss_mask`
+// (one value per token), checking it against its CRC-32 (`stored_checksum`, the header field)
+// and that the bits after the last token's are 0.
+void read_loss_mask(std::ifstream& in, const std::string& path, const std::uint8_t* stored_checksum,
+                    TokenShard& shard) {
+  const std::size_t count = shard.tokens.size();
+  shard.loss_mask.resize(count);
+  std::uint32_t checksum = 0;
+  std::vector<std::uint8_t> chunk;
+  for (std::size_t begin = 0; begin < count; begin += kChunkTokens) {
+    const std::size_t end = std::min(count, begin + kChunkTokens);
+    chunk.resize(mask_bytes_for(end - begin));
+    in.read(reinterpret_cast<char*>(chunk.data()), static_cast<std::streamsize>(chunk.size()));
+    OASES_CHECK(in.good(),
+                "data shard '{}' could not be read past the loss mask of token {} (was it "
+                "modified while loading?)",
+                path, begin);
+    checksum = crc32(chunk.data(), chunk.size(), checksum);
+    for (std::size_t i = begin; i < end; ++i)
+      shard.loss_mask[i] = (chunk[(i - begin) / 8] >> ((i - begin) % 8)) & 1;
+  }
+  const std::uint64_t stored = load_le(stored_checksum, 4);
+  OASES_CHECK(checksum == stored,
+              "data shard '{}' is damaged: its loss mask has CRC-32 {:08x} but the header says "
+              "{:08x}; {}",
+              path, checksum, stored, kRemedy);
+  const unsigned used_bits = count % 8;
+  const std::uint8_t last = chunk.empty() ? 0 : chunk.back();
+  OASES_CHECK(used_bits == 0 || (last >> used_bits) == 0,
+              "data shard '{}' has a malformed loss mask: its last byte is {:02x}, but only its "
+              "lowest {} bits belong to tokens and the others must be 0; {}",
+              path, last, used_bits, kRemedy);
+}
 
 }  // namespace
 
@@ -69,15 +115,21 @@ std::uint32_t token_width_for_vocab(std::int64_t vocab_size) {
 }
 
 void write_token_shard(const std::string& path, std::string_view tokenizer_name,
-                       std::int64_t vocab_size, std::span<const std::int32_t> tokens) {
+                       std::int64_t vocab_size, std::span<const std::int32_t> tokens,
+                       std::span<const std::uint8_t> loss_mask) {
   const std::uint32_t width = token_width_for_vocab(vocab_size);
   OASES_CHECK(valid_tokenizer_name(tokenizer_name),
               "tokenizer name '{}' cannot be stored in a token shard: it must be 1 to {} "
               "printable ASCII characters without spaces",
               tokenizer_name, kTokenShardNameBytes);
+  const bool masked = !loss_mask.empty();
+  OASES_CHECK(!masked || loss_mask.size() == tokens.size(),
+              "cannot write token shard '{}': its loss mask has {} values for {} tokens (one per "
+              "token is needed)",
+              path, loss_mask.size(), tokens.size());
 
   // The token bytes, encoded chunk by chunk: once for the checksum in the header, once to
-  // write them (so a large shard never needs a second full copy).
+  // write them (so a large shard never needs a second full copy). Likewise the mask's bits.
   std::vector<std::uint8_t> chunk;
   const auto encode_chunk = [&](std::size_t begin) {
     const std::size_t end = std::min(tokens.size(), begin + kChunkTokens);
@@ -91,32 +143,51 @@ void write_token_shard(const std::string& path, std::string_view tokenizer_name,
                static_cast<int>(width));
     }
   };
-  std::uint32_t checksum = 0;
+  const auto encode_mask_chunk = [&](std::size_t begin) {
+    const std::size_t end = std::min(loss_mask.size(), begin + kChunkTokens);
+    chunk.assign(mask_bytes_for(end - begin), 0);
+    for (std::size_t i = begin; i < end; ++i) {
+      OASES_CHECK(loss_mask[i] <= 1,
+                  "cannot write token shard '{}': loss mask value {} at position {} is neither "
+                  "0 (not a target) nor 1 (a target)",
+                  path, loss_mask[i], i);
+      chunk[(i - begin) / 8] |= static_cast<std::uint8_t>(loss_mask[i] << ((i - begin) % 8));
+    }
+  };
+  std::uint32_t checksum = 0, mask_checksum = 0;
   for (std::size_t begin = 0; begin < tokens.size(); begin += kChunkTokens) {
     encode_chunk(begin);
     checksum = crc32(chunk.data(), chunk.size(), checksum);
+    if (!masked) continue;
+    encode_mask_chunk(begin);
+    mask_checksum = crc32(chunk.data(), chunk.size(), mask_checksum);
   }
 
-  std::array<std::uint8_t, kTokenShardHeaderBytes> header{};
+  std::array<std::uint8_t, kTokenShardMaskedHeaderBytes> header{};
   std::memcpy(header.data(), kTokenShardMagic, sizeof(kTokenShardMagic));
-  store_le(header.data() + kOffsetVersion, kTokenShardVersion, 4);
+  store_le(header.data() + kOffsetVersion, masked ? kTokenShardMaskedVersion : kTokenShardVersion,
+           4);
   store_le(header.data() + kOffsetWidth, width, 4);
   store_le(header.data() + kOffsetVocab, static_cast<std::uint64_t>(vocab_size), 4);
   store_le(header.data() + kOffsetCount, tokens.size(), 8);
   std::memcpy(header.data() + kOffsetName, tokenizer_name.data(), tokenizer_name.size());
   store_le(header.data() + kOffsetChecksum, checksum, 4);
+  if (masked) store_le(header.data() + kOffsetMaskChecksum, mask_checksum, 4);
 
   AtomicFileWriter file(path);
-  file.write(header.data(), header.size());
+  file.write(header.data(), masked ? kTokenShardMaskedHeaderBytes : kTokenShardHeaderBytes);
   for (std::size_t begin = 0; begin < tokens.size(); begin += kChunkTokens) {
     encode_chunk(begin);
+    file.write(chunk.data(), chunk.size());
+  }
+  for (std::size_t begin = 0; masked && begin < tokens.size(); begin += kChunkTokens) {
+    encode_mask_chunk(begin);
     file.write(chunk.data(), chunk.size());
   }
   file.commit();
 }
 
 TokenShard load_token_shard(const std::string& path) {
-  constexpr std::string_view kRemedy = "re-run `oases prepare-data`";
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
   OASES_CHECK(fs::exists(status),
@@ -129,7 +200,7 @@ TokenShard load_token_shard(const std::string& path) {
 
   std::ifstream in(path, std::ios::binary);
   OASES_CHECK(in.good(), "cannot open data shard '{}': {}", path, std::strerror(errno));
-  std::array<std::uint8_t, kTokenShardHeaderBytes> header{};
+  std::array<std::uint8_t, kTokenShardMaskedHeaderBytes> header{};
   const std::size_t header_read =
       static_cast<std::size_t>(std::min<std::uint64_t>(file_bytes, header.size()));
   in.read(reinterpret_cast<char*>(header.data()), static_cast<std::streamsize>(header_read));
@@ -144,10 +215,13 @@ TokenShard load_token_shard(const std::string& path) {
               "data shard '{}' is truncated: it holds {} bytes, less than the {}-byte header; {}",
               path, file_bytes, kTokenShardHeaderBytes, kRemedy);
   const std::uint64_t version = load_le(header.data() + kOffsetVersion, 4);
-  OASES_CHECK(version == 1 || version == 2,
-              "data shard '{}' has format version {}, but this oases reads versions 1 and 2; {}",
+  OASES_CHECK(version >= 1 && version <= kTokenShardMaskedVersion,
+              "data shard '{}' has format version {}, but this oases reads versions 1, 2 and 3; {}",
               path, version, kRemedy);
-  const std::size_t header_bytes = version == 1 ? kTokenShardV1HeaderBytes : kTokenShardHeaderBytes;
+  const bool masked = version == kTokenShardMaskedVersion;
+  const std::size_t header_bytes = version == 1 ? kTokenShardV1HeaderBytes
+                                   : masked     ? kTokenShardMaskedHeaderBytes
+                                                : kTokenShardHeaderBytes;
   OASES_CHECK(header_read >= header_bytes,
               "data shard '{}' is truncated: it holds {} bytes, less than the {}-byte header; {}",
               path, file_bytes, header_bytes, kRemedy);
@@ -181,17 +255,26 @@ TokenShard load_token_shard(const std::string& path) {
                 "has {}; the header is damaged, {}",
                 path, vocab, tokenizer, *known, kRemedy);
 
-  const std::uint64_t token_bytes = file_bytes - header_bytes;
-  const bool count_fits = count <= std::numeric_limits<std::uint64_t>::max() / width;
-  OASES_CHECK(count_fits && count * width <= token_bytes,
-              "data shard '{}' is truncated: header says {} tokens ({} bytes) but the file holds "
-              "{} bytes of tokens; {}",
-              path, count, count_fits ? fmt::format("{}", count * width) : std::string("> 2^64"),
-              token_bytes, kRemedy);
-  OASES_CHECK(count * width == token_bytes,
-              "data shard '{}' has {} unexpected bytes after its tokens: header says {} tokens "
-              "({} bytes) but the file holds {} bytes of tokens; {}",
-              path, token_bytes - count * width, count, count * width, token_bytes, kRemedy);
+  // What follows the header: the tokens, then (version 3) the mask.
+  const std::uint64_t payload_bytes = file_bytes - header_bytes;
+  const bool count_fits = count <= std::numeric_limits<std::uint64_t>::max() / (width + 1);
+  const std::uint64_t mask_bytes = masked ? mask_bytes_for(count) : 0;
+  const std::uint64_t expected_bytes = count * width + mask_bytes;
+  const std::string expected =
+      !count_fits ? std::string("> 2^64 bytes")
+      : masked
+          ? fmt::format("{} bytes of tokens and {} bytes of loss mask", count * width, mask_bytes)
+          : fmt::format("{} bytes", count * width);
+  const char* held = masked ? "bytes after the header" : "bytes of tokens";
+  OASES_CHECK(count_fits && expected_bytes <= payload_bytes,
+              "data shard '{}' is truncated: header says {} tokens ({}) but the file holds {} {}; "
+              "{}",
+              path, count, expected, payload_bytes, held, kRemedy);
+  OASES_CHECK(expected_bytes == payload_bytes,
+              "data shard '{}' has {} unexpected bytes after its {}: header says {} tokens ({}) "
+              "but the file holds {} {}; {}",
+              path, payload_bytes - expected_bytes, masked ? "loss mask" : "tokens", count,
+              expected, payload_bytes, held, kRemedy);
 
   TokenShard shard;
   shard.path = path;
@@ -200,8 +283,8 @@ TokenShard load_token_shard(const std::string& path) {
   shard.token_width = static_cast<std::uint32_t>(width);
   shard.version = static_cast<std::uint32_t>(version);
   shard.tokens.resize(count);
-  // Version 2 files are read from after the checksum field (the header read took 48 bytes
-  // only when the file has them; a version-1 file's tokens start at byte 44).
+  // The tokens start right after the header (the header read took up to 52 bytes, which in
+  // versions 1 and 2 may include the first tokens).
   in.clear();
   in.seekg(static_cast<std::streamoff>(header_bytes));
   std::uint32_t checksum = 0;
@@ -230,6 +313,7 @@ TokenShard load_token_shard(const std::string& path) {
                 "{:08x}; {}",
                 path, checksum, stored, kRemedy);
   }
+  if (masked) read_loss_mask(in, path, header.data() + kOffsetMaskChecksum, shard);
   OASES_CHECK(!first_bad,
               "data shard '{}' holds token {} at position {}, outside its vocabulary of {} "
               "(tokens must be < {}); the file is damaged, {}",

@@ -177,8 +177,8 @@ Generation generate_text(const GenerateOptions& o) {
   const auto tokenizer = train::checkpoint_tokenizer(o.checkpoint, o.tokenizer_dir);
   train::check_host_memory(plan::make_run_plan(config, 0));
   train::TrainingEngine engine(config);
-  train::load_model_weights(io::resolve_model_file(o.checkpoint), engine.model().layout(),
-                     engine.model().params());
+  train::load_model_weights(o.checkpoint, config.model, engine.model().layout(),
+                            engine.model().params());
   return generate(engine, *tokenizer, o);
 }
 

@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -419,28 +420,37 @@ void SafetensorsFile::read_as(std::string_view name,
               shape_string(tensor.shape), shape_string(expected_shape));
   const auto n = static_cast<std::size_t>(tensor.numel());
   const std::uint64_t offset = data_start_ + tensor.data_begin;
-  const auto convert = [&](auto stored) {
+  // Another stored type is read a block at a time and converted in parallel, so a tensor of
+  // gigabytes needs no second copy of itself and its conversion keeps pace with the disk.
+  const auto read_converted = [&](auto stored, const auto& to_value) {
     using S = decltype(stored);
-    if constexpr (std::is_same_v<S, T>) {
-      read_at(offset, out, n * sizeof(T));
-    } else {
-      std::vector<S> values(n);
-      read_at(offset, values.data(), n * sizeof(S));
-      for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<T>(values[i]);
+    constexpr std::size_t kBlock = std::size_t{1} << 22;
+    std::unique_ptr<S[]> block(new S[std::min(n, kBlock)]);
+    for (std::size_t first = 0; first < n; first += kBlock) {
+      const std::size_t count = std::min(kBlock, n - first);
+      read_at(offset + first * sizeof(S), block.get(), count * sizeof(S));
+      const S* values = block.get();
+      T* target = out + first;
+#pragma omp parallel for schedule(static) if (count >= 65536)
+      for (std::size_t i = 0; i < count; ++i) target[i] = static_cast<T>(to_value(values[i]));
     }
   };
+  const auto same = [](auto v) { return v; };
   switch (tensor.dtype) {
-    case DType::f32: return convert(float{});
-    case DType::f64: return convert(double{});
+    case DType::f32:
+      if constexpr (std::is_same_v<T, float>)
+        return read_at(offset, out, n * sizeof(T));
+      else
+        return read_converted(float{}, same);
+    case DType::f64:
+      if constexpr (std::is_same_v<T, double>)
+        return read_at(offset, out, n * sizeof(T));
+      else
+        return read_converted(double{}, same);
     case DType::f16:
-    case DType::bf16: {
-      std::vector<std::uint16_t> values(n);
-      read_at(offset, values.data(), n * sizeof(std::uint16_t));
-      const bool is_half = tensor.dtype == DType::f16;
-      for (std::size_t i = 0; i < n; ++i)
-        out[i] = static_cast<T>(is_half ? half_to_float(values[i]) : bf16_to_float(values[i]));
-      return;
-    }
+      return read_converted(std::uint16_t{}, [](std::uint16_t h) { return half_to_float(h); });
+    case DType::bf16:
+      return read_converted(std::uint16_t{}, [](std::uint16_t b) { return bf16_to_float(b); });
     default:
       OASES_FAIL(
           "checkpoint '{}': tensor '{}' holds {} integers, which cannot be read as "

@@ -587,8 +587,9 @@ void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_ou
   out32.store();
 }
 
-void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const Tensor& cos,
+void rotary_tables(std::int64_t seq, std::span<const double> inv_freq, const Tensor& cos,
                    const Tensor& sin) {
+  const auto head_dim = static_cast<std::int64_t>(2 * inv_freq.size());
   const DType h = half_type("rotary_tables", {&cos, &sin});
   check_contiguous("rotary_tables", {&cos, &sin});
   const std::int64_t n = seq * head_dim / 2;
@@ -596,7 +597,7 @@ void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const 
                cos.numel(), seq, head_dim / 2);
   // In double, then rounded once to the 16-bit type.
   std::vector<double> c(static_cast<std::size_t>(n)), s(static_cast<std::size_t>(n));
-  cpu::rotary_tables<double>(seq, head_dim, theta, c.data(), s.data());
+  cpu::rotary_tables<double>(seq, inv_freq, c.data(), s.data());
   cpu::convert_elements(c.data(), DType::f64, cos.raw(), h, n);
   cpu::convert_elements(s.data(), DType::f64, sin.raw(), h, n);
 }

@@ -53,7 +53,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
 void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_out,
                      const Tensor& part_lse, const AttentionShape& shape);
 
-void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const Tensor& cos,
+void rotary_tables(std::int64_t seq, std::span<const double> inv_freq, const Tensor& cos,
                    const Tensor& sin);
 void rotary_apply(const Tensor& x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
                   std::int64_t head_dim, const Tensor& cos, const Tensor& sin, bool inverse);

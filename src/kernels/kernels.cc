@@ -557,17 +557,22 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   });
 }
 
-void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const Tensor& cos,
+std::vector<double> rotary_inverse_frequencies(std::int64_t head_dim, double theta) {
+  return cpu::rotary_inverse_frequencies(head_dim, theta);
+}
+
+void rotary_tables(std::int64_t seq, std::span<const double> inv_freq, const Tensor& cos,
                    const Tensor& sin) {
   const TimedSection timed(TimeCategory::elementwise);
-  if (half::is_half(cos.dtype())) return half::rotary_tables(seq, head_dim, theta, cos, sin);
+  const auto head_dim = static_cast<std::int64_t>(2 * inv_freq.size());
+  if (half::is_half(cos.dtype())) return half::rotary_tables(seq, inv_freq, cos, sin);
   const DType dtype = common_dtype("rotary_tables", {&cos, &sin});
   check_contiguous("rotary_tables", {&cos, &sin});
   OASES_ASSERT(cos.numel() == seq * head_dim / 2 && sin.numel() == cos.numel(),
                "rotary_tables: tables of {} for [{}, {}]", cos.numel(), seq, head_dim / 2);
   by_dtype(dtype, "rotary_tables", [&](auto zero) {
     using T = decltype(zero);
-    cpu::rotary_tables<T>(seq, head_dim, theta, cos.data<T>(), sin.data<T>());
+    cpu::rotary_tables<T>(seq, inv_freq, cos.data<T>(), sin.data<T>());
   });
 }
 

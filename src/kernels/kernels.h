@@ -46,7 +46,9 @@
 #include "kernels/types.h"
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 namespace oases::kernels {
 
@@ -118,8 +120,10 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
                       const Tensor& dx, const Tensor& dweight);
 
 // Rotary position embedding, rotate-half pairing (cpu/rotary.h). Tables cos, sin
-// [seq, head_dim / 2] computed in double.
-void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, const Tensor& cos,
+// [seq, head_dim / 2] of angles t * inv_freq[i] (head_dim / 2 = inv_freq.size()), computed in
+// double; rotary_inverse_frequencies gives the plain frequencies theta^(-2i/head_dim).
+std::vector<double> rotary_inverse_frequencies(std::int64_t head_dim, double theta);
+void rotary_tables(std::int64_t seq, std::span<const double> inv_freq, const Tensor& cos,
                    const Tensor& sin);
 // Rotates `heads` heads of width head_dim in place, in every row of x [batch * seq, >= heads *
 // head_dim] (a strided column block of the fused q|k|v matrix); row (b, t) at position t.

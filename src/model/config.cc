@@ -25,6 +25,31 @@ double ModelConfig::norm_epsilon() const {
   return arch == ArchitectureKind::bert ? 1e-12 : 1e-5;
 }
 
+std::vector<double> ModelConfig::rope_inverse_frequencies() const {
+  const std::int64_t half = head_dim() / 2;
+  std::vector<double> inv_freq(static_cast<std::size_t>(half));
+  const double pi = std::acos(-1.0);
+  const double old_context = static_cast<double>(rope_original_max_positions);
+  const double low_wavelength = old_context / rope_low_freq_factor;
+  const double high_wavelength = old_context / rope_high_freq_factor;
+  for (std::int64_t i = 0; i < half; ++i) {
+    double f =
+        std::pow(rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim()));
+    if (rope_scaling_factor > 0) {
+      const double wavelength = 2 * pi / f;
+      if (wavelength > low_wavelength) {
+        f /= rope_scaling_factor;
+      } else if (wavelength >= high_wavelength) {
+        const double s = (old_context / wavelength - rope_low_freq_factor) /
+                         (rope_high_freq_factor - rope_low_freq_factor);
+        f = (1 - s) * f / rope_scaling_factor + s * f;
+      }
+    }
+    inv_freq[static_cast<std::size_t>(i)] = f;
+  }
+  return inv_freq;
+}
+
 void ModelConfig::validate() const {
   OASES_CHECK(layers >= 1, "model.layers = {} must be at least 1", layers);
   OASES_CHECK(hidden >= 1, "model.hidden = {} must be at least 1", hidden);
@@ -55,6 +80,28 @@ void ModelConfig::validate() const {
   OASES_CHECK(norm_eps >= 0, "model.norm_eps = {} must be positive (0: the architecture's default)",
               norm_eps);
   OASES_CHECK(rope_theta > 0, "model.rope_theta = {} must be positive", rope_theta);
+  OASES_CHECK(
+      max_positions == 0 || max_positions >= seq_len,
+      "model.max_positions = {} is below model.seq_len = {}: the model takes sequences of "
+      "at most max_positions tokens; shorten seq_len or leave max_positions at 0 (= seq_len)",
+      max_positions, seq_len);
+  OASES_CHECK(rope_scaling_factor >= 0,
+              "model.rope_scaling_factor = {} must be >= 0 (0: no scaling of the rotary "
+              "frequencies; LLaMA 3.1 uses 8)",
+              rope_scaling_factor);
+  if (rope_scaling_factor > 0) {
+    OASES_CHECK(arch == ArchitectureKind::llama,
+                "model.rope_scaling_factor = {} scales rotary frequencies, which only "
+                "model.arch = \"llama\" has; leave it at 0 for \"{}\"",
+                rope_scaling_factor, name(arch));
+    OASES_CHECK(rope_low_freq_factor > 0 && rope_high_freq_factor > rope_low_freq_factor,
+                "model.rope_low_freq_factor = {} and model.rope_high_freq_factor = {} must "
+                "satisfy 0 < low < high (LLaMA 3.1: 1 and 4)",
+                rope_low_freq_factor, rope_high_freq_factor);
+    OASES_CHECK(rope_original_max_positions >= 1,
+                "model.rope_original_max_positions = {} must be at least 1 (LLaMA 3.1: 8192)",
+                rope_original_max_positions);
+  }
   if (arch == ArchitectureKind::llama) {
     OASES_CHECK(head_dim() % 2 == 0,
                 "model.hidden / model.heads = {} must be even for rotary position embedding "
@@ -170,7 +217,7 @@ std::int64_t router_params(const ModelConfig& c) {
 }  // namespace
 
 std::int64_t ModelConfig::parameter_count() const {
-  const std::int64_t C = hidden, V = vocab_size, S = seq_len;
+  const std::int64_t C = hidden, V = vocab_size, S = position_count();
   const std::int64_t A = heads * head_dim(), KV = kv_head_count() * head_dim();
   const std::int64_t moe_layers = moe_layer_count();
   // Every layer's feed-forward parameters: dense blocks and MoE layers' routers and experts.
@@ -192,8 +239,10 @@ std::int64_t ModelConfig::parameter_count() const {
 
 double ModelConfig::training_flops_per_token() const {
   std::int64_t lookups = 0;  // parameters read by index, not multiplied
-  if (arch == ArchitectureKind::gpt) lookups = seq_len * hidden;
-  else if (arch == ArchitectureKind::bert) lookups = seq_len * hidden + 2 * hidden;
+  if (arch == ArchitectureKind::gpt)
+    lookups = position_count() * hidden;
+  else if (arch == ArchitectureKind::bert)
+    lookups = position_count() * hidden + 2 * hidden;
   else if (!tied_embeddings()) lookups = vocab_size * hidden;
   // A token passes through moe_top_k experts of an MoE layer (expert-choice: capacity_factor
   // on average), not through all of them.

@@ -45,6 +45,21 @@ struct ModelConfig {
   std::optional<bool> tie_embeddings;
   double norm_eps = 0;             // 0: the architecture's (gpt, llama: 1e-5; bert: 1e-12)
   double rope_theta = 10000;       // llama's rotary base
+  // The longest sequence the model takes: the rows of the learned position tables (gpt, bert),
+  // and the context a Hugging Face config states (llama). 0: seq_len. A model trained on
+  // longer sequences (GPT-2's 1024 positions) fine-tunes at any seq_len up to it.
+  std::int64_t max_positions = 0;
+  // LLaMA 3's scaling of the rotary frequencies (Hugging Face rope_scaling of rope_type
+  // "llama3"; off while rope_scaling_factor is 0): with L = rope_original_max_positions,
+  // wavelength w_i = 2 pi / inv_freq_i, low = L / rope_low_freq_factor and
+  // high = L / rope_high_freq_factor, a frequency with w_i > low is divided by the factor, one
+  // with w_i < high is kept, and one between is interpolated:
+  //   s = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor),
+  //   inv_freq_i <- (1 - s) inv_freq_i / factor + s inv_freq_i.
+  double rope_scaling_factor = 0;
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  std::int64_t rope_original_max_positions = 8192;
 
   // Mixture of experts (ops/moe.h has the routing semantics). Layer l's feed-forward block is
   // an MoE layer when moe_every > 0 and (l + 1) % moe_every == 0 (2: every other layer, as in
@@ -80,6 +95,10 @@ struct ModelConfig {
   bool masked_lm() const { return arch == ArchitectureKind::bert; }
 
   std::int64_t head_dim() const { return hidden / heads; }
+  std::int64_t position_count() const { return max_positions > 0 ? max_positions : seq_len; }
+  // inv_freq_i = rope_theta^(-2i / head_dim), i in [0, head_dim / 2), then scaled as
+  // rope_scaling_factor says (llama).
+  std::vector<double> rope_inverse_frequencies() const;
   std::int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
   bool tied_embeddings() const;
   double norm_epsilon() const;

@@ -65,7 +65,7 @@ IncrementalDecoder::IncrementalDecoder(const ModelConfig& config, const ParamLay
   if (architecture->rotary()) {
     rope_cos_ = arena_.allocate(dtype_, {seq, hd / 2});
     rope_sin_ = arena_.allocate(dtype_, {seq, hd / 2});
-    kernels::rotary_tables(seq, hd, config.rope_theta, rope_cos_, rope_sin_);
+    kernels::rotary_tables(seq, config.rope_inverse_frequencies(), rope_cos_, rope_sin_);
   }
   OASES_CHECK(!config.has_moe() || config.moe_gate != ops::MoeGate::expert_choice,
               "model.moe_gate = \"expert-choice\" cannot generate: each expert chooses its "

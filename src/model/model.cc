@@ -180,7 +180,7 @@ class Model::Builder final : public ParamResolver {
       const DType table_dtype = ops::statistics_dtype(ctx.dtype);
       rope_cos_ = m_.arena_.allocate(table_dtype, {c_.seq_len, half});
       rope_sin_ = m_.arena_.allocate(table_dtype, {c_.seq_len, half});
-      kernels::rotary_tables(c_.seq_len, c_.head_dim(), c_.rope_theta, rope_cos_, rope_sin_);
+      kernels::rotary_tables(c_.seq_len, c_.rope_inverse_frequencies(), rope_cos_, rope_sin_);
     }
     if (m_.has_embedding()) add_embedding();
     for (const LayerRange& range : m_.options_.layer_ranges) {

@@ -1,9 +1,11 @@
 #include "plan/run_config.h"
 
+#include "model/hf_config.h"
+
 #include "core/error.h"
+#include "core/named_values.h"
 #include "core/regular_file.h"
 #include "data/tokenizer.h"
-#include "core/named_values.h"
 #include "ops/moe.h"
 
 #include <fmt/format.h>
@@ -135,6 +137,11 @@ const std::map<std::string, SectionFields>& schema() {
         // The name of norm_eps in configs written before LLaMA's RMSNorm existed.
         {"layernorm_eps", bind(&RunConfig::model, &M::norm_eps)},
         {"rope_theta", bind(&RunConfig::model, &M::rope_theta)},
+        {"max_positions", bind(&RunConfig::model, &M::max_positions)},
+        {"rope_scaling_factor", bind(&RunConfig::model, &M::rope_scaling_factor)},
+        {"rope_low_freq_factor", bind(&RunConfig::model, &M::rope_low_freq_factor)},
+        {"rope_high_freq_factor", bind(&RunConfig::model, &M::rope_high_freq_factor)},
+        {"rope_original_max_positions", bind(&RunConfig::model, &M::rope_original_max_positions)},
         {"moe_every", bind(&RunConfig::model, &M::moe_every)},
         {"experts", bind(&RunConfig::model, &M::experts)},
         {"moe_gate", bind_word(&RunConfig::model, &M::moe_gate, ops::kMoeGateNames)},
@@ -357,11 +364,76 @@ void apply_override(toml::table& root, const std::string& assignment) {
   target->insert_or_assign(key, *parsed["v"].node());
 }
 
+toml::table model_table(const model::ModelConfig& m);
 
-}  // namespace
+// The value a [model] key has in effect for `m` (kv_heads 0 is heads, norm_eps 0 the
+// architecture's, ...), as text, for comparing a run's setting with a model folder's.
+std::string effective_model_value(const model::ModelConfig& m, const std::string& key) {
+  if (key == "arch") return std::string(model::name(m.arch));
+  if (key == "kv_heads") return std::to_string(m.kv_head_count());
+  if (key == "norm_eps") return fmt::format("{}", m.norm_epsilon());
+  if (key == "tie_embeddings") return m.tied_embeddings() ? "true" : "false";
+  if (key == "max_positions") return std::to_string(m.position_count());
+  const toml::table table = model_table(m);
+  if (const toml::node* node = table.get(key)) {
+    if (const auto* v = node->as_integer()) return std::to_string(v->get());
+    if (const auto* v = node->as_floating_point()) return fmt::format("{}", v->get());
+    if (const auto* v = node->as_boolean()) return v->get() ? "true" : "false";
+    if (const auto* v = node->as_string()) return v->get();
+  }
+  if (key == "rope_scaling_factor") return fmt::format("{}", m.rope_scaling_factor);
+  if (key == "rope_low_freq_factor") return fmt::format("{}", m.rope_low_freq_factor);
+  if (key == "rope_high_freq_factor") return fmt::format("{}", m.rope_high_freq_factor);
+  if (key == "rope_original_max_positions") return std::to_string(m.rope_original_max_positions);
+  OASES_FAIL("no effective value for model.{}", key);
+}
 
-RunConfig parse_run_config(const std::string& toml_text, const std::string& source,
-                           const std::vector<std::string>& overrides) {
+// Gives [model] the settings of a model folder (see load_run_config_from_folder): a fixed
+// setting the run states must have the folder's value; the others are filled in.
+void apply_model_folder(toml::table& root, const model::HfConfig& folder,
+                        const std::string& folder_path, const std::string& source) {
+  if (!root.contains("model")) root.insert("model", toml::table{});
+  toml::table* model = root["model"].as_table();
+  OASES_CHECK(model != nullptr, "{}: model must be a table [model]", source);
+  const toml::table folder_values = model_table(folder.model);
+  RunConfig from_folder;
+  from_folder.model = folder.model;
+  for (const model::HfSetting& setting : model::hf_settings(folder)) {
+    if (const toml::node* given = model->get(setting.key)) {
+      if (!setting.fixed) continue;
+      RunConfig probe = from_folder;
+      field_of("model", setting.key, source).read(*given, "model." + setting.key, probe);
+      const std::string stated = effective_model_value(probe.model, setting.key);
+      const std::string expected = effective_model_value(folder.model, setting.key);
+      OASES_CHECK(stated == expected,
+                  "model.{} = {} in {} differs from the model folder '{}', whose config.json "
+                  "gives {}; leave model.{} out (the folder's value is taken) or set it to {}",
+                  setting.key, stated, source, folder_path, expected, setting.key, expected);
+      continue;
+    }
+    const toml::node* value = folder_values.get(setting.key);
+    if (value != nullptr) {
+      model->insert(setting.key, *value);
+    } else if (setting.key == "max_positions") {
+      model->insert(setting.key, folder.model.position_count());
+    } else if (setting.key == "rope_scaling_factor") {
+      model->insert(setting.key, folder.model.rope_scaling_factor);
+    }
+  }
+  // The folder's tokenizer, unless the run names one.
+  const std::optional<data::TokenizerKind> tokenizer = data::folder_tokenizer_kind(folder_path);
+  if (!root.contains("data")) root.insert("data", toml::table{});
+  toml::table* data = root["data"].as_table();
+  OASES_CHECK(data != nullptr, "{}: data must be a table [data]", source);
+  if (tokenizer && !data->contains("tokenizer") && !data->contains("tokenizer_model")) {
+    data->insert("tokenizer", std::string(data::name(*tokenizer)));
+    data->insert("tokenizer_model", folder_path);
+  }
+}
+
+RunConfig parse_config_root(const std::string& toml_text, const std::string& source,
+                            const std::vector<std::string>& overrides,
+                            const model::HfConfig* folder, const std::string& folder_path) {
   toml::table root;
   try {
     root = toml::parse(toml_text, source);
@@ -370,6 +442,7 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
                e.source().begin.line, e.source().begin.column);
   }
   for (const auto& assignment : overrides) apply_override(root, assignment);
+  if (folder != nullptr) apply_model_folder(root, *folder, folder_path, source);
 
   RunConfig config;
   for (const auto& [section_key, section_node] : root) {
@@ -392,12 +465,31 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   return config;
 }
 
+}  // namespace
+
+RunConfig parse_run_config(const std::string& toml_text, const std::string& source,
+                           const std::vector<std::string>& overrides) {
+  return parse_config_root(toml_text, source, overrides, nullptr, "");
+}
+
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
   return parse_run_config(read_regular_file(path, "config file", kMaxTextFileBytes), path,
                           overrides);
 }
 
+RunConfig parse_run_config_with_folder(const std::string& toml_text, const std::string& source,
+                                       const std::vector<std::string>& overrides,
+                                       const std::string& folder) {
+  const model::HfConfig hf = model::read_hf_config(folder);
+  return parse_config_root(toml_text, source, overrides, &hf, folder);
+}
 
+RunConfig load_run_config_from_folder(const std::string& path,
+                                      const std::vector<std::string>& overrides,
+                                      const std::string& folder) {
+  return parse_run_config_with_folder(read_regular_file(path, "config file", kMaxTextFileBytes),
+                                      path, overrides, folder);
+}
 
 // The flags to_toml prints with. toml++'s defaults write a string that holds a line break as
 // a multi-line literal ('''...'''), which cannot hold ''' and loses a leading line break when
@@ -421,6 +513,13 @@ toml::table model_table(const model::ModelConfig& m) {
                                    {"tie_embeddings", m.tied_embeddings()},
                                    {"norm_eps", m.norm_epsilon()},
                                    {"rope_theta", m.rope_theta}};
+  if (m.max_positions > 0) model.insert("max_positions", m.max_positions);
+  if (m.rope_scaling_factor > 0) {
+    model.insert("rope_scaling_factor", m.rope_scaling_factor);
+    model.insert("rope_low_freq_factor", m.rope_low_freq_factor);
+    model.insert("rope_high_freq_factor", m.rope_high_freq_factor);
+    model.insert("rope_original_max_positions", m.rope_original_max_positions);
+  }
   if (m.moe_every > 0) {
     model.insert("moe_every", m.moe_every);
     model.insert("experts", m.experts);
@@ -515,32 +614,46 @@ std::string to_toml(const RunConfig& c) {
 
 namespace {
 
-// Whether data.tokenizer names a tokenizer only a model file describes.
+// Whether data.tokenizer names a tokenizer only its files describe, which have no default.
 bool needs_model_file(const RunConfig& config) {
-  return data::tokenizer_kind(config.data.tokenizer) == data::TokenizerKind::sentencepiece;
+  const auto kind = data::tokenizer_kind(config.data.tokenizer);
+  return kind == data::TokenizerKind::sentencepiece || kind == data::TokenizerKind::wordpiece;
+}
+
+// Whether the tokenizer's name says all training needs of it (byte; gpt2 from its files).
+bool named_fully(const RunConfig& config) {
+  return data::known_vocab_size(config.data.tokenizer).has_value();
 }
 
 }  // namespace
 
 std::string tokenizer_model_path(const RunConfig& config) {
   if (!config.data.tokenizer_model.empty()) return config.data.tokenizer_model;
-  if (!needs_model_file(config) || config.data.path.empty()) return "";
-  const std::string beside = data::tokenizer_model_beside_shards(config.data.path);
+  if (config.data.path.empty()) return "";
   std::error_code ec;
+  const std::string folder = data::tokenizer_folder_beside_shards(config.data.path);
+  if (!named_fully(config) && std::filesystem::is_directory(folder, ec)) return folder;
+  if (data::tokenizer_kind(config.data.tokenizer) != data::TokenizerKind::sentencepiece) return "";
+  const std::string beside = data::tokenizer_model_beside_shards(config.data.path);
   return std::filesystem::exists(beside, ec) ? beside : "";
 }
 
 std::unique_ptr<data::Tokenizer> load_run_tokenizer(const RunConfig& config) {
   const std::string path = tokenizer_model_path(config);
-  if (path.empty() && !needs_model_file(config)) return nullptr;
-  OASES_CHECK(!path.empty(),
-              "data.tokenizer = \"sentencepiece\" needs its model file: set data.tokenizer_model "
-              "to the .model file (made by `oases train-tokenizer`), or run `oases prepare-data "
-              "--tokenizer sentencepiece --tokenizer-model P.model --output {}`, which copies it "
-              "to '{}' where training looks by default",
-              config.data.path.empty() ? std::string("PREFIX") : config.data.path,
-              data::tokenizer_model_beside_shards(
-                  config.data.path.empty() ? std::string("PREFIX") : config.data.path));
+  if (path.empty() && named_fully(config)) return nullptr;
+  const std::string prefix = config.data.path.empty() ? std::string("PREFIX") : config.data.path;
+  const bool sentencepiece =
+      data::tokenizer_kind(config.data.tokenizer) == data::TokenizerKind::sentencepiece;
+  OASES_CHECK(!path.empty() || !needs_model_file(config),
+              "data.tokenizer = \"{}\" needs its model file: set data.tokenizer_model to the "
+              "{} (or its Hugging Face model folder), or run `oases prepare-data --tokenizer {} "
+              "--tokenizer-model {} --output {}`, which copies it to '{}' where training looks "
+              "by default",
+              config.data.tokenizer,
+              sentencepiece ? ".model file (made by `oases train-tokenizer`)" : "vocab.txt",
+              config.data.tokenizer, sentencepiece ? "P.model" : "DIR", prefix,
+              sentencepiece ? data::tokenizer_model_beside_shards(prefix)
+                            : data::tokenizer_folder_beside_shards(prefix));
   std::unique_ptr<data::Tokenizer> tokenizer = data::make_tokenizer(config.data.tokenizer, path);
   OASES_CHECK(config.model.vocab_size >= tokenizer->vocab_size(),
               "model.vocab_size = {} is smaller than the vocabulary of the {} tokenizer '{}' ({} "

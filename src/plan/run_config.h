@@ -217,20 +217,37 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
                            const std::vector<std::string>& overrides = {});
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
+// As parse_run_config and load_run_config, for a run that starts from (or reads) the Hugging
+// Face model folder `folder` (model/hf_config.h): its config.json gives [model] every setting
+// it fixes (arch, layers, hidden, heads, ...) and defaults for seq_len (its position count),
+// dropout and attention_dropout. The config and overrides may leave a fixed setting out or
+// state the folder's value; any other value is a UserError naming the key, both values and
+// the folder. The defaults they may change. When the folder holds a tokenizer and the run
+// sets neither data.tokenizer nor data.tokenizer_model, they become the folder's kind and the
+// folder.
+RunConfig parse_run_config_with_folder(const std::string& toml_text, const std::string& source,
+                                       const std::vector<std::string>& overrides,
+                                       const std::string& folder);
+RunConfig load_run_config_from_folder(const std::string& path,
+                                      const std::vector<std::string>& overrides,
+                                      const std::string& folder);
+
 // The configuration as TOML (stored with checkpoints, printed by `oases train --print-config`).
 std::string to_toml(const RunConfig& config);
 
-// The tokenizer model file the run reads: data.tokenizer_model when set; else, for
-// sentencepiece, data/tokenizer.h's tokenizer_model_beside_shards(data.path) when that file
-// exists; else empty.
+// The tokenizer file or folder the run reads: data.tokenizer_model when set; else, for a
+// tokenizer its name does not determine (sentencepiece, bpe, wordpiece), the folder of its
+// files prepare-data wrote beside the shards (data/tokenizer.h's
+// tokenizer_folder_beside_shards(data.path)) when it exists, or for sentencepiece
+// tokenizer_model_beside_shards(data.path) when that file exists; else empty.
 std::string tokenizer_model_path(const RunConfig& config);
 
-// The run's tokenizer, when training has something to learn from it: for sentencepiece
-// (whose vocabulary only its model file knows) and for any tokenizer given a model file (which
-// is then checked to load); nullptr for byte, and for gpt2 from its default files, whose
-// names say all (known_vocab_size). UserError when sentencepiece has no model file (naming
-// data.tokenizer_model and the default it looked for), when the model does not load, or when
-// model.vocab_size is smaller than the tokenizer's vocabulary.
+// The run's tokenizer, when training has something to learn from it: for the kinds whose
+// vocabulary only their files know (sentencepiece, bpe, wordpiece) and for any tokenizer given
+// a file (which is then checked to load); nullptr for byte, and for gpt2 from its default
+// files, whose names say all (known_vocab_size). UserError when sentencepiece or wordpiece has
+// no files (naming data.tokenizer_model and the default it looked for), when they do not load,
+// or when model.vocab_size is smaller than the tokenizer's vocabulary.
 std::unique_ptr<data::Tokenizer> load_run_tokenizer(const RunConfig& config);
 
 // Every key the parser accepts, as "section.key" ("model.arch", "parallel.tp", ...), sorted by

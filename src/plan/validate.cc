@@ -297,7 +297,7 @@ void check_data_checkpoint_and_log(const RunConfig& c, const Settings& s) {
   OASES_CHECK(c.data.tokenizer_model.empty() || s.tokenizer != data::TokenizerKind::byte,
               "data.tokenizer_model = \"{}\" is set, but data.tokenizer = \"{}\" reads no model "
               "file; unset it, or set data.tokenizer to the tokenizer the file belongs to "
-              "(\"gpt2\" or \"sentencepiece\")",
+              "(\"gpt2\", \"bpe\", \"wordpiece\" or \"sentencepiece\")",
               c.data.tokenizer_model, c.data.tokenizer);
   OASES_CHECK(c.checkpoint.every >= 0, "checkpoint.every = {} must be >= 0", c.checkpoint.every);
   OASES_CHECK(c.checkpoint.keep >= 0, "checkpoint.keep = {} must be >= 0 (0 keeps all)",

@@ -1,19 +1,25 @@
 #include "train/checkpoint.h"
 
+#include "io/safetensors_set.h"
+#include "model/hf_config.h"
+
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "io/checkpoint_dir.h"
 #include "io/safetensors.h"
 #include "train/engine.h"
 
+#include <fmt/ranges.h>
 #include <toml++/toml.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -268,10 +274,11 @@ void add_whole_tensors_of_stages(io::SafetensorsWriter& model_file,
   }
 }
 
-// Reads tensor `name` (whole shape spec.full_shape) and keeps this rank's shard of it.
-void read_shard(const io::SafetensorsFile& file, const std::string& name,
-                const model::ParamLayout& layout, const model::ParamSpec& spec,
-                const Tensor& local) {
+// Reads tensor `name` (whole shape spec.full_shape) and keeps this rank's shard of it. `Source`
+// is an io::SafetensorsFile or io::SafetensorsSet.
+template <class Source>
+void read_shard(const Source& file, const std::string& name, const model::ParamLayout& layout,
+                const model::ParamSpec& spec, const Tensor& local) {
   by_dtype(local.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const auto read = [&](const std::vector<std::int64_t>& shape, T* out) {
@@ -333,9 +340,10 @@ void read_state_shard(const io::SafetensorsFile& file, const std::string& name,
 
 std::optional<StagedCheckpoint> stage_checkpoint(
     const std::string& dir, const plan::RunPlan& plan, const model::Model& model,
-    optim::Optimizer& optimizer, const TrainingState& state, const std::string& tokenizer_model,
-    std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp, bool write_files,
-    const Tensor* stashed_weights, comm::Communicator* ep, StagingMemory* staging) {
+    optim::Optimizer& optimizer, const TrainingState& state,
+    const std::vector<data::TokenizerFile>& tokenizer_files, std::int64_t keep,
+    comm::Communicator& tp, comm::Communicator& pp, bool write_files, const Tensor* stashed_weights,
+    comm::Communicator* ep, StagingMemory* staging) {
   const model::ParamLayout& layout = model.layout();
   StagedCheckpoint staged;
   staged.model.set_staging(staging);
@@ -383,8 +391,8 @@ std::optional<StagedCheckpoint> stage_checkpoint(
     optimizer_file.set_metadata("skipped_steps", std::to_string(state.loss_scale->skipped_steps));
   }
   optimizer_file.set_metadata("oases_config", config_toml);
-  if (!tokenizer_model.empty())
-    staged.extra_files.push_back({kTokenizerModelFile, tokenizer_model});
+  for (const data::TokenizerFile& file : tokenizer_files)
+    staged.extra_files.push_back({file.name, file.contents});
   return staged;
 }
 
@@ -394,13 +402,13 @@ std::string StagedCheckpoint::write(const io::CheckpointLog& log) const {
 
 std::string save_checkpoint(const std::string& dir, const plan::RunPlan& plan,
                             const model::Model& model, optim::Optimizer& optimizer,
-                            const TrainingState& state, const std::string& tokenizer_model,
+                            const TrainingState& state,
+                            const std::vector<data::TokenizerFile>& tokenizer_files,
                             std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
-                            bool write_files,
-                            const std::function<void(const std::string&)>& log,
+                            bool write_files, const std::function<void(const std::string&)>& log,
                             const Tensor* stashed_weights, comm::Communicator* ep) {
   const std::optional<StagedCheckpoint> staged =
-      stage_checkpoint(dir, plan, model, optimizer, state, tokenizer_model, keep, tp, pp,
+      stage_checkpoint(dir, plan, model, optimizer, state, tokenizer_files, keep, tp, pp,
                        write_files, stashed_weights, ep);
   if (!staged) return (fs::path(dir) / ("step_" + std::to_string(state.step))).string();
   return staged->write(log);
@@ -419,8 +427,74 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 
 void load_model_weights(const std::string& path, const model::ParamLayout& layout,
                         const Tensor& params) {
-  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  const io::SafetensorsSet file = io::SafetensorsSet::open(path);
   for (const auto& p : layout.params()) read_shard(file, p.name, layout, p, layout.view(params, p));
+}
+
+namespace {
+
+// The whole of tensor `name` of `set` in double (for comparing tied copies).
+std::vector<double> whole_f64(const io::SafetensorsSet& set, const std::string& name) {
+  const std::vector<std::int64_t> shape = set.info(name).shape;
+  std::vector<double> values(static_cast<std::size_t>(product(shape)));
+  set.read_f64(name, shape, values.data());
+  return values;
+}
+
+// The parameter a folder tensor that hf_unused_tensor skips is a stored copy of, if any.
+std::optional<std::string> tied_source(const model::ModelConfig& config, const std::string& name) {
+  if (name == "lm_head.weight" && config.tied_embeddings())
+    return config.arch == model::ArchitectureKind::gpt ? "wte.weight" : "model.embed_tokens.weight";
+  if (name == "cls.predictions.decoder.weight") return "bert.embeddings.word_embeddings.weight";
+  if (name == "cls.predictions.decoder.bias") return "cls.predictions.bias";
+  return std::nullopt;
+}
+
+}  // namespace
+
+void load_model_folder_weights(const std::string& folder, const model::ModelConfig& config,
+                               const model::ParamLayout& layout, const Tensor& params) {
+  const io::SafetensorsSet set = io::SafetensorsSet::open(folder);
+  // Names are settled over the whole model, so every rank (whatever its stage and experts)
+  // agrees on which tensors of the folder are used.
+  const model::ParamLayout whole = model::model_param_layout(config);
+  std::map<std::string, std::string> stored_name;  // parameter -> name in the folder
+  std::set<std::string> used;
+  for (const model::ParamSpec& p : whole.params()) {
+    const std::vector<std::string> candidates = model::hf_tensor_name_candidates(config, p.name);
+    const auto found = std::find_if(candidates.begin(), candidates.end(),
+                                    [&](const std::string& c) { return set.has(c); });
+    OASES_CHECK(found != candidates.end(),
+                "the model folder '{}' has no tensor for parameter '{}' (looked for {}); its "
+                "weights do not belong to the model its config.json describes",
+                folder, p.name, fmt::join(candidates, ", "));
+    stored_name.emplace(p.name, *found);
+    used.insert(*found);
+  }
+  for (const std::string& name : set.names()) {
+    if (used.count(name)) continue;
+    OASES_CHECK(model::hf_unused_tensor(config, name),
+                "the model folder '{}' holds tensor '{}', for which the model its config.json "
+                "describes has no parameter; a folder whose weights oases would not all use is "
+                "refused rather than read in part",
+                folder, name);
+    const std::optional<std::string> source = tied_source(config, name);
+    if (!source) continue;
+    OASES_CHECK(whole_f64(set, name) == whole_f64(set, stored_name.at(*source)),
+                "the model folder '{}' holds '{}' and '{}', which the model ties together, with "
+                "different values; oases computes the model with one tensor for both",
+                folder, name, stored_name.at(*source));
+  }
+  for (const auto& p : layout.params())
+    read_shard(set, stored_name.at(p.name), layout, p, layout.view(params, p));
+}
+
+void load_model_weights(const std::string& path, const model::ModelConfig& config,
+                        const model::ParamLayout& layout, const Tensor& params) {
+  if (model::is_hf_model_folder(path))
+    return load_model_folder_weights(path, config, layout, params);
+  load_model_weights(path.ends_with(".index.json") ? path : io::resolve_model_file(path), layout,
+                     params);
 }
 
 namespace {
@@ -574,6 +648,9 @@ CheckpointSummary verify_checkpoint(const std::string& checkpoint_dir) {
 }
 
 plan::RunConfig config_from_checkpoint(const std::string& path) {
+  if (model::is_hf_model_folder(path))
+    return plan::parse_run_config_with_folder("", (fs::path(path) / model::kHfConfigFile).string(),
+                                              {}, path);
   const std::string model_file = io::resolve_model_file(path);
   const io::SafetensorsFile file = io::SafetensorsFile::open(model_file);
   // The model is what a reader of the checkpoint needs; how the run was parallelised and
@@ -594,35 +671,79 @@ plan::RunConfig config_from_checkpoint(const std::string& path) {
   return plan::parse_run_config(text.str(), model_file + " (oases_config)");
 }
 
+namespace {
+
+// The tokenizer files a checkpoint folder (or a model folder) holds, under their Hugging Face
+// names.
+std::vector<data::TokenizerFile> tokenizer_files_in(const fs::path& folder) {
+  std::vector<data::TokenizerFile> files;
+  for (const char* name : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                           "vocab.txt", "vocab.json", "merges.txt"}) {
+    std::error_code ec;
+    if (!fs::is_regular_file(folder / name, ec)) continue;
+    files.push_back({name, read_regular_file((folder / name).string(), "tokenizer file",
+                                             std::uint64_t{1} << 32)});
+  }
+  return files;
+}
+
+}  // namespace
+
 std::unique_ptr<data::Tokenizer> checkpoint_tokenizer(const std::string& checkpoint,
                                                       const std::string& gpt2_files) {
+  if (model::is_hf_model_folder(checkpoint)) {
+    if (data::folder_tokenizer_kind(checkpoint)) {
+      OASES_CHECK(gpt2_files.empty(),
+                  "model folder '{}' holds its tokenizer; the tokenizer files '{}' do not apply: "
+                  "leave them out",
+                  checkpoint, gpt2_files);
+      return data::load_tokenizer_folder(checkpoint);
+    }
+    OASES_CHECK(!gpt2_files.empty(),
+                "model folder '{}' holds no tokenizer (tokenizer.json, tokenizer.model, "
+                "vocab.txt, or vocab.json and merges.txt); copy the model's tokenizer files into "
+                "it, or give GPT-2's with --tokenizer-dir",
+                checkpoint);
+    return data::make_tokenizer(data::TokenizerKind::gpt2, gpt2_files);
+  }
   const plan::RunConfig config = config_from_checkpoint(checkpoint);
   const data::TokenizerKind kind = plan::parse_settings(config).tokenizer;
-  if (kind != data::TokenizerKind::sentencepiece) {
+  const fs::path folder = fs::path(io::resolve_model_file(checkpoint)).parent_path();
+  const std::vector<data::TokenizerFile> files = tokenizer_files_in(folder);
+  if (kind == data::TokenizerKind::byte || kind == data::TokenizerKind::gpt2) {
     OASES_CHECK(gpt2_files.empty() || kind == data::TokenizerKind::gpt2,
                 "checkpoint '{}' was trained with the {} tokenizer, which reads no files, but "
                 "gpt2 tokenizer files '{}' were given; leave them out",
                 checkpoint, data::name(kind), gpt2_files);
+    // GPT-2's files where the checkpoint carries them (a run given them as a folder).
+    if (kind == data::TokenizerKind::gpt2 && gpt2_files.empty() && !files.empty())
+      return data::tokenizer_from_files(kind, files,
+                                        fmt::format("checkpoint '{}'", folder.string()));
     return data::make_tokenizer(kind, gpt2_files);
   }
   OASES_CHECK(gpt2_files.empty(),
-              "checkpoint '{}' was trained with the sentencepiece tokenizer, whose model it "
-              "carries ({}); the gpt2 tokenizer files '{}' do not apply: leave them out",
-              checkpoint, kTokenizerModelFile, gpt2_files);
-  const fs::path folder = fs::path(io::resolve_model_file(checkpoint)).parent_path();
-  const std::string path = (folder / kTokenizerModelFile).string();
-  std::error_code ec;
-  OASES_CHECK(fs::is_regular_file(path, ec),
-              "checkpoint '{}' was trained with the sentencepiece tokenizer but holds no {} (its "
-              "model file, which every checkpoint of such a run carries); it was removed, or the "
-              "checkpoint was copied without it",
-              folder.string(), kTokenizerModelFile);
-  std::unique_ptr<data::Tokenizer> tokenizer = data::load_sentencepiece_tokenizer(path);
+              "checkpoint '{}' was trained with the {} tokenizer, whose files it carries ({}); "
+              "the gpt2 tokenizer files '{}' do not apply: leave them out",
+              checkpoint, data::name(kind),
+              kind == data::TokenizerKind::sentencepiece ? kTokenizerModelFile : "vocab.txt",
+              gpt2_files);
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  if (files.empty() && kind == data::TokenizerKind::bpe) {
+    tokenizer = data::make_tokenizer(kind);  // the default files, as the run had them
+  } else {
+    OASES_CHECK(!files.empty(),
+                "checkpoint '{}' was trained with the {} tokenizer but holds none of its files "
+                "({} and the like, which every checkpoint of such a run carries); they were "
+                "removed, or the checkpoint was copied without them",
+                folder.string(), data::name(kind),
+                kind == data::TokenizerKind::sentencepiece ? kTokenizerModelFile : "vocab.txt");
+    tokenizer =
+        data::tokenizer_from_files(kind, files, fmt::format("checkpoint '{}'", folder.string()));
+  }
   OASES_CHECK(tokenizer->vocab_size() <= config.model.vocab_size,
-              "checkpoint '{}': its tokenizer {} has {} tokens, more than its model.vocab_size = "
+              "checkpoint '{}': its tokenizer has {} tokens, more than its model.vocab_size = "
               "{}; the checkpoint's files do not belong together",
-              folder.string(), kTokenizerModelFile, tokenizer->vocab_size(),
-              config.model.vocab_size);
+              folder.string(), tokenizer->vocab_size(), config.model.vocab_size);
   return tokenizer;
 }
 

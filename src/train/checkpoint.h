@@ -54,17 +54,19 @@ struct TrainingState {
 
 // Writes step_<state.step> under dir and removes the oldest complete checkpoints beyond `keep`
 // (0 keeps all), by the protocol of io/checkpoint_dir.h (`log` hears what it cleaned or pruned
-// early), with `tokenizer_model` (Tokenizer::model_file_contents of the run's tokenizer) as
-// tokenizer.model when it is not empty. Returns the checkpoint folder. Every rank of the tensor-parallel group `tp` must call
-// this (the shards are assembled over it); only the rank with `write_files` writes. Under
-// pipeline parallelism every rank of the pipeline group `pp` calls it too: `model` and
-// `optimizer` hold one stage's parameters (plan.pipeline.stage_ranges(pp.rank())), and each
-// stage's whole tensors are broadcast over `pp` (a parameter several stages hold, GPT's tied
-// word embedding, from the first of them), so the writer, on stage 0, writes every tensor
-// once. A tensor holding a NaN or an infinity is never written: UserError on every rank.
+// early), with `tokenizer_files` (Tokenizer::files of the run's tokenizer: tokenizer.model,
+// tokenizer.json, vocab.txt, tokenizer_config.json, ...) beside the weights. Returns the checkpoint
+// folder. Every rank of the tensor-parallel group `tp` must call this (the shards are assembled
+// over it); only the rank with `write_files` writes. Under pipeline parallelism every rank of the
+// pipeline group `pp` calls it too: `model` and `optimizer` hold one stage's parameters
+// (plan.pipeline.stage_ranges(pp.rank())), and each stage's whole tensors are broadcast over `pp`
+// (a parameter several stages hold, GPT's tied word embedding, from the first of them), so the
+// writer, on stage 0, writes every tensor once. A tensor holding a NaN or an infinity is never
+// written: UserError on every rank.
 std::string save_checkpoint(const std::string& dir, const plan::RunPlan& plan,
                             const model::Model& model, optim::Optimizer& optimizer,
-                            const TrainingState& state, const std::string& tokenizer_model,
+                            const TrainingState& state,
+                            const std::vector<data::TokenizerFile>& tokenizer_files,
                             std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp,
                             bool write_files,
                             const std::function<void(const std::string&)>& log = {},
@@ -96,8 +98,9 @@ struct StagedCheckpoint {
 // the files on the rank with `write_files` and nothing on the others.
 std::optional<StagedCheckpoint> stage_checkpoint(
     const std::string& dir, const plan::RunPlan& plan, const model::Model& model,
-    optim::Optimizer& optimizer, const TrainingState& state, const std::string& tokenizer_model,
-    std::int64_t keep, comm::Communicator& tp, comm::Communicator& pp, bool write_files,
+    optim::Optimizer& optimizer, const TrainingState& state,
+    const std::vector<data::TokenizerFile>& tokenizer_files, std::int64_t keep,
+    comm::Communicator& tp, comm::Communicator& pp, bool write_files,
     const Tensor* stashed_weights = nullptr, comm::Communicator* ep = nullptr,
     StagingMemory* staging = nullptr);
 
@@ -119,8 +122,22 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 // Reads parameters by name with shape checks (UserError naming the file, tensor and shapes,
 // or a tensor holding NaN or infinite values); each rank takes its own shard of the whole
 // tensors in the file, converted to the element type of `params`.
+// `safetensors_path` may also be a sharded set (an index file, or a folder holding one or
+// model.safetensors: io/safetensors_set.h).
 void load_model_weights(const std::string& safetensors_path, const model::ParamLayout& layout,
                         const Tensor& params);
+// Reads the weights of the Hugging Face model folder `folder` (model/hf_config.h) into this
+// rank's shards: each parameter from the folder's tensor of its Hugging Face name, converted to
+// the element type of `params`. UserError when a parameter has no tensor, when the folder holds
+// a tensor the model has no use for (buffers and heads hf_unused_tensor names excepted; stored
+// copies of tied tensors must equal them), or as load_model_weights.
+void load_model_folder_weights(const std::string& folder, const model::ModelConfig& config,
+                               const model::ParamLayout& layout, const Tensor& params);
+// A Hugging Face model folder (holding config.json) through load_model_folder_weights; a
+// sharded set's index, or what io::resolve_model_file accepts (a checkpoint folder, a run's
+// checkpoint.dir, a safetensors file), through load_model_weights.
+void load_model_weights(const std::string& path, const model::ModelConfig& config,
+                        const model::ParamLayout& layout, const Tensor& params);
 
 // Restores the optimizer's state and the training state from a checkpoint folder written by
 // save_checkpoint; the state must agree with the folder's step (UserError otherwise).
@@ -144,7 +161,9 @@ struct CheckpointSummary {
 CheckpointSummary verify_checkpoint(const std::string& checkpoint_dir);
 
 // The run configuration stored in a checkpoint's model.safetensors (for `oases generate`),
-// with the [parallel] section at its defaults: one process, whatever trained it.
+// with the [parallel] section at its defaults: one process, whatever trained it. For a Hugging
+// Face model folder, the configuration its config.json gives (plan::parse_run_config_with_folder)
+// with every other setting at its default.
 plan::RunConfig config_from_checkpoint(const std::string& checkpoint_dir);
 
 // The tokenizer of a checkpoint (a step_N folder, a run's checkpoint.dir or a model.safetensors

@@ -320,15 +320,14 @@ void TrainingEngine::check_loss_count(const std::int32_t* targets, std::int64_t 
 }
 
 TrainingEngine::TargetCounts TrainingEngine::count_targets(const std::int32_t* targets) {
-  // Under context parallelism a rank counts the targets of its own chunks.
+  // Under context parallelism a rank counts the targets of its own chunks. Any model may be
+  // given targets that do not count (masked-language modelling; a shard's loss mask), and
+  // their number differs between data-parallel ranks, so the global count is their sum.
   const std::int64_t local_tokens = local_batch() * model_.context().seq_len;
-  const bool masked = config().model.masked_lm();
   TargetCounts counts;
   counts.local = static_cast<double>(
-      masked ? counted_targets(own_tokens(targets, local_batch(), own_targets_), local_tokens)
-             : local_tokens);
-  counts.global = masked ? sum_over(*dp_, counts.local)
-                         : static_cast<double>(config().train.global_batch * config().model.seq_len);
+      counted_targets(own_tokens(targets, local_batch(), own_targets_), local_tokens));
+  counts.global = sum_over(*dp_, counts.local);
   return counts;
 }
 

@@ -173,12 +173,13 @@ class TrainingEngine {
 
   // One optimizer step. Under pipeline parallelism every stage gets the same arguments (the
   // first stage reads the inputs, the last the targets) and returns the same result: the loss
-  // is computed on the last stage and broadcast over the pipeline group. `inputs`/`targets` are this data-parallel rank's local_batch()
-  // sequences ([local_batch, seq]) of the global batch; a negative target is not counted
-  // (masked-language modelling). Forward and backward accumulate gradients over
-  // micro-batches, the data-parallel group sums them, then gradient clipping and one optimizer
-  // update with the step's learning rate. Dropout masks are keyed by `step` and global sample
-  // indices. The loss returned is the mean over the counted targets of the whole global batch.
+  // is computed on the last stage and broadcast over the pipeline group. `inputs`/`targets` are
+  // this data-parallel rank's local_batch() sequences ([local_batch, seq]) of the global batch; a
+  // negative target is not counted (masked-language modelling; loss masks). Forward and backward
+  // accumulate gradients over micro-batches, the data-parallel group sums them, then gradient
+  // clipping and one optimizer update with the step's learning rate. Dropout masks are keyed by
+  // `step` and global sample indices. The loss returned is the mean over the counted targets of the
+  // whole global batch.
   //
   // parallel.pipeline = "2bw" (schedule/pipeline_2bw.h): batch `step` computes on W(step - 1)
   // and its update is applied to the newest weights. With `drain` false the call returns with
@@ -257,8 +258,9 @@ class TrainingEngine {
   // `tokens` itself (null stays null) without it.
   const std::int32_t* own_tokens(const std::int32_t* tokens, std::int64_t sequences,
                                  std::vector<std::int32_t>& own) const;
-  // A causal language model counts every target; a masked one only the masked positions,
-  // which differ between data-parallel ranks (the global count is then summed over them).
+  // Only targets >= 0 count (a masked-language model's masked positions; a causal model's
+  // targets that a shard's loss mask keeps); their number differs between data-parallel ranks,
+  // so the global count is summed over them (one all-reduce of a number per step).
   TargetCounts count_targets(const std::int32_t* targets);
   // The step's loss (the mean over the global batch's counted targets, from this rank's sum;
   // the last stage's under a pipeline) and the MoE summary into `result`.

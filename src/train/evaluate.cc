@@ -1,5 +1,7 @@
 #include "train/evaluate.h"
 
+#include "model/hf_config.h"
+
 #include "core/error.h"
 #include "io/checkpoint_dir.h"
 #include "io/safetensors.h"
@@ -27,7 +29,8 @@ std::string checkpoint_folder(const std::string& path) {
               "--checkpoint '{}' is not a directory; pass a step_N checkpoint folder or a run's "
               "checkpoint.dir",
               path);
-  if (fs::exists(fs::path(path) / io::kModelFile, ec)) return path;
+  if (fs::exists(fs::path(path) / io::kModelFile, ec) || model::is_hf_model_folder(path))
+    return path;
   const auto latest = latest_checkpoint(path);
   OASES_CHECK(latest.has_value(),
               "--checkpoint '{}' holds no complete checkpoint (a step_N folder with {} and {}); "
@@ -38,6 +41,7 @@ std::string checkpoint_folder(const std::string& path) {
 
 // parallel.<key> of the run that wrote the checkpoint in `folder` (1 where not recorded).
 std::int64_t stored_degree(const std::string& folder, const char* key) {
+  if (model::is_hf_model_folder(folder)) return 1;  // a model folder records no layout
   const std::string model_file = io::resolve_model_file(folder);
   const io::SafetensorsFile file = io::SafetensorsFile::open(model_file);
   toml::table stored;
@@ -98,6 +102,20 @@ EvalResult evaluate_shard(TrainingEngine& engine, const data::TokenShard& shard,
   const std::int64_t windows =
       max_batches == 0 ? all_windows : std::min(all_windows, max_batches * batch);
 
+  // The counted targets of windows [begin, end): all their seq_len targets without a mask.
+  const auto counted_targets = [&](std::int64_t begin, std::int64_t end) {
+    std::int64_t counted = 0;
+    for (std::int64_t position = begin * seq + 1; position <= end * seq; ++position)
+      counted += shard.counts_in_loss(position) ? 1 : 0;
+    return counted;
+  };
+  const std::int64_t total_targets = counted_targets(0, windows);
+  OASES_CHECK(total_targets > 0,
+              "data shard '{}' has a loss mask that counts none of the {} target tokens of the "
+              "{} windows evaluated, so there is no loss to report; evaluate more batches "
+              "(--batches) or a shard with targets",
+              shard.path, windows * seq, windows);
+
   const std::int64_t local = engine.local_batch();
   const std::int64_t first_row = engine.first_local_sample();
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(local * seq));
@@ -110,14 +128,21 @@ EvalResult evaluate_shard(TrainingEngine& engine, const data::TokenShard& shard,
       if (window < windows) {
         const auto begin = shard.tokens.begin() + window * seq;
         std::copy(begin, begin + seq, inputs.begin() + static_cast<std::ptrdiff_t>(at));
-        std::copy(begin + 1, begin + seq + 1, targets.begin() + static_cast<std::ptrdiff_t>(at));
+        for (std::int64_t t = 0; t < seq; ++t) {
+          // A token the loss mask leaves out is read but not predicted.
+          const std::int64_t position = window * seq + 1 + t;
+          targets[at + static_cast<std::size_t>(t)] =
+              shard.counts_in_loss(position) ? shard.tokens[static_cast<std::size_t>(position)]
+                                             : -1;
+        }
       } else {
         // Filling of the last batch: any valid input, and a target that is not counted.
         std::fill_n(inputs.begin() + static_cast<std::ptrdiff_t>(at), seq, 0);
         std::fill_n(targets.begin() + static_cast<std::ptrdiff_t>(at), seq, -1);
       }
     }
-    const std::int64_t counted = std::min(batch, windows - start) * seq;
+    // engine.evaluate is the mean over the batch's counted targets (0 where it has none).
+    const std::int64_t counted = counted_targets(start, std::min(start + batch, windows));
     loss_sum +=
         engine.evaluate(inputs.data(), targets.data(), local) * static_cast<double>(counted);
   }
@@ -125,14 +150,26 @@ EvalResult evaluate_shard(TrainingEngine& engine, const data::TokenShard& shard,
   EvalResult result;
   result.seq_len = seq;
   result.windows = windows;
-  result.tokens = windows * seq;
-  for (std::int64_t w = 0; w < windows; ++w)
-    result.bytes +=
-        static_cast<std::int64_t>(tokenizer
-                                      .decode(std::span(shard.tokens)
-                                                  .subspan(static_cast<std::size_t>(w * seq + 1),
-                                                           static_cast<std::size_t>(seq)))
-                                      .size());
+  result.tokens = total_targets;
+  // Each run of consecutive counted targets of a window is decoded on its own.
+  for (std::int64_t w = 0; w < windows; ++w) {
+    std::int64_t position = w * seq + 1;
+    const std::int64_t window_end = w * seq + seq + 1;
+    while (position < window_end) {
+      if (!shard.counts_in_loss(position)) {
+        ++position;
+        continue;
+      }
+      const std::int64_t run_begin = position;
+      while (position < window_end && shard.counts_in_loss(position)) ++position;
+      result.bytes += static_cast<std::int64_t>(
+          tokenizer
+              .decode(std::span(shard.tokens)
+                          .subspan(static_cast<std::size_t>(run_begin),
+                                   static_cast<std::size_t>(position - run_begin)))
+              .size());
+    }
+  }
   result.loss = loss_sum / static_cast<double>(result.tokens);
   result.perplexity = std::exp(result.loss);
   // Tokens over bytes first: exactly 1 for the byte tokenizer, whose bits per byte is then
@@ -200,8 +237,7 @@ EvalResult evaluate_checkpoint(const EvalOptions& o, comm::Mesh& mesh) {
 
   check_host_memory(plan::make_run_plan(config, mesh.world_rank()), 1, "--batch-size per rank");
   TrainingEngine engine(config, parallel_groups(mesh));
-  load_model_weights(io::resolve_model_file(folder), engine.model().layout(),
-                     engine.model().params());
+  load_model_weights(folder, config.model, engine.model().layout(), engine.model().params());
   engine.model().refresh_compute_params();
   engine.shard_params();
   EvalResult result = evaluate_shard(engine, shard, *tokenizer, o.batches);

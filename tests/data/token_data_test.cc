@@ -128,10 +128,10 @@ TEST_F(CorruptShard, ShorterThanTheHeader) {
 }
 
 TEST_F(CorruptShard, UnknownVersion) {
-  put_u32(8, 3);
+  put_u32(8, 4);
   write(bytes_);
   expect_user_error([&] { load_token_shard(path_); },
-                    {path_, "version 3", "versions 1 and 2", "prepare-data"});
+                    {path_, "version 4", "versions 1, 2 and 3", "prepare-data"});
 }
 
 // A version-1 file: the version-2 bytes without the checksum field.
@@ -154,8 +154,7 @@ TEST_F(CorruptShard, ChangedTokenFailsTheChecksum) {
   // Still inside the vocabulary, so only the checksum can tell.
   bytes_[kTokenShardHeaderBytes + 2 * 7] ^= 0x01;
   write(bytes_);
-  expect_user_error([&] { load_token_shard(path_); },
-                    {path_, "damaged", "CRC-32", "prepare-data"});
+  expect_user_error([&] { load_token_shard(path_); }, {path_, "damaged", "CRC-32", "prepare-data"});
 }
 
 TEST_F(CorruptShard, DamagedChecksumField) {
@@ -167,8 +166,7 @@ TEST_F(CorruptShard, DamagedChecksumField) {
 TEST_F(CorruptShard, VocabularyDisagreesWithItsTokenizer) {
   put_u32(16, 300);  // fits 2-byte tokens, but the byte tokenizer has 256
   write(bytes_);
-  expect_user_error([&] { load_token_shard(path_); },
-                    {path_, "300", "tokenizer \"byte\" has 256"});
+  expect_user_error([&] { load_token_shard(path_); }, {path_, "300", "tokenizer \"byte\" has 256"});
 }
 
 TEST_F(CorruptShard, BadWidth) {

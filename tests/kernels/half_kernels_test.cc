@@ -539,8 +539,8 @@ TYPED_TEST(Half16Test, PiecesGiveTheWholeCallsBits) {
     const std::int64_t B = 3, seq = 300, heads = 4, hd = 64, ld = 3 * heads * hd;
     Values<Half> qkv(B * seq * ld, rng, -2, 2);
     std::vector<float> cos32(seq * hd / 2), sin32(seq * hd / 2);
-    rotary_tables(seq, hd, 10000, Tensor::of(cos32.data(), {seq, hd / 2}),
-                  Tensor::of(sin32.data(), {seq, hd / 2}));
+    rotary_tables(seq, rotary_inverse_frequencies(hd, 10000),
+                  Tensor::of(cos32.data(), {seq, hd / 2}), Tensor::of(sin32.data(), {seq, hd / 2}));
     for (bool inverse : {false, true}) {
       std::vector<Half> x16 = qkv.h;
       std::vector<float> x32 = qkv.f;
@@ -670,10 +670,10 @@ TYPED_TEST(Half16Test, RotaryOnAStridedBlock) {
   std::mt19937 rng(8);
   Values<Half> qkv(B * seq * ld, rng, -2, 2);
   std::vector<float> cos32(seq * hd / 2), sin32(seq * hd / 2);
-  rotary_tables(seq, hd, theta, Tensor::of(cos32.data(), {seq, hd / 2}),
+  rotary_tables(seq, rotary_inverse_frequencies(hd, theta), Tensor::of(cos32.data(), {seq, hd / 2}),
                 Tensor::of(sin32.data(), {seq, hd / 2}));
   std::vector<Half> cos16(seq * hd / 2), sin16(seq * hd / 2);
-  rotary_tables(seq, hd, theta, Tensor::of(cos16.data(), {seq, hd / 2}),
+  rotary_tables(seq, rotary_inverse_frequencies(hd, theta), Tensor::of(cos16.data(), {seq, hd / 2}),
                 Tensor::of(sin16.data(), {seq, hd / 2}));
   for (std::size_t i = 0; i < cos16.size(); ++i) {
     const std::int64_t t = static_cast<std::int64_t>(i) / (hd / 2),

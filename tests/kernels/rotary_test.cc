@@ -32,7 +32,7 @@ template <class T>
 struct Tables {
   Tables(std::int64_t seq, std::int64_t head_dim, double theta)
       : cos(static_cast<std::size_t>(seq * head_dim / 2)), sin(cos.size()) {
-    rotary_tables(seq, head_dim, theta, cos.data(), sin.data());
+    rotary_tables(seq, rotary_inverse_frequencies(head_dim, theta), cos.data(), sin.data());
   }
   std::vector<T> cos, sin;
 };
@@ -169,7 +169,7 @@ TEST(Rotary, InverseIsTheBackwardPass) {
 
 TEST(Rotary, OddHeadDimIsAnInternalError) {
   std::vector<float> c(16), s(16), x(16);
-  EXPECT_THROW(rotary_tables(2, 3, kTheta, c.data(), s.data()), InternalError);
+  EXPECT_THROW(rotary_inverse_frequencies(3, kTheta), InternalError);
   EXPECT_THROW(rotary_apply(x.data(), 3, 1, 2, 1, 3, c.data(), s.data(), false), InternalError);
   EXPECT_THROW(rotary_apply(x.data(), 3, 1, 2, 1, 4, c.data(), s.data(), false), InternalError);
 }
@@ -181,7 +181,7 @@ TEST(Rotary, IsBitwiseIndependentOfThreadCount) {
   const std::vector<float> x(xd.begin(), xd.end());
   expect_independent_of_thread_count("rotary", [&] {
     std::vector<float> cos(seq * head_dim / 2), sin(seq * head_dim / 2), forward = x;
-    rotary_tables(seq, head_dim, 10000.0, cos.data(), sin.data());
+    rotary_tables(seq, rotary_inverse_frequencies(head_dim, 10000.0), cos.data(), sin.data());
     rotary_apply(forward.data(), ld, B, seq, heads, head_dim, cos.data(), sin.data(), false);
     std::vector<float> inverse = forward;
     rotary_apply(inverse.data(), ld, B, seq, heads, head_dim, cos.data(), sin.data(), true);

@@ -14,6 +14,7 @@
 #include "core/buffer.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "model/hf_config.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
 
@@ -43,6 +44,10 @@ plan::RunConfig run_config(const nlohmann::json& j) {
   config.model.seq_len = j.at("seq_len");
   config.model.norm_eps = j.value("norm_eps", 0.0);
   config.model.rope_theta = j.value("rope_theta", 10000.0);
+  config.model.rope_scaling_factor = j.value("rope_scaling_factor", 0.0);
+  config.model.rope_low_freq_factor = j.value("rope_low_freq_factor", 1.0);
+  config.model.rope_high_freq_factor = j.value("rope_high_freq_factor", 4.0);
+  config.model.rope_original_max_positions = j.value("rope_original_max_positions", 8192);
   config.model.dropout = 0;
   // Mixture of experts (absent keys: a dense model), and the seed that keys its random numbers.
   config.model.moe_every = j.value("moe_every", 0);
@@ -93,7 +98,23 @@ void run(std::map<std::string, std::string>& args, train::ParallelGroups groups,
   comm::Communicator* tp = groups.tp;
   train::TrainingEngine engine(config, groups);
   auto& model = engine.model();
-  train::load_model_weights(args["--weights"], model.layout(), model.params());
+  const std::string& weights = args["--weights"];
+  if (model::is_hf_model_folder(weights)) {
+    // The folder's config.json must describe the model the driver asked for.
+    const model::ModelConfig from_folder = model::read_hf_config(weights).model;
+    const model::ModelConfig& asked = config.model;
+    OASES_CHECK(from_folder.arch == asked.arch && from_folder.layers == asked.layers &&
+                    from_folder.hidden == asked.hidden && from_folder.heads == asked.heads &&
+                    from_folder.kv_head_count() == asked.kv_head_count() &&
+                    from_folder.ffn_hidden == asked.ffn_hidden &&
+                    from_folder.vocab_size == asked.vocab_size &&
+                    from_folder.position_count() == asked.seq_len &&
+                    from_folder.norm_epsilon() == asked.norm_epsilon() &&
+                    from_folder.tied_embeddings() == asked.tied_embeddings() &&
+                    from_folder.rope_inverse_frequencies() == asked.rope_inverse_frequencies(),
+                "{}/config.json maps onto another model than cfg.json describes", weights);
+  }
+  train::load_model_weights(weights, config.model, model.layout(), model.params());
 
   const std::int64_t B = config.train.micro_batch, T = config.model.seq_len,
                      V = config.model.vocab_size;

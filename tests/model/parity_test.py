@@ -46,6 +46,10 @@ Files in --workdir/<precision>/ (the protocol between this driver and parity_eng
   w.safetensors  every parameter under its Hugging Face name and layout (GPT-2: Conv1D
                  [in, out]; LLaMA, BERT: nn.Linear [out, in]), F64 in an fp64 run, F32 in an
                  fp32 run
+  hf/            instead of w.safetensors with --hf-folder: a Hugging Face model folder
+                 (config.json as transformers writes it, the same tensors in three shards with
+                 model.safetensors.index.json; GPT-2's under "transformer."), which the engine
+                 reads through `--init-from`'s folder path and checks against cfg.json
   b.safetensors  inputs, targets: I32 [micro_batch, seq_len]; a negative target is ignored
                  (BERT's unpredicted positions; both -1 and -100 occur) and the loss is the
                  mean over the others
@@ -181,6 +185,15 @@ def parse_args():
                         "bert 1e-12)")
     p.add_argument("--rope-theta", type=float, default=torch_llama.DEFAULT_ROPE_THETA,
                    help="rotary base (LLaMA)")
+    p.add_argument("--rope-scaling-factor", type=float, default=0.0,
+                   help="llama: LLaMA 3's rotary frequency scaling factor (0: none)")
+    p.add_argument("--rope-low-freq-factor", type=float, default=1.0)
+    p.add_argument("--rope-high-freq-factor", type=float, default=4.0)
+    p.add_argument("--rope-original-max-positions", type=int, default=8192)
+    p.add_argument("--hf-folder", action="store_true",
+                   help="hand the weights to the engine as a Hugging Face model folder: "
+                        "config.json as transformers writes it for the architecture's class, "
+                        "the weights in three shards with model.safetensors.index.json")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel ranks; > 1 runs the engine under mpirun -np TP")
     p.add_argument("--mpirun", default="mpirun", help="mpirun executable for --tp > 1")
@@ -252,6 +265,10 @@ def parse_args():
                     f"{args.micro_batch * args.seq_len} tokens")
     elif args.expect_routing:
         p.error("--expect-routing needs --moe-every > 0")
+    if args.rope_scaling_factor > 0 and args.arch != "llama":
+        p.error("--rope-scaling-factor: rotary frequencies exist for llama only")
+    if args.hf_folder and args.moe_every > 0:
+        p.error("--hf-folder: mixture-of-experts models have no Hugging Face class here")
     return args
 
 
@@ -289,8 +306,12 @@ def model_config(args):
         if args.arch == "gpt":
             return torch_gpt.GPTConfig(**common)
         if args.arch == "llama":
-            return torch_llama.LlamaConfig(kv_heads=args.kv_heads, rope_theta=args.rope_theta,
-                                           **common)
+            return torch_llama.LlamaConfig(
+                kv_heads=args.kv_heads, rope_theta=args.rope_theta,
+                rope_scaling_factor=args.rope_scaling_factor,
+                rope_low_freq_factor=args.rope_low_freq_factor,
+                rope_high_freq_factor=args.rope_high_freq_factor,
+                rope_original_max_positions=args.rope_original_max_positions, **common)
         return torch_bert.BertConfig(**common)
     except ValueError as e:
         fail(f"bad model sizes: {e}", code=2)
@@ -693,6 +714,71 @@ def print_table(precision, rows, args):
               f"({worst['final'][1]}; slack {args.fp32_final_slack:g})", flush=True)
 
 
+def hf_config(args):
+    """config.json of the model as transformers writes it for GPT2LMHeadModel,
+    LlamaForCausalLM or BertForMaskedLM (dropout off, as in the parity runs)."""
+    if args.arch == "gpt":
+        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                "activation_function": "gelu_new", "attn_pdrop": 0.0, "embd_pdrop": 0.0,
+                "resid_pdrop": 0.0, "initializer_range": 0.02,
+                "layer_norm_epsilon": args.norm_eps, "n_ctx": args.seq_len,
+                "n_embd": args.hidden, "n_head": args.heads, "n_inner": args.ffn_hidden,
+                "n_layer": args.layers, "n_positions": args.seq_len,
+                "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                "reorder_and_upcast_attn": False, "use_cache": True,
+                "vocab_size": args.vocab_size}
+    if args.arch == "llama":
+        scaling = None
+        if args.rope_scaling_factor > 0:
+            scaling = {"rope_type": "llama3", "factor": args.rope_scaling_factor,
+                       "low_freq_factor": args.rope_low_freq_factor,
+                       "high_freq_factor": args.rope_high_freq_factor,
+                       "original_max_position_embeddings": args.rope_original_max_positions}
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "attention_bias": False, "attention_dropout": 0.0,
+                "head_dim": args.hidden // args.heads, "hidden_act": "silu",
+                "hidden_size": args.hidden, "initializer_range": 0.02,
+                "intermediate_size": args.ffn_hidden, "max_position_embeddings": args.seq_len,
+                "mlp_bias": False, "num_attention_heads": args.heads,
+                "num_hidden_layers": args.layers, "num_key_value_heads": args.kv_heads,
+                "pretraining_tp": 1, "rms_norm_eps": args.norm_eps, "rope_scaling": scaling,
+                "rope_theta": args.rope_theta, "tie_word_embeddings": False, "use_cache": True,
+                "vocab_size": args.vocab_size}
+    return {"architectures": ["BertForMaskedLM"], "model_type": "bert",
+            "attention_probs_dropout_prob": 0.0, "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.0, "hidden_size": args.hidden, "initializer_range": 0.02,
+            "intermediate_size": args.ffn_hidden, "layer_norm_eps": args.norm_eps,
+            "max_position_embeddings": args.seq_len, "num_attention_heads": args.heads,
+            "num_hidden_layers": args.layers, "pad_token_id": 0,
+            "position_embedding_type": "absolute", "type_vocab_size": 2, "use_cache": True,
+            "vocab_size": args.vocab_size}
+
+
+def write_hf_folder(args, folder, tensors):
+    """A Hugging Face model folder: config.json, the tensors (GPT-2's under "transformer.")
+    in three shards of consecutive names, and model.safetensors.index.json naming each
+    tensor's shard with the total bytes."""
+    os.makedirs(folder, exist_ok=True)
+    for stale in os.listdir(folder):
+        os.remove(os.path.join(folder, stale))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hf_config(args), f, indent=2)
+    prefix = "transformer." if args.arch == "gpt" else ""
+    names = sorted(tensors)
+    count = 3
+    weight_map, total = {}, 0
+    for k in range(count):
+        part = names[k * len(names) // count:(k + 1) * len(names) // count]
+        file = f"model-{k + 1:05d}-of-{count:05d}.safetensors"
+        safetensors_io.save(os.path.join(folder, file),
+                            {prefix + n: tensors[n] for n in part}, {"format": "pt"})
+        for n in part:
+            weight_map[prefix + n] = file
+            total += tensors[n].nbytes
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
 def write_inputs(args, precision, init, inputs, targets):
     """Writes cfg.json, w.safetensors and b.safetensors for one run; returns the paths."""
     workdir = os.path.join(args.workdir, precision)
@@ -704,8 +790,12 @@ def write_inputs(args, precision, init, inputs, targets):
     if os.path.exists(paths["out"]):
         os.remove(paths["out"])
     dtype = NUMPY_DTYPE[precision]
-    safetensors_io.save(paths["weights"],
-                        {n: t.detach().numpy().astype(dtype) for n, t in init.items()})
+    weights = {n: t.detach().numpy().astype(dtype) for n, t in init.items()}
+    if args.hf_folder:
+        paths["weights"] = os.path.join(workdir, "hf")
+        write_hf_folder(args, paths["weights"], weights)
+    else:
+        safetensors_io.save(paths["weights"], weights)
     safetensors_io.save(paths["batch"], {"inputs": inputs.numpy().astype(np.int32),
                                          "targets": targets.numpy().astype(np.int32)})
     config = {"arch": args.arch, "precision": precision, "layers": args.layers,
@@ -715,6 +805,10 @@ def write_inputs(args, precision, init, inputs, targets):
               "lr": args.lr, "beta1": args.beta1, "beta2": args.beta2, "eps": args.eps,
               "weight_decay": args.weight_decay, "grad_clip": args.grad_clip,
               "norm_eps": args.norm_eps, "rope_theta": args.rope_theta, "tp": args.tp,
+              "rope_scaling_factor": args.rope_scaling_factor,
+              "rope_low_freq_factor": args.rope_low_freq_factor,
+              "rope_high_freq_factor": args.rope_high_freq_factor,
+              "rope_original_max_positions": args.rope_original_max_positions,
               **moe_json(args)}
     with open(paths["cfg"], "w") as f:
         json.dump(config, f, indent=2)

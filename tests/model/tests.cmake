@@ -159,6 +159,22 @@ if(EXISTS ${OASES_PARITY_ENGINE_SOURCE})
   oases_add_torch_parity_test(torch_parity_llama_gqa_tp2 PROCESSORS 2 ${oases_llama_gqa_args}
     --tp 2)
 
+  # Models initialised from Hugging Face model folders (config.json, sharded weights and their
+  # index; the engine reads them as `oases train --init-from DIR` does): logits, gradients and
+  # a short trajectory in fp64. LLaMA with grouped-query attention and LLaMA 3's rotary
+  # frequency scaling in all three of its bands (head_dim 16, original context 64).
+  oases_add_torch_parity_test(torch_parity_llama_hf_folder --hf-folder --precision fp64
+    --arch llama --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn-hidden 96
+    --vocab-size 250 --seq-len 24 --micro-batch 2 --steps 3 --rope-theta 500 --norm-eps 1e-6
+    --rope-scaling-factor 4 --rope-low-freq-factor 1 --rope-high-freq-factor 4
+    --rope-original-max-positions 64)
+  oases_add_torch_parity_test(torch_parity_gpt_hf_folder --hf-folder --precision fp64
+    --arch gpt --layers 2 --hidden 48 --heads 3 --ffn-hidden 192 --vocab-size 197
+    --seq-len 37 --micro-batch 3 --steps 3)
+  oases_add_torch_parity_test(torch_parity_bert_hf_folder --hf-folder --precision fp64
+    --arch bert --layers 2 --hidden 48 --heads 3 --ffn-hidden 120 --vocab-size 203
+    --seq-len 29 --micro-batch 3 --steps 3)
+
   # BERT with sizes no kernel can round to: vocab not a multiple of 8, seq_len not a power of
   # two, an odd micro-batch; about 30% of the positions carry a target, the rest -1 or -100.
   oases_add_torch_parity_test(torch_parity_bert_odd_shapes --arch bert

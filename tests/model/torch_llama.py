@@ -27,7 +27,8 @@ with hd = C / heads. Semantics:
   q' = q * cos + rotate_half(q) * sin with rotate_half([x1, x2]) = [-x2, x1].
   inv_freq and the angles are computed in float64 and only cos/sin are cast to the model's
   dtype (HF computes inv_freq in float32; float64 makes the fp64 reference exact to fp64 and
-  costs the fp32 run nothing it would notice);
+  costs the fp32 run nothing it would notice); with rope_scaling_factor > 0 the frequencies
+  are first scaled as Hugging Face's rope_type "llama3" scales them (rope_inverse_frequencies);
 - grouped-query attention: query head h reads key/value head h // (heads / kv_heads);
 - causal softmax attention scaled by 1 / sqrt(hd);
 - SwiGLU MLP: down(silu(gate(x)) * up(x));
@@ -80,6 +81,11 @@ class LlamaConfig:
     norm_eps: float = DEFAULT_NORM_EPS
     rope_theta: float = DEFAULT_ROPE_THETA
     moe: torch_moe.MoeConfig = None  # None: every layer dense
+    # LLaMA 3's rotary frequency scaling (HF rope_scaling, rope_type "llama3"); 0: none.
+    rope_scaling_factor: float = 0.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
 
     def __post_init__(self):
         for field in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab_size",
@@ -167,13 +173,32 @@ def rms_norm(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
 
 
+def rope_inverse_frequencies(cfg, device=None):
+    """inv_freq [hd/2] in float64: rope_theta^(-2i/hd), then, with rope_scaling_factor > 0,
+    LLaMA 3's bands (transformers' _compute_llama3_parameters): wavelengths 2 pi / f longer than
+    original_max / low_freq_factor divided by the factor, shorter than original_max /
+    high_freq_factor kept, and those between blended with weight
+    s = (original_max / wavelength - low) / (high - low)."""
+    hd = cfg.head_dim
+    inv_freq = cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float64, device=device) / hd)
+    if cfg.rope_scaling_factor <= 0:
+        return inv_freq
+    factor, low, high = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    old = float(cfg.rope_original_max_positions)
+    wavelength = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelength > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelength >= old / high) & (wavelength <= old / low)
+    return torch.where(medium, blended, scaled)
+
+
 def rotary_cos_sin(cfg, T, dtype, device=None):
     """cos, sin: [T, hd], each half of a head holding the same T x hd/2 angles.
 
     Computed in float64 whatever `dtype` is, then cast (see the module docstring).
     """
-    hd = cfg.head_dim
-    inv_freq = cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float64, device=device) / hd)
+    inv_freq = rope_inverse_frequencies(cfg, device)
     angles = torch.outer(torch.arange(T, dtype=torch.float64, device=device), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -284,14 +309,29 @@ def _check_gqa_equals_mha(check):
     check.at_most("GQA (4 heads, 2 kv heads) equals MHA with repeated k/v weights", rel, 1e-13)
 
 
+def _scaled_frequency(cfg, f):
+    """One frequency through LLaMA 3's scaling, band by band in Python floats."""
+    if cfg.rope_scaling_factor <= 0:
+        return f
+    old = cfg.rope_original_max_positions
+    wavelength = 2 * math.pi / f
+    if wavelength < old / cfg.rope_high_freq_factor:
+        return f
+    if wavelength > old / cfg.rope_low_freq_factor:
+        return f / cfg.rope_scaling_factor
+    s = (old / wavelength - cfg.rope_low_freq_factor) / (
+        cfg.rope_high_freq_factor - cfg.rope_low_freq_factor)
+    return (1 - s) * f / cfg.rope_scaling_factor + s * f
+
+
 def _complex_rotary(x, cfg):
     """Rotary as a complex rotation: element i and i + hd/2 of a head are the real and the
     imaginary part of z_i, and position t multiplies z_i by exp(1j * t * inv_freq[i])."""
     hd, T = cfg.head_dim, x.shape[-2]
     half = hd // 2
     z = torch.complex(x[..., :half], x[..., half:])
-    inv_freq = torch.tensor([cfg.rope_theta ** (-2.0 * i / hd) for i in range(half)],
-                            dtype=torch.float64)
+    inv_freq = torch.tensor([_scaled_frequency(cfg, cfg.rope_theta ** (-2.0 * i / hd))
+                             for i in range(half)], dtype=torch.float64)
     t = torch.arange(T, dtype=torch.float64)
     rotation = torch.polar(torch.ones(T, half, dtype=torch.float64), torch.outer(t, inv_freq))
     z = z * rotation
@@ -309,6 +349,23 @@ def _check_rotary(check):
                   relative(rotated, _complex_rotary(x, cfg)), 1e-14)
     check.at_most("rotary keeps every head's norm",
                   relative(rotated.norm(dim=-1), x.norm(dim=-1)), 1e-14)
+    # LLaMA 3 scaling with bands that all occur at head_dim 16: the vectorised frequencies
+    # against the rule applied one frequency at a time.
+    scaled = LlamaConfig(layers=1, hidden=64, heads=4, kv_heads=4, ffn_hidden=8, vocab_size=5,
+                         seq_len=29, rope_theta=500.0, rope_scaling_factor=4.0,
+                         rope_original_max_positions=64)
+    inv_freq = rope_inverse_frequencies(scaled)
+    plain = rope_inverse_frequencies(LlamaConfig(layers=1, hidden=64, heads=4, kv_heads=4,
+                                                 ffn_hidden=8, vocab_size=5, seq_len=29,
+                                                 rope_theta=500.0))
+    bands = {("kept" if a == b else "divided" if abs(a * 4 - b) <= 1e-15 * b else "blended")
+             for a, b in zip(inv_freq.tolist(), plain.tolist())}
+    check.at_most("llama3 scaling has all three bands at this size",
+                  0.0 if bands == {"kept", "divided", "blended"} else 1.0, 0.0)
+    y = torch.randn(2, 4, 29, 16, generator=gen, dtype=torch.float64)
+    cos, sin = rotary_cos_sin(scaled, 29, torch.float64)
+    check.at_most("llama3-scaled rotary equals the complex rotation by the per-band rule",
+                  relative(apply_rotary(y, cos, sin), _complex_rotary(y, scaled)), 1e-14)
     # q at position m and k at position n score the same as at m + s and n + s.
     q, k = x[0, 0], x[1, 0]  # [T, hd]
     rq, rk = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -89,8 +89,8 @@ std::vector<double> two_bw_reference(const fs::path& config_path, const fs::path
   state.seed = static_cast<std::uint64_t>(config.train.seed);
   state.data_tokens = shard.size();
   comm::SelfCommunicator tp("tp"), pp("pp");
-  train::save_checkpoint((out / "ckpt").string(), engine.plan(), model, engine.optimizer(), state, "", 0,
-                         tp, pp, true, {}, &older);
+  train::save_checkpoint((out / "ckpt").string(), engine.plan(), model, engine.optimizer(), state,
+                         {}, 0, tp, pp, true, {}, &older);
   return step_losses;
 }
 

@@ -266,8 +266,10 @@ TEST(RunConfig, ScheduleSettingsResolveAndIncompatibleOnesAreRejected) {
 TEST(RunConfig, DataTokenizerIsOneOfTheKnownTokenizers) {
   EXPECT_EQ(parse_run_config("[data]\ntokenizer = \"gpt2\"\n", "t").data.tokenizer, "gpt2");
   EXPECT_EQ(parse_run_config("", "t", {"data.tokenizer=byte"}).data.tokenizer, "byte");
-  const std::string error = error_of("[data]\ntokenizer = \"bpe\"\n");
-  EXPECT_NE(error.find("data.tokenizer = \"bpe\" is not known; valid: \"byte\", \"gpt2\""),
+  EXPECT_EQ(parse_run_config("[data]\ntokenizer = \"bpe\"\n", "t").data.tokenizer, "bpe");
+  const std::string error = error_of("[data]\ntokenizer = \"tiktoken\"\n");
+  EXPECT_NE(error.find("data.tokenizer = \"tiktoken\" is not known; valid: \"byte\", \"gpt2\", "
+                       "\"sentencepiece\", \"bpe\", \"wordpiece\""),
             std::string::npos)
       << error;
 }

@@ -14,6 +14,13 @@ struct CommandResult {
   std::string output;  // stdout and stderr, interleaved
 };
 
+// `text` as one word of a shell command line, whatever it holds.
+inline std::string shell_quote(const std::string& text) {
+  std::string quoted = "'";
+  for (const char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
 inline CommandResult run_command(const std::string& command) {
   FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   if (pipe == nullptr) return {-1, "popen failed: " + command};

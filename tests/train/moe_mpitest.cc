@@ -417,9 +417,8 @@ void resume_in_one_process(const Layout& layout) {
     state.step = state.data_position = kFirst;
     state.seed = static_cast<std::uint64_t>(engine.config().train.seed);
     engine.save_whole_optimizer_state([&](optim::Optimizer& whole) {
-      save_checkpoint(dir.string(), engine.plan(), engine.model(), whole, state, "", 0,
-                      engine.tp(), engine.pp(), mesh.world().rank() == 0, {}, nullptr,
-                      &mesh.ep_group());
+      save_checkpoint(dir.string(), engine.plan(), engine.model(), whole, state, {}, 0, engine.tp(),
+                      engine.pp(), mesh.world().rank() == 0, {}, nullptr, &mesh.ep_group());
     });
     mesh.world().barrier();
   }

@@ -336,8 +336,8 @@ TEST(Zero, CheckpointsResumeAcrossZeroStages) {
         state.step = state.data_position = kSteps / 2;
         state.seed = static_cast<std::uint64_t>(engine.config().train.seed);
         engine.save_whole_optimizer_state([&](optim::Optimizer& whole) {
-          save_checkpoint(folder, engine.plan(), engine.model(), whole, state, "", 0,
-                          engine.tp(), engine.pp(), mesh.world().rank() == 0);
+          save_checkpoint(folder, engine.plan(), engine.model(), whole, state, {}, 0, engine.tp(),
+                          engine.pp(), mesh.world().rank() == 0);
         });
         mesh.world().barrier();
       }

@@ -27,18 +27,25 @@ void rotate_head(T* x, std::int64_t half, const T* cos, const T* sin, T sign) {
 
 }  // namespace
 
+std::vector<double> rotary_inverse_frequencies(std::int64_t head_dim, double theta) {
+  OASES_ASSERT(head_dim > 0 && head_dim % 2 == 0,
+               "rotary_inverse_frequencies: head_dim={} (must be even)", head_dim);
+  OASES_ASSERT(theta > 0, "rotary_inverse_frequencies: theta must be positive, got {}", theta);
+  std::vector<double> inv_freq(static_cast<std::size_t>(head_dim / 2));
+  for (std::size_t i = 0; i < inv_freq.size(); ++i)
+    inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+  return inv_freq;
+}
+
 template <class T>
-void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, T* cos, T* sin) {
-  OASES_ASSERT(seq >= 0 && head_dim > 0 && head_dim % 2 == 0,
-               "rotary_tables: seq={} head_dim={} (head_dim must be even)", seq, head_dim);
-  OASES_ASSERT(theta > 0, "rotary_tables: theta must be positive, got {}", theta);
-  const std::int64_t half = head_dim / 2;
+void rotary_tables(std::int64_t seq, std::span<const double> inv_freq, T* cos, T* sin) {
+  OASES_ASSERT(seq >= 0 && !inv_freq.empty(), "rotary_tables: seq={} with {} frequencies", seq,
+               inv_freq.size());
+  const auto half = static_cast<std::int64_t>(inv_freq.size());
 #pragma omp parallel for schedule(static) if (seq * half >= kMinParallelWork / 8)
   for (std::int64_t t = 0; t < seq; ++t) {
     for (std::int64_t i = 0; i < half; ++i) {
-      const double inv_freq =
-          std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-      const double angle = static_cast<double>(t) * inv_freq;
+      const double angle = static_cast<double>(t) * inv_freq[static_cast<std::size_t>(i)];
       cos[t * half + i] = static_cast<T>(std::cos(angle));
       sin[t * half + i] = static_cast<T>(std::sin(angle));
     }
@@ -65,8 +72,8 @@ void rotary_apply(T* x, std::int64_t ld, std::int64_t B, std::int64_t seq, std::
   });
 }
 
-template void rotary_tables<float>(std::int64_t, std::int64_t, double, float*, float*);
-template void rotary_tables<double>(std::int64_t, std::int64_t, double, double*, double*);
+template void rotary_tables<float>(std::int64_t, std::span<const double>, float*, float*);
+template void rotary_tables<double>(std::int64_t, std::span<const double>, double*, double*);
 template void rotary_apply<float>(float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                                   std::int64_t, const float*, const float*, bool, Threads);
 template void rotary_apply<double>(double*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,

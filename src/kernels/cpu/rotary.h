@@ -12,15 +12,23 @@
 #include "kernels/cpu/threads.h"
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 namespace oases::kernels::cpu {
 
-// cos, sin [seq, head_dim / 2]: cos[t, i] = cos(angle(t, i)), sin likewise. Angles and their
-// cosines and sines are computed in double and rounded to T. (Hugging Face forms the angles in
-// float32, which at position t moves them by up to about t * 6e-8 * inv_freq radians.)
-// REQUIRES: seq >= 0, head_dim even and positive, theta > 0.
+// inv_freq[i] = theta^(-2i/d) for i in [0, head_dim / 2).
+// REQUIRES: head_dim even and positive, theta > 0.
+std::vector<double> rotary_inverse_frequencies(std::int64_t head_dim, double theta);
+
+// cos, sin [seq, head_dim / 2] for head_dim / 2 = inv_freq.size(): cos[t, i] =
+// cos(t * inv_freq[i]), sin likewise (the frequencies as rotary_inverse_frequencies gives them,
+// or scaled ones such as LLaMA 3's). Angles and their cosines and sines are computed in double
+// and rounded to T. (Hugging Face forms the angles in float32, which at position t moves them
+// by up to about t * 6e-8 * inv_freq radians.)
+// REQUIRES: seq >= 0, inv_freq not empty.
 template <class T>
-void rotary_tables(std::int64_t seq, std::int64_t head_dim, double theta, T* cos, T* sin);
+void rotary_tables(std::int64_t seq, std::span<const double> inv_freq, T* cos, T* sin);
 
 // Rotates, in place, `heads` consecutive heads of width head_dim in every row of a
 // [B, seq, ld] buffer, starting at column 0 of x (callers pass qkv + the column offset of the

@@ -18,7 +18,8 @@ class Bert final : public Architecture {
   void add_embedding_parameters(ParamLayout& layout) const override {
     const std::int64_t C = c_.hidden;
     add_word_embedding(layout);
-    layout.add("bert.embeddings.position_embeddings.weight", {c_.seq_len, C}, ParamInit::normal);
+    layout.add("bert.embeddings.position_embeddings.weight", {c_.position_count(), C},
+               ParamInit::normal);
     layout.add("bert.embeddings.token_type_embeddings.weight", {kTokenTypes, C}, ParamInit::normal);
     layout.add("bert.embeddings.LayerNorm.weight", {C}, ParamInit::ones);
     layout.add("bert.embeddings.LayerNorm.bias", {C}, ParamInit::zeros);

@@ -14,7 +14,7 @@ class Gpt final : public Architecture {
 
   void add_embedding_parameters(ParamLayout& layout) const override {
     add_word_embedding(layout);
-    layout.add("wpe.weight", {c_.seq_len, c_.hidden}, ParamInit::normal);
+    layout.add("wpe.weight", {c_.position_count(), c_.hidden}, ParamInit::normal);
   }
   void add_layer_parameters(ParamLayout& layout, std::int64_t layer, int k) const override {
     const std::int64_t C = c_.hidden, F = c_.ffn_hidden;
