@@ -497,8 +497,20 @@ std::string hf_tensor_name(const ModelConfig& model, const std::string& name) {
 
 std::vector<std::string> hf_tensor_name_candidates(const ModelConfig& model,
                                                    const std::string& name) {
-  if (model.arch == ArchitectureKind::gpt) return {"transformer." + name, name};
-  return {name};
+  std::vector<std::string> names = {name};
+  if (model.arch == ArchitectureKind::gpt) names = {"transformer." + name, name};
+  // Checkpoints written by old releases of BERT's code name LayerNorm's parameters gamma and
+  // beta (bert-base-uncased's own file does); transformers renames them on loading.
+  if (name.find("LayerNorm.") != std::string::npos) {
+    const std::size_t count = names.size();
+    for (std::size_t i = 0; i < count; ++i) {
+      if (names[i].ends_with(".weight"))
+        names.push_back(names[i].substr(0, names[i].size() - 7) + ".gamma");
+      else if (names[i].ends_with(".bias"))
+        names.push_back(names[i].substr(0, names[i].size() - 5) + ".beta");
+    }
+  }
+  return names;
 }
 
 bool hf_unused_tensor(const ModelConfig& model, const std::string& name) {

@@ -15,6 +15,8 @@
 // Tensor names: oases names parameters as the Hugging Face models do (docs/checkpoints.md),
 // except that GPT2LMHeadModel's are under "transformer." (oases: "wte.weight", the folder:
 // "transformer.wte.weight"; GPT-2's own published file has no prefix, and both are read).
+// LayerNorm parameters are also read under their old names, gamma and beta (as BERT's
+// published file has them).
 // Buffers and heads a folder may carry that the model does not use are skipped on reading:
 // GPT-2's attention masks (h.N.attn.bias, h.N.attn.masked_bias), BERT's position_ids, pooler
 // and next-sentence head (BertForPreTraining's), LLaMA's rotary_emb.inv_freq, and an LM head

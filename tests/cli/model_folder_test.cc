@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -293,6 +294,38 @@ TEST_P(ModelFolder, TrainsAsTheSameWeightsGivenThroughAFile) {
   oases::testing::expect_same_tensors(from_folder / "ckpt" / "step_3" / "model.safetensors",
                                       reference / "ckpt" / "step_3" / "model.safetensors",
                                       GetParam() + " from its folder", 0.0);
+  if (GetParam() != "bert") return;
+  // bert-base-uncased's own file names LayerNorm's parameters gamma and beta: the same folder
+  // with those names trains the same.
+  const fs::path old_names = dir_ / "hf_old_names";
+  fs::create_directories(old_names);
+  fs::copy_file(dir_ / "hf" / "config.json", old_names / "config.json");
+  json index = json::parse(read_bytes((dir_ / "hf" / "model.safetensors.index.json").string()));
+  json renamed = json::object();
+  const auto old_name = [](std::string name) {
+    if (name.find("LayerNorm.") == std::string::npos) return name;
+    if (name.ends_with(".weight")) return name.substr(0, name.size() - 7) + ".gamma";
+    if (name.ends_with(".bias")) return name.substr(0, name.size() - 5) + ".beta";
+    return name;
+  };
+  std::set<std::string> shards;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    renamed[old_name(name)] = file;
+    shards.insert(file.get<std::string>());
+  }
+  for (const std::string& shard : shards) {
+    const auto in = oases::io::SafetensorsFile::open((dir_ / "hf" / shard).string());
+    oases::io::SafetensorsWriter out;
+    for (const std::string& name : in.names()) {
+      const std::vector<std::byte> bytes = in.read_raw(name);
+      out.add_copy(old_name(name), in.info(name).dtype, in.info(name).shape, bytes.data());
+    }
+    out.write((old_names / shard).string());
+  }
+  index["weight_map"] = renamed;
+  std::ofstream(old_names / "model.safetensors.index.json") << index.dump();
+  const fs::path from_old = train("finetune.toml", old_names, "from_old_names");
+  EXPECT_EQ(oases::testing::metric_values(from_old / "metrics.jsonl", "loss"), want);
 }
 
 TEST_P(ModelFolder, ExportsBitForBitAndReadsBackTheSameConfig) {

@@ -207,6 +207,14 @@ TEST(HfConfig, TensorNamesFollowTheClass) {
   EXPECT_EQ(hf_tensor_name(llama, "model.norm.weight"), "model.norm.weight");
   EXPECT_TRUE(hf_unused_tensor(llama, "lm_head.weight"));  // tied in Llama 3.2 1B
   const ModelConfig bert = parse_hf_config(bert_config(), "c").model;
+  EXPECT_EQ(hf_tensor_name_candidates(bert, "bert.embeddings.LayerNorm.weight"),
+            (std::vector<std::string>{"bert.embeddings.LayerNorm.weight",
+                                      "bert.embeddings.LayerNorm.gamma"}));
+  EXPECT_EQ(hf_tensor_name_candidates(bert, "bert.encoder.layer.0.output.LayerNorm.bias"),
+            (std::vector<std::string>{"bert.encoder.layer.0.output.LayerNorm.bias",
+                                      "bert.encoder.layer.0.output.LayerNorm.beta"}));
+  EXPECT_EQ(hf_tensor_name_candidates(bert, "bert.encoder.layer.0.output.dense.bias"),
+            (std::vector<std::string>{"bert.encoder.layer.0.output.dense.bias"}));
   EXPECT_TRUE(hf_unused_tensor(bert, "bert.pooler.dense.weight"));
   EXPECT_TRUE(hf_unused_tensor(bert, "cls.seq_relationship.bias"));
   EXPECT_FALSE(hf_unused_tensor(bert, "cls.predictions.bias"));
