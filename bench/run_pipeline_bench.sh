@@ -2,9 +2,9 @@
 # Pipeline schedules measured against the simulator, in one run: a small byte-level GPT (fp32,
 # 1 thread per rank) trained with pp=2 under each pipeline schedule at MICRO_BATCHES
 # micro-batches per step, over shared memory; its step time and measured bubble (bubble_s: what
-# the first stage waited on Recvs) side by side with `oases plan`'s prediction (sim::simulate_ranks
-# over every rank's lowered schedule, from an `oases profile` of the same model taken in the
-# same run). Then, unless TP_CAPPED=0, pp=2 x tp=2 (4 ranks) over TCP on the loopback of a
+# the first stage waited on Recvs) side by side with `oases plan --degrees-only`'s prediction
+# (sim::simulate_ranks over every rank's lowered schedule, from an `oases profile` of the same
+# model taken in the same run). Then, unless TP_CAPPED=0, pp=2 x tp=2 (4 ranks) over TCP on the loopback of a
 # private network namespace capped with tc (as bench/run_overlap_bench.sh does), predicted from
 # a tp=2 profile measured over the same capped link.
 #   bash bench/run_pipeline_bench.sh        (as root for the capped part: ip netns, tc)
@@ -97,11 +97,13 @@ run() {
   fi
 }
 
-# predict LABEL PROFILE SETTINGS...: `oases plan`'s pipeline table into $work/LABEL.plan.
+# predict LABEL PROFILE SETTINGS...: `oases plan --degrees-only`'s pipeline table into
+# $work/LABEL.plan.
 predict() {
   local label=$1 profile=$2
   shift 2
-  "$oases" plan --config "$work/model.toml" --profile "$profile" "$@" >"$work/$label.plan" 2>&1 || true
+  "$oases" plan --degrees-only --config "$work/model.toml" --profile "$profile" "$@" \
+    >"$work/$label.plan" 2>&1 || true
 }
 
 # chunks KIND: the virtual_stages setting of a pipeline kind (two chunks per rank for

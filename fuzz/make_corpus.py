@@ -224,7 +224,15 @@ def make_plans():
     write("plan", "bad_layers.json", plan([2, 1]))
     write("plan", "bad_degree.json", plan([2, 3, 2, 1]))
     write("plan", "bad_degree_type.json", plan([2, "1", 2, 1]))
-    write("plan", "bad_version.json", '{"format":"oases-plan","version":2,"tp":2,"degrees":[]}')
+    # A joint plan (`oases plan`): the settings a run takes besides the degrees.
+    write("plan", "valid_settings.json",
+          plan([2, 2, 2, 2], version=2,
+               settings={"parallel.schedule": "cross-pass",
+                         "parallel.recompute": "full,none,none,full",
+                         "train.micro_batch": "4"}))
+    write("plan", "bad_setting_type.json",
+          plan([2, 2, 2, 2], version=2, settings={"train.micro_batch": 4}))
+    write("plan", "bad_version.json", '{"format":"oases-plan","version":3,"tp":2,"degrees":[]}')
     write("plan", "bad_json.json", '{"format":"oases-plan",')
 
 

@@ -1,6 +1,7 @@
 // The `oases` command: verbs in the style of git. Every verb has --help.
 #include "cluster/cluster_profile.h"
 #include "cluster/cluster_simulation.h"
+#include "cluster/joint_plan.h"
 #include "cluster/plan_prediction.h"
 #include "comm/job.h"
 #include "comm/mesh.h"
@@ -762,6 +763,11 @@ struct PlanArgs {
   std::string config, profile, output, cluster;
   std::vector<std::string> overrides, cluster_overrides;
   double link_gbps = 0;
+  bool degrees_only = false;
+  std::vector<std::string> profiles;  // the joint search's (each --profile)
+  std::vector<std::string> fixed;     // --fix: settings the joint search keeps
+  int simulate_best = 12;
+  std::int64_t max_micro_batch = 0;
 };
 
 // The slowest rank's memory of a cluster simulation.
@@ -882,7 +888,43 @@ oases::planner::Profile plan_input(const PlanArgs& a, const oases::plan::RunPlan
                                          static_cast<int>(config.parallel.dp));
 }
 
-int run_plan(const PlanArgs& a) {
+// The joint search (cluster/joint_plan.h): every global choice and per-layer policy, priced on
+// the cluster (with the profiles where it computes from them).
+int run_joint_plan(const PlanArgs& a) {
+  OASES_CHECK(!a.cluster.empty(),
+              "oases plan searches layouts on a cluster description: add --cluster (for this "
+              "machine clusters/this-machine.toml with --profile, measured by `oases profile`, "
+              "one per layout to consider), or --degrees-only to choose only each layer's "
+              "tensor-parallel degree from one profile");
+  const oases::sim::ClusterSpec cluster = oases::sim::load_cluster(a.cluster, a.cluster_overrides);
+  const auto config = with_precision_resolved(oases::plan::load_run_config(a.config, a.overrides),
+                                              nullptr, &cluster);
+  std::vector<oases::planner::Profile> profiles;
+  for (const std::string& path : a.profiles)
+    profiles.push_back(oases::planner::with_zero_share(oases::planner::read_profile(path),
+                                                       static_cast<int>(config.parallel.zero),
+                                                       static_cast<int>(config.parallel.dp)));
+  oases::cluster::JointSearchOptions options;
+  options.fixed = a.fixed;
+  options.simulate_best = a.simulate_best;
+  options.max_micro_batch = a.max_micro_batch;
+  const oases::cluster::JointPlanReport report =
+      oases::cluster::search_joint_plan(config, cluster, profiles, options);
+  fmt::print("{}", oases::cluster::format_joint_plan_report(report, config));
+  if (!a.output.empty()) {
+    const oases::planner::Plan plan = oases::cluster::joint_plan_file(report, config);
+    oases::planner::write_plan(plan, plan.degrees.empty() ? 1 : plan.degrees.front(), a.output);
+    fmt::print("wrote {}\n", a.output);
+  }
+  return 0;
+}
+
+int run_plan(const PlanArgs& given) {
+  if (!given.degrees_only) return run_joint_plan(given);
+  PlanArgs a = given;
+  OASES_CHECK(a.profiles.size() <= 1, "--degrees-only takes one --profile; {} were given",
+              a.profiles.size());
+  if (!a.profiles.empty()) a.profile = a.profiles.front();
   OASES_CHECK(a.profile.empty() != a.cluster.empty(),
               "oases plan needs one source of costs: --profile (measured here by `oases "
               "profile`) or --cluster (a cluster description, clusters/*.toml){}",
@@ -965,14 +1007,31 @@ int run_plan(const PlanArgs& a) {
 
 Verb add_plan(CLI::App& app, PlanArgs& a) {
   auto* c = app.add_subcommand(
-      "plan", "Choose each layer's tensor-parallel degree from a profile (oases profile) or "
-      "for a cluster description (--cluster)");
+      "plan",
+      "Choose the run's layout (degrees, schedule, micro-batch, pipeline, ZeRO, each "
+      "layer's recomputation and compression) within the memory limit, priced on a cluster "
+      "description; --degrees-only: each layer's tensor-parallel degree alone");
   c->add_option("--config", a.config, "Run configuration (TOML)")->required();
   c->add_option("--set", a.overrides, "Override config keys, as for train");
-  c->add_option("--profile", a.profile, "Profile written by oases profile");
+  c->add_option("--profile", a.profiles,
+                "Profile written by oases profile (the joint search takes several: each prices "
+                "the layouts it was measured in)");
   c->add_option("--cluster", a.cluster,
-                "Plan for a cluster description (clusters/*.toml) instead of a profile: costs "
-                "priced by the cluster simulator");
+                "The cluster description (clusters/*.toml) the joint search prices layouts on; "
+                "with --degrees-only, plan for it instead of a profile");
+  c->add_flag("--degrees-only", a.degrees_only,
+              "Choose only each layer's tensor-parallel degree, the config's other settings kept "
+              "(from --profile or --cluster)");
+  c->add_option("--fix", a.fixed,
+                "A setting the joint search keeps as the config gives it (e.g. parallel.pp, "
+                "parallel.activation_compression); repeatable");
+  c->add_option("--simulate-best", a.simulate_best,
+                "Candidates the joint search simulates whole after its estimate")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  c->add_option("--max-micro-batch", a.max_micro_batch,
+                "Largest train.micro_batch the joint search considers (0: any)")
+      ->capture_default_str();
   c->add_option("--cluster-set", a.cluster_overrides,
                 "Override cluster keys (section.key=value; tiers as tier.NAME.key=value)");
   c->add_option("--output", a.output, "Where to write the chosen plan (JSON)");
@@ -1057,7 +1116,7 @@ int run_simulate(const SimulateArgs& a) {
   const auto config = with_precision_resolved(oases::plan::load_run_config(a.config, a.overrides));
   OASES_CHECK(config.parallel.pp == 1,
               "oases simulate predicts one pipeline stage's layout; with parallel.pp = {} run "
-              "`oases plan`, which predicts every pipeline schedule",
+              "`oases plan --degrees-only`, which predicts every pipeline schedule",
               config.parallel.pp);
   const oases::plan::RunPlan run = oases::plan::make_run_plan(config);
   const oases::schedule::ScheduleSpec& spec = run.schedule;

@@ -146,15 +146,15 @@ void price_from_profile(const plan::RunPlan& plan, const sim::RankLayout& layout
 
 }  // namespace
 
-std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan) {
+std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan, bool verify) {
   const sim::RankLayout layout = rank_layout(plan);
   auto r = std::make_unique<ShapeOnlyRank>();
   r->rank = plan.mesh.rank;
   r->stage = plan.mesh.pp_rank();
   build_model(plan, layout, *r);
   const ops::Program& program = r->model->program();
-  r->schedule = plan::rank_schedule(plan, program,
-                                    plan.pass_spec(plan.schedule.micro_batches, true), r->stage);
+  r->schedule = plan::rank_schedule(
+      plan, program, plan.pass_spec(plan.schedule.micro_batches, true), r->stage, verify);
   r->memory = rank_memory(plan, layout, *r);
 
   // The model's products over a step: forward and every backward part of each segment instance,
@@ -171,8 +171,8 @@ std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan) {
 
 std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunPlan& plan,
                                                      const sim::ClusterSpec& cluster,
-                                                     const planner::Profile* profile) {
-  std::unique_ptr<ShapeOnlyRank> r = shape_only_rank(plan);
+                                                     const planner::Profile* profile, bool verify) {
+  std::unique_ptr<ShapeOnlyRank> r = shape_only_rank(plan, verify);
   const sim::RankLayout layout = rank_layout(plan);
   sim::ClusterRank at;
   at.layout = layout;
@@ -286,7 +286,8 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
     std::vector<schedule::Schedule> schedules;
     std::vector<sim::CostModel> costs;
     for (int rank : pipeline) {
-      stages.push_back(build_shape_only_rank(plan.for_rank(rank), cluster, options.profile));
+      stages.push_back(build_shape_only_rank(plan.for_rank(rank), cluster, options.profile,
+                                             options.verify_schedules));
       schedules.push_back(std::move(stages.back()->schedule));
       costs.push_back(stages.back()->costs);
     }

@@ -53,6 +53,9 @@ struct ClusterSimulationOptions {
   // With `profile`: the peak FLOP/s per rank of this machine's products in the config's
   // precision (train/peaks.h), for the prediction's MFU; 0: no MFU.
   double profiled_peak_flops = 0;
+  // Verify every rank's schedule before pricing it (schedule::verify_schedule). The joint
+  // planner's many reduced estimates leave it out; whatever runs or is reported is verified.
+  bool verify_schedules = true;
 };
 
 struct SimulatedRank {
@@ -99,12 +102,14 @@ struct ShapeOnlyRank {
 
 // The rank `plan` is made for (plan.mesh.rank): its model, schedule, memory and model FLOPs,
 // without prices (costs left empty for the caller).
-std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan);
+// `verify` false: the schedule is not verified (ClusterSimulationOptions::verify_schedules).
+std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan, bool verify = true);
 // The rank `plan` is made for (plan.mesh.rank) running its training steps.
 // `profile`: as ClusterSimulationOptions::profile (needed where the cluster computes from one).
 std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunPlan& plan,
                                                      const sim::ClusterSpec& cluster,
-                                                     const planner::Profile* profile = nullptr);
+                                                     const planner::Profile* profile = nullptr,
+                                                     bool verify = true);
 
 // `cluster` with its link taking its efficiency at the profile's Profile::replica_link size from
 // that measurement (a cluster that computes from a profile describes the machine the profile

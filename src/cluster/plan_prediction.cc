@@ -19,9 +19,10 @@ namespace {
 plan::RunConfig with_plan(const plan::RunConfig& config, const std::vector<int>& degrees,
                           const std::vector<bool>& moe) {
   OASES_CHECK(std::ranges::none_of(moe, [](bool m) { return m; }),
-              "oases plan chooses per-layer degrees of a sequence- or context-parallel layout "
-              "for dense models only (this one has MoE layers: model.moe_every = {}); "
-              "`oases simulate` predicts the layout at the degrees parallel.plan gives",
+              "oases plan --degrees-only chooses per-layer degrees of a sequence- or "
+              "context-parallel layout for dense models only (this one has MoE layers: "
+              "model.moe_every = {}); `oases simulate` predicts the layout at the degrees "
+              "parallel.plan gives",
               config.model.moe_every);
   OASES_CHECK(!degrees.empty(),
               "planning prices one layer as the model less one: with sequence or context "

@@ -1,6 +1,7 @@
 // A run's own layout predicted from a profile measured in that layout (`oases simulate
-// --profile`, and `oases plan --profile` under sequence or context parallelism), and plans of
-// such layouts predicted on a cluster description (`oases plan --cluster`).
+// --profile`, and `oases plan --degrees-only --profile` under sequence or context parallelism),
+// and plans of such layouts predicted on a cluster description (`oases plan --degrees-only
+// --cluster`).
 //
 // The planner's cost model (planner/cost_model.h) builds GPT programs of plain tensor-parallel
 // layers; a run with sequence parallelism or context parallelism has other segments (the

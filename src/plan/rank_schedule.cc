@@ -6,7 +6,7 @@
 namespace oases::plan {
 
 schedule::Schedule rank_schedule(const RunPlan& plan, const ops::Program& program,
-                                 const schedule::ScheduleSpec& spec, int stage) {
+                                 const schedule::ScheduleSpec& spec, int stage, bool verify) {
   const PipelinePlan& pipeline = plan.pipeline;
   // A step on its own (the run of a drained step, without a predecessor in flight).
   if (spec.training && pipeline.two_bw())
@@ -27,11 +27,16 @@ schedule::Schedule rank_schedule(const RunPlan& plan, const ops::Program& progra
   }
   if (spec.training && spec.partitioned_checkpoints)
     schedule::partition_kept_checkpoints(program, schedule);
-  if (spec.training && plan.settings.activation_compression)
-    schedule::compress_kept_sets(program, schedule, *plan.settings.activation_compression);
+  if (spec.training) {
+    const ActivationCompression& compression = plan.settings.activation_compression;
+    if (compression.whole)
+      schedule::compress_kept_sets(program, schedule, *compression.whole);
+    else if (compression.any())
+      schedule::compress_kept_sets(program, schedule, compression.layers);
+  }
   if (spec.sharded_params || spec.deferred_param_gather)
     schedule::shard_parameters(program, spec, schedule);
-  schedule::verify_schedule(program, spec, schedule);
+  if (verify) schedule::verify_schedule(program, spec, schedule);
   return schedule;
 }
 

@@ -15,8 +15,10 @@ namespace oases::plan {
 // says) on pipeline stage `stage`. Under the 2bw pipeline a training pass is one drained step
 // (two_bw_schedule with {false, true}).
 // REQUIRES: spec is plan.pass_spec(...) of this plan; program is the stage's.
+// `verify` false leaves out the verifier (schedule::verify_schedule), for callers that only
+// price many schedules generated exactly as verified ones are (the joint planner's estimates).
 schedule::Schedule rank_schedule(const RunPlan& plan, const ops::Program& program,
-                                 const schedule::ScheduleSpec& spec, int stage);
+                                 const schedule::ScheduleSpec& spec, int stage, bool verify = true);
 
 // A 2bw run of `spec` lowered for the stage, with the passes the spec asks for, verified.
 schedule::LoweredRun two_bw_schedule(const ops::Program& program, const schedule::ScheduleSpec& spec,

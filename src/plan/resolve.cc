@@ -15,18 +15,17 @@
 namespace oases::plan {
 namespace {
 
-
-// parallel.recompute_every resolved for `policy`: sqrt's layers per group (0: the default,
-// round(sqrt(model.layers))); 0 under the other policies, which group no layers.
-int resolved_recompute_every(const RunConfig& config, schedule::Recompute policy) {
+// parallel.recompute_every resolved for the spec's policy: sqrt's layers per group (0: the
+// default, round(sqrt(model.layers))); 0 under the other policies, which group no layers.
+int resolved_recompute_every(const RunConfig& config, const schedule::ScheduleSpec& spec) {
   const std::int64_t k = config.parallel.recompute_every;
   const std::int64_t layers = config.model.layers;
-  if (policy != schedule::Recompute::sqrt) {
+  if (!spec.layer_recompute.empty() || spec.recompute != schedule::Recompute::sqrt) {
     OASES_CHECK(k == 0,
                 "parallel.recompute_every = {} is set, but parallel.recompute resolves to \"{}\", "
                 "which recomputes no groups of layers; valid: parallel.recompute = \"sqrt\", or "
                 "recompute_every = 0 (unset)",
-                k, schedule::name(policy));
+                k, schedule::recompute_words(spec));
     return 0;
   }
   OASES_CHECK(k >= 0 && k <= layers,
@@ -36,6 +35,21 @@ int resolved_recompute_every(const RunConfig& config, schedule::Recompute policy
   return k == 0 ? schedule::default_recompute_every(layers) : static_cast<int>(k);
 }
 
+// The policy a kind runs unless told otherwise ("auto").
+schedule::Recompute own_recompute(schedule::ScheduleKind kind) {
+  switch (kind) {
+    case schedule::ScheduleKind::megatron:
+      return schedule::Recompute::none;
+    case schedule::ScheduleKind::cross_pass:
+      return schedule::Recompute::full;
+    case schedule::ScheduleKind::fine_grained:
+    case schedule::ScheduleKind::oases:
+    case schedule::ScheduleKind::oases_interleaved:
+    case schedule::ScheduleKind::oases_deferred:
+      break;
+  }
+  return schedule::Recompute::fine_grained;
+}
 
 }  // namespace
 
@@ -86,21 +100,11 @@ schedule::ScheduleSpec resolve_schedule(const RunConfig& config, const Settings&
   schedule::ScheduleSpec spec;
   spec.kind = settings.schedule.value_or(p.tp > 1 ? schedule::ScheduleKind::oases
                                                    : schedule::ScheduleKind::megatron);
-  if (!settings.recompute) {
-    switch (spec.kind) {
-      case schedule::ScheduleKind::megatron: spec.recompute = schedule::Recompute::none; break;
-      case schedule::ScheduleKind::cross_pass: spec.recompute = schedule::Recompute::full; break;
-      case schedule::ScheduleKind::fine_grained:
-      case schedule::ScheduleKind::oases:
-      case schedule::ScheduleKind::oases_interleaved:
-      case schedule::ScheduleKind::oases_deferred:
-        spec.recompute = schedule::Recompute::fine_grained;
-        break;
-    }
-  } else {
-    spec.recompute = *settings.recompute;
-  }
-  spec.recompute_every = resolved_recompute_every(config, spec.recompute);
+  // Under a list, the segments outside the layers keep the kind's own policy (none of them
+  // has anything to recompute).
+  spec.recompute = settings.recompute.value_or(own_recompute(spec.kind));
+  spec.layer_recompute = settings.layer_recompute;
+  spec.recompute_every = resolved_recompute_every(config, spec);
   spec.partitioned_checkpoints = p.partition_activations;
   const bool overlapped = schedule::overlaps_collectives(spec.kind);
   const std::int64_t micro = config.train.micro_batch;
@@ -160,7 +164,8 @@ PipelinePlan resolve_pipeline(const RunConfig& config, const Settings& settings)
   return pipeline;
 }
 
-std::vector<int> resolve_layer_degrees(const RunConfig& config, const Settings& settings) {
+std::vector<int> resolve_layer_degrees(const RunConfig& config, const Settings& settings,
+                                       std::optional<PlanFile>* file) {
   const auto& p = config.parallel;
   const model::ModelConfig& model = config.model;
   std::vector<int> degrees;
@@ -175,14 +180,16 @@ std::vector<int> resolve_layer_degrees(const RunConfig& config, const Settings& 
     case LayerPlanSource::listed: return parse_degree_list(p.plan, model.layers, p.tp);
     case LayerPlanSource::file: break;
   }
-  degrees = planner::read_plan(p.plan, static_cast<int>(p.tp), model.layers).degrees;
-  degrees = parse_degree_list(fmt::format("{}", fmt::join(degrees, ",")), model.layers, p.tp);
+  planner::Plan read = planner::read_plan(p.plan, static_cast<int>(p.tp), model.layers);
+  degrees = parse_degree_list(fmt::format("{}", fmt::join(read.degrees, ",")), model.layers, p.tp);
   for (std::int64_t l = 0; l < model.layers && p.expert_tp == 1; ++l)
     OASES_CHECK(!model.is_moe_layer(l) || degrees[static_cast<std::size_t>(l)] == 1,
                 "the plan {} gives layer {} (a mixture-of-experts layer) degree {}, but "
                 "parallel.expert_tp = 1 runs MoE layers at degree 1; plan with expert_tp = 1, or "
                 "set parallel.expert_tp = {}",
                 p.plan, l, degrees[static_cast<std::size_t>(l)], p.tp);
+  if (file != nullptr)
+    *file = PlanFile{p.plan, std::move(read.settings), read.predicted_step_seconds};
   return degrees;
 }
 

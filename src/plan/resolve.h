@@ -9,13 +9,16 @@
 #include "schedule/schedule.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace oases::plan {
 
 // The training schedule: parallel.schedule and parallel.recompute with "auto" resolved (oases
-// with fine-grained recomputation when tp > 1, else megatron without), sqrt's group size,
+// with fine-grained recomputation when tp > 1, else megatron without), a per-layer list
+// (ScheduleSpec::layer_recompute, the segments outside the layers at the kind's own policy)
+// checked against the kind layer by layer, sqrt's group size,
 // sub-batches (0: two where an overlapped schedule can split the micro-batch, else one),
 // micro-batches per step on one data-parallel rank, partitioned checkpoints. The ZeRO flags are
 // left to make_run_plan. UserError for a combination that cannot run.
@@ -27,9 +30,11 @@ schedule::ScheduleSpec resolve_schedule(const RunConfig& config, const Settings&
 PipelinePlan resolve_pipeline(const RunConfig& config, const Settings& settings);
 
 // The degree of every layer parallel.plan gives (empty: every layer at parallel.tp), reading a
-// plan file if it names one; empty for "auto" (to be planned). UserError for degrees that do
-// not divide parallel.tp, a wrong count, or an MoE layer above 1 with parallel.expert_tp = 1.
-std::vector<int> resolve_layer_degrees(const RunConfig& config, const Settings& settings);
+// plan file if it names one, and then setting `*file` (where given) to what the file holds
+// besides the degrees; empty for "auto" (to be planned). UserError for degrees that do not
+// divide parallel.tp, a wrong count, or an MoE layer above 1 with parallel.expert_tp = 1.
+std::vector<int> resolve_layer_degrees(const RunConfig& config, const Settings& settings,
+                                       std::optional<PlanFile>* file = nullptr);
 
 // The [train] section's optimizer settings, as optim::make_optimizer takes them.
 optim::OptimizerConfig optimizer_config(const OptimConfig& train, optim::OptimizerKind kind);

@@ -7,6 +7,8 @@
 #include "core/regular_file.h"
 #include "data/tokenizer.h"
 #include "ops/moe.h"
+#include "plan/settings.h"
+#include "planner/planner.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -314,20 +316,21 @@ bool is_utf8(std::string_view text) {
 // that starts with a digit such as 1f1b), which like any TOML text must be UTF-8 (the
 // configuration is stored with checkpoints as TOML and read back from there).
 toml::table text_override(const std::string& section, const std::string& key,
-                          const std::string& value) {
+                          const std::string& value, const std::string& origin) {
   try {
     return toml::parse("v = " + value);
   } catch (const toml::parse_error&) {
   }
   OASES_CHECK(is_utf8(value),
-              "--set {}.{}: the value is not valid UTF-8 text; config values are TOML, which "
+              "{} {}.{}: the value is not valid UTF-8 text; config values are TOML, which "
               "holds only UTF-8",
-              section, key);
+              origin, section, key);
   return toml::table{{"v", value}};
 }
 
 // The value of `--set key=value` for a key whose value is a number or a boolean: TOML syntax.
-toml::table typed_override(const std::string& assignment, const std::string& value) {
+toml::table typed_override(const std::string& assignment, const std::string& value,
+                           const std::string& origin) {
   try {
     return toml::parse("v = " + value);
   } catch (const toml::parse_error& e) {
@@ -337,31 +340,67 @@ toml::table typed_override(const std::string& assignment, const std::string& val
     const bool numeric = !value.empty() &&
                          (std::isdigit(static_cast<unsigned char>(value[0])) || value[0] == '+' ||
                           value[0] == '-' || value[0] == '.');
-    OASES_CHECK(!numeric, "--set {}: '{}' is not a valid value: {} (integers must fit in 64 bits)",
-                assignment, value, std::string(e.description()));
+    OASES_CHECK(!numeric, "{} {}: '{}' is not a valid value: {} (integers must fit in 64 bits)",
+                origin, assignment, value, std::string(e.description()));
     return toml::table{{"v", value}};
   }
 }
 
-void apply_override(toml::table& root, const std::string& assignment) {
+// `origin` names where the assignment comes from in messages: "--set", or a plan file.
+void apply_override(toml::table& root, const std::string& assignment,
+                    const std::string& origin = "--set") {
   const auto eq = assignment.find('=');
   OASES_CHECK(eq != std::string::npos && eq > 0,
-              "--set {}: expected section.key=value (for example --set train.lr=3e-4)",
+              "{} {}: expected section.key=value (for example --set train.lr=3e-4)", origin,
               assignment);
   const std::string path = assignment.substr(0, eq);
   const std::string value = assignment.substr(eq + 1);
   const auto dot = path.find('.');
   OASES_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < path.size(),
-              "--set {}: the key must be section.key (for example train.lr)", assignment);
+              "{} {}: the key must be section.key (for example train.lr)", origin, assignment);
   const std::string section = path.substr(0, dot), key = path.substr(dot + 1);
   // The name is checked before the value.
-  const toml::table parsed = field_of(section, key, "--set").takes_text
-                                 ? text_override(section, key, value)
-                                 : typed_override(assignment, value);
+  const toml::table parsed = field_of(section, key, origin).takes_text
+                                 ? text_override(section, key, value, origin)
+                                 : typed_override(assignment, value, origin);
   if (!root.contains(section)) root.insert(section, toml::table{});
   toml::table* target = root[section].as_table();
   OASES_CHECK(target != nullptr, "config: [{}] must be a table", section);
   target->insert_or_assign(key, *parsed["v"].node());
+}
+
+// The settings of the plan file parallel.plan names (planner::read_plan_settings), after the
+// config and `overrides`, applied as `--set` assignments over the config's values; a setting
+// the user also gave by --set must have the same value. Returns the plan file's path, or empty
+// when parallel.plan names no plan file with settings (a keyword, degrees, a file that does not
+// exist: validation names it).
+std::string apply_plan_settings(toml::table& root, const std::vector<std::string>& overrides) {
+  const std::optional<std::string> plan = root.at_path("parallel.plan").value_exact<std::string>();
+  if (!plan || layer_plan_source(*plan) != LayerPlanSource::file) return "";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(*plan, ec)) return "";
+  const std::vector<std::pair<std::string, std::string>> settings =
+      planner::read_plan_settings(*plan);
+  if (settings.empty()) return "";
+  // The user's last assignment of each key.
+  std::map<std::string, std::string> assigned;
+  for (const std::string& assignment : overrides)
+    assigned[assignment.substr(0, assignment.find('='))] = assignment;
+  const std::string origin = fmt::format("plan file '{}'", *plan);
+  for (const auto& [key, value] : settings) {
+    const std::string assignment = key + "=" + value;
+    if (const auto user = assigned.find(key); user != assigned.end()) {
+      toml::table theirs, mine;
+      apply_override(theirs, assignment, origin);
+      apply_override(mine, user->second);
+      OASES_CHECK(mine == theirs,
+                  "--set {} differs from the plan file '{}' (parallel.plan), which sets {}; drop "
+                  "--set {} or edit the plan",
+                  user->second, *plan, assignment, key);
+    }
+    apply_override(root, assignment, origin);
+  }
+  return *plan;
 }
 
 toml::table model_table(const model::ModelConfig& m);
@@ -442,6 +481,7 @@ RunConfig parse_config_root(const std::string& toml_text, const std::string& sou
                e.source().begin.line, e.source().begin.column);
   }
   for (const auto& assignment : overrides) apply_override(root, assignment);
+  const std::string plan_file = apply_plan_settings(root, overrides);
   if (folder != nullptr) apply_model_folder(root, *folder, folder_path, source);
 
   RunConfig config;
@@ -461,7 +501,18 @@ RunConfig parse_config_root(const std::string& toml_text, const std::string& sou
       field_of(section, key, source).read(value, section + "." + key, config);
     }
   }
-  config.validate();
+  if (plan_file.empty()) {
+    config.validate();
+    return config;
+  }
+  try {
+    config.validate();
+  } catch (const UserError& e) {
+    // A setting the plan gave may be the one at fault.
+    throw UserError(fmt::format("{} (parallel.plan = \"{}\" sets some of the run's settings)",
+                                e.what(), plan_file),
+                    e.location());
+  }
   return config;
 }
 

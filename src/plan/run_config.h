@@ -50,14 +50,16 @@ struct ParallelConfig {
   std::string schedule = "auto";
   // "auto": the schedule's own policy (megatron: none, fine-grained and oases: fine-grained,
   // cross-pass: full). "none", "full", "selective", "fine-grained", or "sqrt" (megatron and
-  // cross-pass: schedule/schedule.h).
+  // cross-pass: schedule/schedule.h). Or one word per transformer layer separated by commas
+  // ("full,full,none,selective"; model.layers words, none of them "auto" or "sqrt").
   std::string recompute = "auto";
   // recompute = "sqrt": layers per recomputation group, k in [1, model.layers]; only the input
   // of each group's first layer is kept between the passes. 0: round(sqrt(model.layers)).
   // Must stay 0 under the other policies.
   std::int64_t recompute_every = 0;
   // How kept activations are held between forward and backward in training:
-  // "none", "bf16" or "fp8" (e4m3) (schedule::compress_kept_sets).
+  // "none", "bf16" or "fp8" (e4m3) (schedule::compress_kept_sets), or one of these per
+  // transformer layer separated by commas ("none,bf16,none,fp8").
   std::string activation_compression = "none";
   // ZeRO-R's partitioned activation checkpoints: each layer's kept residual-stream input
   // (r_l, h_l), identical on the ranks of its tensor-parallel group, is held as a 1/degree
@@ -212,7 +214,11 @@ struct RunConfig {
 
 // Parses TOML text (`source` names it in messages) and applies `overrides` ("section.key=value",
 // the value in TOML syntax; for a key whose value is text, anything that is not a quoted TOML
-// string is taken as the text it is: parallel.pipeline=1f1b, parallel.plan=1,1,2,2).
+// string is taken as the text it is: parallel.pipeline=1f1b, parallel.plan=1,1,2,2). Then, when
+// parallel.plan names a plan file with settings (planner::read_plan_settings), those are applied
+// as overrides too, over the config's values; an override of a key the plan sets to another
+// value is a UserError naming the key, both values and the plan file, and an error of
+// validation then names the plan file. parallel.plan keeps naming the file.
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source,
                            const std::vector<std::string>& overrides = {});
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});

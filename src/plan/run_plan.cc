@@ -177,7 +177,7 @@ RunPlan make_run_plan(const RunConfig& config, int rank) {
   p.mesh = mesh_plan(config, rank);
   p.dtypes = dtypes_of(p.settings);
   p.pipeline = resolve_pipeline(config, p.settings);
-  p.layer_degrees = resolve_layer_degrees(config, p.settings);
+  p.layer_degrees = resolve_layer_degrees(config, p.settings, &p.plan_file);
   p.sequence_parallel = config.parallel.sequence_parallel;
   p.schedule = resolve_schedule(config, p.settings);
   p.sync_every = config.parallel.dp_sync_every;

@@ -110,6 +110,15 @@ struct LossScalingPlan {
   std::int64_t window = 1000, hysteresis = 2;
 };
 
+// The plan file parallel.plan names, as read for the layers' degrees: what it gives besides them.
+struct PlanFile {
+  std::string path;
+  // The settings it carries (planner::Plan::settings), in the file's order; parse_run_config
+  // applied them to the config. Empty for a file of degrees alone.
+  std::vector<std::pair<std::string, std::string>> settings;
+  double predicted_step_seconds = 0;  // 0: the file gives none
+};
+
 struct RunPlan {
   RunConfig config;  // the words it was made from (stored with checkpoints)
   Settings settings;
@@ -122,6 +131,8 @@ struct RunPlan {
   PipelinePlan pipeline;
   // The tensor-parallel degree of each transformer layer; empty: every layer at parallel.tp.
   std::vector<int> layer_degrees;
+  // Where parallel.plan names a plan file (read once, with the degrees).
+  std::optional<PlanFile> plan_file;
   // parallel.sequence_parallel: norms, dropout and residuals on 1/tp of the tokens.
   bool sequence_parallel = false;
   ZeroPlan zero;

@@ -51,6 +51,91 @@ const auto kCompressionWords =
     keyword_or<ops::ActivationEncoding>(ops::kActivationEncodingNames, "none", true);
 const auto kGemm16Words = keyword_or<kernels::Gemm16Path>(kernels::kGemm16PathNames, kAutomatic, true);
 
+// A setting that is one word for the whole model or, with a comma, one word per layer: the
+// words of a list, trimmed, checked for their count. UserError naming the setting and the
+// value.
+std::vector<std::string> layer_words(const std::string& text, std::string_view setting,
+                                     std::int64_t layers, std::string_view example) {
+  std::vector<std::string> words;
+  for (std::size_t begin = 0;;) {
+    const std::size_t end = text.find(',', begin);
+    const std::string item =
+        text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    const auto first = item.find_first_not_of(' ');
+    OASES_CHECK(first != std::string::npos,
+                "{} = \"{}\": layer {} has an empty word; write one word per layer separated by "
+                "commas (e.g. \"{}\"), or one word for every layer",
+                setting, text, words.size(), example);
+    words.push_back(item.substr(first, item.find_last_not_of(' ') - first + 1));
+    if (end == std::string::npos) break;
+    begin = end + 1;
+  }
+  OASES_CHECK(static_cast<std::int64_t>(words.size()) == layers,
+              "{} = \"{}\" gives {} words; a list needs one per layer, model.layers = {} (e.g. "
+              "\"{}\"), or one word for every layer",
+              setting, text, words.size(), layers, example);
+  return words;
+}
+
+// "w,w,...,w": an example list of `layers` words (at most 8 shown).
+std::string example_list(std::string_view word, std::int64_t layers) {
+  std::string out;
+  for (std::int64_t l = 0; l < std::clamp<std::int64_t>(layers, 1, 8); ++l)
+    out += fmt::format("{}{}", l > 0 ? "," : "", word);
+  return layers > 8 ? out + ",..." : out;
+}
+
+void parse_recompute(const RunConfig& c, Settings& s) {
+  constexpr std::string_view kSetting = "parallel.recompute";
+  const std::string& text = c.parallel.recompute;
+  if (text.find(',') == std::string::npos) {
+    s.recompute = kRecomputeWords.parse(text, kSetting);
+    return;
+  }
+  const std::string per_layer = schedule::quoted_layer_recompute_names();
+  const std::vector<std::string> words =
+      layer_words(text, kSetting, c.model.layers, example_list("full", c.model.layers));
+  for (std::size_t layer = 0; layer < words.size(); ++layer) {
+    const std::string& word = words[layer];
+    const schedule::Recompute* policy =
+        find_named_value<schedule::Recompute>(schedule::kRecomputeNames, word);
+    OASES_CHECK(word != kAutomatic && (policy == nullptr || *policy != schedule::Recompute::sqrt),
+                "{} = \"{}\" gives layer {} \"{}\", which is one policy for the whole model "
+                "alone; valid per layer: {}, or \"{}\" as the whole value",
+                kSetting, text, layer, word, per_layer, word);
+    OASES_CHECK(policy != nullptr,
+                "{} = \"{}\": layer {}'s \"{}\" is not known; valid per layer: {}", kSetting, text,
+                layer, word, per_layer);
+    s.layer_recompute.push_back(*policy);
+  }
+}
+
+ActivationCompression parse_activation_compression(const RunConfig& c) {
+  constexpr std::string_view kSetting = "parallel.activation_compression";
+  const std::string& text = c.parallel.activation_compression;
+  ActivationCompression out;
+  if (text.find(',') == std::string::npos) {
+    out.whole = kCompressionWords.parse(text, kSetting);
+    return out;
+  }
+  const std::vector<std::string> words =
+      layer_words(text, kSetting, c.model.layers, example_list("bf16", c.model.layers));
+  for (std::size_t layer = 0; layer < words.size(); ++layer) {
+    const std::string& word = words[layer];
+    if (word == kCompressionWords.keyword) {
+      out.layers.emplace_back();
+      continue;
+    }
+    const ops::ActivationEncoding* encoding =
+        find_named_value<ops::ActivationEncoding>(ops::kActivationEncodingNames, word);
+    OASES_CHECK(encoding != nullptr,
+                "{} = \"{}\": layer {}'s \"{}\" is not known; valid per layer: \"{}\"", kSetting,
+                text, layer, word, fmt::join(kCompressionWords.words(), "\", \""));
+    out.layers.emplace_back(*encoding);
+  }
+  return out;
+}
+
 // train.save_signals: names separated by commas or spaces, at least one.
 std::vector<int> parse_save_signals(const std::string& text) {
   std::vector<int> signals;
@@ -82,6 +167,30 @@ std::vector<std::string> keyword_words(std::span<const NamedValue<LayerPlanSourc
 
 }  // namespace
 
+bool ActivationCompression::any() const {
+  return whole.has_value() ||
+         std::ranges::any_of(layers, [](const auto& encoding) { return encoding.has_value(); });
+}
+
+std::int64_t ActivationCompression::first_layer_in(ops::ActivationEncoding encoding) const {
+  if (whole) return *whole == encoding ? 0 : -1;
+  for (std::size_t layer = 0; layer < layers.size(); ++layer)
+    if (layers[layer] == encoding) return static_cast<std::int64_t>(layer);
+  return -1;
+}
+
+std::string ActivationCompression::describe() const {
+  if (whole) return ops::encoding_name(*whole);
+  std::string out;
+  for (const NamedValue<ops::ActivationEncoding>& encoding : ops::kActivationEncodingNames) {
+    const auto count = std::ranges::count(layers, std::optional(encoding.value));
+    if (count == 0) continue;
+    out += fmt::format("{}{} ({} layer{})", out.empty() ? "" : ", ", encoding.name, count,
+                       count == 1 ? "" : "s");
+  }
+  return out.empty() ? std::string(kCompressionWords.keyword) : out;
+}
+
 LayerPlanSource layer_plan_source(const std::string& plan) {
   if (const LayerPlanSource* keyword = find_named_value<LayerPlanSource>(kLayerPlanKeywords, plan))
     return *keyword;
@@ -99,13 +208,12 @@ PipelineLayersSource pipeline_layers_source(const std::string& pipeline_layers) 
 Settings parse_settings(const RunConfig& c) {
   Settings s;
   s.schedule = kScheduleWords.parse(c.parallel.schedule, "parallel.schedule");
-  s.recompute = kRecomputeWords.parse(c.parallel.recompute, "parallel.recompute");
+  parse_recompute(c, s);
   s.pipeline = parse_named_value<schedule::PipelineKind>(schedule::kPipelineKindNames,
                                                          c.parallel.pipeline, "parallel.pipeline");
   s.pipeline_layers = pipeline_layers_source(c.parallel.pipeline_layers);
   s.plan = layer_plan_source(c.parallel.plan);
-  s.activation_compression =
-      kCompressionWords.parse(c.parallel.activation_compression, "parallel.activation_compression");
+  s.activation_compression = parse_activation_compression(c);
   s.offload = parse_named_value<Offload>(kOffloadNames, c.parallel.offload, "parallel.offload");
   s.context_parallel = parse_named_value<ops::ContextParallelKind>(
       ops::kContextParallelKindNames, c.parallel.cp_kind, "parallel.cp_kind");

@@ -81,14 +81,34 @@ inline constexpr std::array<NamedValue<PipelineLayersSource>, 2> kPipelineLayers
 // The word of settings that may be left to the engine ("auto").
 inline constexpr std::string_view kAutomatic = "auto";
 
+// parallel.activation_compression: how kept activations are held between the passes, one
+// encoding for the whole model or one per transformer layer.
+struct ActivationCompression {
+  // One word: the encoding of every kept set (schedule::compress_kept_sets); "none": empty.
+  std::optional<ops::ActivationEncoding> whole;
+  // A list ("none,bf16,none,fp8"): one entry per transformer layer, std::nullopt for "none"
+  // (the embedding's and the head's sets stay as they are); empty for one word.
+  std::vector<std::optional<ops::ActivationEncoding>> layers;
+
+  // Whether some kept set is held encoded.
+  bool any() const;
+  // The first layer held in `encoding` (0 for one word naming it), or -1 when none is.
+  std::int64_t first_layer_in(ops::ActivationEncoding encoding) const;
+  // For the start-up log and the report: "bf16", or per layer how many layers each encoding
+  // holds, "bf16 (1 layer), fp8 (2 layers)"; "none" when nothing is encoded.
+  std::string describe() const;
+};
+
 struct Settings {
   std::optional<schedule::ScheduleKind> schedule;  // parallel.schedule; "auto": empty
-  std::optional<schedule::Recompute> recompute;    // parallel.recompute; "auto": empty
+  std::optional<schedule::Recompute> recompute;    // parallel.recompute; "auto" or a list: empty
+  // parallel.recompute as a list ("full,none,selective,none"): one policy per transformer
+  // layer, never sqrt (schedule::ScheduleSpec::layer_recompute); empty for one word.
+  std::vector<schedule::Recompute> layer_recompute;
   schedule::PipelineKind pipeline = schedule::PipelineKind::one_f_one_b;  // parallel.pipeline
   PipelineLayersSource pipeline_layers = PipelineLayersSource::uniform;
   LayerPlanSource plan = LayerPlanSource::uniform;
-  // parallel.activation_compression ("none", "bf16", "fp8"); "none": empty.
-  std::optional<ops::ActivationEncoding> activation_compression;
+  ActivationCompression activation_compression;  // parallel.activation_compression
   Offload offload = Offload::none;
   ops::ContextParallelKind context_parallel = ops::ContextParallelKind::all_to_all;  // cp_kind
   optim::OptimizerKind optimizer = optim::OptimizerKind::adamw;  // train.optimizer
@@ -108,7 +128,11 @@ struct Settings {
 std::string flight_directory(const RunConfig& config);
 
 // UserError naming the key, the word found and the valid words, for the first word that is
-// not known.
+// not known. parallel.recompute and parallel.activation_compression are one word, or a list
+// of one word per layer of model.layers separated by commas (spaces around a word are
+// ignored): UserError naming the setting, the value, the layer and the valid words for a
+// wrong count, an empty or unknown word, or a word that is whole-model only ("auto" and
+// "sqrt").
 Settings parse_settings(const RunConfig& config);
 
 // Where parallel.plan's and parallel.pipeline_layers's words point. No error for any text: one

@@ -146,7 +146,7 @@ void check_experts(const RunConfig& c, const Settings& s) {
                     "split the experts",
                     p.plan, l, degrees[static_cast<std::size_t>(l)], p.tp);
     }
-    OASES_CHECK(!s.activation_compression,
+    OASES_CHECK(!s.activation_compression.any(),
                 "parallel.activation_compression = \"{}\" with mixture-of-experts layers "
                 "(model.moe_every = {}): the MoE segments keep token indices beside their rows, "
                 "which an encoding would round; use \"none\"",
@@ -332,23 +332,29 @@ void check_combinations(const RunConfig& c, const Settings& s) {
   const ParallelConfig& p = c.parallel;
   const OptimConfig& t = c.train;
   resolve_schedule(c, s);
-  OASES_CHECK(!s.activation_compression || s.pipeline != schedule::PipelineKind::two_bw,
+  OASES_CHECK(!s.activation_compression.any() || s.pipeline != schedule::PipelineKind::two_bw,
               "parallel.activation_compression = \"{}\" does not run with parallel.pipeline = "
               "\"2bw\" yet (its runs carry kept sets from one step to the next); valid: "
               "parallel.activation_compression = \"none\", or another parallel.pipeline",
               p.activation_compression);
-  OASES_CHECK(!p.partition_activations || !s.activation_compression,
+  OASES_CHECK(!p.partition_activations || !s.activation_compression.any(),
               "parallel.partition_activations = true with parallel.activation_compression = "
               "\"{}\" is not supported yet (a checkpoint's slice is not held encoded); valid: "
               "one of the two, i.e. parallel.activation_compression = \"none\" or "
               "parallel.partition_activations = false",
               p.activation_compression);
-  OASES_CHECK(!(s.precision == Precision::bf16 &&
-                s.activation_compression == ops::ActivationEncoding::bf16),
-              "parallel.activation_compression = \"bf16\" with train.precision = \"bf16\" "
-              "would change nothing (the kept activations are bf16 already); valid: "
-              "parallel.activation_compression = \"fp8\" (a quarter of fp32, half of bf16) or "
-              "\"none\"");
+  if (s.precision == Precision::bf16) {
+    const std::int64_t layer =
+        s.activation_compression.first_layer_in(ops::ActivationEncoding::bf16);
+    const bool listed = !s.activation_compression.layers.empty();
+    OASES_CHECK(layer < 0,
+                "parallel.activation_compression = \"{}\"{} with train.precision = \"bf16\" "
+                "would change nothing (the kept activations are bf16 already); valid{} \"fp8\" "
+                "(a quarter of fp32, half of bf16) or \"none\"",
+                p.activation_compression,
+                listed ? fmt::format(" gives layer {} \"bf16\", which", layer) : std::string(),
+                listed ? " per layer:" : ": parallel.activation_compression =");
+  }
   OASES_CHECK(s.precision != Precision::fp16 || s.pipeline != schedule::PipelineKind::two_bw,
               "train.precision = \"fp16\" does not run with parallel.pipeline = \"2bw\" (a step "
               "skipped for an overflow would break its stream of weight versions); valid: "

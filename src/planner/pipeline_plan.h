@@ -1,5 +1,6 @@
 // Pipeline plans from a Profile: the stage costs that parallel.pipeline_layers = "auto" balances,
-// and the predicted step time and bubble of each pipeline schedule that `oases plan` reports.
+// and the predicted step time and bubble of each pipeline schedule that `oases plan
+// --degrees-only` reports.
 //
 // Pipeline stages run every layer at the profile's full tensor-parallel degree T (per-layer
 // degrees do not combine with pipelines), so every segment instance processes one sub-batch of
@@ -74,9 +75,9 @@ std::vector<PipelineOption> predict_pipelines(const Profile& profile,
                                               std::int64_t micro_batch,
                                               const PipelinePredictionOptions& options);
 
-// What `oases plan` prints for a pipeline: a heading, then per kind the predicted step, the
-// mean bubble per stage and its share of the step, and each stage's bubble; or why there is
-// no prediction.
+// What `oases plan --degrees-only` prints for a pipeline: a heading, then per kind the
+// predicted step, the mean bubble per stage and its share of the step, and each stage's bubble;
+// or why there is no prediction.
 std::string format_pipeline_options(const std::vector<PipelineOption>& options,
                                     const PipelinePredictionOptions& settings);
 

@@ -269,7 +269,7 @@ std::string format_plan_report(const PlanReport& report, const schedule::Schedul
 
 void write_plan(const Plan& plan, int tp, const std::string& path) {
   nlohmann::json j{{"format", "oases-plan"},
-                   {"version", 1},
+                   {"version", 2},
                    {"tp", tp},
                    {"degrees", plan.degrees},
                    {"predicted_step_s", plan.predicted_step_seconds},
@@ -283,12 +283,24 @@ void write_plan(const Plan& plan, int tp, const std::string& path) {
     j["predicted_optimizer_bytes"] = plan.predicted_memory.optimizer;
     j["predicted_activation_bytes"] = plan.predicted_memory.activations;
   }
+  if (!plan.settings.empty()) {
+    nlohmann::json settings = nlohmann::json::object();
+    for (const auto& [key, value] : plan.settings) {
+      OASES_ASSERT(key != "parallel.plan", "a plan's settings may not set parallel.plan");
+      settings[key] = value;
+    }
+    j["settings"] = settings;
+  }
+  if (!plan.report_json.empty()) j["report"] = nlohmann::json::parse(plan.report_json);
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   write_file_atomically(path, j.dump(2) + "\n");
 }
 
-Plan read_plan(const std::string& path, int tp, std::int64_t layers) {
+namespace {
+
+// The plan file at `path` as JSON, checked to be a plan file of a version this build reads.
+nlohmann::json read_plan_json(const std::string& path) {
   std::error_code ec;
   OASES_CHECK(std::filesystem::exists(path, ec),
               "parallel.plan = \"{}\": no such file (valid: \"uniform\", \"auto\", degrees "
@@ -306,8 +318,35 @@ Plan read_plan(const std::string& path, int tp, std::int64_t layers) {
   OASES_CHECK(j.is_object() && j.value("format", nlohmann::json()) == "oases-plan",
               "'{}' is not a plan file (written by `oases plan`)", path);
   const nlohmann::json version = j.value("version", nlohmann::json(0));
-  OASES_CHECK(version == 1, "plan file '{}' has version {}; this build reads 1", path,
-              version.dump());
+  OASES_CHECK(version == 1 || version == 2,
+              "plan file '{}' has version {}; this build reads 1 and 2", path, version.dump());
+  return j;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> read_plan_settings(const std::string& path) {
+  const nlohmann::json j = read_plan_json(path);
+  std::vector<std::pair<std::string, std::string>> settings;
+  if (!j.contains("settings")) return settings;
+  const nlohmann::json& table = j.at("settings");
+  OASES_CHECK(table.is_object(), "plan file '{}': settings must be an object, found {}", path,
+              table.dump());
+  for (const auto& [key, value] : table.items()) {
+    OASES_CHECK(value.is_string(),
+                "plan file '{}': the setting {} must be a string (the value as --set takes "
+                "it), found {}",
+                path, key, value.dump());
+    OASES_CHECK(key != "parallel.plan" && key.find('.') != std::string::npos,
+                "plan file '{}': the setting '{}' is not a section.key other than parallel.plan",
+                path, key);
+    settings.emplace_back(key, value.get<std::string>());
+  }
+  return settings;
+}
+
+Plan read_plan(const std::string& path, int tp, std::int64_t layers) {
+  const nlohmann::json j = read_plan_json(path);
   const nlohmann::json file_tp = j.value("tp", nlohmann::json(0));
   OASES_CHECK(file_tp.is_number_integer() && file_tp == tp,
               "plan file '{}' was made for parallel.tp = {}; this run has {}", path, file_tp.dump(),
@@ -331,12 +370,14 @@ Plan read_plan(const std::string& path, int tp, std::int64_t layers) {
                 path);
     plan.predicted_memory_bytes = *memory;
     read_memory_parts(j, plan, path);
+    if (j.contains("report")) plan.report_json = j.at("report").dump();
   } catch (const nlohmann::json::exception& e) {
     OASES_FAIL("plan file '{}': {}", path, e.what());
   }
   OASES_CHECK(static_cast<std::int64_t>(plan.degrees.size()) == layers,
               "plan file '{}' has {} layer degrees; the model has model.layers = {}", path,
               plan.degrees.size(), layers);
+  plan.settings = read_plan_settings(path);
   return plan;
 }
 

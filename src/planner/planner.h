@@ -37,6 +37,14 @@ struct Plan {
   // The same by kind, summing to predicted_memory_bytes; all 0 when read from a plan file
   // written without them.
   MemoryBytes predicted_memory;
+  // A joint plan's global choices and per-layer policies, as config settings: each pair is a
+  // `--set` assignment's key ("parallel.schedule") and value text ("cross-pass";
+  // "full,none,none" for parallel.recompute per layer). A run whose parallel.plan names the
+  // file takes them over its config's (plan::load_run_config). Empty for a degrees-only plan.
+  std::vector<std::pair<std::string, std::string>> settings;
+  // What the joint search reported (`oases plan`'s chosen layout, alternatives and exclusions)
+  // as JSON text, kept in the file for the record; empty when none.
+  std::string report_json;
 };
 
 struct PlanReport {
@@ -72,20 +80,27 @@ PlanReport make_plan(const Profile& profile, const schedule::ScheduleSpec& spec,
                      std::int64_t memory_limit, bool moe_at_degree_one,
                      const PlanPredictor& predict);
 
-// What `oases plan` prints: every uniform plan (predicted time, memory, whether it fits) and the
-// chosen degrees with their prediction, its memory per rank by kind (parameters, gradients,
-// optimizer state, activations) and the solve times.
+// What `oases plan --degrees-only` prints: every uniform plan (predicted time, memory, whether
+// it fits) and the chosen degrees with their prediction, its memory per rank by kind
+// (parameters, gradients, optimizer state, activations) and the solve times.
 std::string format_plan_report(const PlanReport& report, const schedule::ScheduleSpec& spec,
                                std::int64_t memory_limit);
 
-// {"format": "oases-plan", "version": 1, "tp": T, "degrees": [...], "predicted_step_s": ..,
+// {"format": "oases-plan", "version": 2, "tp": T, "degrees": [...], "predicted_step_s": ..,
 //  "predicted_memory_bytes": .., "predicted_param_bytes": .., "predicted_grad_bytes": ..,
-//  "predicted_optimizer_bytes": .., "predicted_activation_bytes": ..}
+//  "predicted_optimizer_bytes": .., "predicted_activation_bytes": ..,
+//  "settings": {"parallel.schedule": "cross-pass", "train.micro_batch": "4", ...},
+//  "report": {...}}
 // The four parts are optional on read (files written before them) and, when present, must sum
-// to predicted_memory_bytes.
+// to predicted_memory_bytes. "settings" and "report" are optional (version 1 files have
+// neither); a setting may not name parallel.plan itself.
 void write_plan(const Plan& plan, int tp, const std::string& path);
-// Reads a file written by write_plan for a tensor-parallel group of `tp` ranks and `layers`
-// layers. UserError naming the file when it is not such a plan.
+// Reads a file written by write_plan (version 1 or 2) for a tensor-parallel group of `tp`
+// ranks and `layers` layers. UserError naming the file when it is not such a plan.
 Plan read_plan(const std::string& path, int tp, std::int64_t layers);
+// The settings of the plan file at `path` (Plan::settings), read before the run's layout is
+// known: the file's tp and degrees are checked by read_plan later. UserError naming the file
+// when it is not a plan file or a setting is malformed.
+std::vector<std::pair<std::string, std::string>> read_plan_settings(const std::string& path);
 
 }  // namespace oases::planner

@@ -346,9 +346,9 @@ json facts_section(const RunFiles& run, const json& metrics, const std::string& 
         training += fmt::format("; loss scale {:g} at step {}, {} step(s) skipped for overflow",
                                 scale->second, scale->first, skipped ? skipped->second : 0.0);
     }
-    if (settings.activation_compression)
+    if (settings.activation_compression.any())
       training += fmt::format("; kept activations held in {} between the passes",
-                              run.config->parallel.activation_compression);
+                              settings.activation_compression.describe());
     add("training", training);
   }
   add("host", recorded_text("host"));

@@ -13,6 +13,8 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace oases::schedule {
 
@@ -36,10 +38,19 @@ bool replays_groups(Recompute policy) {
   return policy == Recompute::full || policy == Recompute::sqrt;
 }
 
-// The replay group of a segment under replays_groups(spec.recompute); -1 outside the layers.
+// The replay group of a segment whose layer's policy replays groups; -1 outside the layers and
+// for layers whose policy replays none.
 int group_of(const SegmentShape& shape, const ScheduleSpec& spec) {
   if (shape.layer < 0) return -1;
-  return spec.recompute == Recompute::sqrt ? shape.layer / spec.recompute_every : shape.layer;
+  const Recompute policy = spec.recompute_of(shape);
+  if (!replays_groups(policy)) return -1;
+  return policy == Recompute::sqrt ? shape.layer / spec.recompute_every : shape.layer;
+}
+
+// Whether some layer's policy replays groups (the forward then frees checkpoints inside them).
+bool replays_any_group(const ScheduleSpec& spec) {
+  if (spec.layer_recompute.empty()) return replays_groups(spec.recompute);
+  return std::ranges::any_of(spec.layer_recompute, replays_groups);
 }
 
 // Whether the segment belongs to a group and is not its first segment: its checkpoint is
@@ -120,7 +131,7 @@ Instruction with_sets(Op op, int segment, TensorSets sets, int mb, int sb) {
 Schedule instance_forward(const Program& program, const ScheduleSpec& spec, int mb, int sb) {
   Schedule out;
   const int num_segments = static_cast<int>(program.segments.size());
-  const Recompute policy = spec.recompute;
+  const bool replays = replays_any_group(spec);
   // The Wait of a collective that travels beside the next segment's Forward.
   std::optional<Instruction> beside_wait;
   for (int s = 0; s < num_segments; ++s) {
@@ -139,10 +150,10 @@ Schedule instance_forward(const Program& program, const ScheduleSpec& spec, int 
         if (dead) out.push_back(with_sets(Op::free, owner, dead, mb, sb));
       }
     } else {
-      if (const TensorSets dropped = dropped_after_forward(program, s, policy))
+      if (const TensorSets dropped = dropped_after_forward(program, s, spec.recompute_of(shape)))
         out.push_back(with_sets(Op::free, s, dropped, mb, sb));
       // Inside a replay group a checkpoint goes once its last reader has run.
-      if (replays_groups(policy))
+      if (replays)
         for (int owner = 0; owner < s; ++owner)
           if ((shape_of(program, owner).sets & kCheckpoint) && inside_group(program, spec, owner) &&
               checkpoint_last_reader(program, owner) == s)
@@ -185,11 +196,11 @@ Schedule instance_backward(const Program& program, const ScheduleSpec& spec, int
                            bool input_only = false) {
   Schedule out;
   const int num_segments = static_cast<int>(program.segments.size());
-  const Recompute policy = spec.recompute;
   // The Wait of a backward collective that travels beside the previous segment's backward.
   std::optional<Instruction> beside_wait;
   for (int s = num_segments - 1; s >= 0; --s) {
     const SegmentShape& shape = shape_of(program, s);
+    const Recompute policy = spec.recompute_of(shape);
     if (replays_groups(policy) && ends_group(program, spec, s)) {
       // Megatron's whole-layer recomputation (sqrt: of a group of layers): the group runs
       // forward again from its first checkpoint, collectives included.
@@ -198,7 +209,8 @@ Schedule instance_backward(const Program& program, const ScheduleSpec& spec, int
       for (int t = first; t <= s; ++t) {
         const SegmentShape& layer_shape = shape_of(program, t);
         if (layer_shape.beside_transfers) continue;
-        TensorSets sets = dropped_after_forward(program, t, policy) | kOutput;
+        TensorSets sets =
+            dropped_after_forward(program, t, spec.recompute_of(layer_shape)) | kOutput;
         if (inside_group(program, spec, t)) sets |= layer_shape.sets & kCheckpoint;
         out.push_back(with_sets(Op::recompute, t, sets, mb, sb));
         if (layer_shape.has_forward_collective) {
@@ -434,6 +446,13 @@ ScheduleKind parse_schedule_kind(std::string_view text, std::string_view setting
 Recompute parse_recompute(std::string_view text, std::string_view setting) {
   return parse_named_value<Recompute>(kRecomputeNames, text, setting);
 }
+std::string quoted_layer_recompute_names() {
+  std::string out;
+  for (const NamedValue<Recompute>& policy : kRecomputeNames)
+    if (policy.value != Recompute::sqrt)
+      out += fmt::format("{}\"{}\"", out.empty() ? "" : ", ", policy.name);
+  return out;
+}
 bool overlaps_collectives(ScheduleKind kind) {
   return kind != ScheduleKind::megatron && kind != ScheduleKind::fine_grained;
 }
@@ -441,11 +460,65 @@ int default_recompute_every(std::int64_t layers) {
   return std::max(1, static_cast<int>(std::lround(std::sqrt(static_cast<double>(layers)))));
 }
 
+Recompute ScheduleSpec::recompute_of(const ops::SegmentShape& shape) const {
+  if (shape.layer < 0 || layer_recompute.empty()) return recompute;
+  OASES_ASSERT(static_cast<std::size_t>(shape.layer) < layer_recompute.size(),
+               "segment {} of layer {}, but the per-layer recomputation names {} layers",
+               shape.name, shape.layer, layer_recompute.size());
+  return layer_recompute[static_cast<std::size_t>(shape.layer)];
+}
+
 std::string describe_recompute(const ScheduleSpec& spec) {
+  if (!spec.layer_recompute.empty()) {
+    // Runs of equal policies in layer order, while they are few enough to read.
+    std::vector<std::pair<Recompute, int>> runs;
+    for (Recompute policy : spec.layer_recompute) {
+      if (runs.empty() || runs.back().first != policy) runs.emplace_back(policy, 0);
+      ++runs.back().second;
+    }
+    std::string out = "per layer: ";
+    constexpr std::size_t kMaxRuns = 4;
+    if (runs.size() <= kMaxRuns) {
+      for (std::size_t i = 0; i < runs.size(); ++i)
+        out += fmt::format("{}{} x{}", i > 0 ? ", " : "", name(runs[i].first), runs[i].second);
+      return out;
+    }
+    bool first = true;
+    for (const NamedValue<Recompute>& policy : kRecomputeNames) {
+      const auto count = std::ranges::count(spec.layer_recompute, policy.value);
+      if (count == 0) continue;
+      out += fmt::format("{}{} {}", first ? "" : ", ", count, policy.name);
+      first = false;
+    }
+    return out;
+  }
   if (spec.recompute != Recompute::sqrt) return std::string(name(spec.recompute));
   return fmt::format("sqrt (groups of {} layer{})", spec.recompute_every,
                      spec.recompute_every == 1 ? "" : "s");
 }
+
+std::string recompute_words(const ScheduleSpec& spec) {
+  if (spec.layer_recompute.empty()) return std::string(name(spec.recompute));
+  std::string out;
+  for (Recompute policy : spec.layer_recompute)
+    out += fmt::format("{}{}", out.empty() ? "" : ",", name(policy));
+  return out;
+}
+
+namespace {
+
+// Whether the kind recomputes fine-grained or not at all: its recomputation never replays a
+// collective, and never writes a forward slot during the backward pass, which the interleaved
+// kinds' next forward uses meanwhile.
+bool implies_fine_grained(ScheduleKind kind) {
+  return kind == ScheduleKind::fine_grained || kind == ScheduleKind::oases ||
+         kind == ScheduleKind::oases_interleaved || kind == ScheduleKind::oases_deferred;
+}
+bool fits_fine_grained_kind(Recompute policy) {
+  return policy == Recompute::fine_grained || policy == Recompute::none;
+}
+
+}  // namespace
 
 void check_spec(const ScheduleSpec& spec) {
   OASES_ASSERT(spec.micro_batches >= 1 && spec.sub_batches >= 1, "bad schedule spec");
@@ -459,21 +532,34 @@ void check_spec(const ScheduleSpec& spec) {
                 "\"megatron\" or \"cross-pass\", or recompute = \"fine-grained\" with "
                 "schedule = \"{}\"",
                 name(spec.kind), name(spec.kind));
+    OASES_CHECK(spec.layer_recompute.empty(),
+                "parallel.recompute = \"sqrt\" is one policy for the whole model; it has no "
+                "per-layer form");
     OASES_CHECK(spec.recompute_every >= 1,
                 "parallel.recompute_every = {}: sqrt recomputation needs groups of at least one "
                 "layer",
                 spec.recompute_every);
   }
-  const bool implies_fine_grained = spec.kind == ScheduleKind::fine_grained ||
-                                    spec.kind == ScheduleKind::oases ||
-                                    spec.kind == ScheduleKind::oases_interleaved ||
-                                    spec.kind == ScheduleKind::oases_deferred;
-  OASES_CHECK(!implies_fine_grained || spec.recompute == Recompute::fine_grained,
+  const bool fine_grained_kind = implies_fine_grained(spec.kind);
+  const std::string_view other_kind =
+      spec.kind == ScheduleKind::fine_grained ? "megatron" : "cross-pass";
+  OASES_CHECK(!fine_grained_kind || fits_fine_grained_kind(spec.recompute),
               "parallel.recompute = \"{}\" does not go with parallel.schedule = \"{}\", which "
-              "recomputes fine-grained; valid: recompute = \"fine-grained\", or schedule = "
-              "\"{}\" for another policy",
-              name(spec.recompute), name(spec.kind),
-              spec.kind == ScheduleKind::fine_grained ? "megatron" : "cross-pass");
+              "recomputes fine-grained; valid: recompute = \"fine-grained\" or \"none\", or "
+              "schedule = \"{}\" for another policy",
+              name(spec.recompute), name(spec.kind), other_kind);
+  for (std::size_t layer = 0; layer < spec.layer_recompute.size(); ++layer) {
+    const Recompute policy = spec.layer_recompute[layer];
+    OASES_CHECK(policy != Recompute::sqrt,
+                "parallel.recompute = \"{}\" gives layer {} \"sqrt\", whose groups span "
+                "layers; valid per layer: {} (or \"sqrt\" alone, for the whole model)",
+                recompute_words(spec), layer, quoted_layer_recompute_names());
+    OASES_CHECK(!fine_grained_kind || fits_fine_grained_kind(policy),
+                "parallel.recompute = \"{}\" gives layer {} \"{}\", which does not go with "
+                "parallel.schedule = \"{}\", which recomputes fine-grained; valid per layer: "
+                "\"fine-grained\" or \"none\", or schedule = \"{}\" for another policy",
+                recompute_words(spec), layer, name(policy), name(spec.kind), other_kind);
+  }
   OASES_CHECK(overlaps_collectives(spec.kind) || spec.sub_batches == 1,
               "parallel.sub_batches = {} needs an overlapped schedule; parallel.schedule = \"{}\" "
               "runs whole micro-batches (valid: sub_batches = 1, or schedule = \"cross-pass\", "

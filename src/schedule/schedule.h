@@ -32,14 +32,19 @@
 //   schedule            recompute                ARs per layer fwd/recompute/bwd   overlap
 //   megatron            none | full | selective  2 / 0|2|0 / 2                     no
 //                       | sqrt                   2 / 2 / 2 with sqrt
-//   fine-grained        fine-grained             2 / 0 / 2                         no
+//   fine-grained        fine-grained | none      2 / 0 / 2                         no
 //   cross-pass          full (default) | any     2 / 2 / 2 with full or sqrt       yes
-//   oases               fine-grained             2 / 0 / 2                         yes
-//   oases-interleaved   fine-grained             2 / 0 / 2                         yes, across
+//   oases               fine-grained | none      2 / 0 / 2                         yes
+//   oases-interleaved   fine-grained | none      2 / 0 / 2                         yes, across
 //                                                                                  micro-batches
-//   oases-deferred      fine-grained             2 / 0 / 2                         as above, and
+//   oases-deferred      fine-grained | none      2 / 0 / 2                         as above, and
 //                                                                                  weight parts
 //                                                                                  fill windows
+//
+// Recomputation per layer (ScheduleSpec::layer_recompute): each transformer layer may take its
+// own policy (none, selective, full or fine-grained, as the kind allows). A segment frees and
+// regenerates what its layer's policy says; a full layer is a replay group of its own, whose
+// first checkpoint stays live, so its neighbours' policies change nothing of it.
 //
 // Recomputation in groups of layers (sqrt; Chen et al. 2016, "Training deep nets with
 // sublinear memory cost"). Full recomputation keeps every layer's input and replays one layer
@@ -62,7 +67,7 @@
 // still reads in the same sub-batch's slots, and the forwards of k + 1 and k + 2, which run at
 // once, use slots of their own (slot_lanes). Recomputation
 // that regenerates a segment's output (full) would write the forward slot during backward,
-// which is why the interleaved kind implies fine-grained recomputation.
+// which is why the interleaved kind implies fine-grained recomputation (or none at all).
 //
 // Pipelines. A pipeline cuts the model into chunks (stages) on different ranks. Each rank's
 // Program holds the segments of its own chunks, numbered locally; a chunk that does not start
@@ -98,6 +103,7 @@
 #include <array>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -246,6 +252,10 @@ std::string_view name(Payload payload);
 ScheduleKind parse_schedule_kind(std::string_view text, std::string_view setting);
 Recompute parse_recompute(std::string_view text, std::string_view setting);
 
+// The policies a layer may take on its own (all but sqrt), quoted for messages: "\"none\",
+// \"full\", \"selective\", \"fine-grained\"".
+std::string quoted_layer_recompute_names();
+
 // Whether the schedule runs compute while its own tensor-parallel collectives are on the wire
 // (cross-pass and the oases kinds; megatron and fine-grained block on each collective).
 bool overlaps_collectives(ScheduleKind kind);
@@ -277,6 +287,18 @@ struct ScheduleSpec {
   // checkpoints as slices between the passes (partition_kept_checkpoints, applied after
   // generation like shard_parameters); what the engine runs and the planner prices.
   bool partitioned_checkpoints = false;
+  // Recomputation per transformer layer (parallel.recompute as a list): empty, every layer
+  // runs `recompute`; else one policy per layer of the whole model, indexed by
+  // ops::SegmentShape::layer (global under a pipeline too), and `recompute` is left to the
+  // segments outside the layers. Each entry is none, selective, full or fine-grained (never
+  // sqrt, whose groups span layers); check_spec holds each to the kind as it holds
+  // `recompute`. A layer under full replays its own segments from its input, whatever its
+  // neighbours do, so policies mix freely along the model.
+  std::vector<Recompute> layer_recompute = {};
+
+  // The policy of the segment's layer: layer_recompute's entry, or `recompute` (a segment
+  // outside the layers, or one policy for all). REQUIRES: the layer within layer_recompute.
+  Recompute recompute_of(const ops::SegmentShape& shape) const;
 };
 
 // k = round(sqrt(layers)), at least 1: the group size that minimises L / k + k, kept inputs
@@ -285,14 +307,22 @@ struct ScheduleSpec {
 // k = sqrt(L / 16) instead: k = 1 (full recomputation) up to about 32 layers.
 int default_recompute_every(std::int64_t layers);
 
-// The policy as the start-up log and the plan report name it: "full", or "sqrt (groups of 3
-// layers)".
+// The policy as the start-up log and the plan report name it: "full", "sqrt (groups of 3
+// layers)", or per layer, runs of equal policies in layer order while there are at most four
+// ("per layer: full x2, none x2"), else how many layers take each ("per layer: 12 full, 20
+// none").
 std::string describe_recompute(const ScheduleSpec& spec);
 
+// The policy as parallel.recompute writes it, "auto" resolved: one word ("full"), or one per
+// layer joined by commas ("full,none,selective,none").
+std::string recompute_words(const ScheduleSpec& spec);
+
 // UserError when the combination cannot run: fine-grained, oases, oases-interleaved and
-// oases-deferred imply fine-grained recomputation; sqrt recomputation runs under megatron and
-// cross-pass only, with recompute_every >= 1; megatron and fine-grained run whole micro-batches
-// (one sub-batch).
+// oases-deferred recompute fine-grained or not at all (recompute "fine-grained" or "none");
+// sqrt recomputation runs under megatron and cross-pass only, with recompute_every >= 1;
+// megatron and fine-grained run whole micro-batches (one sub-batch). Per layer
+// (layer_recompute), each layer's policy obeys the same rules (the message names the layer),
+// and sqrt is no layer's.
 void check_spec(const ScheduleSpec& spec);
 
 // How many micro-batches' slots (ops::Slot) the schedules of `spec` use at once: micro-batch
@@ -463,6 +493,13 @@ std::size_t peak_activation_bytes(const ops::Program& program, const Schedule& s
 // REQUIRES: `schedule` verifies; the result verifies too.
 void compress_kept_sets(const ops::Program& program, Schedule& schedule,
                         ops::ActivationEncoding encoding);
+// The same per transformer layer (parallel.activation_compression as a list):
+// layer_encodings[l] is how the kept sets of the segments of layer l (SegmentShape::layer) are
+// held, std::nullopt leaving them as they are; the sets of segments outside the layers (the
+// embedding, the head, reshards) stay as they are. REQUIRES: every layer of the program
+// within layer_encodings.
+void compress_kept_sets(const ops::Program& program, Schedule& schedule,
+                        const std::vector<std::optional<ops::ActivationEncoding>>& layer_encodings);
 
 // Partitioned activation checkpoints (parallel.partition_activations; ZeRO-R): a checkpoint
 // that is identical on every rank of its segment's collective group (SegmentShape::

@@ -25,9 +25,10 @@
 #include "train/threads.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
+#include <fmt/ranges.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <deque>
@@ -377,10 +378,22 @@ std::string this_host_name() {
 // sqrt's layers per group), sub-batches and micro-batches per step.
 nlohmann::json schedule_description(const schedule::ScheduleSpec& spec) {
   nlohmann::json out = {{"kind", schedule::name(spec.kind)},
-                        {"recompute", schedule::name(spec.recompute)},
+                        {"recompute", schedule::recompute_words(spec)},
                         {"sub_batches", spec.sub_batches},
                         {"micro_batches", spec.micro_batches}};
   if (spec.recompute == schedule::Recompute::sqrt) out["recompute_every"] = spec.recompute_every;
+  return out;
+}
+
+// run.json's "plan": the plan file parallel.plan names and the settings it gave the run; null
+// where the run took none from a plan file.
+nlohmann::json plan_file_description(const plan::RunPlan& plan) {
+  if (!plan.plan_file || plan.plan_file->settings.empty()) return nullptr;
+  nlohmann::json settings = nlohmann::json::object();
+  for (const auto& [key, value] : plan.plan_file->settings) settings[key] = value;
+  nlohmann::json out = {{"file", plan.plan_file->path}, {"settings", settings}};
+  if (plan.plan_file->predicted_step_seconds > 0)
+    out["predicted_step_s"] = plan.plan_file->predicted_step_seconds;
   return out;
 }
 
@@ -428,6 +441,8 @@ void write_run_description(TrainingEngine& engine, comm::Mesh& mesh,
                           {"activations", memory.activations},
                           {"offloaded", memory.offloaded}}}};
   if (!peak.is_null()) run["peak"] = peak;
+  if (nlohmann::json file = plan_file_description(engine.plan()); !file.is_null())
+    run["plan"] = std::move(file);
   if (memory.working_copy > 0) {
     run["memory_bytes"]["working_copy"] = memory.working_copy;
     run["gemm16_path"] = engine.gemm16().description;
@@ -510,6 +525,15 @@ void log_layout(TrainingEngine& engine, comm::Mesh& mesh,
   const plan::RunPlan& plan = engine.plan();
   const plan::RunConfig& config = plan.config;
   const auto& m = config.model;
+  // The layout may be the plan file's rather than the config file's: say which settings it gave.
+  if (plan.plan_file && !plan.plan_file->settings.empty()) {
+    std::vector<std::string> settings;
+    for (const auto& [key, value] : plan.plan_file->settings)
+      settings.push_back(fmt::format("{}={}", key, value));
+    const double predicted = plan.plan_file->predicted_step_seconds;
+    log_info("plan {}: {}{}", plan.plan_file->path, fmt::join(settings, ", "),
+             predicted > 0 ? fmt::format(" (predicted step {:.3g} s)", predicted) : std::string());
+  }
   if (mesh.world_size() > 1 && mesh.cp_size() > 1)
     log_info(
         "parallel: {} ranks = tp {} x cp {} x dp {} x pp {} (context parallelism: {}, "
@@ -604,14 +628,16 @@ void log_schedule(TrainingEngine& engine) {
   const plan::RunPlan& plan = engine.plan();
   const plan::ParallelConfig& p = plan.config.parallel;
   const schedule::ScheduleSpec& spec = plan.schedule;
-  log_info("schedule: {}, recompute {}, {} sub-batch(es) of {} sequences, {} micro-batch(es) "
-           "per step; activations {:.1f} MiB{}",
-           schedule::name(spec.kind), schedule::describe_recompute(spec), spec.sub_batches,
-           plan.micro_batch() / spec.sub_batches, spec.micro_batches,
-           static_cast<double>(engine.activation_bytes()) / (1 << 20),
-           plan.settings.activation_compression
-               ? fmt::format(", kept in {} between the passes", p.activation_compression)
-               : std::string());
+  log_info(
+      "schedule: {}, recompute {}, {} sub-batch(es) of {} sequences, {} micro-batch(es) "
+      "per step; activations {:.1f} MiB{}",
+      schedule::name(spec.kind), schedule::describe_recompute(spec), spec.sub_batches,
+      plan.micro_batch() / spec.sub_batches, spec.micro_batches,
+      static_cast<double>(engine.activation_bytes()) / (1 << 20),
+      plan.settings.activation_compression.any()
+          ? fmt::format(", kept in {} between the passes",
+                        plan.settings.activation_compression.describe())
+          : std::string());
   if (spec.partitioned_checkpoints) {
     std::size_t partitioned = 0;
     for (const schedule::Instruction& ins : engine.schedule_for(engine.local_batch(), true))

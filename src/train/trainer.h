@@ -81,14 +81,17 @@ struct TrainSummary {
 // wait for the previous asynchronous save, which "checkpoint_wait_s" gives apart); with more than
 // one rank, every log.every steps and on the last, the straggler figures of the window
 // (train/stragglers.h): "slowest_rank", "straggler_ratio", "rank_compute_s" and
-// "rank_exposed_comm_s" (per world rank, per step). Beside it, `run.json` (written atomically at the start of every run,
-// fresh or resumed) describes the run: {"format": 1, "config": the resolved config as TOML,
-// "layer_degrees", "world_size", "tp", "dp", "pp", "threads", "started" (ISO-8601 UTC),
-// "host", "cpu", "parameters", "start_step", "schedule": {"kind", "recompute" (with
-// "recompute_every", its layers per group, under "sqrt"), "sub_batches", "micro_batches"} (auto
+// "rank_exposed_comm_s" (per world rank, per step). Beside it, `run.json` (written atomically at
+// the start of every run, fresh or resumed) describes the run: {"format": 1, "config": the resolved
+// config as TOML, "layer_degrees", "world_size", "tp", "dp", "pp", "threads", "started" (ISO-8601
+// UTC), "host", "cpu", "parameters", "start_step", "schedule": {"kind", "recompute" (one policy, or
+// per layer the policies joined by commas; with "recompute_every", its layers per group, under
+// "sqrt"), "sub_batches", "micro_batches"} (auto
 // settings resolved), "memory_bytes": {"parameters", "gradients", "optimizer", "activations",
 // and under mixed precision "working_copy": the 16-bit parameters} (per rank), and under mixed
-// precision "gemm16_path": the 16-bit product path and why}. run.json is not written when
+// precision "gemm16_path": the 16-bit product path and why, and where parallel.plan names a
+// plan file that carries settings "plan": {"file", "settings": {key: value as --set takes it},
+// "predicted_step_s" (when the file gives one)}}. run.json is not written when
 // log.metrics names a device or pipe (such as /dev/stdout).
 //
 // Before anything is written, world rank 0 claims the run's outputs (train/run_outputs.h:

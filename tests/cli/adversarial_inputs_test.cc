@@ -108,8 +108,10 @@ TEST_F(AdversarialInputs, ConfigThatIsNotARegularFileIsNamed) {
   expect_error(oases("train --config " + d.string(), 20), {d.string(), "is a directory"});
   expect_error(oases("train --config /dev/zero", 20), {"/dev/zero", "is a character device"});
   // A profile, too.
-  expect_error(oases("plan --config " + config().string() + " --profile " + fifo.string(), 20),
-               {"profile '" + fifo.string() + "' is a FIFO"});
+  expect_error(
+      oases("plan --degrees-only --config " + config().string() + " --profile " + fifo.string(),
+            20),
+      {"profile '" + fifo.string() + "' is a FIFO"});
 }
 
 TEST_F(AdversarialInputs, ConfigBeyondSixteenMebibytesIsRefusedBeforeItIsRead) {

@@ -190,13 +190,15 @@ TEST_F(Cli, SimulateOnAClusterDescription) {
                {"topology.nodes"});
 }
 
-// `oases plan --cluster`: the planner priced on a cluster description. On links too slow for
-// activations every layer runs at degree 1 (its weight gradients cross the link once per step);
-// the chosen plan is then simulated under each ZeRO stage, and a pipelined config compares the
-// pipeline schedules on the cluster.
+// `oases plan --degrees-only --cluster`: the degree planner priced on a cluster description. On
+// links too slow for activations every layer runs at degree 1 (its weight gradients cross the
+// link once per step); the chosen plan is then simulated under each ZeRO stage, and a pipelined
+// config compares the pipeline schedules on the cluster. It takes one source of costs, one
+// profile at most; without --degrees-only `oases plan` is the joint search, which needs a
+// cluster description.
 TEST_F(Cli, PlanForAClusterDescription) {
   const std::string planner_config =
-      "--config " + std::string(OASES_SOURCE_DIR) + "/configs/planner.toml";
+      "--degrees-only --config " + std::string(OASES_SOURCE_DIR) + "/configs/planner.toml";
   const std::string cluster =
       " --cluster " + std::string(OASES_SOURCE_DIR) + "/clusters/rtx3090-pcie.toml";
   const Result slow = run("plan " + planner_config + cluster +
@@ -218,6 +220,12 @@ TEST_F(Cli, PlanForAClusterDescription) {
     EXPECT_NE(pipelined.output.find(fragment), std::string::npos) << fragment << " in "
                                                                   << pipelined.output;
   expect_error(run("plan " + planner_config), {"--profile", "--cluster"});
+  expect_error(run("plan " + planner_config + cluster + " --profile profile.json"),
+               {"--profile", "--cluster", "both were given"});
+  expect_error(run("plan " + planner_config + " --profile a.json --profile b.json"),
+               {"--degrees-only takes one --profile; 2 were given"});
+  expect_error(run("plan --config " + std::string(OASES_SOURCE_DIR) + "/configs/planner.toml"),
+               {"--cluster", "--degrees-only"});
 }
 
 TEST_F(Cli, UnknownKeyNamesKeyAndValidKeys) {

@@ -564,7 +564,8 @@ TEST_F(Reliability, DamagedPlanAndProfileFilesAreRejected) {
 
   const fs::path profile = dir_ / "profile.json";
   write_text(profile, "{\"format\": \"oases-profile\"} trailing");
-  r = oases("plan --config " + (dir_ / "tiny.toml").string() + " --profile " + profile.string());
+  r = oases("plan --degrees-only --config " + (dir_ / "tiny.toml").string() + " --profile " +
+            profile.string());
   EXPECT_EQ(r.exit_code, 2) << r.output;
   expect_mentions(r, {"profile.json", "not valid JSON"});
 }

@@ -1,11 +1,13 @@
 // What a user sees of a training run and of `oases eval`, end to end through the binary:
-// metrics with timestamps and token counts, run.json, the progress line (redrawn in place on a
-// terminal, plain lines otherwise), only rank 0's summaries under mpirun, resuming with a
-// changed learning-rate schedule, errors without source positions, the warning for a host
-// with more ranks than cores, and eval's numbers on one rank and on two.
+// metrics with timestamps and token counts, run.json, the settings a plan file gave the run,
+// the progress line (redrawn in place on a terminal, plain lines otherwise), only rank 0's
+// summaries under mpirun, resuming with a changed learning-rate schedule, errors without source
+// positions, the warning for a host with more ranks than cores, and eval's numbers on one rank
+// and on two.
+#include "plan/run_config.h"
+#include "planner/planner.h"
 #include "support/command.h"
 #include "support/runs.h"
-#include "plan/run_config.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -191,6 +193,51 @@ TEST_F(RunOutput, MetricsCarryTimeAndTokensFromAStepZeroRecordAndRunJsonDescribe
   ASSERT_EQ(again.size(), 7u);
   for (std::size_t i = 0; i < again.size(); ++i)
     EXPECT_EQ(again[i]["step"].get<std::int64_t>(), static_cast<std::int64_t>(i));
+}
+
+// A plan file that carries settings (a joint plan's) names itself and what it set in a start-up
+// line and in run.json's "plan"; a plan file of degrees alone adds neither.
+TEST_F(RunOutput, SettingsFromAPlanFileAreNamedAtStartUpAndInRunJson) {
+  oases::planner::Plan plan;
+  plan.degrees = {1, 1};
+  plan.predicted_step_seconds = 0.25;
+  plan.settings = {{"parallel.schedule", "megatron"},
+                   {"parallel.recompute", "full,none"},
+                   {"train.micro_batch", "1"}};
+  const std::string joint = (dir_ / "joint.json").string();
+  oases::planner::write_plan(plan, 1, joint);
+  const std::string settings = in_dir("log.metrics", "joint/metrics.jsonl") +
+                               "checkpoint.dir=" + quoted("") + " train.steps=1 train.eval_every=0";
+  const CommandResult r =
+      oases::testing::run_command(train("", settings + " parallel.plan=" + quoted(joint)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // In the file's order (its keys sorted).
+  EXPECT_NE(r.output.find("plan " + joint +
+                          ": parallel.recompute=full,none, parallel.schedule=megatron, "
+                          "train.micro_batch=1 (predicted step 0.25 s)\n"),
+            std::string::npos)
+      << r.output;
+  const auto run = nlohmann::json::parse(std::ifstream(dir_ / "joint/run.json"));
+  EXPECT_EQ(run["plan"], nlohmann::json({{"file", joint},
+                                         {"settings",
+                                          {{"parallel.schedule", "megatron"},
+                                           {"parallel.recompute", "full,none"},
+                                           {"train.micro_batch", "1"}}},
+                                         {"predicted_step_s", 0.25}}));
+  // The run took them: four micro-batches of one sequence, the first layer recomputed.
+  EXPECT_EQ(run["schedule"]["kind"], "megatron");
+  EXPECT_EQ(run["schedule"]["micro_batches"], 4);
+  EXPECT_EQ(run["schedule"]["recompute"], "full,none");
+
+  plan.settings.clear();
+  const std::string degrees = (dir_ / "degrees.json").string();
+  oases::planner::write_plan(plan, 1, degrees);
+  const CommandResult plain = oases::testing::run_command(
+      train("", in_dir("log.metrics", "degrees/metrics.jsonl") + "checkpoint.dir=" + quoted("") +
+                    " train.steps=1 train.eval_every=0 parallel.plan=" + quoted(degrees)));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(plain.output.find("plan " + degrees + ":"), std::string::npos) << plain.output;
+  EXPECT_FALSE(nlohmann::json::parse(std::ifstream(dir_ / "degrees/run.json")).contains("plan"));
 }
 
 TEST_F(RunOutput, ProgressRedrawsInPlaceOnATerminalAndIsPlainLinesOtherwise) {

@@ -487,9 +487,9 @@ path = ")" << (dir / "data").string()
                   " --set parallel.cp=2 parallel.tp=2 parallel.cp_kind=" + quoted("ring") +
                   " checkpoint.dir=" + quoted((dir / "ring").string()));
   EXPECT_EQ(ring.exit_code, 0) << ring.output;
-  // The planner prices context-parallel plans as the run's own program; the pipeline
+  // The degree planner prices context-parallel plans as the run's own program; the pipeline
   // predictions build stages of plain layers, so with pp > 1 it refuses them.
-  const std::string plan_command = std::string(OASES_BINARY) + " plan --config " +
+  const std::string plan_command = std::string(OASES_BINARY) + " plan --degrees-only --config " +
                                    (dir / "tiny.toml").string() + " --cluster " + OASES_SOURCE_DIR +
                                    "/clusters/dgx-h100.toml --set parallel.cp=2";
   const Result plan = run_command(plan_command);

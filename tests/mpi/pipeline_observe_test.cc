@@ -2,8 +2,9 @@
 // parallel.pp = 2: parallel.pipeline_layers = "auto" resolves to counts (logged, and stored in
 // run.json's config); every step record has bubble_s; the start-up lines list each stage's
 // layers and predicted activations; the trace names each Send and Recv with its payload,
-// micro-batch, sub-batch and peer, and each rank's process its stage. And `oases plan` with
-// parallel.pp = 2 lists every pipeline schedule, predicted where the runtime can run it.
+// micro-batch, sub-batch and peer, and each rank's process its stage. And `oases plan
+// --degrees-only` with parallel.pp = 2 lists every pipeline schedule, predicted where the
+// runtime can run it.
 #include "support/command.h"
 #include "support/runs.h"
 
@@ -140,7 +141,7 @@ TEST_F(PipelineObservability, PlanListsEveryPipelineSchedule) {
   Result r = run_command(std::string(OASES_BINARY) + " profile --config " +
                          (dir_ / "gpt.toml").string() + " --steps 1 --output " + profile.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string plan = std::string(OASES_BINARY) + " plan --config " +
+  const std::string plan = std::string(OASES_BINARY) + " plan --degrees-only --config " +
                            (dir_ / "gpt.toml").string() + " --profile " + profile.string() +
                            " --set parallel.pp=2 parallel.pipeline_layers=";
   r = run_command(plan + "auto");

@@ -2,8 +2,8 @@
 // `mpirun -np tp oases train` give the losses, parameters and AdamW moments of the
 // single-process run, under the blocking (megatron) and the overlapped (oases) schedules; the
 // reshards between layers of different degrees are all-gathers on the communication lane; a
-// plan file written like `oases plan` writes it is accepted, and bad plans are rejected with
-// the setting, the value and what would be valid.
+// plan file written like `oases plan --degrees-only` writes it is accepted, and bad plans are
+// rejected with the setting, the value and what would be valid.
 //
 // The runs are in fp64 and agree to relative 1e-10 per tensor and per loss, as in
 // schedules_test.cc (they start from random weights with nonzero biases and LayerNorm

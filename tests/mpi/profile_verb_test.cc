@@ -1,8 +1,8 @@
-// `oases profile` and `oases plan` end to end: under mpirun with tp = 2 the profile measures
-// degrees 1 and 2 and the reshard between them, and the memory per parameter byte by kind, and
-// reads back matching its config; the plan verb prints every layer at each degree and the
-// chosen degrees with their memory per rank by kind, writes a plan file, and says by how much a
-// memory limit no plan fits is too small.
+// `oases profile` and `oases plan --degrees-only` end to end: under mpirun with tp = 2 the
+// profile measures degrees 1 and 2 and the reshard between them, and the memory per parameter
+// byte by kind, and reads back matching its config; the plan verb prints every layer at each
+// degree and the chosen degrees with their memory per rank by kind, writes a plan file, and says
+// by how much a memory limit no plan fits is too small.
 #include "plan/run_config.h"
 #include "planner/profile.h"
 #include "support/command.h"
@@ -87,7 +87,7 @@ tp = 2
   EXPECT_EQ(profile.memory_settings(), "zero 0, offload none, precision fp32");
 
   const std::string plan_file = (dir / "plan.json").string();
-  const std::string plan_command = std::string(OASES_BINARY) + " plan --config " +
+  const std::string plan_command = std::string(OASES_BINARY) + " plan --degrees-only --config " +
                                    (dir / "tiny.toml").string() + " --profile " + out;
   const auto plan = oases::testing::run_command(plan_command + " --output " + plan_file);
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
@@ -115,8 +115,8 @@ tp = 2
 }
 
 // A profile measured in a sequence- or context-parallel layout holds that layout's segments and
-// transfers; `oases simulate` and `oases plan` price the run's own program from it, and the
-// activation memory they predict is what a training step of that layout measures.
+// transfers; `oases simulate` and `oases plan --degrees-only` price the run's own program from
+// it, and the activation memory they predict is what a training step of that layout measures.
 TEST(ProfileVerb, MeasuresAndPricesSequenceAndContextParallelLayouts) {
   const fs::path dir = oases::testing::fresh_test_folder("profile_runs");
   ASSERT_EQ(oases::testing::prepare_fortunes_data(OASES_BINARY, dir).exit_code, 0);
@@ -208,8 +208,8 @@ path = ")" << (dir / "data").string()
     EXPECT_NEAR(std::stod(activations[1]), measured[0] / (1 << 20), 0.05 + 1e-9)
         << simulated.output;
 
-    const auto planned = oases::testing::run_command(std::string(OASES_BINARY) + " plan" + config +
-                                                     " --profile " + out);
+    const auto planned = oases::testing::run_command(
+        std::string(OASES_BINARY) + " plan --degrees-only" + config + " --profile " + out);
     ASSERT_EQ(planned.exit_code, 0) << planned.output;
     EXPECT_NE(planned.output.find("every plan predicted from the run's own program, with " +
                                   profile.layout.describe()),

@@ -503,9 +503,9 @@ TEST_F(SchedulesRejected, BadCombinationsNameTheSettingAndTheValidValues) {
   expect_rejected(combination("oases", "full", 0).settings,
                   {"parallel.recompute = \"full\"", "parallel.schedule = \"oases\"",
                    "valid: recompute = \"fine-grained\""});
-  expect_rejected(combination("fine-grained", "none", 0).settings,
-                  {"parallel.recompute = \"none\"", "parallel.schedule = \"fine-grained\"",
-                   "valid: recompute = \"fine-grained\""});
+  expect_rejected(combination("fine-grained", "selective", 0).settings,
+                  {"parallel.recompute = \"selective\"", "parallel.schedule = \"fine-grained\"",
+                   "valid: recompute = \"fine-grained\" or \"none\""});
   expect_rejected(combination("megatron", "", 2).settings,
                   {"parallel.sub_batches = 2", "parallel.schedule = \"megatron\"",
                    "valid: sub_batches = 1", "\"cross-pass\"", "\"oases\""});

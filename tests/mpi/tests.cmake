@@ -8,7 +8,7 @@
 
 foreach(test_name schedules_test pipeline_train_test pipeline_composition_test
                   pipeline_zero_bubble_test pipeline_2bw_test zero_runs_test plans_test
-                  context_parallel_runs_test)
+                  context_parallel_runs_test layer_policies_runs_test)
   gtest_discover_tests(${test_name} DISCOVERY_MODE PRE_TEST TEST_SUFFIX .async_streams
     PROPERTIES LABELS async ENVIRONMENT OASES_ASYNC_CPU_STREAMS=1
                ENVIRONMENT_MODIFICATION ${OASES_MPI_ASAN_ENVIRONMENT}
