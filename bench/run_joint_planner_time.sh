@@ -26,7 +26,7 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-config() {  # layers hidden heads global_batch world
+config() {  # layers hidden heads global_batch tp dp pp (any valid layout of the world)
   cat <<EOF
 [model]
 layers = $1
@@ -41,15 +41,17 @@ global_batch = $4
 precision = "bf16"
 [parallel]
 tp = $5
+dp = $6
+pp = $7
 EOF
 }
 
 echo "joint planner wall time on $(nproc) cores of $(lscpu | sed -n 's/^Model name: *//p'), $(date -u +%F)"
 for size in "${sizes[@]}"; do
   case $size in
-    8) config 24 2048 16 64 8 >"$work/c.toml" ;;
-    64) config 96 4096 32 512 64 >"$work/c.toml" ;;
-    1024) config 96 12288 96 1536 1024 >"$work/c.toml" ;;
+    8) config 24 2048 16 64 8 1 1 >"$work/c.toml" ;;
+    64) config 96 4096 32 512 8 8 1 >"$work/c.toml" ;;
+    1024) config 96 12288 96 1536 8 16 8 >"$work/c.toml" ;;
     *) echo "SIZES: $size is not one of 8 64 1024" >&2; exit 2 ;;
   esac
   start=$(date +%s.%N)
