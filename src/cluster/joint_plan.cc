@@ -484,7 +484,6 @@ std::optional<Search::Priced> Search::price_global(const Global& g, Tally& tally
     for (const std::string& recompute : recompute_words)
       options.push_back({recompute, compression});
 
-  const plan::RunConfig first = config_of(base_, g, options[0].recompute, options[0].compression);
   std::string first_error;
   std::vector<std::optional<OptionCost>> costs(options.size());
   const planner::Profile* profile = nullptr;
@@ -684,7 +683,7 @@ std::optional<Search::LayerCompute> Search::layer_compute(const Global& g, Tally
     one.layout.pp = 1;
     one.zero = 0;
     one.offload = "none";
-    plan::RunConfig c = config_of(base_, one, megatron ? "none" : "none", "none");
+    plan::RunConfig c = config_of(base_, one, "none", "none");
     c.train.global_batch = c.train.micro_batch;
     double seconds[2] = {0, 0};
     std::string why;

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "sim/collective_costs.h"
+#include "support/test_clusters.h"
 #include "plan/run_config.h"
 
 #include <gtest/gtest.h>
@@ -19,21 +20,7 @@ namespace {
 // nodes x per_node devices: a switch inside a node, a network between nodes whose uplink
 // the node's devices share.
 sim::ClusterSpec cluster_of(int nodes, int per_node) {
-  sim::ClusterSpec c;
-  c.name = "test-cluster";
-  c.nodes = nodes;
-  c.devices_per_node = per_node;
-  c.device.name = "test device";
-  c.device.memory_bytes = 16.0 * (1 << 30);
-  c.device.memory_bytes_per_second = 5e11;
-  c.device.kernel_launch_seconds = 4e-6;
-  c.device.overlap_slowdown = 0.1;
-  c.device.peak_flops = {{"fp32", 20e12}, {"bf16", 300e12}};
-  c.device.gemm_efficiency = {{1e6, 1e9, 1e11}, {0.05, 0.4, 0.8}};
-  c.device.memory_efficiency = {{1e4, 1e8}, {0.2, 0.85}};
-  c.tiers = {{"switch", per_node, 200e9, 0, 3e-6, {}},
-             {"network", nodes * per_node, 25e9, 100e9, 10e-6, {}}};
-  return c;
+  return testing::switched_cluster(nodes, per_node, 200e9, 25e9, 100e9);
 }
 
 // A small GPT on tp x dp x pp ranks with `micro_batches` micro-batches of 2 per data-parallel

@@ -12,6 +12,7 @@
 #include "planner/cost_model.h"
 #include "planner/planner.h"
 #include "support/files.h"
+#include "support/test_clusters.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -26,23 +27,9 @@
 namespace oases::cluster {
 namespace {
 
-// Two nodes of `per_node` devices: a fast switch inside a node, a slow network between them.
+// A fast switch inside a node, a slow network between nodes.
 sim::ClusterSpec cluster_of(int nodes, int per_node) {
-  sim::ClusterSpec c;
-  c.name = "test-cluster";
-  c.nodes = nodes;
-  c.devices_per_node = per_node;
-  c.device.name = "test device";
-  c.device.memory_bytes = 16.0 * (1 << 30);
-  c.device.memory_bytes_per_second = 5e11;
-  c.device.kernel_launch_seconds = 4e-6;
-  c.device.overlap_slowdown = 0.1;
-  c.device.peak_flops = {{"fp32", 20e12}, {"fp64", 10e12}, {"bf16", 300e12}};
-  c.device.gemm_efficiency = {{1e6, 1e9, 1e11}, {0.05, 0.4, 0.8}};
-  c.device.memory_efficiency = {{1e4, 1e8}, {0.2, 0.85}};
-  c.tiers = {{"switch", per_node, 20e9, 0, 3e-6, {}},
-             {"network", nodes * per_node, 2e9, 4e9, 10e-6, {}}};
-  return c;
+  return testing::switched_cluster(nodes, per_node, 20e9, 2e9, 4e9);
 }
 
 plan::RunConfig tiny_config(int world, int layers) {
