@@ -1031,7 +1031,8 @@ Verb add_plan(CLI::App& app, PlanArgs& a) {
       ->check(CLI::Range(1, 1000));
   c->add_option("--max-micro-batch", a.max_micro_batch,
                 "Largest train.micro_batch the joint search considers (0: any)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   c->add_option("--cluster-set", a.cluster_overrides,
                 "Override cluster keys (section.key=value; tiers as tier.NAME.key=value)");
   c->add_option("--output", a.output, "Where to write the chosen plan (JSON)");
@@ -1231,7 +1232,7 @@ Verb add_flight(CLI::App& app, FlightArgs& a) {
                 "Seconds an operation must have waited to count as a hang (shorter waits are "
                 "what a healthy job shows at any moment)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   return {c, [&a] {
             fmt::print("{}", oases::report::format_flight_diagnosis(oases::report::diagnose_flight(
                                  oases::report::read_flight_records(a.path), a.min_wait_s)));

@@ -29,6 +29,14 @@ namespace {
 
 using Settings = std::vector<std::pair<std::string, std::string>>;
 
+// The settings the search chooses, which --fix may keep.
+constexpr std::string_view kSearchedSettings[] = {
+    "parallel.tp",           "parallel.cp",           "parallel.dp",
+    "parallel.pp",           "parallel.cp_kind",      "parallel.schedule",
+    "parallel.sub_batches",  "train.micro_batch",     "parallel.pipeline",
+    "parallel.virtual_stages", "parallel.sequence_parallel", "parallel.zero",
+    "parallel.offload",      "parallel.recompute",    "parallel.activation_compression"};
+
 bool is_fixed(const JointSearchOptions& options, const std::string& key) {
   return std::ranges::find(options.fixed, key) != options.fixed.end();
 }
@@ -172,6 +180,10 @@ class Search {
     base_.parallel.pipeline_layers = "uniform";
     base_.parallel.recompute_every = 0;
     world_ = config.parallel.tp * config.parallel.cp * config.parallel.dp * config.parallel.pp;
+    for (const std::string& key : options.fixed)
+      OASES_CHECK(std::ranges::find(kSearchedSettings, key) != std::end(kSearchedSettings),
+                  "--fix {}: not a setting the joint search chooses; valid: {}", key,
+                  fmt::join(kSearchedSettings, ", "));
     limit_ = options.memory_limit > 0 ? options.memory_limit
              : config.parallel.memory_limit > 0
                  ? config.parallel.memory_limit

@@ -291,6 +291,21 @@ TEST(JointPlan, WorldNoLayoutDividesListsWhy) {
   }
 }
 
+TEST(JointPlan, FixingASettingItDoesNotChooseIsAnError) {
+  JointSearchOptions options = small_space();
+  options.fixed.push_back("train.lr");
+  try {
+    search_joint_plan(tiny_config(2, 3), cluster_of(1, 2), {}, options);
+    FAIL() << "train.lr is not searched";
+  } catch (const UserError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("--fix train.lr: not a setting the joint search chooses; valid: "
+                           "parallel.tp, "),
+              std::string::npos)
+        << message;
+  }
+}
+
 // The plan file holds the chosen settings; a config naming it is the config with the settings
 // applied by hand.
 TEST(JointPlan, PlanFileRoundTripsAndAppliesItsSettings) {
