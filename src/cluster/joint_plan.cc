@@ -388,6 +388,14 @@ std::vector<std::pair<std::int64_t, std::string>> Search::memory_steps(const Lay
   return steps;
 }
 
+// `profile` (if any) for the same model with `layers` layers.
+std::optional<planner::Profile> for_layers(const planner::Profile* profile, std::int64_t layers) {
+  if (profile == nullptr) return std::nullopt;
+  planner::Profile out = *profile;
+  out.model.layers = layers;
+  return out;
+}
+
 const planner::Profile* Search::profile_for(const plan::RunConfig& config, std::string& why) const {
   if (!cluster_.device.computes_from_profile()) return nullptr;
   const plan::RunPlan plan = plan::make_run_plan(config);
@@ -411,7 +419,10 @@ ClusterSimulation Search::simulate_reduced(const plan::RunConfig& config, std::i
   c.model.layers = layers;
   c.train.global_batch = micro_batches * c.train.micro_batch * c.parallel.dp;
   ClusterSimulationOptions options;
-  options.profile = profile;
+  // A profile's times are per segment kind, the same for any number of layers; it names the
+  // model it measured, which the reduced model must match.
+  const std::optional<planner::Profile> reduced = for_layers(profile, layers);
+  options.profile = reduced ? &*reduced : nullptr;
   options.verify_schedules = false;
   ++tally.simulations;
   return simulate_cluster(c, cluster_, options);
@@ -699,13 +710,14 @@ std::optional<Search::LayerCompute> Search::layer_compute(const Global& g, Tally
     c.train.global_batch = c.train.micro_batch;
     double seconds[2] = {0, 0};
     std::string why;
+    const planner::Profile* profile = profile_for(c, why);
+    if (cluster_.device.computes_from_profile() && profile == nullptr) throw UserError(why);
     for (int n = 1; n <= 2; ++n) {
       c.model.layers = base_.model.has_moe() ? n * base_.model.moe_every : n;
       const plan::RunPlan plan = plan::make_run_plan(c);
-      const planner::Profile* profile = profile_for(c, why);
-      if (cluster_.device.computes_from_profile() && profile == nullptr) throw UserError(why);
+      const std::optional<planner::Profile> reduced = for_layers(profile, c.model.layers);
       const std::unique_ptr<ShapeOnlyRank> rank =
-          build_shape_only_rank(plan, cluster_, profile, /*verify=*/false);
+          build_shape_only_rank(plan, cluster_, reduced ? &*reduced : nullptr, /*verify=*/false);
       for (const schedule::Instruction& ins : rank->schedule) {
         if (ins.op == schedule::Op::forward || ins.op == schedule::Op::recompute ||
             ins.op == schedule::Op::backward || ins.op == schedule::Op::backward_weight)

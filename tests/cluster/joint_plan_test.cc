@@ -5,6 +5,7 @@
 // settings given by hand.
 #include "cluster/joint_plan.h"
 
+#include "cluster/cluster_profile.h"
 #include "cluster/cluster_simulation.h"
 #include "core/error.h"
 #include "plan/run_config.h"
@@ -289,6 +290,34 @@ TEST(JointPlan, WorldNoLayoutDividesListsWhy) {
     EXPECT_NE(message.find("parallel.tp"), std::string::npos) << message;
     EXPECT_NE(message.find("parallel.pp"), std::string::npos) << message;
   }
+}
+
+// On a cluster that computes from profiles (this machine's), a candidate is priced by a profile
+// measured in its layout, micro-batch and sub-batches, and only by one: here the config's own.
+TEST(JointPlan, ProfilesPriceTheLayoutsTheyWereMeasuredIn) {
+  plan::RunConfig base = tiny_config(2, 3);
+  base.parallel.schedule = "oases";
+  base.parallel.sub_batches = 2;
+  base.train.micro_batch = 4;  // sub-batches of 2, which split over degree 1's two replicas
+  const planner::Profile profile = cluster_profile(base, cluster_of(1, 2));
+  sim::ClusterSpec machine = cluster_of(1, 2);
+  machine.device.peak_flops.clear();  // compute from the profile
+  const JointPlanReport report = search_joint_plan(base, machine, {profile}, small_space());
+  const auto setting = [&](const std::string& key) {
+    for (const auto& [k, v] : report.chosen.settings)
+      if (k == key) return v;
+    return std::string();
+  };
+  EXPECT_EQ(setting("parallel.tp"), "2");
+  EXPECT_EQ(setting("train.micro_batch"), "4");
+  EXPECT_EQ(setting("parallel.sub_batches"), "2");
+  EXPECT_GT(report.excluded.at("not priced by the profiles given"), 0);
+  const ClusterSimulation whole = [&] {
+    ClusterSimulationOptions options;
+    options.profile = &profile;
+    return simulate_cluster(apply_settings(base, report.chosen.settings), machine, options);
+  }();
+  EXPECT_EQ(report.chosen.step_seconds, whole.step_seconds);
 }
 
 TEST(JointPlan, FixingASettingItDoesNotChooseIsAnError) {
