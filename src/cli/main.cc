@@ -768,6 +768,7 @@ struct PlanArgs {
   std::vector<std::string> fixed;     // --fix: settings the joint search keeps
   int simulate_best = 12;
   std::int64_t max_micro_batch = 0;
+  bool exact_estimates = false;
 };
 
 // The slowest rank's memory of a cluster simulation.
@@ -908,6 +909,7 @@ int run_joint_plan(const PlanArgs& a) {
   options.fixed = a.fixed;
   options.simulate_best = a.simulate_best;
   options.max_micro_batch = a.max_micro_batch;
+  options.exact_estimates = a.exact_estimates;
   const oases::cluster::JointPlanReport report =
       oases::cluster::search_joint_plan(config, cluster, profiles, options);
   fmt::print("{}", oases::cluster::format_joint_plan_report(report, config));
@@ -1033,6 +1035,10 @@ Verb add_plan(CLI::App& app, PlanArgs& a) {
                 "Largest train.micro_batch the joint search considers (0: any)")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  c->add_flag(
+      "--exact-estimates", a.exact_estimates,
+      "Estimate every pipeline by reduced simulations of the whole pipeline, each option of "
+      "its layers too, instead of composing it from one stage (slower)");
   c->add_option("--cluster-set", a.cluster_overrides,
                 "Override cluster keys (section.key=value; tiers as tier.NAME.key=value)");
   c->add_option("--output", a.output, "Where to write the chosen plan (JSON)");

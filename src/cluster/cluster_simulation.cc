@@ -268,7 +268,8 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
 
   ClusterSimulation out;
   out.world = layout.world();
-  out.folded = options.fold && cluster_layout_is_symmetric(plan, cluster);
+  out.folded = options.fold && (options.symmetric ? *options.symmetric
+                                                  : cluster_layout_is_symmetric(plan, cluster));
   out.tokens_per_step = static_cast<double>(config.train.global_batch * config.model.seq_len);
   out.peak_flops_per_device = profiled ? options.profiled_peak_flops : peak->second;
 

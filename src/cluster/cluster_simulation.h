@@ -33,6 +33,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +57,9 @@ struct ClusterSimulationOptions {
   // Verify every rank's schedule before pricing it (schedule::verify_schedule). The joint
   // planner's many reduced estimates leave it out; whatever runs or is reported is verified.
   bool verify_schedules = true;
+  // Whether the layout is symmetric on the cluster (cluster_layout_is_symmetric), where the
+  // caller knows it already (it costs a pass over every rank's groups); empty: found here.
+  std::optional<bool> symmetric;
 };
 
 struct SimulatedRank {

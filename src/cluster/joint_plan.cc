@@ -6,6 +6,8 @@
 #include "planner/chain_solver.h"
 #include "schedule/pipeline.h"
 #include "schedule/schedule.h"
+#include "sim/collective_costs.h"
+#include "sim/pipeline_sim.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -22,10 +24,19 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
 
 namespace oases::cluster {
 
 namespace {
+
+// A composed pipeline's estimate bounds the others raised by this share, so that one a little
+// below its exact estimate does not prune what the exact estimate would keep (a heuristic:
+// tests/cluster/joint_plan_test.cc checks that the choice matches pricing everything exactly).
+constexpr double kComposedMargin = 0.05;
+
+constexpr const char* kStageBounded =
+    "bounded: its schedule on one stage alone is slower than the best found";
 
 using Settings = std::vector<std::pair<std::string, std::string>>;
 
@@ -167,9 +178,75 @@ struct Affine {
 struct OptionCost {
   Affine step;                       // seconds
   Affine memory;                     // bytes per rank (the rank that needs the most)
-  planner::MemoryBytes memory_at_1;  // by kind, at the reduced model of n1 layers (for kinds)
+  Affine activations;                // of them, activations
+};
+
+// A figure of a run that is affine in its layers n and in its micro-batches m separately (the
+// step: each micro-batch and each layer adds its time), fitted on a 2 x 2 grid of both.
+struct Bilinear {
+  double c0 = 0, cn = 0, cm = 0, cnm = 0;
+  double at(double n, double m) const { return c0 + cn * n + cm * m + cnm * n * m; }
+  // Through f11 = f(n1, m1), f21 = f(n2, m1), f12 = f(n1, m2), f22 = f(n2, m2); m1 == m2 fits
+  // the figure as constant in m.
+  static Bilinear fit(double n1, double n2, double m1, double m2, double f11, double f21,
+                      double f12, double f22) {
+    Bilinear b;
+    const double dn = n2 - n1;
+    const double slope1 = (f21 - f11) / dn, slope2 = (f22 - f12) / dn;
+    const double dm = m2 - m1;
+    b.cnm = dm != 0 ? (slope2 - slope1) / dm : 0;
+    b.cn = slope1 - b.cnm * m1;
+    const double at1 = f11 - slope1 * n1, at2 = f12 - slope2 * n1;  // the figure at n = 0
+    b.cm = dm != 0 ? (at2 - at1) / dm : 0;
+    b.c0 = at1 - b.cm * m1;
+    return b;
+  }
+  // Affine in n at micro-batch count m.
+  Affine at_micro_batches(double m) const { return Affine{c0 + cm * m, cn + cnm * m}; }
+};
+// One pipeline stage (or a whole run without a pipeline) priced on reduced models: step, peak
+// memory and activation memory of its rank that needs the most, bilinear in layers and
+// micro-batches.
+struct StagePrice {
+  Bilinear step, memory, activations;
+  planner::MemoryBytes memory_at_1;  // by kind, at the smallest reduced model
   double exposed_at_1 = 0;
 };
+// How a candidate with a pipeline is priced: by reduced simulations of the pipeline itself
+// (exact: every stage's schedule and messages), or composed from one stage's reduced
+// simulations without the pipeline and the pipeline's orders timed on that stage's cost per
+// micro-batch (sim/pipeline_sim.h).
+enum class Pricing { composed, exact };
+
+// A pipeline's orders timed with every chunk's forward and backward proportional to one cost
+// per chunk (the backward twice the forward; ZB-H1's I and W half the backward each): the step
+// is about per_chunk x that cost + per_transfer x a transfer's time (exact while the critical
+// path does not change between the two), and the busiest rank keeps `most_live` chunks'
+// activations (schedule::max_in_flight).
+struct PipelineShape {
+  double per_chunk = 0, per_transfer = 0, most_live = 1;
+};
+PipelineShape pipeline_shape(const schedule::PipelineSpec& spec) {
+  const schedule::PipelineOrders orders = schedule::pipeline_orders(spec);
+  const auto timed = [&](double chunk, double p2p) {
+    sim::PipelineCosts costs;
+    costs.forward = chunk / 3;
+    costs.backward = 2 * chunk / 3;
+    costs.backward_input = chunk / 3;
+    costs.backward_weight = chunk / 3;
+    costs.p2p = p2p;
+    return sim::simulate_pipeline(spec, orders, costs).makespan;
+  };
+  PipelineShape shape;
+  shape.per_chunk = timed(1, 0);
+  // A transfer a tenth of a chunk: the order of the actions stays that of chunk-bound steps.
+  shape.per_transfer = (timed(1, 0.1) - shape.per_chunk) / 0.1;
+  const std::vector<int> live = spec.splits_backward()
+                                    ? schedule::max_in_flight_until_weight_gradient(orders)
+                                    : schedule::max_in_flight(orders);
+  shape.most_live = *std::ranges::max_element(live);
+  return shape;
+}
 
 class Search {
  public:
@@ -220,6 +297,7 @@ class Search {
     std::vector<std::optional<OptionCost>> costs;
     std::size_t fastest = 0;
     const planner::Profile* profile = nullptr;
+    Pricing pricing = Pricing::composed;
     double bound = 0;  // the fastest option's step: no mix of options is faster (heuristic)
   };
   struct Priced {
@@ -229,6 +307,7 @@ class Search {
     std::vector<LayerOption> layers;  // the chain's choice, per layer
     double step = 0;
     std::int64_t memory = 0;
+    bool composed = false;  // priced by a composed pipeline (see Pricing)
   };
 
   std::vector<Layout> layouts() const;
@@ -238,6 +317,12 @@ class Search {
   // tensor-parallel collectives, which nothing overlaps. nullopt where the layout cannot be
   // built (the estimate then says why).
   std::optional<double> step_bound(const Global& g, Tally& tally) const;
+  // A closer estimate from below, for the choices step_bound leaves: the family's schedule
+  // simulated on one stage without data parallelism, ZeRO or pipeline (unit_price), its time
+  // per micro-batch on the busiest stage's layers, through the pipeline's orders without
+  // transfers. Not a strict bound (the stage's collectives and the head are priced as the
+  // simulator prices them); data parallelism, ZeRO and transfers only add to it.
+  std::optional<double> stage_bound(const Global& g, Tally& tally) const;
   // Seconds per micro-batch of one layer and of the rest (embedding, head), from the priced
   // instructions of a one-stage model of 1 and 2 layers; keyed by what they depend on.
   struct LayerCompute {
@@ -255,9 +340,59 @@ class Search {
   ClusterSimulation simulate_reduced(const plan::RunConfig& config, std::int64_t layers,
                                      std::int64_t micro_batches, const planner::Profile* profile,
                                      Tally& tally) const;
+  // The reduced models of `config` at unit and 2 unit layers, ma and mb micro-batches.
+  StagePrice price_stage(const plan::RunConfig& config, std::int64_t unit, std::int64_t ma,
+                         std::int64_t mb, const planner::Profile* profile, Tally& tally) const;
   std::optional<OptionCost> price_option(const plan::RunConfig& config,
-                                         const planner::Profile* profile, Tally& tally) const;
-  std::optional<Priced> price_global(const Global& g, Tally& tally) const;
+                                         const planner::Profile* profile, Tally& tally,
+                                         Pricing pricing) const;
+  // The pipeline of `config` composed from its stage (see Pricing); nullopt where the stage
+  // alone cannot be built (then priced exactly).
+  std::optional<OptionCost> compose_pipeline(const plan::RunConfig& config,
+                                             const plan::RunPlan& plan, Tally& tally) const;
+  // An option's cost from the fastest option's, scaled by what each costs per layer and
+  // micro-batch on one stage without data parallelism (unit_price); the composed pricing of a
+  // chain's options.
+  std::optional<OptionCost> scaled_option(const OptionCost& fastest, const Global& g,
+                                          const LayerOption& fastest_option,
+                                          const LayerOption& option, Tally& tally) const;
+  std::optional<StagePrice> unit_price(const Global& g, const LayerOption& option,
+                                       Tally& tally) const;
+  // pipeline_shape of each spec met, cached.
+  PipelineShape shape_of(const schedule::PipelineSpec& spec) const {
+    const auto key = std::tuple{static_cast<int>(spec.kind), spec.stages, spec.virtual_stages,
+                                spec.micro_batches};
+    {
+      std::lock_guard lock(stage_mutex_);
+      if (const auto it = shape_cache_.find(key); it != shape_cache_.end()) return it->second;
+    }
+    const PipelineShape shape = pipeline_shape(spec);
+    std::lock_guard lock(stage_mutex_);
+    shape_cache_.emplace(key, shape);
+    return shape;
+  }
+  mutable std::map<std::tuple<int, int, int, int>, PipelineShape> shape_cache_;
+  // cluster_layout_is_symmetric of the config's layout, cached by its degrees.
+  bool symmetric(const plan::RunConfig& config) const {
+    const auto& q = config.parallel;
+    const auto key = std::tuple{q.tp, q.cp, q.dp, q.pp, q.ep};
+    {
+      std::lock_guard lock(stage_mutex_);
+      if (const auto it = symmetric_cache_.find(key); it != symmetric_cache_.end())
+        return it->second;
+    }
+    const bool result = cluster_layout_is_symmetric(plan::make_run_plan(config), cluster_);
+    std::lock_guard lock(stage_mutex_);
+    symmetric_cache_.emplace(key, result);
+    return result;
+  }
+  mutable std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>,
+                   bool>
+      symmetric_cache_;
+  mutable std::mutex stage_mutex_;
+  mutable std::map<std::string, StagePrice> stage_cache_;
+  mutable std::map<std::string, std::optional<StagePrice>> unit_cache_;
+  std::optional<Priced> price_global(const Global& g, Tally& tally, Pricing pricing) const;
   // The chain of per-layer options of a global choice whose fastest option does not fit.
   std::optional<Priced> finish_chain(Pending pending, Tally& tally) const;
   static std::string summary_of(const Global& g, const LayerOption& option) {
@@ -268,8 +403,11 @@ class Search {
   }
   // The global choice at each of memory_steps in turn, while the fastest option does not fit:
   // the candidates whose fastest option fits, and the others' pending chains.
-  std::vector<JointCandidate> price_memory_steps(Global g, Tally& tally,
-                                                 std::vector<Pending>& pending) const;
+  std::vector<Priced> price_memory_steps(Global g, Tally& tally,
+                                         std::vector<Pending>& pending) const;
+  // The priced choice of `p` priced again exactly (Pricing::exact); nullopt where it then
+  // does not fit or cannot run.
+  std::optional<Priced> reprice_exactly(const Priced& p, Tally& tally) const;
   JointCandidate candidate_of(const Priced& p) const;
   void simulate_whole(JointCandidate& candidate) const;
   // " (with the settings kept by --fix: ...)" when some are.
@@ -424,6 +562,7 @@ ClusterSimulation Search::simulate_reduced(const plan::RunConfig& config, std::i
   const std::optional<planner::Profile> reduced = for_layers(profile, layers);
   options.profile = reduced ? &*reduced : nullptr;
   options.verify_schedules = false;
+  options.symmetric = symmetric(c);
   ++tally.simulations;
   return simulate_cluster(c, cluster_, options);
 }
@@ -446,14 +585,48 @@ double most_exposed(const ClusterSimulation& s) {
   return most;
 }
 
+StagePrice Search::price_stage(const plan::RunConfig& config, std::int64_t unit, std::int64_t ma,
+                               std::int64_t mb, const planner::Profile* profile,
+                               Tally& tally) const {
+  const std::int64_t n1 = unit, n2 = 2 * unit;
+  StagePrice price;
+  planner::MemoryBytes kinds21, kinds12, kinds22;
+  const ClusterSimulation s11 = simulate_reduced(config, n1, ma, profile, tally);
+  const ClusterSimulation s21 = simulate_reduced(config, n2, ma, profile, tally);
+  double t11 = s11.step_seconds, t21 = s21.step_seconds, t12 = t11, t22 = t21;
+  double m11 = peak_memory(s11, &price.memory_at_1), m21 = peak_memory(s21, &kinds21);
+  double m12 = m11, m22 = m21;
+  kinds12 = price.memory_at_1;
+  kinds22 = kinds21;
+  price.exposed_at_1 = most_exposed(s11);
+  if (mb != ma) {
+    const ClusterSimulation s12 = simulate_reduced(config, n1, mb, profile, tally);
+    const ClusterSimulation s22 = simulate_reduced(config, n2, mb, profile, tally);
+    t12 = s12.step_seconds;
+    t22 = s22.step_seconds;
+    m12 = peak_memory(s12, &kinds12);
+    m22 = peak_memory(s22, &kinds22);
+  }
+  const auto n_1 = static_cast<double>(n1), n_2 = static_cast<double>(n2);
+  const auto m_1 = static_cast<double>(ma), m_2 = static_cast<double>(mb);
+  price.step = Bilinear::fit(n_1, n_2, m_1, m_2, t11, t21, t12, t22);
+  price.memory = Bilinear::fit(n_1, n_2, m_1, m_2, m11, m21, m12, m22);
+  price.activations = Bilinear::fit(
+      n_1, n_2, m_1, m_2, static_cast<double>(price.memory_at_1.activations),
+      static_cast<double>(kinds21.activations), static_cast<double>(kinds12.activations),
+      static_cast<double>(kinds22.activations));
+  return price;
+}
+
 std::optional<OptionCost> Search::price_option(const plan::RunConfig& config,
-                                               const planner::Profile* profile,
-                                               Tally& tally) const {
+                                               const planner::Profile* profile, Tally& tally,
+                                               Pricing pricing) const {
   const plan::RunPlan plan = plan::make_run_plan(config);
+  if (plan.pipeline.stages > 1 && pricing == Pricing::composed && profile == nullptr)
+    if (std::optional<OptionCost> composed = compose_pipeline(config, plan, tally)) return composed;
   const std::int64_t chunks = plan.pipeline.stages * plan.pipeline.virtual_stages;
   std::int64_t unit = chunks;
   if (config.model.has_moe()) unit = std::lcm(unit, config.model.moe_every);
-  const std::int64_t n1 = unit, n2 = 2 * unit;
   const std::int64_t micro_batches = plan.schedule.micro_batches;
   const std::int64_t stages = plan.pipeline.stages;
   // Micro-batch counts past the pipeline's fill (and the interleaved schedules' pairing), on
@@ -461,35 +634,147 @@ std::optional<OptionCost> Search::price_option(const plan::RunConfig& config,
   const std::int64_t m1 = std::max<std::int64_t>(2, stages),
                      m2 = m1 + std::max<std::int64_t>(1, stages);
   const bool extend = micro_batches > m2;
-  const std::int64_t ma = extend ? m1 : micro_batches, mb = extend ? m2 : micro_batches;
-  const auto fit = [&](double t1, double t2) {
-    Affine a;
-    a.per_layer = (t2 - t1) / static_cast<double>(n2 - n1);
-    a.base = t1 - a.per_layer * static_cast<double>(n1);
-    return a;
-  };
-  const ClusterSimulation s11 = simulate_reduced(config, n1, ma, profile, tally);
-  const ClusterSimulation s21 = simulate_reduced(config, n2, ma, profile, tally);
+  const StagePrice price = price_stage(config, unit, extend ? m1 : micro_batches,
+                                       extend ? m2 : micro_batches, profile, tally);
+  const auto m = static_cast<double>(micro_batches);
   OptionCost cost;
-  cost.step = fit(s11.step_seconds, s21.step_seconds);
-  cost.memory = fit(peak_memory(s11, &cost.memory_at_1), peak_memory(s21));
-  cost.exposed_at_1 = most_exposed(s11);
-  if (extend) {
-    const ClusterSimulation s12 = simulate_reduced(config, n1, mb, profile, tally);
-    const ClusterSimulation s22 = simulate_reduced(config, n2, mb, profile, tally);
-    const Affine step_b = fit(s12.step_seconds, s22.step_seconds);
-    const Affine memory_b = fit(peak_memory(s12), peak_memory(s22));
-    const double t = static_cast<double>(micro_batches - ma) / static_cast<double>(mb - ma);
-    const auto extend_in_m = [t](const Affine& a, const Affine& b) {
-      return Affine{a.base + t * (b.base - a.base), a.per_layer + t * (b.per_layer - a.per_layer)};
-    };
-    cost.step = extend_in_m(cost.step, step_b);
-    cost.memory = extend_in_m(cost.memory, memory_b);
-  }
+  cost.step = price.step.at_micro_batches(m);
+  cost.memory = price.memory.at_micro_batches(m);
+  cost.activations = price.activations.at_micro_batches(m);
   return cost;
 }
 
-std::optional<Search::Priced> Search::price_global(const Global& g, Tally& tally) const {
+std::optional<OptionCost> Search::compose_pipeline(const plan::RunConfig& config,
+                                                   const plan::RunPlan& plan, Tally& tally) const {
+  // One stage without the pipeline: the same degrees, schedule and per-layer policies on the
+  // stage's own ranks (the first tp x cp x dp of the cluster, as the pipeline's first stage).
+  plan::RunConfig stage = config;
+  stage.parallel.pp = 1;
+  stage.parallel.pipeline = "1f1b";
+  stage.parallel.virtual_stages = 1;
+  const auto& q = stage.parallel;
+  const std::string key =
+      fmt::format("{} {} {} {} {} {} {} {} {} {} {} {}", q.tp, q.cp, q.dp, q.cp_kind, q.schedule,
+                  q.sub_batches, stage.train.micro_batch, q.sequence_parallel, q.zero, q.offload,
+                  q.recompute, q.activation_compression);
+  std::optional<StagePrice> price;
+  {
+    std::lock_guard lock(stage_mutex_);
+    if (const auto it = stage_cache_.find(key); it != stage_cache_.end()) price = it->second;
+  }
+  if (!price) {
+    try {
+      (void)plan::make_run_plan(stage);
+      const std::int64_t unit = config.model.has_moe() ? config.model.moe_every : 1;
+      price = price_stage(stage, unit, 2, 3, nullptr, tally);
+    } catch (const UserError&) {
+      return std::nullopt;  // priced exactly instead
+    }
+    std::lock_guard lock(stage_mutex_);
+    stage_cache_.emplace(key, *price);
+  }
+  schedule::PipelineSpec spec;
+  spec.kind = plan.pipeline.kind;
+  spec.stages = static_cast<int>(plan.pipeline.stages);
+  spec.virtual_stages = static_cast<int>(plan.pipeline.virtual_stages);
+  spec.micro_batches = static_cast<int>(plan.schedule.micro_batches);
+  if (spec.kind == schedule::PipelineKind::two_bw) return std::nullopt;
+  const PipelineShape shape = shape_of(spec);
+  const double most_live = shape.most_live;
+  // The activations one micro-batch hands the next stage, every stage-0 rank to its peer at once.
+  const sim::RankLayout layout = rank_layout(plan);
+  double bytes = static_cast<double>(config.train.micro_batch * config.model.seq_len / layout.cp *
+                                     config.model.hidden) *
+                 static_cast<double>(dtype_size(plan.dtypes.compute));
+  if (config.parallel.sequence_parallel) bytes /= layout.tp;
+  std::vector<std::pair<int, int>> pairs;
+  for (int r = 0; r < layout.tp * layout.dp; ++r) pairs.emplace_back(r, layout.pp_group(r)[1]);
+  const double p2p = sim::message_seconds(cluster_, bytes, pairs[0].first, pairs[0].second, pairs);
+
+  const double p = spec.stages, v = spec.virtual_stages, m = spec.micro_batches;
+  const auto at_layers = [&](double layers) {
+    const double per_stage = layers / p;
+    // One micro-batch through the stage: each chunk 1/v of it, the backward twice the forward.
+    const double per_micro_batch = price->step.cm + price->step.cnm * per_stage;
+    const double chunk = per_micro_batch / v;
+    const double bubble = shape.per_chunk * chunk + shape.per_transfer * p2p - m * per_micro_batch;
+    // The stage alone holds one micro-batch's kept activations; the pipeline's busiest rank
+    // holds `most_live` chunks of them.
+    const double kept_per_layer = price->activations.cn + price->activations.cnm * m;
+    const double memory = price->memory.at(per_stage, m) +
+                          kept_per_layer * per_stage * std::max(0.0, most_live / v - 1);
+    return std::pair{price->step.at(per_stage, m) + std::max(0.0, bubble), memory};
+  };
+  const double l1 = p * v, l2 = 2 * p * v;
+  const auto [t1, memory1] = at_layers(l1);
+  const auto [t2, memory2] = at_layers(l2);
+  const auto through = [&](double f1, double f2) {
+    Affine a;
+    a.per_layer = (f2 - f1) / (l2 - l1);
+    a.base = f1 - a.per_layer * l1;
+    return a;
+  };
+  OptionCost cost;
+  cost.step = through(t1, t2);
+  cost.memory = through(memory1, memory2);
+  const Affine kept = price->activations.at_micro_batches(m);
+  cost.activations = Affine{kept.base, kept.per_layer * std::max(1.0, most_live / v) / p};
+  return cost;
+}
+
+std::optional<OptionCost> Search::scaled_option(const OptionCost& fastest, const Global& g,
+                                                const LayerOption& fastest_option,
+                                                const LayerOption& option, Tally& tally) const {
+  const std::optional<StagePrice> f = unit_price(g, fastest_option, tally);
+  const std::optional<StagePrice> o = unit_price(g, option, tally);
+  if (!f || !o) return std::nullopt;
+  // Per layer and micro-batch: time, kept activations; and the last layer's working set.
+  const double m = 2;
+  const double time_f = f->step.cnm, time_o = o->step.cnm;
+  const double kept_f = f->activations.cn + f->activations.cnm * m;
+  const double kept_o = o->activations.cn + o->activations.cnm * m;
+  OptionCost cost = fastest;
+  if (time_f > 0) cost.step.per_layer = fastest.step.per_layer * time_o / time_f;
+  const double kept =
+      kept_f > 0 ? fastest.activations.per_layer * kept_o / kept_f : fastest.activations.per_layer;
+  cost.memory.per_layer += kept - fastest.activations.per_layer;
+  cost.activations.per_layer = kept;
+  const double working = o->memory.at_micro_batches(m).base - f->memory.at_micro_batches(m).base;
+  cost.memory.base += working;
+  cost.activations.base += working;
+  return cost;
+}
+
+std::optional<StagePrice> Search::unit_price(const Global& g, const LayerOption& option,
+                                             Tally& tally) const {
+  const std::string key = fmt::format("{} {} {} {} {} {} {} {} {}", g.layout.tp, g.layout.cp,
+                                      g.cp_kind, g.sequence_parallel, g.schedule, g.sub_batches,
+                                      g.micro_batch, option.recompute, option.compression);
+  {
+    std::lock_guard lock(stage_mutex_);
+    if (const auto it = unit_cache_.find(key); it != unit_cache_.end()) return it->second;
+  }
+  std::optional<StagePrice> price;
+  try {
+    Global one = g;
+    one.layout.dp = 1;
+    one.layout.pp = 1;
+    one.zero = 0;
+    one.offload = "none";
+    const plan::RunConfig c = config_of(base_, one, option.recompute, option.compression);
+    (void)plan::make_run_plan(c);
+    const std::int64_t unit = c.model.has_moe() ? c.model.moe_every : 1;
+    price = price_stage(c, unit, 2, 3, nullptr, tally);
+  } catch (const UserError&) {
+    price.reset();
+  }
+  std::lock_guard lock(stage_mutex_);
+  unit_cache_.emplace(key, price);
+  return price;
+}
+
+std::optional<Search::Priced> Search::price_global(const Global& g, Tally& tally,
+                                                   Pricing pricing) const {
   // Feasibility of the global choice, with the family's first recomputation word.
   const Family& family =
       *std::ranges::find_if(families(), [&](const Family& f) { return g.schedule == f.schedule; });
@@ -541,13 +826,14 @@ std::optional<Search::Priced> Search::price_global(const Global& g, Tally& tally
   }
   const double layers = static_cast<double>(base_.model.layers);
   try {
-    costs[fastest] = price_option(fastest_config, profile, tally);
+    costs[fastest] = price_option(fastest_config, profile, tally, pricing);
   } catch (const UserError& e) {
     tally.exclude(reason_of(e.what()), e.what());
     return std::nullopt;
   }
   Priced priced;
   priced.global = g;
+  priced.composed = pricing == Pricing::composed && g.layout.pp > 1 && profile == nullptr;
   const auto whole = [&](const OptionCost& c) {
     return std::pair{c.step.at(layers), static_cast<std::int64_t>(std::ceil(c.memory.at(layers)))};
   };
@@ -566,12 +852,21 @@ std::optional<Search::Priced> Search::price_global(const Global& g, Tally& tally
   pending.costs = std::move(costs);
   pending.fastest = fastest;
   pending.profile = profile;
+  pending.pricing = pricing;
   pending.bound = pending.costs[fastest]->step.at(layers);
   priced.pending = std::move(pending);
   return priced;
 }
 
 std::optional<Search::Priced> Search::finish_chain(Pending pending, Tally& tally) const {
+  // A composed pipeline's memory is the least certain part of its estimate, and a chain it
+  // prices may exclude the choice outright: its fastest option is priced exactly first.
+  if (pending.pricing == Pricing::composed && pending.global.layout.pp > 1 &&
+      pending.profile == nullptr) {
+    std::optional<Priced> exact = price_global(pending.global, tally, Pricing::exact);
+    if (!exact || !exact->pending) return exact;
+    pending = std::move(*exact->pending);
+  }
   const Global& g = pending.global;
   const std::vector<LayerOption>& options = pending.options;
   std::vector<bool>& valid = pending.valid;
@@ -580,12 +875,18 @@ std::optional<Search::Priced> Search::finish_chain(Pending pending, Tally& tally
   const planner::Profile* profile = pending.profile;
   Priced priced;
   priced.global = g;
+  priced.composed = pending.pricing == Pricing::composed && profile == nullptr;
   // Every other option, then the chain.
   for (std::size_t k = 0; k < options.size(); ++k) {
     if (!valid[k] || costs[k]) continue;
     try {
-      costs[k] = price_option(config_of(base_, g, options[k].recompute, options[k].compression),
-                              profile, tally);
+      // Composed, options are scaled from the fastest option's cost.
+      if (profile == nullptr && pending.pricing == Pricing::composed)
+        costs[k] = scaled_option(*costs[fastest], g, options[fastest], options[k], tally);
+      else
+        costs[k] = price_option(config_of(base_, g, options[k].recompute, options[k].compression),
+                                profile, tally, pending.pricing);
+      if (!costs[k]) valid[k] = false;
     } catch (const UserError&) {
       valid[k] = false;
     }
@@ -641,8 +942,15 @@ std::optional<Search::Priced> Search::finish_chain(Pending pending, Tally& tally
         fmt::format("needs at least {:.2f} GiB per rank", static_cast<double>(needed) / (1 << 30)));
     return std::nullopt;
   }
-  const planner::ChainPlan solved = planner::solve_dynamic_program(chain);
+  planner::ChainPlan solved = planner::solve_dynamic_program(chain);
   OASES_ASSERT(solved.feasible, "the chain of layer options has no plan within its memory");
+  // Layers with the same rows are interchangeable (all but the last in one stage, every layer
+  // over stages): the options that keep the least go to the first layers, as Megatron-LM's
+  // recompute of the first layers, so the plan reads as a few runs rather than a scatter.
+  const auto alike = solved.choice.begin() + (one_stage ? chain.layers - 1 : chain.layers);
+  std::stable_sort(solved.choice.begin(), alike, [&](int a, int b) {
+    return memory_row[static_cast<std::size_t>(a)] < memory_row[static_cast<std::size_t>(b)];
+  });
   priced.step = reference.step.base;
   for (int i : solved.choice) {
     const std::size_t k = priced_options[static_cast<std::size_t>(i)];
@@ -651,6 +959,12 @@ std::optional<Search::Priced> Search::finish_chain(Pending pending, Tally& tally
   }
   priced.memory = static_cast<std::int64_t>(static_cast<double>(solved.memory) * unit);
   return priced;
+}
+
+std::optional<Search::Priced> Search::reprice_exactly(const Priced& p, Tally& tally) const {
+  std::optional<Priced> exact = price_global(p.global, tally, Pricing::exact);
+  if (exact && exact->pending) exact = finish_chain(std::move(*exact->pending), tally);
+  return exact;
 }
 
 // One word when every layer has it, else one per layer.
@@ -681,6 +995,7 @@ void Search::simulate_whole(JointCandidate& candidate) const {
   ClusterSimulationOptions options;
   std::string why;
   options.profile = profile_for(config, why);
+  options.symmetric = symmetric(config);
   const ClusterSimulation s = simulate_cluster(config, cluster_, options);
   candidate.simulated = true;
   candidate.step_seconds = s.step_seconds;
@@ -760,19 +1075,44 @@ std::optional<double> Search::step_bound(const Global& g, Tally& tally) const {
   return micro_batches * stage + fill;
 }
 
-std::vector<JointCandidate> Search::price_memory_steps(Global g, Tally& tally,
+std::optional<double> Search::stage_bound(const Global& g, Tally& tally) const {
+  const std::optional<StagePrice> unit = unit_price(g, {"none", "none"}, tally);
+  if (!unit) return std::nullopt;
+  const double layers = static_cast<double>(base_.model.layers);
+  const double per_replica = static_cast<double>(base_.train.global_batch) /
+                             static_cast<double>(g.layout.dp * g.micro_batch);
+  const double m = std::max(1.0, std::floor(per_replica));
+  const double per_stage = std::ceil(layers / static_cast<double>(g.layout.pp));
+  // One micro-batch through the busiest stage: its layers and the head (the rest).
+  const double per_micro_batch = std::max(0.0, unit->step.cm + unit->step.cnm * per_stage);
+  if (g.layout.pp == 1) return m * per_micro_batch;
+  schedule::PipelineSpec spec;
+  spec.kind = schedule::parse_pipeline_kind(g.pipeline, "parallel.pipeline");
+  spec.stages = static_cast<int>(g.layout.pp);
+  spec.virtual_stages = static_cast<int>(g.virtual_stages);
+  spec.micro_batches = static_cast<int>(m);
+  if (spec.kind == schedule::PipelineKind::two_bw) return std::nullopt;
+  try {
+    return shape_of(spec).per_chunk * per_micro_batch / spec.virtual_stages;
+  } catch (const UserError&) {
+    return std::nullopt;
+  }
+}
+
+std::vector<Search::Priced> Search::price_memory_steps(Global g, Tally& tally,
                                                        std::vector<Pending>& pending) const {
-  std::vector<JointCandidate> out;
+  std::vector<Priced> out;
   const auto steps = memory_steps(g.layout);
   for (std::size_t i = 0; i < steps.size(); ++i) {
     g.zero = steps[i].first;
     g.offload = steps[i].second;
-    std::optional<Priced> p = price_global(g, tally);
+    std::optional<Priced> p =
+        price_global(g, tally, options_.exact_estimates ? Pricing::exact : Pricing::composed);
     if (p && p->pending)
-      pending.push_back(std::move(*p->pending));
+      pending.push_back(*p->pending);
     else if (p) {
       ++tally.priced;
-      out.push_back(candidate_of(*p));
+      out.push_back(*p);
     }
     // Every ZeRO stage is tried (each shards and moves differently; none is always the
     // fastest); offload, which only adds transfers, only while nothing without it fits.
@@ -812,7 +1152,7 @@ JointPlanReport Search::run() {
                                                  : std::thread::hardware_concurrency(),
                             static_cast<unsigned>(globals.size())));
   std::vector<Tally> tallies(workers);
-  std::vector<std::vector<JointCandidate>> found(workers);
+  std::vector<std::vector<Priced>> found(workers);
   std::vector<std::vector<Pending>> pending(workers);
   std::vector<std::exception_ptr> failures(workers);
   const auto in_parallel = [&](const std::function<void(unsigned)>& work) {
@@ -845,18 +1185,34 @@ JointPlanReport Search::run() {
   // can still beat the `simulate_best` best estimates found.
   std::mutex found_mutex;
   std::multiset<double> best_steps;
-  const auto note_found = [&](const JointCandidate& c) {
+  // A composed estimate may be below its pipeline's exact one; it bounds the others only with
+  // a margin (kComposedMargin) so that it does not prune what the exact estimate would keep.
+  const auto note_found = [&](const Priced& p) {
     std::lock_guard lock(found_mutex);
-    best_steps.insert(c.estimated_step_seconds);
+    best_steps.insert(p.composed ? p.step * (1 + kComposedMargin) : p.step);
   };
-  const auto beaten_by = [&](double bound) {
-    std::lock_guard lock(found_mutex);
-    if (static_cast<int>(best_steps.size()) < options_.simulate_best) return false;
-    return bound >= *std::next(best_steps.begin(), options_.simulate_best - 1);
+  // The bound that prunes: the `simulate_best`-th best estimate, as of the end of the previous
+  // batch. Choices are taken in batches of a fixed size in a fixed order, each batch against
+  // the estimates of the batches before it, so what is pruned does not depend on which
+  // worker finishes first (the bounds are heuristic in part and may prune what a later
+  // estimate would have kept).
+  double threshold = std::numeric_limits<double>::infinity();
+  const auto beaten_by = [&](double bound) { return bound >= threshold; };
+  const auto in_batches = [&](std::size_t count,
+                              const std::function<void(unsigned, std::size_t)>& body) {
+    constexpr std::size_t kBatch = 64;
+    for (std::size_t begin = 0; begin < count; begin += kBatch) {
+      if (static_cast<int>(best_steps.size()) >= options_.simulate_best)
+        threshold = *std::next(best_steps.begin(), options_.simulate_best - 1);
+      const std::size_t end = std::min(count, begin + kBatch);
+      next = begin;
+      in_parallel([&](unsigned w) {
+        for (std::size_t k = next++; k < end; k = next++) body(w, k);
+      });
+    }
   };
-  next = 0;
-  in_parallel([&](unsigned w) {
-    for (std::size_t k = next++; k < order.size(); k = next++) {
+  in_batches(order.size(), [&](unsigned w, std::size_t k) {
+    {
       const Global& g = globals[order[k]];
       if (beaten_by(bounds[order[k]])) {
         const auto steps = static_cast<std::int64_t>(memory_steps(g.layout).size());
@@ -864,11 +1220,18 @@ JointPlanReport Search::run() {
         tallies[w].excluded_example.try_emplace(
             "bounded: its compute alone is slower than the best found",
             summary_of(g, {"none", "none"}));
-        continue;
+        return;
       }
-      for (JointCandidate& c : price_memory_steps(g, tallies[w], pending[w])) {
-        note_found(c);
-        found[w].push_back(std::move(c));
+      if (const std::optional<double> bound = stage_bound(g, tallies[w]);
+          bound && beaten_by(*bound)) {
+        const auto steps = static_cast<std::int64_t>(memory_steps(g.layout).size());
+        tallies[w].excluded[kStageBounded] += steps;
+        tallies[w].excluded_example.try_emplace(kStageBounded, summary_of(g, {"none", "none"}));
+        return;
+      }
+      for (Priced& p : price_memory_steps(g, tallies[w], pending[w])) {
+        note_found(p);
+        found[w].push_back(std::move(p));
       }
     }
   });
@@ -883,24 +1246,55 @@ JointPlanReport Search::run() {
                               : settings_of(a.global, "", "") < settings_of(b.global, "", "");
   });
   const auto beaten = [&](const Pending& p) { return beaten_by(p.bound); };
-  next = 0;
-  in_parallel([&](unsigned w) {
-    for (std::size_t i = next++; i < chains.size(); i = next++) {
+  in_batches(chains.size(), [&](unsigned w, std::size_t i) {
+    {
       if (beaten(chains[i])) {
         tallies[w].exclude(
             "bounded: slower than the best even without recomputation or "
             "compression",
             summary_of(chains[i].global, chains[i].options[chains[i].fastest]));
-        continue;
+        return;
       }
-      const std::optional<Priced> p = finish_chain(std::move(chains[i]), tallies[w]);
-      if (!p) continue;
+      std::optional<Priced> p = finish_chain(std::move(chains[i]), tallies[w]);
+      if (!p) return;
       ++tallies[w].priced;
-      JointCandidate c = candidate_of(*p);
-      note_found(c);
-      found[w].push_back(std::move(c));
+      note_found(*p);
+      found[w].push_back(std::move(*p));
     }
   });
+  // Phase 3: composed pipelines among the best priced again exactly, until the best
+  // `2 simulate_best` and each family's best are all priced so.
+  std::vector<Priced> priced;
+  for (auto& list : found)
+    for (Priced& p : list) priced.push_back(std::move(p));
+  const auto by_step = [](const Priced& a, const Priced& b) {
+    return a.step != b.step ? a.step < b.step
+                            : settings_of(a.global, "", "") < settings_of(b.global, "", "");
+  };
+  for (;;) {
+    std::ranges::sort(priced, by_step);
+    std::vector<std::size_t> again;
+    std::set<std::string> families_seen;
+    for (std::size_t i = 0; i < priced.size(); ++i) {
+      const bool family_first = families_seen.insert(priced[i].global.schedule).second;
+      if (priced[i].composed && (static_cast<int>(i) < 2 * options_.simulate_best || family_first))
+        again.push_back(i);
+    }
+    if (again.empty()) break;
+    std::vector<std::optional<Priced>> exact(again.size());
+    next = 0;
+    in_parallel([&](unsigned w) {
+      for (std::size_t k = next++; k < again.size(); k = next++)
+        exact[k] = reprice_exactly(priced[again[k]], tallies[w]);
+    });
+    for (std::size_t k = 0; k < again.size(); ++k) {
+      if (exact[k])
+        priced[again[k]] = std::move(*exact[k]);
+      else
+        priced[again[k]].step = std::numeric_limits<double>::infinity();
+    }
+    std::erase_if(priced, [](const Priced& p) { return std::isinf(p.step); });
+  }
   std::vector<JointCandidate> candidates;
   std::int64_t least_memory = std::numeric_limits<std::int64_t>::max();
   std::vector<std::pair<std::int64_t, std::string>> smallest;
@@ -914,8 +1308,8 @@ JointPlanReport Search::run() {
       report_.excluded_example.try_emplace(reason, t.excluded_example.at(reason));
     }
     least_memory = std::min(least_memory, t.least_memory);
-    for (JointCandidate& c : found[w]) candidates.push_back(std::move(c));
   }
+  for (const Priced& p : priced) candidates.push_back(candidate_of(p));
   // The workers' order depends on timing; the candidates' order must not.
   std::ranges::sort(candidates, [](const JointCandidate& a, const JointCandidate& b) {
     return a.estimated_step_seconds != b.estimated_step_seconds

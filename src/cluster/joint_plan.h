@@ -17,19 +17,30 @@
 //      plan::make_run_plan; one that cannot run is excluded with the reason the run plan gives,
 //      counted by the setting it names.
 //   2. Each global choice gets a lower bound on its step (step_bound: the busiest stage's
-//      compute without recomputation, the pipeline's fill, megatron's collectives); choices are
-//      priced least bound first until the bound reaches the `simulate_best`-th best estimate.
-//   3. A choice is priced by simulating it with every layer at its fastest option (no
-//      recomputation, no compression) on reduced models (n1 and n2 layers per pipeline chunk,
-//      m1 and m2 micro-batches past the fill), extended bilinearly to the model's layers and
-//      the run's micro-batches. If that does not fit, every option is priced so and the
-//      per-layer chain is solved exactly for those costs (planner::solve_dynamic_program: time
-//      adds over layers; memory is the last layer's option's working set plus every other
-//      layer's kept sets in one stage, the largest base over stages), again least bound first.
-//      Every ZeRO stage is priced; offload only while nothing fits without it.
-//   4. The best `simulate_best` estimates, each family's best, and on down until one fits are
-//      simulated whole (cluster::simulate_cluster, every rank's verified schedule); that
-//      prediction ranks them and decides the choice.
+//      compute without recomputation, the pipeline's fill, megatron's collectives) and, where
+//      that does not prune it, a closer one (stage_bound: the family's schedule simulated on
+//      one stage without data parallelism, through the pipeline's orders); choices are taken
+//      least bound first, in batches of fixed size, until the bound reaches the
+//      `simulate_best`-th best estimate of the batches before.
+//   3. A choice is priced with every layer at its fastest option (no recomputation, no
+//      compression) on reduced models (n1 and n2 layers per pipeline chunk, m1 and m2
+//      micro-batches past the fill), extended bilinearly to the model's layers and the run's
+//      micro-batches. With a pipeline, the reduced models are first those of one stage alone
+//      (cached, shared by every pipeline schedule of its degrees), composed through the
+//      pipeline's orders (sim/pipeline_sim.h) with the stage's time per micro-batch, the
+//      transfers between stages and the activations its busiest rank keeps (composed
+//      pricing); the best of those are priced again with the whole pipeline's reduced models.
+//      If the fastest option does not fit, every option is priced (composed: scaled from the
+//      fastest by its cost per layer and micro-batch on one stage without data parallelism)
+//      and the per-layer chain is solved exactly for those costs
+//      (planner::solve_dynamic_program: time adds over layers; memory is the last layer's
+//      option's working set plus every other layer's kept sets in one stage, the largest base
+//      over stages). Every ZeRO stage is priced; offload only while nothing fits without it.
+//   4. Composed estimates among the best 2 x `simulate_best` and each family's best are priced
+//      again exactly (reduced models of the whole pipeline, every option of the chain) until
+//      none is left; then the best `simulate_best` estimates, each family's best, and on down
+//      until one fits are simulated whole (cluster::simulate_cluster, every rank's verified
+//      schedule); that prediction ranks them and decides the choice.
 #pragma once
 
 #include "plan/run_config.h"
@@ -61,6 +72,10 @@ struct JointSearchOptions {
   // Worker threads pricing candidates; 0: one per hardware thread. The result does not depend
   // on it.
   int threads = 0;
+  // Price every candidate with a pipeline by reduced simulations of the pipeline itself, and
+  // every option of its chain so, rather than composing it from one stage (see step 3 below):
+  // slower, for checking the composed estimates.
+  bool exact_estimates = false;
 };
 
 // One priced layout: the config settings that make it (as `--set` takes them, in a fixed

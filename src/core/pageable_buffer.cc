@@ -20,7 +20,10 @@ std::size_t PageableBuffer::page_size() {
 PageableBuffer::PageableBuffer(std::size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
   mapped_ = (bytes + page_size() - 1) / page_size() * page_size();
-  void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // MAP_NORESERVE: pages never touched are never counted (a shape-only model maps its ZeRO-3
+  // parameters without touching them, larger than the host's memory for large models).
+  void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   OASES_CHECK(p != MAP_FAILED, "out of host memory mapping {} bytes", bytes);
   data_ = p;
 }

@@ -369,5 +369,45 @@ TEST(JointPlan, PlanFileRoundTripsAndAppliesItsSettings) {
   EXPECT_EQ(plan::to_toml(named), plan::to_toml(by_hand));
 }
 
+// Pipelines are first estimated from one stage's simulation composed through the pipeline's
+// orders; the best of those are priced again by reduced simulations of the pipeline. The
+// choice must be the one that pricing every pipeline so from the start makes.
+TEST(JointPlan, ComposedPipelineEstimatesChooseAsExactOnesDo) {
+  const sim::ClusterSpec cluster = cluster_of(2, 4);
+  for (const std::int64_t layers : {4, 8}) {
+    plan::RunConfig base = tiny_config(8, static_cast<int>(layers));
+    base.train.global_batch = 32;
+    JointSearchOptions composed;
+    composed.fixed = {"parallel.cp", "parallel.activation_compression"};
+    composed.simulate_best = 12;
+    composed.max_micro_batch = 4;
+    // Without a limit, then with too little memory for the unlimited choice (chains of
+    // recomputation over pipeline stages).
+    for (const double share : {0.0, 0.7}) {
+      JointSearchOptions exact = composed;
+      exact.exact_estimates = true;
+      if (share > 0) {
+        const JointPlanReport free = search_joint_plan(base, cluster, {}, exact);
+        composed.memory_limit = exact.memory_limit =
+            static_cast<std::int64_t>(share * static_cast<double>(free.chosen.memory.total()));
+      }
+      const JointPlanReport a = search_joint_plan(base, cluster, {}, composed);
+      const JointPlanReport b = search_joint_plan(base, cluster, {}, exact);
+      SCOPED_TRACE(b.chosen.summary());
+      if (share == 0 && layers == 4) {
+        std::cerr << format_joint_plan_report(a, base) << "\n=====\n"
+                  << format_joint_plan_report(b, base);
+      }
+      EXPECT_EQ(a.chosen.settings, b.chosen.settings);
+      EXPECT_EQ(a.chosen.step_seconds, b.chosen.step_seconds);
+      // The space holds pipelines, and the search met them.
+      EXPECT_TRUE(b.chosen.settings[3].second != "1" ||
+                  std::ranges::any_of(b.alternatives, [](const JointCandidate& c) {
+                    return c.settings[3].second != "1";
+                  }));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace oases::cluster
