@@ -222,6 +222,14 @@ int train_on_mpi_ranks(const oases::plan::RunConfig& config,
               auto_plan_path(config),
               [&](const oases::planner::Profile& profile) {
                 return oases::cluster::profile_plan_predictor(planned_config, profile);
+              },
+              [&](const oases::plan::RunConfig& c, const oases::planner::Profile& profile) {
+                std::string report;
+                oases::planner::Plan chosen =
+                    oases::cluster::joint_plan_on_this_machine(c, profile, &report);
+                if (auto_profile.progress)
+                  oases::log_info("parallel.plan = \"auto\": {}", report);
+                return chosen;
               });
         }
         if (settings.pipeline_layers == oases::plan::PipelineLayersSource::automatic) {
@@ -237,13 +245,14 @@ int train_on_mpi_ranks(const oases::plan::RunConfig& config,
               },
               static_cast<int>(config.parallel.pp * config.parallel.virtual_stages));
         }
+        // The degrees the run resolved (an automatic plan may choose them).
         mesh.emplace(oases::comm::Mesh::create(
             runtime,
             oases::comm::MeshDegrees{
-                static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.cp),
-                static_cast<int>(config.parallel.dp), static_cast<int>(config.parallel.pp)},
+                static_cast<int>(run_config.parallel.tp), static_cast<int>(run_config.parallel.cp),
+                static_cast<int>(run_config.parallel.dp), static_cast<int>(run_config.parallel.pp)},
             comm_options));
-        mesh->add_expert_groups(static_cast<int>(config.parallel.ep), comm_options);
+        mesh->add_expert_groups(static_cast<int>(run_config.parallel.ep), comm_options);
         summary = oases::train::run_training(run_config, options, *mesh);
       },
       FlightSettings{oases::plan::parse_settings(config).flight_dir, config.log.flight_records});

@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -1568,6 +1570,42 @@ planner::Plan joint_plan_file(const JointPlanReport& report, const plan::RunConf
   plan.settings = c.settings;
   plan.report_json = joint_plan_report_json(report);
   return plan;
+}
+
+sim::ClusterSpec this_machine_cluster(int ranks, std::int64_t memory_bytes,
+                                      const planner::Profile& profile) {
+  double gbs = 2.0;
+  if (const planner::ReplicaLink& link = profile.replica_link; link.ranks >= 2 && link.seconds > 0)
+    gbs = 2.0 * (link.ranks - 1) / link.ranks * static_cast<double>(link.bytes) / link.seconds / 1e9;
+  const std::string text = fmt::format(
+      "name = \"this-machine\"\n"
+      "[topology]\nnodes = 1\ndevices_per_node = {}\n"
+      "[device]\nname = \"CPU rank\"\ncompute = \"profile\"\nmemory_gib = {}\n"
+      "memory_bandwidth_gbs = 10\n"
+      "[[tier]]\nname = \"shared-memory\"\nspan = {}\nlink_gbs = {}\nlatency_us = 13\n",
+      ranks, static_cast<double>(memory_bytes) / (1 << 30), ranks, gbs);
+  return sim::parse_cluster(text, "this machine");
+}
+
+planner::Plan joint_plan_on_this_machine(const plan::RunConfig& config,
+                                         const planner::Profile& profile, std::string* report) {
+  const std::int64_t ranks =
+      config.parallel.tp * config.parallel.cp * config.parallel.dp * config.parallel.pp;
+  const std::int64_t host = static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) *
+                            static_cast<std::int64_t>(sysconf(_SC_PAGE_SIZE));
+  const std::int64_t memory =
+      config.parallel.memory_limit > 0 ? config.parallel.memory_limit : host / ranks;
+  const sim::ClusterSpec cluster =
+      this_machine_cluster(static_cast<int>(ranks), memory, profile);
+  const std::vector<planner::Profile> profiles{profile};
+  JointSearchOptions options;
+  options.memory_limit = memory;
+  // Compression changes what the run computes; the run keeps the config's (`oases plan`
+  // searches it). The profile measured one stage of the config's context parallelism.
+  options.fixed = {"parallel.activation_compression", "parallel.pp", "parallel.cp"};
+  const JointPlanReport found = search_joint_plan(config, cluster, profiles, options);
+  if (report != nullptr) *report = format_joint_plan_report(found, config);
+  return joint_plan_file(found, config);
 }
 
 }  // namespace oases::cluster

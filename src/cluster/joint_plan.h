@@ -129,6 +129,21 @@ JointPlanReport search_joint_plan(const plan::RunConfig& config, const sim::Clus
                                   const std::vector<planner::Profile>& profiles,
                                   const JointSearchOptions& options = {});
 
+// This machine as a cluster of `ranks` CPU ranks on one node for the joint search: compute from
+// a profile (device.compute = "profile"), one shared-memory tier whose rate is the profile's
+// measured all-reduce between replicas (planner::Profile::replica_link; 2 GB/s where it has
+// none), memory per rank `memory_bytes`.
+sim::ClusterSpec this_machine_cluster(int ranks, std::int64_t memory_bytes,
+                                      const planner::Profile& profile);
+
+// parallel.plan = "auto" in `oases train` (train::JointSearch): the joint search for `config`
+// on this machine's ranks (its world), priced by `profile` alone, keeping the config's
+// activation compression (lossy: the run computes what its config says unless told); the
+// chosen plan as a plan file's contents. `report`, when given, receives what `oases plan` would print.
+planner::Plan joint_plan_on_this_machine(const plan::RunConfig& config,
+                                         const planner::Profile& profile,
+                                         std::string* report = nullptr);
+
 // `config` with a candidate's settings applied (as `--set` would apply them).
 plan::RunConfig apply_settings(const plan::RunConfig& config,
                                const std::vector<std::pair<std::string, std::string>>& settings);

@@ -512,9 +512,44 @@ planner::Profile run_profile(const plan::RunConfig& config, const ProfileOptions
   return profile;
 }
 
+namespace {
+
+// "key=value" lines of a joint plan's settings, and back: what rank 0 tells the others.
+std::string settings_text(const std::vector<std::pair<std::string, std::string>>& settings) {
+  std::string text;
+  for (const auto& [key, value] : settings) text += key + "=" + value + "\n";
+  return text;
+}
+std::vector<std::string> settings_overrides(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const std::size_t end = text.find('\n', start);
+    out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// Rank 0's text on every rank of `group`.
+std::string broadcast_text(comm::Communicator& group, const std::string& text) {
+  std::int64_t size = static_cast<std::int64_t>(text.size());
+  group.broadcast(Tensor::of(&size, {1}), 0);
+  std::vector<std::int64_t> chars(static_cast<std::size_t>(size));
+  for (std::size_t i = 0; i < text.size() && group.rank() == 0; ++i)
+    chars[i] = static_cast<unsigned char>(text[i]);
+  if (size > 0) group.broadcast(Tensor::of(chars.data(), {size}), 0);
+  std::string out(static_cast<std::size_t>(size), ' ');
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(chars[i]);
+  return out;
+}
+
+}  // namespace
+
 plan::RunConfig plan_automatically(const plan::RunConfig& config, const ProfileOptions& options,
                                    const std::function<comm::Mesh(int tp, int dp)>& make_mesh,
-                                   const std::string& plan_path, const PredictorOf& own_program) {
+                                   const std::string& plan_path, const PredictorOf& own_program,
+                                   const JointSearch& joint) {
   OASES_ASSERT(plan::parse_settings(config).plan == plan::LayerPlanSource::automatic,
                "plan_automatically for parallel.plan = \"{}\"", config.parallel.plan);
   OASES_CHECK(config.parallel.dp == 1 && config.parallel.pp == 1,
@@ -530,11 +565,41 @@ plan::RunConfig plan_automatically(const plan::RunConfig& config, const ProfileO
   }
   if (options.progress) log_info("parallel.plan = \"auto\": profiling every degree up to {}", T);
   const planner::Profile profile = run_profile(config, options, make_mesh);
-  const schedule::ScheduleSpec step = plan::make_run_plan(config).schedule;  // of one step
   comm::Mesh mesh = make_mesh(T, 1);
   // Every rank follows world rank 0's plan (with context parallelism the tensor-parallel groups
   // of the cp ranks profile apart).
   comm::Communicator& group = mesh.world();
+  // The joint search's settings first (rank 0 searches, the others apply what it found).
+  std::optional<planner::Plan> joint_plan;
+  std::string settings;
+  if (joint && group.rank() == 0) {
+    try {
+      joint_plan = joint(config, profile);
+      settings = settings_text(joint_plan->settings);
+    } catch (const UserError& e) {
+      if (options.progress)
+        log_info("parallel.plan = \"auto\": the joint search found nothing that fits ({}); "
+                 "planning the degrees of the config as given",
+                 e.what());
+    }
+  }
+  if (joint) settings = broadcast_text(group, settings);
+  plan::RunConfig chosen = config;
+  if (!settings.empty()) {
+    chosen = plan::parse_run_config(plan::to_toml(config), "the joint plan",
+                                    settings_overrides(settings));
+    chosen.parallel.plan = "auto";
+  }
+  // Each layer's degree, where every rank stays in one tensor-parallel group.
+  if (chosen.parallel.tp != T || chosen.parallel.cp != config.parallel.cp) {
+    chosen.parallel.plan = "uniform";
+    if (group.rank() == 0 && joint_plan && !plan_path.empty())
+      planner::write_plan(*joint_plan, static_cast<int>(chosen.parallel.tp), plan_path);
+    if (group.rank() == 0 && joint_plan && options.progress)
+      log_info("planned: {}", plan_path.empty() ? std::string() : "wrote " + plan_path);
+    return chosen;
+  }
+  const schedule::ScheduleSpec step = plan::make_run_plan(chosen).schedule;  // of one step
   // Rank 0 plans from its profile; a plan that cannot fit is an error every rank reports.
   std::vector<std::int64_t> degrees(static_cast<std::size_t>(config.model.layers), 0);
   std::string error;
@@ -547,23 +612,39 @@ plan::RunConfig plan_automatically(const plan::RunConfig& config, const ProfileO
                   "prediction of the run's own program; run `oases profile` and `oases plan`",
                   profile.layout.describe());
       const planner::PlanReport report =
-          plain ? planner::make_plan(profile, step, config.train.micro_batch,
-                                     config.parallel.memory_limit, moe_at_one)
-                : planner::make_plan(profile, step, config.parallel.memory_limit, moe_at_one,
+          plain ? planner::make_plan(profile, step, chosen.train.micro_batch,
+                                     chosen.parallel.memory_limit, moe_at_one)
+                : planner::make_plan(profile, step, chosen.parallel.memory_limit, moe_at_one,
                                      own_program(profile));
       std::copy(report.chosen.degrees.begin(), report.chosen.degrees.end(), degrees.begin());
-      if (!plan_path.empty()) planner::write_plan(report.chosen, T, plan_path);
+      planner::Plan written = report.chosen;
+      if (joint_plan) {
+        written.settings = joint_plan->settings;
+        written.report_json = joint_plan->report_json;
+      }
+      if (!plan_path.empty()) planner::write_plan(written, T, plan_path);
       if (options.progress)
         log_info("planned:\n{}{}", planner::format_plan_report(report, step,
-                                                               config.parallel.memory_limit),
+                                                               chosen.parallel.memory_limit),
                  plan_path.empty() ? std::string() : "wrote " + plan_path);
     } catch (const UserError& e) {
-      error = e.what();
+      if (joint_plan) {
+        // The joint search's simulation found its choice fits with every layer at degree T,
+        // where the degree planner's own figures find no mix of degrees that does.
+        std::ranges::fill(degrees, T);
+        if (!plan_path.empty()) planner::write_plan(*joint_plan, T, plan_path);
+        if (options.progress)
+          log_info("planned: every layer at degree {}, as the joint search chose ({}){}", T,
+                   e.what(), plan_path.empty() ? std::string() : "; wrote " + plan_path);
+      } else {
+        error = e.what();
+      }
     }
   }
   group.broadcast(Tensor::of(degrees.data(), {static_cast<std::int64_t>(degrees.size())}), 0);
   OASES_CHECK(degrees.front() > 0, "parallel.plan = \"auto\": {}",
               group.rank() == 0 ? error : std::string("no plan fits (see rank 0)"));
+  planned = chosen;
   planned.parallel.plan = fmt::format("{}", fmt::join(degrees, ","));
   return planned;
 }

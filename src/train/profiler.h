@@ -53,15 +53,28 @@ planner::Profile run_profile(const plan::RunConfig& config, const ProfileOptions
 // the profile, which outlives it.
 using PredictorOf = std::function<planner::PlanPredictor(const planner::Profile& profile)>;
 
-// parallel.plan = "auto": profiles the model on these ranks (as run_profile), plans it under
-// parallel.memory_limit (planner::make_plan; rank 0 decides and tells the others), and returns
-// the config with parallel.plan set to the chosen degrees. A sequence- or context-parallel
-// layout's plans are predicted by `own_program` (UserError without one). Rank 0 writes the
-// plan file to `plan_path` (when not empty) and, with options.progress, prints the plan.
-// Collective over every rank of the run; UserError (on every rank) when no plan fits the limit.
+// The joint search (cluster::search_joint_plan, which lives above the engine) over what one
+// profile of the run prices on these ranks: the chosen plan (its settings, as `--set` takes
+// them, and its report), or UserError when nothing fits.
+using JointSearch =
+    std::function<planner::Plan(const plan::RunConfig& config, const planner::Profile& profile)>;
+
+// parallel.plan = "auto": profiles the model on these ranks (as run_profile); with `joint`,
+// chooses the run's settings by the joint search over what that profile prices (schedule
+// family, sub-batches, tensor- and data-parallel degrees among those profiled, per-layer
+// recomputation and compression, sequence parallelism, ZeRO); then, where the choice keeps
+// every rank in one tensor-parallel group, plans each layer's degree under
+// parallel.memory_limit (planner::make_plan). Rank 0 decides and tells the others. Returns the
+// config with the chosen settings and parallel.plan set to the chosen degrees. A sequence- or
+// context-parallel layout's plans are predicted by `own_program` (UserError without one).
+// Rank 0 writes the plan file to `plan_path` (when not empty) and, with options.progress,
+// prints the plan. Collective over every rank of the run; UserError (on every rank) when no
+// plan fits the limit (when the joint search finds nothing that fits, the degree planner's
+// answer for the config as given stands, or its error).
 plan::RunConfig plan_automatically(const plan::RunConfig& config, const ProfileOptions& options,
                                    const std::function<comm::Mesh(int tp, int dp)>& make_mesh,
                                    const std::string& plan_path,
-                                   const PredictorOf& own_program = {});
+                                   const PredictorOf& own_program = {},
+                                   const JointSearch& joint = {});
 
 }  // namespace oases::train

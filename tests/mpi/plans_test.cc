@@ -223,6 +223,11 @@ TEST_F(Plans, AutoPlanProfilesPlansAndTrainsWithinTheMemoryLimit) {
   ASSERT_EQ(degrees.size(), 4u);
   EXPECT_NE(degrees, (std::vector<int>{1, 1, 1, 1})) << "exceeds the limit";
   EXPECT_LE(plan.at("predicted_memory_bytes").get<std::int64_t>(), 4000000);
+  // The joint search chose the run's settings first (compression kept as configured: the run
+  // above computes what the reference does).
+  ASSERT_TRUE(plan.contains("settings")) << plan.dump();
+  EXPECT_EQ(plan.at("settings").at("parallel.activation_compression"), "none");
+  EXPECT_TRUE(plan.contains("report"));
 
   const Result r = run_train(2, 1, "too_small",
                              plan_settings("oases", "auto") + " parallel.memory_limit=1000000");
