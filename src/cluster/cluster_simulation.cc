@@ -169,9 +169,9 @@ std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan, bool v
   return r;
 }
 
-std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunPlan& plan,
-                                                     const sim::ClusterSpec& cluster,
-                                                     const planner::Profile* profile, bool verify) {
+std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(
+    const plan::RunPlan& plan, const sim::ClusterSpec& cluster, const planner::Profile* profile,
+    bool verify, const std::shared_ptr<sim::CollectivePriceCache>& collective_prices) {
   std::unique_ptr<ShapeOnlyRank> r = shape_only_rank(plan, verify);
   const sim::RankLayout layout = rank_layout(plan);
   sim::ClusterRank at;
@@ -180,7 +180,7 @@ std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunPlan& plan,
   at.products = plan.dtypes.compute;
   at.grad_element_bytes = dtype_size(plan.dtypes.gradient_reduce);
   at.zero = plan.zero.effective_stage();
-  r->costs = sim::cluster_costs(cluster, r->model->program(), at);
+  r->costs = sim::cluster_costs(cluster, r->model->program(), at, collective_prices);
   if (cluster.device.computes_from_profile()) {
     OASES_ASSERT(profile != nullptr, "the cluster {} computes from a profile", cluster.name);
     price_from_profile(plan, layout, *profile, *r);
@@ -288,7 +288,8 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
     std::vector<sim::CostModel> costs;
     for (int rank : pipeline) {
       stages.push_back(build_shape_only_rank(plan.for_rank(rank), cluster, options.profile,
-                                             options.verify_schedules));
+                                             options.verify_schedules,
+                                             profiled ? nullptr : options.collective_prices));
       schedules.push_back(std::move(stages.back()->schedule));
       costs.push_back(stages.back()->costs);
     }

@@ -23,13 +23,14 @@
 
 #include "comm/communicator.h"
 #include "model/model.h"
-#include "planner/profile.h"
-#include "sim/cluster.h"
-#include "sim/placement.h"
-#include "sim/schedule_sim.h"
 #include "plan/run_config.h"
 #include "plan/run_plan.h"
 #include "planner/memory.h"
+#include "planner/profile.h"
+#include "sim/cluster.h"
+#include "sim/cluster_costs.h"
+#include "sim/placement.h"
+#include "sim/schedule_sim.h"
 
 #include <map>
 #include <memory>
@@ -60,6 +61,10 @@ struct ClusterSimulationOptions {
   // Whether the layout is symmetric on the cluster (cluster_layout_is_symmetric), where the
   // caller knows it already (it costs a pass over every rank's groups); empty: found here.
   std::optional<bool> symmetric;
+  // Collective prices shared with other simulations on the same cluster
+  // (sim::CollectivePriceCache); none: found for this one alone. Not with a profile (the
+  // simulation's link is calibrated from it).
+  std::shared_ptr<sim::CollectivePriceCache> collective_prices;
 };
 
 struct SimulatedRank {
@@ -110,10 +115,10 @@ struct ShapeOnlyRank {
 std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan, bool verify = true);
 // The rank `plan` is made for (plan.mesh.rank) running its training steps.
 // `profile`: as ClusterSimulationOptions::profile (needed where the cluster computes from one).
-std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(const plan::RunPlan& plan,
-                                                     const sim::ClusterSpec& cluster,
-                                                     const planner::Profile* profile = nullptr,
-                                                     bool verify = true);
+std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(
+    const plan::RunPlan& plan, const sim::ClusterSpec& cluster,
+    const planner::Profile* profile = nullptr, bool verify = true,
+    const std::shared_ptr<sim::CollectivePriceCache>& collective_prices = nullptr);
 
 // `cluster` with its link taking its efficiency at the profile's Profile::replica_link size from
 // that measurement (a cluster that computes from a profile describes the machine the profile

@@ -374,6 +374,12 @@ class Search {
     return shape;
   }
   mutable std::map<std::tuple<int, int, int, int>, PipelineShape> shape_cache_;
+  // Collective prices shared by every simulation of the search (none where compute comes from
+  // profiles: each calibrates the cluster's link from its own).
+  std::shared_ptr<sim::CollectivePriceCache> collective_prices() const {
+    return cluster_.device.computes_from_profile() ? nullptr : prices_;
+  }
+  std::shared_ptr<sim::CollectivePriceCache> prices_ = sim::make_collective_price_cache();
   // cluster_layout_is_symmetric of the config's layout, cached by its degrees.
   bool symmetric(const plan::RunConfig& config) const {
     const auto& q = config.parallel;
@@ -565,6 +571,7 @@ ClusterSimulation Search::simulate_reduced(const plan::RunConfig& config, std::i
   options.profile = reduced ? &*reduced : nullptr;
   options.verify_schedules = false;
   options.symmetric = symmetric(c);
+  options.collective_prices = collective_prices();
   ++tally.simulations;
   return simulate_cluster(c, cluster_, options);
 }
@@ -998,6 +1005,7 @@ void Search::simulate_whole(JointCandidate& candidate) const {
   std::string why;
   options.profile = profile_for(config, why);
   options.symmetric = symmetric(config);
+  options.collective_prices = collective_prices();
   const ClusterSimulation s = simulate_cluster(config, cluster_, options);
   candidate.simulated = true;
   candidate.step_seconds = s.step_seconds;
@@ -1033,8 +1041,8 @@ std::optional<Search::LayerCompute> Search::layer_compute(const Global& g, Tally
       c.model.layers = base_.model.has_moe() ? n * base_.model.moe_every : n;
       const plan::RunPlan plan = plan::make_run_plan(c);
       const std::optional<planner::Profile> reduced = for_layers(profile, c.model.layers);
-      const std::unique_ptr<ShapeOnlyRank> rank =
-          build_shape_only_rank(plan, cluster_, reduced ? &*reduced : nullptr, /*verify=*/false);
+      const std::unique_ptr<ShapeOnlyRank> rank = build_shape_only_rank(
+          plan, cluster_, reduced ? &*reduced : nullptr, /*verify=*/false, collective_prices());
       for (const schedule::Instruction& ins : rank->schedule) {
         if (ins.op == schedule::Op::forward || ins.op == schedule::Op::recompute ||
             ins.op == schedule::Op::backward || ins.op == schedule::Op::backward_weight)

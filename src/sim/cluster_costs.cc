@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -40,21 +41,72 @@ struct GroupKind {
   }
 };
 
+}  // namespace
+
+class CollectivePriceCache {
+ public:
+  using Layout = std::tuple<int, int, int, int, int>;  // tp, dp, pp, ep, cp
+  static Layout key_of(const RankLayout& l) { return {l.tp, l.dp, l.pp, l.ep, l.cp}; }
+
+  double price(const ClusterSpec& cluster, const RankLayout& layout, CollectiveOp op, double bytes,
+               const GroupKind& kind, const DeviceGroup& group) {
+    const auto key = std::make_tuple(key_of(layout), op, bytes, kind, group);
+    {
+      std::lock_guard lock(mutex_);
+      if (const auto known = seconds_.find(key); known != seconds_.end()) return known->second;
+    }
+    const std::vector<DeviceGroup> concurrent = concurrent_of(layout, kind);
+    const double seconds = collective_seconds(cluster, op, bytes, group, concurrent);
+    std::lock_guard lock(mutex_);
+    seconds_.emplace(key, seconds);
+    return seconds;
+  }
+
+ private:
+  std::vector<DeviceGroup> concurrent_of(const RankLayout& layout, const GroupKind& kind) {
+    const auto key = std::make_pair(key_of(layout), kind);
+    {
+      std::lock_guard lock(mutex_);
+      if (const auto known = concurrent_.find(key); known != concurrent_.end())
+        return known->second;
+    }
+    std::vector<DeviceGroup> groups = layout.every([&](int r) { return kind.group(layout, r); });
+    std::lock_guard lock(mutex_);
+    return concurrent_.emplace(key, std::move(groups)).first->second;
+  }
+
+  std::mutex mutex_;
+  std::map<std::pair<Layout, GroupKind>, std::vector<DeviceGroup>> concurrent_;
+  std::map<std::tuple<Layout, CollectiveOp, double, GroupKind, DeviceGroup>, double> seconds_;
+};
+
+std::shared_ptr<CollectivePriceCache> make_collective_price_cache() {
+  return std::make_shared<CollectivePriceCache>();
+}
+
+namespace {
+
 // Collective prices by (operation, bytes, group kind), each with every group of its kind at
-// once; the concurrent groups of a kind are found once.
+// once; the concurrent groups of a kind are found once (once per layout with a shared cache).
 class GroupPrices {
  public:
-  GroupPrices(const ClusterSpec& cluster, const RankLayout& layout, int rank)
-      : cluster_(cluster), layout_(layout), rank_(rank) {}
+  GroupPrices(const ClusterSpec& cluster, const RankLayout& layout, int rank,
+              std::shared_ptr<CollectivePriceCache> shared)
+      : cluster_(cluster), layout_(layout), rank_(rank), shared_(std::move(shared)) {}
 
   double price(CollectiveOp op, double bytes, const GroupKind& kind) {
     const auto key = std::make_tuple(op, bytes, kind);
     const auto known = seconds_.find(key);
     if (known != seconds_.end()) return known->second;
-    auto& concurrent = concurrent_[kind];
-    if (concurrent.empty())
-      concurrent = layout_.every([&](int r) { return kind.group(layout_, r); });
-    const double seconds = collective_seconds(cluster_, op, bytes, kind.group(layout_, rank_), concurrent);
+    double seconds = 0;
+    if (shared_) {
+      seconds = shared_->price(cluster_, layout_, op, bytes, kind, kind.group(layout_, rank_));
+    } else {
+      auto& concurrent = concurrent_[kind];
+      if (concurrent.empty())
+        concurrent = layout_.every([&](int r) { return kind.group(layout_, r); });
+      seconds = collective_seconds(cluster_, op, bytes, kind.group(layout_, rank_), concurrent);
+    }
     seconds_[key] = seconds;
     return seconds;
   }
@@ -63,6 +115,7 @@ class GroupPrices {
   const ClusterSpec& cluster_;
   RankLayout layout_;
   int rank_;
+  std::shared_ptr<CollectivePriceCache> shared_;
   std::map<GroupKind, std::vector<DeviceGroup>> concurrent_;
   std::map<std::tuple<CollectiveOp, double, GroupKind>, double> seconds_;
 };
@@ -102,11 +155,12 @@ DeviceGroup segment_group(const ops::Program& program, int segment, bool forward
 }
 
 CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
-                        const ClusterRank& at) {
+                        const ClusterRank& at,
+                        const std::shared_ptr<CollectivePriceCache>& shared) {
   check_cluster_holds(cluster, at.layout.world(), cluster.name);
   const RankLayout layout = at.layout;
   const int rank = at.rank;
-  auto prices = std::make_shared<GroupPrices>(cluster, layout, rank);
+  auto prices = std::make_shared<GroupPrices>(cluster, layout, rank, shared);
   const double element = static_cast<double>(program.set_element_bytes);
   CostModel costs;
   // A device that computes from a profile leaves compute and the optimizer to the caller.

@@ -18,6 +18,8 @@
 //     tensor-parallel lane's link when both groups cross the same tier.
 #pragma once
 
+#include <memory>
+
 #include "core/dtype.h"
 #include "ops/program.h"
 #include "sim/cluster.h"
@@ -36,11 +38,20 @@ struct ClusterRank {
   int zero = 0;                    // ZeRO stage
 };
 
+// Collective prices shared by the cost models of many simulations on one cluster (the joint
+// planner's): each (layout, group of the rank, operation, bytes) is priced once, with the
+// concurrent groups of its kind found once per layout. Thread-safe. Every cost model that uses
+// one must be built for the same cluster, and the cache must outlive them.
+class CollectivePriceCache;
+std::shared_ptr<CollectivePriceCache> make_collective_price_cache();
+
 // `cluster` and `program` must outlive the returned model. UserError when the cluster has too
 // few devices for the layout. A device that computes from a profile (this machine's) leaves
-// compute and optimizer_step for the caller to fill from the profile.
+// compute and optimizer_step for the caller to fill from the profile. `shared`: a cache of
+// collective prices on this cluster (the same prices, found once).
 CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
-                        const ClusterRank& rank);
+                        const ClusterRank& rank,
+                        const std::shared_ptr<CollectivePriceCache>& shared = nullptr);
 
 // The devices a collective of `program`'s segment `segment` runs over (its forward collective
 // when `forward`), for `rank` of `layout`.
