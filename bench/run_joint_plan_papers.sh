@@ -140,11 +140,6 @@ if [[ " ${parts[*]} " == *" 2 "* ]]; then
     fixes=()
     if ((gpus > 64)); then fixes=(--fix parallel.tp --fix parallel.pp); fi
     row "$name" "$sp" "$(joint "$work/c.toml" dgx-a100 "${fixes[@]}")"
-  done <<'ROWS'
-22B 64 6144 48 8 1 8 4 4 1.42 1.10
-175B 96 12288 96 8 8 64 64 1 18.13 13.75
-530B 128 20480 105 8 35 280 280 1 49.05 37.83
-1T 160 25600 128 8 64 512 512 1 94.42 71.49
-ROWS
+  done < <(grep -v '^#' bench/korthikanti_table5.txt)
   echo "(speedup against the published layout's best, selective recomputation with sequence parallelism)"
 fi

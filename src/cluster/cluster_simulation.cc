@@ -131,7 +131,8 @@ void price_from_profile(const plan::RunPlan& plan, const sim::RankLayout& layout
   const ops::Program& program = r.model->program();
   planner::check_profiled_kinds(profile, program);
   r.costs.compute = planner::profiled_compute(
-      profile, program, static_cast<double>(plan.config.train.micro_batch) / plan.schedule.sub_batches);
+      profile, program, static_cast<double>(plan.config.train.micro_batch) / plan.schedule.sub_batches,
+      layout.tp);
   // Profiled backward stages are whole: a zero-bubble BackwardWeight takes about half of
   // stage 0 (its weight-gradient products, as many as the input gradient's).
   r.costs.weight_gradient_share = 0.5;

@@ -135,6 +135,16 @@ plan::RunConfig config_of(const plan::RunConfig& base, const Global& g,
   return c;
 }
 
+// `g` on one pipeline stage without data parallelism (dp 1, pp 1, no ZeRO, no offload): what a
+// layer costs on its tensor- and context-parallel ranks alone.
+Global on_one_stage(Global g) {
+  g.layout.dp = 1;
+  g.layout.pp = 1;
+  g.zero = 0;
+  g.offload = "none";
+  return g;
+}
+
 // The schedule families and the recomputation words each allows per layer.
 struct Family {
   const char* schedule;
@@ -765,12 +775,7 @@ std::optional<StagePrice> Search::unit_price(const Global& g, const LayerOption&
   }
   std::optional<StagePrice> price;
   try {
-    Global one = g;
-    one.layout.dp = 1;
-    one.layout.pp = 1;
-    one.zero = 0;
-    one.offload = "none";
-    const plan::RunConfig c = config_of(base_, one, option.recompute, option.compression);
+    const plan::RunConfig c = config_of(base_, on_one_stage(g), option.recompute, option.compression);
     (void)plan::make_run_plan(c);
     const std::int64_t unit = c.model.has_moe() ? c.model.moe_every : 1;
     price = price_stage(c, unit, 2, 3, nullptr, tally);
@@ -1026,12 +1031,7 @@ std::optional<Search::LayerCompute> Search::layer_compute(const Global& g, Tally
   }
   std::optional<LayerCompute> result;
   try {
-    Global one = g;
-    one.layout.dp = 1;
-    one.layout.pp = 1;
-    one.zero = 0;
-    one.offload = "none";
-    plan::RunConfig c = config_of(base_, one, "none", "none");
+    plan::RunConfig c = config_of(base_, on_one_stage(g), "none", "none");
     c.train.global_batch = c.train.micro_batch;
     double seconds[2] = {0, 0};
     std::string why;

@@ -269,14 +269,14 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows,
 
 std::function<double(const schedule::Instruction&)> profiled_compute(const Profile& profile,
                                                                      const ops::Program& program,
-                                                                     double sub_batch_rows) {
-  return [&profile, &program, sub_batch_rows](const schedule::Instruction& ins) {
+                                                                     double sub_batch_rows, int tp) {
+  return [&profile, &program, sub_batch_rows, tp](const schedule::Instruction& ins) {
     const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
     const DegreeProfile& d = degree_of(profile, shape.degree);
     const std::string kind = kind_at(program, ins.segment);
     const auto it = d.segments.find(kind);
     if (it == d.segments.end()) return 0.0;  // a reshard's epilogue: counted in attention's
-    double factor = sub_batch_rows * shape.degree / profile.tp / static_cast<double>(d.rows);
+    double factor = sub_batch_rows * shape.degree / tp / static_cast<double>(d.rows);
     // The experts take the busiest expert-parallel rank's time (Profile::expert_load_imbalance).
     if (kind == "experts")
       if (const auto busiest = profile.expert_load_imbalance.find(shape.layer);
@@ -409,7 +409,7 @@ sim::CostModel profiled_costs(const Profile& profile, const ops::Program& progra
   const auto L = static_cast<int>(layer_degrees.size());
   const DegreeProfile& full = degree_of(profile, T);
   sim::CostModel costs;
-  costs.compute = profiled_compute(profile, program, sub_batch_rows);
+  costs.compute = profiled_compute(profile, program, sub_batch_rows, T);
   costs.collective = [&profile, &program, sub_batch_rows](const schedule::Instruction& ins) {
     const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
     const std::string kind = segment_kind(shape.name);

@@ -77,12 +77,15 @@ double segment_seconds(const SegmentTimes& times, const schedule::Instruction& i
 // CostModel::compute from the profile's times for any program whose segments are named by kind
 // ("attention.3") and run at a degree of the profile: each instruction takes its kind's time at
 // the segment's degree, scaled from the profile's rows to the segment's (sub_batch_rows x
-// degree / tp), an MoE layer's experts times the layer's Profile::expert_load_imbalance (the
-// busiest expert-parallel rank's share); kinds the profile lacks (reshards, stage outputs)
-// cost nothing. `profile` and `program` must outlive the function.
+// degree / tp, where tp is the tensor-parallel group of the program's run: a degree-1 layer of
+// a tp = 1 run takes the whole sub-batch, one of a tp = 2 run half of it, while the profile's
+// degree-1 times are for its own tp's share), an MoE layer's experts times the layer's
+// Profile::expert_load_imbalance (the busiest expert-parallel rank's share); kinds the profile
+// lacks (reshards, stage outputs) cost nothing. `profile` and `program` must outlive the
+// function.
 std::function<double(const schedule::Instruction&)> profiled_compute(const Profile& profile,
                                                                      const ops::Program& program,
-                                                                     double sub_batch_rows);
+                                                                     double sub_batch_rows, int tp);
 
 // UserError when a segment of `program` (other than a reshard or a stage output, priced by
 // their collectives) is of a kind the profile has no times for at the segment's degree: a

@@ -88,5 +88,41 @@ TEST(ClusterProfile, UniformPlanPredictionAgreesWithTheClusterSimulation) {
   }
 }
 
+// A profile measured at tp 2 times its degree-1 layers on half a sub-batch (each of the two
+// replicas' share); a run at tp 1 (here a two-stage pipeline) gives each layer the whole
+// sub-batch. Priced from that profile or from one measured at tp 1 (degree 1 on the whole
+// sub-batch), the run takes the same time on a device whose every kernel is linear in its
+// rows (constant efficiencies, no launch cost, memory traffic free).
+TEST(ClusterProfile, AProfileAtTwoPricesAOneWideRunOnItsWholeSubBatch) {
+  sim::ClusterSpec linear = testing::switched_cluster(1, 2, 10e9, 5e9, 5e9);
+  linear.device.kernel_launch_seconds = 0;
+  linear.device.gemm_efficiency = {{1.0}, {0.5}};
+  linear.device.memory_efficiency = {{1.0}, {1.0}};
+  linear.device.memory_bytes_per_second = 1e30;
+  const auto megatron = [](int tp, int dp) {
+    plan::RunConfig c = tiny(tp, dp);
+    c.parallel.schedule = "megatron";
+    c.parallel.sub_batches = 1;
+    return c;
+  };
+  planner::Profile at_two = cluster_profile(megatron(2, 1), linear);
+  planner::Profile at_one = cluster_profile(megatron(1, 2), linear);
+  ASSERT_EQ(at_two.at_degree(1)->rows * 2, at_one.at_degree(1)->rows);
+  // The replicas' all-reduce would calibrate the link differently; the pipeline does not use it.
+  at_two.replica_link = at_one.replica_link = {};
+  plan::RunConfig pipeline = megatron(1, 1);
+  pipeline.parallel.pp = 2;
+  pipeline.parallel.pipeline = "1f1b";
+  sim::ClusterSpec machine = linear;
+  machine.device.peak_flops.clear();  // compute from the profile
+  const auto step = [&](const planner::Profile& profile) {
+    ClusterSimulationOptions options;
+    options.profile = &profile;
+    return simulate_cluster(pipeline, machine, options).step_seconds;
+  };
+  const double from_two = step(at_two), from_one = step(at_one);
+  EXPECT_LE(std::abs(from_two - from_one), 1e-12 * from_one) << from_two << " vs " << from_one;
+}
+
 }  // namespace
 }  // namespace oases::cluster

@@ -259,8 +259,8 @@ TEST(MoeCostModel, ExpertsTakeTheBusiestRanksTime) {
   skewed.expert_load_imbalance = {{3, 1.5}};
   const std::vector<int> degrees = {2, 1, 2, 1};
   const ops::Program program = program_at(balanced, 2, 2.0);
-  const auto even = profiled_compute(balanced, program, 2.0);
-  const auto busiest = profiled_compute(skewed, program, 2.0);
+  const auto even = profiled_compute(balanced, program, 2.0, balanced.tp);
+  const auto busiest = profiled_compute(skewed, program, 2.0, skewed.tp);
   int experts_seen = 0;
   for (std::size_t i = 0; i < program.segments.size(); ++i)
     for (const schedule::Op op : {schedule::Op::forward, schedule::Op::backward}) {
