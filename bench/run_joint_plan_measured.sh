@@ -14,8 +14,8 @@
 #            and sequence-parallel setting that can run; the tensor-, data- and pipeline-
 #            parallel layouts, schedules, recomputation and ZeRO stages they price are searched
 #            (context parallelism is not: its profile would be another layout); activation
-#            compression stays off (--fix parallel.activation_compression): its encode and
-#            decode passes are not priced yet, so the planner would take its memory for free
+#            compression stays off (--fix parallel.activation_compression) unless COMPRESSION
+#            is "search" (the profiles time its encode and decode passes)
 #   limits   the cluster's device memory (no binding limit), then 60% of the predicted memory
 #            of that choice (75% or 90% where nothing fits in 60%), given to the planner and
 #            to every measured run as parallel.memory_limit (a run stops at start-up when its
@@ -27,19 +27,24 @@
 # and rank, the rank of the planner's choice among the measured (and how far it is from the
 # best measured), and Spearman's rank correlation of predicted and measured; then a summary.
 #   bash bench/run_joint_plan_measured.sh    (as root)
-# Environment: RATES ["500 4000"], MODELS ["gpt llama bert"], STEPS [4], ROUNDS [1]
+# Environment: RATES ["500 4000"], MODELS ["gpt llama bert"], LIMITS ["free tight"], STEPS [4],
+# ROUNDS [1], COMPRESSION ["none": kept off; "search": chosen per layer like the rest]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/capped_loopback.sh
 read -r -a rates <<<"${RATES:-500 4000}"
 read -r -a models <<<"${MODELS:-gpt llama bert}"
+read -r -a limits <<<"${LIMITS:-free tight}"
+compression=${COMPRESSION:-none}
+[[ $compression == none || $compression == search ]] ||
+  { echo "COMPRESSION=$compression: valid: none, search" >&2; exit 2; }
 steps=${STEPS:-4}
 rounds=${ROUNDS:-1}
 [[ $(id -u) -eq 0 ]] || { echo "needs root (ip netns, tc)" >&2; exit 2; }
 cmake --preset release >/dev/null
 cmake --build --preset release --target oases >/dev/null
 oases=$PWD/build/release/oases
-bench_header "RATES=\"${rates[*]}\" MODELS=\"${models[*]}\" STEPS=$steps ROUNDS=$rounds bash bench/run_joint_plan_measured.sh"
+bench_header "RATES=\"${rates[*]}\" MODELS=\"${models[*]}\" LIMITS=\"${limits[*]}\" STEPS=$steps ROUNDS=$rounds COMPRESSION=$compression bash bench/run_joint_plan_measured.sh"
 
 work=$(mktemp -d)
 ns=oases-joint-$$
@@ -187,11 +192,15 @@ for (name, predicted, measured, summary), rank in sorted(zip(rows, measured_rank
     chosen = " (chosen)" if name == "c0" else ""
     print(f"| {summary}{chosen} | {predicted:.3f} | {measured:.3f} | {measured / predicted:.2f} | {rank:g} |")
 rho = spearman([r[1] for r in rows], [r[2] for r in rows])
+# Near-ties in the prediction are ordered by noise; pairs predicted more than 5% apart are not.
+apart = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:] if max(a[1], b[1]) / min(a[1], b[1]) > 1.05]
+ordered = sum((a[1] < b[1]) == (a[2] < b[2]) for a, b in apart)
 choice_rank, choice_gap = measured_rank[0], rows[0][2] / best - 1
 print(f"chosen: measured rank {choice_rank:g} of {len(rows)}, {100 * choice_gap:.1f}% above the best "
-      f"measured; Spearman (predicted, measured) = {rho:.3f}\n")
+      f"measured; Spearman (predicted, measured) = {rho:.3f}; pairs predicted more than 5% apart "
+      f"measured in the same order: {ordered} of {len(apart)}\n")
 with open(f"{work}/summary", "a") as f:
-    f.write(f"| {setting} | {rows[0][3]} | {len(rows)} | {choice_rank:g} | {100 * choice_gap:.1f}% | {rho:.3f} |\n")
+    f.write(f"| {setting} | {rows[0][3]} | {len(rows)} | {choice_rank:g} | {100 * choice_gap:.1f}% | {rho:.3f} | {ordered} of {len(apart)} |\n")
 PY
 }
 
@@ -203,8 +212,8 @@ for rate in "${rates[@]}"; do
     write_model "$model"
     profile_model "$model" "$rate"
     plan=("$oases" plan --config "$work/$model.toml" --cluster clusters/this-machine-loopback.toml
-          --cluster-set tier.loopback.link_gbs="$link" --fix parallel.activation_compression
-          "${profiles[@]}")
+          --cluster-set tier.loopback.link_gbs="$link" "${profiles[@]}")
+    [[ $compression == none ]] && plan+=(--fix parallel.activation_compression)
     "${plan[@]}" --output "$work/${model}_${rate}_free.plan.json" >"$work/${model}_${rate}_free.plan.txt"
     free_memory=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['report']['memory_limit_bytes'])" \
       "$work/${model}_${rate}_free.plan.json")
@@ -216,7 +225,7 @@ for rate in "${rates[@]}"; do
         >"$work/${model}_${rate}_tight.plan.txt" 2>&1 && break
       tight=""
     done
-    for limit in free tight; do
+    for limit in "${limits[@]}"; do
       setting="${model}_${rate}_$limit"
       value=$free_memory
       [[ $limit == tight ]] && value=$tight
@@ -232,6 +241,6 @@ for rate in "${rates[@]}"; do
 done
 
 echo "## summary"
-echo "| model_rate_limit | chosen | candidates measured | chosen's measured rank | chosen above best | Spearman |"
-echo "|---|---|---|---|---|---|"
+echo "| model_rate_limit | chosen | candidates measured | chosen's measured rank | chosen above best | Spearman | pairs > 5% apart in order |"
+echo "|---|---|---|---|---|---|---|"
 cat "$work/summary"

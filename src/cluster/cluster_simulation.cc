@@ -131,8 +131,8 @@ void price_from_profile(const plan::RunPlan& plan, const sim::RankLayout& layout
   const ops::Program& program = r.model->program();
   planner::check_profiled_kinds(profile, program);
   r.costs.compute = planner::profiled_compute(
-      profile, program, static_cast<double>(plan.config.train.micro_batch) / plan.schedule.sub_batches,
-      layout.tp);
+      profile, program,
+      static_cast<double>(plan.config.train.micro_batch) / plan.schedule.sub_batches, layout.tp);
   // Profiled backward stages are whole: a zero-bubble BackwardWeight takes about half of
   // stage 0 (its weight-gradient products, as many as the input gradient's).
   r.costs.weight_gradient_share = 0.5;
@@ -143,6 +143,9 @@ void price_from_profile(const plan::RunPlan& plan, const sim::RankLayout& layout
                            static_cast<double>(std::max<std::int64_t>(1, whole.parameter_bytes));
   r.costs.overlap_slowdown = whole.overlap_slowdown;
   r.costs.collective_slowdown = whole.collective_slowdown;
+  // Compressed sets at the rate measured here; an encoding the profile did not time keeps the
+  // device's memory-bandwidth price.
+  r.costs.codec = planner::profiled_codec(profile, program, std::move(r.costs.codec));
 }
 
 }  // namespace

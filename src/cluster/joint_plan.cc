@@ -775,7 +775,8 @@ std::optional<StagePrice> Search::unit_price(const Global& g, const LayerOption&
   }
   std::optional<StagePrice> price;
   try {
-    const plan::RunConfig c = config_of(base_, on_one_stage(g), option.recompute, option.compression);
+    const plan::RunConfig c =
+        config_of(base_, on_one_stage(g), option.recompute, option.compression);
     (void)plan::make_run_plan(c);
     const std::int64_t unit = c.model.has_moe() ? c.model.moe_every : 1;
     price = price_stage(c, unit, 2, 3, nullptr, tally);

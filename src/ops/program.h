@@ -279,4 +279,16 @@ inline std::size_t bytes_of(const SegmentShape& shape, TensorSet set) {
   return 0;
 }
 
+// Elements of `sets` of one instance of `segment` that an activation encoding rounds: each
+// set's bytes less its statistics (kept as they are), in elements of the program's sets.
+inline double encodable_elements(const Program& program, int segment, TensorSets sets) {
+  const SegmentShape& shape = program.segments[static_cast<std::size_t>(segment)];
+  double elements = 0;
+  for (TensorSet set : {kCheckpoint, kInternals, kCore})
+    if (sets & set)
+      elements += static_cast<double>(bytes_of(shape, set) - statistics_bytes_of(shape, set)) /
+                  static_cast<double>(program.set_element_bytes);
+  return elements;
+}
+
 }  // namespace oases::ops

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace oases::planner {
@@ -269,7 +270,8 @@ sim::CostModel costs_at(const Profile& profile, int degree, double rows,
 
 std::function<double(const schedule::Instruction&)> profiled_compute(const Profile& profile,
                                                                      const ops::Program& program,
-                                                                     double sub_batch_rows, int tp) {
+                                                                     double sub_batch_rows,
+                                                                     int tp) {
   return [&profile, &program, sub_batch_rows, tp](const schedule::Instruction& ins) {
     const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
     const DegreeProfile& d = degree_of(profile, shape.degree);
@@ -284,6 +286,20 @@ std::function<double(const schedule::Instruction&)> profiled_compute(const Profi
         factor *= busiest->second;
     return segment_seconds(it->second, ins) * factor;
   };
+}
+
+std::function<double(const schedule::Instruction&)> profiled_codec(
+    const Profile& profile, const ops::Program& program,
+    std::function<double(const schedule::Instruction&)> unmeasured) {
+  if (profile.activation_codec.empty()) return unmeasured;
+  return
+      [&profile, &program, unmeasured = std::move(unmeasured)](const schedule::Instruction& ins) {
+        const auto it = profile.activation_codec.find(ops::encoding_name(ins.encoding));
+        if (it == profile.activation_codec.end()) return unmeasured ? unmeasured(ins) : 0.0;
+        const double per_element = ins.op == schedule::Op::encode ? it->second.encode_s_per_element
+                                                                  : it->second.decode_s_per_element;
+        return per_element * ops::encodable_elements(program, ins.segment, ins.sets);
+      };
 }
 
 Prediction predict_uniform(const Profile& profile, int degree, const schedule::ScheduleSpec& spec,
@@ -410,6 +426,7 @@ sim::CostModel profiled_costs(const Profile& profile, const ops::Program& progra
   const DegreeProfile& full = degree_of(profile, T);
   sim::CostModel costs;
   costs.compute = profiled_compute(profile, program, sub_batch_rows, T);
+  costs.codec = profiled_codec(profile, program, nullptr);
   costs.collective = [&profile, &program, sub_batch_rows](const schedule::Instruction& ins) {
     const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
     const std::string kind = segment_kind(shape.name);

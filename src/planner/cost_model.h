@@ -87,6 +87,14 @@ std::function<double(const schedule::Instruction&)> profiled_compute(const Profi
                                                                      const ops::Program& program,
                                                                      double sub_batch_rows, int tp);
 
+// CostModel::codec from the profile's measured rates (Profile::activation_codec): an Encode or
+// Decode takes its rate per element times the set's encodable elements; an encoding the profile
+// did not time takes `unmeasured`'s price (free when null). Null when the profile timed none.
+// `profile` and `program` must outlive the function.
+std::function<double(const schedule::Instruction&)> profiled_codec(
+    const Profile& profile, const ops::Program& program,
+    std::function<double(const schedule::Instruction&)> unmeasured);
+
 // UserError when a segment of `program` (other than a reshard or a stage output, priced by
 // their collectives) is of a kind the profile has no times for at the segment's degree: a
 // program of another layout than the profile's (Profile::layout), or a sequence-parallel

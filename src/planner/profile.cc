@@ -5,6 +5,7 @@
 #include "core/named_values.h"
 #include "core/regular_file.h"
 #include "io/untrusted_json.h"
+#include "ops/program.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -265,6 +266,13 @@ std::string to_json(const Profile& p) {
     out["replica_link"] = {{"bytes", p.replica_link.bytes},
                            {"ranks", p.replica_link.ranks},
                            {"seconds", p.replica_link.seconds}};
+  if (!p.activation_codec.empty()) {
+    json codec = json::object();
+    for (const auto& [word, c] : p.activation_codec)
+      codec[word] = {{"encode_s_per_element", c.encode_s_per_element},
+                     {"decode_s_per_element", c.decode_s_per_element}};
+    out["activation_codec"] = codec;
+  }
   if (p.layout.sequence_parallel) out["sequence_parallel"] = true;
   if (p.layout.cp > 1) {
     out["cp"] = p.layout.cp;
@@ -355,6 +363,22 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
                   "must be > 0, ranks >= 2 and seconds finite and > 0)",
                   source, p.replica_link.bytes, p.replica_link.ranks, p.replica_link.seconds);
     }
+    if (j.contains("activation_codec"))
+      for (const auto& [word, c] : j.at("activation_codec").items()) {
+        OASES_CHECK(std::ranges::any_of(ops::kActivationEncodingNames,
+                                        [&](const auto& named) { return named.name == word; }),
+                    "{}: malformed profile (activation_codec \"{}\": valid: \"bf16\", \"fp8\")",
+                    source, word);
+        const ActivationCodec codec{c.at("encode_s_per_element").get<double>(),
+                                    c.at("decode_s_per_element").get<double>()};
+        OASES_CHECK(std::isfinite(codec.encode_s_per_element) && codec.encode_s_per_element >= 0 &&
+                        std::isfinite(codec.decode_s_per_element) &&
+                        codec.decode_s_per_element >= 0,
+                    "{}: malformed profile (activation_codec \"{}\": encode {} s and decode {} s "
+                    "per element; each must be finite and >= 0)",
+                    source, word, codec.encode_s_per_element, codec.decode_s_per_element);
+        p.activation_codec[word] = codec;
+      }
     if (j.contains("ep")) {
       p.ep = integer_at<int>(j, "ep", source);
       const json& link = j.at("expert_link");

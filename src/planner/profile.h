@@ -30,6 +30,8 @@
 //      ...],
 //    "reshards": {"1-2": .., "1-4": .., "2-4": ..},
 //    "replica_link": {"bytes": .., "ranks": 2, "seconds": ..},  (optional: ReplicaLink)
+//    "activation_codec": {"bf16": {"encode_s_per_element": .., "decode_s_per_element": ..},
+//                         "fp8": {..}},  (optional: ActivationCodec, by encoding word)
 //    "ep": 2, "expert_link": {"bytes_per_second": .., "latency_s": ..},
 //    "expert_load_imbalance": {"1": .., "3": .., ...},
 //    "sequence_parallel": true, "cp": 2, "cp_kind": "ring"}  (ProfiledLayout; absent: none)
@@ -123,6 +125,16 @@ struct ReplicaLink {
   bool operator==(const ReplicaLink&) const = default;
 };
 
+// What compressing a kept activation set costs on the profiled machine (ActivationStore::encode
+// and decode, their buffers included), per element of the set's values, measured once per rank
+// outside any step: a compressed run pays encode after the set's last forward read and decode
+// before its first backward read, on the compute lane.
+struct ActivationCodec {
+  double encode_s_per_element = 0;
+  double decode_s_per_element = 0;
+  bool operator==(const ActivationCodec&) const = default;
+};
+
 // The layout the segments were measured in, which decides which segments a layer has
 // (docs/distributed.md): sequence parallelism (parallel.sequence_parallel: the shard segments
 // "attention_in", "mlp_in" and "head_in" beside the layers, reduce-scatters and all-gathers in
@@ -202,6 +214,9 @@ struct Profile {
   // launcher ran beside it. A cluster description of this machine takes its link's efficiency
   // at that transfer size from it (cluster::calibrate_replica_link). Optional in the file.
   ReplicaLink replica_link;
+  // By parallel.activation_compression's word ("bf16", "fp8"); empty where not measured (a
+  // simulation then prices the passes by the device's memory bandwidth). Optional in the file.
+  std::map<std::string, ActivationCodec> activation_codec;
   ProfiledLayout layout;
 
   // The bytes held per parameter byte besides one copy of the parameters and one of the

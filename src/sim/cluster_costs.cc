@@ -167,6 +167,7 @@ CostModel cluster_costs(const ClusterSpec& cluster, const ops::Program& program,
   const bool roofline = !cluster.device.computes_from_profile();
   const std::string products(precision_key(at.products));
   if (roofline) costs.compute = roofline_compute(cluster.device, program, products);
+  costs.codec = roofline_codec(cluster.device, program);
   costs.collective = [&program, prices, element](const schedule::Instruction& ins) {
     const ops::SegmentShape& shape = program.segments[static_cast<std::size_t>(ins.segment)];
     const bool forward = ins.direction == schedule::Direction::forward;

@@ -53,4 +53,16 @@ std::function<double(const schedule::Instruction&)> roofline_compute(const Devic
   };
 }
 
+std::function<double(const schedule::Instruction&)> roofline_codec(const DeviceSpec& device,
+                                                                   const ops::Program& program) {
+  if (device.memory_bytes_per_second <= 0 || device.memory_efficiency.x.empty()) return nullptr;
+  return [&device, &program](const schedule::Instruction& ins) {
+    ops::Work pass;
+    pass.bytes =
+        ops::encodable_elements(program, ins.segment, ins.sets) *
+        static_cast<double>(program.set_element_bytes + ops::encoded_element_bytes(ins.encoding));
+    return work_seconds(device, pass, "");
+  };
+}
+
 }  // namespace oases::sim

@@ -30,4 +30,10 @@ std::function<double(const schedule::Instruction&)> roofline_compute(const Devic
                                                                      const ops::Program& program,
                                                                      const std::string& dtype);
 
+// CostModel::codec for `program` on `device`: an Encode reads a kept set's values and writes
+// them encoded, a Decode the reverse, each one memory-bound pass at the device's bandwidth.
+// Null where the device states no memory bandwidth. `device` and `program` must outlive it.
+std::function<double(const schedule::Instruction&)> roofline_codec(const DeviceSpec& device,
+                                                                   const ops::Program& program);
+
 }  // namespace oases::sim

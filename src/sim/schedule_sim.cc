@@ -251,8 +251,12 @@ class RankRun {
         break;
       case Op::encode:
       case Op::decode:
-        // One pass over a kept set's bytes (compressed activations): not in the cost model
-        // yet; memory-bound and small against the GEMMs that produced the set.
+        if (costs_.codec) {
+          const double began = lanes_.now();
+          result_.compute_seconds += lanes_.compute(costs_.codec(ins));
+          if (recording_)
+            lanes_.record(SimEvent::Lane::compute, schedule::to_string(ins), began, lanes_.now());
+        }
         break;
       case Op::send:
       case Op::recv:

@@ -50,6 +50,9 @@ struct CostModel {
   // instruction's, partition_kept_checkpoints); it runs on the collectives' lane in issue
   // order. Null: free, though still behind the collectives issued before it.
   std::function<double(const schedule::Instruction&)> gather_sets;
+  // Seconds of an Encode or Decode instruction (compressed activations: one pass over the
+  // set's values on the compute lane); null: free.
+  std::function<double(const schedule::Instruction&)> codec;
   double optimizer_step = 0;
   double overlap_slowdown = 0;     // compute under in-flight communication takes (1 + this) x
   double collective_slowdown = 0;  // communication while compute runs takes (1 + this) x

@@ -6,6 +6,7 @@
 #include "core/philox.h"
 #include "core/timer.h"
 #include "kernels/kernels.h"
+#include "ops/activation_store.h"
 #include "planner/planner.h"
 #include "planner/profiler.h"
 #include "train/engine.h"
@@ -110,6 +111,48 @@ Tokens profile_tokens(const plan::RunConfig& c) {
     t.targets[i] = static_cast<std::int32_t>(block[1] % vocab);
   }
   return t;
+}
+
+// Seconds per element of compressing a kept set and bringing it back (Profile::ActivationCodec),
+// per encoding: a block of normal values in the run's activation type encoded and decoded
+// through an ActivationStore, whose buffers are reused after the first round as a run's are
+// after its first step; the median of five rounds after that one.
+std::map<std::string, planner::ActivationCodec> measure_activation_codec(DType dtype,
+                                                                         std::uint64_t seed) {
+  constexpr std::int64_t kElements = std::int64_t{1} << 22;  // a large layer's kept set
+  constexpr int kRounds = 6;
+  std::vector<float> values(static_cast<std::size_t>(kElements));
+  const PhiloxKey key = philox_key(seed, fnv1a64("activation codec"));
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] = static_cast<float>(
+        normal_from_block(philox4x32({static_cast<std::uint32_t>(i), 0, 0, 0}, key)));
+  const Tensor source(values.data(), DType::f32, {kElements});
+  std::map<std::string, planner::ActivationCodec> out;
+  for (const auto& [encoding, word] : ops::kActivationEncodingNames) {
+    ops::ActivationStore store;
+    const ops::ActivationKey set{0, 0, 0, ops::kInternals};
+    std::vector<double> encode, decode;
+    for (int round = 0; round < kRounds; ++round) {
+      const Tensor block = store.acquire(set, dtype, kElements);
+      if (dtype == DType::f32)
+        kernels::copy(source, block);
+      else
+        kernels::convert(source, block);
+      const Stopwatch encoding_time;
+      store.encode(set, encoding);
+      const double encoded = encoding_time.seconds();
+      const Stopwatch decoding_time;
+      store.decode(set);
+      const double decoded = decoding_time.seconds();
+      store.release(set);
+      if (round == 0) continue;
+      encode.push_back(encoded);
+      decode.push_back(decoded);
+    }
+    const auto n = static_cast<double>(kElements);
+    out[std::string(word)] = {median(encode) / n, median(decode) / n};
+  }
+  return out;
 }
 
 // The all-gather of a reshard between degrees a < b: every group of b ranks gathers one
@@ -501,6 +544,11 @@ planner::Profile run_profile(const plan::RunConfig& config, const ProfileOptions
         profile_degree(run, options, mesh, k, sub_batch_rows * k / T, profile));
   }
   measure_reshards(profile, config, sub_batch_rows, options, make_mesh);
+  profile.activation_codec =
+      measure_activation_codec(run.dtypes.compute, static_cast<std::uint64_t>(config.train.seed));
+  for (const auto& [word, codec] : profile.activation_codec)
+    log_info("activation compression {}: encode {:.2f} ns, decode {:.2f} ns per element", word,
+             1e9 * codec.encode_s_per_element, 1e9 * codec.decode_s_per_element);
   if (ep > 1) {
     // A sub-batch's dispatch buffer at the whole group's degree: what the run's all-to-alls
     // move per instance.

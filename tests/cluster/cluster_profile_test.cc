@@ -124,5 +124,29 @@ TEST(ClusterProfile, AProfileAtTwoPricesAOneWideRunOnItsWholeSubBatch) {
   EXPECT_LE(std::abs(from_two - from_one), 1e-12 * from_one) << from_two << " vs " << from_one;
 }
 
+// A compressed run priced from a profile pays its Encodes and Decodes at the profile's measured
+// rate per element, in series with the rest on one rank: twice the rate, twice the cost.
+TEST(ClusterProfile, CompressedSetsCostTheProfilesMeasuredRate) {
+  plan::RunConfig plain = tiny(1, 1);
+  plain.parallel.schedule = "megatron";
+  plain.parallel.sub_batches = 1;
+  plan::RunConfig compressed = plain;
+  compressed.parallel.activation_compression = "fp8";
+  planner::Profile profile = cluster_profile(plain, four_by_two());
+  sim::ClusterSpec machine = four_by_two();
+  machine.device.peak_flops.clear();  // compute from the profile
+  const auto step = [&](const plan::RunConfig& config, const planner::Profile& p) {
+    ClusterSimulationOptions options;
+    options.profile = &p;
+    return simulate_cluster(config, machine, options).step_seconds;
+  };
+  profile.activation_codec["fp8"] = {4e-9, 2e-9};
+  const double once = step(compressed, profile) - step(plain, profile);
+  profile.activation_codec["fp8"] = {8e-9, 4e-9};
+  const double twice = step(compressed, profile) - step(plain, profile);
+  EXPECT_GT(once, 0);
+  EXPECT_NEAR(twice, 2 * once, 1e-9 * twice);
+}
+
 }  // namespace
 }  // namespace oases::cluster

@@ -92,6 +92,31 @@ TEST(Profile, RoundTripsTheReplicaLinkAndRejectsAMalformedOne) {
             std::string::npos);
 }
 
+TEST(Profile, RoundTripsTheActivationCodecAndRejectsAMalformedOne) {
+  Profile p = sample();
+  EXPECT_EQ(to_json(p).find("activation_codec"), std::string::npos);  // optional
+  p.activation_codec["bf16"] = {1.5e-9, 1.25e-9};
+  p.activation_codec["fp8"] = {4.5e-9, 2.5e-9};
+  const std::string text = to_json(p);
+  EXPECT_EQ(profile_from_json(text, "p.json").activation_codec, p.activation_codec);
+  const auto with = [&](const std::string& from, const std::string& to) {
+    std::string out = text;
+    const auto at = out.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return out.replace(at, from.size(), to);
+  };
+  const std::string negative =
+      user_error_of([&] { profile_from_json(with("4.5e-09", "-4.5e-09"), "p.json"); });
+  EXPECT_NE(negative.find("p.json: malformed profile (activation_codec \"fp8\": encode -4.5e-09 s "
+                          "and decode 2.5e-09 s per element; each must be finite and >= 0)"),
+            std::string::npos)
+      << negative;
+  const std::string word =
+      user_error_of([&] { profile_from_json(with("\"fp8\": {", "\"fp4\": {"), "p.json"); });
+  EXPECT_NE(word.find("activation_codec \"fp4\": valid: \"bf16\", \"fp8\""), std::string::npos)
+      << word;
+}
+
 TEST(Profile, RoundTripsTheMemoryRatiosAndTheSettingsTheyWereMeasuredUnder) {
   Profile p = sample();
   // bf16 over fp32 masters, ZeRO-2 at two ranks, AdamW's state offloaded.

@@ -80,5 +80,38 @@ TEST(Roofline, InstructionsTakeTheirPartOfTheSegmentsWork) {
   EXPECT_THROW(flops(Op::forward), InternalError);
 }
 
+// An Encode reads the set's values and writes them encoded, a Decode the reverse: one
+// memory-bound pass over (set element + encoded element) bytes per value, the statistics left
+// out; a device without a memory bandwidth gives no codec.
+TEST(Roofline, ACodecPassMovesTheValuesBothWays) {
+  ops::Program program;
+  program.set_element_bytes = 4;
+  ops::SegmentShape s;
+  s.name = "mlp.0";
+  s.checkpoint_bytes = 4000;
+  s.internals_bytes = 40000 + 64;
+  s.internals_statistics_bytes = 64;
+  program.segments = {s};
+  const DeviceSpec d = device();
+  const auto codec = roofline_codec(d, program);
+  ASSERT_TRUE(codec);
+  schedule::Instruction ins{schedule::Op::encode};
+  ins.segment = 0;
+  ins.sets = ops::kCheckpoint | ops::kInternals;
+  ins.encoding = ops::ActivationEncoding::fp8_e4m3;
+  ops::Work pass;
+  pass.bytes = (1000 + 10000) * (4 + 1);
+  EXPECT_DOUBLE_EQ(codec(ins), work_seconds(d, pass, "fp32"));
+  EXPECT_GT(codec(ins), d.kernel_launch_seconds);
+  ins.op = schedule::Op::decode;
+  ins.sets = ops::kInternals;
+  ins.encoding = ops::ActivationEncoding::bf16;
+  pass.bytes = 10000 * (4 + 2);
+  EXPECT_DOUBLE_EQ(codec(ins), work_seconds(d, pass, "fp32"));
+  DeviceSpec unknown = d;
+  unknown.memory_bytes_per_second = 0;
+  EXPECT_FALSE(roofline_codec(unknown, program));
+}
+
 }  // namespace
 }  // namespace oases::sim

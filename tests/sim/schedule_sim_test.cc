@@ -51,6 +51,29 @@ TEST(Simulator, BlockingSchedulesPayEveryCollective) {
   }
 }
 
+// Compressed activations: each Encode and Decode takes the codec's price on the compute lane
+// (a blocking schedule adds them to its step); without a codec they are free.
+TEST(Simulator, EncodesAndDecodesTakeTheCodecsTimeOnTheComputeLane) {
+  const ops::Program program = testing::gpt_program(3);
+  auto s = schedule::generate(program, {ScheduleKind::megatron, Recompute::none, 2, 1, true});
+  const double plain = simulate(s, uniform(1.0, 0.25)).step_seconds;
+  schedule::compress_kept_sets(program, s, ops::ActivationEncoding::fp8_e4m3);
+  const auto passes = std::ranges::count_if(s, [](const schedule::Instruction& ins) {
+    return ins.op == Op::encode || ins.op == Op::decode;
+  });
+  ASSERT_GT(passes, 0);
+  EXPECT_DOUBLE_EQ(simulate(s, uniform(1.0, 0.25)).step_seconds, plain);
+  CostModel priced = uniform(1.0, 0.25);
+  priced.codec = [](const schedule::Instruction& ins) {
+    return ins.op == Op::encode ? 0.125 : 0.0625;
+  };
+  const auto encodes = std::ranges::count_if(
+      s, [](const schedule::Instruction& ins) { return ins.op == Op::encode; });
+  const SimResult result = simulate(s, priced);
+  EXPECT_DOUBLE_EQ(result.step_seconds, plain + 0.125 * static_cast<double>(encodes) +
+                                            0.0625 * static_cast<double>(passes - encodes));
+}
+
 // MoE all-to-alls cost their per-peer volume: (ranks - 1) x (latency + block / bandwidth); the
 // other collectives keep their price.
 TEST(Simulator, AllToAllsCostTheirPerPeerVolume) {
