@@ -205,6 +205,15 @@ def make_profiles():
     wrong = profile(1)
     wrong["degrees"][0]["rows"] = "two"
     write("profile", "bad_type.json", json.dumps(wrong))
+    timed = profile(2)
+    timed["activation_codec"] = {
+        "bf16": {"encode_s_per_element": 2.1e-10, "decode_s_per_element": 1.7e-10},
+        "fp8": {"encode_s_per_element": 1.95e-9, "decode_s_per_element": 3.6e-10}}
+    write("profile", "valid_activation_codec.json", json.dumps(timed, indent=2))
+    unknown = profile(2)
+    unknown["activation_codec"] = {
+        "fp4": {"encode_s_per_element": 1e-9, "decode_s_per_element": 1e-9}}
+    write("profile", "bad_activation_codec.json", json.dumps(unknown))
     write("profile", "bad_not_profile.json", '{"format": "oases-plan", "version": 1}')
     write("profile", "bad_json.json", '{"format": "oases-profile", "version": 3, ')
 
