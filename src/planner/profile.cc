@@ -364,7 +364,9 @@ Profile profile_from_json(const std::string& text, const std::string& source) {
                   source, p.replica_link.bytes, p.replica_link.ranks, p.replica_link.seconds);
     }
     if (j.contains("activation_codec"))
-      for (const auto& [word, c] : j.at("activation_codec").items()) {
+      for (const auto& item : j.at("activation_codec").items()) {
+        const std::string word = item.key();
+        const json& c = item.value();
         OASES_CHECK(std::ranges::any_of(ops::kActivationEncodingNames,
                                         [&](const auto& named) { return named.name == word; }),
                     "{}: malformed profile (activation_codec \"{}\": valid: \"bf16\", \"fp8\")",
