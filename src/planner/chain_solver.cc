@@ -67,12 +67,81 @@ ChainPlan make_plan(const ChainProblem& p, std::vector<int> choice) {
 }
 }  // namespace
 
+namespace {
+
+// `entries` reduced to their Pareto front, by memory ascending: each keeps less memory than the
+// next and costs more.
+template <typename Entry>
+void keep_front(std::vector<Entry>& entries) {
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.memory != b.memory ? a.memory < b.memory : a.cost < b.cost;
+  });
+  std::vector<Entry> front;
+  for (const Entry& e : entries)
+    if (front.empty() || e.cost < front.back().cost) front.push_back(e);
+  entries = std::move(front);
+}
+
+bool boundaries_are_free(const ChainProblem& p) {
+  for (const auto& boundary : p.boundary_cost)
+    for (const auto& row : boundary)
+      for (double c : row)
+        if (c != 0) return false;
+  return true;
+}
+
+// The dynamic program when no boundary costs anything (the joint planner's per-layer
+// recomputation and compression): what follows a partial plan depends only on the memory it
+// keeps, so one front per layer, over every candidate it ends with, keeps every optimum.
+ChainPlan solve_without_boundaries(const ChainProblem& p) {
+  struct Entry {
+    std::int64_t memory;
+    double cost;
+    int candidate;  // at this layer
+    int parent;     // index in the previous layer's front
+  };
+  const std::int64_t budget = p.memory_limit - p.fixed_memory;
+  std::vector<std::vector<Entry>> fronts(static_cast<std::size_t>(p.layers));
+  for (int k = 0; k < p.candidates; ++k)
+    if (p.layer_memory[0][k] <= budget)
+      fronts[0].push_back({p.layer_memory[0][k], p.layer_cost[0][k], k, -1});
+  keep_front(fronts[0]);
+  for (int l = 1; l < p.layers; ++l) {
+    const std::vector<Entry>& previous = fronts[static_cast<std::size_t>(l - 1)];
+    std::vector<Entry>& entries = fronts[static_cast<std::size_t>(l)];
+    entries.reserve(previous.size() * static_cast<std::size_t>(p.candidates));
+    for (int i = 0; i < static_cast<int>(previous.size()); ++i)
+      for (int k = 0; k < p.candidates; ++k) {
+        const std::int64_t memory =
+            previous[static_cast<std::size_t>(i)].memory + p.layer_memory[l][k];
+        if (memory <= budget)
+          entries.push_back(
+              {memory, previous[static_cast<std::size_t>(i)].cost + p.layer_cost[l][k], k, i});
+      }
+    keep_front(entries);
+  }
+  const std::vector<Entry>& last = fronts.back();
+  if (last.empty()) return {};
+  // The front's costs fall with its memory: its last entry is the cheapest.
+  int index = static_cast<int>(last.size()) - 1;
+  std::vector<int> choice(static_cast<std::size_t>(p.layers));
+  for (int l = p.layers - 1; l >= 0; --l) {
+    const Entry& e = fronts[static_cast<std::size_t>(l)][static_cast<std::size_t>(index)];
+    choice[static_cast<std::size_t>(l)] = e.candidate;
+    index = e.parent;
+  }
+  return make_plan(p, std::move(choice));
+}
+
+}  // namespace
+
 // For every (layer, degree), the Pareto front of partial plans over layers 0..l ending at that
 // degree: (memory, cost) pairs where less memory always costs more. Any optimal plan extends an
 // entry of the front, so keeping only the front is exact; its size is bounded by the number of
 // distinct memory values within the limit.
 ChainPlan solve_dynamic_program(const ChainProblem& p) {
   p.validate();
+  if (boundaries_are_free(p)) return solve_without_boundaries(p);
   struct Entry {
     std::int64_t memory;
     double cost;
@@ -83,15 +152,6 @@ ChainPlan solve_dynamic_program(const ChainProblem& p) {
   std::vector<std::vector<std::vector<Entry>>> fronts(
       static_cast<std::size_t>(p.layers),
       std::vector<std::vector<Entry>>(static_cast<std::size_t>(p.candidates)));
-  const auto prune = [&](std::vector<Entry>& entries) {
-    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-      return a.memory != b.memory ? a.memory < b.memory : a.cost < b.cost;
-    });
-    std::vector<Entry> front;
-    for (const Entry& e : entries)
-      if (front.empty() || e.cost < front.back().cost) front.push_back(e);
-    entries = std::move(front);
-  };
   for (int k = 0; k < p.candidates; ++k)
     if (p.layer_memory[0][k] <= budget)
       fronts[0][k].push_back({p.layer_memory[0][k], p.layer_cost[0][k], -1, -1});
@@ -107,7 +167,7 @@ ChainPlan solve_dynamic_program(const ChainProblem& p) {
               {memory, previous[i].cost + p.boundary_cost[l - 1][j][k] + p.layer_cost[l][k], j, i});
         }
       }
-      prune(entries);
+      keep_front(entries);
       fronts[l][k] = std::move(entries);
     }
   }

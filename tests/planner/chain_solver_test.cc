@@ -91,6 +91,34 @@ TEST(ChainSolvers, AgreeWithBruteForceOnSmallChains) {
   EXPECT_GE(binding, 10);
 }
 
+// Chains whose boundaries cost nothing (the joint planner's recomputation and compression per
+// layer), which the dynamic program solves with one front per layer: the same optimum as brute
+// force on small chains and as the integer program on long ones.
+TEST(ChainSolvers, FreeBoundariesKeepTheOptimum) {
+  const auto free_boundaries = [](ChainProblem p) {
+    for (auto& boundary : p.boundary_cost)
+      for (auto& row : boundary) std::fill(row.begin(), row.end(), 0.0);
+    return p;
+  };
+  int binding = 0;
+  for (std::uint64_t seed = 500; seed < 560; ++seed) {
+    const int layers = 1 + static_cast<int>(seed % 6), candidates = 2 + static_cast<int>(seed % 4);
+    const ChainProblem p = free_boundaries(
+        random_chain(layers, candidates, seed, static_cast<double>(seed % 5) / 4.0));
+    const ChainPlan brute = solve_brute_force(p);
+    expect_same_optimum(solve_dynamic_program(p), brute, p, "seed " + std::to_string(seed));
+    ChainProblem unlimited = p;
+    unlimited.memory_limit = std::numeric_limits<std::int64_t>::max();
+    if (solve_brute_force(unlimited).cost < brute.cost - 1e-12) ++binding;
+  }
+  EXPECT_GE(binding, 10);
+  for (std::uint64_t seed = 600; seed < 610; ++seed) {
+    const ChainProblem p = free_boundaries(random_chain(
+        40 + static_cast<int>(seed % 3) * 28, 9, seed, 0.05 + 0.1 * static_cast<double>(seed % 4)));
+    expect_same_optimum(solve_dynamic_program(p), solve_ilp(p), p, "seed " + std::to_string(seed));
+  }
+}
+
 TEST(ChainSolvers, IntegerProgramAndDynamicProgramAgreeOnLongerChains) {
   for (std::uint64_t seed = 100; seed < 130; ++seed) {
     const int layers = 8 + static_cast<int>(seed % 17), candidates = 3 + static_cast<int>(seed % 4);
