@@ -150,16 +150,11 @@ void price_from_profile(const plan::RunPlan& plan, const sim::RankLayout& layout
 
 }  // namespace
 
-std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan, bool verify) {
-  const sim::RankLayout layout = rank_layout(plan);
-  auto r = std::make_unique<ShapeOnlyRank>();
-  r->rank = plan.mesh.rank;
-  r->stage = plan.mesh.pp_rank();
-  build_model(plan, layout, *r);
-  const ops::Program& program = r->model->program();
-  r->schedule = plan::rank_schedule(
-      plan, program, plan.pass_spec(plan.schedule.micro_batches, true), r->stage, verify);
-  r->memory = rank_memory(plan, layout, *r);
+void schedule_shape_only_rank(const plan::RunPlan& plan, bool verify, ShapeOnlyRank& r) {
+  const ops::Program& program = r.model->program();
+  r.schedule = plan::rank_schedule(plan, program, plan.pass_spec(plan.schedule.micro_batches, true),
+                                   r.stage, verify);
+  r.memory = rank_memory(plan, rank_layout(plan), r);
 
   // The model's products over a step: forward and every backward part of each segment instance,
   // once per sub-batch of every micro-batch.
@@ -169,7 +164,15 @@ std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan, bool v
     flops += shape.work.forward().flops() + shape.work.backward_weight.flops();
     for (const ops::Work& part : shape.work.backward_input) flops += part.flops();
   }
-  r->flops_per_step = flops * plan.schedule.sub_batches * plan.schedule.micro_batches;
+  r.flops_per_step = flops * plan.schedule.sub_batches * plan.schedule.micro_batches;
+}
+
+std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan, bool verify) {
+  auto r = std::make_unique<ShapeOnlyRank>();
+  r->rank = plan.mesh.rank;
+  r->stage = plan.mesh.pp_rank();
+  build_model(plan, rank_layout(plan), *r);
+  schedule_shape_only_rank(plan, verify, *r);
   return r;
 }
 
@@ -243,13 +246,22 @@ bool cluster_layout_is_symmetric(const plan::RunPlan& plan, const sim::ClusterSp
   return true;
 }
 
-ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::ClusterSpec& given,
-                                   const ClusterSimulationOptions& options) {
+namespace {
+
+// simulate_cluster of each of `configs`, which differ in train.global_batch alone: every rank's
+// model and prices are built once (again only where the activation slots' lanes change), its
+// schedule and memory for each.
+std::vector<ClusterSimulation> simulate_configs(const std::vector<plan::RunConfig>& configs,
+                                                const sim::ClusterSpec& given,
+                                                const ClusterSimulationOptions& options) {
+  const plan::RunConfig& config = configs.front();
   const sim::ClusterSpec cluster =
       given.device.computes_from_profile() && options.profile != nullptr
           ? calibrate_replica_link(given, *options.profile)
           : given;
-  const plan::RunPlan plan = plan::make_run_plan(config);
+  std::vector<plan::RunPlan> plans;
+  for (const plan::RunConfig& c : configs) plans.push_back(plan::make_run_plan(c));
+  const plan::RunPlan& plan = plans.front();
   const sim::RankLayout layout = rank_layout(plan);
   sim::check_cluster_holds(cluster, layout.world(), cluster.name);
   const bool profiled = cluster.device.computes_from_profile();
@@ -270,16 +282,22 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
                 return names;
               }(), ", "));
 
-  ClusterSimulation out;
-  out.world = layout.world();
-  out.folded = options.fold && (options.symmetric ? *options.symmetric
-                                                  : cluster_layout_is_symmetric(plan, cluster));
-  out.tokens_per_step = static_cast<double>(config.train.global_batch * config.model.seq_len);
-  out.peak_flops_per_device = profiled ? options.profiled_peak_flops : peak->second;
+  std::vector<ClusterSimulation> outs(configs.size());
+  const bool folded =
+      options.fold &&
+      (options.symmetric ? *options.symmetric : cluster_layout_is_symmetric(plan, cluster));
+  for (std::size_t k = 0; k < configs.size(); ++k) {
+    ClusterSimulation& out = outs[k];
+    out.world = layout.world();
+    out.folded = folded;
+    out.tokens_per_step =
+        static_cast<double>(configs[k].train.global_batch * configs[k].model.seq_len);
+    out.peak_flops_per_device = profiled ? options.profiled_peak_flops : peak->second;
+  }
 
   // Pipelines of ranks (one per tensor- and data-parallel position), stages in order.
   std::vector<std::vector<int>> pipelines;
-  const int positions = out.folded ? 1 : layout.tp * layout.dp;
+  const int positions = folded ? 1 : layout.tp * layout.dp;
   for (int position = 0; position < positions; ++position) {
     std::vector<int> ranks;
     for (int stage = 0; stage < layout.pp; ++stage)
@@ -288,35 +306,75 @@ ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::Clu
   }
   for (const std::vector<int>& pipeline : pipelines) {
     std::vector<std::unique_ptr<ShapeOnlyRank>> stages;
-    std::vector<schedule::Schedule> schedules;
     std::vector<sim::CostModel> costs;
-    for (int rank : pipeline) {
-      stages.push_back(build_shape_only_rank(plan.for_rank(rank), cluster, options.profile,
-                                             options.verify_schedules,
-                                             profiled ? nullptr : options.collective_prices));
-      schedules.push_back(std::move(stages.back()->schedule));
-      costs.push_back(stages.back()->costs);
-    }
-    sim::MultiRankResult result = sim::simulate_ranks(schedules, costs, options.record_events);
-    out.step_seconds = std::max(out.step_seconds, result.step_seconds);
-    for (std::size_t s = 0; s < stages.size(); ++s) {
-      SimulatedRank rank;
-      rank.rank = stages[s]->rank;
-      rank.stage = stages[s]->stage;
-      rank.time = result.ranks[s];
-      rank.memory = stages[s]->memory;
-      out.ranks.push_back(rank);
-      // Every rank of a stage does what its representative does.
-      out.model_flops_per_step += stages[s]->flops_per_step * (out.folded ? layout.tp * layout.dp : 1);
-    }
-    for (sim::SimEvent& event : result.events) {
-      event.rank = pipeline[static_cast<std::size_t>(event.rank)];
-      out.events.push_back(std::move(event));
+    // The models depend on the micro-batch count only through the activation slots' lanes
+    // (RunPlan::model_options): they are built again where those differ.
+    int built_lanes = 0;
+    for (std::size_t k = 0; k < configs.size(); ++k) {
+      ClusterSimulation& out = outs[k];
+      const int lanes = schedule::slot_lanes(plans[k].schedule);
+      if (k == 0 || lanes != built_lanes) {
+        stages.clear();
+        costs.clear();
+        for (int rank : pipeline) {
+          stages.push_back(build_shape_only_rank(plans[k].for_rank(rank), cluster, options.profile,
+                                                 options.verify_schedules,
+                                                 profiled ? nullptr : options.collective_prices));
+          costs.push_back(stages.back()->costs);
+        }
+        built_lanes = lanes;
+      } else {
+        for (std::size_t s = 0; s < stages.size(); ++s)
+          schedule_shape_only_rank(plans[k].for_rank(pipeline[s]), options.verify_schedules,
+                                   *stages[s]);
+      }
+      std::vector<schedule::Schedule> schedules;
+      for (std::size_t s = 0; s < stages.size(); ++s)
+        schedules.push_back(std::move(stages[s]->schedule));
+      sim::MultiRankResult result = sim::simulate_ranks(schedules, costs, options.record_events);
+      out.step_seconds = std::max(out.step_seconds, result.step_seconds);
+      for (std::size_t s = 0; s < stages.size(); ++s) {
+        SimulatedRank rank;
+        rank.rank = stages[s]->rank;
+        rank.stage = stages[s]->stage;
+        rank.time = result.ranks[s];
+        rank.memory = stages[s]->memory;
+        out.ranks.push_back(rank);
+        // Every rank of a stage does what its representative does.
+        out.model_flops_per_step +=
+            stages[s]->flops_per_step * (folded ? layout.tp * layout.dp : 1);
+      }
+      for (sim::SimEvent& event : result.events) {
+        event.rank = pipeline[static_cast<std::size_t>(event.rank)];
+        out.events.push_back(std::move(event));
+      }
     }
   }
-  std::sort(out.ranks.begin(), out.ranks.end(),
-            [](const SimulatedRank& a, const SimulatedRank& b) { return a.rank < b.rank; });
-  return out;
+  for (ClusterSimulation& out : outs)
+    std::sort(out.ranks.begin(), out.ranks.end(),
+              [](const SimulatedRank& a, const SimulatedRank& b) { return a.rank < b.rank; });
+  return outs;
+}
+
+}  // namespace
+
+std::vector<ClusterSimulation> simulate_cluster_at(
+    const plan::RunConfig& config, const sim::ClusterSpec& given,
+    const std::vector<std::int64_t>& micro_batch_counts, const ClusterSimulationOptions& options) {
+  OASES_ASSERT(!micro_batch_counts.empty(), "simulate_cluster_at needs a micro-batch count");
+  // The configs of the counts: the same but for the global batch.
+  std::vector<plan::RunConfig> configs;
+  for (const std::int64_t count : micro_batch_counts) {
+    plan::RunConfig c = config;
+    c.train.global_batch = count * config.train.micro_batch * config.parallel.dp;
+    configs.push_back(std::move(c));
+  }
+  return simulate_configs(configs, given, options);
+}
+
+ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::ClusterSpec& given,
+                                   const ClusterSimulationOptions& options) {
+  return simulate_configs({config}, given, options).front();
 }
 
 std::string format_cluster_simulation(const ClusterSimulation& s, const sim::ClusterSpec& cluster) {

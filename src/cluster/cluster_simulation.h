@@ -32,6 +32,7 @@
 #include "sim/placement.h"
 #include "sim/schedule_sim.h"
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -113,6 +114,9 @@ struct ShapeOnlyRank {
 // without prices (costs left empty for the caller).
 // `verify` false: the schedule is not verified (ClusterSimulationOptions::verify_schedules).
 std::unique_ptr<ShapeOnlyRank> shape_only_rank(const plan::RunPlan& plan, bool verify = true);
+// `r` (built by shape_only_rank for a plan that differs from `plan` at most in its micro-batch
+// count, with the same schedule::slot_lanes) given `plan`'s schedule, memory and model FLOPs.
+void schedule_shape_only_rank(const plan::RunPlan& plan, bool verify, ShapeOnlyRank& r);
 // The rank `plan` is made for (plan.mesh.rank) running its training steps.
 // `profile`: as ClusterSimulationOptions::profile (needed where the cluster computes from one).
 std::unique_ptr<ShapeOnlyRank> build_shape_only_rank(
@@ -140,6 +144,15 @@ bool cluster_layout_is_symmetric(const plan::RunPlan& plan, const sim::ClusterSp
 // train.precision; or when the config cannot run.
 ClusterSimulation simulate_cluster(const plan::RunConfig& config, const sim::ClusterSpec& cluster,
                                    const ClusterSimulationOptions& options = {});
+
+// simulate_cluster of `config` at each of `micro_batch_counts` micro-batches per replica
+// (train.global_batch = count x train.micro_batch x parallel.dp), in that order: each rank's
+// shape-only model and prices are built once and scheduled for every count (the joint planner's
+// reduced models). The same errors.
+std::vector<ClusterSimulation> simulate_cluster_at(
+    const plan::RunConfig& config, const sim::ClusterSpec& cluster,
+    const std::vector<std::int64_t>& micro_batch_counts,
+    const ClusterSimulationOptions& options = {});
 
 // Step, throughput, MFU, exposed communication, bubble and memory per simulated rank (with
 // "does not fit" and the figures where a rank needs more than the device holds), as printed by

@@ -150,6 +150,10 @@ struct Family {
   const char* schedule;
   std::vector<std::int64_t> sub_batches;
   std::vector<const char*> recompute;
+  // Whether one stage alone keeps more than one micro-batch's activations at once (the next
+  // micro-batch's forward runs during a backward), so that its memory grows with the
+  // micro-batches where a composed pipeline's estimate takes it to be flat.
+  bool overlaps_micro_batches = false;
 };
 const std::vector<Family>& families() {
   static const std::vector<Family> all{
@@ -157,9 +161,12 @@ const std::vector<Family>& families() {
       {"cross-pass", {1, 2}, {"none", "selective", "full"}},
       {"fine-grained", {1}, {"none", "fine-grained"}},
       {"oases", {2, 1}, {"none", "fine-grained"}},
-      {"oases-interleaved", {2}, {"none", "fine-grained"}},
+      {"oases-interleaved", {2}, {"none", "fine-grained"}, true},
   };
   return all;
+}
+const Family& family_of(const std::string& schedule) {
+  return *std::ranges::find_if(families(), [&](const Family& f) { return schedule == f.schedule; });
 }
 
 // The reason an error excludes a candidate for: the first setting its message names.
@@ -238,6 +245,14 @@ enum class Pricing { composed, exact };
 struct PipelineShape {
   double per_chunk = 0, per_transfer = 0, most_live = 1;
 };
+// The micro-batches (chunks, when interleaved) each rank of a pipeline keeps in flight at most:
+// until its backward, or where the backward splits until its weight gradient.
+std::vector<int> in_flight(const schedule::PipelineSpec& spec,
+                           const schedule::PipelineOrders& orders) {
+  return spec.splits_backward() ? schedule::max_in_flight_until_weight_gradient(orders)
+                                : schedule::max_in_flight(orders);
+}
+
 PipelineShape pipeline_shape(const schedule::PipelineSpec& spec) {
   const schedule::PipelineOrders orders = schedule::pipeline_orders(spec);
   const auto timed = [&](double chunk, double p2p) {
@@ -253,10 +268,7 @@ PipelineShape pipeline_shape(const schedule::PipelineSpec& spec) {
   shape.per_chunk = timed(1, 0);
   // A transfer a tenth of a chunk: the order of the actions stays that of chunk-bound steps.
   shape.per_transfer = (timed(1, 0.1) - shape.per_chunk) / 0.1;
-  const std::vector<int> live = spec.splits_backward()
-                                    ? schedule::max_in_flight_until_weight_gradient(orders)
-                                    : schedule::max_in_flight(orders);
-  shape.most_live = *std::ranges::max_element(live);
+  shape.most_live = std::ranges::max(in_flight(spec, orders));
   return shape;
 }
 
@@ -348,10 +360,13 @@ class Search {
   std::vector<std::pair<std::int64_t, std::string>> memory_steps(const Layout& layout) const;
   // The profile that prices `config`, or nullptr; excluded reason set when none does.
   const planner::Profile* profile_for(const plan::RunConfig& config, std::string& why) const;
-  // Simulates `config` reduced to `layers` layers and `micro_batches` micro-batches.
-  ClusterSimulation simulate_reduced(const plan::RunConfig& config, std::int64_t layers,
-                                     std::int64_t micro_batches, const planner::Profile* profile,
-                                     Tally& tally) const;
+  // Simulates `config` reduced to `layers` layers at each of `micro_batches` micro-batch
+  // counts (one model per rank for all of them).
+  std::vector<ClusterSimulation> simulate_reduced(const plan::RunConfig& config,
+                                                  std::int64_t layers,
+                                                  const std::vector<std::int64_t>& micro_batches,
+                                                  const planner::Profile* profile,
+                                                  Tally& tally) const;
   // The reduced models of `config` at unit and 2 unit layers, ma and mb micro-batches.
   StagePrice price_stage(const plan::RunConfig& config, std::int64_t unit, std::int64_t ma,
                          std::int64_t mb, const planner::Profile* profile, Tally& tally) const;
@@ -384,6 +399,21 @@ class Search {
     return shape;
   }
   mutable std::map<std::tuple<int, int, int, int>, PipelineShape> shape_cache_;
+  // in_flight of each spec met, cached.
+  std::vector<int> in_flight_of(const schedule::PipelineSpec& spec) const {
+    const auto key = std::tuple{static_cast<int>(spec.kind), spec.stages, spec.virtual_stages,
+                                spec.micro_batches};
+    {
+      std::lock_guard lock(stage_mutex_);
+      if (const auto it = in_flight_cache_.find(key); it != in_flight_cache_.end())
+        return it->second;
+    }
+    const std::vector<int> live = in_flight(spec, schedule::pipeline_orders(spec));
+    std::lock_guard lock(stage_mutex_);
+    in_flight_cache_.emplace(key, live);
+    return live;
+  }
+  mutable std::map<std::tuple<int, int, int, int>, std::vector<int>> in_flight_cache_;
   // Collective prices shared by every simulation of the search (none where compute comes from
   // profiles: each calibrates the cluster's link from its own).
   std::shared_ptr<sim::CollectivePriceCache> collective_prices() const {
@@ -568,12 +598,13 @@ const planner::Profile* Search::profile_for(const plan::RunConfig& config, std::
   return nullptr;
 }
 
-ClusterSimulation Search::simulate_reduced(const plan::RunConfig& config, std::int64_t layers,
-                                           std::int64_t micro_batches,
-                                           const planner::Profile* profile, Tally& tally) const {
+std::vector<ClusterSimulation> Search::simulate_reduced(
+    const plan::RunConfig& config, std::int64_t layers,
+    const std::vector<std::int64_t>& micro_batches, const planner::Profile* profile,
+    Tally& tally) const {
   plan::RunConfig c = config;
   c.model.layers = layers;
-  c.train.global_batch = micro_batches * c.train.micro_batch * c.parallel.dp;
+  c.train.global_batch = micro_batches.front() * c.train.micro_batch * c.parallel.dp;
   ClusterSimulationOptions options;
   // A profile's times are per segment kind, the same for any number of layers; it names the
   // model it measured, which the reduced model must match.
@@ -582,8 +613,8 @@ ClusterSimulation Search::simulate_reduced(const plan::RunConfig& config, std::i
   options.verify_schedules = false;
   options.symmetric = symmetric(c);
   options.collective_prices = collective_prices();
-  ++tally.simulations;
-  return simulate_cluster(c, cluster_, options);
+  tally.simulations += static_cast<std::int64_t>(micro_batches.size());
+  return simulate_cluster_at(c, cluster_, micro_batches, options);
 }
 
 double peak_memory(const ClusterSimulation& s, planner::MemoryBytes* by_kind = nullptr) {
@@ -610,8 +641,11 @@ StagePrice Search::price_stage(const plan::RunConfig& config, std::int64_t unit,
   const std::int64_t n1 = unit, n2 = 2 * unit;
   StagePrice price;
   planner::MemoryBytes kinds21, kinds12, kinds22;
-  const ClusterSimulation s11 = simulate_reduced(config, n1, ma, profile, tally);
-  const ClusterSimulation s21 = simulate_reduced(config, n2, ma, profile, tally);
+  const std::vector<std::int64_t> counts =
+      mb != ma ? std::vector<std::int64_t>{ma, mb} : std::vector<std::int64_t>{ma};
+  const std::vector<ClusterSimulation> at_n1 = simulate_reduced(config, n1, counts, profile, tally);
+  const std::vector<ClusterSimulation> at_n2 = simulate_reduced(config, n2, counts, profile, tally);
+  const ClusterSimulation &s11 = at_n1.front(), &s21 = at_n2.front();
   double t11 = s11.step_seconds, t21 = s21.step_seconds, t12 = t11, t22 = t21;
   double m11 = peak_memory(s11, &price.memory_at_1), m21 = peak_memory(s21, &kinds21);
   double m12 = m11, m22 = m21;
@@ -619,8 +653,7 @@ StagePrice Search::price_stage(const plan::RunConfig& config, std::int64_t unit,
   kinds22 = kinds21;
   price.exposed_at_1 = most_exposed(s11);
   if (mb != ma) {
-    const ClusterSimulation s12 = simulate_reduced(config, n1, mb, profile, tally);
-    const ClusterSimulation s22 = simulate_reduced(config, n2, mb, profile, tally);
+    const ClusterSimulation &s12 = at_n1.back(), &s22 = at_n2.back();
     t12 = s12.step_seconds;
     t22 = s22.step_seconds;
     m12 = peak_memory(s12, &kinds12);
@@ -650,16 +683,35 @@ std::optional<OptionCost> Search::price_option(const plan::RunConfig& config,
   const std::int64_t stages = plan.pipeline.stages;
   // Micro-batch counts past the pipeline's fill (and the interleaved schedules' pairing), on
   // which the step is affine; the run's own count where it is no larger.
-  const std::int64_t m1 = std::max<std::int64_t>(2, stages),
-                     m2 = m1 + std::max<std::int64_t>(1, stages);
+  const std::int64_t m1 = std::max<std::int64_t>(2, stages);
+  std::int64_t m2 = m1 + std::max<std::int64_t>(1, stages);
+  // Memory is not affine in the micro-batches: a pipeline's ranks keep more of them in flight
+  // until its warm-up is full, then no more. The second count is taken where every rank keeps
+  // as many as at the run's count, and memory is held at it (constant past it).
+  bool memory_saturates = stages == 1;
+  if (stages > 1 && micro_batches > m2) {
+    schedule::PipelineSpec spec;
+    spec.kind = plan.pipeline.kind;
+    spec.stages = static_cast<int>(stages);
+    spec.virtual_stages = static_cast<int>(plan.pipeline.virtual_stages);
+    const auto live_at = [&](std::int64_t count) {
+      spec.micro_batches = static_cast<int>(count);
+      return in_flight_of(spec);
+    };
+    const std::vector<int> at_run = live_at(micro_batches);
+    while (m2 < micro_batches && live_at(m2) != at_run) m2 += std::max<std::int64_t>(1, stages);
+    m2 = std::min(m2, micro_batches);
+    memory_saturates = live_at(m2) == at_run;
+  }
   const bool extend = micro_batches > m2;
   const StagePrice price = price_stage(config, unit, extend ? m1 : micro_batches,
                                        extend ? m2 : micro_batches, profile, tally);
   const auto m = static_cast<double>(micro_batches);
   OptionCost cost;
   cost.step = price.step.at_micro_batches(m);
-  cost.memory = price.memory.at_micro_batches(m);
-  cost.activations = price.activations.at_micro_batches(m);
+  const double memory_at = extend && memory_saturates ? static_cast<double>(m2) : m;
+  cost.memory = price.memory.at_micro_batches(memory_at);
+  cost.activations = price.activations.at_micro_batches(memory_at);
   return cost;
 }
 
@@ -711,6 +763,9 @@ std::optional<OptionCost> Search::compose_pipeline(const plan::RunConfig& config
   const double p2p = sim::message_seconds(cluster_, bytes, pairs[0].first, pairs[0].second, pairs);
 
   const double p = spec.stages, v = spec.virtual_stages, m = spec.micro_batches;
+  // The stage alone keeps at most the activations of the micro-batches its family overlaps
+  // (two and a bit), all within the 3 it was priced at: its memory is flat past them.
+  const double stage_memory_at = std::min(m, 3.0);
   const auto at_layers = [&](double layers) {
     const double per_stage = layers / p;
     // One micro-batch through the stage: each chunk 1/v of it, the backward twice the forward.
@@ -719,8 +774,8 @@ std::optional<OptionCost> Search::compose_pipeline(const plan::RunConfig& config
     const double bubble = shape.per_chunk * chunk + shape.per_transfer * p2p - m * per_micro_batch;
     // The stage alone holds one micro-batch's kept activations; the pipeline's busiest rank
     // holds `most_live` chunks of them.
-    const double kept_per_layer = price->activations.cn + price->activations.cnm * m;
-    const double memory = price->memory.at(per_stage, m) +
+    const double kept_per_layer = price->activations.cn + price->activations.cnm * stage_memory_at;
+    const double memory = price->memory.at(per_stage, stage_memory_at) +
                           kept_per_layer * per_stage * std::max(0.0, most_live / v - 1);
     return std::pair{price->step.at(per_stage, m) + std::max(0.0, bubble), memory};
   };
@@ -736,7 +791,7 @@ std::optional<OptionCost> Search::compose_pipeline(const plan::RunConfig& config
   OptionCost cost;
   cost.step = through(t1, t2);
   cost.memory = through(memory1, memory2);
-  const Affine kept = price->activations.at_micro_batches(m);
+  const Affine kept = price->activations.at_micro_batches(stage_memory_at);
   cost.activations = Affine{kept.base, kept.per_layer * std::max(1.0, most_live / v) / p};
   return cost;
 }
@@ -791,8 +846,7 @@ std::optional<StagePrice> Search::unit_price(const Global& g, const LayerOption&
 std::optional<Search::Priced> Search::price_global(const Global& g, Tally& tally,
                                                    Pricing pricing) const {
   // Feasibility of the global choice, with the family's first recomputation word.
-  const Family& family =
-      *std::ranges::find_if(families(), [&](const Family& f) { return g.schedule == f.schedule; });
+  const Family& family = family_of(g.schedule);
   std::vector<LayerOption> options;
   std::vector<std::string> recompute_words;
   if (is_fixed(options_, "parallel.recompute"))
@@ -873,11 +927,25 @@ std::optional<Search::Priced> Search::price_global(const Global& g, Tally& tally
   return priced;
 }
 
+// Whether a composed pipeline's memory estimate for `g` holds (see finish_chain).
+bool composes_memory(const Global& g) {
+  if (family_of(g.schedule).overlaps_micro_batches) return false;
+  schedule::PipelineSpec spec;
+  spec.kind = schedule::parse_pipeline_kind(g.pipeline, "parallel.pipeline");
+  return !spec.splits_backward();
+}
+
 std::optional<Search::Priced> Search::finish_chain(Pending pending, Tally& tally) const {
-  // A composed pipeline's memory is the least certain part of its estimate, and a chain it
-  // prices may exclude the choice outright: its fastest option is priced exactly first.
-  if (pending.pricing == Pricing::composed && pending.global.layout.pp > 1 &&
-      pending.profile == nullptr) {
+  // Composed, the other options are scaled from the fastest option's cost (the choice is
+  // priced exactly again if it comes near the top, Search::run's phase 3).
+  const bool scaled = pending.pricing == Pricing::composed && pending.profile == nullptr;
+  // A chain may exclude the choice outright on its memory, the least certain part of a composed
+  // pipeline's estimate: where the composition is known to miss kinds of memory (a split
+  // backward's output gradients kept for the weight gradient; a family whose stage keeps two
+  // micro-batches, whose growth with the micro-batches the pipeline caps), the fastest option
+  // is priced exactly first. Elsewhere the composed memory is within a few percent of the
+  // exact one (docs/planner-and-simulator.md).
+  if (scaled && pending.global.layout.pp > 1 && !composes_memory(pending.global)) {
     std::optional<Priced> exact = price_global(pending.global, tally, Pricing::exact);
     if (!exact || !exact->pending) return exact;
     pending = std::move(*exact->pending);
@@ -890,13 +958,12 @@ std::optional<Search::Priced> Search::finish_chain(Pending pending, Tally& tally
   const planner::Profile* profile = pending.profile;
   Priced priced;
   priced.global = g;
-  priced.composed = pending.pricing == Pricing::composed && profile == nullptr;
+  priced.composed = scaled;
   // Every other option, then the chain.
   for (std::size_t k = 0; k < options.size(); ++k) {
     if (!valid[k] || costs[k]) continue;
     try {
-      // Composed, options are scaled from the fastest option's cost.
-      if (profile == nullptr && pending.pricing == Pricing::composed)
+      if (scaled)
         costs[k] = scaled_option(*costs[fastest], g, options[fastest], options[k], tally);
       else
         costs[k] = price_option(config_of(base_, g, options[k].recompute, options[k].compression),

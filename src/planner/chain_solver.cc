@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -106,17 +107,56 @@ ChainPlan solve_without_boundaries(const ChainProblem& p) {
     if (p.layer_memory[0][k] <= budget)
       fronts[0].push_back({p.layer_memory[0][k], p.layer_cost[0][k], k, -1});
   keep_front(fronts[0]);
+  // Where the memory within the budget takes few values, the front is found by the cheapest
+  // entry at each value rather than by sorting (the same front; ties in both memory and cost
+  // keep the first met).
+  std::vector<Entry> cheapest_at;
+  const bool by_value = budget >= 0 && budget < (std::int64_t{1} << 16);
+  if (by_value) cheapest_at.resize(static_cast<std::size_t>(budget) + 1);
+  std::vector<int> useful;  // the layer's candidates no other one dominates
   for (int l = 1; l < p.layers; ++l) {
     const std::vector<Entry>& previous = fronts[static_cast<std::size_t>(l - 1)];
     std::vector<Entry>& entries = fronts[static_cast<std::size_t>(l)];
-    entries.reserve(previous.size() * static_cast<std::size_t>(p.candidates));
+    const auto& memory_of = p.layer_memory[static_cast<std::size_t>(l)];
+    const auto& cost_of = p.layer_cost[static_cast<std::size_t>(l)];
+    // Without boundary costs a candidate with no less memory and no less cost than another
+    // never improves a plan.
+    useful.clear();
+    for (int k = 0; k < p.candidates; ++k) {
+      bool dominated = false;
+      for (int j = 0; j < p.candidates && !dominated; ++j)
+        dominated = j != k && memory_of[j] <= memory_of[k] && cost_of[j] <= cost_of[k] &&
+                    (memory_of[j] < memory_of[k] || cost_of[j] < cost_of[k] || j < k);
+      if (!dominated) useful.push_back(k);
+    }
+    if (by_value) {
+      constexpr double kNone = std::numeric_limits<double>::infinity();
+      std::int64_t highest = -1;
+      for (Entry& e : cheapest_at) e.cost = kNone;
+      for (int i = 0; i < static_cast<int>(previous.size()); ++i)
+        for (int k : useful) {
+          const Entry& from = previous[static_cast<std::size_t>(i)];
+          const std::int64_t memory = from.memory + memory_of[k];
+          if (memory > budget) continue;
+          Entry& at = cheapest_at[static_cast<std::size_t>(memory)];
+          const double cost = from.cost + cost_of[k];
+          if (cost < at.cost) at = {memory, cost, k, i};
+          highest = std::max(highest, memory);
+        }
+      for (std::int64_t m = 0; m <= highest; ++m) {
+        const Entry& e = cheapest_at[static_cast<std::size_t>(m)];
+        if (e.cost != kNone && (entries.empty() || e.cost < entries.back().cost))
+          entries.push_back(e);
+      }
+      continue;
+    }
+    entries.reserve(previous.size() * useful.size());
     for (int i = 0; i < static_cast<int>(previous.size()); ++i)
-      for (int k = 0; k < p.candidates; ++k) {
-        const std::int64_t memory =
-            previous[static_cast<std::size_t>(i)].memory + p.layer_memory[l][k];
+      for (int k : useful) {
+        const std::int64_t memory = previous[static_cast<std::size_t>(i)].memory + memory_of[k];
         if (memory <= budget)
           entries.push_back(
-              {memory, previous[static_cast<std::size_t>(i)].cost + p.layer_cost[l][k], k, i});
+              {memory, previous[static_cast<std::size_t>(i)].cost + cost_of[k], k, i});
       }
     keep_front(entries);
   }

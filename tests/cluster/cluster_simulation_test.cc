@@ -4,15 +4,19 @@
 #include "cluster/cluster_simulation.h"
 
 #include "core/error.h"
+#include "plan/run_config.h"
+#include "planner/cost_model.h"
 #include "sim/collective_costs.h"
 #include "support/test_clusters.h"
-#include "plan/run_config.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace oases::cluster {
 namespace {
@@ -82,6 +86,56 @@ TEST(ClusterSimulation, FoldedEqualsEveryRankOnSixtyFourRanks) {
 
 // Nodes of 3 devices under tp 2: pair {0, 1} is inside a node, {2, 3} straddles two. The rule
 // does not fold, and the straddling pair pays for the network.
+// One model per rank scheduled for several micro-batch counts gives what each count's own
+// simulation gives, bit for bit: pipelines (1F1B and interleaved), ZeRO-3 and the overlapped
+// families, folded and rank by rank.
+TEST(ClusterSimulation, SeveralMicroBatchCountsEqualEachAlone) {
+  const sim::ClusterSpec cluster = cluster_of(2, 4);
+  struct Case {
+    int tp, dp, pp;
+    const char* schedule;
+    const char* pipeline;
+    int virtual_stages;
+    int zero;
+  };
+  for (const Case& c : {Case{2, 2, 2, "oases", "1f1b", 1, 3},
+                        Case{2, 2, 2, "oases-interleaved", "interleaved", 2, 0},
+                        Case{1, 4, 2, "megatron", "zero-bubble", 1, 2},
+                        Case{4, 2, 1, "cross-pass", "1f1b", 1, 1}}) {
+    plan::RunConfig config = tiny_config(c.tp, c.dp, c.pp, 2);
+    config.parallel.schedule = c.schedule;
+    config.parallel.sub_batches = std::string_view(c.schedule).starts_with("oases") ? 2 : 1;
+    config.parallel.pipeline = c.pipeline;
+    config.parallel.virtual_stages = c.virtual_stages;
+    config.parallel.zero = c.zero;
+    for (const bool fold : {true, false}) {
+      SCOPED_TRACE(fmt::format("{} {} zero {} fold {}", c.schedule, c.pipeline, c.zero, fold));
+      ClusterSimulationOptions options;
+      options.fold = fold;
+      const std::vector<std::int64_t> counts{4, 2, 8};
+      const std::vector<ClusterSimulation> together =
+          simulate_cluster_at(config, cluster, counts, options);
+      ASSERT_EQ(together.size(), counts.size());
+      for (std::size_t k = 0; k < counts.size(); ++k) {
+        plan::RunConfig alone = config;
+        alone.train.global_batch = counts[k] * config.train.micro_batch * config.parallel.dp;
+        const ClusterSimulation expected = simulate_cluster(alone, cluster, options);
+        EXPECT_EQ(together[k].step_seconds, expected.step_seconds) << counts[k];
+        EXPECT_EQ(together[k].model_flops_per_step, expected.model_flops_per_step);
+        EXPECT_EQ(together[k].tokens_per_step, expected.tokens_per_step);
+        ASSERT_EQ(together[k].ranks.size(), expected.ranks.size());
+        for (std::size_t r = 0; r < expected.ranks.size(); ++r) {
+          EXPECT_EQ(together[k].ranks[r].rank, expected.ranks[r].rank);
+          EXPECT_EQ(together[k].ranks[r].time.step_seconds, expected.ranks[r].time.step_seconds);
+          EXPECT_EQ(planner::resident_memory(together[k].ranks[r].memory).total(),
+                    planner::resident_memory(expected.ranks[r].memory).total())
+              << "count " << counts[k] << ", rank " << expected.ranks[r].rank;
+        }
+      }
+    }
+  }
+}
+
 TEST(ClusterSimulation, AnAsymmetricLayoutIsSimulatedRankByRank) {
   const sim::ClusterSpec cluster = cluster_of(2, 3);
   const plan::RunConfig config = tiny_config(2, 2, 1, 2);

@@ -409,5 +409,45 @@ TEST(JointPlan, ComposedPipelineEstimatesChooseAsExactOnesDo) {
   }
 }
 
+// A pipeline's ranks keep more micro-batches in flight only until its warm-up is full: priced
+// on reduced models with few micro-batches, the estimate of a run with many more holds its
+// memory there rather than extending it linearly, and agrees with the whole simulation.
+TEST(JointPlan, PipelineMemoryEstimateHoldsPastTheWarmUp) {
+  const sim::ClusterSpec cluster = cluster_of(1, 2);
+  for (const char* pipeline : {"1f1b", "interleaved", "zero-bubble"}) {
+    SCOPED_TRACE(pipeline);
+    plan::RunConfig base = tiny_config(1, 8);
+    base.parallel.pp = 2;
+    base.parallel.pipeline = pipeline;
+    base.parallel.virtual_stages = std::string_view(pipeline) == "interleaved" ? 2 : 1;
+    base.parallel.schedule = "megatron";
+    base.parallel.recompute = "none";
+    base.train.micro_batch = 1;
+    base.train.global_batch = 32;  // 32 micro-batches; the reduced models run at most 6
+    JointSearchOptions options;
+    options.fixed = {"parallel.tp",
+                     "parallel.cp",
+                     "parallel.dp",
+                     "parallel.pp",
+                     "parallel.schedule",
+                     "parallel.sub_batches",
+                     "train.micro_batch",
+                     "parallel.pipeline",
+                     "parallel.virtual_stages",
+                     "parallel.sequence_parallel",
+                     "parallel.zero",
+                     "parallel.offload",
+                     "parallel.recompute",
+                     "parallel.activation_compression"};
+    const JointPlanReport report = search_joint_plan(base, cluster, {}, options);
+    ASSERT_TRUE(report.chosen.simulated);
+    const auto simulated = static_cast<double>(report.chosen.memory.total());
+    EXPECT_NEAR(static_cast<double>(report.chosen.estimated_memory_bytes), simulated,
+                0.02 * simulated);
+    EXPECT_NEAR(report.chosen.estimated_step_seconds, report.chosen.step_seconds,
+                0.02 * report.chosen.step_seconds);
+  }
+}
+
 }  // namespace
 }  // namespace oases::cluster

@@ -8,7 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <functional>
+#include <limits>
 
 namespace oases::planner {
 namespace {
@@ -116,6 +119,49 @@ TEST(ChainSolvers, FreeBoundariesKeepTheOptimum) {
     const ChainProblem p = free_boundaries(random_chain(
         40 + static_cast<int>(seed % 3) * 28, 9, seed, 0.05 + 0.1 * static_cast<double>(seed % 4)));
     expect_same_optimum(solve_dynamic_program(p), solve_ilp(p), p, "seed " + std::to_string(seed));
+  }
+  // The joint planner's chains: every layer alike but the last, some candidates equal to or
+  // dominated by others (an option that keeps as much and costs more). Alike layers make a
+  // plan a count of layers per candidate: every count and last candidate is the reference.
+  for (std::uint64_t seed = 700; seed < 710; ++seed) {
+    constexpr int kLayers = 30, kCandidates = 5;
+    ChainProblem p = free_boundaries(random_chain(kLayers, kCandidates, seed, 0.3));
+    for (int l = 1; l + 1 < p.layers; ++l) {
+      p.layer_cost[static_cast<std::size_t>(l)] = p.layer_cost[0];
+      p.layer_memory[static_cast<std::size_t>(l)] = p.layer_memory[0];
+    }
+    for (auto& row : p.layer_cost) row[3] = row[1];
+    for (auto& row : p.layer_memory) row[3] = row[1];
+    for (auto& row : p.layer_cost) row[4] = row[2] * 1.5;
+    for (auto& row : p.layer_memory) row[4] = row[2];
+    double best = std::numeric_limits<double>::infinity();
+    std::array<int, kCandidates> count{};
+    const auto& alike_cost = p.layer_cost[0];
+    const auto& alike_memory = p.layer_memory[0];
+    const std::function<void(int, int)> each_count = [&](int k, int left) {
+      if (k + 1 == kCandidates) {
+        count[static_cast<std::size_t>(k)] = left;
+        double cost = 0;
+        std::int64_t memory = p.fixed_memory;
+        for (int j = 0; j < kCandidates; ++j) {
+          cost += count[static_cast<std::size_t>(j)] * alike_cost[static_cast<std::size_t>(j)];
+          memory += count[static_cast<std::size_t>(j)] * alike_memory[static_cast<std::size_t>(j)];
+        }
+        for (int last = 0; last < kCandidates; ++last)
+          if (memory + p.layer_memory.back()[static_cast<std::size_t>(last)] <= p.memory_limit)
+            best = std::min(best, cost + p.layer_cost.back()[static_cast<std::size_t>(last)]);
+        return;
+      }
+      for (int n = 0; n <= left; ++n) {
+        count[static_cast<std::size_t>(k)] = n;
+        each_count(k + 1, left - n);
+      }
+    };
+    each_count(0, kLayers - 1);
+    const ChainPlan solved = solve_dynamic_program(p);
+    ASSERT_TRUE(solved.feasible) << seed;
+    EXPECT_LE(solved.memory, p.memory_limit) << seed;
+    EXPECT_NEAR(solved.cost, best, 1e-9 * best) << seed;
   }
 }
 
