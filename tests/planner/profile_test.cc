@@ -68,6 +68,14 @@ TEST(Profile, RoundTripsThroughJson) {
   EXPECT_EQ(to_json(q), to_json(p));
 }
 
+// `text` with its first `from` replaced by `to` (a failure when it holds no `from`).
+std::string with_first_replaced(std::string text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at == std::string::npos) return text;
+  return text.replace(at, from.size(), to);
+}
+
 TEST(Profile, RoundTripsTheReplicaLinkAndRejectsAMalformedOne) {
   Profile p = sample();
   EXPECT_EQ(to_json(p).find("replica_link"), std::string::npos);  // optional: absent unmeasured
@@ -75,10 +83,7 @@ TEST(Profile, RoundTripsTheReplicaLinkAndRejectsAMalformedOne) {
   const std::string text = to_json(p);
   EXPECT_EQ(profile_from_json(text, "p.json").replica_link, p.replica_link);
   const auto with = [&](const std::string& from, const std::string& to) {
-    std::string out = text;
-    const auto at = out.find(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    return out.replace(at, from.size(), to);
+    return with_first_replaced(text, from, to);
   };
   const std::string error = user_error_of(
       [&] { profile_from_json(with("\"ranks\": 2", "\"ranks\": 1"), "p.json"); });
@@ -100,10 +105,7 @@ TEST(Profile, RoundTripsTheActivationCodecAndRejectsAMalformedOne) {
   const std::string text = to_json(p);
   EXPECT_EQ(profile_from_json(text, "p.json").activation_codec, p.activation_codec);
   const auto with = [&](const std::string& from, const std::string& to) {
-    std::string out = text;
-    const auto at = out.find(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    return out.replace(at, from.size(), to);
+    return with_first_replaced(text, from, to);
   };
   const std::string negative =
       user_error_of([&] { profile_from_json(with("4.5e-09", "-4.5e-09"), "p.json"); });
@@ -301,10 +303,7 @@ TEST(Profile, OtherFilesAreRejectedWithTheReason) {
 TEST(Profile, FieldsOfAnotherTypeOrOutOfRangeAreRejected) {
   const std::string text = to_json(sample());
   const auto replaced = [&](const std::string& from, const std::string& to) {
-    std::string out = text;
-    const auto at = out.find(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    return out.replace(at, from.size(), to);
+    return with_first_replaced(text, from, to);
   };
   EXPECT_NE(
       user_error_of([&] { profile_from_json(replaced("\"tp\": 2", "\"tp\": 4294967298"), "x.json"); })
